@@ -1,0 +1,81 @@
+// CPU backend: registers rope.apply, rope.apply_ and rope.apply_qk for the CPU dispatch key.
+#include <ATen/Parallel.h>
+#include <ATen/Version.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <string>
+
+#include "../op_bodies.h"
+#include "rotate_rows.h"
+
+namespace rope::cpu {
+namespace {
+
+// at::get_cpu_capability() is what PyTorch's own kernels dispatch on (it honours the
+// ATEN_CPU_CAPABILITY environment variable), so both always use the same instruction set.
+RotateRowsFn pick_rotate_rows() {
+#ifdef TORCH_ROPE_CPU_X86_DISPATCH
+  const std::string capability = at::get_cpu_capability();
+  if (capability == "AVX512") {
+    return AVX512::rotate_rows;
+  }
+  if (capability == "AVX2") {
+    return AVX2::rotate_rows;
+  }
+#endif
+  return DEFAULT::rotate_rows;
+}
+
+struct CpuBackend {
+  static void check_positions(const char* op, const at::Tensor& positions, int64_t max_seq_len) {
+    detail::check_positions_in_range(op, positions, max_seq_len);
+  }
+  static void rotate(c10::ScalarType dtype, const RotationArgs& args, const TableArgs& tables,
+                     RotationMode mode) {
+    cpu::rotate(dtype, args, tables, mode);
+  }
+  static void rotate_pair(c10::ScalarType dtype, const RotationArgs& q, const RotationArgs& k,
+                          const TableArgs& tables, RotationMode mode) {
+    cpu::rotate(dtype, q, tables, mode);
+    cpu::rotate(dtype, k, tables, mode);
+  }
+};
+
+at::Tensor apply_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     const at::Tensor& positions, bool interleaved, bool inverse) {
+  return detail::apply_body<CpuBackend>(x, cos, sin, positions, interleaved, inverse);
+}
+
+void apply_inplace_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                       const at::Tensor& positions, bool interleaved, bool inverse) {
+  detail::apply_inplace_body<CpuBackend>(x, cos, sin, positions, interleaved, inverse);
+}
+
+std::tuple<at::Tensor, at::Tensor> apply_qk_cpu(const at::Tensor& q, const at::Tensor& k,
+                                                const at::Tensor& cos, const at::Tensor& sin,
+                                                const at::Tensor& positions, bool interleaved,
+                                                bool inverse) {
+  return detail::apply_qk_body<CpuBackend>(q, k, cos, sin, positions, interleaved, inverse);
+}
+
+}  // namespace
+
+void rotate(c10::ScalarType dtype, const RotationArgs& args, const TableArgs& tables,
+            RotationMode mode) {
+  static const RotateRowsFn rotate_rows = pick_rotate_rows();
+  // ~32 KiB of features per task: enough work to amortise a thread hand-off, small enough to
+  // balance decode shapes (few rows) across threads.
+  const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(args.head_dim, 1));
+  at::parallel_for(0, args.geometry.num_rows, grain, [&](int64_t begin, int64_t end) {
+    rotate_rows(dtype, args, tables, mode, begin, end);
+  });
+}
+
+}  // namespace rope::cpu
+
+TORCH_LIBRARY_IMPL(rope, CPU, m) {
+  m.impl("apply", &rope::cpu::apply_cpu);
+  m.impl("apply_", &rope::cpu::apply_inplace_cpu);
+  m.impl("apply_qk", &rope::cpu::apply_qk_cpu);
+}

@@ -1,0 +1,195 @@
+// The CPU row kernel. This file is compiled several times, once per CPU capability, with
+// CPU_CAPABILITY set to DEFAULT, AVX2 or AVX512 (CMakeLists.txt), so each copy lives in its own
+// namespace and at::vec::Vectorized<float> is as wide as that instruction set allows. It includes
+// no torch tensor headers on purpose: only at::vec and the plain structs of kernel_args.h.
+#include "rotate_rows.h"
+
+#include <ATen/OpMathType.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+
+#include <cstring>
+#include <type_traits>
+
+#include "row_cursor.h"
+
+#ifndef CPU_CAPABILITY
+#error "rotate_rows.cpp must be compiled with -DCPU_CAPABILITY=<DEFAULT|AVX2|AVX512>"
+#endif
+
+namespace rope::cpu::CPU_CAPABILITY {
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kW = Vec::size();  // floats per vector: 8 (DEFAULT, AVX2) or 16 (AVX512)
+
+// ---- float <-> storage conversion, kW or 2*kW elements at a time -------------------------------
+
+template <typename scalar_t>
+inline void load_one(const scalar_t* p, Vec& v) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    v = Vec::loadu(p);
+  } else {
+    at::vec::load_to_float<scalar_t>(p, v);
+  }
+}
+
+template <typename scalar_t>
+inline void load_two(const scalar_t* p, Vec& lo, Vec& hi) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    lo = Vec::loadu(p);
+    hi = Vec::loadu(p + kW);
+  } else {
+    at::vec::load_to_float<scalar_t>(p, lo, hi);
+  }
+}
+
+template <typename scalar_t>
+inline void store_one(scalar_t* p, const Vec& v) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    v.store(p);
+  } else {
+    at::vec::convert_from_float<scalar_t>(v, v).store(p, kW);
+  }
+}
+
+template <typename scalar_t>
+inline void store_two(scalar_t* p, const Vec& lo, const Vec& hi) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    lo.store(p);
+    hi.store(p + kW);
+  } else {
+    at::vec::convert_from_float<scalar_t>(lo, hi).store(p);
+  }
+}
+
+// ---- one row ------------------------------------------------------------------------------------
+
+// Planes [k_begin, half) one at a time: any storage type, float or double tables. Math in
+// opmath (float for half types, double for double). Reads a plane fully before writing it, so
+// in == out is safe.
+template <bool kInterleaved, typename scalar_t, typename table_t>
+inline void rotate_planes_scalar(const scalar_t* in, scalar_t* out, const table_t* cos,
+                                 const table_t* sin, int64_t half, int64_t k_begin, bool inverse) {
+  using acc_t = at::opmath_type<scalar_t>;
+  for (int64_t k = k_begin; k < half; ++k) {
+    const int64_t ia = kInterleaved ? 2 * k : k;
+    const int64_t ib = kInterleaved ? 2 * k + 1 : k + half;
+    const acc_t c = static_cast<acc_t>(cos[k]);
+    const acc_t s = inverse ? -static_cast<acc_t>(sin[k]) : static_cast<acc_t>(sin[k]);
+    const acc_t a = static_cast<acc_t>(in[ia]);
+    const acc_t b = static_cast<acc_t>(in[ib]);
+    out[ia] = static_cast<scalar_t>(a * c - b * s);
+    out[ib] = static_cast<scalar_t>(a * s + b * c);
+  }
+}
+
+// Whole vectors of planes, float math, float tables. Returns the first plane left for the scalar
+// tail.
+template <bool kInterleaved, typename scalar_t>
+inline int64_t rotate_planes_vec(const scalar_t* in, scalar_t* out, const float* cos,
+                                 const float* sin, int64_t half, bool inverse) {
+  const Vec sign(inverse ? -1.0f : 1.0f);
+  int64_t k = 0;
+  for (; k + kW <= half; k += kW) {
+    const Vec c = Vec::loadu(cos + k);
+    const Vec s = Vec::loadu(sin + k) * sign;
+    Vec a, b;
+    if constexpr (kInterleaved) {
+      // 2*kW features hold kW planes as (a0, b0, a1, b1, ...): split, rotate, re-interleave.
+      Vec lo, hi;
+      load_two(in + 2 * k, lo, hi);
+      std::tie(a, b) = at::vec::deinterleave2(lo, hi);
+    } else {
+      load_one(in + k, a);
+      load_one(in + half + k, b);
+    }
+    const Vec ra = at::vec::fmsub(a, c, b * s);  // a cos - b sin
+    const Vec rb = at::vec::fmadd(a, s, b * c);  // a sin + b cos
+    if constexpr (kInterleaved) {
+      const auto [lo, hi] = at::vec::interleave2(ra, rb);
+      store_two(out + 2 * k, lo, hi);
+    } else {
+      store_one(out + k, ra);
+      store_one(out + half + k, rb);
+    }
+  }
+  return k;
+}
+
+template <typename scalar_t, bool kInterleaved>
+void rotate_rows_typed(const RotationArgs& args, const TableArgs& tables, bool inverse,
+                       int64_t row_begin, int64_t row_end) {
+  const auto* in = static_cast<const scalar_t*>(args.in);
+  auto* out = static_cast<scalar_t*>(args.out);
+  const int64_t half = args.rotary_dim / 2;
+  const int64_t tail = args.copy_tail ? args.head_dim - args.rotary_dim : 0;
+  // Double storage keeps double math; double tables keep their precision: both take the scalar
+  // path. float32 tables with float/half/bfloat16 storage take the vector path.
+  constexpr bool kVecStorage = !std::is_same_v<scalar_t, double>;
+  const bool vec_path = kVecStorage && !tables.tables_are_double;
+
+  RowCursor cur(args.geometry, row_begin);
+  for (int64_t row = row_begin; row < row_end; ++row, cur.next()) {
+    const int64_t pos = args.positions_are_int64
+                            ? static_cast<const int64_t*>(args.positions)[cur.pos()]
+                            : static_cast<const int32_t*>(args.positions)[cur.pos()];
+    const scalar_t* x = in + cur.in();
+    scalar_t* y = out + cur.out();
+    const int64_t table_offset = pos * tables.table_stride;
+    if (vec_path) {
+      const auto* cos = static_cast<const float*>(tables.cos) + table_offset;
+      const auto* sin = static_cast<const float*>(tables.sin) + table_offset;
+      int64_t k = 0;
+      if constexpr (kVecStorage) {
+        k = rotate_planes_vec<kInterleaved>(x, y, cos, sin, half, inverse);
+      }
+      rotate_planes_scalar<kInterleaved>(x, y, cos, sin, half, k, inverse);
+    } else if (tables.tables_are_double) {
+      const auto* cos = static_cast<const double*>(tables.cos) + table_offset;
+      const auto* sin = static_cast<const double*>(tables.sin) + table_offset;
+      rotate_planes_scalar<kInterleaved>(x, y, cos, sin, half, 0, inverse);
+    } else {
+      const auto* cos = static_cast<const float*>(tables.cos) + table_offset;
+      const auto* sin = static_cast<const float*>(tables.sin) + table_offset;
+      rotate_planes_scalar<kInterleaved>(x, y, cos, sin, half, 0, inverse);
+    }
+    if (tail > 0) {
+      std::memcpy(y + args.rotary_dim, x + args.rotary_dim, tail * sizeof(scalar_t));
+    }
+  }
+}
+
+template <typename scalar_t>
+void rotate_rows_layout(const RotationArgs& args, const TableArgs& tables, RotationMode mode,
+                        int64_t row_begin, int64_t row_end) {
+  if (mode.interleaved) {
+    rotate_rows_typed<scalar_t, true>(args, tables, mode.inverse, row_begin, row_end);
+  } else {
+    rotate_rows_typed<scalar_t, false>(args, tables, mode.inverse, row_begin, row_end);
+  }
+}
+
+}  // namespace
+
+void rotate_rows(c10::ScalarType dtype, const RotationArgs& args, const TableArgs& tables,
+                 RotationMode mode, int64_t row_begin, int64_t row_end) {
+  switch (dtype) {
+    case c10::ScalarType::Double:
+      return rotate_rows_layout<double>(args, tables, mode, row_begin, row_end);
+    case c10::ScalarType::Float:
+      return rotate_rows_layout<float>(args, tables, mode, row_begin, row_end);
+    case c10::ScalarType::Half:
+      return rotate_rows_layout<c10::Half>(args, tables, mode, row_begin, row_end);
+    case c10::ScalarType::BFloat16:
+      return rotate_rows_layout<c10::BFloat16>(args, tables, mode, row_begin, row_end);
+    default:
+      // Unreachable: validation admits only these four dtypes.
+      TORCH_INTERNAL_ASSERT(false, "rope cpu kernel: unsupported dtype ", dtype);
+  }
+}
+
+}  // namespace rope::cpu::CPU_CAPABILITY

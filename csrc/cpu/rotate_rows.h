@@ -1,0 +1,38 @@
+// The CPU row kernel, compiled once per CPU capability (see CMakeLists.txt: the same
+// rotate_rows.cpp is built with DEFAULT, AVX2 and AVX512 flags into separate namespaces), and the
+// dispatcher that picks one at run time.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include "../kernel_args.h"
+
+namespace rope::cpu {
+
+// Rotates rows [row_begin, row_end) of `args` with the tables; `dtype` is the storage type of
+// args.in / args.out. Not thread-safe across overlapping row ranges of the same output.
+using RotateRowsFn = void (*)(c10::ScalarType dtype, const RotationArgs& args,
+                              const TableArgs& tables, RotationMode mode, int64_t row_begin,
+                              int64_t row_end);
+
+namespace DEFAULT {
+void rotate_rows(c10::ScalarType, const RotationArgs&, const TableArgs&, RotationMode, int64_t,
+                 int64_t);
+}
+#ifdef TORCH_ROPE_CPU_X86_DISPATCH
+namespace AVX2 {
+void rotate_rows(c10::ScalarType, const RotationArgs&, const TableArgs&, RotationMode, int64_t,
+                 int64_t);
+}
+namespace AVX512 {
+void rotate_rows(c10::ScalarType, const RotationArgs&, const TableArgs&, RotationMode, int64_t,
+                 int64_t);
+}
+#endif
+
+// Rotates every row of `args`, split across torch's intra-op threads (at::parallel_for), with the
+// widest kernel this CPU supports (honours ATEN_CPU_CAPABILITY like PyTorch's own kernels).
+void rotate(c10::ScalarType dtype, const RotationArgs& args, const TableArgs& tables,
+            RotationMode mode);
+
+}  // namespace rope::cpu

@@ -1,0 +1,51 @@
+// Walks the rows of a RowGeometry in order, keeping the element offsets of x, out and positions
+// current with additions only (one unravel per parallel chunk, not one per row).
+#pragma once
+
+#include <cstdint>
+
+#include "../kernel_args.h"
+
+namespace rope::cpu {
+
+class RowCursor {
+ public:
+  RowCursor(const RowGeometry& g, int64_t row) : g_(g) {
+    for (int32_t d = g.ndim - 1; d >= 0; --d) {
+      idx_[d] = row % g.row_sizes[d];
+      row /= g.row_sizes[d];
+      in_ += idx_[d] * g.in_strides[d];
+      out_ += idx_[d] * g.out_strides[d];
+      pos_ += idx_[d] * g.pos_strides[d];
+    }
+  }
+
+  int64_t in() const { return in_; }
+  int64_t out() const { return out_; }
+  int64_t pos() const { return pos_; }
+
+  void next() {
+    for (int32_t d = g_.ndim - 1; d >= 0; --d) {
+      in_ += g_.in_strides[d];
+      out_ += g_.out_strides[d];
+      pos_ += g_.pos_strides[d];
+      if (++idx_[d] < g_.row_sizes[d]) {
+        return;
+      }
+      // carry into the next outer dim
+      in_ -= g_.in_strides[d] * g_.row_sizes[d];
+      out_ -= g_.out_strides[d] * g_.row_sizes[d];
+      pos_ -= g_.pos_strides[d] * g_.row_sizes[d];
+      idx_[d] = 0;
+    }
+  }
+
+ private:
+  const RowGeometry& g_;
+  int64_t idx_[kMaxRowDims] = {};
+  int64_t in_ = 0;
+  int64_t out_ = 0;
+  int64_t pos_ = 0;
+};
+
+}  // namespace rope::cpu

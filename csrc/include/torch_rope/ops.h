@@ -1,0 +1,62 @@
+// torch-rope: rotary position embedding ops for LibTorch.
+//
+// Each function calls the `rope::` op through the PyTorch dispatcher, so C++ callers get the same
+// CPU/CUDA kernels, autograd, and tracing as `torch.ops.rope.*` in Python.
+//
+// Conventions shared by all ops:
+//  - x (q, k): floating tensor (float64, float32, float16, bfloat16) of shape (..., head_dim), any
+//    strides; last-dim stride 1 is read without a copy, other layouts are copied once.
+//  - cos, sin: tables of shape (max_seq_len, rotary_dim / 2), float32 or float64, usually from
+//    rope::rope_tables(). rotary_dim = 2 * cos.size(-1) must be <= head_dim; features
+//    [rotary_dim, head_dim) pass through unchanged.
+//  - positions: int32 or int64, broadcastable (NumPy rules, aligned from the right) to
+//    x.shape[:-1]: (S,) for (B, H, S, D); (B, 1, S) per sequence; (S, 1) or (B, S, 1) for
+//    (B, S, H, D); (T, 1) for packed (T, H, D); start_pos + arange(S) when decoding with a KV cache.
+//    Values must lie in [0, max_seq_len): CPU raises an IndexError-type c10::Error naming the value
+//    and the bound; CUDA fails a device-side assert (no host sync).
+//  - interleaved = true: plane k is features (2k, 2k+1) (GPT-J / Meta Llama / complex view).
+//    interleaved = false: plane k is (k, k + rotary_dim/2) (rotate_half / GPT-NeoX / HF).
+//  - Plane k at position p turns by p * inv_freq[k]; inverse = true turns by the negative angle,
+//    which undoes the rotation and is its gradient.
+//  - Math runs in float32 (float64 for float64 inputs), whatever the storage dtype.
+//  - Gradients flow to x (q, k) only; cos, sin and positions are not differentiable.
+//  - Errors are c10::Error with a message naming the argument, the expectation and the value;
+//    nothing is written when a check fails.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <optional>
+#include <tuple>
+
+namespace rope {
+
+// Returns x rotated by the angles of `positions`: a new contiguous tensor of x's shape and dtype.
+at::Tensor apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                 const at::Tensor& positions, bool interleaved = true, bool inverse = false);
+
+// Rotates x in place (x must not have overlapping memory). All checks run before anything is
+// written. Differentiable only when x is not a leaf that requires grad, as any in-place op.
+void apply_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+            const at::Tensor& positions, bool interleaved = true, bool inverse = false);
+
+// Rotates queries and keys together; q and k may have different head counts (GQA) and positions
+// broadcasts against q.shape[:-1] and k.shape[:-1] separately. On CUDA this is one kernel launch.
+std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tensor& k,
+                                            const at::Tensor& cos, const at::Tensor& sin,
+                                            const at::Tensor& positions, bool interleaved = true,
+                                            bool inverse = false);
+
+// Builds the (cos, sin) tables, each float32 of shape (max_seq_len, rotary_dim / 2), with
+// cos[p][k] = cos(p * theta^(-2k / rotary_dim)). Angles are computed in float64 and rounded once,
+// so long contexts keep full float32 accuracy. The one table builder the C++ and Python modules
+// share. Throws if theta <= 0, rotary_dim is odd or < 2, or max_seq_len < 1.
+std::tuple<at::Tensor, at::Tensor> rope_tables(double theta, int64_t rotary_dim,
+                                               int64_t max_seq_len,
+                                               std::optional<c10::Device> device = std::nullopt);
+
+// True when this build of the library contains the CUDA kernels.
+bool compiled_with_cuda();
+
+}  // namespace rope

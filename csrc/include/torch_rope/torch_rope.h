@@ -1,0 +1,5 @@
+// torch-rope: everything a LibTorch user needs, in one include.
+#pragma once
+
+#include <torch_rope/module.h>
+#include <torch_rope/ops.h>

@@ -1,0 +1,54 @@
+// The rope op library: every schema in one place, and the C++ API that calls through the
+// dispatcher (so C++ callers get autograd and every backend exactly as Python does).
+// Kernels live in cpu/, cuda/, meta.cpp and autograd.cpp, each registering only its own key.
+#include <torch_rope/ops.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+TORCH_LIBRARY(rope, m) {
+  m.def(
+      "apply(Tensor x, Tensor cos, Tensor sin, Tensor positions, *, bool interleaved=True, "
+      "bool inverse=False) -> Tensor");
+  m.def(
+      "apply_(Tensor(a!) x, Tensor cos, Tensor sin, Tensor positions, *, bool interleaved=True, "
+      "bool inverse=False) -> ()");
+  m.def(
+      "apply_qk(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor positions, *, "
+      "bool interleaved=True, bool inverse=False) -> (Tensor, Tensor)");
+}
+
+namespace rope {
+
+at::Tensor apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                 const at::Tensor& positions, bool interleaved, bool inverse) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&, bool, bool)>();
+  return op.call(x, cos, sin, positions, interleaved, inverse);
+}
+
+void apply_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+            const at::Tensor& positions, bool interleaved, bool inverse) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply_", "")
+                       .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const at::Tensor&, bool, bool)>();
+  op.call(x, cos, sin, positions, interleaved, inverse);
+}
+
+std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tensor& k,
+                                            const at::Tensor& cos, const at::Tensor& sin,
+                                            const at::Tensor& positions, bool interleaved,
+                                            bool inverse) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("rope::apply_qk", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                    const at::Tensor&, const at::Tensor&,
+                                                    const at::Tensor&, bool, bool)>();
+  return op.call(q, k, cos, sin, positions, interleaved, inverse);
+}
+
+}  // namespace rope

@@ -1,0 +1,101 @@
+#include "prepare.h"
+
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+namespace rope::detail {
+
+RowGeometry make_row_geometry(at::IntArrayRef sizes, at::IntArrayRef in_strides,
+                              at::IntArrayRef out_strides, at::IntArrayRef pos_strides) {
+  RowGeometry g;
+  int64_t num_rows = 1;
+  for (const int64_t s : sizes) {
+    num_rows *= s;
+  }
+  g.num_rows = num_rows;
+  if (num_rows == 0) {
+    return g;
+  }
+  // Walk from the outermost dim inwards. A dim merges into the previous kept one when, for every
+  // tensor, stepping the outer dim once equals stepping the inner dim size times.
+  int32_t n = 0;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 1) {
+      continue;  // contributes nothing to addressing
+    }
+    if (n > 0) {
+      const int32_t p = n - 1;
+      const bool mergeable = in_strides[d] * sizes[d] == g.in_strides[p] &&
+                             out_strides[d] * sizes[d] == g.out_strides[p] &&
+                             pos_strides[d] * sizes[d] == g.pos_strides[p];
+      if (mergeable) {
+        g.row_sizes[p] *= sizes[d];
+        g.in_strides[p] = in_strides[d];
+        g.out_strides[p] = out_strides[d];
+        g.pos_strides[p] = pos_strides[d];
+        continue;
+      }
+    }
+    TORCH_CHECK(n < kMaxRowDims, "rope: input has more than ", kMaxRowDims,
+                " non-mergeable leading dims (shape ", sizes,
+                "); make it contiguous or reshape it first");
+    g.row_sizes[n] = sizes[d];
+    g.in_strides[n] = in_strides[d];
+    g.out_strides[n] = out_strides[d];
+    g.pos_strides[n] = pos_strides[d];
+    ++n;
+  }
+  g.ndim = n;
+  return g;
+}
+
+PreparedTables prepare_tables(const at::Tensor& cos, const at::Tensor& sin) {
+  PreparedTables t;
+  const bool same_layout = cos.stride(0) == sin.stride(0);
+  t.cos = (cos.stride(1) == 1 && same_layout) ? cos : cos.contiguous();
+  t.sin = (sin.stride(1) == 1 && same_layout) ? sin : sin.contiguous();
+  t.args.cos = t.cos.const_data_ptr();
+  t.args.sin = t.sin.const_data_ptr();
+  t.args.tables_are_double = cos.scalar_type() == at::kDouble;
+  t.args.max_seq_len = cos.size(0);
+  // A single-row table may report any stride; it is never stepped.
+  t.args.table_stride = cos.size(0) > 1 ? t.cos.stride(0) : cos.size(1);
+  return t;
+}
+
+PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positions,
+                                  int64_t rotary_dim, Destination destination) {
+  PreparedRotation p;
+  const bool last_dim_contiguous = x.stride(-1) == 1 || x.size(-1) == 1;
+  p.input = last_dim_contiguous ? x : x.contiguous();
+  if (destination == Destination::kInPlace) {
+    p.output = p.input;
+    if (!last_dim_contiguous) {
+      p.write_back_to = x;
+    }
+  } else {
+    p.output = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  }
+  const auto row_shape = x.sizes().slice(0, x.dim() - 1);
+  p.positions = positions.expand(row_shape);
+
+  auto& a = p.args;
+  a.in = p.input.const_data_ptr();
+  a.out = p.output.data_ptr();
+  a.positions = p.positions.const_data_ptr();
+  a.positions_are_int64 = positions.scalar_type() == at::kLong;
+  a.head_dim = x.size(-1);
+  a.rotary_dim = rotary_dim;
+  a.copy_tail = destination == Destination::kNewTensor;
+  a.geometry = make_row_geometry(row_shape, p.input.strides().slice(0, x.dim() - 1),
+                                 p.output.strides().slice(0, x.dim() - 1), p.positions.strides());
+  return p;
+}
+
+void PreparedRotation::finish() {
+  if (write_back_to.defined()) {
+    write_back_to.copy_(output);
+  }
+}
+
+}  // namespace rope::detail

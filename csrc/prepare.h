@@ -1,0 +1,50 @@
+// Turns validated tensors into the torch-free kernel arguments of kernel_args.h, and owns the
+// tensors those raw pointers point into for the duration of the call.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "kernel_args.h"
+
+namespace rope::detail {
+
+// Where a rotation writes its result.
+enum class Destination {
+  kNewTensor,  // rope.apply / apply_qk: a fresh contiguous tensor of x's shape and dtype
+  kInPlace,    // rope.apply_: x itself
+};
+
+struct PreparedRotation {
+  at::Tensor input;      // x, or a contiguous copy when x.stride(-1) != 1
+  at::Tensor output;     // what the kernel writes
+  at::Tensor positions;  // positions expanded (a view, stride 0 where broadcast) to x.shape[:-1]
+  at::Tensor write_back_to;  // defined when `output` is a temporary standing in for x (in place)
+  RotationArgs args;
+
+  // After the kernel ran: copies a temporary result back into x for in-place calls on inputs
+  // whose last dim is not contiguous. No-op otherwise.
+  void finish();
+};
+
+struct PreparedTables {
+  at::Tensor cos;  // last-dim contiguous
+  at::Tensor sin;
+  TableArgs args;
+};
+
+// Call after check_tables(). Copies only when a table's last dim is not contiguous or cos and sin
+// have different row strides.
+PreparedTables prepare_tables(const at::Tensor& cos, const at::Tensor& sin);
+
+// Call after check_rotated_input(). Copies x once when its last dim is not contiguous
+// (stride(-1) != 1); any other layout (sliced from a fused qkv tensor, transposed heads) is read
+// in place through its strides.
+PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positions,
+                                  int64_t rotary_dim, Destination destination);
+
+// Exposed for tests of the dim-merging logic: builds the row geometry of `sizes` for three stride
+// sets, dropping size-1 dims and merging dims that are contiguous in all three.
+RowGeometry make_row_geometry(at::IntArrayRef sizes, at::IntArrayRef in_strides,
+                              at::IntArrayRef out_strides, at::IntArrayRef pos_strides);
+
+}  // namespace rope::detail

@@ -1,0 +1,96 @@
+"""Typed wrappers over ``torch.ops.rope.*``.
+
+Shared conventions (see the README for the full contract):
+
+* ``x`` (``q``, ``k``): float64/float32/float16/bfloat16, shape ``(..., head_dim)``, any strides
+  (a last-dim stride of 1 is read without a copy; other layouts are copied once).
+* ``cos``, ``sin``: ``(max_seq_len, rotary_dim // 2)`` float32 (or float64) tables, e.g. from
+  :func:`rope_tables`. ``rotary_dim = 2 * cos.size(-1) <= head_dim``; the remaining features pass
+  through unchanged.
+* ``positions``: int32/int64, broadcastable (NumPy rules, aligned right) to ``x.shape[:-1]``:
+  ``(S,)`` for ``(B, H, S, D)``, ``(B, 1, S)`` per sequence, ``(S, 1)`` for ``(B, S, H, D)``,
+  ``(T, 1)`` for packed ``(T, H, D)``, ``start_pos + arange(S)`` when decoding with a KV cache.
+  Values must be in ``[0, max_seq_len)``.
+* ``interleaved=True`` rotates pairs ``(2k, 2k+1)`` (Meta Llama, GPT-J); ``False`` rotates
+  ``(k, k + rotary_dim // 2)`` (HF ``rotate_half``, GPT-NeoX).
+* ``inverse=True`` rotates by the negative angle: undoes the rotation; it is also the gradient.
+* Gradients flow to ``x``/``q``/``k`` only, never to ``cos``, ``sin`` or ``positions``.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _C
+
+
+def apply(
+    x: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    positions: Tensor,
+    *,
+    interleaved: bool = True,
+    inverse: bool = False,
+) -> Tensor:
+    """Return ``x`` with its first ``rotary_dim`` features rotated by the positions' angles.
+
+    The result is a new contiguous tensor of ``x``'s shape and dtype (math in float32, float64
+    for float64 inputs).
+    """
+    return torch.ops.rope.apply.default(
+        x, cos, sin, positions, interleaved=interleaved, inverse=inverse
+    )
+
+
+def apply_(
+    x: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    positions: Tensor,
+    *,
+    interleaved: bool = True,
+    inverse: bool = False,
+) -> Tensor:
+    """Rotate ``x`` in place and return it. Every check runs before anything is written."""
+    torch.ops.rope.apply_.default(
+        x, cos, sin, positions, interleaved=interleaved, inverse=inverse
+    )
+    return x
+
+
+def apply_qk(
+    q: Tensor,
+    k: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    positions: Tensor,
+    *,
+    interleaved: bool = True,
+    inverse: bool = False,
+) -> Tuple[Tensor, Tensor]:
+    """Rotate queries and keys together (one kernel launch on CUDA).
+
+    ``q`` and ``k`` may have different head counts (GQA/MQA); ``positions`` is broadcast against
+    ``q.shape[:-1]`` and ``k.shape[:-1]`` separately.
+    """
+    return torch.ops.rope.apply_qk.default(
+        q, k, cos, sin, positions, interleaved=interleaved, inverse=inverse
+    )
+
+
+def rope_tables(
+    theta: float,
+    rotary_dim: int,
+    max_seq_len: int,
+    device: Optional[torch.device] = None,
+) -> Tuple[Tensor, Tensor]:
+    """Build float32 ``(cos, sin)`` tables of shape ``(max_seq_len, rotary_dim // 2)``.
+
+    ``cos[p, k] = cos(p * theta ** (-2k / rotary_dim))``, computed in float64 and rounded once.
+    This is the same C++ function the C++ module uses.
+    """
+    if device is not None:
+        device = torch.device(device)
+    return _C.rope_tables(float(theta), int(rotary_dim), int(max_seq_len), device)

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs what the build needs, idempotently: Debian packages (cmake, ninja, GoogleTest, g++)
+# when missing, and a project-local virtual environment (.venv) with the CUDA build of torch whose
+# CUDA major version matches /usr/local/cuda's nvcc, plus the Python tools. Safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v cmake >/dev/null || need_apt+=(cmake)
+command -v ninja >/dev/null || need_apt+=(ninja-build)
+command -v g++ >/dev/null || need_apt+=(g++)
+[ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
+command -v python3 >/dev/null || need_apt+=(python3 python3-venv python3-dev)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}"
+fi
+
+# torch 2.13.x is the PyPI build for CUDA 13.0; pick the series that matches nvcc's major.
+if [ -z "${TORCH_SPEC:-}" ]; then
+  TORCH_SPEC="torch==2.13.*"
+  if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+    nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    cuda_major=$("$nvcc_bin" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+    if [ "$cuda_major" != "13" ]; then
+      echo "setup: warning: nvcc is CUDA $cuda_major; torch 2.13 wheels are CUDA 13. Set TORCH_SPEC to override." >&2
+    fi
+  fi
+fi
+requirements="$TORCH_SPEC numpy pytest pybind11 expecttest matplotlib"
+stamp=.venv/.torch-rope-requirements
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+if [ "$(cat "$stamp" 2>/dev/null)" != "$requirements" ]; then
+  echo "setup: installing into .venv: $requirements"
+  .venv/bin/python -m pip install -q --upgrade pip
+  # shellcheck disable=SC2086
+  .venv/bin/python -m pip install -q $requirements
+  echo "$requirements" > "$stamp"
+fi

@@ -62,8 +62,18 @@ class RotateQKFunction : public torch::autograd::Function<RotateQKFunction> {
   }
 };
 
+// Inference (no input needs a gradient) skips building a graph node: decode calls are small
+// enough for that bookkeeping to show.
+bool records_grad(const at::Tensor& t) {
+  return at::GradMode::is_enabled() && t.requires_grad();
+}
+
 at::Tensor apply_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                           const at::Tensor& positions, bool interleaved, bool inverse) {
+  if (!records_grad(x)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return rope::apply(x, cos, sin, positions, interleaved, inverse);
+  }
   return RotateFunction::apply(x, cos, sin, positions, interleaved, inverse);
 }
 
@@ -71,6 +81,10 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_autograd(const at::Tensor& q, const 
                                                      const at::Tensor& cos, const at::Tensor& sin,
                                                      const at::Tensor& positions, bool interleaved,
                                                      bool inverse) {
+  if (!records_grad(q) && !records_grad(k)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return rope::apply_qk(q, k, cos, sin, positions, interleaved, inverse);
+  }
   auto out = RotateQKFunction::apply(q, k, cos, sin, positions, interleaved, inverse);
   return {out[0], out[1]};
 }
@@ -81,7 +95,7 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_autograd(const at::Tensor& q, const 
 // in-place op).
 void apply_inplace_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                             const at::Tensor& positions, bool interleaved, bool inverse) {
-  if (at::GradMode::is_enabled() && x.requires_grad()) {
+  if (records_grad(x)) {
     const auto rotated = RotateFunction::apply(x, cos, sin, positions, interleaved, inverse);
     const_cast<at::Tensor&>(x).copy_(rotated);
     return;

@@ -2,7 +2,6 @@
 
 #include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
-#include <ATen/ops/aminmax.h>
 #include <c10/util/Exception.h>
 
 namespace rope::detail {
@@ -52,16 +51,26 @@ void check_rotated_input(const char* op, const char* name, const at::Tensor& x,
 }
 
 void check_positions_in_range(const char* op, const at::Tensor& positions, int64_t max_seq_len) {
-  if (positions.numel() == 0) {
-    return;
+  TORCH_INTERNAL_ASSERT(positions.device().is_cpu(), op, ": host-side range check on ",
+                        positions.device());
+  // positions is usually tiny (S or B entries, before broadcasting): one scan beats a reduction
+  // op plus two .item() calls, and it can name the first offending entry.
+  const at::Tensor p = positions.contiguous();
+  auto scan = [&](const auto* data) {
+    const int64_t n = p.numel();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t value = static_cast<int64_t>(data[i]);
+      TORCH_CHECK_INDEX(value >= 0 && value < max_seq_len, op,
+                        ": positions must be in [0, max_seq_len) with max_seq_len = cos.size(0) = ",
+                        max_seq_len, ", got ", value, " at flat index ", i,
+                        " of positions (build longer tables or check the positions)");
+    }
+  };
+  if (p.scalar_type() == at::kLong) {
+    scan(p.const_data_ptr<int64_t>());
+  } else {
+    scan(p.const_data_ptr<int32_t>());
   }
-  auto [min, max] = at::aminmax(positions);
-  const int64_t lo = min.item<int64_t>();
-  const int64_t hi = max.item<int64_t>();
-  TORCH_CHECK_INDEX(lo >= 0, op, ": positions must be >= 0, got ", lo);
-  TORCH_CHECK_INDEX(hi < max_seq_len, op,
-                    ": positions must be < max_seq_len = cos.size(0) = ", max_seq_len, ", got ",
-                    hi, " (build longer tables or check the positions)");
 }
 
 void check_writable(const char* op, const char* name, const at::Tensor& x) {

@@ -37,8 +37,7 @@ struct CpuBackend {
   }
   static void rotate_pair(c10::ScalarType dtype, const RotationArgs& q, const RotationArgs& k,
                           const TableArgs& tables, RotationMode mode) {
-    cpu::rotate(dtype, q, tables, mode);
-    cpu::rotate(dtype, k, tables, mode);
+    cpu::rotate_pair(dtype, q, k, tables, mode);
   }
 };
 
@@ -61,14 +60,37 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_cpu(const at::Tensor& q, const at::T
 
 }  // namespace
 
+namespace {
+// ~8K features per task: enough work to amortise a thread hand-off, small enough to balance
+// decode shapes (few rows) across threads.
+int64_t grain_rows(int64_t head_dim) {
+  return std::max<int64_t>(1, 8192 / std::max<int64_t>(head_dim, 1));
+}
+}  // namespace
+
 void rotate(c10::ScalarType dtype, const RotationArgs& args, const TableArgs& tables,
             RotationMode mode) {
   static const RotateRowsFn rotate_rows = pick_rotate_rows();
-  // ~32 KiB of features per task: enough work to amortise a thread hand-off, small enough to
-  // balance decode shapes (few rows) across threads.
-  const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(args.head_dim, 1));
-  at::parallel_for(0, args.geometry.num_rows, grain, [&](int64_t begin, int64_t end) {
-    rotate_rows(dtype, args, tables, mode, begin, end);
+  at::parallel_for(0, args.geometry.num_rows, grain_rows(args.head_dim),
+                   [&](int64_t begin, int64_t end) {
+                     rotate_rows(dtype, args, tables, mode, begin, end);
+                   });
+}
+
+void rotate_pair(c10::ScalarType dtype, const RotationArgs& q, const RotationArgs& k,
+                 const TableArgs& tables, RotationMode mode) {
+  // One parallel region over q's rows followed by k's: for decode-sized inputs the thread
+  // wake-up of a second region costs as much as the rotation itself.
+  static const RotateRowsFn rotate_rows = pick_rotate_rows();
+  const int64_t q_rows = q.geometry.num_rows;
+  const int64_t total = q_rows + k.geometry.num_rows;
+  at::parallel_for(0, total, grain_rows(q.head_dim), [&](int64_t begin, int64_t end) {
+    if (begin < q_rows) {
+      rotate_rows(dtype, q, tables, mode, begin, std::min(end, q_rows));
+    }
+    if (end > q_rows) {
+      rotate_rows(dtype, k, tables, mode, std::max(begin, q_rows) - q_rows, end - q_rows);
+    }
   });
 }
 

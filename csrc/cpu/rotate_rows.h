@@ -35,4 +35,8 @@ void rotate_rows(c10::ScalarType, const RotationArgs&, const TableArgs&, Rotatio
 void rotate(c10::ScalarType dtype, const RotationArgs& args, const TableArgs& tables,
             RotationMode mode);
 
+// Rotates every row of q and then of k in one parallel region.
+void rotate_pair(c10::ScalarType dtype, const RotationArgs& q, const RotationArgs& k,
+                 const TableArgs& tables, RotationMode mode);
+
 }  // namespace rope::cpu

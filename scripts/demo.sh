@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The demo: installs what is needed, builds, and runs examples/attention_demo.py.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/build.sh
+PYTHONPATH="$PWD/python" .venv/bin/python examples/attention_demo.py

@@ -1,0 +1,66 @@
+"""Builds the torch-rope wheel by driving the project's one CMake build (CMakeLists.txt).
+
+    pip install --no-build-isolation .      # uses the torch already installed
+    pip wheel --no-build-isolation .
+
+The wheel holds the Python package, torch_rope/_C (the pybind11 module) and torch_rope/librope.so,
+which _C links (found through its $ORIGIN rpath) rather than recompiling the kernels.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name: str):
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext: Extension) -> None:
+        import torch
+
+        package_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
+        build_dir = Path(self.build_temp).resolve() / "cmake"
+        build_dir.mkdir(parents=True, exist_ok=True)
+        configure = [
+            "cmake", "-S", str(ROOT), "-B", str(build_dir),
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+            f"-DPython3_EXECUTABLE={sys.executable}",
+            f"-DTORCH_ROPE_PYTHON_PACKAGE_DIR={package_dir}",
+            f"-DTORCH_ROPE_CUDA={os.environ.get('TORCH_ROPE_CUDA', 'AUTO')}",
+            "-DTORCH_ROPE_BUILD_TESTS=OFF",
+        ]
+        if subprocess.call(["ninja", "--version"], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL) == 0:
+            configure += ["-G", "Ninja"]
+        subprocess.check_call(configure)
+        jobs = os.environ.get("BUILD_JOBS", str(os.cpu_count() or 1))
+        subprocess.check_call(["cmake", "--build", str(build_dir), "--parallel", jobs])
+
+
+version = {}
+exec((ROOT / "python" / "torch_rope" / "_version.py").read_text(), version)
+
+setup(
+    name="torch-rope",
+    version=version["__version__"],
+    description="Rotary position embedding for PyTorch: native CPU and CUDA custom ops",
+    long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    package_dir={"": "python"},
+    packages=find_packages("python"),
+    ext_modules=[CMakeExtension("torch_rope._C")],
+    cmdclass={"build_ext": CMakeBuild},
+    python_requires=">=3.9",
+    install_requires=["torch>=2.4"],
+    zip_safe=False,
+)

@@ -3,8 +3,9 @@
     pip install --no-build-isolation .      # uses the torch already installed
     pip wheel --no-build-isolation .
 
-The wheel holds the Python package, torch_rope/_C (the pybind11 module) and torch_rope/librope.so,
-which _C links (found through its $ORIGIN rpath) rather than recompiling the kernels.
+The wheel holds the Python package, torch_rope/_C (the pybind11 module), torch_rope/lib/librope.so
+(which _C links through its $ORIGIN/lib rpath rather than recompiling the kernels), the public
+headers in torch_rope/include and the CMake package in torch_rope/lib/cmake/TorchRope.
 """
 
 import os
@@ -36,6 +37,11 @@ class CMakeBuild(build_ext):
             f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
             f"-DPython3_EXECUTABLE={sys.executable}",
             f"-DTORCH_ROPE_PYTHON_PACKAGE_DIR={package_dir}",
+            # librope, its headers and the CMake package go to torch_rope/{lib,include}, so
+            # one pip install serves Python and C++ (torch_rope.cmake_prefix_path).
+            f"-DCMAKE_INSTALL_PREFIX={package_dir}",
+            "-DCMAKE_INSTALL_LIBDIR=lib",
+            "-DTORCH_ROPE_COPY_LIB_TO_PACKAGE=OFF",
             f"-DTORCH_ROPE_CUDA={os.environ.get('TORCH_ROPE_CUDA', 'AUTO')}",
             "-DTORCH_ROPE_BUILD_TESTS=OFF",
         ]
@@ -45,6 +51,7 @@ class CMakeBuild(build_ext):
         subprocess.check_call(configure)
         jobs = os.environ.get("BUILD_JOBS", str(os.cpu_count() or 1))
         subprocess.check_call(["cmake", "--build", str(build_dir), "--parallel", jobs])
+        subprocess.check_call(["cmake", "--install", str(build_dir)])
 
 
 version = {}

@@ -4,6 +4,8 @@ Importing this package registers ``torch.ops.rope.apply``, ``torch.ops.rope.appl
 ``torch.ops.rope.apply_qk`` (with autograd and fake kernels, so ``torch.compile`` works).
 """
 
+from pathlib import Path as _Path
+
 import torch  # noqa: F401  (libtorch must be loaded before our native library)
 
 from . import _C  # noqa: F401  (loads librope: registers the ops with the dispatcher)
@@ -12,6 +14,16 @@ from . import reference
 from ._version import __version__
 from .nn import RotaryPositionalEmbedding
 from .ops import apply, apply_, apply_qk, rope_tables
+
+
+#: Prefix for CMake's find_package(TorchRope) in a pip-installed torch_rope:
+#:   cmake -DCMAKE_PREFIX_PATH="$(python -c 'import torch_rope; print(torch_rope.cmake_prefix_path)')"
+#: (add torch.utils.cmake_prefix_path too). None in a source checkout, which has no installed package.
+cmake_prefix_path = (
+    str(_Path(__file__).parent / "lib" / "cmake")
+    if (_Path(__file__).parent / "lib" / "cmake" / "TorchRope").is_dir()
+    else None
+)
 
 
 def compiled_with_cuda() -> bool:
@@ -25,6 +37,7 @@ __all__ = [
     "apply",
     "apply_",
     "apply_qk",
+    "cmake_prefix_path",
     "compiled_with_cuda",
     "reference",
     "rope_tables",

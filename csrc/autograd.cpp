@@ -54,6 +54,14 @@ class RotateQKFunction : public torch::autograd::Function<RotateQKFunction> {
     save_rotation(ctx, cos, sin, positions, interleaved, inverse);
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [q_out, k_out] = rope::apply_qk(q, k, cos, sin, positions, interleaved, inverse);
+    // GQA with only one of q, k trainable: the other output depends on nothing that needs a
+    // gradient, so (as for native ops) it must not require one either.
+    if (!q.requires_grad()) {
+      ctx->mark_non_differentiable({q_out});
+    }
+    if (!k.requires_grad()) {
+      ctx->mark_non_differentiable({k_out});
+    }
     return {q_out, k_out};
   }
 

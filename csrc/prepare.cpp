@@ -5,16 +5,16 @@
 
 namespace rope::detail {
 
-RowGeometry make_row_geometry(at::IntArrayRef sizes, at::IntArrayRef in_strides,
-                              at::IntArrayRef out_strides, at::IntArrayRef pos_strides) {
-  RowGeometry g;
+bool build_row_geometry(at::IntArrayRef sizes, at::IntArrayRef in_strides,
+                        at::IntArrayRef out_strides, at::IntArrayRef pos_strides, RowGeometry& g) {
+  g = RowGeometry{};
   int64_t num_rows = 1;
   for (const int64_t s : sizes) {
     num_rows *= s;
   }
   g.num_rows = num_rows;
   if (num_rows == 0) {
-    return g;
+    return true;
   }
   // Walk from the outermost dim inwards. A dim merges into the previous kept one when, for every
   // tensor, stepping the outer dim once equals stepping the inner dim size times.
@@ -36,9 +36,9 @@ RowGeometry make_row_geometry(at::IntArrayRef sizes, at::IntArrayRef in_strides,
         continue;
       }
     }
-    TORCH_CHECK(n < kMaxRowDims, "rope: input has more than ", kMaxRowDims,
-                " non-mergeable leading dims (shape ", sizes,
-                "); make it contiguous or reshape it first");
+    if (n == kMaxRowDims) {
+      return false;
+    }
     g.row_sizes[n] = sizes[d];
     g.in_strides[n] = in_strides[d];
     g.out_strides[n] = out_strides[d];
@@ -46,6 +46,14 @@ RowGeometry make_row_geometry(at::IntArrayRef sizes, at::IntArrayRef in_strides,
     ++n;
   }
   g.ndim = n;
+  return true;
+}
+
+RowGeometry make_row_geometry(at::IntArrayRef sizes, at::IntArrayRef in_strides,
+                              at::IntArrayRef out_strides, at::IntArrayRef pos_strides) {
+  RowGeometry g;
+  TORCH_CHECK(build_row_geometry(sizes, in_strides, out_strides, pos_strides, g),
+              "rope: more than ", kMaxRowDims, " non-mergeable row dims in shape ", sizes);
   return g;
 }
 
@@ -78,6 +86,22 @@ PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positio
   }
   const auto row_shape = x.sizes().slice(0, x.dim() - 1);
   p.positions = positions.expand(row_shape);
+  const auto batch_strides = [&](const at::Tensor& t) { return t.strides().slice(0, x.dim() - 1); };
+  RowGeometry geometry;
+  if (!build_row_geometry(row_shape, batch_strides(p.input), batch_strides(p.output),
+                          p.positions.strides(), geometry)) {
+    // More than kMaxRowDims dims that no stride pattern merges (rare: e.g. a 9-D permuted x, or
+    // positions broadcast in alternating dims). Copy x and the broadcast positions once into
+    // contiguous tensors, which always merge into a single row dim.
+    p.input = x.contiguous();
+    p.positions = p.positions.contiguous();
+    if (destination == Destination::kInPlace) {
+      p.output = p.input;
+      p.write_back_to = p.input.is_same(x) ? at::Tensor() : x;
+    }
+    geometry = make_row_geometry(row_shape, batch_strides(p.input), batch_strides(p.output),
+                                 p.positions.strides());
+  }
 
   auto& a = p.args;
   a.in = p.input.const_data_ptr();
@@ -87,8 +111,7 @@ PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positio
   a.head_dim = x.size(-1);
   a.rotary_dim = rotary_dim;
   a.copy_tail = destination == Destination::kNewTensor;
-  a.geometry = make_row_geometry(row_shape, p.input.strides().slice(0, x.dim() - 1),
-                                 p.output.strides().slice(0, x.dim() - 1), p.positions.strides());
+  a.geometry = geometry;
   return p;
 }
 

@@ -37,13 +37,18 @@ struct PreparedTables {
 PreparedTables prepare_tables(const at::Tensor& cos, const at::Tensor& sin);
 
 // Call after check_rotated_input(). Copies x once when its last dim is not contiguous
-// (stride(-1) != 1); any other layout (sliced from a fused qkv tensor, transposed heads) is read
-// in place through its strides.
+// (stride(-1) != 1) or its leading dims cannot be described in kMaxRowDims merged dims; any other
+// layout (sliced from a fused qkv tensor, transposed heads) is read in place through its strides.
 PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positions,
                                   int64_t rotary_dim, Destination destination);
 
-// Exposed for tests of the dim-merging logic: builds the row geometry of `sizes` for three stride
-// sets, dropping size-1 dims and merging dims that are contiguous in all three.
+// Builds the row geometry of `sizes` for three stride sets, dropping size-1 dims and merging dims
+// that are contiguous in all three. Returns false (and leaves `g` unusable) when more than
+// kMaxRowDims dims remain; prepare_rotation then copies the inputs to contiguous ones.
+bool build_row_geometry(at::IntArrayRef sizes, at::IntArrayRef in_strides,
+                        at::IntArrayRef out_strides, at::IntArrayRef pos_strides, RowGeometry& g);
+
+// The same, throwing when the dims do not fit (for tests of the merging logic).
 RowGeometry make_row_geometry(at::IntArrayRef sizes, at::IntArrayRef in_strides,
                               at::IntArrayRef out_strides, at::IntArrayRef pos_strides);
 

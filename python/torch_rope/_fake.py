@@ -26,9 +26,21 @@ def _check(op: str, name: str, x, cos, sin, positions) -> None:
         lambda: f"{op}: positions must be an integer tensor (int32 or int64), got "
         f"{positions.dtype}",
     )
+    torch._check(x.dim() >= 1, lambda: f"{op}: {name} must have at least 1 dim (..., head_dim)")
     torch._check(
-        x.dim() >= 1 and x.shape[-1] >= 2 * cos.shape[-1],
-        lambda: f"{op}: {name}.size(-1) (head_dim) must be >= rotary_dim = 2 * cos.size(-1)",
+        x.shape[-1] >= 2 * cos.shape[-1],
+        lambda: f"{op}: {name}.size(-1) (head_dim) must be >= rotary_dim = 2 * cos.size(-1) = "
+        f"{2 * cos.shape[-1]}, got {x.shape[-1]}",
+    )
+    # positions must broadcast *to* x.shape[:-1] (aligned right), as the real kernels require.
+    row_shape = x.shape[:-1]
+    broadcastable = positions.dim() <= len(row_shape) and all(
+        p == 1 or p == r for p, r in zip(reversed(positions.shape), reversed(row_shape))
+    )
+    torch._check(
+        broadcastable,
+        lambda: f"{op}: positions of shape {list(positions.shape)} cannot be broadcast to "
+        f"{name}.shape[:-1] = {list(row_shape)}",
     )
 
 

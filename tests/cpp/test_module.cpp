@@ -1,0 +1,345 @@
+// rope::RotaryPositionalEmbedding: its tables, forward, dtype casts, and serialization (tables are
+// derived state: never saved, always rebuilt).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <torch_rope/module.h>
+#include <torch_rope/ops.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "reference.h"
+
+namespace {
+
+using rope::RotaryPositionalEmbedding;
+using rope::RotaryPositionalEmbeddingOptions;
+using rope_test::all_close;
+using rope_test::bitwise_equal;
+using rope_test::contains_all;
+using rope_test::error_message;
+using rope_test::reference_rope;
+using rope_test::Tolerance;
+
+// Tables built independently: cos/sin of a float64 angle, rounded to float32 once. At position
+// 8191 a float32 angle would be off by ~5e-4 rad, far outside this tolerance.
+void expect_tables_match(const RotaryPositionalEmbedding& m, double theta, int64_t rotary_dim,
+                         int64_t max_seq_len) {
+  const auto& cos = m->cos_table();
+  const auto& sin = m->sin_table();
+  ASSERT_EQ(cos.scalar_type(), torch::kFloat);
+  ASSERT_EQ(sin.scalar_type(), torch::kFloat);
+  const std::vector<int64_t> shape = {max_seq_len, rotary_dim / 2};
+  ASSERT_EQ(cos.sizes().vec(), shape);
+  ASSERT_EQ(sin.sizes().vec(), shape);
+  const auto expected = rope_test::reference_tables(max_seq_len, rotary_dim, theta, torch::kDouble);
+  // One float32 rounding of a value in [-1, 1] is at most 6e-8.
+  EXPECT_TRUE(all_close(cos, expected.cos, Tolerance{0.0, 1.2e-7}));
+  EXPECT_TRUE(all_close(sin, expected.sin, Tolerance{0.0, 1.2e-7}));
+}
+
+TEST(Module, BuffersAreFloat32TablesEqualToDoubleComputation) {
+  RotaryPositionalEmbedding m(10000.0, 64, 8192);
+  expect_tables_match(m, 10000.0, 64, 8192);
+  const auto buffers = m->named_buffers();
+  ASSERT_EQ(buffers.size(), 2u);
+  EXPECT_TRUE(buffers.contains("cos"));
+  EXPECT_TRUE(buffers.contains("sin"));
+  EXPECT_TRUE(bitwise_equal(buffers["cos"], m->cos_table()));
+  EXPECT_TRUE(bitwise_equal(buffers["sin"], m->sin_table()));
+  EXPECT_TRUE(m->cos_table().device().is_cpu());
+}
+
+TEST(Module, OptionsAndAccessors) {
+  RotaryPositionalEmbedding m(500000.0, 32, 100,
+                              RotaryPositionalEmbeddingOptions().rotary_dim(16).interleaved(false));
+  expect_tables_match(m, 500000.0, 16, 100);
+  EXPECT_EQ(m->theta(), 500000.0);
+  EXPECT_EQ(m->d_k(), 32);
+  EXPECT_EQ(m->max_seq_len(), 100);
+  EXPECT_EQ(m->rotary_dim(), 16);
+  EXPECT_FALSE(m->interleaved());
+
+  RotaryPositionalEmbedding defaults(10000.0, 24, 10);
+  EXPECT_EQ(defaults->rotary_dim(), 24);
+  EXPECT_TRUE(defaults->interleaved());
+
+  RotaryPositionalEmbedding on_cpu(10000.0, 8, 10,
+                                   RotaryPositionalEmbeddingOptions().device(torch::kCPU));
+  EXPECT_TRUE(on_cpu->cos_table().device().is_cpu());
+}
+
+TEST(Module, TablesAreTheSharedBuilder) {
+  RotaryPositionalEmbedding m(10000.0, 48, 64, RotaryPositionalEmbeddingOptions().rotary_dim(32));
+  const auto [cos, sin] = rope::rope_tables(10000.0, 32, 64);
+  EXPECT_TRUE(bitwise_equal(m->cos_table(), cos));
+  EXPECT_TRUE(bitwise_equal(m->sin_table(), sin));
+}
+
+TEST(Module, HasNoParameters) {
+  RotaryPositionalEmbedding m(10000.0, 16, 32);
+  EXPECT_TRUE(m->parameters().empty());
+  EXPECT_TRUE(m->named_parameters().is_empty());
+  EXPECT_FALSE(m->cos_table().requires_grad());
+}
+
+TEST(Module, ForwardMatchesReference) {
+  torch::manual_seed(0);
+  for (const bool interleaved : {true, false}) {
+    for (const int64_t rotary_dim : {16, 10}) {
+      RotaryPositionalEmbedding m(
+          10000.0, 16, 40,
+          RotaryPositionalEmbeddingOptions().rotary_dim(rotary_dim).interleaved(interleaved));
+      const auto independent = rope_test::reference_tables(40, rotary_dim);
+      const auto x = torch::randn({2, 3, 7, 16});
+      const auto positions = torch::randint(0, 40, {7}, torch::kLong);
+      EXPECT_TRUE(all_close(m(x, positions),
+                            reference_rope(x, independent.cos, independent.sin, positions,
+                                           interleaved),
+                            torch::kFloat))
+          << "interleaved " << interleaved << ", rotary_dim " << rotary_dim;
+    }
+  }
+}
+
+TEST(Module, ForwardWithoutPositionsUsesArange) {
+  torch::manual_seed(1);
+  RotaryPositionalEmbedding m(10000.0, 16, 32);
+  for (const auto& shape : {std::vector<int64_t>{2, 3, 7, 16}, std::vector<int64_t>{7, 16},
+                            std::vector<int64_t>{4, 5, 16}}) {
+    const auto x = torch::randn(shape);
+    const int64_t seq_len = x.size(-2);
+    const auto out = m(x);
+    EXPECT_TRUE(bitwise_equal(out, m(x, torch::arange(seq_len, torch::kLong))));
+    EXPECT_TRUE(bitwise_equal(out, m(x, torch::arange(seq_len, torch::kInt))));
+    EXPECT_TRUE(bitwise_equal(out, m->forward(x, std::nullopt)));
+  }
+}
+
+TEST(Module, ForwardKeepsDtypeAndShape) {
+  torch::manual_seed(2);
+  RotaryPositionalEmbedding m(10000.0, 32, 16);
+  for (const auto dtype : {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16}) {
+    const auto x = torch::randn({2, 5, 32}, dtype);
+    const auto out = m(x);
+    EXPECT_EQ(out.scalar_type(), dtype);
+    EXPECT_EQ(out.sizes(), x.sizes());
+    EXPECT_TRUE(all_close(out,
+                          reference_rope(x, m->cos_table(), m->sin_table(), torch::arange(5)),
+                          dtype));
+  }
+}
+
+TEST(Module, WorksInsideSequentialWithDefaultArgument) {
+  // FORWARD_HAS_DEFAULT_ARGS lets AnyModule-based containers call forward(x) alone.
+  torch::manual_seed(3);
+  RotaryPositionalEmbedding m(10000.0, 16, 32);
+  torch::nn::Sequential seq(m);
+  const auto x = torch::randn({2, 3, 6, 16});
+  EXPECT_TRUE(bitwise_equal(seq->forward(x), m(x)));
+}
+
+TEST(Module, CastToLowPrecisionKeepsTablesFloat32) {
+  for (const auto dtype : {torch::kBFloat16, torch::kHalf, torch::kDouble}) {
+    RotaryPositionalEmbedding m(10000.0, 16, 32);
+    const auto cos_before = m->cos_table().clone();
+    m->to(dtype);
+    EXPECT_EQ(m->cos_table().scalar_type(), torch::kFloat) << rope_test::dtype_name(dtype);
+    EXPECT_EQ(m->sin_table().scalar_type(), torch::kFloat);
+    EXPECT_TRUE(bitwise_equal(m->cos_table(), cos_before));
+    m->to(torch::kCPU, dtype);
+    EXPECT_EQ(m->cos_table().scalar_type(), torch::kFloat);
+    for (const auto& buffer : m->buffers()) {
+      EXPECT_EQ(buffer.scalar_type(), torch::kFloat);
+    }
+  }
+}
+
+// A model that owns the rope module, the way a LibTorch attention block would.
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(int64_t max_seq_len = 32)
+      : proj(register_module("proj", torch::nn::Linear(16, 16))),
+        rotary(register_module("rope", RotaryPositionalEmbedding(10000.0, 16, max_seq_len))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return rotary(proj(x)); }
+  torch::nn::Linear proj;
+  RotaryPositionalEmbedding rotary;
+};
+TORCH_MODULE(Block);
+
+TEST(Module, ParentCastKeepsTablesFloat32) {
+  torch::manual_seed(4);
+  Block block;
+  block->to(torch::kBFloat16);
+  EXPECT_EQ(block->proj->weight.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(block->rotary->cos_table().scalar_type(), torch::kFloat);
+  const auto buffers = block->named_buffers();
+  ASSERT_TRUE(buffers.contains("rope.cos"));
+  EXPECT_EQ(buffers["rope.cos"].scalar_type(), torch::kFloat);
+  EXPECT_EQ(buffers["rope.sin"].scalar_type(), torch::kFloat);
+  const auto x = torch::randn({2, 5, 16}, torch::kBFloat16);
+  const auto out = block(x);
+  EXPECT_EQ(out.scalar_type(), torch::kBFloat16);
+  // The parent's parameters are the Linear's alone.
+  EXPECT_EQ(block->parameters().size(), 2u);
+}
+
+std::vector<std::string> keys_of(torch::serialize::InputArchive& archive) {
+  auto keys = archive.keys();
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+bool has_key(const std::vector<std::string>& keys, const std::string& key) {
+  return std::find(keys.begin(), keys.end(), key) != keys.end();
+}
+
+TEST(Module, ParentSaveLoadRoundTripWithoutTables) {
+  torch::manual_seed(5);
+  Block saved;
+  std::stringstream stream;
+  torch::save(saved, stream);
+
+  // The archive holds the Linear's tensors and no cos/sin at any level.
+  {
+    std::stringstream copy(stream.str());
+    torch::serialize::InputArchive archive;
+    archive.load_from(copy);
+    const auto top = keys_of(archive);
+    EXPECT_FALSE(has_key(top, "cos"));
+    EXPECT_FALSE(has_key(top, "sin"));
+    torch::Tensor t;
+    EXPECT_FALSE(archive.try_read("rope.cos", t));
+    EXPECT_FALSE(archive.try_read("rope.sin", t));
+
+    torch::serialize::InputArchive proj;
+    ASSERT_TRUE(archive.try_read("proj", proj));
+    const auto proj_keys = keys_of(proj);
+    EXPECT_TRUE(has_key(proj_keys, "weight")) << ::testing::PrintToString(proj_keys);
+    EXPECT_TRUE(has_key(proj_keys, "bias"));
+    EXPECT_TRUE(proj.try_read("weight", t));  // positive control for try_read
+
+    torch::serialize::InputArchive rope_archive;
+    if (archive.try_read("rope", rope_archive)) {
+      const auto rope_keys = keys_of(rope_archive);
+      EXPECT_FALSE(has_key(rope_keys, "cos")) << ::testing::PrintToString(rope_keys);
+      EXPECT_FALSE(has_key(rope_keys, "sin"));
+      EXPECT_FALSE(rope_archive.try_read("cos", t, /*is_buffer=*/true));
+      EXPECT_FALSE(rope_archive.try_read("sin", t, /*is_buffer=*/true));
+    }
+  }
+
+  Block loaded;
+  torch::load(loaded, stream);
+  EXPECT_TRUE(bitwise_equal(loaded->proj->weight, saved->proj->weight));
+  EXPECT_TRUE(bitwise_equal(loaded->proj->bias, saved->proj->bias));
+  EXPECT_TRUE(bitwise_equal(loaded->rotary->cos_table(), saved->rotary->cos_table()));
+  const auto x = torch::randn({2, 5, 16});
+  EXPECT_TRUE(bitwise_equal(loaded(x), saved(x)));
+}
+
+TEST(Module, LoadKeepsTheFreshModulesTables) {
+  // Tables are rebuilt from the constructor, so loading into a model built for a longer context
+  // keeps that model's tables.
+  Block saved(/*max_seq_len=*/16);
+  std::stringstream stream;
+  torch::save(saved, stream);
+  Block loaded(/*max_seq_len=*/64);
+  torch::load(loaded, stream);
+  EXPECT_EQ(loaded->rotary->cos_table().size(0), 64);
+  EXPECT_TRUE(bitwise_equal(loaded->proj->weight, saved->proj->weight));
+  const auto x = torch::randn({1, 40, 16});  // 40 positions: only the 64-entry tables cover them
+  EXPECT_NO_THROW(loaded(x));
+}
+
+TEST(Module, SaveLoadModuleAlone) {
+  torch::manual_seed(6);
+  RotaryPositionalEmbedding saved(10000.0, 16, 32,
+                                  RotaryPositionalEmbeddingOptions().rotary_dim(8));
+  std::stringstream stream;
+  torch::save(saved, stream);
+  {
+    std::stringstream copy(stream.str());
+    torch::serialize::InputArchive archive;
+    archive.load_from(copy);
+    const auto keys = keys_of(archive);
+    EXPECT_FALSE(has_key(keys, "cos")) << ::testing::PrintToString(keys);
+    EXPECT_FALSE(has_key(keys, "sin"));
+    torch::Tensor t;
+    EXPECT_FALSE(archive.try_read("cos", t, /*is_buffer=*/true));
+  }
+  RotaryPositionalEmbedding loaded(10000.0, 16, 32,
+                                   RotaryPositionalEmbeddingOptions().rotary_dim(8));
+  torch::load(loaded, stream);
+  EXPECT_TRUE(bitwise_equal(loaded->cos_table(), saved->cos_table()));
+  EXPECT_TRUE(bitwise_equal(loaded->sin_table(), saved->sin_table()));
+  const auto x = torch::randn({3, 9, 16});
+  EXPECT_TRUE(bitwise_equal(loaded(x), saved(x)));
+}
+
+TEST(Module, SaveLoadThroughAFile) {
+  torch::manual_seed(7);
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("torch_rope_test_" + std::to_string(::getpid()) + ".pt");
+  Block saved;
+  torch::save(saved, path.string());
+  Block loaded;
+  torch::load(loaded, path.string());
+  std::filesystem::remove(path);
+  const auto x = torch::randn({2, 5, 16});
+  EXPECT_TRUE(bitwise_equal(loaded(x), saved(x)));
+}
+
+TEST(Module, PrettyPrintNamesTheConfiguration) {
+  RotaryPositionalEmbedding m(10000.0, 16, 32,
+                              RotaryPositionalEmbeddingOptions().rotary_dim(8).interleaved(false));
+  std::ostringstream os;
+  os << *m;
+  EXPECT_TRUE(contains_all(os.str(), {"RotaryPositionalEmbedding", "d_k=16", "max_seq_len=32",
+                                      "rotary_dim=8", "interleaved=false"}));
+}
+
+TEST(Module, BadConstructorArgumentsThrow) {
+  using Opts = RotaryPositionalEmbeddingOptions;
+  EXPECT_TRUE(contains_all(error_message([] { RotaryPositionalEmbedding(10000.0, 16, 32, Opts().rotary_dim(7)); }),
+                           {"rotary_dim", "even", "7"}));
+  EXPECT_TRUE(contains_all(
+      error_message([] { RotaryPositionalEmbedding(10000.0, 7, 32); }), {"rotary_dim", "7"}));
+  EXPECT_TRUE(contains_all(
+      error_message([] { RotaryPositionalEmbedding(10000.0, 16, 32, Opts().rotary_dim(32)); }),
+      {"rotary_dim", "d_k", "16", "32"}));
+  EXPECT_TRUE(contains_all(error_message([] { RotaryPositionalEmbedding(10000.0, 16, 0); }),
+                           {"max_seq_len", "0"}));
+  EXPECT_TRUE(contains_all(error_message([] { RotaryPositionalEmbedding(0.0, 16, 32); }),
+                           {"theta", "0"}));
+  EXPECT_TRUE(contains_all(error_message([] { RotaryPositionalEmbedding(-10.0, 16, 32); }),
+                           {"theta", "-10"}));
+  EXPECT_TRUE(contains_all(
+      error_message([] { RotaryPositionalEmbedding(std::nan(""), 16, 32); }), {"theta", "nan"}));
+  EXPECT_TRUE(contains_all(error_message([] { RotaryPositionalEmbedding(10000.0, 0, 32); }),
+                           {"d_k", "0"}));
+  EXPECT_TRUE(contains_all(
+      error_message([] { RotaryPositionalEmbedding(10000.0, 16, 32, Opts().rotary_dim(0)); }),
+      {"rotary_dim", "0"}));
+}
+
+TEST(Module, ForwardErrors) {
+  RotaryPositionalEmbedding m(10000.0, 16, 8);
+  // Longer than the tables.
+  EXPECT_TRUE(contains_all(error_message([&] { m(torch::randn({2, 9, 16})); }),
+                           {"positions", "8", "max_seq_len"}));
+  // No sequence dim to build positions from.
+  EXPECT_TRUE(contains_all(error_message([&] { m(torch::randn({16})); }),
+                           {"token_positions", "[16]"}));
+  // head_dim smaller than the module's rotary_dim.
+  EXPECT_TRUE(contains_all(error_message([&] { m(torch::randn({2, 4, 8})); }),
+                           {"head_dim", "16", "got 8"}));
+}
+
+}  // namespace

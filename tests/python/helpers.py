@@ -1,0 +1,61 @@
+"""Shared test helpers: device parametrization, per-dtype tolerances, input builders."""
+
+import pytest
+import torch
+
+import references as ref
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
+
+FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+HEAD_DIMS = (64, 80, 128, 256)
+
+# Agreement with the float64 oracle after casting it to the storage type: about one unit in the
+# last place of that type (math is float32, or float64 for float64, so only the final rounding
+# and the float32 tables separate the library from the oracle).
+TOLERANCES = {
+    torch.float64: dict(rtol=1e-12, atol=1e-12),
+    torch.float32: dict(rtol=1e-5, atol=1e-5),
+    torch.float16: dict(rtol=1e-3, atol=1e-3),
+    torch.bfloat16: dict(rtol=1e-2, atol=1e-2),
+}
+
+
+def cpu_and_cuda():
+    """Device parameters: CUDA cases are always collected and show as SKIPPED without a GPU."""
+    return ["cpu", pytest.param("cuda", marks=needs_cuda)]
+
+
+def dtype_id(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def table_dtype_for(dtype: torch.dtype) -> torch.dtype:
+    """float64 tables for float64 inputs (so 1e-12 is reachable), float32 otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def make_tables(max_seq_len, rotary_dim, device, dtype=torch.float32, theta=10000.0):
+    cos, sin = ref.tables(max_seq_len, rotary_dim, theta, dtype)
+    return cos.to(device), sin.to(device)
+
+
+def expected(x, positions, rotary_dim, *, interleaved, inverse=False, theta=10000.0):
+    """The oracle's answer for ``x`` in float64 on the CPU."""
+    ang = ref.angles(positions, x.shape[:-1], rotary_dim, theta)
+    return ref.rope(x, ang, interleaved=interleaved, inverse=inverse)
+
+
+def assert_matches_reference(out, x, positions, rotary_dim, *, interleaved, inverse=False,
+                             theta=10000.0):
+    """``out`` equals the float64 oracle cast to ``x.dtype``, within the dtype's tolerance."""
+    assert out.shape == x.shape
+    assert out.dtype == x.dtype
+    assert out.device == x.device
+    want = expected(x, positions, rotary_dim, interleaved=interleaved, inverse=inverse,
+                    theta=theta)
+    torch.testing.assert_close(out.cpu(), want.to(x.dtype), **TOLERANCES[x.dtype])
+
+
+def randn(*shape, dtype=torch.float32, device="cpu"):
+    return torch.randn(*shape, dtype=torch.float64).to(dtype=dtype, device=device)

@@ -1,0 +1,97 @@
+"""Test oracles for RoPE, written from the math and independent of torch_rope.
+
+Nothing here imports the library. Angles are computed in float64 from the positions, and the two
+oracles get there by different routes, so a bug would have to be made twice, in two different
+ways, to slip through:
+
+* :func:`rope_complex` - the interleaved layout as complex multiplication (Meta Llama's
+  ``view_as_complex(x) * polar(1, angle)``), in complex128.
+* :func:`rope_rotate_half` - the half-split layout as ``x * cos + rotate_half(x) * sin`` (HF
+  transformers), in float64.
+
+The other layout of each is reached through the feature permutation
+:func:`deinterleave_permutation`, which maps the interleaved layout onto the half-split one.
+:func:`rope_matrix` builds the explicit block-diagonal rotation, used only to check the two
+oracles themselves on small head_dims.
+"""
+
+import torch
+from torch import Tensor
+
+
+def inv_freq(rotary_dim: int, theta: float = 10000.0) -> Tensor:
+    """float64 ``theta ** (-2k / rotary_dim)`` for the ``rotary_dim // 2`` planes."""
+    k = torch.arange(rotary_dim // 2, dtype=torch.float64)
+    return torch.tensor(theta, dtype=torch.float64) ** (-2.0 * k / rotary_dim)
+
+
+def angles(positions: Tensor, row_shape, rotary_dim: int, theta: float = 10000.0) -> Tensor:
+    """float64 angles ``positions * inv_freq`` broadcast to ``row_shape + (rotary_dim // 2,)``."""
+    pos = torch.broadcast_to(positions.cpu().to(torch.float64), tuple(row_shape))
+    return pos.unsqueeze(-1) * inv_freq(rotary_dim, theta)
+
+
+def tables(max_seq_len: int, rotary_dim: int, theta: float = 10000.0, dtype=torch.float32):
+    """``(cos, sin)`` tables ``(max_seq_len, rotary_dim // 2)`` from float64 angles, cast once."""
+    ang = torch.arange(max_seq_len, dtype=torch.float64).unsqueeze(-1) * inv_freq(rotary_dim, theta)
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def deinterleave_permutation(rotary_dim: int, head_dim: int) -> Tensor:
+    """Index ``perm``: ``x[..., perm]`` moves plane k from ``(2k, 2k+1)`` to ``(k, k + r/2)``."""
+    return torch.cat(
+        [
+            torch.arange(0, rotary_dim, 2),
+            torch.arange(1, rotary_dim, 2),
+            torch.arange(rotary_dim, head_dim),
+        ]
+    )
+
+
+def rope_complex(x: Tensor, angle: Tensor, *, inverse: bool = False) -> Tensor:
+    """Interleaved layout, as complex multiplication. Returns float64 on the CPU.
+
+    ``angle`` is ``x.shape[:-1] + (rotary_dim // 2,)`` (see :func:`angles`).
+    """
+    x64 = x.cpu().to(torch.float64)  # differentiable, so gradients can be compared too
+    rotary_dim = 2 * angle.size(-1)
+    pairs = x64[..., :rotary_dim].reshape(*x64.shape[:-1], rotary_dim // 2, 2).contiguous()
+    signed = -angle if inverse else angle
+    turned = torch.view_as_complex(pairs) * torch.polar(torch.ones_like(signed), signed)
+    rotated = torch.view_as_real(turned).reshape(*x64.shape[:-1], rotary_dim)
+    return torch.cat([rotated, x64[..., rotary_dim:]], dim=-1)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """``(x1, x2) -> (-x2, x1)`` on the two halves of the last dim (HF transformers)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def rope_rotate_half(x: Tensor, angle: Tensor, *, inverse: bool = False) -> Tensor:
+    """Half-split layout, as ``x * cos + rotate_half(x) * sin``. Returns float64 on the CPU."""
+    x64 = x.cpu().to(torch.float64)  # differentiable, so gradients can be compared too
+    rotary_dim = 2 * angle.size(-1)
+    signed = -angle if inverse else angle
+    cos = torch.cat([signed.cos(), signed.cos()], dim=-1)
+    sin = torch.cat([signed.sin(), signed.sin()], dim=-1)
+    rot = x64[..., :rotary_dim]
+    return torch.cat([rot * cos + rotate_half(rot) * sin, x64[..., rotary_dim:]], dim=-1)
+
+
+def rope(x: Tensor, angle: Tensor, *, interleaved: bool, inverse: bool = False) -> Tensor:
+    """float64 oracle for either layout: the complex form for interleaved, rotate_half otherwise."""
+    if interleaved:
+        return rope_complex(x, angle, inverse=inverse)
+    return rope_rotate_half(x, angle, inverse=inverse)
+
+
+def rope_matrix(angle_row: Tensor, head_dim: int, *, interleaved: bool) -> Tensor:
+    """The explicit ``head_dim x head_dim`` rotation for one row's angles (small dims only)."""
+    half = angle_row.numel()
+    m = torch.eye(head_dim, dtype=torch.float64)
+    for k in range(half):
+        a, b = (2 * k, 2 * k + 1) if interleaved else (k, k + half)
+        c, s = torch.cos(angle_row[k]), torch.sin(angle_row[k])
+        m[a, a], m[a, b], m[b, a], m[b, b] = c, -s, s, c
+    return m

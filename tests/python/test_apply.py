@@ -1,0 +1,357 @@
+"""rope.apply against the float64 oracles: dtypes, layouts, head_dims, partial rotary, input
+strides and every documented positions shape."""
+
+import pytest
+import torch
+
+import torch_rope
+from helpers import (
+    FLOAT_DTYPES,
+    HEAD_DIMS,
+    assert_matches_reference,
+    cpu_and_cuda,
+    dtype_id,
+    expected,
+    make_tables,
+    randn,
+    table_dtype_for,
+)
+
+B, H, S = 2, 3, 11
+MAX_SEQ_LEN = 64
+LAYOUTS = [True, False]
+LAYOUT_IDS = ["interleaved", "half_split"]
+
+
+def partial_rotary_dim(head_dim: int) -> int:
+    return 32 if head_dim == 80 else head_dim // 2
+
+
+def spread_positions(n: int, device, dtype=torch.int64):
+    """n positions spread over the whole table, including 0 and max_seq_len - 1."""
+    p = torch.randint(0, MAX_SEQ_LEN, (n,))
+    p[0], p[-1] = 0, MAX_SEQ_LEN - 1
+    return p.to(device=device, dtype=dtype)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("rotary", ["full", "partial"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_apply_matches_reference(device, dtype, interleaved, head_dim, rotary):
+    rotary_dim = head_dim if rotary == "full" else partial_rotary_dim(head_dim)
+    cos, sin = make_tables(MAX_SEQ_LEN, rotary_dim, device, table_dtype_for(dtype))
+    x = randn(B, H, S, head_dim, dtype=dtype, device=device)
+    x_before = x.clone()
+    positions = spread_positions(S, device)
+
+    out = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved)
+
+    assert_matches_reference(out, x, positions, rotary_dim, interleaved=interleaved)
+    assert out.is_contiguous()
+    assert torch.equal(out[..., rotary_dim:], x[..., rotary_dim:]), "pass-through features changed"
+    assert torch.equal(x, x_before), "apply must not modify its input"
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_inverse_matches_reference(device, dtype, interleaved):
+    head_dim, rotary_dim = 80, 48
+    cos, sin = make_tables(MAX_SEQ_LEN, rotary_dim, device, table_dtype_for(dtype))
+    x = randn(B, S, H, head_dim, dtype=dtype, device=device)
+    positions = spread_positions(S, device).unsqueeze(-1)
+    out = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved, inverse=True)
+    assert_matches_reference(out, x, positions, rotary_dim, interleaved=interleaved, inverse=True)
+
+
+# ---- input layouts x positions shapes ----------------------------------------------------------
+# Each builder returns (x, positions) for head_dim D; positions are int64 here and cast by the test.
+
+
+def _bhsd_seq_positions(D, dtype, device):
+    return randn(B, H, S, D, dtype=dtype, device=device), spread_positions(S, device)
+
+
+def _bhsd_per_sequence(D, dtype, device):
+    x = randn(B, H, S, D, dtype=dtype, device=device)
+    return x, torch.randint(0, MAX_SEQ_LEN, (B, 1, S), device=device)
+
+
+def _bhsd_every_row(D, dtype, device):
+    x = randn(B, H, S, D, dtype=dtype, device=device)
+    return x, torch.randint(0, MAX_SEQ_LEN, (B, H, S), device=device)
+
+
+def _bshd_seq_column(D, dtype, device):
+    x = randn(B, S, H, D, dtype=dtype, device=device)
+    return x, spread_positions(S, device).unsqueeze(-1)
+
+
+def _bshd_per_sequence(D, dtype, device):
+    x = randn(B, S, H, D, dtype=dtype, device=device)
+    return x, torch.randint(0, MAX_SEQ_LEN, (B, S, 1), device=device)
+
+
+def _packed_varlen(D, dtype, device):
+    lengths = (5, 1, 9)
+    positions = torch.cat([torch.arange(n) for n in lengths]).to(device).unsqueeze(-1)  # (T, 1)
+    return randn(sum(lengths), H, D, dtype=dtype, device=device), positions
+
+
+def _decode_offsets(D, dtype, device):
+    start_pos, steps = 50, 4
+    x = randn(B, H, steps, D, dtype=dtype, device=device)
+    return x, start_pos + torch.arange(steps, device=device)
+
+
+def _decode_one_token_per_sequence(D, dtype, device):
+    # (B, 1, H, D) with each sequence at its own cache length.
+    x = randn(B, 1, H, D, dtype=dtype, device=device)
+    return x, torch.tensor([37, 63], device=device).view(B, 1, 1)
+
+
+def _scalar_position(D, dtype, device):
+    return randn(H, D, dtype=dtype, device=device), torch.tensor(29, device=device)
+
+
+def _q_sliced_from_fused_bsd(D, dtype, device):
+    qkv = randn(B, S, 3 * D, dtype=dtype, device=device)
+    return qkv[..., :D], spread_positions(S, device)
+
+
+def _k_sliced_from_fused_bshd(D, dtype, device):
+    qkv = randn(B, S, H, 3 * D, dtype=dtype, device=device)
+    return qkv[..., D : 2 * D], spread_positions(S, device).unsqueeze(-1)
+
+
+def _bshd_transposed_to_bhsd(D, dtype, device):
+    x = randn(B, S, H, D, dtype=dtype, device=device).transpose(1, 2)
+    return x, spread_positions(S, device)
+
+
+def _last_dim_not_contiguous(D, dtype, device):
+    x = randn(B, H, D, S, dtype=dtype, device=device).transpose(-1, -2)
+    assert x.stride(-1) != 1
+    return x, spread_positions(S, device)
+
+
+def _misaligned_storage_offset(D, dtype, device):
+    # Data pointer one element past an allocation: wide vector loads must not assume alignment.
+    flat = randn(B * S * D + 1, dtype=dtype, device=device)
+    return flat[1:].view(B, S, D), spread_positions(S, device)
+
+
+def _odd_row_stride(D, dtype, device):
+    # Rows 3*D + 1 elements apart, starting at offset 1.
+    rows = randn(B, S, 3 * D + 1, dtype=dtype, device=device)
+    return rows[..., 1 : D + 1], spread_positions(S, device)
+
+
+def _strided_positions(D, dtype, device):
+    # positions as a column of a wider tensor (stride 2), not contiguous.
+    x = randn(B, H, S, D, dtype=dtype, device=device)
+    return x, torch.randint(0, MAX_SEQ_LEN, (S, 2), device=device)[:, 1]
+
+
+def _expanded_positions(D, dtype, device):
+    # One decode position for every row, as a stride-0 view.
+    x = randn(B, S, H, D, dtype=dtype, device=device)
+    return x, torch.tensor([41], device=device).expand(B, S, 1)
+
+
+def _broadcast_input(D, dtype, device):
+    # A read-only expanded input (stride 0 over heads) is legal for the out-of-place op.
+    x = randn(B, 1, S, D, dtype=dtype, device=device).expand(B, H, S, D)
+    return x, spread_positions(S, device)
+
+
+INPUT_CASES = {
+    "bhsd_S": _bhsd_seq_positions,
+    "bhsd_B1S": _bhsd_per_sequence,
+    "bhsd_BHS": _bhsd_every_row,
+    "bshd_S1": _bshd_seq_column,
+    "bshd_BS1": _bshd_per_sequence,
+    "packed_T1": _packed_varlen,
+    "decode_start_pos": _decode_offsets,
+    "decode_per_sequence": _decode_one_token_per_sequence,
+    "scalar_position": _scalar_position,
+    "q_from_fused_qkv_bsd": _q_sliced_from_fused_bsd,
+    "k_from_fused_qkv_bshd": _k_sliced_from_fused_bshd,
+    "transposed_bshd": _bshd_transposed_to_bhsd,
+    "last_dim_strided": _last_dim_not_contiguous,
+    "storage_offset_1": _misaligned_storage_offset,
+    "odd_row_stride": _odd_row_stride,
+    "strided_positions": _strided_positions,
+    "expanded_positions": _expanded_positions,
+    "expanded": _broadcast_input,
+}
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("pos_dtype", [torch.int32, torch.int64], ids=dtype_id)
+@pytest.mark.parametrize("head_dim,rotary_dim", [(80, 80), (80, 48)])
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("case", list(INPUT_CASES))
+def test_input_layouts_and_positions(case, dtype, interleaved, head_dim, rotary_dim, pos_dtype,
+                                     device):
+    x, positions = INPUT_CASES[case](head_dim, dtype, device)
+    positions = positions.to(pos_dtype)
+    x_before = x.clone()
+    cos, sin = make_tables(MAX_SEQ_LEN, rotary_dim, device)
+
+    out = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved)
+
+    assert_matches_reference(out, x, positions, rotary_dim, interleaved=interleaved)
+    assert out.is_contiguous()
+    assert torch.equal(x, x_before)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize(
+    "head_dim,rotary_dim", [(2, 2), (6, 4), (10, 10), (34, 18), (66, 62), (130, 2), (96, 96)]
+)
+def test_vector_tails(head_dim, rotary_dim, dtype, interleaved, device):
+    # Plane counts that are not multiples of any vector width, odd row counts, a lone plane.
+    cos, sin = make_tables(MAX_SEQ_LEN, rotary_dim, device, table_dtype_for(dtype))
+    x = randn(37, head_dim, dtype=dtype, device=device)
+    positions = torch.randint(0, MAX_SEQ_LEN, (37,), device=device)
+    out = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved)
+    assert_matches_reference(out, x, positions, rotary_dim, interleaved=interleaved)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=dtype_id)
+def test_many_rows_split_across_threads(dtype, interleaved, device):
+    # Enough rows for at::parallel_for to hand out several chunks.
+    cos, sin = make_tables(4096, 64, device)
+    x = randn(4, 8, 512, 64, dtype=dtype, device=device)
+    positions = torch.randint(0, 4096, (4, 1, 512), device=device)
+    out = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved)
+    assert_matches_reference(out, x, positions, 64, interleaved=interleaved)
+    if device == "cpu":
+        # Rows are independent: the thread count cannot change a single bit.
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(1)
+            serial = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved)
+        finally:
+            torch.set_num_threads(threads)
+        assert torch.equal(serial, out)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+def test_long_context_positions(interleaved, device):
+    # Angles of ~1e5 rad: float32 tables built from float64 angles keep float32 accuracy.
+    max_seq_len = 131072
+    cos, sin = make_tables(max_seq_len, 128, device)
+    x = randn(2, 4, 128, device=device)
+    positions = torch.tensor([max_seq_len - 1, 100003, 65536, 7], device=device)
+    out = torch_rope.apply(x, cos, sin, positions.view(1, 4), interleaved=interleaved)
+    assert_matches_reference(out, x, positions.view(1, 4), 128, interleaved=interleaved)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+def test_uses_the_given_tables(interleaved, device):
+    # Arbitrary tables (not cos/sin of anything, rows not unit-norm), given as strided views:
+    # catches swapped cos/sin, a transposed gather, or a kernel that recomputes angles itself.
+    half, rows = 12, 20
+    big = torch.randn(2 * rows, 3 * half, dtype=torch.float32)
+    cos, sin = big[::2, :half], big[1::2, half : 2 * half]
+    x = randn(B, S, 2 * half + 6, dtype=torch.float64)
+    positions = torch.randint(0, rows, (S,))
+
+    out = torch_rope.apply(x.to(device), cos.to(device), sin.to(device), positions.to(device),
+                           interleaved=interleaved)
+
+    # Oracle: complex multiplication by (c + i s) on the interleaved view.
+    perm = torch.cat([torch.stack([torch.arange(half), torch.arange(half) + half], 1).flatten(),
+                      torch.arange(2 * half, x.size(-1))])
+    xi = x if interleaved else x[..., perm]  # bring plane k to (2k, 2k+1)
+    z = torch.view_as_complex(xi[..., : 2 * half].reshape(B, S, half, 2).contiguous())
+    w = torch.complex(cos[positions].double(), sin[positions].double())
+    rot = torch.view_as_real(z * w).reshape(B, S, 2 * half)
+    want = torch.cat([rot, xi[..., 2 * half :]], dim=-1)
+    if not interleaved:
+        want = want[..., torch.argsort(perm)]
+    torch.testing.assert_close(out.cpu(), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=dtype_id)
+def test_float64_tables_with_lower_precision_input(dtype, interleaved, device):
+    cos, sin = make_tables(MAX_SEQ_LEN, 48, device, torch.float64)
+    x = randn(B, H, S, 64, dtype=dtype, device=device)
+    positions = spread_positions(S, device)
+    out = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved)
+    assert_matches_reference(out, x, positions, 48, interleaved=interleaved)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+def test_float32_tables_with_float64_input(interleaved, device):
+    # Math is float64; only the tables' float32 rounding (~6e-8) separates it from the oracle.
+    cos, sin = make_tables(MAX_SEQ_LEN, 64, device, torch.float32)
+    x = randn(B, H, S, 64, dtype=torch.float64, device=device)
+    positions = spread_positions(S, device)
+    out = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved)
+    assert out.dtype == torch.float64
+    want = expected(x, positions, 64, interleaved=interleaved)
+    torch.testing.assert_close(out.cpu(), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize(
+    "x_shape,pos_shape",
+    [((0, H, S, 64), (S,)), ((B, H, 0, 64), (0,)), ((0, 64), (0,)), ((B, 0, H, 64), (0, 1))],
+)
+def test_empty_inputs(x_shape, pos_shape, device):
+    cos, sin = make_tables(MAX_SEQ_LEN, 32, device)
+    x = torch.randn(x_shape, device=device)
+    positions = torch.zeros(pos_shape, dtype=torch.int64, device=device)
+    out = torch_rope.apply(x, cos, sin, positions)
+    assert out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
+    assert torch_rope.apply_(x, cos, sin, positions) is x
+    q, k = torch_rope.apply_qk(x, x, cos, sin, positions)
+    assert q.shape == x.shape and k.shape == x.shape
+
+
+def test_typed_wrapper_matches_raw_op():
+    cos, sin = make_tables(MAX_SEQ_LEN, 16, "cpu")
+    x = torch.randn(B, S, 24)
+    positions = spread_positions(S, "cpu")
+    for interleaved in (True, False):
+        for inverse in (True, False):
+            a = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved, inverse=inverse)
+            b = torch.ops.rope.apply(x, cos, sin, positions, interleaved=interleaved,
+                                     inverse=inverse)
+            assert torch.equal(a, b)
+    # The defaults are interleaved=True, inverse=False, in both.
+    assert torch.equal(torch.ops.rope.apply(x, cos, sin, positions),
+                       torch_rope.apply(x, cos, sin, positions, interleaved=True, inverse=False))
+
+
+
+# More leading dims than the kernel's merged-row descriptor holds (kMaxRowDims = 8), which no
+# stride pattern merges: the op falls back to one contiguous copy instead of failing.
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("case", ["contiguous_x_alternating_positions", "permuted_x"])
+def test_many_leading_dims(case, device):
+    shape = (2, 3, 2, 3, 2, 3, 2, 3, 2)
+    cos, sin = make_tables(MAX_SEQ_LEN, 8, device)
+    if case == "permuted_x":
+        x = randn(*shape, 16, device=device).permute(8, 7, 6, 5, 4, 3, 2, 1, 0, 9)
+        positions = torch.tensor(3, device=device)
+    else:
+        x = randn(*shape, 16, device=device)
+        positions = torch.randint(0, MAX_SEQ_LEN, (2, 1, 2, 1, 2, 1, 2, 1, 2), device=device)
+    out = torch_rope.apply(x, cos, sin, positions)
+    assert_matches_reference(out, x, positions, 8, interleaved=True)

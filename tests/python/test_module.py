@@ -1,0 +1,161 @@
+"""torch_rope.RotaryPositionalEmbedding and torch_rope.rope_tables."""
+
+import pytest
+import torch
+from torch import nn
+
+import references as ref
+import torch_rope
+from helpers import assert_matches_reference, cpu_and_cuda, dtype_id, randn
+
+
+def independent_tables(theta, rotary_dim, max_seq_len):
+    """float64 angles from scratch (no shared helper), rounded once to float32."""
+    exponent = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
+    inv_freq = 1.0 / (theta**exponent)
+    ang = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
+    return ang.cos().float(), ang.sin().float()
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("theta,rotary_dim,max_seq_len",
+                         [(10000.0, 64, 128), (500000.0, 128, 40000), (10.0, 2, 5)])
+def test_rope_tables_equal_float64_computation(theta, rotary_dim, max_seq_len, device):
+    cos, sin = torch_rope.rope_tables(theta, rotary_dim, max_seq_len, device=device)
+    assert cos.dtype == sin.dtype == torch.float32
+    assert cos.shape == sin.shape == (max_seq_len, rotary_dim // 2)
+    assert cos.device.type == device
+    want_cos, want_sin = independent_tables(theta, rotary_dim, max_seq_len)
+    # Within one float32 rounding of the float64 value: angles of 4e4 rad computed in float32
+    # would be off by ~1e-3 and fail here.
+    torch.testing.assert_close(cos.cpu(), want_cos, rtol=0, atol=1.2e-7)
+    torch.testing.assert_close(sin.cpu(), want_sin, rtol=0, atol=1.2e-7)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+def test_module_buffers(device):
+    rope = torch_rope.RotaryPositionalEmbedding(10000.0, 64, 100, device=device)
+    want_cos, want_sin = independent_tables(10000.0, 64, 100)
+    assert dict(rope.named_buffers()).keys() == {"cos", "sin"}
+    assert rope.cos.dtype == torch.float32 and rope.cos.device.type == device
+    torch.testing.assert_close(rope.cos.cpu(), want_cos, rtol=0, atol=1.2e-7)
+    torch.testing.assert_close(rope.sin.cpu(), want_sin, rtol=0, atol=1.2e-7)
+    assert list(rope.parameters()) == []
+
+
+def test_state_dict_is_empty_and_loads_into_fresh_module():
+    rope = torch_rope.RotaryPositionalEmbedding(10000.0, 32, 16)
+    assert rope.state_dict() == {}
+    fresh = torch_rope.RotaryPositionalEmbedding(10000.0, 32, 16)
+    result = fresh.load_state_dict(rope.state_dict(), strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    assert torch.equal(fresh.cos, rope.cos) and torch.equal(fresh.sin, rope.sin)
+
+
+def test_state_dict_of_a_model_has_no_rope_keys():
+    model = nn.Sequential(nn.Linear(8, 8), torch_rope.RotaryPositionalEmbedding(10000.0, 8, 16))
+    assert set(model.state_dict()) == {"0.weight", "0.bias"}
+    clone = nn.Sequential(nn.Linear(8, 8), torch_rope.RotaryPositionalEmbedding(10000.0, 8, 16))
+    clone.load_state_dict(model.state_dict(), strict=True)
+
+
+@pytest.mark.parametrize("cast", ["to_bfloat16", "half", "double", "to_float16"])
+def test_cast_keeps_tables_float32_and_exact(cast):
+    model = nn.Sequential(nn.Linear(16, 16), torch_rope.RotaryPositionalEmbedding(10000.0, 16, 64))
+    cos, sin = model[1].cos.clone(), model[1].sin.clone()
+    if cast == "to_bfloat16":
+        model.to(torch.bfloat16)
+    elif cast == "to_float16":
+        model.to(dtype=torch.float16)
+    elif cast == "half":
+        model.half()
+    else:
+        model.double()
+    rope = model[1]
+    assert model[0].weight.dtype != torch.float32, "the rest of the model was cast"
+    assert rope.cos.dtype == torch.float32 and rope.sin.dtype == torch.float32
+    assert torch.equal(rope.cos, cos) and torch.equal(rope.sin, sin), "tables lost precision"
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+def test_bfloat16_model_forward(device):
+    rope = torch_rope.RotaryPositionalEmbedding(10000.0, 64, 32).to(device).to(torch.bfloat16)
+    x = randn(2, 3, 8, 64, dtype=torch.bfloat16, device=device)
+    out = rope(x)
+    assert out.dtype == torch.bfloat16
+    assert_matches_reference(out, x, torch.arange(8), 64, interleaved=True)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+def test_to_device_moves_tables(device):
+    rope = torch_rope.RotaryPositionalEmbedding(10000.0, 16, 8).to(device)
+    assert rope.cos.device.type == device and rope.sin.device.type == device
+    back = rope.to("cpu")
+    assert back.cos.device.type == "cpu"
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half_split"])
+@pytest.mark.parametrize("shape", [(2, 3, 9, 64), (9, 64), (2, 9, 64)])
+def test_default_positions_are_arange(shape, interleaved, device):
+    rope = torch_rope.RotaryPositionalEmbedding(10000.0, 64, 32, interleaved=interleaved,
+                                                device=device)
+    x = randn(*shape, device=device)
+    seq = torch.arange(shape[-2], device=device)
+    assert torch.equal(rope(x), rope(x, seq))
+    assert_matches_reference(rope(x), x, seq, 64, interleaved=interleaved)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half_split"])
+@pytest.mark.parametrize("pos_dtype", [torch.int32, torch.int64], ids=dtype_id)
+def test_forward_with_token_positions_and_partial_rotary(pos_dtype, interleaved, device):
+    rope = torch_rope.RotaryPositionalEmbedding(500000.0, 80, 64, rotary_dim=32,
+                                                interleaved=interleaved, device=device)
+    x = randn(2, 7, 80, device=device)
+    positions = torch.randint(0, 64, (2, 7), device=device, dtype=pos_dtype)
+    out = rope(x, positions)
+    assert_matches_reference(out, x, positions, 32, interleaved=interleaved, theta=500000.0)
+
+
+def test_module_attributes_and_repr():
+    rope = torch_rope.RotaryPositionalEmbedding(10000.0, 64, 32, rotary_dim=32,
+                                                interleaved=False)
+    assert rope.rotary_dim == 32 and rope.d_k == 64 and rope.interleaved is False
+    assert rope.cos.shape == (32, 16)
+    text = repr(rope)
+    assert "rotary_dim=32" in text and "interleaved=False" in text
+
+
+@pytest.mark.parametrize("rotary_dim", [7, 66, 0, -2])
+def test_bad_rotary_dim_raises(rotary_dim):
+    with pytest.raises((ValueError, RuntimeError), match=rf"rotary_dim.*{rotary_dim}"):
+        torch_rope.RotaryPositionalEmbedding(10000.0, 64, 32, rotary_dim=rotary_dim)
+
+
+def test_odd_d_k_without_rotary_dim_raises():
+    with pytest.raises((ValueError, RuntimeError), match="rotary_dim"):
+        torch_rope.RotaryPositionalEmbedding(10000.0, 63, 32)
+
+
+def test_oracle_tables_agree_with_independent_tables():
+    # The oracle used by the other tests builds its tables another way; they must agree.
+    cos, sin = ref.tables(300, 48)
+    want_cos, want_sin = independent_tables(10000.0, 48, 300)
+    torch.testing.assert_close(cos, want_cos, rtol=0, atol=1.2e-7)
+    torch.testing.assert_close(sin, want_sin, rtol=0, atol=1.2e-7)
+
+
+@pytest.mark.parametrize("theta,rotary_dim,max_seq_len,pattern", [
+    (10000.0, 7, 16, r"rotary_dim.*7"),
+    (10000.0, 0, 16, r"rotary_dim.*0"),
+    (10000.0, 8, 0, r"max_seq_len.*0"),
+    (-1.0, 8, 16, r"theta.*-1"),
+])
+def test_rope_tables_bad_arguments(theta, rotary_dim, max_seq_len, pattern):
+    with pytest.raises((ValueError, RuntimeError), match=pattern):
+        torch_rope.rope_tables(theta, rotary_dim, max_seq_len)
+
+
+def test_compiled_with_cuda_is_a_bool():
+    assert isinstance(torch_rope.compiled_with_cuda(), bool)

@@ -1,0 +1,185 @@
+"""The properties that make RoPE what it is, shown on the library's output (and a check that the
+two test oracles agree with each other and with the explicit rotation matrix)."""
+
+import pytest
+import torch
+
+import references as ref
+import torch_rope
+from helpers import FLOAT_DTYPES, TOLERANCES, cpu_and_cuda, dtype_id, make_tables, randn
+from helpers import table_dtype_for
+
+LAYOUTS = [True, False]
+LAYOUT_IDS = ["interleaved", "half_split"]
+MAX_SEQ_LEN = 256
+
+
+# ---- the oracles themselves ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("head_dim,rotary_dim", [(8, 8), (10, 6), (4, 2)])
+def test_oracles_equal_explicit_rotation_matrix(head_dim, rotary_dim, interleaved):
+    x = torch.randn(5, head_dim, dtype=torch.float64)
+    positions = torch.tensor([0, 1, 7, 100, 255])
+    ang = ref.angles(positions, x.shape[:-1], rotary_dim)
+    got = ref.rope(x, ang, interleaved=interleaved)
+    for row in range(5):
+        m = ref.rope_matrix(ang[row], head_dim, interleaved=interleaved)
+        torch.testing.assert_close(got[row], m @ x[row], rtol=1e-13, atol=1e-13)
+    inv = ref.rope(got, ang, interleaved=interleaved, inverse=True)
+    torch.testing.assert_close(inv, x, rtol=1e-13, atol=1e-13)
+
+
+def test_oracles_related_by_deinterleave_permutation():
+    head_dim, rotary_dim = 80, 48
+    x = torch.randn(4, 6, head_dim, dtype=torch.float64)
+    ang = ref.angles(torch.randint(0, MAX_SEQ_LEN, (6,)), x.shape[:-1], rotary_dim)
+    perm = ref.deinterleave_permutation(rotary_dim, head_dim)
+    complex_form = ref.rope_complex(x, ang)
+    rotate_half_form = ref.rope_rotate_half(x[..., perm], ang)
+    torch.testing.assert_close(complex_form[..., perm], rotate_half_form, rtol=1e-13, atol=1e-13)
+
+
+# ---- the library --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("rotary_dim", [80, 48])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_layouts_related_by_deinterleave_permutation(dtype, rotary_dim, device):
+    head_dim = 80
+    cos, sin = make_tables(MAX_SEQ_LEN, rotary_dim, device, table_dtype_for(dtype))
+    x = randn(2, 3, 9, head_dim, dtype=dtype, device=device)
+    positions = torch.randint(0, MAX_SEQ_LEN, (9,), device=device)
+    perm = ref.deinterleave_permutation(rotary_dim, head_dim).to(device)
+
+    interleaved = torch_rope.apply(x, cos, sin, positions, interleaved=True)
+    half_split = torch_rope.apply(x[..., perm], cos, sin, positions, interleaved=False)
+
+    torch.testing.assert_close(interleaved[..., perm], half_split, **TOLERANCES[dtype])
+
+
+def _scores(q, k, cos, sin, q_pos, k_pos, interleaved):
+    """(R_i q) . (R_j k) for each pair (q_pos[n], k_pos[n])."""
+    n = q_pos.numel()
+    rq = torch_rope.apply(q.expand(n, -1), cos, sin, q_pos, interleaved=interleaved)
+    rk = torch_rope.apply(k.expand(n, -1), cos, sin, k_pos, interleaved=interleaved)
+    return (rq.double() * rk.double()).sum(-1)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-11), (torch.float32, 1e-4)],
+                         ids=["float64", "float32"])
+def test_scores_depend_only_on_relative_position(dtype, tol, interleaved, device):
+    head_dim = 64
+    cos, sin = make_tables(MAX_SEQ_LEN, head_dim, device, table_dtype_for(dtype))
+    q = randn(1, head_dim, dtype=dtype, device=device)
+    k = randn(1, head_dim, dtype=dtype, device=device)
+    i = torch.tensor([0, 3, 10, 17, 40, 5], device=device)
+    j = torch.tensor([0, 9, 2, 17, 1, 60], device=device)
+
+    base = _scores(q, k, cos, sin, i, j, interleaved)
+    for shift in (1, 13, 150):
+        shifted = _scores(q, k, cos, sin, i + shift, j + shift, interleaved)
+        torch.testing.assert_close(shifted, base, rtol=tol, atol=tol * 8)
+
+    # Not vacuous: equal offsets give equal scores, different offsets different ones.
+    torch.testing.assert_close(base[3], base[0], rtol=tol, atol=tol * 8)  # i - j = 0 twice
+    for n in (1, 2, 4, 5):
+        assert (base[n] - base[0]).abs() > 1e-3, f"offset {int(i[n] - j[n])} scored as offset 0"
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+def test_score_matrix_is_toeplitz(interleaved, device):
+    # scores[i, j] for one q and one k vector at all positions: constant along each diagonal.
+    S, head_dim = 24, 32
+    cos, sin = make_tables(MAX_SEQ_LEN, head_dim, device, torch.float64)
+    q = randn(1, head_dim, dtype=torch.float64, device=device).expand(S, -1)
+    k = randn(1, head_dim, dtype=torch.float64, device=device).expand(S, -1)
+    positions = torch.arange(S, device=device)
+    rq = torch_rope.apply(q, cos, sin, positions, interleaved=interleaved)
+    rk = torch_rope.apply(k, cos, sin, positions, interleaved=interleaved)
+    scores = rq @ rk.T
+    torch.testing.assert_close(scores[1:, 1:], scores[:-1, :-1], rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(scores[0, 1:], scores[0, :-1]), "scores must vary with i - j"
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("rotary_dim", [64, 32])
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+def test_norm_preserved_per_plane(interleaved, rotary_dim, device):
+    head_dim = 64
+    cos, sin = make_tables(MAX_SEQ_LEN, rotary_dim, device, torch.float64)
+    x = randn(3, 5, head_dim, dtype=torch.float64, device=device)
+    positions = torch.randint(1, MAX_SEQ_LEN, (5,), device=device)
+    out = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved)
+
+    half = rotary_dim // 2
+    if interleaved:
+        a, b = slice(0, rotary_dim, 2), slice(1, rotary_dim, 2)
+    else:
+        a, b = slice(0, half), slice(half, rotary_dim)
+    plane_norm_in = x[..., a] ** 2 + x[..., b] ** 2
+    plane_norm_out = out[..., a] ** 2 + out[..., b] ** 2
+    torch.testing.assert_close(plane_norm_out, plane_norm_in, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out.norm(dim=-1), x.norm(dim=-1), rtol=1e-12, atol=1e-12)
+    # ... while the features themselves moved.
+    assert not torch.allclose(out[..., :rotary_dim], x[..., :rotary_dim])
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_inverse_undoes_forward(dtype, interleaved, device):
+    head_dim, rotary_dim = 80, 48
+    cos, sin = make_tables(MAX_SEQ_LEN, rotary_dim, device, table_dtype_for(dtype))
+    x = randn(2, 7, 3, head_dim, dtype=dtype, device=device)
+    positions = torch.randint(0, MAX_SEQ_LEN, (7, 1), device=device)
+    out = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved)
+    back = torch_rope.apply(out, cos, sin, positions, interleaved=interleaved, inverse=True)
+    tol = {k: 2 * v for k, v in TOLERANCES[dtype].items()}  # two roundings to storage
+    torch.testing.assert_close(back, x, **tol)
+    forward_again = torch_rope.apply(back, cos, sin, positions, interleaved=interleaved)
+    torch.testing.assert_close(forward_again, out, **{k: 3 * v for k, v in tol.items()})
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_position_zero_is_identity(dtype, interleaved, device):
+    cos, sin = make_tables(MAX_SEQ_LEN, 64, device)
+    x = randn(4, 3, 64, dtype=dtype, device=device)
+    out = torch_rope.apply(x, cos, sin, torch.zeros(4, 1, dtype=torch.int32, device=device),
+                           interleaved=interleaved)
+    assert torch.equal(out, x)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+def test_rotations_compose(interleaved, device):
+    # R_a R_b = R_(a+b): the angle is linear in the position.
+    cos, sin = make_tables(MAX_SEQ_LEN, 64, device, torch.float64)
+    x = randn(6, 64, dtype=torch.float64, device=device)
+    a = torch.tensor([0, 1, 5, 30, 100, 127], device=device)
+    b = torch.tensor([3, 1, 0, 77, 27, 128], device=device)
+    twice = torch_rope.apply(torch_rope.apply(x, cos, sin, a, interleaved=interleaved),
+                             cos, sin, b, interleaved=interleaved)
+    once = torch_rope.apply(x, cos, sin, a + b, interleaved=interleaved)
+    torch.testing.assert_close(twice, once, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+def test_no_head_dim_squared_memory(device):
+    # head_dim = 2**18: a d x d rotation matrix would need 256 GiB (float32), more than any
+    # machine this runs on; the op must work on the two rows it is given.
+    head_dim = 2**18
+    cos, sin = make_tables(3, head_dim, device)
+    x = randn(2, head_dim, device=device)
+    positions = torch.tensor([1, 2], device=device)
+    for interleaved in (True, False):
+        out = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved)
+        want = ref.rope(x, ref.angles(positions, (2,), head_dim), interleaved=interleaved)
+        torch.testing.assert_close(out.cpu(), want.float(), rtol=1e-5, atol=1e-5)

@@ -12,12 +12,17 @@ RotaryPositionalEmbeddingImpl::RotaryPositionalEmbeddingImpl(
       d_k_(d_k),
       max_seq_len_(max_seq_len),
       rotary_dim_(options.rotary_dim().value_or(d_k)),
-      interleaved_(options.interleaved()) {
+      interleaved_(options.interleaved()),
+      device_(options.device()) {
   TORCH_CHECK(d_k >= 1, "RotaryPositionalEmbedding: d_k must be >= 1, got ", d_k);
   TORCH_CHECK(rotary_dim_ <= d_k, "RotaryPositionalEmbedding: rotary_dim must be <= d_k = ", d_k,
               ", got ", rotary_dim_);
+  reset();
+}
+
+void RotaryPositionalEmbeddingImpl::reset() {
   // rope_tables checks theta, max_seq_len and that rotary_dim is even and >= 2.
-  auto [cos, sin] = rope_tables(theta, rotary_dim_, max_seq_len, options.device());
+  auto [cos, sin] = rope_tables(theta_, rotary_dim_, max_seq_len_, device_);
   cos_ = register_buffer("cos", cos);
   sin_ = register_buffer("sin", sin);
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test: installs what is needed, builds, runs the GoogleTest suite (ctest), builds and checks
-# the LibTorch example against the *installed* CMake package, then runs pytest.
+# the LibTorch example and a TorchScript round trip against the *installed* CMake package, then
+# runs pytest.
 # CUDA tests run when a GPU is present and are reported as skipped otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +20,7 @@ cmake -S examples/cpp -B build/example -G Ninja \
   -DCMAKE_PREFIX_PATH="$PWD/build/install;$torch_prefix" > /dev/null
 cmake --build build/example
 PYTHONPATH="$PWD/python" "$PY" examples/cpp/check_example.py build/example/attention_example
+PYTHONPATH="$PWD/python" "$PY" examples/cpp/check_torchscript.py build/example/run_scripted
 
 echo "== Python tests (pytest)"
 PYTHONPATH="$PWD/python" "$PY" -m pytest tests/python -ra -q "$@"

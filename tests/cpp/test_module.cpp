@@ -343,3 +343,15 @@ TEST(Module, ForwardErrors) {
 }
 
 }  // namespace
+
+TEST(Module, CloneInsideSequentialCopiesTables) {
+  torch::nn::Sequential seq(rope::RotaryPositionalEmbedding(10000.0, 16, 32));
+  auto copy = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(seq->clone());
+  ASSERT_TRUE(copy);
+  const auto& original = seq[0]->as<rope::RotaryPositionalEmbeddingImpl>()->cos_table();
+  const auto& cloned = copy->ptr(0)->as<rope::RotaryPositionalEmbeddingImpl>()->cos_table();
+  EXPECT_TRUE(torch::equal(original, cloned));
+  EXPECT_NE(original.data_ptr(), cloned.data_ptr());  // a deep copy, not shared storage
+  const auto x = torch::randn({2, 5, 16});
+  EXPECT_TRUE(torch::equal(seq->forward(x), copy->forward(x)));
+}

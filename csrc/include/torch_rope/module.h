@@ -11,6 +11,7 @@
 #pragma once
 
 #include <torch/nn/modules/common.h>
+#include <torch/nn/cloneable.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any_value.h>
 #include <torch/nn/pimpl.h>
@@ -31,7 +32,8 @@ struct RotaryPositionalEmbeddingOptions {
   TORCH_ARG(std::optional<torch::Device>, device) = std::nullopt;
 };
 
-class RotaryPositionalEmbeddingImpl : public torch::nn::Module {
+class RotaryPositionalEmbeddingImpl
+    : public torch::nn::Cloneable<RotaryPositionalEmbeddingImpl> {
  public:
   // theta: base of the frequencies (10000 in most models); d_k: head_dim of the inputs;
   // max_seq_len: number of positions the tables cover. Throws c10::Error on bad values.
@@ -42,6 +44,9 @@ class RotaryPositionalEmbeddingImpl : public torch::nn::Module {
   // absent, arange(x.size(-2)) on x's device. Returns a new tensor of x's shape and dtype.
   torch::Tensor forward(const torch::Tensor& x,
                         const std::optional<torch::Tensor>& token_positions = std::nullopt);
+
+  // (Re)builds the tables from the constructor's arguments; clone() calls it too.
+  void reset() override;
 
   const torch::Tensor& cos_table() const { return cos_; }
   const torch::Tensor& sin_table() const { return sin_; }
@@ -71,6 +76,7 @@ class RotaryPositionalEmbeddingImpl : public torch::nn::Module {
   int64_t max_seq_len_;
   int64_t rotary_dim_;
   bool interleaved_;
+  std::optional<torch::Device> device_;
   torch::Tensor cos_;
   torch::Tensor sin_;
 };

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every test: installs what is needed, builds, runs the GoogleTest suite (ctest), builds and checks
-# the LibTorch example and a TorchScript round trip against the *installed* CMake package, then
-# runs pytest.
+# the LibTorch examples (attention model; TorchScript and AOTInductor loaders) against the
+# *installed* CMake package, smoke-tests the wheel in a fresh venv, then runs pytest.
 # CUDA tests run when a GPU is present and are reported as skipped otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +20,11 @@ cmake -S examples/cpp -B build/example -G Ninja \
   -DCMAKE_PREFIX_PATH="$PWD/build/install;$torch_prefix" > /dev/null
 cmake --build build/example
 PYTHONPATH="$PWD/python" "$PY" examples/cpp/check_example.py build/example/attention_example
-PYTHONPATH="$PWD/python" "$PY" examples/cpp/check_torchscript.py build/example/run_scripted
+PYTHONPATH="$PWD/python" "$PY" examples/cpp/check_torchscript.py build/example/run_scripted \
+  build/example/run_aoti
+
+echo "== wheel: pip wheel ., installed into a fresh venv, smoke-tested from Python and C++"
+bash scripts/wheel_smoke.sh
 
 echo "== Python tests (pytest)"
 PYTHONPATH="$PWD/python" "$PY" -m pytest tests/python -ra -q "$@"

@@ -1,9 +1,10 @@
-"""TorchScript and torch.export paths for a block that calls torch.ops.rope.apply.
+"""TorchScript, torch.export and AOTInductor paths for a block that calls torch.ops.rope.apply.
 
-    python examples/cpp/check_torchscript.py <path to run_scripted binary>
+    python examples/cpp/check_torchscript.py <run_scripted binary> <run_aoti binary>
 
 1. torch.jit.script the block, save it, load and run it from C++ (run_scripted), compare.
 2. torch.export.export the same block: rope.apply appears in the graph, the program matches eager.
+3. AOTInductor-package the exported program (.pt2), load and run it from C++ (run_aoti), compare.
 Exits non-zero on any mismatch.
 """
 
@@ -37,7 +38,16 @@ class RopeBlock(nn.Module):
         return h.reshape(b, s, d)
 
 
-def main(binary: str) -> int:
+def run_cpp(binary: str, model: Path, x, positions, tmp: str):
+    """Runs one of the C++ loaders on `model` and returns its output."""
+    in_path, out_path = Path(tmp, "in.pt"), Path(tmp, "out.pt")
+    torch.save({"x": x, "positions": positions}, in_path)
+    subprocess.run([binary, str(model), str(in_path), str(out_path)], check=True)
+    # Our own binary's torch::pickle_save output; its type tags need weights_only=False.
+    return torch.load(out_path, weights_only=False)
+
+
+def main(scripted_binary: str, aoti_binary: str) -> int:
     torch.manual_seed(0)
     block = RopeBlock().eval()
     x, positions = torch.randn(2, 10, 64), torch.arange(3, 13)
@@ -46,30 +56,32 @@ def main(binary: str) -> int:
     results = {}
 
     with tempfile.TemporaryDirectory() as tmp:
-        module_path, in_path, out_path = (Path(tmp, n) for n in ("block.pt", "in.pt", "out.pt"))
-        torch.jit.script(block).save(str(module_path))
-        torch.save({"x": x, "positions": positions}, in_path)
-        subprocess.run([binary, str(module_path), str(in_path), str(out_path)], check=True)
-        # Our own binary's torch::pickle_save output; its type tags need weights_only=False.
-        from_cpp = torch.load(out_path, weights_only=False)
-    results["TorchScript saved in Python, run from C++"] = (from_cpp - eager).abs().max().item()
+        scripted = Path(tmp, "block.pt")
+        torch.jit.script(block).save(str(scripted))
+        from_cpp = run_cpp(scripted_binary, scripted, x, positions, tmp)
+        results["TorchScript saved in Python, run from C++"] = (from_cpp - eager).abs().max().item()
 
-    exported = torch.export.export(block, (x, positions))
-    graph = str(exported.graph_module.code)
-    in_graph = "torch.ops.rope.apply" in graph
-    print(f"  torch.export graph calls torch.ops.rope.apply: {in_graph}")
-    with torch.no_grad():
-        results["torch.export program vs eager"] = (
-            (exported.module()(x, positions) - eager).abs().max().item() if in_graph else float("inf"))
+        exported = torch.export.export(block, (x, positions))
+        in_graph = "torch.ops.rope.apply" in str(exported.graph_module.code)
+        print(f"  torch.export graph calls torch.ops.rope.apply: {in_graph}")
+        with torch.no_grad():
+            results["torch.export program vs eager"] = (
+                (exported.module()(x, positions) - eager).abs().max().item()
+                if in_graph else float("inf"))
+
+        package = torch._inductor.aoti_compile_and_package(
+            exported, package_path=str(Path(tmp, "block.pt2")))
+        from_aoti = run_cpp(aoti_binary, Path(package), x, positions, tmp)
+        results["AOTInductor package, run from C++"] = (from_aoti - eager).abs().max().item()
 
     failures = 0
     for name, err in results.items():
         ok = err < 1e-5
         failures += not ok
         print(f"  {name:45s} max |diff| = {err:.2e}  {'ok' if ok else 'MISMATCH'}")
-    print(f"TorchScript/export checks: {len(results) - failures} passed, {failures} failed")
+    print(f"TorchScript/export/AOTInductor checks: {len(results) - failures} passed, {failures} failed")
     return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], sys.argv[2]))

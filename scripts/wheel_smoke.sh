@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds the wheel with `pip wheel .`, installs it into a fresh virtual environment and smoke-tests
+# it there: Python (tests/wheel/smoke.py) and C++ (the LibTorch example configured against the
+# CMake package inside the installed wheel). torch itself comes from the project's .venv through
+# a .pth file, so only our wheel is installed into the new environment.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+out=build/wheel-smoke
+rm -rf "$out"
+mkdir -p "$out"
+"$PY" -m pip wheel . --no-build-isolation --no-deps -q -w "$out/dist"
+"$PY" -m venv "$out/venv"
+project_site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+venv_site=$("$out/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$project_site" > "$venv_site/project_torch.pth"
+"$out/venv/bin/python" -m pip install -q --no-deps "$out"/dist/torch_rope-*.whl
+# Run outside the source tree so `import torch_rope` cannot pick up python/torch_rope.
+smoke_log=$(cd /tmp && "$OLDPWD/$out/venv/bin/python" "$OLDPWD/tests/wheel/smoke.py")
+echo "$smoke_log"
+wheel_prefix=$(echo "$smoke_log" | sed -n 's/^cmake_prefix_path=//p')
+torch_prefix=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+cmake -S examples/cpp -B "$out/example" -G Ninja -DCMAKE_PREFIX_PATH="$wheel_prefix;$torch_prefix" > /dev/null
+cmake --build "$out/example"
+PYTHONPATH="$PWD/python" "$PY" examples/cpp/check_example.py "$out/example/attention_example"

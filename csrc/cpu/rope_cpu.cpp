@@ -66,11 +66,17 @@ namespace {
 int64_t grain_rows(int64_t head_dim) {
   return std::max<int64_t>(1, 8192 / std::max<int64_t>(head_dim, 1));
 }
+
+// The instruction set is fixed for the process, so choose the row kernel once.
+RotateRowsFn row_kernel() {
+  static const RotateRowsFn chosen = pick_rotate_rows();
+  return chosen;
+}
 }  // namespace
 
 void rotate(c10::ScalarType dtype, const RotationArgs& args, const TableArgs& tables,
             RotationMode mode) {
-  static const RotateRowsFn rotate_rows = pick_rotate_rows();
+  const RotateRowsFn rotate_rows = row_kernel();
   at::parallel_for(0, args.geometry.num_rows, grain_rows(args.head_dim),
                    [&](int64_t begin, int64_t end) {
                      rotate_rows(dtype, args, tables, mode, begin, end);
@@ -81,7 +87,7 @@ void rotate_pair(c10::ScalarType dtype, const RotationArgs& q, const RotationArg
                  const TableArgs& tables, RotationMode mode) {
   // One parallel region over q's rows followed by k's: for decode-sized inputs the thread
   // wake-up of a second region costs as much as the rotation itself.
-  static const RotateRowsFn rotate_rows = pick_rotate_rows();
+  const RotateRowsFn rotate_rows = row_kernel();
   const int64_t q_rows = q.geometry.num_rows;
   const int64_t total = q_rows + k.geometry.num_rows;
   at::parallel_for(0, total, grain_rows(q.head_dim), [&](int64_t begin, int64_t end) {

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_rope
+from compare import report  # examples/cpp/compare.py, beside this script
 
 
 class Attention(nn.Module):
@@ -66,15 +67,8 @@ def main(binary: str) -> int:
 
     expected = {"out": out.detach(), "loss": loss.detach(), "grad_wq": grad_wq,
                 "loss_after_step": loss_after, "decode_out": out.detach()}
-    failures = 0
-    for key, want in expected.items():
-        err = (got[key] - want).abs().max().item()
-        ok = err < 1e-4
-        failures += not ok
-        print(f"  {key:16s} max |C++ - Python| = {err:.2e}  {'ok' if ok else 'MISMATCH'}")
-    print(f"C++ example vs Python: {len(expected) - failures} passed, {failures} failed")
-    return 1 if failures else 0
-
+    errors = {key: (got[key] - want).abs().max().item() for key, want in expected.items()}
+    return 1 if report("C++ example vs Python", errors, tolerance=1e-4) else 0
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1]))

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 import torch_rope  # noqa: F401  (registers torch.ops.rope.*)
+from compare import report  # examples/cpp/compare.py, beside this script
 
 
 class RopeBlock(nn.Module):
@@ -74,14 +75,7 @@ def main(scripted_binary: str, aoti_binary: str) -> int:
         from_aoti = run_cpp(aoti_binary, Path(package), x, positions, tmp)
         results["AOTInductor package, run from C++"] = (from_aoti - eager).abs().max().item()
 
-    failures = 0
-    for name, err in results.items():
-        ok = err < 1e-5
-        failures += not ok
-        print(f"  {name:45s} max |diff| = {err:.2e}  {'ok' if ok else 'MISMATCH'}")
-    print(f"TorchScript/export/AOTInductor checks: {len(results) - failures} passed, {failures} failed")
-    return 1 if failures else 0
-
+    return 1 if report("TorchScript/export/AOTInductor checks", results, tolerance=1e-5) else 0
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1], sys.argv[2]))

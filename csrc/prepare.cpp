@@ -59,15 +59,23 @@ RowGeometry make_row_geometry(at::IntArrayRef sizes, at::IntArrayRef in_strides,
 
 PreparedTables prepare_tables(const at::Tensor& cos, const at::Tensor& sin) {
   PreparedTables t;
-  const bool same_layout = cos.stride(0) == sin.stride(0);
-  t.cos = (cos.stride(1) == 1 && same_layout) ? cos : cos.contiguous();
-  t.sin = (sin.stride(1) == 1 && same_layout) ? sin : sin.contiguous();
+  // The kernels index both tables with one row stride, so the tables are read in place only
+  // when both have unit last stride (a size-1 last dim is never stepped) and the same row
+  // stride; otherwise both are copied, which gives both the row stride cos.size(1). Copying only
+  // the odd one out would leave the two with different row strides.
+  const auto unit_last_stride = [](const at::Tensor& t) {
+    return t.size(1) <= 1 || t.stride(1) == 1;
+  };
+  const bool single_row = cos.size(0) <= 1;  // never stepped: any row stride will do
+  const bool keep = unit_last_stride(cos) && unit_last_stride(sin) &&
+                    (single_row || cos.stride(0) == sin.stride(0));
+  t.cos = keep ? cos : cos.contiguous();
+  t.sin = keep ? sin : sin.contiguous();
   t.args.cos = t.cos.const_data_ptr();
   t.args.sin = t.sin.const_data_ptr();
   t.args.tables_are_double = cos.scalar_type() == at::kDouble;
   t.args.max_seq_len = cos.size(0);
-  // A single-row table may report any stride; it is never stepped.
-  t.args.table_stride = cos.size(0) > 1 ? t.cos.stride(0) : cos.size(1);
+  t.args.table_stride = single_row ? cos.size(1) : t.cos.stride(0);
   return t;
 }
 

@@ -30,12 +30,4 @@ std::tuple<at::Tensor, at::Tensor> rope_tables(double theta, int64_t rotary_dim,
   return {angles.cos().to(out), angles.sin().to(out)};
 }
 
-bool compiled_with_cuda() {
-#ifdef TORCH_ROPE_WITH_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
-
 }  // namespace rope

@@ -1,31 +1,15 @@
 // CPU backend: registers rope.apply, rope.apply_ and rope.apply_qk for the CPU dispatch key.
 #include <ATen/Parallel.h>
-#include <ATen/Version.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <string>
 
 #include "../op_bodies.h"
+#include "kernel_choice.h"
 #include "rotate_rows.h"
 
 namespace rope::cpu {
 namespace {
-
-// at::get_cpu_capability() is what PyTorch's own kernels dispatch on (it honours the
-// ATEN_CPU_CAPABILITY environment variable), so both always use the same instruction set.
-RotateRowsFn pick_rotate_rows() {
-#ifdef TORCH_ROPE_CPU_X86_DISPATCH
-  const std::string capability = at::get_cpu_capability();
-  if (capability == "AVX512") {
-    return AVX512::rotate_rows;
-  }
-  if (capability == "AVX2") {
-    return AVX2::rotate_rows;
-  }
-#endif
-  return DEFAULT::rotate_rows;
-}
 
 struct CpuBackend {
   static void check_positions(const char* op, const at::Tensor& positions, int64_t max_seq_len) {
@@ -67,11 +51,6 @@ int64_t grain_rows(int64_t head_dim) {
   return std::max<int64_t>(1, 8192 / std::max<int64_t>(head_dim, 1));
 }
 
-// The instruction set is fixed for the process, so choose the row kernel once.
-RotateRowsFn row_kernel() {
-  static const RotateRowsFn chosen = pick_rotate_rows();
-  return chosen;
-}
 }  // namespace
 
 void rotate(c10::ScalarType dtype, const RotationArgs& args, const TableArgs& tables,

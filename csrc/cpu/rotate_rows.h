@@ -1,6 +1,6 @@
 // The CPU row kernel, compiled once per CPU capability (see CMakeLists.txt: the same
 // rotate_rows.cpp is built with DEFAULT, AVX2 and AVX512 flags into separate namespaces), and the
-// dispatcher that picks one at run time.
+// parallel drivers over it. kernel_choice.h picks the copy at run time.
 #pragma once
 
 #include <c10/core/ScalarType.h>

@@ -10,4 +10,6 @@ PYBIND11_MODULE(_C, m) {
         "float32 (cos, sin) tables of shape (max_seq_len, rotary_dim // 2); see rope::rope_tables");
   m.def("compiled_with_cuda", &rope::compiled_with_cuda,
         "True when the library was built with its CUDA kernels");
+  m.def("cpu_kernel_isa", &rope::cpu_kernel_isa,
+        "Instruction set of the CPU kernel this process runs (AVX512, AVX2 or DEFAULT)");
 }

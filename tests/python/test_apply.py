@@ -355,3 +355,59 @@ def test_many_leading_dims(case, device):
         positions = torch.randint(0, MAX_SEQ_LEN, (2, 1, 2, 1, 2, 1, 2, 1, 2), device=device)
     out = torch_rope.apply(x, cos, sin, positions)
     assert_matches_reference(out, x, positions, 8, interleaved=True)
+
+
+# ---- cos and sin given with independent layouts --------------------------------------------------
+# Regression (outside review, defect 1): the tables were kept in place when only one of them had
+# unit last stride and both had the same row stride, then both indexed with the kept one's row
+# stride: wrong rows, reads past the end of the copy, and a SIGSEGV at large positions.
+
+
+def _table_view(table, layout):
+    """`table` (rows, half) as a view with the given memory layout and the same values."""
+    rows, half = table.shape
+    if layout == "contiguous":
+        return table.clone()
+    if layout == "row_padded":  # slice of a wider table: row stride > half, last stride 1
+        wide = torch.zeros(rows, 3 * half, dtype=table.dtype, device=table.device)
+        wide[:, :half] = table
+        return wide[:, :half]
+    if layout == "last_strided":  # every other column of a wider table: last stride 2
+        wide = torch.zeros(rows, 3 * half, dtype=table.dtype, device=table.device)
+        wide[:, 0 : 2 * half : 2] = table
+        return wide[:, 0 : 2 * half : 2]
+    if layout == "transposed":  # column-major
+        return table.t().contiguous().t()
+    raise ValueError(layout)
+
+
+TABLE_LAYOUTS = ["contiguous", "row_padded", "last_strided", "transposed"]
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("sin_layout", TABLE_LAYOUTS)
+@pytest.mark.parametrize("cos_layout", TABLE_LAYOUTS)
+def test_regression_tables_with_independent_layouts(cos_layout, sin_layout, device):
+    rows, half = 16, 4
+    cos = torch.randn(rows, half, device=device)
+    sin = torch.randn(rows, half, device=device)
+    x = torch.randn(3, 2 * half, device=device)
+    positions = torch.tensor([0, 5, 15], device=device)
+    want = torch_rope.apply(x, cos, sin, positions)
+    got = torch_rope.apply(x, _table_view(cos, cos_layout), _table_view(sin, sin_layout), positions)
+    assert torch.equal(got, want)
+    q, k = torch_rope.apply_qk(x, x[:1], _table_view(cos, cos_layout),
+                               _table_view(sin, sin_layout), positions[:1].view(1))
+    assert torch.equal(k, want[:1])
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+def test_regression_mixed_table_layouts_at_the_last_row(device):
+    # The review's crash: cos row-padded, sin every other column, read at the last position.
+    cos = torch.randn(4097, 128, device=device)[:, :64]
+    sin = torch.randn(4097, 128, device=device)[:, ::2]
+    x = torch.randn(1, 128, device=device)
+    positions = torch.tensor([4096], device=device)
+    got = torch_rope.apply(x, cos, sin, positions)
+    want = torch_rope.apply(x, cos.contiguous(), sin.contiguous(), positions)
+    assert torch.equal(got, want)

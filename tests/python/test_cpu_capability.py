@@ -1,7 +1,9 @@
 """Every CPU vector path (DEFAULT, AVX2, AVX512) against the oracle.
 
-The library picks its CPU kernel once per process from at::get_cpu_capability(), which honours
-ATEN_CPU_CAPABILITY, so each path needs its own interpreter.
+The library picks its CPU kernel once per process: the widest instruction set that the CPU
+supports and at::get_cpu_capability() (which honours ATEN_CPU_CAPABILITY) allows. So each path
+needs its own interpreter. What the CPU supports is read here from /proc/cpuinfo, independently of
+the library: asking for AVX512 on an AVX2-only CPU must run the AVX2 kernel, never crash.
 """
 
 import os
@@ -22,6 +24,7 @@ import torch_rope
 from helpers import FLOAT_DTYPES, assert_matches_reference, make_tables, randn, table_dtype_for
 
 print("capability", torch.backends.cpu.get_cpu_capability())
+print("kernel", torch_rope._C.cpu_kernel_isa())
 checks = 0
 for dtype in FLOAT_DTYPES:
     for interleaved in (True, False):
@@ -66,13 +69,47 @@ def _run_with_capability(capability):
                           text=True, timeout=300)
 
 
+def _cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+# The flags each kernel copy is compiled with (CMakeLists.txt).
+_NEEDS = {
+    "default": set(),
+    "avx2": {"avx2", "fma", "f16c"},
+    "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"},
+}
+_ORDER = ["default", "avx2", "avx512"]
+
+
+def _expected_kernel(requested, flags):
+    """The widest kernel <= requested that the CPU supports."""
+    best = "default"
+    for name in _ORDER[: _ORDER.index(requested) + 1]:
+        if _NEEDS[name] <= flags:
+            best = name
+    return best
+
+
 @pytest.mark.skipif(not torch.backends.cpu.get_cpu_capability(), reason="no capability report")
-@pytest.mark.parametrize("capability", ["default", "avx2", "avx512"])
+@pytest.mark.parametrize("capability", _ORDER)
 def test_cpu_vector_path_matches_reference(capability):
+    flags = _cpu_flags()
+    if flags is None or "avx2" not in flags and "sse2" not in flags:
+        pytest.skip("not an x86 CPU with /proc/cpuinfo: only the DEFAULT kernel is built")
     result = _run_with_capability(capability)
+    # Asking for more than the CPU has must fall back, not die of SIGILL (returncode -4).
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    reported = result.stdout.split("capability ", 1)[1].split()[0]
-    if reported.lower() != capability:
-        # torch falls back to the best level the CPU has; then this path cannot run here.
-        pytest.skip(f"this CPU does not support {capability} (torch runs {reported})")
-    assert "checks " in result.stdout and int(result.stdout.split("checks ")[1].split()[0]) > 0
+    kernel = result.stdout.split("kernel ", 1)[1].split()[0].lower()
+    assert int(result.stdout.split("checks ")[1].split()[0]) > 0
+    want = _expected_kernel(capability, flags)
+    assert kernel == want, f"asked for {capability}, CPU supports {want}, library ran {kernel}"
+    if kernel != capability:
+        pytest.skip(f"this CPU lacks {capability}: checked that the {kernel} kernel ran instead")

@@ -28,6 +28,7 @@
 #include <c10/core/Device.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 
 namespace rope {
@@ -58,5 +59,10 @@ std::tuple<at::Tensor, at::Tensor> rope_tables(double theta, int64_t rotary_dim,
 
 // True when this build of the library contains the CUDA kernels.
 bool compiled_with_cuda();
+
+// The instruction set of the CPU kernel copy this process runs: "AVX512", "AVX2" or "DEFAULT".
+// It is the widest one the CPU supports and torch's capability setting (ATEN_CPU_CAPABILITY)
+// allows.
+std::string cpu_kernel_isa();
 
 }  // namespace rope

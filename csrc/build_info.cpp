@@ -1,0 +1,18 @@
+// What this build of librope contains and which of its kernels this process runs.
+#include <torch_rope/ops.h>
+
+#include "cpu/kernel_choice.h"
+
+namespace rope {
+
+bool compiled_with_cuda() {
+#ifdef TORCH_ROPE_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::string cpu_kernel_isa() { return cpu::row_kernel_name(); }
+
+}  // namespace rope

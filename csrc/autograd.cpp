@@ -2,7 +2,15 @@
 //
 // A rotation is orthogonal, so its gradient is the inverse rotation: the same op with `inverse`
 // flipped. Backward calls the op through the dispatcher, which makes it differentiable again, so
-// double backward comes for free. cos, sin and positions get no gradient (documented).
+// double backward comes for free. The op is linear in x, so forward-mode AD
+// (torch.autograd.forward_ad) pushes the tangent through the same rotation. cos, sin and positions
+// get no gradient (documented).
+//
+// torch.func: a C++ autograd::Function cannot take part in functorch's grad/jvp transforms, so
+// under those the raw ops raise an error that points to the torch_rope Python API, whose Python
+// autograd.Function supports them. vmap is handled before autograd by the ops' vmap rule
+// (python/torch_rope/_functorch.py).
+#include <ATen/MemoryOverlap.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/library.h>
@@ -13,6 +21,26 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+// Forward-mode AD level used by torch.autograd.forward_ad (and by the generated aten kernels).
+constexpr uint64_t kForwardLevel = 0;
+
+// Under torch.func.grad/vjp/jvp (and jacrev, jacfwd, hessian), functorch hands the Autograd
+// kernel its TensorWrappers, which carry the FuncTorchGradWrapper key. The key check needs no
+// functorch header (those include nlohmann/json, which the torch wheel does not ship).
+bool wrapped_by_functorch_autodiff(const at::Tensor& t) {
+  return t.defined() && t.key_set().has(c10::DispatchKey::FuncTorchGradWrapper);
+}
+
+void refuse_functorch_autodiff(const char* op, const char* python_api, const at::Tensor& a,
+                               const at::Tensor& b = {}) {
+  TORCH_CHECK(!wrapped_by_functorch_autodiff(a) && !wrapped_by_functorch_autodiff(b), op,
+              ": torch.ops.rope.* cannot be differentiated by torch.func transforms (grad, vjp, "
+              "jvp, jacrev, jacfwd, hessian); call ",
+              python_api,
+              " (or use torch_rope.RotaryPositionalEmbedding), which supports every torch.func "
+              "transform");
+}
 
 void save_rotation(AutogradContext* ctx, const at::Tensor& cos, const at::Tensor& sin,
                    const at::Tensor& positions, bool interleaved, bool inverse) {
@@ -78,6 +106,16 @@ bool records_grad(const at::Tensor& t) {
 
 at::Tensor apply_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                           const at::Tensor& positions, bool interleaved, bool inverse) {
+  refuse_functorch_autodiff("rope.apply", "torch_rope.apply", x);
+  const at::Tensor& x_tangent = x._fw_grad(kForwardLevel);
+  if (x_tangent.defined()) {
+    // Compute on the primal (a C++ autograd::Function has no jvp), then attach the tangent.
+    const at::Tensor out =
+        apply_autograd(x._fw_primal(kForwardLevel), cos, sin, positions, interleaved, inverse);
+    out._set_fw_grad(rope::apply(x_tangent, cos, sin, positions, interleaved, inverse),
+                     kForwardLevel, /*is_inplace_op=*/false);
+    return out;
+  }
   if (!records_grad(x)) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return rope::apply(x, cos, sin, positions, interleaved, inverse);
@@ -89,6 +127,23 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_autograd(const at::Tensor& q, const 
                                                      const at::Tensor& cos, const at::Tensor& sin,
                                                      const at::Tensor& positions, bool interleaved,
                                                      bool inverse) {
+  refuse_functorch_autodiff("rope.apply_qk", "torch_rope.apply_qk", q, k);
+  const at::Tensor& q_tangent = q._fw_grad(kForwardLevel);
+  const at::Tensor& k_tangent = k._fw_grad(kForwardLevel);
+  if (q_tangent.defined() || k_tangent.defined()) {
+    auto [q_out, k_out] =
+        apply_qk_autograd(q._fw_primal(kForwardLevel), k._fw_primal(kForwardLevel), cos, sin,
+                          positions, interleaved, inverse);
+    if (q_tangent.defined()) {
+      q_out._set_fw_grad(rope::apply(q_tangent, cos, sin, positions, interleaved, inverse),
+                         kForwardLevel, /*is_inplace_op=*/false);
+    }
+    if (k_tangent.defined()) {
+      k_out._set_fw_grad(rope::apply(k_tangent, cos, sin, positions, interleaved, inverse),
+                         kForwardLevel, /*is_inplace_op=*/false);
+    }
+    return {q_out, k_out};
+  }
   if (!records_grad(q) && !records_grad(k)) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return rope::apply_qk(q, k, cos, sin, positions, interleaved, inverse);
@@ -103,6 +158,21 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_autograd(const at::Tensor& q, const 
 // in-place op).
 void apply_inplace_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                             const at::Tensor& positions, bool interleaved, bool inverse) {
+  refuse_functorch_autodiff("rope.apply_", "torch_rope.apply_", x);
+  const at::Tensor& x_tangent = x._fw_grad(kForwardLevel);
+  if (x_tangent.defined()) {
+    // Rotate the value through its primal view, then the tangent, as aten's in-place ops do.
+    apply_inplace_autograd(x._fw_primal(kForwardLevel), cos, sin, positions, interleaved,
+                           inverse);
+    if (at::has_internal_overlap(x_tangent) == at::MemOverlap::Yes) {
+      x._set_fw_grad(rope::apply(x_tangent, cos, sin, positions, interleaved, inverse),
+                     kForwardLevel, /*is_inplace_op=*/true);
+    } else {
+      at::Tensor tangent = x_tangent;
+      apply_inplace_autograd(tangent, cos, sin, positions, interleaved, inverse);
+    }
+    return;
+  }
   if (records_grad(x)) {
     const auto rotated = RotateFunction::apply(x, cos, sin, positions, interleaved, inverse);
     const_cast<at::Tensor&>(x).copy_(rotated);
@@ -118,11 +188,35 @@ void apply_inplace_autograd(const at::Tensor& x, const at::Tensor& cos, const at
   torch::autograd::increment_version(x);
 }
 
+// out= is not differentiable, as for aten's out= ops: refuse rather than return an output whose
+// gradient would silently be lost.
+void apply_out_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                        const at::Tensor& positions, bool interleaved, bool inverse,
+                        const at::Tensor& out) {
+  const bool wants_grad =
+      at::GradMode::is_enabled() &&
+      (x.requires_grad() || cos.requires_grad() || sin.requires_grad() || out.requires_grad());
+  TORCH_CHECK(!wants_grad,
+              "rope.apply.out: functions with out=... arguments don't support automatic "
+              "differentiation, but one of the arguments requires grad; call torch_rope.apply "
+              "without out= to get gradients, or run under torch.no_grad()");
+  TORCH_CHECK(!x._fw_grad(kForwardLevel).defined() && !out._fw_grad(kForwardLevel).defined(),
+              "rope.apply.out: functions with out=... arguments don't support forward-mode "
+              "automatic differentiation; call torch_rope.apply without out=");
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    at::Tensor target = out;
+    rope::apply_out(target, x, cos, sin, positions, interleaved, inverse);
+  }
+  torch::autograd::increment_version(out);
+}
+
 }  // namespace
 }  // namespace rope::autograd
 
 TORCH_LIBRARY_IMPL(rope, Autograd, m) {
   m.impl("apply", &rope::autograd::apply_autograd);
   m.impl("apply_", &rope::autograd::apply_inplace_autograd);
+  m.impl("apply.out", &rope::autograd::apply_out_autograd);
   m.impl("apply_qk", &rope::autograd::apply_qk_autograd);
 }

@@ -13,6 +13,10 @@ TORCH_LIBRARY(rope, m) {
   m.def(
       "apply_(Tensor(a!) x, Tensor cos, Tensor sin, Tensor positions, *, bool interleaved=True, "
       "bool inverse=False) -> ()");
+  // out= returns nothing: a custom op may not return an alias of an input under torch.compile.
+  m.def(
+      "apply.out(Tensor x, Tensor cos, Tensor sin, Tensor positions, *, bool interleaved=True, "
+      "bool inverse=False, Tensor(a!) out) -> ()");
   m.def(
       "apply_qk(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor positions, *, "
       "bool interleaved=True, bool inverse=False) -> (Tensor, Tensor)");
@@ -36,6 +40,17 @@ void apply_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                        .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                    const at::Tensor&, bool, bool)>();
   op.call(x, cos, sin, positions, interleaved, inverse);
+}
+
+at::Tensor& apply_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& cos,
+                      const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
+                      bool inverse) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply", "out")
+                       .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const at::Tensor&, bool, bool, const at::Tensor&)>();
+  op.call(x, cos, sin, positions, interleaved, inverse, out);
+  return out;
 }
 
 std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tensor& k,

@@ -79,18 +79,36 @@ PreparedTables prepare_tables(const at::Tensor& cos, const at::Tensor& sin) {
   return t;
 }
 
+namespace {
+bool last_dim_contiguous(const at::Tensor& t) { return t.stride(-1) == 1 || t.size(-1) == 1; }
+}  // namespace
+
 PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positions,
-                                  int64_t rotary_dim, Destination destination) {
+                                  int64_t rotary_dim, Destination destination,
+                                  const at::Tensor& out) {
   PreparedRotation p;
-  const bool last_dim_contiguous = x.stride(-1) == 1 || x.size(-1) == 1;
-  p.input = last_dim_contiguous ? x : x.contiguous();
-  if (destination == Destination::kInPlace) {
-    p.output = p.input;
-    if (!last_dim_contiguous) {
-      p.write_back_to = x;
-    }
-  } else {
-    p.output = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  p.input = last_dim_contiguous(x) ? x : x.contiguous();
+  const auto fresh_output = [&] {
+    return at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  };
+  switch (destination) {
+    case Destination::kNewTensor:
+      p.output = fresh_output();
+      break;
+    case Destination::kInPlace:
+      p.output = p.input;
+      if (!p.input.is_same(x)) {
+        p.write_back_to = x;
+      }
+      break;
+    case Destination::kOut:
+      if (last_dim_contiguous(out)) {
+        p.output = out;
+      } else {
+        p.output = fresh_output();
+        p.write_back_to = out;
+      }
+      break;
   }
   const auto row_shape = x.sizes().slice(0, x.dim() - 1);
   p.positions = positions.expand(row_shape);
@@ -99,13 +117,16 @@ PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positio
   if (!build_row_geometry(row_shape, batch_strides(p.input), batch_strides(p.output),
                           p.positions.strides(), geometry)) {
     // More than kMaxRowDims dims that no stride pattern merges (rare: e.g. a 9-D permuted x, or
-    // positions broadcast in alternating dims). Copy x and the broadcast positions once into
-    // contiguous tensors, which always merge into a single row dim.
+    // positions broadcast in alternating dims). Copy x, the broadcast positions and, where it is
+    // the caller's, the output into contiguous tensors, which always merge into one row dim.
     p.input = x.contiguous();
     p.positions = p.positions.contiguous();
     if (destination == Destination::kInPlace) {
       p.output = p.input;
       p.write_back_to = p.input.is_same(x) ? at::Tensor() : x;
+    } else if (destination == Destination::kOut && !p.output.is_contiguous()) {
+      p.output = fresh_output();
+      p.write_back_to = out;
     }
     geometry = make_row_geometry(row_shape, batch_strides(p.input), batch_strides(p.output),
                                  p.positions.strides());
@@ -118,7 +139,8 @@ PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positio
   a.positions_are_int64 = positions.scalar_type() == at::kLong;
   a.head_dim = x.size(-1);
   a.rotary_dim = rotary_dim;
-  a.copy_tail = destination == Destination::kNewTensor;
+  // In place, the tail features already hold their values; everywhere else they are copied.
+  a.copy_tail = destination != Destination::kInPlace;
   a.geometry = geometry;
   return p;
 }

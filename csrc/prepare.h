@@ -12,17 +12,18 @@ namespace rope::detail {
 enum class Destination {
   kNewTensor,  // rope.apply / apply_qk: a fresh contiguous tensor of x's shape and dtype
   kInPlace,    // rope.apply_: x itself
+  kOut,        // rope.apply.out: a caller's buffer of x's shape and dtype, any strides
 };
 
 struct PreparedRotation {
   at::Tensor input;      // x, or a contiguous copy when x.stride(-1) != 1
   at::Tensor output;     // what the kernel writes
   at::Tensor positions;  // positions expanded (a view, stride 0 where broadcast) to x.shape[:-1]
-  at::Tensor write_back_to;  // defined when `output` is a temporary standing in for x (in place)
+  at::Tensor write_back_to;  // defined when `output` is a temporary standing in for x or out
   RotationArgs args;
 
-  // After the kernel ran: copies a temporary result back into x for in-place calls on inputs
-  // whose last dim is not contiguous. No-op otherwise.
+  // After the kernel ran: copies a temporary result back into x (in place) or out (out=) when
+  // their layout could not be written directly. No-op otherwise.
   void finish();
 };
 
@@ -32,15 +33,18 @@ struct PreparedTables {
   TableArgs args;
 };
 
-// Call after check_tables(). Copies only when a table's last dim is not contiguous or cos and sin
+// Call after the checks of validation.h. Copies only when a table's last dim is not contiguous or cos and sin
 // have different row strides.
 PreparedTables prepare_tables(const at::Tensor& cos, const at::Tensor& sin);
 
-// Call after check_rotated_input(). Copies x once when its last dim is not contiguous
+// Call after the checks of validation.h. Copies x once when its last dim is not contiguous
 // (stride(-1) != 1) or its leading dims cannot be described in kMaxRowDims merged dims; any other
 // layout (sliced from a fused qkv tensor, transposed heads) is read in place through its strides.
+// `out` is the caller's buffer for Destination::kOut and ignored otherwise; it is written in place
+// through its strides when its last dim is contiguous, else through a temporary.
 PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positions,
-                                  int64_t rotary_dim, Destination destination);
+                                  int64_t rotary_dim, Destination destination,
+                                  const at::Tensor& out = {});
 
 // Builds the row geometry of `sizes` for three stride sets, dropping size-1 dims and merging dims
 // that are contiguous in all three. Returns false (and leaves `g` unusable) when more than

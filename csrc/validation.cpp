@@ -2,52 +2,155 @@
 
 #include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
+#include <c10/core/SymBool.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <initializer_list>
+#include <utility>
+
 namespace rope::detail {
+namespace {
+
+// Exactly the storage types the kernels implement. isFloatingType() would also admit the float8
+// types, which would then fail deep inside a kernel instead of here.
+bool is_supported_storage(at::ScalarType t) {
+  return t == at::kDouble || t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
+}
+
+// Devices first: a call that mixes devices (including "meta" with real tensors, which the
+// dispatcher routes to the Meta kernel) must fail here rather than compute on the wrong memory.
+void check_same_device(const char* op, const char* a_name, const at::Tensor& a,
+                       const char* b_name, const at::Tensor& b) {
+  TORCH_CHECK(a.device() == b.device(), op, ": ", a_name, " and ", b_name,
+              " must be on the same device, got ", a_name, " on ", a.device(), " and ", b_name,
+              " on ", b.device());
+}
 
 void check_tables(const char* op, const at::Tensor& cos, const at::Tensor& sin) {
+  check_same_device(op, "cos", cos, "sin", sin);
   TORCH_CHECK(cos.dim() == 2, op, ": cos must be a 2-D table [max_seq_len, rotary_dim / 2], got ",
-              cos.dim(), "-D tensor of shape ", cos.sizes());
-  TORCH_CHECK(cos.sizes() == sin.sizes(), op, ": cos and sin must have the same shape, got cos ",
-              cos.sizes(), " and sin ", sin.sizes());
+              cos.dim(), "-D tensor of shape ", cos.sym_sizes());
+  TORCH_CHECK(cos.sym_sizes().equals(sin.sym_sizes()), op,
+              ": cos and sin must have the same shape, got cos ", cos.sym_sizes(), " and sin ",
+              sin.sym_sizes());
   const auto dtype = cos.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble, op,
               ": cos must be float32 or float64 (half-precision tables lose accuracy at long "
-              "context), got ", dtype);
+              "context), got ",
+              dtype);
   TORCH_CHECK(sin.scalar_type() == dtype, op, ": cos and sin must have the same dtype, got cos ",
               dtype, " and sin ", sin.scalar_type());
-  TORCH_CHECK(cos.device() == sin.device(), op,
-              ": cos and sin must be on the same device, got cos on ", cos.device(),
-              " and sin on ", sin.device());
 }
 
+// One rotated input (x, q or k); `name` is the argument's name in the op's schema.
 void check_rotated_input(const char* op, const char* name, const at::Tensor& x,
                          const at::Tensor& cos, const at::Tensor& positions) {
-  TORCH_CHECK(at::isFloatingType(x.scalar_type()), op, ": ", name,
-              " must be a floating tensor (float64, float32, float16 or bfloat16), got ",
+  check_same_device(op, name, x, "cos", cos);
+  check_same_device(op, "positions", positions, name, x);
+  TORCH_CHECK(is_supported_storage(x.scalar_type()), op, ": ", name,
+              " must be a floating tensor of dtype float64, float32, float16 or bfloat16, got ",
               x.scalar_type());
   TORCH_CHECK(x.dim() >= 1, op, ": ", name, " must have at least 1 dim (..., head_dim), got a ",
               "0-dim tensor");
-  TORCH_CHECK(x.device() == cos.device(), op, ": ", name, " and cos must be on the same device, got ",
-              name, " on ", x.device(), " and cos on ", cos.device());
-  TORCH_CHECK(positions.device() == x.device(), op, ": positions and ", name,
-              " must be on the same device, got positions on ", positions.device(), " and ", name,
-              " on ", x.device());
-
-  const int64_t rotary_dim = 2 * cos.size(1);
-  TORCH_CHECK(x.size(-1) >= rotary_dim, op, ": ", name,
-              ".size(-1) (head_dim) must be >= rotary_dim = 2 * cos.size(-1) = ", rotary_dim,
-              ", got ", x.size(-1));
+  const c10::SymInt rotary_dim = 2 * cos.sym_size(1);
+  TORCH_SYM_CHECK(x.sym_size(-1).sym_ge(rotary_dim), op, ": ", name,
+                  ".size(-1) (head_dim) must be >= rotary_dim = 2 * cos.size(-1) = ", rotary_dim,
+                  ", got ", x.sym_size(-1));
 
   const auto pos_dtype = positions.scalar_type();
   TORCH_CHECK(pos_dtype == at::kInt || pos_dtype == at::kLong, op,
               ": positions must be an integer tensor (int32 or int64), got ", pos_dtype);
-  const auto row_shape = x.sizes().slice(0, x.dim() - 1);
-  TORCH_CHECK(at::is_expandable_to(positions.sizes(), row_shape), op, ": positions of shape ",
-              positions.sizes(), " cannot be broadcast to ", name, ".shape[:-1] = ", row_shape,
+  const auto row_shape = x.sym_sizes().slice(0, x.dim() - 1);
+  TORCH_CHECK(at::is_expandable_to(positions.sym_sizes(), row_shape), op, ": positions of shape ",
+              positions.sym_sizes(), " cannot be broadcast to ", name, ".shape[:-1] = ", row_shape,
               " (shapes align from the right; use e.g. (S,) for (B, H, S, D) or (S, 1) for "
               "(B, S, H, D))");
+}
+
+void check_writable(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, op, ": ", name,
+              " has overlapping memory (e.g. a result of expand()), so it cannot be written in "
+              "place; pass ",
+              name, ".clone() or use the out-of-place op");
+}
+
+// The bytes [first, last] a strided tensor can touch, relative to its storage.
+std::pair<int64_t, int64_t> byte_span(const at::Tensor& t) {
+  int64_t lo = t.storage_offset();
+  int64_t hi = t.storage_offset();
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t reach = (t.size(d) - 1) * t.stride(d);
+    (reach < 0 ? lo : hi) += reach;
+  }
+  const int64_t item = static_cast<int64_t>(t.element_size());
+  return {lo * item, hi * item + item - 1};
+}
+
+// Whether `written` may share memory with `read`. Conservative: two views of one storage whose
+// spans intersect count as overlapping even if their elements interleave (buf[::2], buf[1::2]).
+// Meta tensors have no memory, so nothing can overlap there.
+bool may_share_memory(const at::Tensor& written, const at::Tensor& read) {
+  if (written.is_meta() || read.is_meta() || !written.has_storage() || !read.has_storage() ||
+      written.numel() == 0 || read.numel() == 0) {
+    return false;
+  }
+  if (!written.storage().is_alias_of(read.storage())) {
+    return false;
+  }
+  const auto [w_lo, w_hi] = byte_span(written);
+  const auto [r_lo, r_hi] = byte_span(read);
+  return w_lo <= r_hi && r_lo <= w_hi;
+}
+
+void check_no_shared_memory(const char* op, const char* written_name, const at::Tensor& written,
+                            std::initializer_list<std::pair<const char*, const at::Tensor*>> reads) {
+  for (const auto& [read_name, read] : reads) {
+    TORCH_CHECK(!may_share_memory(written, *read), op, ": ", written_name,
+                " shares memory with ", read_name, ", which it would overwrite while reading; pass ",
+                read_name, ".clone() or a separate buffer");
+  }
+}
+
+}  // namespace
+
+void check_apply(const char* op, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                 const at::Tensor& positions) {
+  check_tables(op, cos, sin);
+  check_rotated_input(op, "x", x, cos, positions);
+}
+
+void check_apply_inplace(const char* op, const at::Tensor& x, const at::Tensor& cos,
+                         const at::Tensor& sin, const at::Tensor& positions) {
+  check_apply(op, x, cos, sin, positions);
+  check_writable(op, "x", x);
+  check_no_shared_memory(op, "x", x, {{"cos", &cos}, {"sin", &sin}, {"positions", &positions}});
+}
+
+void check_apply_out(const char* op, const at::Tensor& x, const at::Tensor& cos,
+                     const at::Tensor& sin, const at::Tensor& positions, const at::Tensor& out) {
+  check_apply(op, x, cos, sin, positions);
+  check_same_device(op, "out", out, "x", x);
+  TORCH_CHECK(out.scalar_type() == x.scalar_type(), op, ": out must have x's dtype ",
+              x.scalar_type(), ", got ", out.scalar_type());
+  TORCH_CHECK(out.sym_sizes().equals(x.sym_sizes()), op, ": out must have x's shape ",
+              x.sym_sizes(), ", got ", out.sym_sizes(), " (out= never resizes)");
+  check_writable(op, "out", out);
+  check_no_shared_memory(op, "out", out,
+                         {{"x", &x}, {"cos", &cos}, {"sin", &sin}, {"positions", &positions}});
+}
+
+void check_apply_qk(const char* op, const at::Tensor& q, const at::Tensor& k,
+                    const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions) {
+  check_tables(op, cos, sin);
+  check_rotated_input(op, "q", q, cos, positions);
+  check_rotated_input(op, "k", k, cos, positions);
+  TORCH_CHECK(q.scalar_type() == k.scalar_type(), op,
+              ": q and k must have the same dtype, got q ", q.scalar_type(), " and k ",
+              k.scalar_type());
+  TORCH_SYM_CHECK(q.sym_size(-1).sym_eq(k.sym_size(-1)), op,
+                  ": q and k must have the same head_dim (size(-1)), got q ", q.sym_size(-1),
+                  " and k ", k.sym_size(-1));
 }
 
 void check_positions_in_range(const char* op, const at::Tensor& positions, int64_t max_seq_len) {
@@ -71,12 +174,6 @@ void check_positions_in_range(const char* op, const at::Tensor& positions, int64
   } else {
     scan(p.const_data_ptr<int32_t>());
   }
-}
-
-void check_writable(const char* op, const char* name, const at::Tensor& x) {
-  TORCH_CHECK(at::has_internal_overlap(x) != at::MemOverlap::Yes, op, ": ", name,
-              " has overlapping memory (e.g. a result of expand()), so it cannot be written in "
-              "place; pass ", name, ".clone() or use the out-of-place op");
 }
 
 }  // namespace rope::detail

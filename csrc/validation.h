@@ -1,26 +1,36 @@
-// Input checks shared by every backend (CPU, CUDA, Meta), so a bad call fails the same way on each
-// and before anything is written. Messages name the op, the argument, what was expected and what
-// came, so the caller can fix the call from the message alone.
+// Input checks shared by every backend (CPU, CUDA and Meta), so that a bad call fails the same way
+// on each, under torch.compile as in eager, and before anything is written. Messages name the op,
+// the argument, what was expected and what came, so the caller can fix the call from the message
+// alone.
+//
+// Everything here reads only metadata (shapes, strides, dtypes, devices), through the SymInt
+// accessors, so the Meta kernels can run the same checks on symbolic shapes. The one check that
+// reads data, check_positions_in_range, is the CPU backend's alone.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 namespace rope::detail {
 
-// cos and sin: same shape [max_seq_len, rotary_dim / 2], float32 or float64, same dtype and device.
-void check_tables(const char* op, const at::Tensor& cos, const at::Tensor& sin);
+// rope.apply: x (..., head_dim) against the tables and positions.
+void check_apply(const char* op, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                 const at::Tensor& positions);
 
-// One rotated input (x, q or k) against the tables and positions: floating dtype, at least 1 dim,
-// head_dim >= rotary_dim, same device as the tables, integer positions broadcastable to
-// x.shape[:-1]. `name` is the argument's name in the op's schema ("x", "q", "k").
-void check_rotated_input(const char* op, const char* name, const at::Tensor& x,
-                         const at::Tensor& cos, const at::Tensor& positions);
+// rope.apply_: check_apply, and x must be writable in place (no overlapping memory).
+void check_apply_inplace(const char* op, const at::Tensor& x, const at::Tensor& cos,
+                         const at::Tensor& sin, const at::Tensor& positions);
+
+// rope.apply.out: check_apply, and `out` must have x's shape, dtype and device, be writable, and
+// share no memory with any input (checked where tensors have memory, i.e. not on Meta).
+void check_apply_out(const char* op, const at::Tensor& x, const at::Tensor& cos,
+                     const at::Tensor& sin, const at::Tensor& positions, const at::Tensor& out);
+
+// rope.apply_qk: check_apply for q and for k, and q and k agree in dtype and head_dim.
+void check_apply_qk(const char* op, const at::Tensor& q, const at::Tensor& k,
+                    const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions);
 
 // Host-side range check of positions against [0, max_seq_len): reads positions, so only the CPU
 // backend calls it (CUDA asserts inside the kernel instead, to avoid a device-to-host sync).
 void check_positions_in_range(const char* op, const at::Tensor& positions, int64_t max_seq_len);
-
-// For ops that write into x: x must not have overlapping memory (e.g. made by expand()).
-void check_writable(const char* op, const char* name, const at::Tensor& x);
 
 }  // namespace rope::detail

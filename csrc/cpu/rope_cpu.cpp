@@ -35,6 +35,12 @@ void apply_inplace_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Ten
   detail::apply_inplace_body<CpuBackend>(x, cos, sin, positions, interleaved, inverse);
 }
 
+void apply_out_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                   const at::Tensor& positions, bool interleaved, bool inverse,
+                   const at::Tensor& out) {
+  detail::apply_out_body<CpuBackend>(x, cos, sin, positions, interleaved, inverse, out);
+}
+
 std::tuple<at::Tensor, at::Tensor> apply_qk_cpu(const at::Tensor& q, const at::Tensor& k,
                                                 const at::Tensor& cos, const at::Tensor& sin,
                                                 const at::Tensor& positions, bool interleaved,
@@ -84,5 +90,6 @@ void rotate_pair(c10::ScalarType dtype, const RotationArgs& q, const RotationArg
 TORCH_LIBRARY_IMPL(rope, CPU, m) {
   m.impl("apply", &rope::cpu::apply_cpu);
   m.impl("apply_", &rope::cpu::apply_inplace_cpu);
+  m.impl("apply.out", &rope::cpu::apply_out_cpu);
   m.impl("apply_qk", &rope::cpu::apply_qk_cpu);
 }

@@ -91,6 +91,16 @@ void apply_inplace_cuda(const at::Tensor& x,          // [..., head_dim], rotate
   detail::apply_inplace_body<CudaBackend>(x, cos, sin, positions, interleaved, inverse);
 }
 
+void apply_out_cuda(const at::Tensor& x,          // [..., head_dim]
+                    const at::Tensor& cos,        // [max_seq_len, rotary_dim / 2]
+                    const at::Tensor& sin,        // [max_seq_len, rotary_dim / 2]
+                    const at::Tensor& positions,  // broadcastable to x.shape[:-1]
+                    bool interleaved, bool inverse,
+                    const at::Tensor& out) {      // x's shape and dtype, any strides
+  const c10::cuda::OptionalCUDAGuard guard(cuda_device_of(x));
+  detail::apply_out_body<CudaBackend>(x, cos, sin, positions, interleaved, inverse, out);
+}
+
 std::tuple<at::Tensor, at::Tensor> apply_qk_cuda(
     const at::Tensor& q,          // [..., head_dim], e.g. [T, num_heads, head_dim]
     const at::Tensor& k,          // [..., head_dim], e.g. [T, num_kv_heads, head_dim]
@@ -108,5 +118,6 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_cuda(
 TORCH_LIBRARY_IMPL(rope, CUDA, m) {
   m.impl("apply", &rope::cuda::apply_cuda);
   m.impl("apply_", &rope::cuda::apply_inplace_cuda);
+  m.impl("apply.out", &rope::cuda::apply_out_cuda);
   m.impl("apply_qk", &rope::cuda::apply_qk_cuda);
 }

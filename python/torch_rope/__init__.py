@@ -9,7 +9,6 @@ from pathlib import Path as _Path
 import torch  # noqa: F401  (libtorch must be loaded before our native library)
 
 from . import _C  # noqa: F401  (loads librope: registers the ops with the dispatcher)
-from . import _fake  # noqa: F401  (fake/meta kernels for torch.compile and export)
 from . import reference
 from ._version import __version__
 from .nn import RotaryPositionalEmbedding

@@ -15,6 +15,8 @@ Shared conventions (see the README for the full contract):
   ``(k, k + rotary_dim // 2)`` (HF ``rotate_half``, GPT-NeoX).
 * ``inverse=True`` rotates by the negative angle: undoes the rotation; it is also the gradient.
 * Gradients flow to ``x``/``q``/``k`` only, never to ``cos``, ``sin`` or ``positions``.
+* ``torch.func`` (``grad``, ``vjp``, ``jvp``, ``vmap``, ``jacrev``, ``jacfwd``, ...) works through
+  these functions; the raw ``torch.ops.rope.*`` support ``vmap`` only.
 """
 
 from typing import Optional, Tuple
@@ -23,6 +25,12 @@ import torch
 from torch import Tensor
 
 from . import _C
+from . import _functorch
+
+_apply = torch.ops.rope.apply.default
+_apply_inplace = torch.ops.rope.apply_.default
+_apply_out = torch.ops.rope.apply.out
+_apply_qk = torch.ops.rope.apply_qk.default
 
 
 def apply(
@@ -33,15 +41,31 @@ def apply(
     *,
     interleaved: bool = True,
     inverse: bool = False,
+    out: Optional[Tensor] = None,
 ) -> Tensor:
     """Return ``x`` with its first ``rotary_dim`` features rotated by the positions' angles.
 
     The result is a new contiguous tensor of ``x``'s shape and dtype (math in float32, float64
-    for float64 inputs).
+    for float64 inputs). With ``out=``, the result is written into ``out`` instead (e.g. a
+    KV-cache slot: any strides, ``x``'s shape and dtype, never resized, sharing no memory with
+    an input) and ``out`` is returned; ``out=`` is not differentiable.
     """
-    return torch.ops.rope.apply.default(
-        x, cos, sin, positions, interleaved=interleaved, inverse=inverse
-    )
+    if out is not None:
+        if torch.compiler.is_compiling() and not out.is_contiguous():
+            # Dynamo refuses any op called with a non-contiguous out= (e.g. a KV-cache slot);
+            # the same values reach `out` through the out-of-place op and a copy.
+            if torch.is_grad_enabled() and x.requires_grad:
+                raise RuntimeError(
+                    "rope.apply.out: functions with out=... arguments don't support automatic "
+                    "differentiation, but one of the arguments requires grad"
+                )
+            out.copy_(_apply(x, cos, sin, positions, interleaved=interleaved, inverse=inverse))
+            return out
+        _apply_out(x, cos, sin, positions, interleaved=interleaved, inverse=inverse, out=out)
+        return out
+    if _functorch.transforms_active():
+        return _functorch.Rotate.apply(x, cos, sin, positions, interleaved, inverse)
+    return _apply(x, cos, sin, positions, interleaved=interleaved, inverse=inverse)
 
 
 def apply_(
@@ -54,9 +78,9 @@ def apply_(
     inverse: bool = False,
 ) -> Tensor:
     """Rotate ``x`` in place and return it. Every check runs before anything is written."""
-    torch.ops.rope.apply_.default(
-        x, cos, sin, positions, interleaved=interleaved, inverse=inverse
-    )
+    if _functorch.transforms_active():
+        return _functorch.RotateInplace.apply(x, cos, sin, positions, interleaved, inverse)
+    _apply_inplace(x, cos, sin, positions, interleaved=interleaved, inverse=inverse)
     return x
 
 
@@ -75,9 +99,9 @@ def apply_qk(
     ``q`` and ``k`` may have different head counts (GQA/MQA); ``positions`` is broadcast against
     ``q.shape[:-1]`` and ``k.shape[:-1]`` separately.
     """
-    return torch.ops.rope.apply_qk.default(
-        q, k, cos, sin, positions, interleaved=interleaved, inverse=inverse
-    )
+    if _functorch.transforms_active():
+        return _functorch.RotateQK.apply(q, k, cos, sin, positions, interleaved, inverse)
+    return _apply_qk(q, k, cos, sin, positions, interleaved=interleaved, inverse=inverse)
 
 
 def rope_tables(

@@ -399,6 +399,23 @@ TEST(ApplyOps, InPlaceOnSliceTouchesOnlyTheSlice) {
   EXPECT_TRUE(bitwise_equal(qkv.select(2, 1).narrow(-1, 24, 8), before.select(2, 1).narrow(-1, 24, 8)));
 }
 
+TEST(ApplyOps, ApplyOutWritesAStridedSlotAndReturnsIt) {
+  // The C++ out= API: a KV-cache slot (non-contiguous view) receives apply()'s result.
+  const auto tables = reference_tables(kMaxSeqLen, 16);
+  auto cache = torch::full({2, 16, 3, 24}, 7.0);
+  const auto k = torch::randn({2, 4, 3, 24});
+  const auto positions = (5 + torch::arange(4)).view({4, 1});
+  auto slot = cache.slice(1, 5, 9);
+  at::Tensor& returned = rope::apply_out(slot, k, tables.cos, tables.sin, positions, false);
+  EXPECT_TRUE(returned.is_same(slot));
+  EXPECT_TRUE(torch::equal(slot, rope::apply(k, tables.cos, tables.sin, positions, false)));
+  EXPECT_TRUE((cache.slice(1, 0, 5) == 7.0).all().item<bool>());
+  EXPECT_TRUE((cache.slice(1, 9, 16) == 7.0).all().item<bool>());
+  // Not differentiable, as aten's out= ops.
+  const auto x = torch::randn({2, 4, 3, 24}, torch::requires_grad());
+  EXPECT_THROW(rope::apply_out(slot, x, tables.cos, tables.sin, positions), c10::Error);
+}
+
 TEST(ApplyOps, ApplyQkGqaEqualsTwoApplies) {
   torch::manual_seed(13);
   for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kDouble}) {

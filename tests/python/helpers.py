@@ -8,6 +8,9 @@ import references as ref
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
 
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+# The two pair layouts (DESIGN section 1), as pytest parameters and their ids.
+LAYOUTS = [True, False]
+LAYOUT_IDS = ["interleaved", "half_split"]
 HEAD_DIMS = (64, 80, 128, 256)
 
 # Agreement with the float64 oracle after casting it to the storage type: about one unit in the

@@ -42,6 +42,13 @@ at::Tensor apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& s
 void apply_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
             const at::Tensor& positions, bool interleaved = true, bool inverse = false);
 
+// Writes x rotated into `out` (e.g. a KV-cache slot) and returns it. out must have x's shape,
+// dtype and device, may be strided, is never resized, and must not share memory with any input.
+// Not differentiable: throws when grad mode is on and an input requires grad, as aten's out= ops.
+at::Tensor& apply_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& cos,
+                      const at::Tensor& sin, const at::Tensor& positions, bool interleaved = true,
+                      bool inverse = false);
+
 // Rotates queries and keys together; q and k may have different head counts (GQA) and positions
 // broadcasts against q.shape[:-1] and k.shape[:-1] separately. On CUDA this is one kernel launch.
 std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tensor& k,

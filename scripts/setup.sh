@@ -29,7 +29,7 @@ if [ -z "${TORCH_SPEC:-}" ]; then
     fi
   fi
 fi
-requirements="$TORCH_SPEC numpy pytest pybind11 expecttest matplotlib"
+requirements="$TORCH_SPEC numpy pytest pybind11 expecttest matplotlib hypothesis"
 stamp=.venv/.torch-rope-requirements
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv

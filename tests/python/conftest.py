@@ -1,4 +1,5 @@
-"""pytest setup for the torch_rope suite: import path, seeding."""
+"""pytest setup for the torch_rope suite: import path, seeding, the `slow` mark and the
+hypothesis profiles."""
 
 import os
 import sys
@@ -20,6 +21,29 @@ try:
 except ImportError:
     sys.path.insert(0, _REPO_PYTHON)
     import torch_rope  # noqa: F401
+
+
+try:
+    from hypothesis import HealthCheck, settings
+
+    # Seeded (derandomize): a run is reproducible and a failure shrinks to the same example.
+    # "fast" runs in every test run; tests marked slow ask for more examples themselves.
+    settings.register_profile(
+        "fast",
+        derandomize=True,
+        deadline=None,
+        print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
+except ImportError:  # the property tests skip themselves, visibly
+    pass
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "slow: heavier tests; deselect with -m 'not slow' (the full run includes them)"
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,316 @@
+"""Differential fuzzing of every op against an independent float64 reference written here.
+
+Hypothesis draws the geometry first (op, dtypes, layout, rank, head_dim, rotary_dim, the memory
+layout of x and of each table, the shape and dtype of positions, the fused-qkv split of apply_qk)
+and the data after, from a drawn seed, so a failure shrinks to a small geometry. The error bound
+follows from the dtypes: the library computes in float32 (float64 for float64 x) and rounds once
+to the storage type. Gradients are checked through the transpose (the same op with sin negated,
+which is the transpose for any tables, rotations or not), and a call with one bad position must
+raise and write nothing.
+
+A shrunk failure becomes a named regression test (test_regression_* in test_apply.py).
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import pytest
+import torch
+
+import torch_rope
+from helpers import cpu_and_cuda
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+FAST_EXAMPLES = 250
+SLOW_EXAMPLES = 4000
+
+X_LAYOUTS = ["contiguous", "permuted", "padded", "sliced", "offset", "expanded", "last_strided"]
+TABLE_LAYOUTS = ["contiguous", "row_padded", "last_strided", "transposed", "offset"]
+DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+
+
+@dataclass
+class Case:
+    op: str  # apply, apply_, apply.out, apply_qk
+    dtype: torch.dtype
+    table_dtype: torch.dtype
+    interleaved: bool
+    inverse: bool
+    half: int  # rotary_dim // 2
+    head_dim: int
+    rows: Tuple[int, ...]  # x.shape[:-1]; for apply_qk, q's (k differs in the head dim)
+    k_heads: int  # apply_qk: k's size in the last row dim
+    x_layout: str
+    out_layout: str  # apply.out: layout of out
+    cos_layout: str
+    sin_layout: str
+    max_seq_len: int
+    pos_shape: Tuple[int, ...]
+    pos_dtype: torch.dtype
+    pos_transposed: bool
+    bad_position: bool  # inject one out-of-range position (CPU): must raise, write nothing
+    grad: bool
+    seed: int
+
+
+@st.composite
+def cases(draw):
+    op = draw(st.sampled_from(["apply", "apply_", "apply.out", "apply_qk"]))
+    half = draw(st.integers(0, 40))
+    tail = draw(st.integers(0 if half else 1, 12))
+    rank = draw(st.integers(1, 4))  # row dims
+    rows = tuple(draw(st.lists(st.integers(1, 5), min_size=rank, max_size=rank)))
+    if draw(st.integers(0, 19)) == 0:  # now and then an empty tensor
+        rows = rows[:-1] + (0,)
+    k_heads = draw(st.integers(1, 4))
+    # positions broadcast (aligned right) to the row dims; for apply_qk they must also broadcast
+    # to k, whose last row dim (heads) differs, so they are 1 there.
+    n_pos = draw(st.integers(0, rank))
+    pos_shape = []
+    for i, size in enumerate(rows[rank - n_pos:]):
+        is_heads = op == "apply_qk" and rank - n_pos + i == rank - 1
+        pos_shape.append(1 if is_heads or draw(st.booleans()) else size)
+    layouts = X_LAYOUTS if op in ("apply", "apply_qk") else [
+        layout for layout in X_LAYOUTS if layout != "expanded"]
+    dtype = draw(st.sampled_from(DTYPES))
+    return Case(
+        op=op,
+        dtype=dtype,
+        table_dtype=draw(st.sampled_from([torch.float32, torch.float64])),
+        interleaved=draw(st.booleans()),
+        inverse=draw(st.booleans()),
+        half=half,
+        head_dim=2 * half + tail,
+        rows=rows,
+        k_heads=k_heads,
+        x_layout=draw(st.sampled_from(layouts)),
+        out_layout=draw(st.sampled_from(["contiguous", "padded", "sliced", "last_strided"])),
+        cos_layout=draw(st.sampled_from(TABLE_LAYOUTS)),
+        sin_layout=draw(st.sampled_from(TABLE_LAYOUTS)),
+        max_seq_len=draw(st.integers(1, 70)),
+        pos_shape=tuple(pos_shape),
+        pos_dtype=draw(st.sampled_from([torch.int32, torch.int64])),
+        pos_transposed=draw(st.booleans()),
+        bad_position=op in ("apply_", "apply.out") and draw(st.integers(0, 9)) == 0,
+        grad=dtype in (torch.float64, torch.float32) and op in ("apply", "apply_qk")
+        and draw(st.booleans()),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+# ---- building tensors of a given logical shape in a given memory layout ------------------------
+
+
+def _filled(shape, dtype, device, gen):
+    return torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
+
+
+def make_with_layout(shape, layout, dtype, device, gen):
+    """A tensor of logical `shape` whose memory layout is `layout`; values random."""
+    shape = tuple(shape)
+    if layout == "contiguous" or len(shape) == 0:
+        return _filled(shape, dtype, device, gen)
+    if layout == "permuted":  # leading dims in reverse memory order, last dim contiguous
+        lead = shape[:-1][::-1]
+        t = _filled(lead + shape[-1:], dtype, device, gen)
+        n = len(shape) - 1
+        return t.permute(*range(n - 1, -1, -1), n)
+    if layout == "padded":  # rows further apart than head_dim, starting at an offset
+        t = _filled(shape[:-1] + (shape[-1] + 5,), dtype, device, gen)
+        return t[..., 3:3 + shape[-1]]
+    if layout == "sliced":  # every other element of the first dim
+        t = _filled((2 * shape[0],) + shape[1:], dtype, device, gen)
+        return t[::2]
+    if layout == "offset":  # storage offset of one element: misaligned for vector loads
+        n = math.prod(shape)
+        return _filled((n + 1,), dtype, device, gen)[1:].view(shape)
+    if layout == "expanded":  # stride 0 in the first dim
+        t = _filled((1,) + shape[1:], dtype, device, gen)
+        return t.expand(shape)
+    if layout == "last_strided":  # stride 2 in the feature dim: copied once by the op
+        t = _filled(shape[:-1] + (2 * shape[-1],), dtype, device, gen)
+        return t[..., ::2]
+    raise ValueError(layout)
+
+
+def make_table(rows, half, layout, dtype, device, gen):
+    """Arbitrary values (not cos/sin of anything): a swapped table or a wrong column shows.
+
+    The padded and strided layouts slice a parent of the same width (2 * half + 3), as tables cut
+    from one wider buffer are: cos and sin then share a row stride while only one has unit last
+    stride (the class of the review's defect 1)."""
+    width = 2 * half + 3
+    if layout == "contiguous":
+        return _filled((rows, half), dtype, device, gen)
+    if layout == "row_padded":
+        return _filled((rows, width), dtype, device, gen)[:, 1:1 + half]
+    if layout == "last_strided":
+        return _filled((rows, width), dtype, device, gen)[:, 1:1 + 2 * half:2]
+    if layout == "transposed":
+        return _filled((half, rows), dtype, device, gen).t()
+    if layout == "offset":
+        return _filled((rows * half + 1,), dtype, device, gen)[1:].view(rows, half)
+    raise ValueError(layout)
+
+
+# ---- the reference ---------------------------------------------------------------------------
+
+
+def reference(x, cos, sin, positions, *, interleaved, inverse):
+    """float64 rotation of x (on the CPU) by the given tables, gathered at the positions."""
+    x64 = x.detach().cpu().to(torch.float64)
+    half = cos.shape[1]
+    out = x64.clone()
+    if half == 0 or x64.numel() == 0:
+        return out
+    p = torch.broadcast_to(positions.cpu().long(), x64.shape[:-1])
+    c = cos.cpu().to(torch.float64)[p]
+    s = sin.cpu().to(torch.float64)[p]
+    if inverse:
+        s = -s
+    ia, ib = _plane_indices(half, interleaved)
+    a, b = x64[..., ia], x64[..., ib]
+    out[..., ia] = a * c - b * s
+    out[..., ib] = a * s + b * c
+    return out
+
+
+def _plane_indices(half, interleaved):
+    ia = torch.arange(0, 2 * half, 2) if interleaved else torch.arange(half)
+    return ia, (ia + 1 if interleaved else ia + half)
+
+
+def error_bound(x, cos, sin, positions, case, want):
+    """|library - reference| allowed per element: one rounding to the storage type, plus a few
+    roundings of the float32 (float64 for float64 x) math, relative to the plane's terms
+    (|a| + |b|)(|c| + |s|). That also covers float64 tables rounded to float32 for the math."""
+    store_eps = torch.finfo(case.dtype).eps / 2
+    math_eps = torch.finfo(torch.float64 if case.dtype == torch.float64 else torch.float32).eps / 2
+    bound = store_eps * want.abs() + torch.finfo(case.dtype).tiny
+    half = cos.shape[1]
+    if half and x.numel():
+        x64 = x.detach().cpu().to(torch.float64)
+        p = torch.broadcast_to(positions.cpu().long(), x64.shape[:-1])
+        mag = cos.cpu().double()[p].abs() + sin.cpu().double()[p].abs()
+        ia, ib = _plane_indices(half, case.interleaved)
+        plane = 4 * math_eps * (x64[..., ia].abs() + x64[..., ib].abs()) * mag
+        bound[..., ia] += plane
+        bound[..., ib] += plane
+    return bound
+
+
+# ---- the property --------------------------------------------------------------------------
+
+
+def check_case(case: Case, device: str):
+    gen = torch.Generator().manual_seed(case.seed)
+    cos = make_table(case.max_seq_len, case.half, case.cos_layout, case.table_dtype, device, gen)
+    sin = make_table(case.max_seq_len, case.half, case.sin_layout, case.table_dtype, device, gen)
+    pos = torch.randint(0, case.max_seq_len, case.pos_shape, generator=gen).to(case.pos_dtype)
+    if case.pos_transposed and pos.dim() >= 2:  # same values, last two dims swapped in memory
+        pos = pos.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if case.bad_position and device == "cpu" and pos.numel() and math.prod(case.rows):
+        pos.view(-1)[-1] = case.max_seq_len + 3 if case.seed % 2 else -1
+        bad = True
+    else:
+        bad = False
+    pos = pos.to(device)
+    kw = dict(interleaved=case.interleaved, inverse=case.inverse)
+    shape = case.rows + (case.head_dim,)
+    x = make_with_layout(shape, case.x_layout, case.dtype, device, gen)
+
+    if case.op == "apply_qk":
+        k_shape = case.rows[:-1] + (case.k_heads, case.head_dim)
+        # q and k as slices of one fused projection (B.., Hq + Hk, D).
+        fused = make_with_layout(case.rows[:-1] + (case.rows[-1] + case.k_heads, case.head_dim),
+                                 case.x_layout if case.x_layout != "expanded" else "contiguous",
+                                 case.dtype, device, gen)
+        q, k = fused[..., : case.rows[-1], :], fused[..., case.rows[-1]:, :]
+        assert k.shape == k_shape
+        q_before, k_before = q.clone(), k.clone()
+        if case.grad:
+            q, k = q.detach().requires_grad_(), k.detach().requires_grad_()
+        q_out, k_out = torch_rope.apply_qk(q, k, cos, sin, pos, **kw)
+        for inp, out in ((q, q_out), (k, k_out)):
+            _assert_rotated(out, inp, cos, sin, pos, case, kw)
+        assert torch.equal(q.detach(), q_before) and torch.equal(k.detach(), k_before)
+        if case.grad and q.numel() + k.numel():
+            gq, gk = torch.randn_like(q_out), torch.randn_like(k_out)
+            torch.autograd.backward([q_out, k_out], [gq, gk])
+            _assert_transpose(q.grad, gq, cos, sin, pos, case)
+            _assert_transpose(k.grad, gk, cos, sin, pos, case)
+        return
+
+    x_before = x.clone()
+    if case.op == "apply":
+        if case.grad:
+            x = x.detach().requires_grad_()
+        out = torch_rope.apply(x, cos, sin, pos, **kw)
+        _assert_rotated(out, x, cos, sin, pos, case, kw)
+        assert out.is_contiguous()
+        assert torch.equal(x.detach(), x_before), "apply modified its input"
+        if case.grad and x.numel():
+            g = torch.randn_like(out)
+            out.backward(g)
+            _assert_transpose(x.grad, g, cos, sin, pos, case)
+        return
+
+    if case.op == "apply_":
+        if bad:
+            with pytest.raises(IndexError):
+                torch_rope.apply_(x, cos, sin, pos, **kw)
+            assert torch.equal(x, x_before), "a failed apply_ wrote into x"
+            return
+        torch_rope.apply_(x, cos, sin, pos, **kw)
+        _assert_rotated(x, x_before, cos, sin, pos, case, kw)
+        return
+
+    # apply.out
+    out = make_with_layout(shape, case.out_layout, case.dtype, device, gen)
+    out_before = out.clone()
+    if bad:
+        with pytest.raises(IndexError):
+            torch_rope.apply(x, cos, sin, pos, out=out, **kw)
+        assert torch.equal(out, out_before), "a failed out= call wrote into out"
+        return
+    assert torch_rope.apply(x, cos, sin, pos, out=out, **kw) is out
+    _assert_rotated(out, x, cos, sin, pos, case, kw)
+    assert torch.equal(x, x_before)
+
+
+def _assert_rotated(out, x, cos, sin, pos, case, kw):
+    assert out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
+    want = reference(x, cos, sin, pos, **kw)
+    got = out.detach().cpu().to(torch.float64)
+    bound = error_bound(x, cos, sin, pos, case, want)
+    err = (got - want).abs()
+    rotary = 2 * case.half
+    assert torch.equal(got[..., rotary:], want[..., rotary:]), "pass-through features changed"
+    worst = (err - bound).max().item() if err.numel() else 0.0
+    assert worst <= 0, f"error exceeds the dtype bound by {worst:.3g} ({case})"
+
+
+def _assert_transpose(grad, g, cos, sin, pos, case):
+    want = reference(g, cos, sin, pos, interleaved=case.interleaved, inverse=not case.inverse)
+    bound = error_bound(g, cos, sin, pos, case, want)
+    err = (grad.cpu().to(torch.float64) - want).abs()
+    assert (err <= bound).all(), f"gradient is not the transpose ({case})"
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@settings(max_examples=FAST_EXAMPLES)
+@given(case=cases())
+def test_fuzz_against_float64_reference(case, device):
+    check_case(case, device)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@settings(max_examples=SLOW_EXAMPLES)
+@given(case=cases())
+def test_fuzz_against_float64_reference_many(case, device):
+    check_case(case, device)

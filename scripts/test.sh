@@ -5,6 +5,13 @@
 # CUDA tests run when a GPU is present and are reported as skipped otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--sanitize" ]; then
+  # ASan + UBSan build and tests in build-asan/ (scripts/sanitize.sh): a separate command, not
+  # part of the default run.
+  shift
+  bash scripts/setup.sh
+  exec bash scripts/sanitize.sh "$@"
+fi
 bash scripts/setup.sh
 bash scripts/build.sh
 PY=.venv/bin/python

@@ -40,7 +40,10 @@ def _check(op: str, name: str, x, cos, sin, positions) -> None:
     torch._check(
         broadcastable,
         lambda: f"{op}: positions of shape {list(positions.shape)} cannot be broadcast to "
-        f"{name}.shape[:-1] = {list(row_shape)}",
+        f"{name}.shape[:-1] = {list(row_shape)}"
+        # distributed: DTensor checks shapes here, on global shapes (torch_rope.distributed)
+        f" (if {name} is a DTensor, these are global shapes: positions must be global and "
+        "broadcastable to the global shape)",
     )
 
 

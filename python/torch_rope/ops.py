@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from . import _C
+from .distributed import maybe_register_for as _maybe_register_for
 
 
 def apply(
@@ -39,6 +40,7 @@ def apply(
     The result is a new contiguous tensor of ``x``'s shape and dtype (math in float32, float64
     for float64 inputs).
     """
+    _maybe_register_for(x)  # distributed: DTensor rules on the first eager DTensor call
     return torch.ops.rope.apply.default(
         x, cos, sin, positions, interleaved=interleaved, inverse=inverse
     )
@@ -54,6 +56,7 @@ def apply_(
     inverse: bool = False,
 ) -> Tensor:
     """Rotate ``x`` in place and return it. Every check runs before anything is written."""
+    _maybe_register_for(x)  # distributed: DTensor rules on the first eager DTensor call
     torch.ops.rope.apply_.default(
         x, cos, sin, positions, interleaved=interleaved, inverse=inverse
     )
@@ -75,6 +78,7 @@ def apply_qk(
     ``q`` and ``k`` may have different head counts (GQA/MQA); ``positions`` is broadcast against
     ``q.shape[:-1]`` and ``k.shape[:-1]`` separately.
     """
+    _maybe_register_for(q, k)  # distributed: DTensor rules on the first eager DTensor call
     return torch.ops.rope.apply_qk.default(
         q, k, cos, sin, positions, interleaved=interleaved, inverse=inverse
     )

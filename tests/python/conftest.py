@@ -22,6 +22,11 @@ except ImportError:
     import torch_rope  # noqa: F401
 
 
+def pytest_configure(config):
+    # Heavy tests (e.g. inductor compiles of whole models) carry this mark; the full command runs them.
+    config.addinivalue_line("markers", "slow: heavy test, still run by scripts/test.sh")
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     """Every test starts from the same random state, whatever ran before it."""

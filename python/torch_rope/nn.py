@@ -69,8 +69,8 @@ class RotaryPositionalEmbedding(nn.Module):
         if token_positions is None:
             token_positions = torch.arange(x.size(-2), device=x.device)
         cos, sin = self.cos, self.sin
-        if type(x) is not Tensor:  # distributed: DTensor x gets replicated tables and positions
-            cos, sin, token_positions = _distributed._as_replicated_like(x, cos, sin, token_positions)
+        if type(x) is not Tensor:  # distributed: a DTensor x gets DTensor tables and positions
+            cos, sin, token_positions = _distributed._as_dtensors_like(x, cos, sin, token_positions)
         return apply(x, cos, sin, token_positions, interleaved=self.interleaved)
 
     def _apply(self, fn, recurse=True):

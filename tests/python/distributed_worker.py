@@ -54,21 +54,26 @@ def dt():
     return dtensor
 
 
-def place(t, mesh, placement):
-    """The full tensor ``t`` (same on every rank) as a DTensor with ``placement`` (one mesh dim)."""
+def place(t, mesh, placements):
+    """The full tensor ``t`` (same on every rank) as a DTensor with ``placements`` (one per mesh
+    dim; a single placement for a 1-D mesh)."""
     d = dt()
-    if isinstance(placement, d.Partial):
-        # A pending reduction whose result is t: rank-dependent pieces that sum (or average) to t.
-        ws, r = mesh.size(), mesh.get_local_rank()
-        weights = torch.arange(1, ws + 1, dtype=t.dtype)
-        if placement.reduce_op == "sum":
-            local = t * (weights[r] / weights.sum())
-        else:  # avg
-            local = t * (weights[r] * ws / weights.sum())
-        return d.DTensor.from_local(local, mesh, [placement], run_check=False)
+    placements = list(placements) if isinstance(placements, (list, tuple)) else [placements]
+    plain = [d.Replicate() if p.is_partial() else p for p in placements]
     # distribute_tensor may keep t itself as the local tensor (Replicate): clone, so that in-place
     # ops on the DTensor never touch the caller's full tensor.
-    return d.distribute_tensor(t.clone(), mesh, [placement])
+    out = d.distribute_tensor(t.clone(), mesh, plain)
+    if plain == placements:
+        return out
+    # A pending reduction whose result is t: rank-dependent pieces that sum (or average) to t.
+    local = out.to_local()
+    for i, p in enumerate(placements):
+        if p.is_partial():
+            n, c = mesh.size(i), mesh.get_coordinate()[i]
+            weight = (c + 1) / (n * (n + 1) / 2)  # 1..n, normalised to sum to 1
+            local = local * (weight if p.reduce_op == "sum" else weight * n)
+    return d.DTensor.from_local(local, mesh, placements, run_check=False, shape=t.shape,
+                                stride=t.stride())
 
 
 def replicated(t, mesh):
@@ -460,28 +465,38 @@ def positions_must_be_global(mesh):
             raise AssertionError(f"{name} accepted local positions with a DTensor x")
 
 
-@check()
-def module_dtensor_input(mesh):
-    """The module with DTensor input: default and explicit positions, sequence or heads sharded."""
+def module_cases(mesh, x_placements):
+    """The module on a DTensor x for each placement (a tuple per mesh dim): default and explicit
+    positions, (B, H, S, D) and (B, S, H, D), forward and backward against one process."""
     import torch_rope
 
     d = dt()
     rope = torch_rope.RotaryPositionalEmbedding(10000.0, 8, 64)
-    x = torch.randn(2, 4, 11, 8)
+    bhsd = torch.randn(2, 4, 11, 8)
+    bshd = bhsd.transpose(1, 2).contiguous()
     pos = torch.randint(0, 64, (11,))
-    g = torch.randn_like(x)
-    for xp in [d.Shard(2), d.Shard(1), d.Shard(0), d.Replicate()]:
-        for positions in [None, pos]:
-            what = f"module x {xp} positions {'default' if positions is None else 'explicit'}"
+    cases = [("BHSD default", bhsd, None), ("BHSD explicit (S,)", bhsd, pos),
+             ("BSHD explicit (S, 1)", bshd, pos[:, None]),
+             ("BHSD explicit (B, 1, S)", bhsd, torch.randint(0, 64, (2, 1, 11)))]
+    for placements in x_placements:
+        for name, x, positions in cases:
+            what = f"module x {placements} {name} positions"
+            g = torch.randn_like(x)
             (ref,), (ref_grad,) = rotate_and_grad(lambda x: rope(x, positions), [x], [g])
-            xd = place(x, mesh, xp).detach().requires_grad_()
+            xd = place(x, mesh, placements).detach().requires_grad_()
             out = rope(xd, positions)
-            assert isinstance(out, d.DTensor) and out.placements == (xp,), what
+            assert isinstance(out, d.DTensor), what
+            assert list(out.placements) == list(placements), f"{what}: {out.placements}"
             close(out.full_tensor(), ref, what, rtol=0, atol=0)
-            out.backward(place(g, mesh, xp))
+            out.backward(place(g, mesh, placements))
             close(xd.grad.full_tensor(), ref_grad, what + " backward", rtol=0, atol=0)
-    # The registration triggers ran: the module's construction (DTensor already loaded here).
-    assert torch_rope.distributed._registered
+
+
+@check()
+def module_dtensor_input(mesh):
+    """The module with DTensor input, x sharded on every dim but head_dim, or replicated."""
+    d = dt()
+    module_cases(mesh, [(d.Shard(i),) for i in range(3)] + [(d.Replicate(),)])
 
 
 # --- models: TP, FSDP2, context parallel ------------------------------------------------------
@@ -679,41 +694,147 @@ def fsdp2_block_inductor(mesh):
               atol=1e-5)
 
 
+# --- 2-D mesh (4 ranks as 2 x 2), slow tier ------------------------------------------------
+
+
+@check("mesh2d")
+def mesh2d_registration(mesh):
+    import torch_rope
+
+    torch_rope.distributed.register_sharding_rules()
+
+
+@check("mesh2d")
+def mesh2d_ops(mesh):
+    """apply, apply_qk and apply_ with x placed on both mesh dims (the same tensor dim twice,
+    nested; two different dims; with a pending sum), positions replicated or pre-sharded."""
+    import torch_rope
+
+    d = dt()
+    R, P = d.Replicate(), d.Partial("sum")
+    S0, S1, S2, S3 = (d.Shard(i) for i in range(4))
+    cos, sin = torch_rope.rope_tables(10000.0, 6, 32)
+    x = torch.randn(3, 5, 9, 8, dtype=torch.float64)  # uneven on every dim over 2 (and 4)
+    g = torch.randn_like(x)
+    pos = torch.randint(0, 32, (3, 1, 9))
+    (ref,), (ref_grad,) = rotate_and_grad(lambda x: torch_rope.apply(x, cos, sin, pos), [x], [g])
+    c, s_ = replicated(cos, mesh), replicated(sin, mesh)
+    for xp in [(S0, S2), (S2, S2), (S1, S2), (S2, S1), (R, S2), (S1, P), (P, S0), (S3, S2)]:
+        pos_variants = [replicated(pos, mesh)]
+        want = [S0 if p == S0 else S2 if p == S2 else R for p in xp]  # positions dims 0 and 2
+        if want != [R, R]:
+            pos_variants.append(place(pos, mesh, want))
+        for pd in pos_variants:
+            what = f"2-D x {xp} positions {pd.placements}"
+            xd = place(x, mesh, xp).detach().requires_grad_()
+            out = torch.ops.rope.apply(xd, c, s_, pd)
+            close(out.full_tensor(), ref, what, rtol=0, atol=1e-12)
+            if S3 not in xp:
+                assert tuple(out.placements) == xp, f"{what}: output {out.placements}"
+            (out.redistribute(mesh, [R, R]).to_local() * g).sum().backward()
+            close(full(xd.grad), ref_grad, what + " backward", rtol=0, atol=1e-12)
+            if S3 not in xp:
+                xi = place(x, mesh, xp)
+                torch.ops.rope.apply_(xi, c, s_, pd)
+                assert tuple(xi.placements) == xp, f"{what}: apply_ moved x"
+                close(xi.full_tensor(), ref, what + " apply_", rtol=0, atol=1e-12)
+    q, k = torch.randn(2, 4, 9, 8), torch.randn(2, 2, 9, 8)
+    rq, rk = torch_rope.apply_qk(q, k, cos, sin, pos[:2])
+    for qp, kp in [((S1, S2), (S1, S2)), ((S0, S1), (S0, R)), ((S2, S2), (S2, S2))]:
+        oq, ok = torch.ops.rope.apply_qk(place(q, mesh, qp), place(k, mesh, kp), c, s_,
+                                         replicated(pos[:2], mesh))
+        close(oq.full_tensor(), rq, f"2-D apply_qk q {qp}", rtol=0, atol=0)
+        close(ok.full_tensor(), rk, f"2-D apply_qk k {kp}", rtol=0, atol=0)
+
+
+@check("mesh2d")
+def mesh2d_module(mesh):
+    d = dt()
+    S0, S1, S2 = d.Shard(0), d.Shard(1), d.Shard(2)
+    module_cases(mesh, [(S0, S2), (S2, S2), (S1, S2), (S2, S1), (d.Replicate(), S1)])
+
+
+@check("mesh2d")
+def mesh2d_fsdp_tp_step(mesh):
+    """FSDP2 over "dp" x TP over "tp" (DTensor heads): one step equals one process."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    torch.manual_seed(4)
+    ref = Block()
+    model = copy.deepcopy(ref)
+    parallelize_module(model.attn, mesh["tp"], tp_plan(local_output=False))
+    fully_shard(model.attn, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    x, target = torch.randn(4, 12, 32), torch.randn(4, 12, 32)
+    dp, n_dp = mesh["dp"].get_local_rank(), mesh["dp"].size()
+    lo, hi = dp * 4 // n_dp, (dp + 1) * 4 // n_dp
+    lr = 0.1
+    F.mse_loss(ref(x), target).backward()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p -= lr * p.grad
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    F.mse_loss(model(x[lo:hi]), target[lo:hi]).backward()
+    opt.step()
+    for (name, p), p_ref in zip(model.named_parameters(), ref.parameters()):
+        close(full(p), p_ref, f"FSDP x TP {name} after one step", rtol=1e-5, atol=1e-6)
+
+
 # --- per-call overhead ------------------------------------------------------------------------
 
 
 def bench(mesh):
-    """Median time per call of the op on a DTensor vs the same op on its local shard."""
+    """Median time per call on a DTensor vs on its local shard, for rope::apply and, as DTensor's
+    own per-op cost on the same machine and run, aten::add."""
     import torch_rope
 
     torch_rope.distributed.register_sharding_rules()  # raw torch.ops calls: register explicitly
     d = dt()
-    results = []
-    for shape in [(1, 8, 1, 64), (1, 8, 128, 64), (4, 8, 512, 64)]:
-        x = torch.randn(shape)
-        cos, sin = torch_rope.rope_tables(10000.0, 64, 1024)
+
+    def timed(fn, reps=300):
+        fn()  # the first call fills DTensor's sharding cache
+        samples = []
+        for _ in range(9):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            samples.append((time.perf_counter() - t0) / reps)
+        return sorted(samples)[len(samples) // 2] * 1e6
+
+    rows = []
+    cos, sin = torch_rope.rope_tables(10000.0, 64, 1024)
+    R, S0, S1, S2 = d.Replicate(), d.Shard(0), d.Shard(1), d.Shard(2)
+    # (x shape, x placement, positions placement): sequence-sharded x with replicated positions
+    # makes DTensor slice the positions on every call (a redistribution); pre-sharded ones not.
+    for shape, placement, pos_placement in [
+        ((1, 8, 1, 64), S1, R), ((1, 8, 128, 64), S1, R), ((1, 8, 128, 64), S2, R),
+        ((1, 8, 128, 64), S2, S0), ((4, 8, 512, 64), S1, R),
+    ]:
         pos = torch.arange(shape[2])
-        placement = d.Shard(1)
-        xd = place(x, mesh, placement)
-        cd, sd, pd = (replicated(t, mesh) for t in (cos, sin, pos))
+        xd = place(torch.randn(shape), mesh, placement)
+        cd, sd = replicated(cos, mesh), replicated(sin, mesh)
+        pd = place(pos, mesh, pos_placement)
         local = xd.to_local()
-
-        def timed(fn, reps):
-            fn()
-            samples = []
-            for _ in range(7):
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    fn()
-                samples.append((time.perf_counter() - t0) / reps)
-            return sorted(samples)[3] * 1e6
-
-        reps = 200
+        # The positions this rank's rows need: its chunk when the sequence is sharded.
+        local_pos = pos.chunk(mesh.size())[mesh.get_local_rank()] if placement.dim == 2 else pos
         with torch.no_grad():
-            t_local = timed(lambda: torch.ops.rope.apply(local, cos, sin, pos), reps)
-            t_dt = timed(lambda: torch.ops.rope.apply(xd, cd, sd, pd), reps)
-        results.append((shape, str(placement), t_local, t_dt))
-    return results
+            rows.append((shape, placement, pos_placement,
+                         timed(lambda: torch.ops.rope.apply(local, cos, sin, local_pos)),
+                         timed(lambda: torch.ops.rope.apply(xd, cd, sd, pd)),
+                         timed(lambda: torch.add(local, local)),
+                         timed(lambda: torch.add(xd, xd))))
+    # The module with a sequence-sharded DTensor x and default positions (it pre-slices them).
+    rope = torch_rope.RotaryPositionalEmbedding(10000.0, 64, 1024)
+    shape = (1, 8, 128, 64)
+    xd = place(torch.randn(shape), mesh, S2)
+    local = xd.to_local()
+    local_pos = torch.arange(128).chunk(mesh.size())[mesh.get_local_rank()]
+    with torch.no_grad():
+        rows.append((shape, S2, "module default",
+                     timed(lambda: rope(local, local_pos)), timed(lambda: rope(xd)),
+                     timed(lambda: torch.add(local, local)), timed(lambda: torch.add(xd, xd))))
+    return rows
 
 
 # --- process plumbing -------------------------------------------------------------------------
@@ -734,13 +855,18 @@ def run_rank(args):
     )
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (args.world_size,))
+    if args.tier == "mesh2d":
+        mesh = init_device_mesh("cpu", (args.world_size // 2, 2), mesh_dim_names=("dp", "tp"))
+    else:
+        mesh = init_device_mesh("cpu", (args.world_size,))
     if args.bench:
-        for shape, placement, t_local, t_dt in bench(mesh):
+        for shape, placement, pos_placement, t_local, t_dt, add_local, add_dt in bench(mesh):
             if args.rank == 0:
-                print(f"x{list(shape)} {placement} over {args.world_size} ranks: local "
-                      f"{t_local:.1f} us, DTensor {t_dt:.1f} us, overhead {t_dt - t_local:.1f} "
-                      "us per call", flush=True)
+                print(f"x{list(shape)} {placement}, positions {pos_placement}, over "
+                      f"{args.world_size} ranks, median us per "
+                      f"call: rope.apply local {t_local:.1f}, DTensor {t_dt:.1f} (overhead "
+                      f"{t_dt - t_local:.1f}); aten.add local {add_local:.1f}, DTensor "
+                      f"{add_dt:.1f} (overhead {add_dt - add_local:.1f})", flush=True)
         dist.destroy_process_group()
         return
     results = {}
@@ -798,7 +924,8 @@ def launch(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", help="directory for rank<r>.json")
-    parser.add_argument("--tier", default="default", choices=["default", "slow"])
+    parser.add_argument("--tier", default="default", choices=["default", "slow", "mesh2d"],
+                        help="mesh2d: a 2 x 2 mesh, needs --world-size 4")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--bench", action="store_true", help="measure the per-call overhead")
     parser.add_argument("--only", help="comma-separated check names (default: the whole tier)")

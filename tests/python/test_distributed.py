@@ -1,11 +1,11 @@
-"""torch_rope under torch.distributed, with real processes: 2 gloo ranks on CPU.
+"""torch_rope under torch.distributed, with real processes: 2 gloo ranks on CPU (4 for 2-D).
 
 The checks themselves are in distributed_worker.py (DTensor rules of every op in every placement,
 apply_qk with GQA, apply_, apply.out, the module with DTensor input, TP with local and DTensor
 heads eager and compiled, one FSDP2 step, context parallel). Each tier runs once, in a launcher
 process started in its own process group and killed with all its ranks on a hard timeout; every
-check then becomes one test here, failing with the rank's traceback. The slow tier (inductor
-compiles of whole models) carries the ``slow`` mark.
+check then becomes one test here, failing with the rank's traceback. The slow tiers (inductor
+compiles of whole models; 4 ranks on a 2 x 2 mesh incl. FSDP2 x TP) carry the ``slow`` mark.
 """
 
 import json
@@ -19,8 +19,8 @@ import torch
 
 import distributed_worker as worker
 
-WORLD_SIZE = 2
-TIMEOUT_S = {"default": 300, "slow": 900}  # hard limits; the default tier takes ~30-60 s
+WORLD_SIZE = {"default": 2, "slow": 2, "mesh2d": 4}  # mesh2d: a 2 x 2 mesh (dp x tp)
+TIMEOUT_S = {"default": 300, "slow": 900, "mesh2d": 600}  # hard; the default tier takes < 1 min
 
 
 def _why_no_gloo():
@@ -67,10 +67,10 @@ def _tier_results(tier, tmp_path_factory):
     if tier not in _RESULTS:
         out = tmp_path_factory.mktemp(f"distributed_{tier}")
         cmd = [sys.executable, worker.__file__, str(out), "--tier", tier,
-               "--world-size", str(WORLD_SIZE)]
+               "--world-size", str(WORLD_SIZE[tier])]
         code, log = _run(cmd, TIMEOUT_S[tier], out / "log.txt")
         ranks = []
-        for rank in range(WORLD_SIZE):
+        for rank in range(WORLD_SIZE[tier]):
             path = out / f"rank{rank}.json"
             ranks.append(json.loads(path.read_text()) if path.exists() else None)
         _RESULTS[tier] = (code, log, ranks)
@@ -84,7 +84,7 @@ def _check_names(tier):
 def _assert_check(tier, name, tmp_path_factory):
     code, log, ranks = _tier_results(tier, tmp_path_factory)
     if code is None:
-        pytest.fail(f"{WORLD_SIZE} ranks killed after {TIMEOUT_S[tier]} s; log tail:\n{log[-4000:]}")
+        pytest.fail(f"{WORLD_SIZE[tier]} ranks killed after {TIMEOUT_S[tier]} s; log tail:\n{log[-4000:]}")
     if any(r is None for r in ranks):
         pytest.fail(f"a rank wrote no results (launcher exit {code}); log tail:\n{log[-4000:]}")
     outcomes = [r.get(name, "not run") for r in ranks]
@@ -93,7 +93,7 @@ def _assert_check(tier, name, tmp_path_factory):
         pytest.fail("\n".join(f"rank {rank}:\n{o}" for rank, o in failed), pytrace=False)
     if all(o.startswith("skip:") for o in outcomes):
         pytest.skip(outcomes[0][len("skip:"):].strip())
-    assert outcomes == ["ok"] * WORLD_SIZE, outcomes
+    assert outcomes == ["ok"] * WORLD_SIZE[tier], outcomes
 
 
 @pytest.mark.parametrize("name", _check_names("default"))
@@ -105,6 +105,12 @@ def test_two_ranks(name, tmp_path_factory):
 @pytest.mark.parametrize("name", _check_names("slow"))
 def test_two_ranks_slow(name, tmp_path_factory):
     _assert_check("slow", name, tmp_path_factory)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _check_names("mesh2d"))
+def test_four_ranks_2d_mesh(name, tmp_path_factory):
+    _assert_check("mesh2d", name, tmp_path_factory)
 
 
 def test_rules_registered_at_import_when_dtensor_is_loaded(tmp_path):

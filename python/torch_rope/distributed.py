@@ -196,7 +196,11 @@ def _from_local_global(t, mesh, placements):
 
 
 def _check_positions(op: str, name: str, x, positions) -> None:
-    """Positions must broadcast (trailing alignment) to the GLOBAL ``x.shape[:-1]``."""
+    """Positions must broadcast (trailing alignment) to the GLOBAL ``x.shape[:-1]``.
+
+    DTensor runs the op's fake kernel on the global shapes before any rule, and that check says
+    the same; this one keeps the rules' dim mapping safe whatever the propagation order.
+    """
     rows = tuple(x.shape[:-1])
     pos = tuple(positions.shape)
     if len(pos) <= len(rows) and all(p == 1 or p == r for p, r in zip(reversed(pos), reversed(rows))):

@@ -17,6 +17,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from datetime import timedelta
@@ -892,7 +893,7 @@ def run_rank(args):
 
 def launch(args):
     """Start the ranks (children of this process, in its process group) and wait for them."""
-    out = args.out or os.getcwd()
+    out = args.out or tempfile.mkdtemp(prefix="torch_rope_dist_")  # --bench writes no results
     store = os.path.join(out, "store")
     if os.path.exists(store):
         os.remove(store)

@@ -65,7 +65,9 @@ void check_rotated_input(const char* op, const char* name, const at::Tensor& x,
   TORCH_CHECK(at::is_expandable_to(positions.sym_sizes(), row_shape), op, ": positions of shape ",
               positions.sym_sizes(), " cannot be broadcast to ", name, ".shape[:-1] = ", row_shape,
               " (shapes align from the right; use e.g. (S,) for (B, H, S, D) or (S, 1) for "
-              "(B, S, H, D))");
+              "(B, S, H, D); when ", name,
+              " is a DTensor these are global shapes: positions must be global and "
+              "broadcastable to the global shape)");
 }
 
 void check_writable(const char* op, const char* name, const at::Tensor& t) {

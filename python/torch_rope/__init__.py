@@ -14,6 +14,12 @@ from ._version import __version__
 from .nn import RotaryPositionalEmbedding
 from .ops import apply, apply_, apply_qk, rope_tables
 
+# -- distributed (torch_rope.distributed): DTensor sharding rules, only if DTensor is already loaded
+from . import distributed  # cheap: imports torch.distributed.tensor only when registering
+
+distributed.register_if_loaded()
+# -- end distributed
+
 
 #: Prefix for CMake's find_package(TorchRope) in a pip-installed torch_rope:
 #:   cmake -DCMAKE_PREFIX_PATH="$(python -c 'import torch_rope; print(torch_rope.cmake_prefix_path)')"
@@ -38,6 +44,7 @@ __all__ = [
     "apply_qk",
     "cmake_prefix_path",
     "compiled_with_cuda",
+    "distributed",
     "reference",
     "rope_tables",
 ]

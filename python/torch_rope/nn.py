@@ -5,6 +5,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from . import distributed as _distributed
 from .ops import apply, rope_tables
 
 
@@ -41,6 +42,7 @@ class RotaryPositionalEmbedding(nn.Module):
         device: Optional[torch.device] = None,
     ) -> None:
         super().__init__()
+        _distributed.register_if_loaded()  # distributed: DTensor rules if DTensor is loaded
         rotary_dim = d_k if rotary_dim is None else rotary_dim
         if d_k < 1:
             raise ValueError(f"RotaryPositionalEmbedding: d_k must be >= 1, got {d_k}")
@@ -66,7 +68,10 @@ class RotaryPositionalEmbedding(nn.Module):
         """
         if token_positions is None:
             token_positions = torch.arange(x.size(-2), device=x.device)
-        return apply(x, self.cos, self.sin, token_positions, interleaved=self.interleaved)
+        cos, sin = self.cos, self.sin
+        if type(x) is not Tensor:  # distributed: a DTensor x gets DTensor tables and positions
+            cos, sin, token_positions = _distributed._as_dtensors_like(x, cos, sin, token_positions)
+        return apply(x, cos, sin, token_positions, interleaved=self.interleaved)
 
     def _apply(self, fn, recurse=True):
         # Device moves apply to the tables; dtype casts do not. Keep the exact float32 originals

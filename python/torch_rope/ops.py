@@ -26,6 +26,7 @@ from torch import Tensor
 
 from . import _C
 from . import _functorch
+from .distributed import maybe_register_for as _maybe_register_for
 
 _apply = torch.ops.rope.apply.default
 _apply_inplace = torch.ops.rope.apply_.default
@@ -50,10 +51,13 @@ def apply(
     KV-cache slot: any strides, ``x``'s shape and dtype, never resized, sharing no memory with
     an input) and ``out`` is returned; ``out=`` is not differentiable.
     """
+    if type(x) is not Tensor:  # a subclass such as DTensor
+        _maybe_register_for(x)
     if out is not None:
-        if torch.compiler.is_compiling() and not out.is_contiguous():
-            # Dynamo refuses any op called with a non-contiguous out= (e.g. a KV-cache slot);
-            # the same values reach `out` through the out-of-place op and a copy.
+        if type(out) is not Tensor or (torch.compiler.is_compiling() and not out.is_contiguous()):
+            # DTensor cannot run an out= overload that returns nothing (it returns `out` from
+            # out= ops), and Dynamo refuses any op called with a non-contiguous out= (e.g. a
+            # KV-cache slot): the same values reach `out` through the out-of-place op and a copy.
             if torch.is_grad_enabled() and x.requires_grad:
                 raise RuntimeError(
                     "rope.apply.out: functions with out=... arguments don't support automatic "
@@ -78,6 +82,8 @@ def apply_(
     inverse: bool = False,
 ) -> Tensor:
     """Rotate ``x`` in place and return it. Every check runs before anything is written."""
+    if type(x) is not Tensor:  # a subclass such as DTensor
+        _maybe_register_for(x)
     if _functorch.transforms_active():
         return _functorch.RotateInplace.apply(x, cos, sin, positions, interleaved, inverse)
     _apply_inplace(x, cos, sin, positions, interleaved=interleaved, inverse=inverse)
@@ -99,6 +105,8 @@ def apply_qk(
     ``q`` and ``k`` may have different head counts (GQA/MQA); ``positions`` is broadcast against
     ``q.shape[:-1]`` and ``k.shape[:-1]`` separately.
     """
+    if type(q) is not Tensor or type(k) is not Tensor:  # a subclass such as DTensor
+        _maybe_register_for(q, k)
     if _functorch.transforms_active():
         return _functorch.RotateQK.apply(q, k, cos, sin, positions, interleaved, inverse)
     return _apply_qk(q, k, cos, sin, positions, interleaved=interleaved, inverse=inverse)

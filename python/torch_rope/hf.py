@@ -1,0 +1,385 @@
+"""Hugging Face transformers integration: one line to put torch_rope under a loaded model.
+
+    import torch_rope.hf
+    model = torch_rope.hf.patch(model)        # every attention layer now calls rope::apply_qk
+    model = torch_rope.hf.unpatch(model)      # and back
+
+Two entry points, both thin layers over :func:`torch_rope.apply_qk`:
+
+* :func:`apply_rotary_pos_emb` has the signature and the results of transformers' own function
+  (``q, k, cos, sin, unsqueeze_dim=1`` with HF's gathered ``(B, S, R)`` cos/sin), for code that
+  calls it directly.
+* :func:`patch` goes further: the model's rotary module hands the *positions* to the attention
+  layers instead of gathered cos/sin, and each attention layer rotates q and k with tables from
+  torch_rope's float64 builder (``config.rope_parameters``, or ``rope_scaling`` in older configs).
+
+transformers is imported lazily, only by :func:`patch`; ``import torch_rope.hf`` never needs it.
+"""
+
+import types
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from ._scaling import rope_frequencies
+from .nn import RotaryPositionalEmbedding
+from .ops import apply_qk
+
+__all__ = ["apply_rotary_pos_emb", "patch", "unpatch", "is_patched", "SUPPORTED_MODEL_TYPES"]
+
+#: transformers model types that :func:`patch` knows: each was checked against the unpatched model
+#: (fp32 logits, greedy generation with a KV cache) by this project's tests. They all rotate with
+#: ``rotate_half`` (torch_rope's ``interleaved=False``) through a module-level
+#: ``apply_rotary_pos_emb(q, k, cos, sin)`` called from the attention's forward.
+SUPPORTED_MODEL_TYPES = (
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "phi3",
+    "gpt_neox",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "olmo2",
+    "granite",
+    "starcoder2",
+)
+
+_HF_NAME = "apply_rotary_pos_emb"
+_ONE_TYPE = "all"  # the table key of a model whose layers share one RoPE
+_PATCH_ATTR = "_torch_rope_patch"
+
+
+def apply_rotary_pos_emb(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1
+) -> Tuple[Tensor, Tensor]:
+    """transformers' ``apply_rotary_pos_emb``, computed by the torch_rope kernel.
+
+    ``cos``/``sin`` are HF's gathered tables, ``(B, S, R)`` (or ``(S, R)``) with duplicated halves
+    (``emb = cat(freqs, freqs)``), in any floating dtype; ``R <= head_dim`` (partial rotary: the
+    remaining features pass through, as in GPT-NeoX and Phi). ``unsqueeze_dim`` is where HF would
+    unsqueeze cos/sin to broadcast against q and k: 1 for ``(B, H, S, D)``, 2 for ``(B, S, H, D)``.
+
+    The first half of each row becomes a table row; the kernel reads it in place through its
+    strides, so q and k are never copied and float32/float64 cos/sin are not either. 16-bit cos/sin
+    are upcast once to float32 (half-precision tables are refused by the op), the only copy.
+    Outputs have q's and k's dtypes; math is float32 (float64 for float64 inputs).
+    """
+    if cos.shape != sin.shape:
+        raise ValueError(f"apply_rotary_pos_emb: cos and sin must have the same shape, got "
+                         f"{tuple(cos.shape)} and {tuple(sin.shape)}")
+    if cos.dim() < 1 or cos.size(-1) % 2:
+        raise ValueError("apply_rotary_pos_emb: cos/sin must be (..., R) with R even (HF's "
+                         f"duplicated halves), got shape {tuple(cos.shape)}")
+    half = cos.size(-1) // 2
+    rows = cos.shape[:-1]
+    cos_table = cos[..., :half].reshape(-1, half)
+    sin_table = sin[..., :half].reshape(-1, half)
+    if cos_table.dtype in (torch.float16, torch.bfloat16):
+        cos_table, sin_table = cos_table.float(), sin_table.float()
+    if unsqueeze_dim < 0:
+        unsqueeze_dim += cos.dim() + 1
+    positions = torch.arange(cos_table.size(0), device=cos.device).view(rows)
+    positions = positions.unsqueeze(unsqueeze_dim)
+    return apply_qk(q, k, cos_table, sin_table, positions, interleaved=False)
+
+
+# ---- patch ------------------------------------------------------------------------------------
+
+
+class _Patch:
+    """What patch() changed on one model, so that unpatch() can undo exactly that."""
+
+    def __init__(self) -> None:
+        self.rotary: List[nn.Module] = []
+        self.attention: List[nn.Module] = []
+
+
+def is_patched(model: nn.Module) -> bool:
+    """True when :func:`patch` was applied to ``model`` (and not undone)."""
+    return getattr(model, _PATCH_ATTR, None) is not None
+
+
+def _model_type(model: nn.Module) -> str:
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "model_type"):
+        raise TypeError(
+            "torch_rope.hf.patch: expected a transformers PreTrainedModel (with a .config), got "
+            f"{type(model).__name__}"
+        )
+    return config.model_type
+
+
+def _rotary_modules(model: nn.Module) -> List[nn.Module]:
+    found = []
+    for module in model.modules():
+        if type(module).__name__.endswith("RotaryEmbedding") and hasattr(module, "config") and (
+            hasattr(module, "inv_freq") or hasattr(module, "layer_types")
+        ):
+            found.append(module)
+    return found
+
+
+def _calls_hf_apply(module: nn.Module) -> bool:
+    forward = getattr(type(module), "forward", None)
+    code = getattr(forward, "__code__", None)
+    return code is not None and _HF_NAME in code.co_names and _HF_NAME in forward.__globals__
+
+
+def _layer_types(rotary: nn.Module) -> Optional[List[str]]:
+    """The layer types of a per-layer-type rotary module (Gemma 3), else None."""
+    layer_types = getattr(rotary, "layer_types", None)
+    if layer_types is None or hasattr(rotary, "inv_freq"):
+        return None
+    return [t for t in layer_types if hasattr(rotary, f"{t}_inv_freq")]
+
+
+def _head_dim(attention: nn.Module, config) -> int:
+    for name in ("head_dim", "head_size"):
+        value = getattr(attention, name, None)
+        if isinstance(value, int):
+            return value
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _scaling_dict(params: Dict[str, Any], config) -> Dict[str, Any]:
+    """config.rope_parameters (one layer type's) -> the dict RotaryPositionalEmbedding takes."""
+    scaling = {k: v for k, v in params.items() if v is not None}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type in ("dynamic", "yarn", "longrope"):
+        # The pretraining length these variants read from the config, outside the dict.
+        scaling["max_position_embeddings"] = config.max_position_embeddings
+    return scaling
+
+
+class _DynamicState:
+    """transformers' dynamic-NTK bookkeeping (dynamic_rope_update), mirrored step for step."""
+
+    def __init__(self, original: int) -> None:
+        self.original = original
+        self.cached = original
+
+
+def _make_tables(rotary: nn.Module, key: str, rotary_dim: int, max_seq_len: int,
+                 seq_len: Optional[int] = None) -> RotaryPositionalEmbedding:
+    config = rotary.config
+    params = config.rope_parameters if key == _ONE_TYPE else config.rope_parameters[key]
+    scaling = _scaling_dict(params, config)
+    if seq_len is not None:
+        scaling["seq_len"] = seq_len
+    theta = float(params["rope_theta"])
+    device = _device_of(rotary, key)
+    return RotaryPositionalEmbedding(
+        theta, rotary_dim, max(max_seq_len, seq_len or 0), device,
+        interleaved=False, scaling=scaling,
+    )
+
+
+def _device_of(rotary: nn.Module, key: str) -> torch.device:
+    name = "inv_freq" if key == _ONE_TYPE else f"{key}_inv_freq"
+    return getattr(rotary, name).device
+
+
+def _hf_inv_freq(rotary: nn.Module, key: str) -> Tuple[Tensor, float]:
+    if key == _ONE_TYPE:
+        return rotary.inv_freq, float(rotary.attention_scaling)
+    return getattr(rotary, f"{key}_inv_freq"), float(getattr(rotary, f"{key}_attention_scaling"))
+
+
+def _patched_rotary_forward(self, x: Tensor, position_ids: Tensor, layer_type=None):
+    """The rotary module's forward once patched: hand the positions on, compute nothing else.
+
+    The attention layers' apply_rotary_pos_emb (ours) receives them as ``cos`` and ``sin``.
+    """
+    key = _ONE_TYPE if layer_type is None else layer_type
+    tables = self.torch_rope[key]
+    dynamic = self._torch_rope_dynamic.get(key)
+    if dynamic is not None:
+        _dynamic_update(self, key, dynamic, position_ids)
+        tables = self.torch_rope[key]
+    positions = tables._long_rope_switch(position_ids)
+    return positions, positions
+
+
+def _dynamic_update(rotary: nn.Module, key: str, state: _DynamicState, position_ids: Tensor):
+    # transformers recomputes the frequencies when a sequence outgrows the cached length, and
+    # resets them when a short sequence follows a long one. Both need the length on the host: the
+    # same sync transformers' own dynamic_rope_update makes.
+    seq_len = int(position_ids.max()) + 1
+    rotary_dim = rotary.torch_rope[key].rotary_dim
+    if seq_len > state.cached:
+        rotary.torch_rope[key] = _make_tables(rotary, key, rotary_dim, seq_len, seq_len=seq_len)
+        state.cached = seq_len
+    if seq_len < state.original < state.cached:
+        rotary.torch_rope[key] = _make_tables(rotary, key, rotary_dim, state.original,
+                                              seq_len=state.original)
+        state.cached = state.original
+
+
+def _make_apply(rotary: nn.Module, key: str):
+    """Our apply_rotary_pos_emb for one attention layer: cos/sin are the positions."""
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        tables = rotary.torch_rope[key]
+        positions = cos.unsqueeze(unsqueeze_dim)
+        return apply_qk(q, k, tables.cos, tables.sin, positions,
+                        interleaved=tables.interleaved)
+
+    return apply_rotary_pos_emb
+
+
+def _rebound_forward(attention: nn.Module, replacement):
+    """attention's class forward with our apply_rotary_pos_emb, bound to this instance only.
+
+    The function is rebuilt over a copy of its module's globals, so other models (and other
+    instances of the same class) keep transformers' function.
+    """
+    original = type(attention).forward
+    namespace = dict(original.__globals__)
+    namespace[_HF_NAME] = replacement
+    function = types.FunctionType(original.__code__, namespace, original.__name__,
+                                  original.__defaults__, original.__closure__)
+    function.__kwdefaults__ = original.__kwdefaults__
+    function.__dict__.update(original.__dict__)
+    function.__qualname__ = original.__qualname__
+    return types.MethodType(function, attention)
+
+
+def _self_check(rotary, key, attention, hf_apply, ours, head_dim) -> None:
+    """Refuse to patch when our rotation does not reproduce the model's own on a small input."""
+    device = _device_of(rotary, key)
+    if device.type == "meta":
+        return
+    length = min(16, rotary.config.max_position_embeddings)
+    position_ids = torch.arange(length, device=device).unsqueeze(0)
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    q = torch.randn(1, 2, length, head_dim, generator=generator).to(device)
+    k = torch.randn(1, 1, length, head_dim, generator=generator).to(device)
+    extra = () if key == _ONE_TYPE else (key,)
+    with torch.no_grad():
+        cos, sin = type(rotary).forward(rotary, q, position_ids, *extra)
+        want_q, want_k = hf_apply(q, k, cos, sin)
+        got_q, got_k = ours(q, k, position_ids, position_ids)
+    for want, got in ((want_q, got_q), (want_k, got_k)):
+        if want.shape != got.shape or not torch.allclose(want, got, rtol=1e-4, atol=1e-4):
+            raise NotImplementedError(
+                f"torch_rope.hf.patch: {type(attention).__name__} rotates q/k differently from "
+                "torch_rope's half-split RoPE on a test input; not patching this model"
+            )
+
+
+def patch(model: nn.Module, *, max_seq_len: Optional[int] = None) -> nn.Module:
+    """Make every attention layer of a loaded transformers model use torch_rope. Returns ``model``.
+
+    * Tables come from torch_rope's float64 builder, from ``config.rope_parameters`` (older
+      configs: ``rope_scaling``), one set per layer type when the config has several (Gemma 3's
+      sliding and full layers). They are non-persistent buffers of a ``torch_rope`` submodule of
+      the model's rotary module: ``state_dict()`` is unchanged, ``.to(device)`` moves them and
+      dtype casts keep them in float32.
+    * The rotary module then returns the position ids instead of gathered cos/sin, and each
+      attention layer rotates q and k in one ``rope::apply_qk`` call at those positions (strided q/k
+      of a fused qkv projection are read in place).
+    * ``dynamic`` recomputes the frequencies when a sequence outgrows the cached length, as
+      transformers does (with the same host sync); ``longrope`` switches between its short and
+      long factors on the device, without a sync.
+    * Only this model is changed: new forwards are bound to its modules, not to their classes.
+      :func:`unpatch` restores them. The model stays compilable with ``torch.compile``.
+
+    ``max_seq_len`` is the number of positions the tables cover (default
+    ``config.max_position_embeddings``); a position past it raises an ``IndexError``.
+
+    Raises ``NotImplementedError`` for a model type not in :data:`SUPPORTED_MODEL_TYPES`, or whose
+    layers do not match what patch expects, rather than patching it wrongly.
+    """
+    model_type = _model_type(model)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise NotImplementedError(
+            f"torch_rope.hf.patch: model type {model_type!r} is not supported (supported: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    if is_patched(model):
+        return model
+    rotaries = _rotary_modules(model)
+    attentions = [m for m in model.modules() if _calls_hf_apply(m)]
+    if len(rotaries) != 1 or not attentions:
+        raise NotImplementedError(
+            f"torch_rope.hf.patch: expected one rotary embedding module and attention layers that "
+            f"call {_HF_NAME}, found {len(rotaries)} rotary module(s) and {len(attentions)} such "
+            f"layer(s) in this {model_type} model"
+        )
+    rotary = rotaries[0]
+    config = rotary.config
+    keys = _layer_types(rotary) or [_ONE_TYPE]
+    rows = config.max_position_embeddings if max_seq_len is None else max_seq_len
+
+    tables = nn.ModuleDict()
+    dynamic: Dict[str, _DynamicState] = {}
+    for key in keys:
+        hf_inv_freq, hf_scaling = _hf_inv_freq(rotary, key)
+        rotary_dim = 2 * hf_inv_freq.numel()
+        params = config.rope_parameters if key == _ONE_TYPE else config.rope_parameters[key]
+        seq_len = None
+        if params.get("rope_type", params.get("type")) == "dynamic":
+            dynamic[key] = _DynamicState(config.max_position_embeddings)
+            seq_len = config.max_position_embeddings
+        tables[key] = _make_tables(rotary, key, rotary_dim, rows, seq_len=seq_len)
+        # Our float64 frequencies must round to transformers' float32 ones.
+        ours, ours_scaling = rope_frequencies(tables[key].theta, rotary_dim,
+                                              scaling=tables[key].scaling, seq_len=1)
+        if not (torch.allclose(ours.float(), hf_inv_freq.detach().float().cpu(), rtol=1e-5,
+                               atol=0) and abs(ours_scaling - hf_scaling) <= 1e-6 * hf_scaling):
+            raise NotImplementedError(
+                f"torch_rope.hf.patch: the frequencies built from config.rope_parameters "
+                f"({params}) do not match the model's own inv_freq/attention_scaling; not patching"
+            )
+
+    record = _Patch()
+    rotary.torch_rope = tables
+    rotary._torch_rope_dynamic = dynamic
+    try:
+        replacements = {}
+        for attention in attentions:
+            key = _ONE_TYPE
+            if keys != [_ONE_TYPE]:
+                key = getattr(attention, "layer_type", None) or config.layer_types[attention.layer_idx]
+            ours = _make_apply(rotary, key)
+            hf_apply = type(attention).forward.__globals__[_HF_NAME]
+            check = (type(attention), key)
+            if check not in replacements:
+                _self_check(rotary, key, attention, hf_apply, ours,
+                            _head_dim(attention, config))
+                replacements[check] = True
+            attention.forward = _rebound_forward(attention, ours)
+            record.attention.append(attention)
+        rotary.forward = types.MethodType(_patched_rotary_forward, rotary)
+        record.rotary.append(rotary)
+    except BaseException:
+        _undo(record)
+        del rotary.torch_rope
+        del rotary._torch_rope_dynamic
+        raise
+    object.__setattr__(model, _PATCH_ATTR, record)
+    return model
+
+
+def _undo(record: _Patch) -> None:
+    for module in record.attention + record.rotary:
+        module.__dict__.pop("forward", None)
+
+
+def unpatch(model: nn.Module) -> nn.Module:
+    """Undo :func:`patch`: the model's own rotary and attention forwards again. Returns ``model``."""
+    record = getattr(model, _PATCH_ATTR, None)
+    if record is None:
+        return model
+    _undo(record)
+    for rotary in record.rotary:
+        del rotary.torch_rope
+        del rotary._torch_rope_dynamic
+    object.__delattr__(model, _PATCH_ATTR)
+    return model

@@ -16,6 +16,7 @@ Two entry points, both thin layers over :func:`torch_rope.apply_qk`:
 transformers is imported lazily, only by :func:`patch`; ``import torch_rope.hf`` never needs it.
 """
 
+import sys
 import types
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -192,18 +193,16 @@ def _hf_inv_freq(rotary: nn.Module, key: str) -> Tuple[Tensor, float]:
 
 
 def _patched_rotary_forward(self, x: Tensor, position_ids: Tensor, layer_type=None):
-    """The rotary module's forward once patched: hand the positions on, compute nothing else.
-
-    The attention layers' apply_rotary_pos_emb (ours) receives them as ``cos`` and ``sin``.
-    """
+    """The rotary module's forward once patched: hand the positions and the tables on, compute
+    nothing. The attention layers unpack them as ``cos, sin`` and pass them to our
+    apply_rotary_pos_emb (:func:`_apply_with_tables`)."""
     key = _ONE_TYPE if layer_type is None else layer_type
     tables = self.torch_rope[key]
     dynamic = self._torch_rope_dynamic.get(key)
     if dynamic is not None:
         _dynamic_update(self, key, dynamic, position_ids)
         tables = self.torch_rope[key]
-    positions = tables._long_rope_switch(position_ids)
-    return positions, positions
+    return tables._long_rope_switch(position_ids), tables
 
 
 def _dynamic_update(rotary: nn.Module, key: str, state: _DynamicState, position_ids: Tensor):
@@ -221,27 +220,41 @@ def _dynamic_update(rotary: nn.Module, key: str, state: _DynamicState, position_
         state.cached = state.original
 
 
-def _make_apply(rotary: nn.Module, key: str):
-    """Our apply_rotary_pos_emb for one attention layer: cos/sin are the positions."""
-
-    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        tables = rotary.torch_rope[key]
-        positions = cos.unsqueeze(unsqueeze_dim)
-        return apply_qk(q, k, tables.cos, tables.sin, positions,
-                        interleaved=tables.interleaved)
-
-    return apply_rotary_pos_emb
+def _apply_with_tables(q, k, cos, sin, unsqueeze_dim=1):
+    """What a patched attention layer calls as apply_rotary_pos_emb: ``cos`` holds the positions
+    (B, S) and ``sin`` the torch_rope tables module, as the patched rotary module returned them."""
+    positions, tables = cos, sin
+    return apply_qk(q, k, tables.cos, tables.sin, positions.unsqueeze(unsqueeze_dim),
+                    interleaved=tables.interleaved)
 
 
-def _rebound_forward(attention: nn.Module, replacement):
+# One patched copy of each transformers modeling module's globals, registered as a module of its
+# own so that torch.compile resolves the patched forward's globals (it finds them by __name__).
+_NAMESPACES: Dict[str, types.ModuleType] = {}
+
+
+def _patched_namespace(original_globals: Dict[str, Any]) -> Dict[str, Any]:
+    source = original_globals["__name__"]
+    module = _NAMESPACES.get(source)
+    if module is None:
+        name = "torch_rope_hf_patched__" + source.replace(".", "_")
+        module = types.ModuleType(name)
+        module.__dict__.update(original_globals)
+        module.__dict__["__name__"] = name
+        module.__dict__[_HF_NAME] = _apply_with_tables
+        sys.modules[name] = module
+        _NAMESPACES[source] = module
+    return module.__dict__
+
+
+def _rebound_forward(attention: nn.Module):
     """attention's class forward with our apply_rotary_pos_emb, bound to this instance only.
 
-    The function is rebuilt over a copy of its module's globals, so other models (and other
-    instances of the same class) keep transformers' function.
+    The function is rebuilt over a patched copy of its module's globals, so other models (and
+    other instances of the same class) keep transformers' function.
     """
     original = type(attention).forward
-    namespace = dict(original.__globals__)
-    namespace[_HF_NAME] = replacement
+    namespace = _patched_namespace(original.__globals__)
     function = types.FunctionType(original.__code__, namespace, original.__name__,
                                   original.__defaults__, original.__closure__)
     function.__kwdefaults__ = original.__kwdefaults__
@@ -250,11 +263,12 @@ def _rebound_forward(attention: nn.Module, replacement):
     return types.MethodType(function, attention)
 
 
-def _self_check(rotary, key, attention, hf_apply, ours, head_dim) -> None:
+def _self_check(rotary, key, attention, head_dim) -> None:
     """Refuse to patch when our rotation does not reproduce the model's own on a small input."""
     device = _device_of(rotary, key)
     if device.type == "meta":
         return
+    hf_apply = type(attention).forward.__globals__[_HF_NAME]
     length = min(16, rotary.config.max_position_embeddings)
     position_ids = torch.arange(length, device=device).unsqueeze(0)
     generator = torch.Generator(device="cpu").manual_seed(0)
@@ -264,7 +278,7 @@ def _self_check(rotary, key, attention, hf_apply, ours, head_dim) -> None:
     with torch.no_grad():
         cos, sin = type(rotary).forward(rotary, q, position_ids, *extra)
         want_q, want_k = hf_apply(q, k, cos, sin)
-        got_q, got_k = ours(q, k, position_ids, position_ids)
+        got_q, got_k = _apply_with_tables(q, k, position_ids, rotary.torch_rope[key])
     for want, got in ((want_q, got_q), (want_k, got_k)):
         if want.shape != got.shape or not torch.allclose(want, got, rtol=1e-4, atol=1e-4):
             raise NotImplementedError(
@@ -342,19 +356,13 @@ def patch(model: nn.Module, *, max_seq_len: Optional[int] = None) -> nn.Module:
     rotary.torch_rope = tables
     rotary._torch_rope_dynamic = dynamic
     try:
-        replacements = {}
+        checked = set()
         for attention in attentions:
-            key = _ONE_TYPE
-            if keys != [_ONE_TYPE]:
-                key = getattr(attention, "layer_type", None) or config.layer_types[attention.layer_idx]
-            ours = _make_apply(rotary, key)
-            hf_apply = type(attention).forward.__globals__[_HF_NAME]
-            check = (type(attention), key)
-            if check not in replacements:
-                _self_check(rotary, key, attention, hf_apply, ours,
-                            _head_dim(attention, config))
-                replacements[check] = True
-            attention.forward = _rebound_forward(attention, ours)
+            if type(attention) not in checked:
+                for key in keys:
+                    _self_check(rotary, key, attention, _head_dim(attention, config))
+                checked.add(type(attention))
+            attention.forward = _rebound_forward(attention)
             record.attention.append(attention)
         rotary.forward = types.MethodType(_patched_rotary_forward, rotary)
         record.rotary.append(rotary)

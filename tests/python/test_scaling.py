@@ -86,11 +86,19 @@ def test_every_transformers_rope_type_has_cases_here():
 
 
 def _cases():
-    for rope_type, cases in CASES.items():
-        for case_id, params, seq_lens in cases:
-            for seq_len in seq_lens:
-                yield pytest.param(rope_type, params, seq_len,
-                                   id=f"{rope_type}-{case_id}-seq{seq_len}")
+    return [
+        pytest.param(rope_type, params, seq_len, id=f"{rope_type}-{case_id}-seq{seq_len}")
+        for rope_type, cases in CASES.items()
+        for case_id, params, seq_lens in cases
+        for seq_len in seq_lens
+    ]
+
+
+def _our_seq_len(rope_type, seq_len):
+    """transformers' seq_len=None: dynamic at the config's length, longrope's short factors."""
+    if seq_len is not None:
+        return seq_len
+    return 1 if rope_type == "longrope" else MAX_POS
 
 
 @pytest.mark.parametrize("rope_type,params,seq_len", _cases())
@@ -102,7 +110,7 @@ def test_frequencies_match_transformers(rope_type, params, seq_len):
     want_inv, want_attention = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", seq_len=seq_len)
     got_inv, got_attention = torch_rope.rope_frequencies(
         THETA, HEAD_DIM, scaling=our_scaling(rope_type, params),
-        seq_len=MAX_POS if seq_len is None else seq_len)
+        seq_len=_our_seq_len(rope_type, seq_len))
     assert got_inv.dtype == torch.float64 and got_inv.shape == want_inv.shape
     # transformers computes in float32 (theta^(2k/d) and the ramps rounded to 24 bits): we agree
     # to a few float32 ulps and are exact to float64 ourselves (see the float64 tests below).
@@ -126,7 +134,8 @@ def test_tables_fold_the_attention_factor_and_round_once(rope_type, params, seq_
     if seq_len is not None:
         scaling["seq_len"] = seq_len
     cos, sin = torch_rope.rope_tables(THETA, HEAD_DIM, 3000, scaling=scaling)
-    inv, attention = torch_rope.rope_frequencies(THETA, HEAD_DIM, scaling=scaling)
+    # Without a seq_len, dynamic and longrope are evaluated at the table's length.
+    inv, attention = torch_rope.rope_frequencies(THETA, HEAD_DIM, scaling=scaling, seq_len=3000)
     # Independent float64 computation from the (separately checked) frequencies.
     angles = torch.arange(3000, dtype=torch.float64)[:, None] * inv
     torch.testing.assert_close(cos, (attention * angles.cos()).float(), rtol=0, atol=0)

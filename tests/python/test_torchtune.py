@@ -14,6 +14,7 @@ from torchtune.models.llama3_1._position_embeddings import Llama3ScaledRoPE as T
 from torchtune.modules import RotaryPositionalEmbeddings as TTRope  # noqa: E402
 
 import torch_rope  # noqa: E402
+from helpers import assert_matches_reference  # noqa: E402
 from torch_rope import torchtune as tr  # noqa: E402
 
 
@@ -21,15 +22,18 @@ def test_rope_module_matches_torchtune_bshd():
     theirs, ours = TTRope(64, max_seq_len=256, base=500_000), tr.RotaryPositionalEmbeddings(
         64, max_seq_len=256, base=500_000)
     x = torch.randn(2, 50, 4, 64)
-    torch.testing.assert_close(ours(x), theirs(x), rtol=1e-5, atol=2e-5)
-    # input_pos [b, s] and [s], e.g. packed samples and one decode step.
     pos = torch.randint(0, 256, (2, 50))
-    torch.testing.assert_close(ours(x, input_pos=pos), theirs(x, input_pos=pos),
-                               rtol=1e-5, atol=2e-5)
     step = torch.randn(2, 1, 4, 64)
-    torch.testing.assert_close(ours(step, input_pos=torch.tensor([[37], [41]])),
-                               theirs(step, input_pos=torch.tensor([[37], [41]])),
-                               rtol=1e-5, atol=2e-5)
+    step_pos = torch.tensor([[37], [41]])
+    # Default positions, input_pos [b, s] (packed samples) and one decode step. torchtune builds
+    # its cache with float32 angles (off by ~1.5e-5 rad at position 255), hence 1e-4 between the
+    # two; ours is checked against the float64 oracle to float32 rounding.
+    for args, positions in (((x,), torch.arange(50).view(50, 1)), ((x, pos), pos[..., None]),
+                            ((step, step_pos), step_pos[..., None])):
+        kwargs = {} if len(args) == 1 else {"input_pos": args[1]}
+        got = ours(args[0], **kwargs)
+        torch.testing.assert_close(got, theirs(args[0], **kwargs), rtol=1e-4, atol=1e-4)
+        assert_matches_reference(got, args[0], positions, 64, interleaved=True, theta=500_000.0)
 
 
 def test_default_positions_follow_the_sequence_axis_not_the_heads():

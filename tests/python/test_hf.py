@@ -8,7 +8,7 @@ HF's own bf16 error.
 """
 
 import copy
-import types
+import os
 
 import pytest
 import torch
@@ -296,7 +296,10 @@ def test_importing_torch_rope_does_not_import_transformers():
 
     code = ("import sys, torch_rope, torch_rope.hf, torch_rope.torchtune; "
             "print('transformers' in sys.modules, 'torchtune' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    package_root = os.path.dirname(os.path.dirname(torch_rope.__file__))
+    env = dict(os.environ, PYTHONPATH=package_root)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"], out
 
 

@@ -186,10 +186,23 @@ def _device_of(rotary: nn.Module, key: str) -> torch.device:
     return getattr(rotary, name).device
 
 
-def _hf_inv_freq(rotary: nn.Module, key: str) -> Tuple[Tensor, float]:
-    if key == _ONE_TYPE:
-        return rotary.inv_freq, float(rotary.attention_scaling)
-    return getattr(rotary, f"{key}_inv_freq"), float(getattr(rotary, f"{key}_attention_scaling"))
+def _hf_frequencies(rotary: nn.Module, key: str, rope_type: str) -> Tuple[Tensor, float]:
+    """transformers' own (inv_freq, attention_scaling) for this rotary module, computed afresh
+    from the config in float32 (the module's buffer may have been cast to bf16 with the model)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    kwargs = {} if key == _ONE_TYPE else {"layer_type": key}
+    if rope_type == "default":
+        init = getattr(type(rotary), "compute_default_rope_parameters", None)
+    else:
+        init = ROPE_INIT_FUNCTIONS.get(rope_type)
+    if init is None:
+        raise NotImplementedError(
+            f"torch_rope.hf.patch: cannot find transformers' initialisation of rope_type "
+            f"{rope_type!r} for {type(rotary).__name__}; not patching"
+        )
+    inv_freq, attention_scaling = init(rotary.config, device=torch.device("cpu"), **kwargs)
+    return inv_freq.float(), float(attention_scaling)
 
 
 def _patched_rotary_forward(self, x: Tensor, position_ids: Tensor, layer_type=None):
@@ -274,11 +287,14 @@ def _self_check(rotary, key, attention, head_dim) -> None:
     generator = torch.Generator(device="cpu").manual_seed(0)
     q = torch.randn(1, 2, length, head_dim, generator=generator).to(device)
     k = torch.randn(1, 1, length, head_dim, generator=generator).to(device)
-    extra = () if key == _ONE_TYPE else (key,)
+    tables = rotary.torch_rope[key]
     with torch.no_grad():
-        cos, sin = type(rotary).forward(rotary, q, position_ids, *extra)
+        # HF's gathered (B, S, R) cos/sin with duplicated halves, from our own tables: this checks
+        # how the layer rotates (layout, partial rotary), the frequencies are checked apart.
+        cos = tables.cos[position_ids].float().repeat(1, 1, 2)
+        sin = tables.sin[position_ids].float().repeat(1, 1, 2)
         want_q, want_k = hf_apply(q, k, cos, sin)
-        got_q, got_k = _apply_with_tables(q, k, position_ids, rotary.torch_rope[key])
+        got_q, got_k = _apply_with_tables(q, k, position_ids, tables)
     for want, got in ((want_q, got_q), (want_k, got_k)):
         if want.shape != got.shape or not torch.allclose(want, got, rtol=1e-4, atol=1e-4):
             raise NotImplementedError(
@@ -334,22 +350,23 @@ def patch(model: nn.Module, *, max_seq_len: Optional[int] = None) -> nn.Module:
     tables = nn.ModuleDict()
     dynamic: Dict[str, _DynamicState] = {}
     for key in keys:
-        hf_inv_freq, hf_scaling = _hf_inv_freq(rotary, key)
-        rotary_dim = 2 * hf_inv_freq.numel()
         params = config.rope_parameters if key == _ONE_TYPE else config.rope_parameters[key]
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        hf_inv_freq, hf_scaling = _hf_frequencies(rotary, key, rope_type)
+        rotary_dim = 2 * hf_inv_freq.numel()
         seq_len = None
-        if params.get("rope_type", params.get("type")) == "dynamic":
+        if rope_type == "dynamic":
             dynamic[key] = _DynamicState(config.max_position_embeddings)
             seq_len = config.max_position_embeddings
         tables[key] = _make_tables(rotary, key, rotary_dim, rows, seq_len=seq_len)
         # Our float64 frequencies must round to transformers' float32 ones.
         ours, ours_scaling = rope_frequencies(tables[key].theta, rotary_dim,
                                               scaling=tables[key].scaling, seq_len=1)
-        if not (torch.allclose(ours.float(), hf_inv_freq.detach().float().cpu(), rtol=1e-5,
-                               atol=0) and abs(ours_scaling - hf_scaling) <= 1e-6 * hf_scaling):
+        if not (torch.allclose(ours.float(), hf_inv_freq, rtol=1e-5, atol=0)
+                and abs(ours_scaling - hf_scaling) <= 1e-6 * hf_scaling):
             raise NotImplementedError(
                 f"torch_rope.hf.patch: the frequencies built from config.rope_parameters "
-                f"({params}) do not match the model's own inv_freq/attention_scaling; not patching"
+                f"({params}) do not match transformers' own for this model; not patching"
             )
 
     record = _Patch()

@@ -144,7 +144,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--min-time", type=float, default=1.0, help="seconds per measurement")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch.set_num_threads (0: torch's default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     import transformers
 
     device = args.device

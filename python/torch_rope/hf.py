@@ -86,8 +86,7 @@ def apply_rotary_pos_emb(
     if unsqueeze_dim < 0:
         unsqueeze_dim += cos.dim() + 1
     positions = torch.arange(cos_table.size(0), device=cos.device).view(rows)
-    positions = positions.unsqueeze(unsqueeze_dim)
-    return apply_qk(q, k, cos_table, sin_table, positions, interleaved=False)
+    return _rotate_qk(q, k, cos_table, sin_table, positions, unsqueeze_dim, interleaved=False)
 
 
 # ---- patch ------------------------------------------------------------------------------------
@@ -233,12 +232,31 @@ def _dynamic_update(rotary: nn.Module, key: str, state: _DynamicState, position_
         state.cached = state.original
 
 
+def _seq_major(x: Tensor) -> bool:
+    """A (B, H, S, D) view of (B, S, H, D) memory, as transformers' q/k: ``view().transpose(1, 2)``."""
+    return x.dim() == 4 and x.stride(1) < x.stride(2)
+
+
+def _rotate_qk(q, k, cos_table, sin_table, positions, unsqueeze_dim, interleaved):
+    """apply_qk at ``positions`` (B, S), for q/k laid out as transformers' attention has them.
+
+    HF's q and k are (B, H, S, D) views of (B, S, H, D) projections. Rotating the (B, S, H, D)
+    views (positions (B, S, 1)) walks memory in order, which the CPU kernel does 2-5x faster than
+    the transposed order; the results are handed back as (B, H, S, D) views, as HF's are.
+    """
+    if unsqueeze_dim == 1 and positions.dim() == 2 and _seq_major(q) and _seq_major(k):
+        q_out, k_out = apply_qk(q.transpose(1, 2), k.transpose(1, 2), cos_table, sin_table,
+                                positions.unsqueeze(-1), interleaved=interleaved)
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
+    return apply_qk(q, k, cos_table, sin_table, positions.unsqueeze(unsqueeze_dim),
+                    interleaved=interleaved)
+
+
 def _apply_with_tables(q, k, cos, sin, unsqueeze_dim=1):
     """What a patched attention layer calls as apply_rotary_pos_emb: ``cos`` holds the positions
     (B, S) and ``sin`` the torch_rope tables module, as the patched rotary module returned them."""
     positions, tables = cos, sin
-    return apply_qk(q, k, tables.cos, tables.sin, positions.unsqueeze(unsqueeze_dim),
-                    interleaved=tables.interleaved)
+    return _rotate_qk(q, k, tables.cos, tables.sin, positions, unsqueeze_dim, tables.interleaved)
 
 
 # One patched copy of each transformers modeling module's globals, registered as a module of its

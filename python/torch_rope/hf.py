@@ -48,7 +48,15 @@ SUPPORTED_MODEL_TYPES = (
     "gemma3_text",
     "olmo2",
     "granite",
+    "granitemoe",
     "starcoder2",
+    "olmo",
+    "olmo3",
+    "smollm3",
+    "arcee",
+    "exaone4",
+    "seed_oss",
+    "apertus",
 )
 
 _HF_NAME = "apply_rotary_pos_emb"
@@ -306,19 +314,21 @@ def _self_check(rotary, key, attention, head_dim) -> None:
     q = torch.randn(1, 2, length, head_dim, generator=generator).to(device)
     k = torch.randn(1, 1, length, head_dim, generator=generator).to(device)
     tables = rotary.torch_rope[key]
+    refusal = (f"torch_rope.hf.patch: {type(attention).__name__} rotates q/k differently from "
+               "torch_rope's half-split RoPE on a test input; not patching this model")
     with torch.no_grad():
         # HF's gathered (B, S, R) cos/sin with duplicated halves, from our own tables: this checks
         # how the layer rotates (layout, partial rotary), the frequencies are checked apart.
         cos = tables.cos[position_ids].float().repeat(1, 1, 2)
         sin = tables.sin[position_ids].float().repeat(1, 1, 2)
-        want_q, want_k = hf_apply(q, k, cos, sin)
+        try:
+            want_q, want_k = hf_apply(q, k, cos, sin)
+        except Exception as error:  # e.g. a layer that slices the rotary part before calling
+            raise NotImplementedError(refusal) from error
         got_q, got_k = _apply_with_tables(q, k, position_ids, tables)
     for want, got in ((want_q, got_q), (want_k, got_k)):
         if want.shape != got.shape or not torch.allclose(want, got, rtol=1e-4, atol=1e-4):
-            raise NotImplementedError(
-                f"torch_rope.hf.patch: {type(attention).__name__} rotates q/k differently from "
-                "torch_rope's half-split RoPE on a test input; not patching this model"
-            )
+            raise NotImplementedError(refusal)
 
 
 def patch(model: nn.Module, *, max_seq_len: Optional[int] = None) -> nn.Module:

@@ -18,7 +18,6 @@ torchtune itself is not imported: this module only mirrors its interface.
 
 from typing import Optional
 
-import torch
 from torch import Tensor
 
 from .nn import RotaryPositionalEmbedding

@@ -110,7 +110,13 @@ def config(name):
         return tf.GraniteConfig(**COMMON)
     if name == "starcoder2":
         return tf.Starcoder2Config(**COMMON, sliding_window=8)
+    if name in GENERIC:
+        return tf.AutoConfig.for_model(name, **COMMON)
     raise KeyError(name)
+
+
+#: Llama-like model types whose default config needs nothing beyond COMMON.
+GENERIC = ("olmo", "olmo3", "smollm3", "arcee", "exaone4", "granitemoe", "seed_oss", "apertus")
 
 
 def build(name, seed=0):

@@ -25,7 +25,7 @@ FAST = ["llama", "gpt_neox", "gemma3"]
 SLOW = [
     "llama-linear", "llama-dynamic", "llama-yarn", "llama-llama3", "llama-longrope",
     "llama-proportional", "qwen2", "qwen3", "mistral", "phi3", "gemma", "gemma2", "mixtral",
-    "qwen2_moe", "qwen3_moe", "olmo2", "granite", "starcoder2",
+    "qwen2_moe", "qwen3_moe", "olmo2", "granite", "starcoder2", *hf_models.GENERIC,
 ]
 ALL = [pytest.param(n) for n in FAST] + [pytest.param(n, marks=pytest.mark.slow) for n in SLOW]
 
@@ -161,6 +161,11 @@ def test_patch_twice_is_a_no_op_and_unpatch_of_unpatched_too():
     tables = model.model.rotary_emb.torch_rope
     torch_rope.hf.patch(model)
     assert model.model.rotary_emb.torch_rope is tables
+
+
+def test_every_supported_model_type_is_tested_here():
+    tested = {hf_models.config(n).model_type for n in FAST + SLOW}
+    assert set(torch_rope.hf.SUPPORTED_MODEL_TYPES) == tested
 
 
 def test_unknown_architecture_is_refused():

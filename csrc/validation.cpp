@@ -18,6 +18,11 @@ bool is_supported_storage(at::ScalarType t) {
   return t == at::kDouble || t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
 }
 
+// An optional-looking argument passed as None reaches C++ as an undefined tensor; say which.
+void check_defined(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.defined(), op, ": ", name, " must be a tensor, got None");
+}
+
 // Devices first: a call that mixes devices (including "meta" with real tensors, which the
 // dispatcher routes to the Meta kernel) must fail here rather than compute on the wrong memory.
 void check_same_device(const char* op, const char* a_name, const at::Tensor& a,
@@ -28,6 +33,8 @@ void check_same_device(const char* op, const char* a_name, const at::Tensor& a,
 }
 
 void check_tables(const char* op, const at::Tensor& cos, const at::Tensor& sin) {
+  check_defined(op, "cos", cos);
+  check_defined(op, "sin", sin);
   check_same_device(op, "cos", cos, "sin", sin);
   TORCH_CHECK(cos.dim() == 2, op, ": cos must be a 2-D table [max_seq_len, rotary_dim / 2], got ",
               cos.dim(), "-D tensor of shape ", cos.sym_sizes());
@@ -46,6 +53,8 @@ void check_tables(const char* op, const at::Tensor& cos, const at::Tensor& sin) 
 // One rotated input (x, q or k); `name` is the argument's name in the op's schema.
 void check_rotated_input(const char* op, const char* name, const at::Tensor& x,
                          const at::Tensor& cos, const at::Tensor& positions) {
+  check_defined(op, name, x);
+  check_defined(op, "positions", positions);
   check_same_device(op, name, x, "cos", cos);
   check_same_device(op, "positions", positions, name, x);
   TORCH_CHECK(is_supported_storage(x.scalar_type()), op, ": ", name,
@@ -132,6 +141,7 @@ void check_apply_inplace(const char* op, const at::Tensor& x, const at::Tensor& 
 void check_apply_out(const char* op, const at::Tensor& x, const at::Tensor& cos,
                      const at::Tensor& sin, const at::Tensor& positions, const at::Tensor& out) {
   check_apply(op, x, cos, sin, positions);
+  check_defined(op, "out", out);
   check_same_device(op, "out", out, "x", x);
   TORCH_CHECK(out.scalar_type() == x.scalar_type(), op, ": out must have x's dtype ",
               x.scalar_type(), ", got ", out.scalar_type());

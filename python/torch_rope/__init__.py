@@ -2,6 +2,9 @@
 
 Importing this package registers ``torch.ops.rope.apply``, ``torch.ops.rope.apply_`` and
 ``torch.ops.rope.apply_qk`` (with autograd and fake kernels, so ``torch.compile`` works).
+
+Integrations are separate imports, so their libraries stay optional:
+``torch_rope.hf`` (Hugging Face transformers) and ``torch_rope.torchtune``.
 """
 
 from pathlib import Path as _Path
@@ -10,6 +13,7 @@ import torch  # noqa: F401  (libtorch must be loaded before our native library)
 
 from . import _C  # noqa: F401  (loads librope: registers the ops with the dispatcher)
 from . import reference
+from ._scaling import rope_frequencies, rope_tables_from_inv_freq
 from ._version import __version__
 from .nn import RotaryPositionalEmbedding
 from .ops import apply, apply_, apply_qk, rope_tables
@@ -46,5 +50,7 @@ __all__ = [
     "compiled_with_cuda",
     "distributed",
     "reference",
+    "rope_frequencies",
     "rope_tables",
+    "rope_tables_from_inv_freq",
 ]

@@ -1,31 +1,52 @@
 """``RotaryPositionalEmbedding``: the ``nn.Module`` form of :func:`torch_rope.apply`."""
 
-from typing import Optional
+import copy
+import math
+from typing import Any, Mapping, Optional
 
 import torch
 from torch import Tensor, nn
 
+from . import _C
 from . import distributed as _distributed
-from .ops import apply, rope_tables
+from ._scaling import _integer, _number, parse_scaling, rope_type_of
+from .ops import apply
+
+# Positions are exact in float64 up to 2**53: a table longer than that could never be built
+# (nor allocated); refuse it with a ValueError before it reaches C++ as an overflow.
+_MAX_TABLE_ELEMENTS = 2**53
 
 
 class RotaryPositionalEmbedding(nn.Module):
-    """Rotary position embedding for inputs of shape ``(..., seq_len, d_k)``.
+    """Rotary position embedding for inputs of shape ``(..., seq_len, d_k)`` (or ``[b, s, h, d]``).
+
+    The constructor is the CS336 signature plus keyword options::
+
+        RotaryPositionalEmbedding(theta, d_k, max_seq_len, device=None, *, rotary_dim=None,
+                                  interleaved=True, scaling=None, dtype=torch.float32, seq_dim=-2)
 
     Args:
         theta: base of the frequencies (10000 in most models).
-        d_k: head dimension of the inputs.
-        max_seq_len: number of positions the cos/sin tables cover.
+        d_k: head dimension of the inputs; ``x.size(-1)`` must equal it.
+        max_seq_len: number of positions the cos/sin tables cover (see :meth:`extend_tables`).
+        device: where to build the tables (default: torch's default device, normally CPU;
+            ``.to(device)`` moves them later).
         rotary_dim: features rotated per head (even, ``<= d_k``; default ``d_k``); the rest pass
             through unchanged (partial rotary, as in GPT-NeoX / Phi).
-        interleaved: ``True`` rotates pairs ``(2k, 2k+1)`` (Meta Llama reference, CS336);
-            ``False`` rotates ``(k, k + rotary_dim // 2)`` (HF ``rotate_half``).
-        device: where to build the tables (default CPU; ``.to(device)`` moves them later).
+        interleaved: ``True`` rotates pairs ``(2k, 2k+1)`` (Meta Llama reference, CS336,
+            torchtune); ``False`` rotates ``(k, k + rotary_dim // 2)`` (HF ``rotate_half``).
+        scaling: a transformers ``rope_parameters`` dict (``{"rope_type": "llama3", ...}``), or
+            ``None`` for plain RoPE. ``longrope`` without a ``seq_len`` keeps its short and long
+            tables and switches per call on the device, as transformers does.
+        dtype: table dtype, ``torch.float32`` (default) or ``torch.float64`` (float64 inputs are
+            then accurate to the float64 rounding of the angle).
+        seq_dim: the sequence axis of ``x`` counted from the end: ``-2`` for
+            ``(..., seq_len, d_k)`` and ``[b, h, s, d]``, ``-3`` for ``[b, s, h, d]``.
 
-    The tables are float32 buffers named ``cos`` and ``sin``, built once by the shared C++
-    builder. They are not persistent (absent from ``state_dict()``: they are derived from the
-    arguments above), and they stay float32 when the model is cast with ``.to(torch.bfloat16)`` or
-    ``.half()``, because half-precision angles lose accuracy at long context. No parameters.
+    The tables are buffers named ``cos`` and ``sin``, built once by the shared C++ builder. They
+    are not persistent (absent from ``state_dict()``: they are derived from the arguments above),
+    and they keep their dtype when the model is cast with ``.to(torch.bfloat16)`` or ``.half()``.
+    No parameters.
     """
 
     cos: Tensor
@@ -36,46 +57,146 @@ class RotaryPositionalEmbedding(nn.Module):
         theta: float,
         d_k: int,
         max_seq_len: int,
+        device: Optional[torch.device] = None,
         *,
         rotary_dim: Optional[int] = None,
         interleaved: bool = True,
-        device: Optional[torch.device] = None,
+        scaling: Optional[Mapping[str, Any]] = None,
+        dtype: torch.dtype = torch.float32,
+        seq_dim: int = -2,
     ) -> None:
         super().__init__()
-        _distributed.register_if_loaded()  # distributed: DTensor rules if DTensor is loaded
-        rotary_dim = d_k if rotary_dim is None else rotary_dim
+        _distributed.register_if_loaded()  # DTensor rules, if DTensor is already loaded
+        theta = _number("theta", theta)
+        if not (math.isfinite(theta) and theta > 0):
+            raise ValueError(f"RotaryPositionalEmbedding: theta must be a positive finite number, "
+                             f"got {theta}")
+        d_k = _integer("d_k", d_k)
         if d_k < 1:
             raise ValueError(f"RotaryPositionalEmbedding: d_k must be >= 1, got {d_k}")
+        rotary_dim = d_k if rotary_dim is None else _integer("rotary_dim", rotary_dim)
         if rotary_dim % 2 != 0 or not 2 <= rotary_dim <= d_k:
             raise ValueError(
                 "RotaryPositionalEmbedding: rotary_dim must be even and in [2, d_k = "
                 f"{d_k}] (features rotate in pairs), got {rotary_dim}"
             )
-        self.theta = float(theta)
+        self._check_max_seq_len(_integer("max_seq_len", max_seq_len), rotary_dim)
+        if not isinstance(interleaved, bool):
+            raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"RotaryPositionalEmbedding: dtype (of the tables) must be "
+                             f"torch.float32 or torch.float64, got {dtype}")
+        seq_dim = _integer("seq_dim", seq_dim)
+        if seq_dim > -2:
+            raise ValueError(
+                "RotaryPositionalEmbedding: seq_dim must be a negative axis before the feature "
+                f"axis (-2 for (..., seq_len, d_k), -3 for [b, s, h, d]), got {seq_dim}"
+            )
+        self.theta = theta
         self.d_k = d_k
         self.max_seq_len = max_seq_len
         self.rotary_dim = rotary_dim
         self.interleaved = interleaved
-        cos, sin = rope_tables(theta, rotary_dim, max_seq_len, device)
+        self.scaling = copy.deepcopy(dict(scaling)) if scaling is not None else None
+        self.dtype = dtype
+        self.seq_dim = seq_dim
+        parse_scaling(scaling, theta)  # validate now; _build parses the stored plain copy
+        # Dims of x.shape[:-1] after the sequence axis (the heads of [b, s, h, d]).
+        self._trailing = -seq_dim - 2
+        # Like nn.Linear, follow `with torch.device(...)` / set_default_device when no device is
+        # given (torchtune builds models on the meta device that way).
+        self._build(max_seq_len, torch.get_default_device() if device is None
+                    else torch.device(device))
+
+    @staticmethod
+    def _check_max_seq_len(max_seq_len: int, rotary_dim: int) -> None:
+        if max_seq_len < 1:
+            raise ValueError(f"RotaryPositionalEmbedding: max_seq_len must be >= 1, got "
+                             f"{max_seq_len}")
+        if max_seq_len * rotary_dim > _MAX_TABLE_ELEMENTS:
+            raise ValueError(
+                "RotaryPositionalEmbedding: max_seq_len * rotary_dim must be <= 2**53 (the "
+                f"tables could never be allocated), got max_seq_len = {max_seq_len} with "
+                f"rotary_dim = {rotary_dim}"
+            )
+
+    def _build(self, max_seq_len: int, device: Optional[torch.device]) -> None:
+        # The C++ option object is made per build and never stored: the module stays picklable
+        # and deep-copyable (torch.save(model), copy.deepcopy, FSDP/TP model copies).
+        cos, sin, self._long_offset, self._long_after = _C.module_tables(
+            self.theta, self.rotary_dim, max_seq_len, parse_scaling(self.scaling, self.theta),
+            self.dtype, device)
+        self.max_seq_len = max_seq_len
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
-    def forward(self, x: Tensor, token_positions: Optional[Tensor] = None) -> Tensor:
-        """Rotate ``x`` (``(..., seq_len, d_k)``) by ``token_positions``.
+    def extend_tables(self, max_seq_len: int) -> None:
+        """Rebuild the tables with ``max_seq_len`` rows, where they are now and in their dtype.
 
-        ``token_positions`` is int32/int64 and broadcastable to ``x.shape[:-1]``; ``None`` means
-        ``arange(x.size(-2))``. Returns a new tensor of ``x``'s shape and dtype.
+        Positions up to ``max_seq_len - 1`` then work (extrapolation, or Meta's
+        ``max_seq_len * 2`` habit). Explicit on purpose: ``forward`` never grows the tables, so it
+        never reads positions back from the device. A position past the tables still raises
+        (``IndexError`` on CPU, a device assert on CUDA). ``dynamic`` scaling without a fixed
+        ``seq_len`` is re-evaluated at the new length, as transformers does when a sequence grows.
         """
+        max_seq_len = _integer("max_seq_len", max_seq_len)
+        self._check_max_seq_len(max_seq_len, self.rotary_dim)
+        self._build(max_seq_len, self.cos.device)
+
+    def forward(self, x: Tensor, token_positions: Optional[Tensor] = None) -> Tensor:
+        """Rotate ``x`` by ``token_positions`` (int32/int64).
+
+        ``None`` means ``arange`` along ``seq_dim``. Positions of shape ``(S,)`` or ``(B, S)`` are
+        aligned with the sequence axis (and ``B`` with ``x``'s first axis) whatever the layout;
+        positions of 3 or more dims broadcast to ``x.shape[:-1]`` as the op does. Returns a new
+        tensor of ``x``'s shape and dtype.
+        """
+        if x.dim() == 0 or x.size(-1) != self.d_k:
+            raise ValueError(
+                f"RotaryPositionalEmbedding: x.size(-1) must equal d_k = {self.d_k}, got x of "
+                f"shape {tuple(x.shape)}"
+            )
+        rank = x.dim() - 1
         if token_positions is None:
-            token_positions = torch.arange(x.size(-2), device=x.device)
+            if rank < self._trailing + 1:
+                raise ValueError(
+                    "RotaryPositionalEmbedding: without token_positions, x needs a sequence axis "
+                    f"at seq_dim = {self.seq_dim}, got x of shape {tuple(x.shape)}"
+                )
+            positions = torch.arange(x.size(self.seq_dim), device=x.device)
+        elif isinstance(token_positions, Tensor):
+            positions = token_positions
+            if positions.dim() == 2 and rank >= 2 + self._trailing:
+                # (B, S): B on x's first axis, S on its sequence axis.
+                for _ in range(rank - 2 - self._trailing):
+                    positions = positions.unsqueeze(1)
+        else:
+            raise TypeError(
+                "RotaryPositionalEmbedding: token_positions must be an int32/int64 Tensor or "
+                f"None, got {type(token_positions).__name__}"
+            )
+        if positions.dim() <= 2:
+            for _ in range(self._trailing):
+                positions = positions.unsqueeze(-1)
+        positions = self._long_rope_switch(positions)
         cos, sin = self.cos, self.sin
-        if type(x) is not Tensor:  # distributed: a DTensor x gets DTensor tables and positions
-            cos, sin, token_positions = _distributed._as_dtensors_like(x, cos, sin, token_positions)
-        return apply(x, cos, sin, token_positions, interleaved=self.interleaved)
+        if type(x) is not Tensor:  # a DTensor x gets DTensor tables and positions, no communication
+            cos, sin, positions = _distributed._as_dtensors_like(x, cos, sin, positions)
+        return apply(x, cos, sin, positions, interleaved=self.interleaved)
+
+    def _long_rope_switch(self, positions: Tensor) -> Tensor:
+        """Table rows for ``positions``: the positions, shifted to the long-factor rows when the
+        tables hold LongRoPE's both variants and this call reaches past the original context
+        (transformers' rule: ``max(positions) + 1 > original_max_position_embeddings``). Decided
+        on the device, so no host sync."""
+        if not self._long_offset or positions.numel() == 0:
+            return positions
+        is_long = (positions.max() >= self._long_after).to(positions.dtype)
+        return positions + is_long * self._long_offset
 
     def _apply(self, fn, recurse=True):
-        # Device moves apply to the tables; dtype casts do not. Keep the exact float32 originals
-        # and only follow the device the cast sent them to (no bf16 round trip).
+        # Device moves apply to the tables; dtype casts do not. Keep the exact originals and only
+        # follow the device the cast sent them to (no bf16 round trip).
         tables = {"cos": self.cos, "sin": self.sin}
         super()._apply(fn, recurse)
         for name, original in tables.items():
@@ -85,7 +206,14 @@ class RotaryPositionalEmbedding(nn.Module):
         return self
 
     def extra_repr(self) -> str:
-        return (
+        text = (
             f"theta={self.theta}, d_k={self.d_k}, max_seq_len={self.max_seq_len}, "
             f"rotary_dim={self.rotary_dim}, interleaved={self.interleaved}"
         )
+        if self.scaling is not None:
+            text += f", scaling={rope_type_of(self.scaling)!r}"
+        if self.dtype != torch.float32:
+            text += f", dtype={self.dtype}"
+        if self.seq_dim != -2:
+            text += f", seq_dim={self.seq_dim}"
+        return text

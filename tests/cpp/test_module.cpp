@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -337,9 +338,11 @@ TEST(Module, ForwardErrors) {
   // No sequence dim to build positions from.
   EXPECT_TRUE(contains_all(error_message([&] { m(torch::randn({16})); }),
                            {"token_positions", "[16]"}));
-  // head_dim smaller than the module's rotary_dim.
+  // x.size(-1) other than d_k, smaller or larger (a larger one used to pass its tail through).
   EXPECT_TRUE(contains_all(error_message([&] { m(torch::randn({2, 4, 8})); }),
-                           {"head_dim", "16", "got 8"}));
+                           {"x.size(-1) must equal d_k = 16", "[2, 4, 8]"}));
+  EXPECT_TRUE(contains_all(error_message([&] { m(torch::randn({2, 4, 32})); }),
+                           {"x.size(-1) must equal d_k = 16", "[2, 4, 32]"}));
 }
 
 }  // namespace
@@ -355,3 +358,201 @@ TEST(Module, CloneInsideSequentialCopiesTables) {
   const auto x = torch::randn({2, 5, 16});
   EXPECT_TRUE(torch::equal(seq->forward(x), copy->forward(x)));
 }
+
+// ---- options: device positional, scaling, float64 tables, seq_dim, growth ----------------------
+
+namespace {
+
+using rope::RotaryPositionalEmbedding;
+using rope::RotaryPositionalEmbeddingOptions;
+using rope_test::bitwise_equal;
+using rope_test::contains_all;
+
+// Runs `f`, which must throw c10::ValueError (Python's ValueError); returns its message.
+template <typename F>
+std::string value_error_message(F&& f) {
+  try {
+    f();
+  } catch (const c10::ValueError& e) {
+    return e.what_without_backtrace();
+  } catch (const c10::Error& e) {
+    ADD_FAILURE() << "expected c10::ValueError, got another c10::Error: "
+                  << e.what_without_backtrace();
+    return "";
+  }
+  ADD_FAILURE() << "expected a c10::ValueError, but nothing was thrown";
+  return "";
+}
+
+TEST(ModuleOptions, DeviceIsTheFourthArgumentAsInCs336) {
+  RotaryPositionalEmbedding cpu(10000.0, 16, 32, torch::kCPU);
+  EXPECT_TRUE(cpu->cos_table().device().is_cpu());
+  RotaryPositionalEmbedding meta(10000.0, 16, 32, torch::Device(torch::kMeta),
+                                 RotaryPositionalEmbeddingOptions().rotary_dim(8));
+  EXPECT_TRUE(meta->cos_table().is_meta());
+  EXPECT_EQ(meta->cos_table().sizes(), (std::vector<int64_t>{32, 4}));
+  // The options-only form keeps compiling and meaning the same.
+  RotaryPositionalEmbedding old_form(10000.0, 16, 32, RotaryPositionalEmbeddingOptions());
+  EXPECT_TRUE(bitwise_equal(old_form->cos_table(), cpu->cos_table()));
+  EXPECT_TRUE(contains_all(value_error_message([] {
+                             RotaryPositionalEmbedding(
+                                 10000.0, 16, 32, torch::kCPU,
+                                 RotaryPositionalEmbeddingOptions().device(torch::kMeta));
+                           }),
+                           {"device given twice"}));
+}
+
+TEST(ModuleOptions, BadArgumentsAreValueErrorsNamingTheArgument) {
+  using Opts = RotaryPositionalEmbeddingOptions;
+  EXPECT_TRUE(contains_all(value_error_message([] { RotaryPositionalEmbedding(std::nan(""), 16, 32); }),
+                           {"theta", "nan"}));
+  EXPECT_TRUE(contains_all(value_error_message([] { RotaryPositionalEmbedding(0.0, 16, 32); }),
+                           {"theta", "0"}));
+  EXPECT_TRUE(contains_all(value_error_message([] { RotaryPositionalEmbedding(10000.0, 16, 0); }),
+                           {"max_seq_len must be >= 1, got 0"}));
+  EXPECT_TRUE(contains_all(value_error_message([] {
+                             RotaryPositionalEmbedding(10000.0, 16,
+                                                       std::numeric_limits<int64_t>::max());
+                           }),
+                           {"max_seq_len", "2^53", "9223372036854775807"}));
+  EXPECT_TRUE(contains_all(
+      value_error_message([] { RotaryPositionalEmbedding(10000.0, 16, 32, std::nullopt, Opts().rotary_dim(5)); }),
+      {"rotary_dim", "5"}));
+  EXPECT_TRUE(contains_all(
+      value_error_message([] { RotaryPositionalEmbedding(10000.0, 16, 32, std::nullopt, Opts().seq_dim(-1)); }),
+      {"seq_dim", "-1"}));
+  EXPECT_TRUE(contains_all(value_error_message([] {
+                             RotaryPositionalEmbedding(10000.0, 16, 32, std::nullopt,
+                                                       Opts().dtype(torch::kBFloat16));
+                           }),
+                           {"dtype", "BFloat16"}));
+  EXPECT_TRUE(contains_all(value_error_message([] {
+                             RotaryPositionalEmbedding(
+                                 10000.0, 16, 32, std::nullopt,
+                                 Opts().scaling(rope::Llama3Scaling().factor(-1.0)));
+                           }),
+                           {"llama3", "factor", "-1"}));
+  RotaryPositionalEmbedding m(10000.0, 8, 32);
+  EXPECT_TRUE(contains_all(value_error_message([&] { m(torch::randn({3, 16})); }),
+                           {"x.size(-1) must equal d_k = 8", "[3, 16]"}));
+}
+
+TEST(ModuleOptions, ScalingVariantsAreTheSharedBuilders) {
+  const rope::RopeScaling variants[] = {
+      rope::LinearScaling().factor(4.0),
+      rope::Llama3Scaling().factor(8.0).original_max_position_embeddings(64),
+      rope::YarnScaling().factor(4.0).original_max_position_embeddings(32),
+      rope::DynamicNTKScaling().factor(2.0).max_position_embeddings(32),
+      rope::ProportionalScaling().partial_rotary_factor(0.5),
+  };
+  for (const auto& scaling : variants) {
+    RotaryPositionalEmbedding m(500000.0, 32, 128, torch::kCPU,
+                                RotaryPositionalEmbeddingOptions().scaling(scaling));
+    const auto [cos, sin] =
+        rope::rope_tables(500000.0, 32, 128, rope::TableOptions().scaling(scaling));
+    EXPECT_TRUE(bitwise_equal(m->cos_table(), cos)) << rope::rope_type_name(scaling);
+    EXPECT_TRUE(bitwise_equal(m->sin_table(), sin)) << rope::rope_type_name(scaling);
+    // And the builder is attention_scaling * cos(p * inv_freq) in double, rounded once.
+    const auto f = rope::rope_frequencies(500000.0, 32, scaling, 128);
+    const auto angles = torch::arange(128, torch::kDouble).unsqueeze(1) * f.inv_freq;
+    EXPECT_TRUE(bitwise_equal(cos, (angles.cos() * f.attention_scaling).to(torch::kFloat)));
+    std::ostringstream os;
+    os << *m;
+    EXPECT_TRUE(contains_all(os.str(), {"scaling=" + rope::rope_type_name(scaling)}));
+  }
+}
+
+TEST(ModuleOptions, ScalingFormulasAgainstHandComputedValues) {
+  // linear: every frequency over the factor.
+  const auto plain = rope::rope_frequencies(10000.0, 8, rope::NoScaling{}, 1).inv_freq;
+  const auto linear = rope::rope_frequencies(10000.0, 8, rope::LinearScaling().factor(4.0), 1);
+  EXPECT_TRUE(torch::allclose(linear.inv_freq, plain / 4.0, 0, 0));
+  EXPECT_DOUBLE_EQ(plain[1].item<double>(), 1.0 / std::pow(10000.0, 2.0 / 8.0));
+  // yarn's default attention factor: 0.1 ln(factor) + 1.
+  const auto yarn =
+      rope::rope_frequencies(10000.0, 8, rope::YarnScaling().factor(8.0).original_max_position_embeddings(64), 1);
+  EXPECT_DOUBLE_EQ(yarn.attention_scaling, 0.1 * std::log(8.0) + 1.0);
+  // longrope: sqrt(1 + ln(factor) / ln(original)), factor from the context lengths.
+  const auto longrope = rope::rope_frequencies(
+      10000.0, 4,
+      rope::LongRopeScaling().short_factor({1.0, 2.0}).long_factor({3.0, 5.0})
+          .original_max_position_embeddings(16).max_position_embeddings(64),
+      /*seq_len=*/17);
+  EXPECT_DOUBLE_EQ(longrope.attention_scaling, std::sqrt(1.0 + std::log(4.0) / std::log(16.0)));
+  EXPECT_DOUBLE_EQ(longrope.inv_freq[1].item<double>(), 1.0 / (5.0 * std::pow(10000.0, 0.5)));
+  // dynamic at its pretraining length is plain RoPE; beyond it, a larger base.
+  const auto at_length = rope::rope_frequencies(
+      10000.0, 8, rope::DynamicNTKScaling().factor(2.0).max_position_embeddings(32), 32);
+  EXPECT_TRUE(torch::allclose(at_length.inv_freq, plain, 0, 0));
+  const auto longer = rope::rope_frequencies(
+      10000.0, 8, rope::DynamicNTKScaling().factor(2.0).max_position_embeddings(32), 64);
+  const double base = 10000.0 * std::pow(2.0 * 64 / 32 - 1.0, 8.0 / 6.0);
+  EXPECT_DOUBLE_EQ(longer.inv_freq[1].item<double>(), 1.0 / std::pow(base, 2.0 / 8.0));
+  EXPECT_EQ(rope::rope_type_name(rope::ProportionalScaling()), "proportional");
+}
+
+TEST(ModuleOptions, Float64TablesStayFloat64AndReachTheAnglesRounding) {
+  RotaryPositionalEmbedding m(10000.0, 16, 5000, torch::kCPU,
+                              RotaryPositionalEmbeddingOptions().dtype(torch::kDouble));
+  m->to(torch::kHalf);
+  EXPECT_EQ(m->cos_table().scalar_type(), torch::kDouble);
+  const auto x = torch::randn({3, 16}, torch::kDouble);
+  const auto positions = torch::tensor({1, 1000, 4096});
+  const auto independent = rope_test::reference_tables(4097, 16, 10000.0, torch::kDouble);
+  const auto want = rope_test::reference_rope(x, independent.cos, independent.sin, positions);
+  // Both sides carry float64 angle roundings: a few 1e-16 x position.
+  EXPECT_LT((m(x, positions) - want).abs().max().item<double>(), 4096 * 1e-15);
+}
+
+TEST(ModuleOptions, SeqDimMinus3FollowsTheSequenceAxis) {
+  RotaryPositionalEmbedding bshd(10000.0, 16, 32, torch::kCPU,
+                                 RotaryPositionalEmbeddingOptions().seq_dim(-3));
+  RotaryPositionalEmbedding bhsd(10000.0, 16, 32);
+  const auto x = torch::randn({2, 7, 3, 16});  // [b, s, h, d]
+  EXPECT_TRUE(bitwise_equal(bshd(x).transpose(1, 2), bhsd(x.transpose(1, 2))));
+  for (const auto& positions : {torch::arange(4, 11), torch::randint(0, 32, {2, 7})}) {
+    EXPECT_TRUE(bitwise_equal(bshd(x, positions).transpose(1, 2),
+                              bhsd(x.transpose(1, 2), positions)));
+  }
+}
+
+TEST(ModuleOptions, ExtendTablesGrowsThemExplicitly) {
+  RotaryPositionalEmbedding m(10000.0, 16, 32);
+  const auto x = torch::randn({1, 40, 16});
+  EXPECT_TRUE(contains_all(rope_test::error_message([&] { m(x); }), {"max_seq_len", "32"}));
+  const auto before = m->cos_table().clone();
+  const auto handle = m->named_buffers()["cos"];
+  m->extend_tables(64);
+  EXPECT_EQ(m->max_seq_len(), 64);
+  EXPECT_EQ(m->cos_table().size(0), 64);
+  EXPECT_TRUE(bitwise_equal(m->cos_table().narrow(0, 0, 32), before));
+  EXPECT_TRUE(bitwise_equal(handle, m->cos_table()));  // the registered buffer itself grew
+  const auto independent = rope_test::reference_tables(40, 16);
+  EXPECT_TRUE(rope_test::all_close(
+      m(x), rope_test::reference_rope(x, independent.cos, independent.sin, torch::arange(40)),
+      torch::kFloat));
+}
+
+TEST(ModuleOptions, LongRopeSwitchesPerCallOnTheDevice) {
+  const auto longrope = rope::LongRopeScaling()
+                            .short_factor({1.0, 1.5, 2.0, 2.5})
+                            .long_factor({3.0, 4.0, 5.0, 6.0})
+                            .original_max_position_embeddings(16)
+                            .max_position_embeddings(64);
+  RotaryPositionalEmbedding both(10000.0, 8, 64, torch::kCPU,
+                                 RotaryPositionalEmbeddingOptions().scaling(longrope));
+  RotaryPositionalEmbedding short_only(
+      10000.0, 8, 64, torch::kCPU,
+      RotaryPositionalEmbeddingOptions().scaling(rope::LongRopeScaling(longrope).seq_len(16)));
+  RotaryPositionalEmbedding long_only(
+      10000.0, 8, 64, torch::kCPU,
+      RotaryPositionalEmbeddingOptions().scaling(rope::LongRopeScaling(longrope).seq_len(17)));
+  EXPECT_EQ(both->cos_table().size(0), 128);
+  EXPECT_EQ(both->long_offset(), 64);
+  const auto x = torch::randn({1, 2, 20, 8});
+  const auto head = x.narrow(2, 0, 16);
+  EXPECT_TRUE(bitwise_equal(both(head), short_only(head)));
+  EXPECT_TRUE(bitwise_equal(both(x), long_only(x)));
+}
+
+}  // namespace

@@ -51,3 +51,9 @@ def _seed():
     """Every test starts from the same random state, whatever ran before it."""
     torch.manual_seed(0)
     yield
+
+
+def pytest_configure(config):
+    # Heavy tests (whole tiny models, large builds) carry this mark; the README's test command
+    # runs them too, `-m "not slow"` skips them for a quick loop.
+    config.addinivalue_line("markers", "slow: heavy test, still part of the full test command")

@@ -470,15 +470,18 @@ def module_cases(mesh, x_placements):
     import torch_rope
 
     d = dt()
-    rope = torch_rope.RotaryPositionalEmbedding(10000.0, 8, 64)
+    bhsd_rope = torch_rope.RotaryPositionalEmbedding(10000.0, 8, 64)  # seq_dim=-2
+    bshd_rope = torch_rope.RotaryPositionalEmbedding(10000.0, 8, 64, seq_dim=-3)
     bhsd = torch.randn(2, 4, 11, 8)
     bshd = bhsd.transpose(1, 2).contiguous()
     pos = torch.randint(0, 64, (11,))
-    cases = [("BHSD default", bhsd, None), ("BHSD explicit (S,)", bhsd, pos),
-             ("BSHD explicit (S, 1)", bshd, pos[:, None]),
-             ("BHSD explicit (B, 1, S)", bhsd, torch.randint(0, 64, (2, 1, 11)))]
+    per_seq = torch.randint(0, 64, (2, 11))
+    cases = [("BHSD default", bhsd_rope, bhsd, None), ("BHSD (S,)", bhsd_rope, bhsd, pos),
+             ("BSHD default", bshd_rope, bshd, None), ("BSHD (S,)", bshd_rope, bshd, pos),
+             ("BSHD (B, S)", bshd_rope, bshd, per_seq),
+             ("BHSD (B, 1, S)", bhsd_rope, bhsd, per_seq[:, None])]
     for placements in x_placements:
-        for name, x, positions in cases:
+        for name, rope, x, positions in cases:
             what = f"module x {placements} {name} positions"
             g = torch.randn_like(x)
             (ref,), (ref_grad,) = rotate_and_grad(lambda x: rope(x, positions), [x], [g])

@@ -98,6 +98,9 @@ BAD_INPUTS = {
                            positions=torch.tensor(0, device=a["x"].device)),
         RuntimeError, r"{x} must have at least 1 dim", ("apply", "apply_", "apply_qk:q")),
     # ---- positions
+    "none_positions": Bad(
+        lambda a: a.update(positions=None), RuntimeError, r"positions must be a tensor, got None",
+        SHARED_OPS),
     "float_positions": Bad(
         lambda a: a.update(positions=a["positions"].float()), RuntimeError,
         r"positions must be an integer tensor \(int32 or int64\), got Float", SHARED_OPS),
@@ -130,6 +133,8 @@ BAD_INPUTS = {
         lambda a: a.update(positions=torch.tensor([0, -1, 2, 3, 4])), IndexError,
         r"positions must be in \[0, max_seq_len\).*16.*got -1", SHARED_OPS, needs_data=True),
     # ---- tables
+    "none_sin": Bad(
+        lambda a: a.update(sin=None), RuntimeError, r"sin must be a tensor, got None", ("apply",)),
     "cos_sin_shapes_differ": Bad(
         lambda a: a.update(sin=a["sin"][:8]), RuntimeError,
         r"cos and sin must have the same shape, got cos \[16, 4\] and sin \[8, 4\]", SHARED_OPS),

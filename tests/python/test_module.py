@@ -159,3 +159,20 @@ def test_rope_tables_bad_arguments(theta, rotary_dim, max_seq_len, pattern):
 
 def test_compiled_with_cuda_is_a_bool():
     assert isinstance(torch_rope.compiled_with_cuda(), bool)
+
+
+def test_module_deep_copies_and_pickles_with_scaling():
+    # FSDP/TP recipes deep-copy models and torch.save(model) pickles them: the module must hold
+    # nothing that cannot be copied (regression: it once kept a pybind scaling object).
+    import copy
+    import io
+
+    rope = torch_rope.RotaryPositionalEmbedding(
+        10000.0, 16, 64, scaling={"rope_type": "linear", "factor": 2.0})
+    x = torch.randn(2, 5, 16)
+    buf = io.BytesIO()
+    torch.save(rope, buf)
+    buf.seek(0)
+    for other in (copy.deepcopy(rope), torch.load(buf, weights_only=False)):
+        assert torch.equal(other(x), rope(x))
+        assert other.scaling == rope.scaling

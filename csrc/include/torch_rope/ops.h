@@ -31,6 +31,8 @@
 #include <string>
 #include <tuple>
 
+#include <torch_rope/tables.h>  // rope_tables with scaling variants and dtypes
+
 namespace rope {
 
 // Returns x rotated by the angles of `positions`: a new contiguous tensor of x's shape and dtype.
@@ -59,7 +61,8 @@ std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tenso
 // Builds the (cos, sin) tables, each float32 of shape (max_seq_len, rotary_dim / 2), with
 // cos[p][k] = cos(p * theta^(-2k / rotary_dim)). Angles are computed in float64 and rounded once,
 // so long contexts keep full float32 accuracy. The one table builder the C++ and Python modules
-// share. Throws if theta <= 0, rotary_dim is odd or < 2, or max_seq_len < 1.
+// share; torch_rope/tables.h has the scaling variants, float64 tables and a ready inv_freq.
+// Throws c10::ValueError if theta <= 0, rotary_dim is odd or < 2, or max_seq_len < 1.
 std::tuple<at::Tensor, at::Tensor> rope_tables(double theta, int64_t rotary_dim,
                                                int64_t max_seq_len,
                                                std::optional<c10::Device> device = std::nullopt);

@@ -1,0 +1,438 @@
+"""Hugging Face transformers integration: one line to put torch_rope under a loaded model.
+
+    import torch_rope.hf
+    model = torch_rope.hf.patch(model)        # every attention layer now calls rope::apply_qk
+    model = torch_rope.hf.unpatch(model)      # and back
+
+Two entry points, both thin layers over :func:`torch_rope.apply_qk`:
+
+* :func:`apply_rotary_pos_emb` has the signature and the results of transformers' own function
+  (``q, k, cos, sin, unsqueeze_dim=1`` with HF's gathered ``(B, S, R)`` cos/sin), for code that
+  calls it directly.
+* :func:`patch` goes further: the model's rotary module hands the *positions* to the attention
+  layers instead of gathered cos/sin, and each attention layer rotates q and k with tables from
+  torch_rope's float64 builder (``config.rope_parameters``, or ``rope_scaling`` in older configs).
+
+transformers is imported lazily, only by :func:`patch`; ``import torch_rope.hf`` never needs it.
+"""
+
+import sys
+import types
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from ._scaling import rope_frequencies
+from .nn import RotaryPositionalEmbedding
+from .ops import apply_qk
+
+__all__ = ["apply_rotary_pos_emb", "patch", "unpatch", "is_patched", "SUPPORTED_MODEL_TYPES"]
+
+#: transformers model types that :func:`patch` knows: each was checked against the unpatched model
+#: (fp32 logits, greedy generation with a KV cache) by this project's tests. They all rotate with
+#: ``rotate_half`` (torch_rope's ``interleaved=False``) through a module-level
+#: ``apply_rotary_pos_emb(q, k, cos, sin)`` called from the attention's forward.
+SUPPORTED_MODEL_TYPES = (
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "phi3",
+    "gpt_neox",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "olmo2",
+    "granite",
+    "granitemoe",
+    "starcoder2",
+    "olmo",
+    "olmo3",
+    "smollm3",
+    "arcee",
+    "exaone4",
+    "seed_oss",
+    "apertus",
+)
+
+_HF_NAME = "apply_rotary_pos_emb"
+_ONE_TYPE = "all"  # the table key of a model whose layers share one RoPE
+_PATCH_ATTR = "_torch_rope_patch"
+
+
+def apply_rotary_pos_emb(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1
+) -> Tuple[Tensor, Tensor]:
+    """transformers' ``apply_rotary_pos_emb``, computed by the torch_rope kernel.
+
+    ``cos``/``sin`` are HF's gathered tables, ``(B, S, R)`` (or ``(S, R)``) with duplicated halves
+    (``emb = cat(freqs, freqs)``), in any floating dtype; ``R <= head_dim`` (partial rotary: the
+    remaining features pass through, as in GPT-NeoX and Phi). ``unsqueeze_dim`` is where HF would
+    unsqueeze cos/sin to broadcast against q and k: 1 for ``(B, H, S, D)``, 2 for ``(B, S, H, D)``.
+
+    The first half of each row becomes a table row; the kernel reads it in place through its
+    strides, so q and k are never copied and float32/float64 cos/sin are not either. 16-bit cos/sin
+    are upcast once to float32 (half-precision tables are refused by the op), the only copy.
+    Outputs have q's and k's dtypes; math is float32 (float64 for float64 inputs).
+    """
+    if cos.shape != sin.shape:
+        raise ValueError(f"apply_rotary_pos_emb: cos and sin must have the same shape, got "
+                         f"{tuple(cos.shape)} and {tuple(sin.shape)}")
+    if cos.dim() < 1 or cos.size(-1) % 2:
+        raise ValueError("apply_rotary_pos_emb: cos/sin must be (..., R) with R even (HF's "
+                         f"duplicated halves), got shape {tuple(cos.shape)}")
+    half = cos.size(-1) // 2
+    rows = cos.shape[:-1]
+    cos_table = cos[..., :half].reshape(-1, half)
+    sin_table = sin[..., :half].reshape(-1, half)
+    if cos_table.dtype in (torch.float16, torch.bfloat16):
+        cos_table, sin_table = cos_table.float(), sin_table.float()
+    if unsqueeze_dim < 0:
+        unsqueeze_dim += cos.dim() + 1
+    positions = torch.arange(cos_table.size(0), device=cos.device).view(rows)
+    return _rotate_qk(q, k, cos_table, sin_table, positions, unsqueeze_dim, interleaved=False)
+
+
+# ---- patch ------------------------------------------------------------------------------------
+
+
+class _Patch:
+    """What patch() changed on one model, so that unpatch() can undo exactly that."""
+
+    def __init__(self) -> None:
+        self.rotary: List[nn.Module] = []
+        self.attention: List[nn.Module] = []
+
+
+def is_patched(model: nn.Module) -> bool:
+    """True when :func:`patch` was applied to ``model`` (and not undone)."""
+    return getattr(model, _PATCH_ATTR, None) is not None
+
+
+def _model_type(model: nn.Module) -> str:
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "model_type"):
+        raise TypeError(
+            "torch_rope.hf.patch: expected a transformers PreTrainedModel (with a .config), got "
+            f"{type(model).__name__}"
+        )
+    return config.model_type
+
+
+def _rotary_modules(model: nn.Module) -> List[nn.Module]:
+    found = []
+    for module in model.modules():
+        if type(module).__name__.endswith("RotaryEmbedding") and hasattr(module, "config") and (
+            hasattr(module, "inv_freq") or hasattr(module, "layer_types")
+        ):
+            found.append(module)
+    return found
+
+
+def _calls_hf_apply(module: nn.Module) -> bool:
+    forward = getattr(type(module), "forward", None)
+    code = getattr(forward, "__code__", None)
+    return code is not None and _HF_NAME in code.co_names and _HF_NAME in forward.__globals__
+
+
+def _layer_types(rotary: nn.Module) -> Optional[List[str]]:
+    """The layer types of a per-layer-type rotary module (Gemma 3), else None."""
+    layer_types = getattr(rotary, "layer_types", None)
+    if layer_types is None or hasattr(rotary, "inv_freq"):
+        return None
+    return [t for t in layer_types if hasattr(rotary, f"{t}_inv_freq")]
+
+
+def _head_dim(attention: nn.Module, config) -> int:
+    for name in ("head_dim", "head_size"):
+        value = getattr(attention, name, None)
+        if isinstance(value, int):
+            return value
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _scaling_dict(params: Dict[str, Any], config) -> Dict[str, Any]:
+    """config.rope_parameters (one layer type's) -> the dict RotaryPositionalEmbedding takes."""
+    scaling = {k: v for k, v in params.items() if v is not None}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type in ("dynamic", "yarn", "longrope"):
+        # The pretraining length these variants read from the config, outside the dict.
+        scaling["max_position_embeddings"] = config.max_position_embeddings
+    return scaling
+
+
+class _DynamicState:
+    """transformers' dynamic-NTK bookkeeping (dynamic_rope_update), mirrored step for step."""
+
+    def __init__(self, original: int) -> None:
+        self.original = original
+        self.cached = original
+
+
+def _make_tables(rotary: nn.Module, key: str, rotary_dim: int, max_seq_len: int,
+                 seq_len: Optional[int] = None) -> RotaryPositionalEmbedding:
+    config = rotary.config
+    params = config.rope_parameters if key == _ONE_TYPE else config.rope_parameters[key]
+    scaling = _scaling_dict(params, config)
+    if seq_len is not None:
+        scaling["seq_len"] = seq_len
+    theta = float(params["rope_theta"])
+    device = _device_of(rotary, key)
+    return RotaryPositionalEmbedding(
+        theta, rotary_dim, max(max_seq_len, seq_len or 0), device,
+        interleaved=False, scaling=scaling,
+    )
+
+
+def _device_of(rotary: nn.Module, key: str) -> torch.device:
+    name = "inv_freq" if key == _ONE_TYPE else f"{key}_inv_freq"
+    return getattr(rotary, name).device
+
+
+def _hf_frequencies(rotary: nn.Module, key: str, rope_type: str) -> Tuple[Tensor, float]:
+    """transformers' own (inv_freq, attention_scaling) for this rotary module, computed afresh
+    from the config in float32 (the module's buffer may have been cast to bf16 with the model)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    kwargs = {} if key == _ONE_TYPE else {"layer_type": key}
+    if rope_type == "default":
+        init = getattr(type(rotary), "compute_default_rope_parameters", None)
+    else:
+        init = ROPE_INIT_FUNCTIONS.get(rope_type)
+    if init is None:
+        raise NotImplementedError(
+            f"torch_rope.hf.patch: cannot find transformers' initialisation of rope_type "
+            f"{rope_type!r} for {type(rotary).__name__}; not patching"
+        )
+    inv_freq, attention_scaling = init(rotary.config, device=torch.device("cpu"), **kwargs)
+    return inv_freq.float(), float(attention_scaling)
+
+
+def _patched_rotary_forward(self, x: Tensor, position_ids: Tensor, layer_type=None):
+    """The rotary module's forward once patched: hand the positions and the tables on, compute
+    nothing. The attention layers unpack them as ``cos, sin`` and pass them to our
+    apply_rotary_pos_emb (:func:`_apply_with_tables`)."""
+    key = _ONE_TYPE if layer_type is None else layer_type
+    tables = self.torch_rope[key]
+    dynamic = self._torch_rope_dynamic.get(key)
+    if dynamic is not None:
+        _dynamic_update(self, key, dynamic, position_ids)
+        tables = self.torch_rope[key]
+    return tables._long_rope_switch(position_ids), tables
+
+
+def _dynamic_update(rotary: nn.Module, key: str, state: _DynamicState, position_ids: Tensor):
+    # transformers recomputes the frequencies when a sequence outgrows the cached length, and
+    # resets them when a short sequence follows a long one. Both need the length on the host: the
+    # same sync transformers' own dynamic_rope_update makes.
+    seq_len = int(position_ids.max()) + 1
+    rotary_dim = rotary.torch_rope[key].rotary_dim
+    if seq_len > state.cached:
+        rotary.torch_rope[key] = _make_tables(rotary, key, rotary_dim, seq_len, seq_len=seq_len)
+        state.cached = seq_len
+    if seq_len < state.original < state.cached:
+        rotary.torch_rope[key] = _make_tables(rotary, key, rotary_dim, state.original,
+                                              seq_len=state.original)
+        state.cached = state.original
+
+
+def _seq_major(x: Tensor) -> bool:
+    """A (B, H, S, D) view of (B, S, H, D) memory, as transformers' q/k: ``view().transpose(1, 2)``."""
+    return x.dim() == 4 and x.stride(1) < x.stride(2)
+
+
+def _rotate_qk(q, k, cos_table, sin_table, positions, unsqueeze_dim, interleaved):
+    """apply_qk at ``positions`` (B, S), for q/k laid out as transformers' attention has them.
+
+    HF's q and k are (B, H, S, D) views of (B, S, H, D) projections. Rotating the (B, S, H, D)
+    views (positions (B, S, 1)) walks memory in order, which the CPU kernel does 2-5x faster than
+    the transposed order; the results are handed back as (B, H, S, D) views, as HF's are.
+    """
+    if unsqueeze_dim == 1 and positions.dim() == 2 and _seq_major(q) and _seq_major(k):
+        q_out, k_out = apply_qk(q.transpose(1, 2), k.transpose(1, 2), cos_table, sin_table,
+                                positions.unsqueeze(-1), interleaved=interleaved)
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
+    return apply_qk(q, k, cos_table, sin_table, positions.unsqueeze(unsqueeze_dim),
+                    interleaved=interleaved)
+
+
+def _apply_with_tables(q, k, cos, sin, unsqueeze_dim=1):
+    """What a patched attention layer calls as apply_rotary_pos_emb: ``cos`` holds the positions
+    (B, S) and ``sin`` the torch_rope tables module, as the patched rotary module returned them."""
+    positions, tables = cos, sin
+    return _rotate_qk(q, k, tables.cos, tables.sin, positions, unsqueeze_dim, tables.interleaved)
+
+
+# One patched copy of each transformers modeling module's globals, registered as a module of its
+# own so that torch.compile resolves the patched forward's globals (it finds them by __name__).
+_NAMESPACES: Dict[str, types.ModuleType] = {}
+
+
+def _patched_namespace(original_globals: Dict[str, Any]) -> Dict[str, Any]:
+    source = original_globals["__name__"]
+    module = _NAMESPACES.get(source)
+    if module is None:
+        name = "torch_rope_hf_patched__" + source.replace(".", "_")
+        module = types.ModuleType(name)
+        module.__dict__.update(original_globals)
+        module.__dict__["__name__"] = name
+        module.__dict__[_HF_NAME] = _apply_with_tables
+        sys.modules[name] = module
+        _NAMESPACES[source] = module
+    return module.__dict__
+
+
+def _rebound_forward(attention: nn.Module):
+    """attention's class forward with our apply_rotary_pos_emb, bound to this instance only.
+
+    The function is rebuilt over a patched copy of its module's globals, so other models (and
+    other instances of the same class) keep transformers' function.
+    """
+    original = type(attention).forward
+    namespace = _patched_namespace(original.__globals__)
+    function = types.FunctionType(original.__code__, namespace, original.__name__,
+                                  original.__defaults__, original.__closure__)
+    function.__kwdefaults__ = original.__kwdefaults__
+    function.__dict__.update(original.__dict__)
+    function.__qualname__ = original.__qualname__
+    return types.MethodType(function, attention)
+
+
+def _self_check(rotary, key, attention, head_dim) -> None:
+    """Refuse to patch when our rotation does not reproduce the model's own on a small input."""
+    device = _device_of(rotary, key)
+    if device.type == "meta":
+        return
+    hf_apply = type(attention).forward.__globals__[_HF_NAME]
+    length = min(16, rotary.config.max_position_embeddings)
+    position_ids = torch.arange(length, device=device).unsqueeze(0)
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    q = torch.randn(1, 2, length, head_dim, generator=generator).to(device)
+    k = torch.randn(1, 1, length, head_dim, generator=generator).to(device)
+    tables = rotary.torch_rope[key]
+    refusal = (f"torch_rope.hf.patch: {type(attention).__name__} rotates q/k differently from "
+               "torch_rope's half-split RoPE on a test input; not patching this model")
+    with torch.no_grad():
+        # HF's gathered (B, S, R) cos/sin with duplicated halves, from our own tables: this checks
+        # how the layer rotates (layout, partial rotary), the frequencies are checked apart.
+        cos = tables.cos[position_ids].float().repeat(1, 1, 2)
+        sin = tables.sin[position_ids].float().repeat(1, 1, 2)
+        try:
+            want_q, want_k = hf_apply(q, k, cos, sin)
+        except Exception as error:  # e.g. a layer that slices the rotary part before calling
+            raise NotImplementedError(refusal) from error
+        got_q, got_k = _apply_with_tables(q, k, position_ids, tables)
+    for want, got in ((want_q, got_q), (want_k, got_k)):
+        if want.shape != got.shape or not torch.allclose(want, got, rtol=1e-4, atol=1e-4):
+            raise NotImplementedError(refusal)
+
+
+def patch(model: nn.Module, *, max_seq_len: Optional[int] = None) -> nn.Module:
+    """Make every attention layer of a loaded transformers model use torch_rope. Returns ``model``.
+
+    * Tables come from torch_rope's float64 builder, from ``config.rope_parameters`` (older
+      configs: ``rope_scaling``), one set per layer type when the config has several (Gemma 3's
+      sliding and full layers). They are non-persistent buffers of a ``torch_rope`` submodule of
+      the model's rotary module: ``state_dict()`` is unchanged, ``.to(device)`` moves them and
+      dtype casts keep them in float32.
+    * The rotary module then returns the position ids instead of gathered cos/sin, and each
+      attention layer rotates q and k in one ``rope::apply_qk`` call at those positions (strided q/k
+      of a fused qkv projection are read in place).
+    * ``dynamic`` recomputes the frequencies when a sequence outgrows the cached length, as
+      transformers does (with the same host sync); ``longrope`` switches between its short and
+      long factors on the device, without a sync.
+    * Only this model is changed: new forwards are bound to its modules, not to their classes.
+      :func:`unpatch` restores them. The model stays compilable with ``torch.compile``.
+
+    ``max_seq_len`` is the number of positions the tables cover (default
+    ``config.max_position_embeddings``); a position past it raises an ``IndexError``.
+
+    Raises ``NotImplementedError`` for a model type not in :data:`SUPPORTED_MODEL_TYPES`, or whose
+    layers do not match what patch expects, rather than patching it wrongly.
+    """
+    model_type = _model_type(model)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise NotImplementedError(
+            f"torch_rope.hf.patch: model type {model_type!r} is not supported (supported: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    if is_patched(model):
+        return model
+    rotaries = _rotary_modules(model)
+    attentions = [m for m in model.modules() if _calls_hf_apply(m)]
+    if len(rotaries) != 1 or not attentions:
+        raise NotImplementedError(
+            f"torch_rope.hf.patch: expected one rotary embedding module and attention layers that "
+            f"call {_HF_NAME}, found {len(rotaries)} rotary module(s) and {len(attentions)} such "
+            f"layer(s) in this {model_type} model"
+        )
+    rotary = rotaries[0]
+    config = rotary.config
+    keys = _layer_types(rotary) or [_ONE_TYPE]
+    rows = config.max_position_embeddings if max_seq_len is None else max_seq_len
+
+    tables = nn.ModuleDict()
+    dynamic: Dict[str, _DynamicState] = {}
+    for key in keys:
+        params = config.rope_parameters if key == _ONE_TYPE else config.rope_parameters[key]
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        hf_inv_freq, hf_scaling = _hf_frequencies(rotary, key, rope_type)
+        rotary_dim = 2 * hf_inv_freq.numel()
+        seq_len = None
+        if rope_type == "dynamic":
+            dynamic[key] = _DynamicState(config.max_position_embeddings)
+            seq_len = config.max_position_embeddings
+        tables[key] = _make_tables(rotary, key, rotary_dim, rows, seq_len=seq_len)
+        # Our float64 frequencies must round to transformers' float32 ones.
+        ours, ours_scaling = rope_frequencies(tables[key].theta, rotary_dim,
+                                              scaling=tables[key].scaling, seq_len=1)
+        if not (torch.allclose(ours.float(), hf_inv_freq, rtol=1e-5, atol=0)
+                and abs(ours_scaling - hf_scaling) <= 1e-6 * hf_scaling):
+            raise NotImplementedError(
+                f"torch_rope.hf.patch: the frequencies built from config.rope_parameters "
+                f"({params}) do not match transformers' own for this model; not patching"
+            )
+
+    record = _Patch()
+    rotary.torch_rope = tables
+    rotary._torch_rope_dynamic = dynamic
+    try:
+        checked = set()
+        for attention in attentions:
+            if type(attention) not in checked:
+                for key in keys:
+                    _self_check(rotary, key, attention, _head_dim(attention, config))
+                checked.add(type(attention))
+            attention.forward = _rebound_forward(attention)
+            record.attention.append(attention)
+        rotary.forward = types.MethodType(_patched_rotary_forward, rotary)
+        record.rotary.append(rotary)
+    except BaseException:
+        _undo(record)
+        del rotary.torch_rope
+        del rotary._torch_rope_dynamic
+        raise
+    object.__setattr__(model, _PATCH_ATTR, record)
+    return model
+
+
+def _undo(record: _Patch) -> None:
+    for module in record.attention + record.rotary:
+        module.__dict__.pop("forward", None)
+
+
+def unpatch(model: nn.Module) -> nn.Module:
+    """Undo :func:`patch`: the model's own rotary and attention forwards again. Returns ``model``."""
+    record = getattr(model, _PATCH_ATTR, None)
+    if record is None:
+        return model
+    _undo(record)
+    for rotary in record.rotary:
+        del rotary.torch_rope
+        del rotary._torch_rope_dynamic
+    object.__delattr__(model, _PATCH_ATTR)
+    return model

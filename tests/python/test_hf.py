@@ -1,0 +1,330 @@
+"""torch_rope.hf against the real transformers library, on tiny random-weight models.
+
+For each model the patched copy must match the unpatched one (fp32 logits to 1e-5 relative,
+identical greedy tokens with a KV cache and a left-padded row), the patched path must really run
+(a dispatcher-level counter of rope::apply_qk, and no HF cos/sin computed), the wrong layout must
+move the logits (negative control), and in bf16 its error against fp32 must stay within 1.5x of
+HF's own bf16 error.
+"""
+
+import copy
+import os
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+
+import hf_models  # noqa: E402
+import torch_rope  # noqa: E402
+import torch_rope.hf  # noqa: E402
+
+# A fast subset runs on every test run; the rest (about 2-4 s each) is marked slow.
+FAST = ["llama", "gpt_neox", "gemma3"]
+SLOW = [
+    "llama-linear", "llama-dynamic", "llama-yarn", "llama-llama3", "llama-longrope",
+    "llama-proportional", "qwen2", "qwen3", "mistral", "phi3", "gemma", "gemma2", "mixtral",
+    "qwen2_moe", "qwen3_moe", "olmo2", "granite", "starcoder2", *hf_models.GENERIC,
+]
+ALL = [pytest.param(n) for n in FAST] + [pytest.param(n, marks=pytest.mark.slow) for n in SLOW]
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts operators as the dispatcher sees them (below autograd): proof of what ran."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = {}
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        name = str(func.overloadpacket)
+        self.counts[name] = self.counts.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def logits(model, ids, mask):
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask).logits
+
+
+def rel_err(got, want):
+    return ((got.double() - want.double()).abs().max() / want.double().abs().max()).item()
+
+
+def generate(model, ids, mask, new_tokens=12):
+    with torch.no_grad():
+        return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                              do_sample=False, pad_token_id=0, use_cache=True)
+
+
+def n_attention_layers(model):
+    return model.config.get_text_config().num_hidden_layers
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_patched_model_matches_unpatched(name):
+    reference = hf_models.build(name)
+    model = copy.deepcopy(reference)
+    ids, mask = hf_models.batch()
+    want = logits(reference, ids, mask)
+
+    assert torch_rope.hf.patch(model) is model
+    assert torch_rope.hf.is_patched(model) and not torch_rope.hf.is_patched(reference)
+    assert model.state_dict().keys() == reference.state_dict().keys()
+
+    with OpCounter() as counter:
+        got = logits(model, ids, mask)
+    # One rope::apply_qk per attention layer, and HF's rotary never computed cos/sin.
+    assert counter.counts.get("rope.apply_qk", 0) == n_attention_layers(model)
+    assert counter.counts.get("aten.cos", 0) == 0 and counter.counts.get("aten.sin", 0) == 0
+    assert rel_err(got, want) <= 1e-5, rel_err(got, want)
+
+    # Greedy generation with a KV cache, the second row left-padded: identical tokens.
+    want_tokens = generate(reference, ids, mask)
+    with OpCounter() as counter:
+        got_tokens = generate(model, ids, mask)
+    assert counter.counts.get("rope.apply_qk", 0) >= 12 * n_attention_layers(model)
+    assert torch.equal(got_tokens, want_tokens), (got_tokens, want_tokens)
+
+    # The unpatched reference never touched our op.
+    with OpCounter() as counter:
+        logits(reference, ids, mask)
+    assert counter.counts.get("rope.apply_qk", 0) == 0
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_wrong_layout_moves_the_logits(name):
+    """Negative control: the same patch with the interleaved layout must be visibly wrong."""
+    model = torch_rope.hf.patch(hf_models.build(name))
+    ids, mask = hf_models.batch()
+    right = logits(model, ids, mask)
+    for rotary in (m for m in model.modules() if hasattr(m, "torch_rope")):
+        for tables in rotary.torch_rope.values():
+            tables.interleaved = True
+    wrong = logits(model, ids, mask)
+    assert rel_err(wrong, right) > 1e-3
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_bfloat16_error_within_hf_own(name):
+    """In bf16 the patched model is at most 1.5x as far from the fp32 logits as HF's bf16 is."""
+    fp32 = hf_models.build(name)
+    ids, mask = hf_models.batch()
+    want = logits(fp32, ids, mask).double()
+    hf_bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
+    ours_bf16 = torch_rope.hf.patch(copy.deepcopy(fp32)).to(torch.bfloat16)
+    for rotary in (m for m in ours_bf16.modules() if hasattr(m, "torch_rope")):
+        for tables in rotary.torch_rope.values():
+            assert tables.cos.dtype == torch.float32  # the cast kept our tables exact
+    hf_err = (logits(hf_bf16, ids, mask).double() - want).abs().max().item()
+    our_err = (logits(ours_bf16, ids, mask).double() - want).abs().max().item()
+    assert our_err <= 1.5 * hf_err, (our_err, hf_err)
+
+
+def test_unpatch_restores_the_model_exactly():
+    model = hf_models.build("llama")
+    ids, mask = hf_models.batch()
+    want = logits(model, ids, mask)
+    rotary = model.model.rotary_emb
+    torch_rope.hf.patch(model)
+    assert "forward" in vars(rotary) and hasattr(rotary, "torch_rope")
+    torch_rope.hf.unpatch(model)
+    assert not torch_rope.hf.is_patched(model)
+    assert "forward" not in vars(rotary) and not hasattr(rotary, "torch_rope")
+    assert all("forward" not in vars(m) for m in model.modules())
+    with OpCounter() as counter:
+        got = logits(model, ids, mask)
+    assert counter.counts.get("rope.apply_qk", 0) == 0
+    assert torch.equal(got, want)
+
+
+def test_patch_is_per_instance():
+    """Patching one model binds new forwards to its modules only, never to their classes."""
+    patched, other = hf_models.build("llama"), hf_models.build("llama")
+    classes_before = {type(m): type(m).forward for m in other.modules()}
+    torch_rope.hf.patch(patched)
+    assert {type(m): type(m).forward for m in other.modules()} == classes_before
+    ids, mask = hf_models.batch()
+    with OpCounter() as counter:
+        logits(other, ids, mask)
+    assert counter.counts.get("rope.apply_qk", 0) == 0
+    with OpCounter() as counter:
+        logits(patched, ids, mask)
+    assert counter.counts["rope.apply_qk"] == 2
+
+
+def test_patch_twice_is_a_no_op_and_unpatch_of_unpatched_too():
+    model = hf_models.build("llama")
+    assert torch_rope.hf.unpatch(model) is model
+    torch_rope.hf.patch(model)
+    tables = model.model.rotary_emb.torch_rope
+    torch_rope.hf.patch(model)
+    assert model.model.rotary_emb.torch_rope is tables
+
+
+def test_every_supported_model_type_is_tested_here():
+    tested = {hf_models.config(n).model_type for n in FAST + SLOW}
+    assert set(torch_rope.hf.SUPPORTED_MODEL_TYPES) == tested
+
+
+def test_unknown_architecture_is_refused():
+    config = transformers.GPTJConfig(vocab_size=64, n_embd=32, n_layer=1, n_head=2, rotary_dim=8,
+                                     n_positions=32)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with pytest.raises(NotImplementedError, match=r"model type 'gptj' is not supported"):
+        torch_rope.hf.patch(model)
+    assert not torch_rope.hf.is_patched(model)
+    assert all("forward" not in vars(m) for m in model.modules())
+
+
+def test_not_a_transformers_model_is_refused():
+    with pytest.raises(TypeError, match="PreTrainedModel"):
+        torch_rope.hf.patch(torch.nn.Linear(2, 2))
+
+
+def test_tables_cover_max_position_embeddings_and_can_be_extended():
+    model = torch_rope.hf.patch(hf_models.build("llama"))  # max_position_embeddings = 64
+    ids = torch.randint(2, 256, (1, 70))
+    with pytest.raises(IndexError, match="max_seq_len"):
+        logits(model, ids, torch.ones_like(ids))
+    longer = torch_rope.hf.patch(hf_models.build("llama"), max_seq_len=128)
+    reference = hf_models.build("llama")
+    assert rel_err(logits(longer, ids, torch.ones_like(ids)),
+                   logits(reference, ids, torch.ones_like(ids))) <= 1e-5
+
+
+def test_tables_follow_the_model_to_another_dtype_and_stay_float32():
+    model = torch_rope.hf.patch(hf_models.build("gemma3"))
+    model.to(torch.float16)
+    tables = model.model.rotary_emb.torch_rope
+    assert set(tables.keys()) == {"sliding_attention", "full_attention"}
+    assert all(t.cos.dtype == torch.float32 for t in tables.values())
+    # Sliding layers plain theta 1e4, full layers theta 1e6 with linear factor 8.
+    assert tables["full_attention"].scaling["rope_type"] == "linear"
+    assert tables["sliding_attention"].theta == 10000.0
+
+
+def test_patched_model_compiles_fullgraph():
+    model = torch_rope.hf.patch(hf_models.build("llama"))
+    ids, mask = hf_models.batch()
+    want = logits(model, ids, mask)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        got = compiled(input_ids=ids, attention_mask=mask).logits
+    assert rel_err(got, want) <= 1e-6
+
+
+@pytest.mark.slow
+def test_patched_model_compiles_with_inductor():
+    model = torch_rope.hf.patch(hf_models.build("phi3"))  # longrope: the switch is traced too
+    ids, mask = hf_models.batch(length=20)
+    want = logits(model, ids, mask)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        got = compiled(input_ids=ids, attention_mask=mask).logits
+    assert rel_err(got, want) <= 1e-5
+
+
+def test_training_step_gradients_match():
+    reference = hf_models.build("qwen3")
+    model = torch_rope.hf.patch(copy.deepcopy(reference))
+    ids, mask = hf_models.batch()
+    for m in (reference, model):
+        m.train()
+        m(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
+    for (name, p), q in zip(reference.named_parameters(), model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+# ---- apply_rotary_pos_emb: HF's signature and results -------------------------------------
+
+
+def hf_cos_sin(batch, seq, rotary_dim, dtype, theta=10000.0):
+    inv = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
+    pos = torch.randint(0, 100, (batch, seq)).double()
+    emb = torch.cat([pos[..., None] * inv] * 2, dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
+                         ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_apply_rotary_pos_emb_matches_transformers(dtype, layout):
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply
+
+    cos, sin = hf_cos_sin(2, 7, 32, dtype)
+    shape = (2, 4, 7, 32) if layout == "bhsd" else (2, 7, 4, 32)
+    unsqueeze_dim = 1 if layout == "bhsd" else 2
+    q = torch.randn(shape).to(dtype)
+    k = torch.randn(shape[:2] + (2,) + shape[3:] if layout == "bshd" else (2, 2, 7, 32)).to(dtype)
+    want_q, want_k = hf_apply(q.double(), k.double(), cos.double(), sin.double(), unsqueeze_dim)
+    got_q, got_k = torch_rope.hf.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(got_q.double(), want_q, **tol)
+    torch.testing.assert_close(got_k.double(), want_k, **tol)
+    assert got_q.dtype == dtype and got_k.dtype == dtype
+
+
+def test_apply_rotary_pos_emb_partial_rotary_matches_gpt_neox():
+    from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb as hf_apply
+
+    cos, sin = hf_cos_sin(2, 5, 8, torch.float32)  # R = 8 < head_dim = 32
+    q, k = torch.randn(2, 4, 5, 32), torch.randn(2, 4, 5, 32)
+    want = hf_apply(q, k, cos, sin)
+    got = torch_rope.hf.apply_rotary_pos_emb(q, k, cos, sin)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=lambda d: str(d)[6:])
+def test_apply_rotary_pos_emb_never_copies_q_or_k(dtype):
+    """q and k (strided slices of a fused qkv) reach the kernel as they are; 16-bit cos/sin are
+    upcast once (one copy each), float32 cos/sin not at all."""
+    cos, sin = hf_cos_sin(2, 6, 16, dtype)
+    qkv = torch.randn(2, 6, 3, 4, 16).to(dtype)
+    q, k = qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2)
+    with OpCounter() as counter:
+        torch_rope.hf.apply_rotary_pos_emb(q, k, cos, sin)
+    copies = {n: c for n, c in counter.counts.items()
+              if n in ("aten._to_copy", "aten.clone", "aten.copy_", "aten.contiguous",
+                       "aten.cat", "aten.mul", "aten.add")}
+    assert copies == ({} if dtype == torch.float32 else {"aten._to_copy": 2}), counter.counts
+    assert counter.counts["rope.apply_qk"] == 1
+
+
+def test_importing_torch_rope_does_not_import_transformers():
+    import subprocess
+    import sys
+
+    code = ("import sys, torch_rope, torch_rope.hf, torch_rope.torchtune; "
+            "print('transformers' in sys.modules, 'torchtune' in sys.modules)")
+    package_root = os.path.dirname(os.path.dirname(torch_rope.__file__))
+    env = dict(os.environ, PYTHONPATH=package_root)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"], out
+
+
+def test_self_check_refuses_a_model_whose_rotation_differs(monkeypatch):
+    """If a supported model type ever rotated differently, patch would refuse it."""
+    model = hf_models.build("llama")
+    attention = model.model.layers[0].self_attn
+    module_globals = type(attention).forward.__globals__
+
+    def interleaved_apply(q, k, cos, sin, unsqueeze_dim=1):
+        def rot(x):  # GPT-J pairs instead of rotate_half
+            x1, x2 = x[..., ::2], x[..., 1::2]
+            c = cos.unsqueeze(unsqueeze_dim)[..., ::2]
+            s = sin.unsqueeze(unsqueeze_dim)[..., ::2]
+            return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).flatten(-2)
+        return rot(q), rot(k)
+
+    monkeypatch.setitem(module_globals, "apply_rotary_pos_emb", interleaved_apply)
+    with pytest.raises(NotImplementedError, match="rotates q/k differently"):
+        torch_rope.hf.patch(model)
+    assert not torch_rope.hf.is_patched(model)
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert not hasattr(model.model.rotary_emb, "torch_rope")

@@ -125,6 +125,32 @@ PYBIND11_MODULE(_C, m) {
       py::arg("theta"), py::arg("rotary_dim"), py::arg("max_seq_len"), py::arg("scaling"),
       py::arg("dtype"), py::arg("device"),
       "(cos, sin, long_offset, long_after) of a RotaryPositionalEmbedding; see rope::module_tables");
+  // Typed entry points for the eager fast path of python/torch_rope/ops.py. They call the ops
+  // through the dispatcher exactly as torch.ops.rope.* do (autograd, every backend, dispatch
+  // modes), minus the boxed call's argument parsing. ops.py uses them only for plain tensors,
+  // outside torch.compile, functorch transforms and __torch_function__ modes. The GIL is
+  // released around the op, as in torch's own bindings.
+  m.def(
+      "_apply",
+      [](const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+         const at::Tensor& positions, bool interleaved, bool inverse) {
+        py::gil_scoped_release no_gil;
+        return rope::apply(x, cos, sin, positions, interleaved, inverse);
+      });
+  m.def(
+      "_apply_",
+      [](at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+         const at::Tensor& positions, bool interleaved, bool inverse) {
+        py::gil_scoped_release no_gil;
+        rope::apply_(x, cos, sin, positions, interleaved, inverse);
+      });
+  m.def(
+      "_apply_qk",
+      [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+         const at::Tensor& positions, bool interleaved, bool inverse) {
+        py::gil_scoped_release no_gil;
+        return rope::apply_qk(q, k, cos, sin, positions, interleaved, inverse);
+      });
   m.def("compiled_with_cuda", &rope::compiled_with_cuda,
         "True when the library was built with its CUDA kernels");
   m.def("cpu_kernel_isa", &rope::cpu_kernel_isa,

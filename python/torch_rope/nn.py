@@ -151,35 +151,41 @@ class RotaryPositionalEmbedding(nn.Module):
         positions of 3 or more dims broadcast to ``x.shape[:-1]`` as the op does. Returns a new
         tensor of ``x``'s shape and dtype.
         """
-        if x.dim() == 0 or x.size(-1) != self.d_k:
+        # Decode calls this twice per layer per token: keep the per-call Python short (one
+        # x.shape, buffers read from _buffers rather than through nn.Module.__getattr__).
+        shape = x.shape
+        rank = len(shape) - 1
+        if rank < 0 or shape[-1] != self.d_k:
             raise ValueError(
                 f"RotaryPositionalEmbedding: x.size(-1) must equal d_k = {self.d_k}, got x of "
-                f"shape {tuple(x.shape)}"
+                f"shape {tuple(shape)}"
             )
-        rank = x.dim() - 1
+        trailing = self._trailing
         if token_positions is None:
-            if rank < self._trailing + 1:
+            if rank < trailing + 1:
                 raise ValueError(
                     "RotaryPositionalEmbedding: without token_positions, x needs a sequence axis "
-                    f"at seq_dim = {self.seq_dim}, got x of shape {tuple(x.shape)}"
+                    f"at seq_dim = {self.seq_dim}, got x of shape {tuple(shape)}"
                 )
-            positions = torch.arange(x.size(self.seq_dim), device=x.device)
+            positions = torch.arange(shape[self.seq_dim], device=x.device)
         elif isinstance(token_positions, Tensor):
             positions = token_positions
-            if positions.dim() == 2 and rank >= 2 + self._trailing:
+            if positions.dim() == 2 and rank >= 2 + trailing:
                 # (B, S): B on x's first axis, S on its sequence axis.
-                for _ in range(rank - 2 - self._trailing):
+                for _ in range(rank - 2 - trailing):
                     positions = positions.unsqueeze(1)
         else:
             raise TypeError(
                 "RotaryPositionalEmbedding: token_positions must be an int32/int64 Tensor or "
                 f"None, got {type(token_positions).__name__}"
             )
-        if positions.dim() <= 2:
-            for _ in range(self._trailing):
+        if trailing and positions.dim() <= 2:
+            for _ in range(trailing):
                 positions = positions.unsqueeze(-1)
-        positions = self._long_rope_switch(positions)
-        cos, sin = self.cos, self.sin
+        if self._long_offset:
+            positions = self._long_rope_switch(positions)
+        buffers = self._buffers
+        cos, sin = buffers["cos"], buffers["sin"]
         if type(x) is not Tensor:  # a DTensor x gets DTensor tables and positions, no communication
             cos, sin, positions = _distributed._as_dtensors_like(x, cos, sin, positions)
         return apply(x, cos, sin, positions, interleaved=self.interleaved)
@@ -189,7 +195,7 @@ class RotaryPositionalEmbedding(nn.Module):
         tables hold LongRoPE's both variants and this call reaches past the original context
         (transformers' rule: ``max(positions) + 1 > original_max_position_embeddings``). Decided
         on the device, so no host sync."""
-        if not self._long_offset or positions.numel() == 0:
+        if positions.numel() == 0:
             return positions
         is_long = (positions.max() >= self._long_after).to(positions.dtype)
         return positions + is_long * self._long_offset

@@ -33,6 +33,26 @@ _apply_inplace = torch.ops.rope.apply_.default
 _apply_out = torch.ops.rope.apply.out
 _apply_qk = torch.ops.rope.apply_qk.default
 
+# The eager fast path: for plain tensors, with no torch.compile, functorch transform or
+# __torch_function__ mode around the call, the typed C++ entry points (csrc/python/bindings.cpp)
+# make the same dispatcher call as torch.ops.rope.* without the boxed call's argument parsing
+# (about 2 us of a decode-sized call). Everything else takes torch.ops, which Dynamo traces, and
+# which honours subclasses (DTensor) and modes. is_compiling comes first: Dynamo folds it to
+# True, so it never looks past it.
+_is_compiling = torch.compiler.is_compiling
+_functorch_active = torch._C._are_functorch_transforms_active
+_function_mode_active = torch._C._is_torch_function_mode_enabled
+_fast_apply = _C._apply
+_fast_apply_inplace = _C._apply_
+_fast_apply_qk = _C._apply_qk
+
+
+def _flags(interleaved: bool, inverse: bool) -> dict:
+    """The keyword flags that differ from the schema's defaults (keywords cost per call)."""
+    if interleaved and not inverse:
+        return {}
+    return {"interleaved": interleaved, "inverse": inverse}
+
 
 def apply(
     x: Tensor,
@@ -51,10 +71,21 @@ def apply(
     KV-cache slot: any strides, ``x``'s shape and dtype, never resized, sharing no memory with
     an input) and ``out`` is returned; ``out=`` is not differentiable.
     """
+    if (
+        not _is_compiling()
+        and out is None
+        and type(x) is Tensor
+        and type(positions) is Tensor
+        and type(cos) is Tensor
+        and type(sin) is Tensor
+        and not _functorch_active()
+        and not _function_mode_active()
+    ):
+        return _fast_apply(x, cos, sin, positions, interleaved, inverse)
     if type(x) is not Tensor:  # a subclass such as DTensor
         _maybe_register_for(x)
     if out is not None:
-        if type(out) is not Tensor or (torch.compiler.is_compiling() and not out.is_contiguous()):
+        if type(out) is not Tensor or (_is_compiling() and not out.is_contiguous()):
             # DTensor cannot run an out= overload that returns nothing (it returns `out` from
             # out= ops), and Dynamo refuses any op called with a non-contiguous out= (e.g. a
             # KV-cache slot): the same values reach `out` through the out-of-place op and a copy.
@@ -63,13 +94,13 @@ def apply(
                     "rope.apply.out: functions with out=... arguments don't support automatic "
                     "differentiation, but one of the arguments requires grad"
                 )
-            out.copy_(_apply(x, cos, sin, positions, interleaved=interleaved, inverse=inverse))
+            out.copy_(_apply(x, cos, sin, positions, **_flags(interleaved, inverse)))
             return out
-        _apply_out(x, cos, sin, positions, interleaved=interleaved, inverse=inverse, out=out)
+        _apply_out(x, cos, sin, positions, out=out, **_flags(interleaved, inverse))
         return out
     if _functorch.transforms_active():
         return _functorch.Rotate.apply(x, cos, sin, positions, interleaved, inverse)
-    return _apply(x, cos, sin, positions, interleaved=interleaved, inverse=inverse)
+    return _apply(x, cos, sin, positions, **_flags(interleaved, inverse))
 
 
 def apply_(
@@ -82,11 +113,22 @@ def apply_(
     inverse: bool = False,
 ) -> Tensor:
     """Rotate ``x`` in place and return it. Every check runs before anything is written."""
+    if (
+        not _is_compiling()
+        and type(x) is Tensor
+        and type(positions) is Tensor
+        and type(cos) is Tensor
+        and type(sin) is Tensor
+        and not _functorch_active()
+        and not _function_mode_active()
+    ):
+        _fast_apply_inplace(x, cos, sin, positions, interleaved, inverse)
+        return x
     if type(x) is not Tensor:  # a subclass such as DTensor
         _maybe_register_for(x)
     if _functorch.transforms_active():
         return _functorch.RotateInplace.apply(x, cos, sin, positions, interleaved, inverse)
-    _apply_inplace(x, cos, sin, positions, interleaved=interleaved, inverse=inverse)
+    _apply_inplace(x, cos, sin, positions, **_flags(interleaved, inverse))
     return x
 
 
@@ -105,11 +147,22 @@ def apply_qk(
     ``q`` and ``k`` may have different head counts (GQA/MQA); ``positions`` is broadcast against
     ``q.shape[:-1]`` and ``k.shape[:-1]`` separately.
     """
+    if (
+        not _is_compiling()
+        and type(q) is Tensor
+        and type(k) is Tensor
+        and type(positions) is Tensor
+        and type(cos) is Tensor
+        and type(sin) is Tensor
+        and not _functorch_active()
+        and not _function_mode_active()
+    ):
+        return _fast_apply_qk(q, k, cos, sin, positions, interleaved, inverse)
     if type(q) is not Tensor or type(k) is not Tensor:  # a subclass such as DTensor
         _maybe_register_for(q, k)
     if _functorch.transforms_active():
         return _functorch.RotateQK.apply(q, k, cos, sin, positions, interleaved, inverse)
-    return _apply_qk(q, k, cos, sin, positions, interleaved=interleaved, inverse=inverse)
+    return _apply_qk(q, k, cos, sin, positions, **_flags(interleaved, inverse))
 
 
 def rope_tables(

@@ -334,8 +334,10 @@ def main():
             print(f"SKIPPED: {f} does not exist (not built?)")
             return SKIP
         with tempfile.TemporaryDirectory() as tmp:
-            listing = run([tools["cuobjdump"], "-lelf", str(f.resolve())])
-            if "ELF file" not in listing:
+            listed = subprocess.run([tools["cuobjdump"], "-lelf", str(f.resolve())],
+                                    capture_output=True, text=True)
+            # cuobjdump fails ("does not contain device code") on a file without a fatbinary.
+            if "ELF file" not in listed.stdout:
                 print(f"SKIPPED: {f} holds no CUDA machine code (a CPU-only build)")
                 return SKIP
             run([tools["cuobjdump"], "-xelf", "all", str(f.resolve())], cwd=tmp)

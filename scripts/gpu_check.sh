@@ -126,12 +126,15 @@ TORCH_PREFIX="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
 GENERATOR=()
 command -v ninja >/dev/null && GENERATOR=(-G Ninja)
 HAVE_GTEST=0
-if cmake --find-package -DNAME=GTest -DCOMPILER_ID=GNU -DLANGUAGE=CXX -DMODE=EXIST 2>/dev/null |
-   grep -q "GTest found"; then
+# (In a scratch directory: the probe leaves a CMakeFiles/ behind.)
+PROBE_DIR="$(mktemp -d)"
+if (cd "$PROBE_DIR" && cmake --find-package -DNAME=GTest -DCOMPILER_ID=GNU -DLANGUAGE=CXX \
+      -DMODE=EXIST 2>/dev/null) | grep -q "GTest found"; then
   HAVE_GTEST=1
 elif [ -f /usr/include/gtest/gtest.h ] || [ -f /usr/local/include/gtest/gtest.h ]; then
   HAVE_GTEST=1
 fi
+rm -rf "$PROBE_DIR"
 
 # configure_and_build DIR [EXTRA CMAKE ARGS...]
 configure_and_build() {

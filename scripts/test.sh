@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every test: installs what is needed, builds, runs the GoogleTest suite (ctest), builds and checks
+# Every test: installs what is needed, builds, runs the GoogleTest suite (ctest, which includes the
+# host run of the CUDA kernel and its SASS check) and the CUDA mutation check, builds and checks
 # the LibTorch examples (attention model; TorchScript and AOTInductor loaders) against the
 # *installed* CMake package, smoke-tests the wheel in a fresh venv, then runs pytest.
 # CUDA tests run when a GPU is present and are reported as skipped otherwise.
@@ -16,8 +17,11 @@ bash scripts/setup.sh
 bash scripts/build.sh
 PY=.venv/bin/python
 
-echo "== C++ tests (GoogleTest via ctest)"
+echo "== C++ tests (GoogleTest via ctest; also the host run of the CUDA kernel and its SASS check)"
 ctest --test-dir build --output-on-failure --timeout 300
+
+echo "== CUDA kernel mutation check: every planted bug must fail the host run"
+"$PY" tests/cuda_host/mutation_check.py --build-dir build
 
 echo "== C++ example built against the installed package (find_package(TorchRope))"
 rm -rf build/install build/example

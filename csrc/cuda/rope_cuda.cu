@@ -1,9 +1,11 @@
 // CUDA backend: registers rope.apply, rope.apply_ and rope.apply_qk for the CUDA dispatch key.
 //
 // Thin glue, mirroring csrc/cpu/rope_cpu.cpp: the op bodies (checks, allocation, argument
-// preparation) are shared through op_bodies.h; the kernel is rope_kernel.cuh, which knows nothing
-// of torch. This file picks the device, the stream and the storage type, and turns the launch
-// status into an error. Nothing here synchronizes with the device.
+// preparation) are shared through op_bodies.h; the kernel and its launcher are rope_kernel.cuh,
+// which knows nothing of torch, and the launch planning is launch_plan.h, plain C++. This file
+// picks the device, the stream and the storage type, and turns the launch status into an error.
+// Nothing here synchronizes with the device. tests/cuda_host runs the same kernel and planning on
+// the host through a copy of this policy (its HostCudaBackend), since CI has no GPU.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -26,7 +28,9 @@ namespace {
 // One launch for `first` and, if given, `second` (apply_qk), on the current device and stream.
 void launch(c10::ScalarType dtype, const RotationArgs& first, const RotationArgs* second,
             const TableArgs& tables, RotationMode mode) {
-  // Cached by torch per device after the first call: no driver query on the hot path.
+  // Cached by torch per device after the first call: no driver query on the hot path. The
+  // kernel's resident blocks per SM, the plan's other device input, are asked of the runtime by
+  // rope_kernel.cuh once per device and kernel variant.
   const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   cudaError_t status = cudaSuccess;
@@ -46,7 +50,8 @@ void launch(c10::ScalarType dtype, const RotationArgs& first, const RotationArgs
       status = rotate<__nv_bfloat16>(first, second, tables, mode, num_sms, stream);
       break;
     default:
-      // Unreachable: validation admits only these four dtypes.
+      // Only these four storage types have a kernel. Validation is to reject every other dtype
+      // (float8 included) before the launch; one that gets here is a hole in those checks.
       TORCH_INTERNAL_ASSERT(false, "rope cuda kernel: unsupported dtype ", dtype);
   }
   C10_CUDA_CHECK(status);

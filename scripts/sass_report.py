@@ -1,0 +1,367 @@
+#!/usr/bin/env python3
+"""What a GPU would show of the CUDA kernels, read from the machine code in CI.
+
+For every kernel variant in the cubins (sm_80, sm_90) of an object, a shared library (librope.so)
+or a cubin, it lists the registers, the spills (stack / local memory, STL / LDL instructions),
+the resident blocks per SM those registers allow (and so the occupancy), and the widths of the
+global stores and loads. Accesses are attributed to source lines through the line info that the
+build keeps (-lineinfo): the lines of csrc/cuda/rope_kernel.cuh marked `// sass: vector store`,
+`// sass: vector load`, `// sass: rotated store` and `// sass: tail store`.
+
+    python scripts/sass_report.py [--check] [--markdown FILE] [--json FILE] [build/librope.so]
+
+--check fails (exit 1) when
+  - any variant spills (stack or local memory, STL / LDL instructions);
+  - any store from the vector store (16 bytes of x) compiles to anything but STG.E.128, any
+    load from the vector load to anything but LDG.E.128, or a vector variant has no 128-bit
+    rotated store at all (the vector path optimised away);
+  - any variant uses shared memory, barriers, shuffles or atomics: the host run of the kernel
+    (tests/cuda_host) is faithful only without them.
+Exit 77 (a skip, for ctest) when there is no cuobjdump / nvdisasm or no CUDA code in the file.
+
+The tools come from, in order: $CUOBJDUMP / $NVDISASM, --tool-dir, PATH, /usr/local/cuda/bin,
+and the copies the triton wheel (a dependency of torch) ships in triton/backends/nvidia/bin (of
+the triton this Python imports, or of the project's .venv).
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SKIP = 77
+REPO = Path(__file__).resolve().parent.parent
+KERNEL_SOURCE = REPO / "csrc" / "cuda" / "rope_kernel.cuh"
+MARKERS = {"vector": "// sass: vector store", "rotated": "// sass: rotated store",
+           "tail": "// sass: tail store", "vector_load": "// sass: vector load"}
+# sm_80 and sm_90: 64K 32-bit registers and 2048 threads per SM, registers allocated per warp in
+# units of 256, at most 32 resident blocks.
+REGISTERS_PER_SM = 65536
+THREADS_PER_SM = 2048
+MAX_BLOCKS_PER_SM = 32
+BLOCK_THREADS = 256
+STORAGE_NAMES = {"__nv_bfloat16": "bf16", "__half": "fp16", "float": "fp32", "double": "fp64"}
+
+
+def triton_bin_dirs():
+    """triton/backends/nvidia/bin of the triton this Python imports, and of the project's .venv."""
+    dirs = []
+    spec = importlib.util.find_spec("triton")
+    if spec is not None and spec.submodule_search_locations:
+        dirs += [Path(root) / "backends" / "nvidia" / "bin"
+                 for root in spec.submodule_search_locations]
+    dirs += sorted(REPO.glob(".venv/lib/python3*/site-packages/triton/backends/nvidia/bin"))
+    return dirs
+
+
+def find_tool(name, tool_dirs):
+    env = os.environ.get(name.upper())
+    if env and Path(env).is_file():
+        return env
+    for d in tool_dirs:
+        if (Path(d) / name).is_file():
+            return str(Path(d) / name)
+    found = shutil.which(name)
+    if found:
+        return found
+    for d in [Path("/usr/local/cuda/bin")] + triton_bin_dirs():
+        if (d / name).is_file():
+            return str(d / name)
+    return None
+
+
+def run(cmd, cwd=None):
+    return subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def resident_blocks(registers):
+    """Blocks of 256 threads an SM of sm_80 / sm_90 holds at `registers` per thread."""
+    per_warp = -(-registers * 32 // 256) * 256
+    warps = REGISTERS_PER_SM // per_warp
+    by_registers = warps // (BLOCK_THREADS // 32)
+    return max(0, min(by_registers, THREADS_PER_SM // BLOCK_THREADS, MAX_BLOCKS_PER_SM))
+
+
+def demangle(names):
+    cxxfilt = shutil.which("c++filt")
+    if not cxxfilt or not names:
+        return {n: n for n in names}
+    out = subprocess.run([cxxfilt], input="\n".join(names), capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    return dict(zip(names, out))
+
+
+def describe(demangled):
+    """'bf16 / fp32 tables / interleaved / vector' from rope_kernel<__nv_bfloat16, float, true,
+    true>; the raw name for anything else."""
+    m = re.search(r"rope_kernel<([^>]*)>", demangled)
+    if not m:
+        return demangled, None
+    args = [a.strip() for a in m.group(1).split(",")]
+    if len(args) != 4:
+        return demangled, None
+    storage, table, interleaved, vector = args
+    info = {
+        "storage": STORAGE_NAMES.get(storage, storage),
+        "tables": STORAGE_NAMES.get(table, table),
+        "interleaved": interleaved == "true",
+        "vector": vector == "true",
+    }
+    name = "{} / {} tables / {} / {}".format(
+        info["storage"], info["tables"], "interleaved" if info["interleaved"] else "half split",
+        "vector" if info["vector"] else "scalar-only")
+    return name, info
+
+
+def marker_lines(path):
+    """Line numbers of each marker in the kernel source."""
+    lines = {k: set() for k in MARKERS}
+    try:
+        text = Path(path).read_text().splitlines()
+    except OSError:
+        return lines
+    for number, line in enumerate(text, start=1):
+        for kind, marker in MARKERS.items():
+            if marker in line:
+                lines[kind].add(number)
+    return lines
+
+
+LINE_INFO = re.compile(r'//## File "([^"]+)", line (\d+)(?: inlined at "([^"]+)", line (\d+))?')
+INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+
+
+def parse_sass(text):
+    """{function: [(opcode, {(file, line), ...}), ...]} from `nvdisasm -gi` output."""
+    functions = {}
+    current = None
+    chain = set()
+    fresh_group = False
+    for line in text.splitlines():
+        if line.startswith(".text."):
+            current = line[len(".text."):].rstrip(":")
+            functions[current] = []
+            chain = set()
+            continue
+        m = LINE_INFO.search(line)
+        if m:
+            if not fresh_group:
+                chain = set()
+                fresh_group = True
+            chain.add((os.path.basename(m.group(1)), int(m.group(2))))
+            if m.group(3):
+                chain.add((os.path.basename(m.group(3)), int(m.group(4))))
+            continue
+        m = INSTRUCTION.match(line)
+        if m and current is not None:
+            fresh_group = False
+            functions[current].append((m.group(1), frozenset(chain)))
+    return functions
+
+
+RES_FUNCTION = re.compile(r"Function ([^:\s]+):")
+RES_VALUES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
+
+
+def parse_resources(text):
+    out = {}
+    name = None
+    for line in text.splitlines():
+        m = RES_FUNCTION.search(line)
+        if m:
+            name = m.group(1)
+            continue
+        m = RES_VALUES.search(line)
+        if m and name:
+            reg, stack, shared, local = map(int, m.groups())
+            out[name] = {"registers": reg, "stack": stack, "shared": shared, "local": local}
+            name = None
+    return out
+
+
+def width_of(opcode):
+    m = re.search(r"\.(128|64|U16|S16|U8|S8)(?:\.|$)", opcode)
+    if not m:
+        return "32"
+    return {"U16": "16", "S16": "16", "U8": "8", "S8": "8"}.get(m.group(1), m.group(1))
+
+
+def analyse(cubin, arch, tools, markers):
+    resources = parse_resources(run([tools["cuobjdump"], "-res-usage", str(cubin)]))
+    functions = parse_sass(run([tools["nvdisasm"], "-gi", "-c", str(cubin)]))
+    names = demangle(sorted(functions))
+    kernel_file = KERNEL_SOURCE.name
+    rows = []
+    for mangled, instructions in functions.items():
+        res = resources.get(mangled, {})
+        name, info = describe(names[mangled])
+        stores = {"rotated_vector": {}, "tail_vector": {}, "scalar": {}, "other": {}}
+        loads = {}
+        vector_loads = {}  # loads of x from the vector load (16 bytes)
+        counts = {"spill": 0, "forbidden": []}
+        for opcode, chain in instructions:
+            base = opcode.split(".")[0]
+            if base in ("STL", "LDL"):
+                counts["spill"] += 1
+            if base in ("STS", "LDS", "ATOM", "ATOMS", "ATOMG", "RED", "SHFL", "BAR", "LDSM"):
+                counts["forbidden"].append(opcode)
+            if base == "LDG":
+                w = width_of(opcode)
+                loads[w] = loads.get(w, 0) + 1
+                if {ln for f, ln in chain if f == kernel_file} & markers["vector_load"]:
+                    vector_loads[w] = vector_loads.get(w, 0) + 1
+            if base != "STG":
+                continue
+            lines = {ln for f, ln in chain if f == kernel_file}
+            if lines & markers["vector"]:
+                kind = "rotated_vector" if lines & markers["rotated"] else "tail_vector"
+            elif lines & (markers["rotated"] | markers["tail"]):
+                kind = "scalar"
+            else:
+                kind = "other"
+            w = width_of(opcode)
+            stores[kind][w] = stores[kind].get(w, 0) + 1
+        registers = res.get("registers", 0)
+        blocks = resident_blocks(registers) if registers else None
+        rows.append({
+            "arch": arch, "kernel": name, "mangled": mangled, "variant": info,
+            "registers": registers, "stack": res.get("stack", 0), "local": res.get("local", 0),
+            "shared": res.get("shared", 0), "spill_instructions": counts["spill"],
+            "resident_blocks": blocks,
+            "occupancy": None if blocks is None else blocks * BLOCK_THREADS / THREADS_PER_SM,
+            "stores": stores, "loads": loads, "vector_loads": vector_loads,
+            "forbidden": sorted(set(counts["forbidden"])),
+        })
+    return rows
+
+
+def fmt_widths(d):
+    if not d:
+        return "-"
+    return " ".join(f"{n}x{w}" for w, n in sorted(d.items(), key=lambda kv: -int(kv[0])))
+
+
+def markdown(rows):
+    out = []
+    for arch in sorted({r["arch"] for r in rows}):
+        out.append(f"#### {arch}\n")
+        out.append("| kernel (storage / tables / layout / variant) | regs | spills | blocks/SM "
+                   "(occupancy) | rotated stores, vector | tail stores, vector | stores, scalar "
+                   "path | other stores | global loads |")
+        out.append("|---|---|---|---|---|---|---|---|---|")
+        for r in sorted((r for r in rows if r["arch"] == arch), key=lambda r: r["kernel"]):
+            spills = (f"{r['stack']}/{r['local']} B, {r['spill_instructions']} STL/LDL"
+                      if r["stack"] or r["local"] or r["spill_instructions"] else "none")
+            occ = ("?" if r["resident_blocks"] is None
+                   else f"{r['resident_blocks']} ({100 * r['occupancy']:.1f}%)")
+            s = r["stores"]
+            out.append(f"| {r['kernel']} | {r['registers']} | {spills} | {occ} | "
+                       f"{fmt_widths(s['rotated_vector'])} | {fmt_widths(s['tail_vector'])} | "
+                       f"{fmt_widths(s['scalar'])} | {fmt_widths(s['other'])} | "
+                       f"{fmt_widths(r['loads'])} |")
+        out.append("")
+    out.append("Widths in bits, as `count x width`. \"other stores\" are stores the line info "
+               "does not attribute to a marked line.")
+    return "\n".join(out)
+
+
+def check(rows, markers):
+    problems = []
+    if not markers["vector"] or not markers["rotated"]:
+        problems.append(f"no `{MARKERS['vector']}` / `{MARKERS['rotated']}` markers in "
+                        f"{KERNEL_SOURCE}")
+    attributed = sum(sum(r["stores"][k].values()) for r in rows
+                     for k in ("rotated_vector", "tail_vector", "scalar"))
+    if rows and attributed == 0:
+        problems.append("no store is attributed to a marked line: was the CUDA code built "
+                        "without -lineinfo?")
+    for r in rows:
+        where = f"{r['arch']} {r['kernel']}"
+        if r["stack"] or r["local"] or r["spill_instructions"]:
+            problems.append(f"{where}: spills ({r['stack']} B stack, {r['local']} B local, "
+                            f"{r['spill_instructions']} STL/LDL)")
+        if r["shared"] or r["forbidden"]:
+            problems.append(f"{where}: uses shared memory / barriers / shuffles / atomics "
+                            f"({', '.join(r['forbidden']) or str(r['shared']) + ' B shared'}); "
+                            "the host run of the kernel would no longer be faithful")
+        for kind in ("rotated_vector", "tail_vector"):
+            narrow = {w: n for w, n in r["stores"][kind].items() if w != "128"}
+            if narrow:
+                problems.append(f"{where}: {kind.replace('_', ' ')} data stored narrower than "
+                                f"128 bits: {fmt_widths(narrow)}")
+        narrow = {w: n for w, n in r["vector_loads"].items() if w != "128"}
+        if narrow:
+            problems.append(f"{where}: vector loads of x narrower than 128 bits: "
+                            f"{fmt_widths(narrow)}")
+        info = r["variant"]
+        if info is not None and info["vector"] and not r["stores"]["rotated_vector"].get("128"):
+            problems.append(f"{where}: a vector variant without a single 128-bit rotated store")
+        if info is not None and not info["vector"] and r["stores"]["rotated_vector"]:
+            problems.append(f"{where}: a scalar-only variant with vector rotated stores")
+    return problems
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("files", nargs="*", help="objects / librope.so / cubins "
+                        "(default: build/librope.so)")
+    parser.add_argument("--check", action="store_true", help="fail on the rules above")
+    parser.add_argument("--markdown", help="write the table here too")
+    parser.add_argument("--json", help="write every number here")
+    parser.add_argument("--tool-dir", action="append", default=[],
+                        help="look for cuobjdump / nvdisasm here first (repeatable)")
+    parser.add_argument("--source", default=str(KERNEL_SOURCE),
+                        help="the kernel source whose marker lines attribute stores")
+    args = parser.parse_args()
+    files = [Path(f) for f in args.files] or [REPO / "build" / "librope.so"]
+
+    tools = {t: find_tool(t, args.tool_dir) for t in ("cuobjdump", "nvdisasm")}
+    missing = [t for t, p in tools.items() if p is None]
+    if missing:
+        print(f"SKIPPED: {', '.join(missing)} not found ($CUOBJDUMP/$NVDISASM, --tool-dir, PATH, "
+              "/usr/local/cuda/bin, triton/backends/nvidia/bin)")
+        return SKIP
+    markers = marker_lines(args.source)
+    rows = []
+    for f in files:
+        if not f.is_file():
+            print(f"SKIPPED: {f} does not exist (not built?)")
+            return SKIP
+        with tempfile.TemporaryDirectory() as tmp:
+            listed = subprocess.run([tools["cuobjdump"], "-lelf", str(f.resolve())],
+                                    capture_output=True, text=True)
+            # cuobjdump fails ("does not contain device code") on a file without a fatbinary.
+            if "ELF file" not in listed.stdout:
+                print(f"SKIPPED: {f} holds no CUDA machine code (a CPU-only build)")
+                return SKIP
+            run([tools["cuobjdump"], "-xelf", "all", str(f.resolve())], cwd=tmp)
+            for cubin in sorted(Path(tmp).glob("*.cubin")):
+                m = re.search(r"sm_\d+a?", cubin.name)
+                rows += analyse(cubin, m.group(0) if m else cubin.name, tools, markers)
+    rows = [r for r in rows if r["variant"] is not None or "rope" in r["mangled"]]
+    print(f"SASS of {', '.join(map(str, files))} (cuobjdump: {tools['cuobjdump']})\n")
+    table = markdown(rows)
+    print(table)
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=sorted) + "\n")
+    if args.check:
+        problems = check(rows, markers)
+        if problems:
+            print("\nFAILED:")
+            for p in problems:
+                print(f"  {p}")
+            return 1
+        print(f"\nPASSED: {len(rows)} kernels, no spills, every vector store 128 bits wide")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+#include "access_tracker.h"
+
+#include <sstream>
+
+namespace rope_host {
+namespace {
+
+constexpr size_t kMaxProblems = 8;
+
+// Calls fn(in_off, out_off, pos_off) for every row of `g`, in row-major order.
+template <typename Fn>
+void for_each_row(const rope::RowGeometry& g, Fn fn) {
+  if (g.num_rows == 0) {
+    return;
+  }
+  int64_t index[rope::kMaxRowDims] = {};
+  for (int64_t row = 0; row < g.num_rows; ++row) {
+    int64_t in = 0;
+    int64_t out = 0;
+    int64_t pos = 0;
+    for (int32_t d = 0; d < g.ndim; ++d) {
+      in += index[d] * g.in_strides[d];
+      out += index[d] * g.out_strides[d];
+      pos += index[d] * g.pos_strides[d];
+    }
+    fn(in, out, pos);
+    for (int32_t d = g.ndim - 1; d >= 0; --d) {
+      if (++index[d] < g.row_sizes[d]) {
+        break;
+      }
+      index[d] = 0;
+    }
+  }
+}
+
+uintptr_t address(const void* base, int64_t element, int64_t bytes) {
+  return reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(element * bytes);
+}
+
+}  // namespace
+
+AccessTracker::AccessTracker(const rope::RotationArgs& first, const rope::RotationArgs* second,
+                             const rope::TableArgs& tables, int storage_bytes, int table_bytes)
+    : storage_bytes_(storage_bytes) {
+  add_tensor(first);
+  if (second != nullptr) {
+    add_tensor(*second);
+  }
+  const int64_t half = first.rotary_dim / 2;
+  for (int64_t row = 0; row < tables.max_seq_len; ++row) {
+    for (int64_t col = 0; col < half; ++col) {
+      for (const void* table : {tables.cos, tables.sin}) {
+        const uintptr_t a = address(table, row * tables.table_stride + col, table_bytes);
+        for (int u = 0; u < table_bytes; u += 4) {
+          ldg_ok_.insert(a + u);
+        }
+      }
+    }
+  }
+}
+
+void AccessTracker::add_tensor(const rope::RotationArgs& a) {
+  const int64_t pos_bytes = a.positions_are_int64 ? 8 : 4;
+  for_each_row(a.geometry, [&](int64_t in, int64_t out, int64_t pos) {
+    const uintptr_t p = address(a.positions, pos, pos_bytes);
+    for (int64_t u = 0; u < pos_bytes; u += 4) {
+      ldg_ok_.insert(p + u);
+    }
+    for (int64_t f = 0; f < a.head_dim; ++f) {
+      cells_[address(a.in, in + f, storage_bytes_)].readable = true;
+    }
+    for (int64_t f = 0; f < a.head_dim; ++f) {
+      const bool written = f < a.rotary_dim || a.copy_tail;
+      Cell& c = cells_[address(a.out, out + f, storage_bytes_)];
+      if (c.expected == 1 && written) {
+        note("the output view overlaps itself (prepare gave two rows one address)");
+      }
+      if (c.expected < 1) {
+        c.expected = written ? 1 : 0;
+      }
+    }
+  });
+}
+
+AccessTracker::Cell* AccessTracker::cell(const void* p) {
+  const auto it = cells_.find(reinterpret_cast<uintptr_t>(p));
+  return it == cells_.end() ? nullptr : &it->second;
+}
+
+void AccessTracker::note(std::string problem) {
+  if (problems_.size() < kMaxProblems) {
+    problems_.push_back(std::move(problem));
+  }
+}
+
+void AccessTracker::load(const void* p, size_t bytes, int64_t thread) {
+  for (size_t off = 0; off < bytes; off += storage_bytes_) {
+    const void* e = static_cast<const char*>(p) + off;
+    Cell* c = cell(e);
+    if (c == nullptr || !c->readable) {
+      std::ostringstream m;
+      m << "thread " << thread << " loads " << e << ", outside the input view";
+      note(m.str());
+      continue;
+    }
+    if (c->reader < 0) {
+      c->reader = thread;
+    } else if (c->reader != thread) {
+      c->many_readers = true;
+    }
+  }
+}
+
+void AccessTracker::store(const void* p, size_t bytes, int64_t thread) {
+  for (size_t off = 0; off < bytes; off += storage_bytes_) {
+    const void* e = static_cast<const char*>(p) + off;
+    Cell* c = cell(e);
+    if (c == nullptr || c->expected < 0) {
+      std::ostringstream m;
+      m << "thread " << thread << " stores to " << e << ", outside the output view";
+      note(m.str());
+      continue;
+    }
+    if (++c->writes > 1 && c->writer != thread) {
+      std::ostringstream m;
+      m << "threads " << c->writer << " and " << thread << " both store to " << e;
+      note(m.str());
+    }
+    c->writer = thread;
+  }
+}
+
+void AccessTracker::ldg(const void* p, size_t bytes, int64_t thread) {
+  for (size_t off = 0; off < bytes; off += 4) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p) + off;
+    if (ldg_ok_.count(a) == 0) {
+      std::ostringstream m;
+      m << "thread " << thread << " reads " << reinterpret_cast<const void*>(a)
+        << " through __ldg, outside the tables and positions";
+      note(m.str());
+      return;
+    }
+  }
+}
+
+void AccessTracker::device_assert(const char* cond, int64_t thread) { ++asserts_; }
+
+std::vector<std::string> AccessTracker::finish(bool positions_in_range) const {
+  std::vector<std::string> problems = problems_;
+  int64_t wrong_counts = 0;
+  int64_t races = 0;
+  std::ostringstream first;
+  for (const auto& [addr, c] : cells_) {
+    if (positions_in_range && c.expected >= 0 && c.writes != c.expected) {
+      if (wrong_counts++ == 0) {
+        first << "element " << reinterpret_cast<const void*>(addr) << " written " << c.writes
+              << " times, expected " << static_cast<int>(c.expected);
+      }
+    }
+    if (c.writes > 0 && (c.many_readers || (c.reader >= 0 && c.reader != c.writer))) {
+      ++races;
+    }
+  }
+  if (wrong_counts > 0) {
+    problems.push_back(std::to_string(wrong_counts) + " output elements not written exactly " +
+                       "as expected; first: " + first.str());
+  }
+  if (races > 0) {
+    problems.push_back(std::to_string(races) +
+                       " elements written in place by one thread and read by another");
+  }
+  if (positions_in_range && asserts_ > 0) {
+    problems.push_back(std::to_string(asserts_) + " device asserts fired with every position " +
+                       "in range");
+  }
+  if (!positions_in_range && asserts_ == 0) {
+    problems.push_back("a position is out of range but no device assert fired");
+  }
+  return problems;
+}
+
+}  // namespace rope_host

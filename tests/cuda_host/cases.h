@@ -1,0 +1,51 @@
+// Random calls for the host run of the CUDA kernel: ops, dtypes, layouts and views of every input,
+// positions, tables, and the simulated device. Each case is a pure function of (seed, index), so a
+// failure reruns alone with `--seed S --only I`.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+
+#include "host_kernel.h"
+
+namespace rope_host {
+
+enum class Op { kApply, kApplyInPlace, kApplyQK };
+
+const char* op_name(Op op);
+
+// A tensor handed to an op, and the buffer it is a view of. The buffer is larger than the view
+// (padding, offsets, guard elements at the end), so writes outside the view show as changed bytes.
+struct Viewed {
+  at::Tensor view;
+  at::Tensor buffer;  // 1-D, the view's storage; may be shared with another Viewed (fused qkv)
+  std::string layout;
+};
+
+struct Case {
+  uint64_t seed = 0;
+  int64_t index = 0;
+  Op op = Op::kApply;
+  at::ScalarType dtype = at::kFloat;
+  at::ScalarType table_dtype = at::kFloat;
+  bool interleaved = true;
+  bool inverse = false;
+  int64_t head_dim = 0;
+  int64_t rotary_dim = 0;
+  Viewed x;  // q for apply_qk
+  Viewed k;  // apply_qk only
+  bool fused_qk = false;  // q and k are slices of one qkv buffer
+  Viewed cos;
+  Viewed sin;
+  Viewed positions;
+  bool positions_in_range = true;  // false: one position was set outside [0, max_seq_len)
+  Device device;
+
+  std::string describe() const;
+};
+
+Case make_case(uint64_t seed, int64_t index);
+
+}  // namespace rope_host

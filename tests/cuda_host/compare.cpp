@@ -1,0 +1,183 @@
+#include "compare.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "cpu/kernel_choice.h"
+
+namespace rope_host {
+namespace {
+
+constexpr size_t kMaxProblemsPerCall = 3;
+
+// Unit roundoff and smallest subnormal of a storage type.
+struct Precision {
+  double unit;
+  double tiny;
+};
+
+Precision storage_precision(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble:
+      return {std::ldexp(1.0, -53), std::ldexp(1.0, -1074)};
+    case at::kFloat:
+      return {std::ldexp(1.0, -24), std::ldexp(1.0, -149)};
+    case at::kHalf:
+      return {std::ldexp(1.0, -11), std::ldexp(1.0, -24)};
+    default:  // bfloat16: 8 significant bits, float's exponent range
+      return {std::ldexp(1.0, -8), std::ldexp(1.0, -133)};
+  }
+}
+
+uint64_t bits_at(const at::Tensor& contiguous, int64_t i) {
+  const auto* base = static_cast<const unsigned char*>(contiguous.const_data_ptr());
+  const size_t size = contiguous.element_size();
+  uint64_t v = 0;
+  std::memcpy(&v, base + i * size, size);
+  return v;
+}
+
+}  // namespace
+
+CpuVectorPath cpu_vector_path() {
+  CpuVectorPath p;
+  p.name = rope::cpu::row_kernel_name();
+  if (p.name == "AVX512") {
+    p.fused = true;
+    p.width = 16;
+  } else if (p.name == "AVX2") {
+    p.fused = true;
+    p.width = 8;
+  }
+  return p;
+}
+
+void compare_rotation(const char* name, const at::Tensor& got, const at::Tensor& cpu,
+                      const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                      const at::Tensor& positions, bool interleaved, bool inverse,
+                      const CpuVectorPath& cpu_path, Tally& tally,
+                      std::vector<std::string>& problems) {
+  size_t reported = 0;
+  const auto report = [&](const std::string& m) {
+    if (reported++ < kMaxProblemsPerCall) {
+      problems.push_back(std::string(name) + ": " + m);
+    }
+  };
+  if (!got.sizes().equals(x.sizes()) || got.scalar_type() != x.scalar_type()) {
+    std::ostringstream m;
+    m << "result has shape " << got.sizes() << " and dtype " << got.scalar_type() << ", expected "
+      << x.sizes() << " and " << x.scalar_type();
+    report(m.str());
+    return;
+  }
+  if (x.numel() == 0) {
+    return;
+  }
+  const at::ScalarType dtype = x.scalar_type();
+  const int64_t head_dim = x.size(-1);
+  const int64_t rows = x.numel() / head_dim;
+  const int64_t half = cos.size(1);
+  const int64_t rotary_dim = 2 * half;
+
+  const at::Tensor xs = x.contiguous();
+  const at::Tensor xd = xs.to(at::kDouble);
+  const at::Tensor gs = got.contiguous();
+  const at::Tensor gd = gs.to(at::kDouble);
+  const at::Tensor cs = cpu.contiguous();
+  const at::Tensor cd = cs.to(at::kDouble);
+  const at::Tensor pos =
+      positions.expand(x.sizes().slice(0, x.dim() - 1)).contiguous().to(at::kLong).reshape({rows});
+  const at::Tensor cosd = cos.to(at::kDouble).contiguous();
+  const at::Tensor sind = sin.to(at::kDouble).contiguous();
+  const double* xv = xd.const_data_ptr<double>();
+  const double* gv = gd.const_data_ptr<double>();
+  const double* cv = cd.const_data_ptr<double>();
+  const int64_t* pv = pos.const_data_ptr<int64_t>();
+  const double* cosv = cosd.const_data_ptr<double>();
+  const double* sinv = sind.const_data_ptr<double>();
+
+  const Precision st = storage_precision(dtype);
+  const Precision acc = storage_precision(dtype == at::kDouble ? at::kDouble : at::kFloat);
+  const double ref_unit = LDBL_EPSILON / 2;
+  const int64_t exact_planes =
+      cpu_path.fused && cos.scalar_type() == at::kFloat && dtype != at::kDouble
+          ? half / cpu_path.width * cpu_path.width
+          : 0;
+
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t row = r * head_dim;
+    // The tail is copied (or left in place): bit for bit the input, on both backends.
+    for (int64_t f = rotary_dim; f < head_dim; ++f) {
+      const uint64_t want = bits_at(xs, row + f);
+      if (bits_at(gs, row + f) != want || bits_at(cs, row + f) != want) {
+        std::ostringstream m;
+        m << "row " << r << " feature " << f << " (tail) is not the input's: host "
+          << gv[row + f] << ", cpu " << cv[row + f] << ", input " << xv[row + f];
+        report(m.str());
+      }
+      ++tally.exact;
+    }
+    const int64_t p = pv[r];
+    for (int64_t k = 0; k < half; ++k) {
+      const int64_t ia = interleaved ? 2 * k : k;
+      const int64_t ib = interleaved ? 2 * k + 1 : k + half;
+      const long double a = xv[row + ia];
+      const long double b = xv[row + ib];
+      const long double c = cosv[p * half + k];
+      const long double s = inverse ? -sinv[p * half + k] : sinv[p * half + k];
+      const long double want[2] = {a * c - b * s, a * s + b * c};
+      // Float math (double for double storage) with float tables rounded from double ones: at
+      // most 3 roundings of the magnitude S; then one rounding to storage.
+      const double scale =
+          static_cast<double>((std::fabs(a) + std::fabs(b)) * std::max(std::fabs(c), std::fabs(s)));
+      const double slack = 3 * acc.unit * scale + 4 * acc.tiny;
+      const int64_t idx[2] = {ia, ib};
+      for (int side = 0; side < 2; ++side) {
+        const int64_t i = row + idx[side];
+        // In extended precision: rounding the reference to double would cost as much as the
+        // float64 result's own error.
+        const long double ref = want[side];
+        const double bound = st.unit * (static_cast<double>(std::fabs(ref)) + slack) + slack +
+                             st.tiny + 4 * ref_unit * scale;
+        const double err = static_cast<double>(std::fabs(gv[i] - ref));
+        tally.worst = std::max(tally.worst, err / bound);
+        if (!(err <= bound)) {
+          std::ostringstream m;
+          m.precision(10);
+          m << "row " << r << " feature " << idx[side] << " (plane " << k << ", position " << p
+            << "): got " << gv[i] << ", reference " << static_cast<double>(ref) << ", error " << err << " > bound "
+            << bound;
+          report(m.str());
+        }
+        if (k < exact_planes) {
+          ++tally.exact;
+          if (bits_at(gs, i) != bits_at(cs, i)) {
+            std::ostringstream m;
+            m.precision(10);
+            m << "row " << r << " feature " << idx[side] << " (plane " << k
+              << ") differs from the CPU backend, which rounds the same way here: host " << gv[i]
+              << ", cpu " << cv[i];
+            report(m.str());
+          }
+        } else {
+          ++tally.bounded;
+          if (!(std::fabs(gv[i] - cv[i]) <= 2 * bound)) {
+            std::ostringstream m;
+            m.precision(10);
+            m << "row " << r << " feature " << idx[side] << " (plane " << k << "): host "
+              << gv[i] << " and cpu " << cv[i] << " differ by more than twice the bound "
+              << bound;
+            report(m.str());
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace rope_host

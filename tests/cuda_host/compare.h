@@ -1,0 +1,41 @@
+// The two yardsticks of the host run: an independent reference in extended precision, written
+// here from the definition of RoPE, and the CPU backend's answer.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace rope_host {
+
+// Which planes the CPU kernel rotates with the same operations, in the same order, as the CUDA
+// kernel: its vector path (at::vec fmsub / fmadd, i.e. fused multiply-adds) covers the planes
+// [0, half / width * width) of float32 tables and non-double storage when it runs a copy
+// compiled with FMA. Elsewhere (double storage or tables, the scalar remainder, a CPU copy
+// without FMA) the compiler decides the rounding, so only a bound applies.
+struct CpuVectorPath {
+  bool fused = false;
+  int64_t width = 0;  // floats per vector
+  std::string name;   // the CPU kernel's name
+};
+
+CpuVectorPath cpu_vector_path();
+
+struct Tally {
+  int64_t exact = 0;    // elements that had to match the CPU backend bit for bit
+  int64_t bounded = 0;  // elements held to the error bound only
+  double worst = 0;     // largest |error| / bound against the reference
+};
+
+// Checks `got` (the host run's result for input `x`) against the reference and against `cpu`
+// (the CPU backend's result for the same call). `x` is the input before the call. Appends
+// problems, at most a few per call.
+void compare_rotation(const char* name, const at::Tensor& got, const at::Tensor& cpu,
+                      const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                      const at::Tensor& positions, bool interleaved, bool inverse,
+                      const CpuVectorPath& cpu_path, Tally& tally,
+                      std::vector<std::string>& problems);
+
+}  // namespace rope_host

@@ -1,0 +1,517 @@
+// Host run of the CUDA kernel: random calls of rope.apply, rope.apply_ and rope.apply_qk go
+// through the project's own op bodies (op_bodies.h: validation, prepare.cpp, allocation), exactly
+// as on CUDA, but the backend launches the real rope_kernel.cuh compiled for the host
+// (host_kernel.cpp), one thread after another, under ASan and UBSan. Each result is held against
+// an independent extended-precision reference and the CPU backend, and each launch against the
+// access rules of access_tracker.h; the buffers around every input and around x of apply_ must
+// come back unchanged.
+//
+//   cuda_host_run [--cases N] [--seed S] [--only I] [--max-failures F] [--no-coverage-gate] [-v]
+//
+// Registered with ctest (label cuda-host). Exit status 0 when every case passed.
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch_rope/ops.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "access_tracker.h"
+#include "cases.h"
+#include "compare.h"
+#include "host_kernel.h"
+#include "op_bodies.h"
+
+// The driver links libtorch, which is not instrumented and keeps some allocations until exit:
+// leak reports would be about torch, not the kernel. Every other ASan / UBSan finding aborts.
+extern "C" const char* __asan_default_options() { return "detect_leaks=0:abort_on_error=1"; }
+extern "C" const char* __ubsan_default_options() { return "print_stacktrace=1:halt_on_error=1"; }
+
+namespace rope_host {
+namespace {
+
+// What one case's launches saw, filled by HostCudaBackend.
+struct CaseContext {
+  Device device;
+  bool positions_in_range = true;
+  std::vector<std::string> problems;
+  std::vector<LaunchRecord> launches;
+  std::vector<rope::TableArgs> tables;
+};
+CaseContext* g_case = nullptr;
+
+Storage storage_of(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::ScalarType::Double:
+      return Storage::kDouble;
+    case c10::ScalarType::Float:
+      return Storage::kFloat;
+    case c10::ScalarType::Half:
+      return Storage::kHalf;
+    case c10::ScalarType::BFloat16:
+      return Storage::kBFloat16;
+    default:
+      TORCH_CHECK(false, "cuda host run: unsupported dtype ", dtype);
+  }
+}
+
+// The CUDA backend's policy (rope_cuda.cu's CudaBackend) with the launch swapped for the host
+// run: no host-side range check of positions (the kernel asserts), one launch per call.
+struct HostCudaBackend {
+  static void check_positions(const char* /*op*/, const at::Tensor& /*positions*/,
+                              int64_t /*max_seq_len*/) {}
+  static void rotate(c10::ScalarType dtype, const rope::RotationArgs& args,
+                     const rope::TableArgs& tables, rope::RotationMode mode) {
+    launch(dtype, args, nullptr, tables, mode);
+  }
+  static void rotate_pair(c10::ScalarType dtype, const rope::RotationArgs& q,
+                          const rope::RotationArgs& k, const rope::TableArgs& tables,
+                          rope::RotationMode mode) {
+    launch(dtype, q, &k, tables, mode);
+  }
+
+ private:
+  static void launch(c10::ScalarType dtype, const rope::RotationArgs& first,
+                     const rope::RotationArgs* second, const rope::TableArgs& tables,
+                     rope::RotationMode mode) {
+    const int storage_bytes = static_cast<int>(c10::elementSize(dtype));
+    AccessTracker tracker(first, second, tables, storage_bytes, tables.tables_are_double ? 8 : 4);
+    LaunchRecord record;
+    const int status = rope_host::rotate(storage_of(dtype), first, second, tables, mode,
+                                         g_case->device, &tracker, &record);
+    TORCH_CHECK(status == 0, "host launch of the CUDA kernel failed with cudaError_t ", status);
+    for (std::string& p : tracker.finish(g_case->positions_in_range)) {
+      g_case->problems.push_back("launch: " + p);
+    }
+    g_case->launches.push_back(record);
+    g_case->tables.push_back(tables);
+  }
+};
+
+// Coverage of the paths the kernel and its planning can take, counted over all launches. The
+// run fails when a path was never taken, so the generator cannot drift away from one unseen.
+struct Coverage {
+  std::map<std::string, int64_t> hits;
+  void hit(const std::string& what, bool cond = true) {
+    if (cond) {
+      ++hits[what];
+    } else {
+      hits.emplace(what, 0);
+    }
+  }
+};
+
+void count_launch(const LaunchRecord& r, const rope::TableArgs& tables, const at::Tensor& cos,
+                  Coverage& cov) {
+  if (!r.launched) {
+    return;
+  }
+  const rope::cuda::KernelParams& p = r.params;
+  const rope::cuda::TensorPlan& t0 = p.tensor[0];
+  const rope::cuda::TensorPlan& t1 = p.tensor[1];
+  cov.hit("vector kernel", r.vector_kernel);
+  cov.hit("scalar-only kernel", !r.vector_kernel);
+  cov.hit("q/k in one launch", t0.num_threads > 0 && t1.num_threads > 0);
+  cov.hit("q/k on different rotation paths",
+          t0.num_threads > 0 && t1.num_threads > 0 && t0.rot_lanes > 0 && t1.rot_lanes > 0 &&
+              t0.rot_vector != t1.rot_vector);
+  bool any_vector = false;
+  for (const rope::cuda::TensorPlan* t : {&t0, &t1}) {
+    if (t->num_threads == 0) {
+      continue;
+    }
+    any_vector = any_vector || t->rot_vector;
+    cov.hit("rotation, vector path", t->rot_vector);
+    cov.hit("rotation, scalar path", t->rot_lanes > 0 && !t->rot_vector);
+    cov.hit("vector rotation with a vector tail", t->rot_vector && t->vec_copy_lanes > 0);
+    cov.hit("vector rotation with a scalar tail", t->rot_vector && t->scalar_copy_lanes > 0);
+    cov.hit("scalar rotation with a vector tail", !t->rot_vector && t->rot_lanes > 0 &&
+                                                      t->vec_copy_lanes > 0);
+    cov.hit("no rotating lane, copy lanes only", t->rot_lanes == 0 && t->lanes > 0 &&
+                                                     (t->vec_copy_lanes + t->scalar_copy_lanes) > 0);
+    cov.hit("position-check-only lane", t->rot_lanes == 0 && t->vec_copy_lanes == 0 &&
+                                            t->scalar_copy_lanes == 0);
+    cov.hit("several rows per thread", t->rows_per_thread > 1);
+    cov.hit("uneven last row group", t->rows_per_thread > 1 &&
+                                         t->shared_rows % t->rows_per_thread != 0);
+    cov.hit("two shared dims (outer and inner)", t->shared_rows > t->shared_inner &&
+                                                     t->shared_inner > 1);
+    cov.hit(">= 2 token dims", t->token_ndim >= 2);
+    cov.hit("int32 positions", !t->positions_are_int64);
+    cov.hit("out of place", t->in != t->out);
+    cov.hit("in place", t->in == t->out);
+  }
+  cov.hit("table vector loads", any_vector && p.tables.vector_loads);
+  cov.hit("table scalar loads on the vector path", any_vector && !p.tables.vector_loads);
+  cov.hit("tables copied by prepare_tables", tables.cos != cos.const_data_ptr());
+  cov.hit("several blocks", r.blocks > 1);
+}
+
+// Bitwise equality of two tensors of one dtype and shape.
+bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor ac = a.contiguous();
+  const at::Tensor bc = b.contiguous();
+  return ac.sizes().equals(bc.sizes()) &&
+         (ac.nbytes() == 0 ||
+          std::memcmp(ac.const_data_ptr(), bc.const_data_ptr(), ac.nbytes()) == 0);
+}
+
+// The elements of `buffer` outside `view` kept their bits.
+bool outside_unchanged(const at::Tensor& buffer_before, const at::Tensor& buffer_after,
+                       const at::Tensor& view) {
+  at::Tensor outside = at::ones({buffer_after.numel()}, at::kBool);
+  outside.as_strided(view.sizes(), view.strides(), view.storage_offset()).fill_(false);
+  const int64_t n = buffer_after.numel();
+  const size_t size = buffer_after.element_size();
+  const auto* a = static_cast<const unsigned char*>(buffer_before.const_data_ptr());
+  const auto* b = static_cast<const unsigned char*>(buffer_after.const_data_ptr());
+  const bool* keep = outside.const_data_ptr<bool>();
+  for (int64_t i = 0; i < n; ++i) {
+    if (keep[i] && std::memcmp(a + i * size, b + i * size, size) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+struct Totals {
+  int64_t cases = 0;
+  int64_t failures = 0;
+  int64_t assert_cases = 0;
+  int64_t launches = 0;
+  std::map<std::string, int64_t> by_op;
+  Tally tally;
+  Coverage coverage;
+  // What the occupancy cache of the kernel header should have asked the runtime: once per
+  // (device ordinal, kernel) below 64 ordinals, every time above.
+  std::set<std::pair<int, const void*>> cached_queries;
+  int64_t uncached_queries = 0;
+};
+
+// Runs one case; returns its problems (empty: passed).
+std::vector<std::string> run_case(const Case& c, const CpuVectorPath& cpu_path, Totals& totals) {
+  CaseContext ctx;
+  ctx.device = c.device;
+  ctx.positions_in_range = c.positions_in_range;
+  std::vector<std::string>& problems = ctx.problems;
+
+  // Snapshots of every buffer, to prove the inputs untouched afterwards.
+  const at::Tensor x_buffer_before = c.x.buffer.clone();
+  const at::Tensor x_before = c.x.view.clone();
+  const at::Tensor k_before = c.op == Op::kApplyQK ? c.k.view.clone() : at::Tensor();
+  const at::Tensor k_buffer_before = c.op == Op::kApplyQK ? c.k.buffer.clone() : at::Tensor();
+  const at::Tensor cos_before = c.cos.buffer.clone();
+  const at::Tensor sin_before = c.sin.buffer.clone();
+  const at::Tensor pos_before = c.positions.buffer.clone();
+  const at::Tensor& cos = c.cos.view;
+  const at::Tensor& sin = c.sin.view;
+  const at::Tensor& positions = c.positions.view;
+
+  // The CPU backend first, on the untouched inputs (out of place, even for apply_).
+  at::Tensor cpu_x;
+  at::Tensor cpu_k;
+  bool cpu_rejected = false;
+  try {
+    if (c.op == Op::kApplyQK) {
+      std::tie(cpu_x, cpu_k) =
+          rope::apply_qk(c.x.view, c.k.view, cos, sin, positions, c.interleaved, c.inverse);
+    } else {
+      cpu_x = rope::apply(c.x.view, cos, sin, positions, c.interleaved, c.inverse);
+    }
+  } catch (const c10::IndexError&) {
+    cpu_rejected = true;
+  }
+  if (c.positions_in_range && cpu_rejected) {
+    problems.push_back("the CPU backend rejected positions that are all in range");
+  }
+  if (!c.positions_in_range && !cpu_rejected) {
+    problems.push_back("the CPU backend accepted an out-of-range position");
+  }
+
+  // The host run of the CUDA kernel, through the same op bodies as the CUDA backend.
+  g_case = &ctx;
+  at::Tensor host_x;
+  at::Tensor host_k;
+  try {
+    switch (c.op) {
+      case Op::kApply:
+        host_x = rope::detail::apply_body<HostCudaBackend>(c.x.view, cos, sin, positions,
+                                                           c.interleaved, c.inverse);
+        break;
+      case Op::kApplyInPlace:
+        rope::detail::apply_inplace_body<HostCudaBackend>(c.x.view, cos, sin, positions,
+                                                          c.interleaved, c.inverse);
+        host_x = c.x.view;
+        break;
+      case Op::kApplyQK:
+        std::tie(host_x, host_k) = rope::detail::apply_qk_body<HostCudaBackend>(
+            c.x.view, c.k.view, cos, sin, positions, c.interleaved, c.inverse);
+        break;
+    }
+  } catch (const c10::Error& e) {
+    problems.push_back(std::string("the host-run op raised: ") + e.what_without_backtrace());
+  }
+  g_case = nullptr;
+
+  // Inputs untouched; apply_ wrote only inside x.
+  if (c.op == Op::kApplyInPlace) {
+    if (!outside_unchanged(x_buffer_before, c.x.buffer, c.x.view)) {
+      problems.push_back("apply_ changed memory outside x's view");
+    }
+  } else if (!same_bits(x_buffer_before, c.x.buffer)) {
+    problems.push_back("x's buffer changed");
+  }
+  if (c.op == Op::kApplyQK && !same_bits(k_buffer_before, c.k.buffer)) {
+    problems.push_back("k's buffer changed");
+  }
+  if (!same_bits(cos_before, c.cos.buffer) || !same_bits(sin_before, c.sin.buffer)) {
+    problems.push_back("cos or sin changed");
+  }
+  if (!same_bits(pos_before, c.positions.buffer)) {
+    problems.push_back("positions changed");
+  }
+  const int64_t work = c.op == Op::kApplyQK ? c.x.view.numel() + c.k.view.numel()
+                                            : c.x.view.numel();
+  if (work > 0 && ctx.launches.size() != 1) {
+    problems.push_back("expected one launch, got " + std::to_string(ctx.launches.size()));
+  }
+
+  // Values, when every position was valid (otherwise the CPU raised and the kernel asserted).
+  if (c.positions_in_range && problems.empty()) {
+    compare_rotation(c.op == Op::kApplyQK ? "q" : "x", host_x, cpu_x, x_before, cos, sin,
+                     positions, c.interleaved, c.inverse, cpu_path, totals.tally, problems);
+    if (c.op == Op::kApplyQK) {
+      compare_rotation("k", host_k, cpu_k, k_before, cos, sin, positions, c.interleaved,
+                       c.inverse, cpu_path, totals.tally, problems);
+    }
+    if (c.op != Op::kApplyInPlace) {
+      if (host_x.defined() && !host_x.is_contiguous()) {
+        problems.push_back("the result is not contiguous");
+      }
+    }
+  }
+
+  ++totals.cases;
+  ++totals.by_op[op_name(c.op)];
+  totals.launches += static_cast<int64_t>(ctx.launches.size());
+  if (!c.positions_in_range) {
+    ++totals.assert_cases;
+  }
+  for (size_t i = 0; i < ctx.launches.size(); ++i) {
+    count_launch(ctx.launches[i], ctx.tables[i], cos, totals.coverage);
+    if (c.device.ordinal < 64) {
+      totals.cached_queries.emplace(c.device.ordinal, ctx.launches[i].kernel);
+    } else {
+      ++totals.uncached_queries;
+    }
+  }
+  totals.coverage.hit("out-of-range position asserted", !c.positions_in_range);
+  totals.coverage.hit("out-of-range position with rotary_dim 0",
+                      !c.positions_in_range && c.rotary_dim == 0);
+  totals.coverage.hit("table-stride defect layout", c.cos.layout == "row-padded-2x" ||
+                                                        c.sin.layout == "row-padded-2x");
+  totals.coverage.hit("fused qkv slices", c.fused_qk);
+  totals.coverage.hit("fused cos|sin cache", c.cos.layout.rfind("fused-cos-sin", 0) == 0);
+  totals.coverage.hit("x copied by prepare (inner stride != 1)", c.x.view.dim() > 0 &&
+                                                                     c.x.view.size(-1) > 1 &&
+                                                                     c.x.view.stride(-1) != 1);
+  totals.coverage.hit("expanded input", c.x.layout.find("expanded") != std::string::npos);
+  totals.coverage.hit("occupancy cache bypassed (ordinal >= 64)", c.device.ordinal >= 64);
+  for (const at::ScalarType t : {at::kDouble, at::kFloat, at::kHalf, at::kBFloat16}) {
+    totals.coverage.hit(std::string("dtype ") + c10::toString(t), c.dtype == t);
+  }
+  totals.coverage.hit("float64 tables", c.table_dtype == at::kDouble);
+  totals.coverage.hit("inverse, half split", c.inverse && !c.interleaved);
+  totals.coverage.hit("inverse, interleaved", c.inverse && c.interleaved);
+  return problems;
+}
+
+// The shim's half / bfloat16 conversions agree with c10's (round to nearest even): every half
+// and bfloat16 value, each midpoint to its successor (a tie), and one float-ulp either side.
+int64_t check_conversions() {
+  int64_t bad = 0;
+  const auto check = [&](const char* what, float f, uint16_t got, uint16_t want) {
+    if (got != want && bad++ < 5) {
+      std::fprintf(stderr, "conversion %s(%.9g): shim 0x%04x, c10 0x%04x\n", what, f, got, want);
+    }
+  };
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const auto bits = static_cast<uint16_t>(h);
+    const float hf = half_bits_to_float(bits);
+    const float bf = bfloat16_bits_to_float(bits);
+    if (!std::isnan(hf)) {
+      const float want = static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+      if (std::memcmp(&hf, &want, sizeof(float)) != 0 && bad++ < 5) {
+        std::fprintf(stderr, "half 0x%04x -> float: shim %.9g, c10 %.9g\n", h, hf, want);
+      }
+      const float next = half_bits_to_float(static_cast<uint16_t>(bits + 1));
+      if (!std::isnan(next) && std::isfinite(hf) && (bits & 0x7fff) != 0x7bff &&
+          (bits & 0x7fff) < 0x7c00 && bits != 0x7fff) {
+        for (const float f : {hf, std::nextafter(hf, next), (hf + next) / 2,
+                              std::nextafter((hf + next) / 2, hf),
+                              std::nextafter((hf + next) / 2, next)}) {
+          check("half", f, float_to_half_bits(f), c10::Half(f).x);
+        }
+      }
+    }
+    if (!std::isnan(bf) && std::isfinite(bf)) {
+      const float next = bfloat16_bits_to_float(static_cast<uint16_t>(bits + 1));
+      if (std::isfinite(next)) {
+        for (const float f : {bf, (bf + next) / 2, std::nextafter((bf + next) / 2, bf),
+                              std::nextafter((bf + next) / 2, next)}) {
+          check("bfloat16", f, float_to_bfloat16_bits(f), c10::BFloat16(f).x);
+        }
+      }
+    }
+  }
+  for (const float f : {65504.0f, 65519.99f, 65520.0f, 1e-8f, 2.98e-8f, 3e-8f, -0.0f}) {
+    check("half", f, float_to_half_bits(f), c10::Half(f).x);
+  }
+  return bad;
+}
+
+struct Options {
+  int64_t cases = 4000;
+  uint64_t seed = 1;
+  int64_t only = -1;
+  int64_t max_failures = 3;
+  bool coverage_gate = true;
+  bool verbose = false;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto next = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "cuda_host_run: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--cases") {
+      o.cases = std::atoll(next());
+    } else if (a == "--seed") {
+      o.seed = std::strtoull(next(), nullptr, 10);
+    } else if (a == "--only") {
+      o.only = std::atoll(next());
+    } else if (a == "--max-failures") {
+      o.max_failures = std::atoll(next());
+    } else if (a == "--no-coverage-gate") {
+      o.coverage_gate = false;
+    } else if (a == "-v" || a == "--verbose") {
+      o.verbose = true;
+    } else {
+      std::fprintf(stderr,
+                   "usage: cuda_host_run [--cases N] [--seed S] [--only I] [--max-failures F] "
+                   "[--no-coverage-gate] [-v]\n");
+      std::exit(2);
+    }
+  }
+  return o;
+}
+
+}  // namespace
+}  // namespace rope_host
+
+int main(int argc, char** argv) {
+  using namespace rope_host;
+  const Options opt = parse(argc, argv);
+  const auto start = std::chrono::steady_clock::now();
+  const CpuVectorPath cpu_path = cpu_vector_path();
+  std::printf("cuda host run: seed %llu, %lld cases; CPU backend kernel %s (%s)\n",
+              static_cast<unsigned long long>(opt.seed), static_cast<long long>(opt.cases),
+              cpu_path.name.c_str(),
+              cpu_path.fused ? "fused multiply-adds: bit-exact comparison on its vector planes"
+                             : "no FMA: every element held to the bound only");
+
+  if (opt.only < 0) {
+    const int64_t bad = check_conversions();
+    if (bad > 0) {
+      std::printf("FAILED: %lld shim conversions differ from c10\n", static_cast<long long>(bad));
+      return 1;
+    }
+  }
+
+  Totals totals;
+  const int64_t first = opt.only >= 0 ? opt.only : 0;
+  const int64_t last = opt.only >= 0 ? opt.only + 1 : opt.cases;
+  for (int64_t i = first; i < last; ++i) {
+    const Case c = make_case(opt.seed, i);
+    if (opt.verbose) {
+      std::printf("%s\n", c.describe().c_str());
+    }
+    const std::vector<std::string> problems = run_case(c, cpu_path, totals);
+    if (!problems.empty()) {
+      ++totals.failures;
+      std::printf("FAILED %s\n", c.describe().c_str());
+      for (const std::string& p : problems) {
+        std::printf("    %s\n", p.c_str());
+      }
+      std::printf("  rerun: cuda_host_run --seed %llu --only %lld -v\n",
+                  static_cast<unsigned long long>(opt.seed), static_cast<long long>(i));
+      if (totals.failures >= opt.max_failures) {
+        std::printf("stopping after %lld failed cases\n", static_cast<long long>(totals.failures));
+        break;
+      }
+    }
+  }
+
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("\n%lld cases (", static_cast<long long>(totals.cases));
+  for (const auto& [op, n] : totals.by_op) {
+    std::printf("%s %lld, ", op.c_str(), static_cast<long long>(n));
+  }
+  std::printf("%lld with an out-of-range position), %lld launches, %.1f s\n",
+              static_cast<long long>(totals.assert_cases), static_cast<long long>(totals.launches),
+              seconds);
+  std::printf("elements: %lld bit-exact vs CPU and input, %lld within the bound; worst error "
+              "%.3f of the bound\n",
+              static_cast<long long>(totals.tally.exact),
+              static_cast<long long>(totals.tally.bounded), totals.tally.worst);
+  const int64_t want_queries =
+      static_cast<int64_t>(totals.cached_queries.size()) + totals.uncached_queries;
+  std::printf("occupancy queries: %lld for %lld launches (expected %lld: once per device "
+              "ordinal < 64 and kernel, every time above)\n",
+              static_cast<long long>(occupancy_queries()), static_cast<long long>(totals.launches),
+              static_cast<long long>(want_queries));
+  if (opt.only < 0 && occupancy_queries() != want_queries) {
+    std::printf("FAILED: the occupancy cache of rope_kernel.cuh asked %lld times, expected %lld\n",
+                static_cast<long long>(occupancy_queries()), static_cast<long long>(want_queries));
+    return 1;
+  }
+  std::printf("coverage (launches or cases):\n");
+  std::vector<std::string> missing;
+  for (const auto& [what, n] : totals.coverage.hits) {
+    std::printf("  %-45s %lld\n", what.c_str(), static_cast<long long>(n));
+    if (n == 0) {
+      missing.push_back(what);
+    }
+  }
+  if (totals.failures > 0) {
+    std::printf("FAILED: %lld of %lld cases\n", static_cast<long long>(totals.failures),
+                static_cast<long long>(totals.cases));
+    return 1;
+  }
+  if (opt.coverage_gate && opt.only < 0 && !missing.empty()) {
+    std::printf("FAILED: the cases never took these paths:");
+    for (const std::string& m : missing) {
+      std::printf(" [%s]", m.c_str());
+    }
+    std::printf("\n");
+    return 1;
+  }
+  std::printf("PASSED\n");
+  return 0;
+}

@@ -1,0 +1,201 @@
+// The real csrc/cuda/rope_kernel.cuh, compiled as host C++ against the shims in shim/, behind the
+// torch-free interface of host_kernel.h. Nothing of the kernel is copied or re-typed here: this
+// file only wires the shim's hooks to an Observer and picks scalar_t, as rope_cuda.cu does.
+#include "host_kernel.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+namespace rope_host {
+namespace {
+
+Observer* g_observer = nullptr;
+LaunchRecord* g_record = nullptr;
+Device g_device;
+
+void on_device_assert(const char* cond, const char* /*file*/, int /*line*/) {
+  if (g_observer != nullptr) {
+    g_observer->device_assert(cond, rope_shim::thread_id());
+  }
+}
+
+}  // namespace
+}  // namespace rope_host
+
+// The kernel's hooks, pointed at the shim. A failed assert is reported and the thread carries
+// on, which is what the kernel does on the GPU when assertions are compiled out (it then must
+// write nothing and read nothing outside the tables; the Observer checks that).
+#define ROPE_DEVICE_ASSERT(cond) \
+  ((cond) ? (void)0 : ::rope_host::on_device_assert(#cond, __FILE__, __LINE__))
+#define ROPE_TRACE_LOAD(ptr, bytes) ::rope_host::trace_load((ptr), (bytes))
+#define ROPE_TRACE_STORE(ptr, bytes) ::rope_host::trace_store((ptr), (bytes))
+
+namespace rope_host {
+namespace {
+
+// The trace hooks also check what the GPU would fault on: a 16-byte access must be 16-byte
+// aligned, a scalar one naturally aligned.
+void check_aligned(const void* p, size_t bytes) {
+  if (reinterpret_cast<uintptr_t>(p) % bytes != 0) {
+    rope_shim::fail(bytes == 16 ? "misaligned 16-byte global access" : "misaligned global access",
+                    p);
+  }
+}
+
+}  // namespace
+
+inline void trace_load(const void* p, size_t bytes) {
+  check_aligned(p, bytes);
+  if (g_observer != nullptr) {
+    g_observer->load(p, bytes, rope_shim::thread_id());
+  }
+}
+
+inline void trace_store(const void* p, size_t bytes) {
+  check_aligned(p, bytes);
+  if (g_observer != nullptr) {
+    g_observer->store(p, bytes, rope_shim::thread_id());
+  }
+}
+
+}  // namespace rope_host
+
+#include "cuda/rope_kernel.cuh"
+
+namespace rope_host {
+namespace {
+
+using rope::cuda::kernel::rope_kernel;
+
+// Every kernel variant, so a launch can be named.
+struct Variant {
+  const void* kernel;
+  bool vector_kernel;
+};
+
+template <typename scalar_t, typename table_t>
+void add_variants(Variant* out, int& n) {
+  out[n++] = {reinterpret_cast<const void*>(&rope_kernel<scalar_t, table_t, true, true>), true};
+  out[n++] = {reinterpret_cast<const void*>(&rope_kernel<scalar_t, table_t, true, false>), false};
+  out[n++] = {reinterpret_cast<const void*>(&rope_kernel<scalar_t, table_t, false, true>), true};
+  out[n++] = {reinterpret_cast<const void*>(&rope_kernel<scalar_t, table_t, false, false>),
+              false};
+}
+
+struct Variants {
+  Variant v[32];
+  int n = 0;
+  Variants() {
+    add_variants<double, float>(v, n);
+    add_variants<double, double>(v, n);
+    add_variants<float, float>(v, n);
+    add_variants<float, double>(v, n);
+    add_variants<__half, float>(v, n);
+    add_variants<__half, double>(v, n);
+    add_variants<__nv_bfloat16, float>(v, n);
+    add_variants<__nv_bfloat16, double>(v, n);
+  }
+  const Variant* find(const void* kernel) const {
+    for (int i = 0; i < n; ++i) {
+      if (v[i].kernel == kernel) {
+        return &v[i];
+      }
+    }
+    return nullptr;
+  }
+};
+
+const Variants& variants() {
+  static const Variants all;
+  return all;
+}
+
+// A fixed function of (device, kernel), as the real occupancy is: 1..8 blocks of 256 threads.
+int resident_blocks(const void* kernel, int device) {
+  const Variant* v = variants().find(kernel);
+  const uint64_t index = v == nullptr ? 0 : static_cast<uint64_t>(v - variants().v);
+  uint64_t h = (static_cast<uint64_t>(device) + 1) * 0x9e3779b97f4a7c15ull ^ (index * 0xbf58476d1ce4e5b9ull);
+  h ^= h >> 31;
+  h *= 0x94d049bb133111ebull;
+  h ^= h >> 29;
+  return 1 + static_cast<int>(h % 8);
+}
+
+void install_hooks() {
+  rope_shim::Hooks& h = rope_shim::hooks();
+  h.on_launch = [](void*, const void* kernel, dim3 grid, dim3 block, void** args) {
+    if (g_record == nullptr) {
+      return;
+    }
+    g_record->launched = true;
+    g_record->kernel = kernel;
+    g_record->params = *static_cast<const rope::cuda::KernelParams*>(args[0]);
+    g_record->blocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+    g_record->block_threads = static_cast<int64_t>(block.x) * block.y * block.z;
+    const Variant* v = variants().find(kernel);
+    if (v == nullptr) {
+      rope_shim::fail("launch of an unknown kernel", kernel);
+    }
+    g_record->vector_kernel = v->vector_kernel;
+    g_record->resident_blocks = resident_blocks(kernel, rope_shim::state().device);
+  };
+  h.on_ldg = [](void*, const void* p, size_t bytes, int64_t thread) {
+    if (g_observer != nullptr) {
+      g_observer->ldg(p, bytes, thread);
+    }
+  };
+  h.resident_blocks = [](void*, int device, const void* kernel, int /*block_threads*/) {
+    return resident_blocks(kernel, device);
+  };
+}
+
+template <typename scalar_t>
+int rotate_typed(const rope::RotationArgs& first, const rope::RotationArgs* second,
+                 const rope::TableArgs& tables, rope::RotationMode mode) {
+  return static_cast<int>(
+      rope::cuda::rotate<scalar_t>(first, second, tables, mode, g_device.num_sms, nullptr));
+}
+
+}  // namespace
+
+int rotate(Storage storage, const rope::RotationArgs& first, const rope::RotationArgs* second,
+           const rope::TableArgs& tables, rope::RotationMode mode, const Device& device,
+           Observer* observer, LaunchRecord* record) {
+  install_hooks();
+  g_observer = observer;
+  g_record = record;
+  g_device = device;
+  if (record != nullptr) {
+    *record = LaunchRecord{};
+  }
+  rope_shim::state().device = device.ordinal;
+  int status = 0;
+  // The storage type of each dtype, as in rope_cuda.cu.
+  switch (storage) {
+    case Storage::kDouble:
+      status = rotate_typed<double>(first, second, tables, mode);
+      break;
+    case Storage::kFloat:
+      status = rotate_typed<float>(first, second, tables, mode);
+      break;
+    case Storage::kHalf:
+      status = rotate_typed<__half>(first, second, tables, mode);
+      break;
+    case Storage::kBFloat16:
+      status = rotate_typed<__nv_bfloat16>(first, second, tables, mode);
+      break;
+  }
+  g_observer = nullptr;
+  g_record = nullptr;
+  return status;
+}
+
+int64_t occupancy_queries() { return rope_shim::state().occupancy_queries; }
+
+uint16_t float_to_half_bits(float f) { return __float2half_rn(f).bits; }
+float half_bits_to_float(uint16_t bits) { return __half2float(__half{bits}); }
+uint16_t float_to_bfloat16_bits(float f) { return __float2bfloat16_rn(f).bits; }
+float bfloat16_bits_to_float(uint16_t bits) { return __bfloat162float(__nv_bfloat16{bits}); }
+
+}  // namespace rope_host

@@ -1,0 +1,61 @@
+// The CUDA kernel compiled as host C++ (host_kernel.cpp), as the driver sees it. Torch-free, and
+// free of the shims too: the driver includes torch, the kernel's translation unit does not.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/launch_plan.h"
+#include "kernel_args.h"
+
+namespace rope_host {
+
+enum class Storage { kDouble, kFloat, kHalf, kBFloat16 };
+
+// Sees every global access of a host launch and every failed device assert. `thread` is the
+// linear id of the device thread (block * blockDim.x + threadIdx.x).
+class Observer {
+ public:
+  virtual ~Observer() = default;
+  virtual void load(const void* p, size_t bytes, int64_t thread) = 0;   // x (plain loads)
+  virtual void store(const void* p, size_t bytes, int64_t thread) = 0;  // out
+  virtual void ldg(const void* p, size_t bytes, int64_t thread) = 0;    // tables, positions
+  virtual void device_assert(const char* cond, int64_t thread) = 0;
+};
+
+// A simulated GPU. The occupancy query of the kernel header is cached per device ordinal and
+// kernel, so the answer here is a fixed function of both: 1 + hash(ordinal, kernel) % 8 resident
+// blocks per SM (what registers allow on sm_80/sm_90 for 256-thread blocks spans 1..8).
+struct Device {
+  int ordinal = 0;
+  int num_sms = 1;
+};
+
+// The launch the kernel header made, as the shim's cudaLaunchKernel saw it.
+struct LaunchRecord {
+  bool launched = false;
+  const void* kernel = nullptr;  // the kernel variant's address
+  rope::cuda::KernelParams params;
+  int64_t blocks = 0;
+  int64_t block_threads = 0;
+  bool vector_kernel = false;  // which kernel variant was launched
+  int resident_blocks = 0;     // the occupancy answer for that variant on that device
+};
+
+// rope::cuda::rotate<scalar_t> of rope_kernel.cuh for `storage`: the real launch planning, then
+// the grid run serially on this thread. Returns the cudaError_t value (0: success).
+int rotate(Storage storage, const rope::RotationArgs& first, const rope::RotationArgs* second,
+           const rope::TableArgs& tables, rope::RotationMode mode, const Device& device,
+           Observer* observer, LaunchRecord* record);
+
+// How often the kernel header asked the (simulated) runtime for occupancy: once per device and
+// kernel variant, thanks to its cache.
+int64_t occupancy_queries();
+
+// The shim's storage conversions, for a cross-check against c10::Half / c10::BFloat16.
+uint16_t float_to_half_bits(float f);
+float half_bits_to_float(uint16_t bits);
+uint16_t float_to_bfloat16_bits(float f);
+float bfloat16_bits_to_float(uint16_t bits);
+
+}  // namespace rope_host

@@ -1,0 +1,38 @@
+// Compile-only checks that the shims refuse what the serial host launch cannot model (ctest
+// cuda_host_refuses_*: each must fail to compile with the shim's message). Built without any
+// ROPE_REFUSE_* macro it is a valid kernel, the control that the failures are the refusals.
+#include <cuda_runtime.h>
+
+#if defined(ROPE_REFUSE_COOPERATIVE_GROUPS)
+#include <cooperative_groups.h>
+#endif
+#if defined(ROPE_REFUSE_LIBCUDACXX_BARRIER)
+#include <cuda/barrier>
+#endif
+
+__global__ void kernel(float* out, const float* in) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+#if defined(ROPE_REFUSE_SHARED_MEMORY)
+  __shared__ float staged[256];
+  staged[threadIdx.x] = in[i];
+  out[i] = staged[threadIdx.x];
+#elif defined(ROPE_REFUSE_BARRIER)
+  out[i] = in[i];
+  __syncthreads();
+#elif defined(ROPE_REFUSE_SHUFFLE)
+  out[i] = __shfl_xor_sync(0xffffffffu, in[i], 1);
+#elif defined(ROPE_REFUSE_ATOMIC)
+  atomicAdd(out, in[i]);
+#else
+  out[i] = in[i];
+#endif
+}
+
+int main() {
+  float in[256] = {};
+  float out[256];
+  float* out_ptr = out;
+  const float* in_ptr = in;
+  void* args[] = {&out_ptr, &in_ptr};
+  return cudaLaunchKernel(kernel, dim3(1), dim3(256), args, 0, nullptr) == cudaSuccess ? 0 : 1;
+}

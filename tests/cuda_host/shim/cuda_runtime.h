@@ -1,0 +1,4 @@
+// Host stand-in for the CUDA toolkit's cuda_runtime.h (tests/cuda_host only): see rope_host_shim.h.
+#pragma once
+
+#include "rope_host_shim.h"

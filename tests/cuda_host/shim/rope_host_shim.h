@@ -1,0 +1,240 @@
+// The CUDA built-ins the kernel header uses, as host C++: enough to compile csrc/cuda/rope_kernel.cuh
+// unchanged with g++ or clang++ and run it on the CPU, one thread after the other.
+//
+// The serial launch (cudaLaunchKernel below) runs every (block, thread) of the grid in turn. That
+// computes what the GPU computes only because the kernel's threads never communicate: no shared
+// memory, no barriers, no warp shuffles or votes, no atomics. The end of this file poisons those
+// names, so the host build stops with "attempt to use poisoned" the day the kernel starts using
+// one (tests/cuda_host/refuse.cpp checks that it does).
+//
+// Included through the shim's cuda_runtime.h / cuda_fp16.h / cuda_bf16.h, which take the place of
+// the toolkit's headers on the include path of the host build only.
+#pragma once
+
+#include <math.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+// ---- qualifiers ---------------------------------------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __grid_constant__
+
+// ---- runtime types ------------------------------------------------------------------------------
+// Values as in the CUDA runtime's driver_types.h, so a status printed by the host run reads the same.
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDevice = 101,
+};
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+
+struct uint3 {
+  unsigned int x, y, z;
+};
+struct dim3 {
+  unsigned int x, y, z;
+  constexpr dim3(unsigned int vx = 1, unsigned int vy = 1, unsigned int vz = 1)
+      : x(vx), y(vy), z(vz) {}
+};
+// Vector types with the alignment the device gives them, so a misaligned access is caught here
+// (UBSan's alignment check, and __ldg's own check) as it would fault on the GPU.
+struct alignas(8) float2 {
+  float x, y;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+struct alignas(16) double2 {
+  double x, y;
+};
+struct alignas(16) uint4 {
+  unsigned int x, y, z, w;
+};
+
+namespace rope_shim {
+
+// What the host run wants to see of the launch. The host build of the kernel (host_kernel.cpp)
+// installs one; every hook is optional.
+struct Hooks {
+  // Before the first thread of a launch runs: the kernel, the grid and the kernel's arguments.
+  void (*on_launch)(void* ctx, const void* kernel, dim3 grid, dim3 block, void** args) = nullptr;
+  // Every global load and store of x / out (ROPE_TRACE_*), and every __ldg (tables, positions).
+  void (*on_load)(void* ctx, const void* p, size_t bytes, int64_t thread) = nullptr;
+  void (*on_store)(void* ctx, const void* p, size_t bytes, int64_t thread) = nullptr;
+  void (*on_ldg)(void* ctx, const void* p, size_t bytes, int64_t thread) = nullptr;
+  // A device assert that failed (the kernel then carries on, as with NDEBUG on the GPU).
+  void (*on_assert)(void* ctx, const char* cond, const char* file, int line,
+                    int64_t thread) = nullptr;
+  // cudaOccupancyMaxActiveBlocksPerMultiprocessor's answer for a kernel on a device.
+  int (*resident_blocks)(void* ctx, int device, const void* kernel, int block_threads) = nullptr;
+  void* ctx = nullptr;
+};
+
+inline Hooks& hooks() {
+  static Hooks h;
+  return h;
+}
+
+// The simulated device state: current device ordinal, and the grid position of the running
+// thread. One launch at a time, on the calling host thread.
+struct State {
+  int device = 0;
+  uint3 block_idx{0, 0, 0};
+  uint3 thread_idx{0, 0, 0};
+  dim3 grid_dim;
+  dim3 block_dim;
+  int64_t occupancy_queries = 0;
+};
+inline State& state() {
+  static State s;
+  return s;
+}
+
+// Linear id of the running thread within the grid: block-major, as blocks are numbered.
+inline int64_t thread_id() {
+  const State& s = state();
+  const int64_t block = (static_cast<int64_t>(s.block_idx.z) * s.grid_dim.y + s.block_idx.y) *
+                            s.grid_dim.x +
+                        s.block_idx.x;
+  const int64_t threads = static_cast<int64_t>(s.block_dim.x) * s.block_dim.y * s.block_dim.z;
+  const int64_t thread =
+      (static_cast<int64_t>(s.thread_idx.z) * s.block_dim.y + s.thread_idx.y) * s.block_dim.x +
+      s.thread_idx.x;
+  return block * threads + thread;
+}
+
+[[noreturn]] inline void fail(const char* what, const void* p) {
+  std::fprintf(stderr, "cuda host shim: %s (address %p, thread %lld)\n", what, p,
+               static_cast<long long>(thread_id()));
+  std::abort();
+}
+
+}  // namespace rope_shim
+
+// ---- built-in variables ---------------------------------------------------------------------------
+// References into the simulated state, so `blockIdx.x` reads as on the device.
+#define blockIdx (::rope_shim::state().block_idx)
+#define threadIdx (::rope_shim::state().thread_idx)
+#define gridDim (::rope_shim::state().grid_dim)
+#define blockDim (::rope_shim::state().block_dim)
+
+// ---- read-only loads ------------------------------------------------------------------------------
+// __ldg reads through the non-coherent cache: on the device it must be naturally aligned.
+template <typename T>
+inline T __ldg(const T* p) {
+  static_assert(std::is_trivially_copyable_v<T>, "__ldg of a non-trivial type");
+  if (reinterpret_cast<uintptr_t>(p) % alignof(T) != 0) {
+    rope_shim::fail("misaligned __ldg", p);
+  }
+  const rope_shim::Hooks& h = rope_shim::hooks();
+  if (h.on_ldg != nullptr) {
+    h.on_ldg(h.ctx, p, sizeof(T), rope_shim::thread_id());
+  }
+  return *p;
+}
+
+// ---- cache-hinted stores ---------------------------------------------------------------------------
+// st.global.wb.v4.u32: one 16-byte store with the default (write-back) caching.
+inline void __stwb(uint4* p, uint4 v) {
+  if (reinterpret_cast<uintptr_t>(p) % alignof(uint4) != 0) {
+    rope_shim::fail("misaligned __stwb", p);
+  }
+  *p = v;
+}
+
+// ---- runtime API ----------------------------------------------------------------------------------
+inline cudaError_t cudaGetDevice(int* device) {
+  *device = rope_shim::state().device;
+  return cudaSuccess;
+}
+
+template <typename Kernel>
+inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel kernel,
+                                                                 int block_threads,
+                                                                 size_t dynamic_smem) {
+  if (dynamic_smem != 0) {
+    return cudaErrorInvalidValue;  // no shared memory in a host-run kernel
+  }
+  rope_shim::State& s = rope_shim::state();
+  ++s.occupancy_queries;
+  const rope_shim::Hooks& h = rope_shim::hooks();
+  *blocks = h.resident_blocks != nullptr
+                ? h.resident_blocks(h.ctx, s.device, reinterpret_cast<const void*>(kernel),
+                                    block_threads)
+                : 1;
+  return cudaSuccess;
+}
+
+namespace rope_shim {
+template <typename... P, size_t... I>
+void run_grid(void (*kernel)(P...), void** args, std::index_sequence<I...>) {
+  State& s = state();
+  // Each thread gets its own copy of the arguments, as each device thread reads the parameter
+  // block independently: no thread can pass anything to another through it.
+  for (unsigned int bz = 0; bz < s.grid_dim.z; ++bz) {
+    for (unsigned int by = 0; by < s.grid_dim.y; ++by) {
+      for (unsigned int bx = 0; bx < s.grid_dim.x; ++bx) {
+        for (unsigned int tz = 0; tz < s.block_dim.z; ++tz) {
+          for (unsigned int ty = 0; ty < s.block_dim.y; ++ty) {
+            for (unsigned int tx = 0; tx < s.block_dim.x; ++tx) {
+              s.block_idx = {bx, by, bz};
+              s.thread_idx = {tx, ty, tz};
+              kernel(*static_cast<std::decay_t<P>*>(args[I])...);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+}  // namespace rope_shim
+
+// The typed overload of the runtime (cuda_runtime.h's template cudaLaunchKernel): runs the grid
+// serially with the launch limits of sm_80 / sm_90.
+template <typename... P>
+inline cudaError_t cudaLaunchKernel(void (*kernel)(P...), dim3 grid, dim3 block, void** args,
+                                    size_t shared_mem = 0, cudaStream_t /*stream*/ = nullptr) {
+  if (shared_mem != 0) {
+    return cudaErrorInvalidValue;  // dynamic shared memory: the serial launch would be unfaithful
+  }
+  const unsigned long long threads = 1ull * block.x * block.y * block.z;
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0 || threads > 1024 ||
+      block.z > 64 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
+    return cudaErrorInvalidConfiguration;
+  }
+  rope_shim::State& s = rope_shim::state();
+  s.grid_dim = grid;
+  s.block_dim = block;
+  const rope_shim::Hooks& h = rope_shim::hooks();
+  if (h.on_launch != nullptr) {
+    h.on_launch(h.ctx, reinterpret_cast<const void*>(kernel), grid, block, args);
+  }
+  rope_shim::run_grid(kernel, args, std::index_sequence_for<P...>{});
+  return cudaSuccess;
+}
+
+// ---- what the serial launch cannot model: refused at compile time -------------------------------
+// Shared memory, barriers and fences, warp shuffles / votes / reductions / matches, atomics.
+#pragma GCC poison __shared__ __syncthreads __syncthreads_count __syncthreads_and
+#pragma GCC poison __syncthreads_or __syncwarp __threadfence __threadfence_block
+#pragma GCC poison __threadfence_system __shfl_sync __shfl_up_sync __shfl_down_sync
+#pragma GCC poison __shfl_xor_sync __shfl __shfl_up __shfl_down __shfl_xor __ballot_sync
+#pragma GCC poison __any_sync __all_sync __uni_sync __activemask __match_any_sync
+#pragma GCC poison __match_all_sync __reduce_add_sync __reduce_min_sync __reduce_max_sync
+#pragma GCC poison __reduce_and_sync __reduce_or_sync __reduce_xor_sync
+#pragma GCC poison atomicAdd atomicSub atomicExch atomicMin atomicMax atomicInc atomicDec
+#pragma GCC poison atomicCAS atomicAnd atomicOr atomicXor atomicAdd_block atomicAdd_system
+#pragma GCC poison atomicCAS_block atomicCAS_system atomicExch_block atomicExch_system

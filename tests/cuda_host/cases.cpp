@@ -172,6 +172,8 @@ const char* op_name(Op op) {
       return "apply";
     case Op::kApplyInPlace:
       return "apply_";
+    case Op::kApplyOut:
+      return "apply.out";
     case Op::kApplyQK:
       return "apply_qk";
   }
@@ -185,7 +187,10 @@ Case make_case(uint64_t seed, int64_t index) {
   c.seed = seed;
   c.index = index;
   const double op_r = std::uniform_real_distribution<double>(0, 1)(rng);
-  c.op = op_r < 0.4 ? Op::kApply : op_r < 0.7 ? Op::kApplyInPlace : Op::kApplyQK;
+  c.op = op_r < 0.35   ? Op::kApply
+         : op_r < 0.6  ? Op::kApplyInPlace
+         : op_r < 0.72 ? Op::kApplyOut
+                       : Op::kApplyQK;
   c.dtype = pick(rng, {at::kDouble, at::kFloat, at::kHalf, at::kBFloat16});
   c.table_dtype = chance(rng, 0.8) ? at::kFloat : at::kDouble;
   c.interleaved = chance(rng, 0.5);
@@ -267,6 +272,10 @@ Case make_case(uint64_t seed, int64_t index) {
     if (c.op == Op::kApplyQK) {
       c.k = random_view(rng, gen, k_sizes, c.dtype, may_expand);
     }
+    if (c.op == Op::kApplyOut) {
+      // A buffer of its own (out= refuses overlap with inputs), never expanded (not writable).
+      c.out = random_view(rng, gen, x_sizes, c.dtype, false);
+    }
   }
 
   // Positions: int32 or int64, any strides (expanded too), values in [0, max_seq_len).
@@ -345,6 +354,10 @@ std::string Case::describe() const {
     o << "\n  k " << shape_str(k.view.sizes()) << " strides " << shape_str(k.view.strides())
       << " offset " << k.view.storage_offset() << " [" << k.layout << "]"
       << (fused_qk ? " (fused with q)" : "");
+  }
+  if (op == Op::kApplyOut) {
+    o << "\n  out " << shape_str(out.view.sizes()) << " strides " << shape_str(out.view.strides())
+      << " offset " << out.view.storage_offset() << " [" << out.layout << "]";
   }
   o << "\n  positions " << positions.view.scalar_type() << " " << shape_str(positions.view.sizes())
     << " strides " << shape_str(positions.view.strides()) << " [" << positions.layout << "]"

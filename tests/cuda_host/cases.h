@@ -12,7 +12,7 @@
 
 namespace rope_host {
 
-enum class Op { kApply, kApplyInPlace, kApplyQK };
+enum class Op { kApply, kApplyInPlace, kApplyOut, kApplyQK };
 
 const char* op_name(Op op);
 
@@ -36,6 +36,7 @@ struct Case {
   int64_t rotary_dim = 0;
   Viewed x;  // q for apply_qk
   Viewed k;  // apply_qk only
+  Viewed out;  // apply.out only: the caller's buffer, any strides
   bool fused_qk = false;  // q and k are slices of one qkv buffer
   Viewed cos;
   Viewed sin;

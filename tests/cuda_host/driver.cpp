@@ -209,6 +209,8 @@ std::vector<std::string> run_case(const Case& c, const CpuVectorPath& cpu_path, 
   const at::Tensor x_before = c.x.view.clone();
   const at::Tensor k_before = c.op == Op::kApplyQK ? c.k.view.clone() : at::Tensor();
   const at::Tensor k_buffer_before = c.op == Op::kApplyQK ? c.k.buffer.clone() : at::Tensor();
+  const at::Tensor out_buffer_before =
+      c.op == Op::kApplyOut ? c.out.buffer.clone() : at::Tensor();
   const at::Tensor cos_before = c.cos.buffer.clone();
   const at::Tensor sin_before = c.sin.buffer.clone();
   const at::Tensor pos_before = c.positions.buffer.clone();
@@ -252,6 +254,11 @@ std::vector<std::string> run_case(const Case& c, const CpuVectorPath& cpu_path, 
                                                           c.interleaved, c.inverse);
         host_x = c.x.view;
         break;
+      case Op::kApplyOut:
+        rope::detail::apply_out_body<HostCudaBackend>(c.x.view, cos, sin, positions,
+                                                      c.interleaved, c.inverse, c.out.view);
+        host_x = c.out.view;
+        break;
       case Op::kApplyQK:
         std::tie(host_x, host_k) = rope::detail::apply_qk_body<HostCudaBackend>(
             c.x.view, c.k.view, cos, sin, positions, c.interleaved, c.inverse);
@@ -269,6 +276,9 @@ std::vector<std::string> run_case(const Case& c, const CpuVectorPath& cpu_path, 
     }
   } else if (!same_bits(x_buffer_before, c.x.buffer)) {
     problems.push_back("x's buffer changed");
+  }
+  if (c.op == Op::kApplyOut && !outside_unchanged(out_buffer_before, c.out.buffer, c.out.view)) {
+    problems.push_back("apply.out changed memory outside out's view");
   }
   if (c.op == Op::kApplyQK && !same_bits(k_buffer_before, c.k.buffer)) {
     problems.push_back("k's buffer changed");
@@ -293,7 +303,7 @@ std::vector<std::string> run_case(const Case& c, const CpuVectorPath& cpu_path, 
       compare_rotation("k", host_k, cpu_k, k_before, cos, sin, positions, c.interleaved,
                        c.inverse, cpu_path, totals.tally, problems);
     }
-    if (c.op != Op::kApplyInPlace) {
+    if (c.op == Op::kApply || c.op == Op::kApplyQK) {  // new tensors; out= keeps out's strides
       if (host_x.defined() && !host_x.is_contiguous()) {
         problems.push_back("the result is not contiguous");
       }

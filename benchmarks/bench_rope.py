@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 import torch_rope
-from torch_rope import reference
+from torch_rope import eager
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -104,13 +104,13 @@ def bench_case(case: Case, dtype, device: str, timer: Timer, compile_reference: 
             return torch_rope.apply(t[0], cos, sin, positions)
 
         def eager(t=tensors):
-            return reference.apply(t[0], cos, sin, positions)
+            return eager.apply(t[0], cos, sin, positions)
     else:
         def ours(t=tensors):
             return torch_rope.apply_qk(t[0], t[1], cos, sin, positions)
 
         def eager(t=tensors):
-            return reference.apply_qk(t[0], t[1], cos, sin, positions)
+            return eager.apply_qk(t[0], t[1], cos, sin, positions)
 
     def clone():
         return [t.clone() for t in tensors]

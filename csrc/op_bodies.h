@@ -46,7 +46,7 @@ void apply_inplace_body(const at::Tensor& x, const at::Tensor& cos, const at::Te
   auto call = prepare_rotation(x, positions, 2 * cos.size(1), Destination::kInPlace);
   const auto tables = prepare_tables(cos, sin);
   Backend::rotate(x.scalar_type(), call.args, tables.args, {interleaved, inverse});
-  call.finish();
+  call.write_back();
 }
 
 template <typename Backend>
@@ -62,7 +62,7 @@ void apply_out_body(const at::Tensor& x, const at::Tensor& cos, const at::Tensor
   auto call = prepare_rotation(x, positions, 2 * cos.size(1), Destination::kOut, out);
   const auto tables = prepare_tables(cos, sin);
   Backend::rotate(x.scalar_type(), call.args, tables.args, {interleaved, inverse});
-  call.finish();
+  call.write_back();
 }
 
 template <typename Backend>

@@ -145,7 +145,7 @@ PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positio
   return p;
 }
 
-void PreparedRotation::finish() {
+void PreparedRotation::write_back() {
   if (write_back_to.defined()) {
     write_back_to.copy_(output);
   }

@@ -24,7 +24,7 @@ struct PreparedRotation {
 
   // After the kernel ran: copies a temporary result back into x (in place) or out (out=) when
   // their layout could not be written directly. No-op otherwise.
-  void finish();
+  void write_back();
 };
 
 struct PreparedTables {

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_rope
-from torch_rope import reference
+from torch_rope import eager
 
 # torch.compile's C++ backend imports torch.utils.cpp_extension, which logs "No CUDA runtime is
 # found" on a machine with the CUDA toolkit but no GPU: true, harmless for the demo, and it would
@@ -42,7 +42,7 @@ class CausalSelfAttention(nn.Module):
         if self.rope_impl == "ours":
             q, k = torch_rope.apply_qk(q, k, self.rope.cos, self.rope.sin, pos)
         else:
-            q, k = reference.apply_qk(q, k, self.rope.cos, self.rope.sin, pos)
+            q, k = eager.apply_qk(q, k, self.rope.cos, self.rope.sin, pos)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         return self.out(y.transpose(1, 2).reshape(b, s, -1))
@@ -111,11 +111,11 @@ def main():
             q = torch.randn(4, 1024, 32, 128, device=device, dtype=dtype)
             k = torch.randn(4, 1024, 8, 128, device=device, dtype=dtype)
             pos = torch.arange(1024, device=device).view(1024, 1)
-            compiled_ref = torch.compile(reference.apply_qk, fullgraph=True)
+            compiled_ref = torch.compile(eager.apply_qk, fullgraph=True)
             with torch.no_grad():
                 t_ours = median_ms(lambda: torch_rope.apply_qk(q, k, cos, sin, pos), device)
                 t_clone = median_ms(lambda: (q.clone(), k.clone()), device)
-                t_eager = median_ms(lambda: reference.apply_qk(q, k, cos, sin, pos), device)
+                t_eager = median_ms(lambda: eager.apply_qk(q, k, cos, sin, pos), device)
                 t_comp = median_ms(lambda: compiled_ref(q, k, cos, sin, pos), device)
             print(f"| {device} | {str(dtype)[6:]} | {t_ours:.2f} | {t_clone:.2f} | {t_eager:.2f} "
                   f"| {t_comp:.2f} | {t_eager / t_ours:.1f}x | {t_comp / t_ours:.1f}x |")

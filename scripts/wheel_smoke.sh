@@ -22,4 +22,4 @@ wheel_prefix=$(echo "$smoke_log" | sed -n 's/^cmake_prefix_path=//p')
 torch_prefix=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 cmake -S examples/cpp -B "$out/example" -G Ninja -DCMAKE_PREFIX_PATH="$wheel_prefix;$torch_prefix" > /dev/null
 cmake --build "$out/example"
-PYTHONPATH="$PWD/python" "$PY" examples/cpp/check_example.py "$out/example/attention_example"
+PYTHONPATH="$PWD/python" "$PY" tests/integration/check_example.py "$out/example/attention_example"

@@ -6,6 +6,7 @@
 // picks the device, the stream and the storage type, and turns the launch status into an error.
 // Nothing here synchronizes with the device. tests/cuda_host runs the same kernel and planning on
 // the host through a copy of this policy (its HostCudaBackend), since CI has no GPU.
+#include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -25,6 +26,21 @@
 namespace rope::cuda {
 namespace {
 
+// The kernel's storage type for a torch dtype: c10::Half and c10::BFloat16 are bit-compatible
+// with CUDA's __half and __nv_bfloat16, which the torch-free kernel header uses.
+template <typename T>
+struct CudaStorage {
+  using type = T;
+};
+template <>
+struct CudaStorage<c10::Half> {
+  using type = __half;
+};
+template <>
+struct CudaStorage<c10::BFloat16> {
+  using type = __nv_bfloat16;
+};
+
 // One launch for `first` and, if given, `second` (apply_qk), on the current device and stream.
 void launch(c10::ScalarType dtype, const RotationArgs& first, const RotationArgs* second,
             const TableArgs& tables, RotationMode mode) {
@@ -34,26 +50,12 @@ void launch(c10::ScalarType dtype, const RotationArgs& first, const RotationArgs
   const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   cudaError_t status = cudaSuccess;
-  // c10::Half / c10::BFloat16 storage is bit-compatible with __half / __nv_bfloat16; the kernel
-  // receives untyped pointers and is told the type here.
-  switch (dtype) {
-    case c10::ScalarType::Double:
-      status = rotate<double>(first, second, tables, mode, num_sms, stream);
-      break;
-    case c10::ScalarType::Float:
-      status = rotate<float>(first, second, tables, mode, num_sms, stream);
-      break;
-    case c10::ScalarType::Half:
-      status = rotate<__half>(first, second, tables, mode, num_sms, stream);
-      break;
-    case c10::ScalarType::BFloat16:
-      status = rotate<__nv_bfloat16>(first, second, tables, mode, num_sms, stream);
-      break;
-    default:
-      // Only these four storage types have a kernel. Validation is to reject every other dtype
-      // (float8 included) before the launch; one that gets here is a hole in those checks.
-      TORCH_INTERNAL_ASSERT(false, "rope cuda kernel: unsupported dtype ", dtype);
-  }
+  // The kernel receives untyped pointers and is told the storage type here. Validation admits
+  // only these four dtypes; AT_DISPATCH's own error is the backstop.
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rope_cuda", [&] {
+    status = rotate<typename CudaStorage<scalar_t>::type>(first, second, tables, mode, num_sms,
+                                                          stream);
+  });
   C10_CUDA_CHECK(status);
 }
 

@@ -4,7 +4,7 @@
 //
 //   attention_example <inputs.pt> <outputs.pt>
 //
-// Reads weights and inputs written by examples/cpp/check_example.py (torch.save of a dict), writes
+// Reads weights and inputs written by tests/integration/check_example.py (torch.save of a dict), writes
 // its results the same way, and the script compares them with the Python implementation.
 #include <torch/torch.h>
 #include <torch_rope/torch_rope.h>

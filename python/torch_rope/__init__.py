@@ -1,7 +1,8 @@
 """torch-rope: rotary position embedding for PyTorch, as native CPU and CUDA custom ops.
 
-Importing this package registers ``torch.ops.rope.apply``, ``torch.ops.rope.apply_`` and
-``torch.ops.rope.apply_qk`` (with autograd and fake kernels, so ``torch.compile`` works).
+Importing this package registers ``torch.ops.rope.apply`` (and its ``out=`` overload),
+``torch.ops.rope.apply_`` and ``torch.ops.rope.apply_qk``, with autograd and Meta kernels, so
+``torch.compile`` works.
 
 Integrations are separate imports, so their libraries stay optional:
 ``torch_rope.hf`` (Hugging Face transformers) and ``torch_rope.torchtune``.
@@ -12,17 +13,26 @@ from pathlib import Path as _Path
 import torch  # noqa: F401  (libtorch must be loaded before our native library)
 
 from . import _C  # noqa: F401  (loads librope: registers the ops with the dispatcher)
-from . import reference
+from . import eager
 from ._scaling import rope_frequencies, rope_tables_from_inv_freq
 from ._version import __version__
 from .nn import RotaryPositionalEmbedding
 from .ops import apply, apply_, apply_qk, rope_tables
 
-# -- distributed (torch_rope.distributed): DTensor sharding rules, only if DTensor is already loaded
+# DTensor sharding rules, registered now only if torch.distributed.tensor is already loaded.
 from . import distributed  # cheap: imports torch.distributed.tensor only when registering
 
 distributed.register_if_loaded()
-# -- end distributed
+
+
+def __getattr__(name):
+    # torch_rope.reference is the old name of torch_rope.eager, importable (with a
+    # DeprecationWarning) for one release.
+    if name == "reference":
+        import importlib
+
+        return importlib.import_module(".reference", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 #: Prefix for CMake's find_package(TorchRope) in a pip-installed torch_rope:
@@ -49,7 +59,7 @@ __all__ = [
     "cmake_prefix_path",
     "compiled_with_cuda",
     "distributed",
-    "reference",
+    "eager",
     "rope_frequencies",
     "rope_tables",
     "rope_tables_from_inv_freq",

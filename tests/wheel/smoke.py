@@ -22,7 +22,7 @@ def main() -> int:
     x = torch.randn(2, 4, 32, 64)
     positions = torch.arange(32)
     out = torch_rope.apply(x, cos, sin, positions, interleaved=False)
-    ref = torch_rope.reference.apply(x, cos, sin, positions, interleaved=False)
+    ref = torch_rope.eager.apply(x, cos, sin, positions, interleaved=False)
     checks["op on CPU matches the reference"] = torch.allclose(out, ref, atol=1e-6)
 
     rope = torch_rope.RotaryPositionalEmbedding(10000.0, 64, 32).to(torch.bfloat16)

@@ -1,6 +1,6 @@
 """TorchScript, torch.export and AOTInductor paths for a block that calls torch.ops.rope.apply.
 
-    python examples/cpp/check_torchscript.py <run_scripted binary> <run_aoti binary>
+    python tests/integration/check_torchscript.py <run_scripted binary> <run_aoti binary>
 
 1. torch.jit.script the block, save it, load and run it from C++ (run_scripted), compare.
 2. torch.export.export the same block: rope.apply appears in the graph, the program matches eager.
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import torch_rope  # noqa: F401  (registers torch.ops.rope.*)
-from compare import report  # examples/cpp/compare.py, beside this script
+from compare import report  # tests/integration/compare.py, beside this script
 
 
 class RopeBlock(nn.Module):

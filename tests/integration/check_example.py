@@ -1,6 +1,6 @@
 """Runs the LibTorch example and checks it against the same model in Python.
 
-    python examples/cpp/check_example.py <path to attention_example binary>
+    python tests/integration/check_example.py <path to attention_example binary>
 
 Writes seeded weights and inputs, runs the binary, and compares its forward output, loss, weight
 gradient, post-step loss and incremental-decode output with this file's Python implementation
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_rope
-from compare import report  # examples/cpp/compare.py, beside this script
+from compare import report  # tests/integration/compare.py, beside this script
 
 
 class Attention(nn.Module):

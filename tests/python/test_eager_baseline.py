@@ -1,5 +1,5 @@
-"""torch_rope.reference (the plain-PyTorch implementation shipped for users) agrees with the
-tests' own oracle. It is checked here, and never used as the oracle elsewhere."""
+"""torch_rope.eager (the plain-PyTorch baseline shipped for users, the benchmarks' "eager") agrees
+with the tests' own oracle. It is checked here, and never used as the oracle elsewhere."""
 
 import pytest
 import torch
@@ -12,14 +12,25 @@ from helpers import assert_matches_reference, make_tables, randn
 @pytest.mark.parametrize("inverse", [False, True], ids=["forward", "inverse"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16],
                          ids=["float64", "float32", "bfloat16"])
-def test_shipped_reference_matches_oracle(dtype, inverse, interleaved):
+def test_eager_baseline_matches_oracle(dtype, inverse, interleaved):
     tab_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     cos, sin = make_tables(40, 32, "cpu", tab_dtype)
     x = randn(2, 9, 3, 48, dtype=dtype)
     positions = torch.randint(0, 40, (9, 1))
     kw = dict(interleaved=interleaved, inverse=inverse)
-    out = torch_rope.reference.apply(x, cos, sin, positions, **kw)
+    out = torch_rope.eager.apply(x, cos, sin, positions, **kw)
     assert_matches_reference(out, x, positions, 32, **kw)
-    q, k = torch_rope.reference.apply_qk(x, x[:, :, :1], cos, sin, positions, **kw)
+    q, k = torch_rope.eager.apply_qk(x, x[:, :, :1], cos, sin, positions, **kw)
     assert torch.equal(q, out)
     assert_matches_reference(k, x[:, :, :1], positions, 32, **kw)
+
+
+def test_old_name_still_imports_with_a_deprecation_warning():
+    import importlib
+    import sys
+
+    sys.modules.pop("torch_rope.reference", None)
+    with pytest.warns(DeprecationWarning, match=r"torch_rope\.reference is deprecated.*eager"):
+        old = importlib.import_module("torch_rope.reference")
+    assert old.apply is torch_rope.eager.apply
+    assert torch_rope.reference.apply_qk is torch_rope.eager.apply_qk

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from setuptools import Extension, find_packages, setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
@@ -54,20 +54,8 @@ class CMakeBuild(build_ext):
         subprocess.check_call(["cmake", "--install", str(build_dir)])
 
 
-version = {}
-exec((ROOT / "python" / "torch_rope" / "_version.py").read_text(), version)
-
+# Metadata, packages and the version live in pyproject.toml; this file only adds the CMake step.
 setup(
-    name="torch-rope",
-    version=version["__version__"],
-    description="Rotary position embedding for PyTorch: native CPU and CUDA custom ops",
-    long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
-    long_description_content_type="text/markdown",
-    package_dir={"": "python"},
-    packages=find_packages("python"),
     ext_modules=[CMakeExtension("torch_rope._C")],
     cmdclass={"build_ext": CMakeBuild},
-    python_requires=">=3.9",
-    install_requires=["torch>=2.4"],
-    zip_safe=False,
 )

@@ -1,7 +1,8 @@
 // A torch-free description of one rotation: raw pointers, int64 element strides and sizes.
 //
 // Both backends consume this struct, so the CPU kernel and the CUDA kernel headers never include
-// torch. The torch glue (csrc/tensor_args.cpp) validates tensors and fills it in.
+// torch. The torch glue validates the tensors (csrc/validation.cpp) and fills these structs in
+// (csrc/prepare.cpp).
 #pragma once
 
 #include <cstdint>
@@ -47,7 +48,8 @@ struct TableArgs {
   int64_t table_stride = 0;        // elements between consecutive positions' rows
 };
 
-// What the rotation does; both flags are compile-time template parameters in the kernels.
+// What the rotation does. `interleaved` becomes a compile-time template parameter of the kernels
+// (it decides the memory access pattern); `inverse` stays a run-time flag (it only negates sin).
 struct RotationMode {
   bool interleaved = true;  // plane k is (2k, 2k+1); false: (k, k + rotary_dim/2)
   bool inverse = false;     // rotate by -angle (the transpose, which is also the backward)

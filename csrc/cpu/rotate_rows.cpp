@@ -1,7 +1,8 @@
 // The CPU row kernel. This file is compiled several times, once per CPU capability, with
-// CPU_CAPABILITY set to DEFAULT, AVX2 or AVX512 (CMakeLists.txt), so each copy lives in its own
-// namespace and at::vec::Vectorized<float> is as wide as that instruction set allows. It includes
-// no torch tensor headers on purpose: only at::vec and the plain structs of kernel_args.h.
+// CPU_CAPABILITY set to DEFAULT, AVX2, AVX512 or AVX512_BF16 (CMakeLists.txt), so each copy lives
+// in its own namespace. The x86 copies rotate whole vectors of planes with the intrinsics of
+// planes_avx2.h / planes_avx512.h; DEFAULT (and non-x86 builds) use portable at::vec code. It
+// includes no torch tensor headers on purpose: only at::vec and the plain structs of kernel_args.h.
 #include "rotate_rows.h"
 
 #include <ATen/OpMathType.h>
@@ -16,8 +17,14 @@
 
 #include "row_cursor.h"
 
+#if defined(CPU_CAPABILITY_AVX512)
+#include "planes_avx512.h"
+#elif defined(CPU_CAPABILITY_AVX2)
+#include "planes_avx2.h"
+#endif
+
 #ifndef CPU_CAPABILITY
-#error "rotate_rows.cpp must be compiled with -DCPU_CAPABILITY=<DEFAULT|AVX2|AVX512>"
+#error "rotate_rows.cpp must be compiled with -DCPU_CAPABILITY=<DEFAULT|AVX2|AVX512|AVX512_BF16>"
 #endif
 
 namespace rope::cpu::CPU_CAPABILITY {
@@ -66,33 +73,14 @@ inline void store_two(scalar_t* p, const Vec& lo, const Vec& hi) {
   }
 }
 
-// ---- one row ------------------------------------------------------------------------------------
+// ---- the vector planes of one row, portable (DEFAULT copy and non-x86 builds) --------------
 
-// Planes [k_begin, half) one at a time: any storage type, float or double tables. Math in
-// opmath (float for half types, double for double). Reads a plane fully before writing it, so
-// in == out is safe.
-template <bool kInterleaved, typename scalar_t, typename table_t>
-inline void rotate_planes_scalar(const scalar_t* in, scalar_t* out, const table_t* cos,
-                                 const table_t* sin, int64_t half, int64_t k_begin, bool inverse) {
-  using acc_t = at::opmath_type<scalar_t>;
-  for (int64_t k = k_begin; k < half; ++k) {
-    const int64_t ia = kInterleaved ? 2 * k : k;
-    const int64_t ib = kInterleaved ? 2 * k + 1 : k + half;
-    const acc_t c = static_cast<acc_t>(cos[k]);
-    const acc_t s = inverse ? -static_cast<acc_t>(sin[k]) : static_cast<acc_t>(sin[k]);
-    const acc_t a = static_cast<acc_t>(in[ia]);
-    const acc_t b = static_cast<acc_t>(in[ib]);
-    out[ia] = static_cast<scalar_t>(a * c - b * s);
-    out[ib] = static_cast<scalar_t>(a * s + b * c);
-  }
-}
-
-// Whole vectors of planes, float math, float tables. Returns the first plane left for the scalar
-// tail.
-template <bool kInterleaved, typename scalar_t>
-inline int64_t rotate_planes_vec(const scalar_t* in, scalar_t* out, const float* cos,
-                                 const float* sin, int64_t half, bool inverse) {
-  const Vec sign(inverse ? -1.0f : 1.0f);
+// Whole vectors of planes with at::vec, float math, float tables. Returns the first plane left for
+// the scalar loop.
+template <bool kInterleaved, bool kInverse, typename scalar_t>
+inline int64_t rotate_planes_generic(const scalar_t* in, scalar_t* out, const float* cos,
+                                     const float* sin, int64_t half) {
+  const Vec sign(kInverse ? -1.0f : 1.0f);
   int64_t k = 0;
   for (; k + kW <= half; k += kW) {
     const Vec c = Vec::loadu(cos + k);
@@ -120,9 +108,43 @@ inline int64_t rotate_planes_vec(const scalar_t* in, scalar_t* out, const float*
   return k;
 }
 
-template <typename scalar_t, bool kInterleaved>
-void rotate_rows_typed(const RotationArgs& args, const TableArgs& tables, bool inverse,
-                       int64_t row_begin, int64_t row_end) {
+// The widest vector code this copy was compiled for.
+template <bool kInterleaved, bool kInverse, typename scalar_t>
+inline int64_t rotate_planes_vec(const scalar_t* in, scalar_t* out, const float* cos,
+                                 const float* sin, int64_t half) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return avx512::rotate_planes<kInterleaved, kInverse>(in, out, cos, sin, half, 0);
+#elif defined(CPU_CAPABILITY_AVX2)
+  return avx2::rotate_planes<kInterleaved, kInverse>(in, out, cos, sin, half, 0);
+#else
+  return rotate_planes_generic<kInterleaved, kInverse>(in, out, cos, sin, half);
+#endif
+}
+
+// ---- one row ------------------------------------------------------------------------------------
+
+// Planes [k_begin, half) one at a time: any storage type, float or double tables. Math in
+// opmath (float for half types, double for double). Reads a plane fully before writing it, so
+// in == out is safe.
+template <bool kInterleaved, bool kInverse, typename scalar_t, typename table_t>
+inline void rotate_planes_scalar(const scalar_t* in, scalar_t* out, const table_t* cos,
+                                 const table_t* sin, int64_t half, int64_t k_begin) {
+  using acc_t = at::opmath_type<scalar_t>;
+  for (int64_t k = k_begin; k < half; ++k) {
+    const int64_t ia = kInterleaved ? 2 * k : k;
+    const int64_t ib = kInterleaved ? 2 * k + 1 : k + half;
+    const acc_t c = static_cast<acc_t>(cos[k]);
+    const acc_t s = kInverse ? -static_cast<acc_t>(sin[k]) : static_cast<acc_t>(sin[k]);
+    const acc_t a = static_cast<acc_t>(in[ia]);
+    const acc_t b = static_cast<acc_t>(in[ib]);
+    out[ia] = static_cast<scalar_t>(a * c - b * s);
+    out[ib] = static_cast<scalar_t>(a * s + b * c);
+  }
+}
+
+template <typename scalar_t, bool kInterleaved, bool kInverse>
+void rotate_rows_typed(const RotationArgs& args, const TableArgs& tables, int64_t row_begin,
+                       int64_t row_end) {
   const auto* in = static_cast<const scalar_t*>(args.in);
   auto* out = static_cast<scalar_t*>(args.out);
   const int64_t half = args.rotary_dim / 2;
@@ -145,17 +167,17 @@ void rotate_rows_typed(const RotationArgs& args, const TableArgs& tables, bool i
       const auto* sin = static_cast<const float*>(tables.sin) + table_offset;
       int64_t k = 0;
       if constexpr (kVecStorage) {
-        k = rotate_planes_vec<kInterleaved>(x, y, cos, sin, half, inverse);
+        k = rotate_planes_vec<kInterleaved, kInverse>(x, y, cos, sin, half);
       }
-      rotate_planes_scalar<kInterleaved>(x, y, cos, sin, half, k, inverse);
+      rotate_planes_scalar<kInterleaved, kInverse>(x, y, cos, sin, half, k);
     } else if (tables.tables_are_double) {
       const auto* cos = static_cast<const double*>(tables.cos) + table_offset;
       const auto* sin = static_cast<const double*>(tables.sin) + table_offset;
-      rotate_planes_scalar<kInterleaved>(x, y, cos, sin, half, 0, inverse);
+      rotate_planes_scalar<kInterleaved, kInverse>(x, y, cos, sin, half, 0);
     } else {
       const auto* cos = static_cast<const float*>(tables.cos) + table_offset;
       const auto* sin = static_cast<const float*>(tables.sin) + table_offset;
-      rotate_planes_scalar<kInterleaved>(x, y, cos, sin, half, 0, inverse);
+      rotate_planes_scalar<kInterleaved, kInverse>(x, y, cos, sin, half, 0);
     }
     if (tail > 0) {
       std::memcpy(y + args.rotary_dim, x + args.rotary_dim, tail * sizeof(scalar_t));
@@ -166,10 +188,19 @@ void rotate_rows_typed(const RotationArgs& args, const TableArgs& tables, bool i
 template <typename scalar_t>
 void rotate_rows_layout(const RotationArgs& args, const TableArgs& tables, RotationMode mode,
                         int64_t row_begin, int64_t row_end) {
+  // Both flags are template parameters: the inner loops carry no branch and no sign multiply.
   if (mode.interleaved) {
-    rotate_rows_typed<scalar_t, true>(args, tables, mode.inverse, row_begin, row_end);
+    if (mode.inverse) {
+      rotate_rows_typed<scalar_t, true, true>(args, tables, row_begin, row_end);
+    } else {
+      rotate_rows_typed<scalar_t, true, false>(args, tables, row_begin, row_end);
+    }
   } else {
-    rotate_rows_typed<scalar_t, false>(args, tables, mode.inverse, row_begin, row_end);
+    if (mode.inverse) {
+      rotate_rows_typed<scalar_t, false, true>(args, tables, row_begin, row_end);
+    } else {
+      rotate_rows_typed<scalar_t, false, false>(args, tables, row_begin, row_end);
+    }
   }
 }
 

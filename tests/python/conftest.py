@@ -22,6 +22,10 @@ except ImportError:
     import torch_rope  # noqa: F401
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a heavy test; the full test command still runs it")
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     """Every test starts from the same random state, whatever ran before it."""

@@ -1,4 +1,4 @@
-// The planes of one row, 8 at a time, with AVX2 + FMA + F16C intrinsics (float32 tables).
+// The planes of one row, 8 at a time (4 for float64), with AVX2 + FMA + F16C intrinsics.
 //
 // Included only by rotate_rows.cpp in its AVX2 and AVX512 copies (the AVX512 copy finishes the
 // planes its 16-wide steps leave with these). Every step loads and stores whole 128- or 256-bit
@@ -184,6 +184,62 @@ inline int64_t half_split_bf16(const c10::BFloat16* x, c10::BFloat16* y, const f
     store8_bf16(y + half + k, ub);
   }
   return k;
+}
+
+// ---- float64 storage (double math; float32 or float64 tables) --------------------------------
+
+template <bool kInverse>
+inline void turn(__m256d a, __m256d b, __m256d c, __m256d s, __m256d& ra, __m256d& rb) {
+  if constexpr (kInverse) {
+    ra = _mm256_fmadd_pd(a, c, _mm256_mul_pd(b, s));
+    rb = _mm256_fnmadd_pd(a, s, _mm256_mul_pd(b, c));
+  } else {
+    ra = _mm256_fmsub_pd(a, c, _mm256_mul_pd(b, s));
+    rb = _mm256_fmadd_pd(a, s, _mm256_mul_pd(b, c));
+  }
+}
+
+// 4 table values as doubles (float32 tables widen exactly).
+inline __m256d load4_table(const double* p) { return _mm256_loadu_pd(p); }
+inline __m256d load4_table(const float* p) { return _mm256_cvtps_pd(_mm_loadu_ps(p)); }
+
+template <bool kInverse, typename table_t>
+inline int64_t half_split_f64(const double* x, double* y, const table_t* cos, const table_t* sin,
+                              int64_t half, int64_t k) {
+  for (; k + 4 <= half; k += 4) {
+    __m256d ra, rb;
+    turn<kInverse>(_mm256_loadu_pd(x + k), _mm256_loadu_pd(x + half + k), load4_table(cos + k),
+                   load4_table(sin + k), ra, rb);
+    _mm256_storeu_pd(y + k, ra);
+    _mm256_storeu_pd(y + half + k, rb);
+  }
+  return k;
+}
+
+// Pairs: unpacklo/hi_pd split 8 features into a and b in the order (0,2 | 1,3); a 64-bit permute
+// puts the tables in that order and unpacklo/hi_pd restore feature order.
+template <bool kInverse, typename table_t>
+inline int64_t interleaved_f64(const double* x, double* y, const table_t* cos, const table_t* sin,
+                               int64_t half, int64_t k) {
+  for (; k + 4 <= half; k += 4) {
+    const __m256d lo = _mm256_loadu_pd(x + 2 * k);
+    const __m256d hi = _mm256_loadu_pd(x + 2 * k + 4);
+    __m256d ra, rb;
+    turn<kInverse>(_mm256_unpacklo_pd(lo, hi), _mm256_unpackhi_pd(lo, hi),
+                   _mm256_permute4x64_pd(load4_table(cos + k), 0xD8),
+                   _mm256_permute4x64_pd(load4_table(sin + k), 0xD8), ra, rb);
+    _mm256_storeu_pd(y + 2 * k, _mm256_unpacklo_pd(ra, rb));
+    _mm256_storeu_pd(y + 2 * k + 4, _mm256_unpackhi_pd(ra, rb));
+  }
+  return k;
+}
+
+// Rotates planes [k, n) of a float64 row for the largest multiple-of-4 n <= half; returns n.
+template <bool kInterleaved, bool kInverse, typename table_t>
+inline int64_t rotate_planes_f64(const double* x, double* y, const table_t* cos,
+                                 const table_t* sin, int64_t half, int64_t k) {
+  return kInterleaved ? interleaved_f64<kInverse>(x, y, cos, sin, half, k)
+                      : half_split_f64<kInverse>(x, y, cos, sin, half, k);
 }
 
 // ---- entry -----------------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -108,6 +109,12 @@ inline int64_t rotate_planes_generic(const scalar_t* in, scalar_t* out, const fl
   return k;
 }
 
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+constexpr bool kHasIntrinsics = true;
+#else
+constexpr bool kHasIntrinsics = false;
+#endif
+
 // The widest vector code this copy was compiled for.
 template <bool kInterleaved, bool kInverse, typename scalar_t>
 inline int64_t rotate_planes_vec(const scalar_t* in, scalar_t* out, const float* cos,
@@ -119,6 +126,20 @@ inline int64_t rotate_planes_vec(const scalar_t* in, scalar_t* out, const float*
 #else
   return rotate_planes_generic<kInterleaved, kInverse>(in, out, cos, sin, half);
 #endif
+}
+
+// Vector planes of a float64 row (double math, float or double tables): the AVX2 code in every
+// intrinsic copy, none in the portable one. Other storage types with double tables keep the
+// scalar loop. Returns the first plane left for the scalar loop.
+template <bool kInterleaved, bool kInverse, typename scalar_t, typename table_t>
+inline int64_t rotate_planes_f64(const scalar_t* in, scalar_t* out, const table_t* cos,
+                                 const table_t* sin, int64_t half) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  if constexpr (std::is_same_v<scalar_t, double>) {
+    return avx2::rotate_planes_f64<kInterleaved, kInverse>(in, out, cos, sin, half, 0);
+  }
+#endif
+  return 0;
 }
 
 // ---- one row ------------------------------------------------------------------------------------
@@ -142,45 +163,115 @@ inline void rotate_planes_scalar(const scalar_t* in, scalar_t* out, const table_
   }
 }
 
-template <typename scalar_t, bool kInterleaved, bool kInverse>
-void rotate_rows_typed(const RotationArgs& args, const TableArgs& tables, int64_t row_begin,
-                       int64_t row_end) {
-  const auto* in = static_cast<const scalar_t*>(args.in);
-  auto* out = static_cast<scalar_t*>(args.out);
-  const int64_t half = args.rotary_dim / 2;
-  const int64_t tail = args.copy_tail ? args.head_dim - args.rotary_dim : 0;
+// One row at table row `pos`. kHalf: the number of planes when it is a compile-time constant (the
+// common rotary dims), else 0. A constant lets the vector loops unroll fully and drops the
+// remainder and scalar code, which is a large part of a row's cost at head_dim 64..128.
+template <typename scalar_t, bool kInterleaved, bool kInverse, int64_t kHalf>
+inline void rotate_row(const scalar_t* x, scalar_t* y, int64_t pos, const RotationArgs& args,
+                       const TableArgs& tables) {
+  const int64_t half = kHalf != 0 ? kHalf : args.rotary_dim / 2;
   // Double storage keeps double math; double tables keep their precision: both take the scalar
   // path. float32 tables with float/half/bfloat16 storage take the vector path.
   constexpr bool kVecStorage = !std::is_same_v<scalar_t, double>;
-  const bool vec_path = kVecStorage && !tables.tables_are_double;
+  const int64_t table_offset = pos * tables.table_stride;
+  if constexpr (kHalf != 0) {
+    // Only float tables and vector storage come here (rotate_rows_sized), and the 8-plane steps
+    // of every intrinsic copy cover a multiple of 8 planes exactly.
+    static_assert(kHalf % 8 == 0 && kVecStorage);
+    const auto* cos = static_cast<const float*>(tables.cos) + table_offset;
+    const auto* sin = static_cast<const float*>(tables.sin) + table_offset;
+    rotate_planes_vec<kInterleaved, kInverse>(x, y, cos, sin, half);
+  } else if (kVecStorage && !tables.tables_are_double) {
+    const auto* cos = static_cast<const float*>(tables.cos) + table_offset;
+    const auto* sin = static_cast<const float*>(tables.sin) + table_offset;
+    int64_t k = 0;
+    if constexpr (kVecStorage) {
+      k = rotate_planes_vec<kInterleaved, kInverse>(x, y, cos, sin, half);
+    }
+    rotate_planes_scalar<kInterleaved, kInverse>(x, y, cos, sin, half, k);
+  } else if (tables.tables_are_double) {
+    const auto* cos = static_cast<const double*>(tables.cos) + table_offset;
+    const auto* sin = static_cast<const double*>(tables.sin) + table_offset;
+    rotate_planes_scalar<kInterleaved, kInverse>(x, y, cos, sin, half,
+                                                 rotate_planes_f64<kInterleaved, kInverse>(
+                                                     x, y, cos, sin, half));
+  } else {
+    const auto* cos = static_cast<const float*>(tables.cos) + table_offset;
+    const auto* sin = static_cast<const float*>(tables.sin) + table_offset;
+    rotate_planes_scalar<kInterleaved, kInverse>(x, y, cos, sin, half,
+                                                 rotate_planes_f64<kInterleaved, kInverse>(
+                                                     x, y, cos, sin, half));
+  }
+  if (args.copy_tail && args.head_dim > args.rotary_dim) {
+    std::memcpy(y + args.rotary_dim, x + args.rotary_dim,
+                (args.head_dim - args.rotary_dim) * sizeof(scalar_t));
+  }
+}
 
-  RowCursor cur(args.geometry, row_begin);
-  for (int64_t row = row_begin; row < row_end; ++row, cur.next()) {
-    const int64_t pos = args.positions_are_int64
-                            ? static_cast<const int64_t*>(args.positions)[cur.pos()]
-                            : static_cast<const int32_t*>(args.positions)[cur.pos()];
+// Rows [row_begin, row_end) as runs along the innermost row dim: within a run the x, out and
+// positions offsets advance by constant strides held in registers, and the cursor's carry logic
+// runs once per run rather than once per row.
+template <typename scalar_t, bool kInterleaved, bool kInverse, int64_t kHalf, typename pos_t>
+void rotate_rows_runs(const RotationArgs& args, const TableArgs& tables, int64_t row_begin,
+                      int64_t row_end) {
+  const auto* in = static_cast<const scalar_t*>(args.in);
+  auto* out = static_cast<scalar_t*>(args.out);
+  const auto* positions = static_cast<const pos_t*>(args.positions);
+  const RowGeometry& g = args.geometry;
+  const int32_t inner = g.ndim - 1;  // -1: a single row
+  const int64_t in_step = inner >= 0 ? g.in_strides[inner] : 0;
+  const int64_t out_step = inner >= 0 ? g.out_strides[inner] : 0;
+  const int64_t pos_step = inner >= 0 ? g.pos_strides[inner] : 0;
+  RowCursor cur(g, row_begin);
+  for (int64_t row = row_begin; row < row_end;) {
+    const int64_t run = std::min(row_end - row, cur.rows_left_in_run());
     const scalar_t* x = in + cur.in();
     scalar_t* y = out + cur.out();
-    const int64_t table_offset = pos * tables.table_stride;
-    if (vec_path) {
-      const auto* cos = static_cast<const float*>(tables.cos) + table_offset;
-      const auto* sin = static_cast<const float*>(tables.sin) + table_offset;
-      int64_t k = 0;
-      if constexpr (kVecStorage) {
-        k = rotate_planes_vec<kInterleaved, kInverse>(x, y, cos, sin, half);
-      }
-      rotate_planes_scalar<kInterleaved, kInverse>(x, y, cos, sin, half, k);
-    } else if (tables.tables_are_double) {
-      const auto* cos = static_cast<const double*>(tables.cos) + table_offset;
-      const auto* sin = static_cast<const double*>(tables.sin) + table_offset;
-      rotate_planes_scalar<kInterleaved, kInverse>(x, y, cos, sin, half, 0);
-    } else {
-      const auto* cos = static_cast<const float*>(tables.cos) + table_offset;
-      const auto* sin = static_cast<const float*>(tables.sin) + table_offset;
-      rotate_planes_scalar<kInterleaved, kInverse>(x, y, cos, sin, half, 0);
+    const pos_t* p = positions + cur.pos();
+    for (int64_t i = 0; i < run; ++i, x += in_step, y += out_step, p += pos_step) {
+      rotate_row<scalar_t, kInterleaved, kInverse, kHalf>(x, y, static_cast<int64_t>(*p), args,
+                                                          tables);
     }
-    if (tail > 0) {
-      std::memcpy(y + args.rotary_dim, x + args.rotary_dim, tail * sizeof(scalar_t));
+    row += run;
+    cur.skip(run);
+  }
+}
+
+template <typename scalar_t, bool kInterleaved, bool kInverse, int64_t kHalf>
+void rotate_rows_typed(const RotationArgs& args, const TableArgs& tables, int64_t row_begin,
+                       int64_t row_end) {
+  if (args.positions_are_int64) {
+    rotate_rows_runs<scalar_t, kInterleaved, kInverse, kHalf, int64_t>(args, tables, row_begin,
+                                                                       row_end);
+  } else {
+    rotate_rows_runs<scalar_t, kInterleaved, kInverse, kHalf, int32_t>(args, tables, row_begin,
+                                                                       row_end);
+  }
+}
+
+template <typename scalar_t, bool kInterleaved, bool kInverse>
+void rotate_rows_sized(const RotationArgs& args, const TableArgs& tables, int64_t row_begin,
+                       int64_t row_end) {
+  // rotary_dim 32, 64, 128 (head_dim 128 with partial or full rotation, 64) get their own copies
+  // on the vector path; anything else, double storage and double tables take the general one.
+  // The portable copy is not specialised: it is the fallback, not the fast path.
+  constexpr bool kSpecialise = kHasIntrinsics && !std::is_same_v<scalar_t, double>;
+  if constexpr (!kSpecialise) {
+    rotate_rows_typed<scalar_t, kInterleaved, kInverse, 0>(args, tables, row_begin, row_end);
+  } else {
+    switch (tables.tables_are_double ? 0 : args.rotary_dim) {
+      case 32:
+        return rotate_rows_typed<scalar_t, kInterleaved, kInverse, 16>(args, tables, row_begin,
+                                                                       row_end);
+      case 64:
+        return rotate_rows_typed<scalar_t, kInterleaved, kInverse, 32>(args, tables, row_begin,
+                                                                       row_end);
+      case 128:
+        return rotate_rows_typed<scalar_t, kInterleaved, kInverse, 64>(args, tables, row_begin,
+                                                                       row_end);
+      default:
+        return rotate_rows_typed<scalar_t, kInterleaved, kInverse, 0>(args, tables, row_begin,
+                                                                      row_end);
     }
   }
 }
@@ -191,15 +282,15 @@ void rotate_rows_layout(const RotationArgs& args, const TableArgs& tables, Rotat
   // Both flags are template parameters: the inner loops carry no branch and no sign multiply.
   if (mode.interleaved) {
     if (mode.inverse) {
-      rotate_rows_typed<scalar_t, true, true>(args, tables, row_begin, row_end);
+      rotate_rows_sized<scalar_t, true, true>(args, tables, row_begin, row_end);
     } else {
-      rotate_rows_typed<scalar_t, true, false>(args, tables, row_begin, row_end);
+      rotate_rows_sized<scalar_t, true, false>(args, tables, row_begin, row_end);
     }
   } else {
     if (mode.inverse) {
-      rotate_rows_typed<scalar_t, false, true>(args, tables, row_begin, row_end);
+      rotate_rows_sized<scalar_t, false, true>(args, tables, row_begin, row_end);
     } else {
-      rotate_rows_typed<scalar_t, false, false>(args, tables, row_begin, row_end);
+      rotate_rows_sized<scalar_t, false, false>(args, tables, row_begin, row_end);
     }
   }
 }

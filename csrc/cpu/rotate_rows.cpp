@@ -8,6 +8,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+#include <c10/macros/Macros.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
@@ -115,6 +116,15 @@ constexpr bool kHasIntrinsics = true;
 constexpr bool kHasIntrinsics = false;
 #endif
 
+// The intrinsic copies inline the row body into both visiting orders of rotate_rows_runs (it is
+// small there); the portable copy leaves that to the compiler, whose at::vec code is large and
+// loses its vectorisation when forced into one function.
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+#define ROPE_ROW_INLINE C10_ALWAYS_INLINE
+#else
+#define ROPE_ROW_INLINE inline
+#endif
+
 // The widest vector code this copy was compiled for.
 template <bool kInterleaved, bool kInverse, typename scalar_t>
 inline int64_t rotate_planes_vec(const scalar_t* in, scalar_t* out, const float* cos,
@@ -167,7 +177,7 @@ inline void rotate_planes_scalar(const scalar_t* in, scalar_t* out, const table_
 // common rotary dims), else 0. A constant lets the vector loops unroll fully and drops the
 // remainder and scalar code, which is a large part of a row's cost at head_dim 64..128.
 template <typename scalar_t, bool kInterleaved, bool kInverse, int64_t kHalf>
-inline void rotate_row(const scalar_t* x, scalar_t* y, int64_t pos, const RotationArgs& args,
+ROPE_ROW_INLINE void rotate_row(const scalar_t* x, scalar_t* y, int64_t pos, const RotationArgs& args,
                        const TableArgs& tables) {
   const int64_t half = kHalf != 0 ? kHalf : args.rotary_dim / 2;
   // Double storage keeps double math; double tables keep their precision: both take the scalar
@@ -208,9 +218,20 @@ inline void rotate_row(const scalar_t* x, scalar_t* y, int64_t pos, const Rotati
   }
 }
 
+// Positions per tile when rows are visited in tiles (see rotate_rows_runs): 16 table rows of a
+// 128-wide rotary_dim are 8 KiB of cos and sin, which stay in L1 while every head reads them.
+constexpr int64_t kTilePositions = 16;
+
 // Rows [row_begin, row_end) as runs along the innermost row dim: within a run the x, out and
 // positions offsets advance by constant strides held in registers, and the cursor's carry logic
 // runs once per run rather than once per row.
+//
+// When positions change along the innermost dim but not along the next one out (x in (B, H, S, D)
+// with positions (S,) or (B, 1, S)), consecutive rows read different table rows, and the tables
+// then compete with x and out for L1: a quarter more L2 traffic than a copy. Runs of several whole
+// heads are then visited in tiles of kTilePositions positions across all those heads, so each
+// table row comes from L1 for every head after the first. Rows are independent (also in place),
+// so the order is free.
 template <typename scalar_t, bool kInterleaved, bool kInverse, int64_t kHalf, typename pos_t>
 void rotate_rows_runs(const RotationArgs& args, const TableArgs& tables, int64_t row_begin,
                       int64_t row_end) {
@@ -222,16 +243,43 @@ void rotate_rows_runs(const RotationArgs& args, const TableArgs& tables, int64_t
   const int64_t in_step = inner >= 0 ? g.in_strides[inner] : 0;
   const int64_t out_step = inner >= 0 ? g.out_strides[inner] : 0;
   const int64_t pos_step = inner >= 0 ? g.pos_strides[inner] : 0;
-  RowCursor cur(g, row_begin);
-  for (int64_t row = row_begin; row < row_end;) {
-    const int64_t run = std::min(row_end - row, cur.rows_left_in_run());
-    const scalar_t* x = in + cur.in();
-    scalar_t* y = out + cur.out();
-    const pos_t* p = positions + cur.pos();
-    for (int64_t i = 0; i < run; ++i, x += in_step, y += out_step, p += pos_step) {
+  const int64_t run_len = inner >= 0 ? g.row_sizes[inner] : 1;
+  const bool tiled = kHasIntrinsics && inner >= 1 && pos_step != 0 &&
+                     g.pos_strides[inner - 1] == 0 && run_len > kTilePositions;
+  const auto rows_of = [&](const scalar_t* x, scalar_t* y, const pos_t* p, int64_t n) {
+    for (int64_t i = 0; i < n; ++i, x += in_step, y += out_step, p += pos_step) {
       rotate_row<scalar_t, kInterleaved, kInverse, kHalf>(x, y, static_cast<int64_t>(*p), args,
                                                           tables);
     }
+  };
+  RowCursor cur(g, row_begin);
+  for (int64_t row = row_begin; row < row_end;) {
+    if (tiled && cur.index(inner) == 0) {
+      // Whole runs of consecutive heads (same outer index, hence the same positions).
+      const int64_t heads = std::min((row_end - row) / run_len,
+                                     g.row_sizes[inner - 1] - cur.index(inner - 1));
+      if (heads >= 2) {
+        const scalar_t* x0 = in + cur.in();
+        scalar_t* y0 = out + cur.out();
+        const pos_t* p0 = positions + cur.pos();
+        const int64_t head_in = g.in_strides[inner - 1];
+        const int64_t head_out = g.out_strides[inner - 1];
+        for (int64_t s0 = 0; s0 < run_len; s0 += kTilePositions) {
+          const int64_t n = std::min(kTilePositions, run_len - s0);
+          for (int64_t h = 0; h < heads; ++h) {
+            rows_of(x0 + h * head_in + s0 * in_step, y0 + h * head_out + s0 * out_step,
+                    p0 + s0 * pos_step, n);
+          }
+        }
+        row += heads * run_len;
+        for (int64_t h = 0; h < heads; ++h) {
+          cur.skip(run_len);
+        }
+        continue;
+      }
+    }
+    const int64_t run = std::min(row_end - row, cur.rows_left_in_run());
+    rows_of(in + cur.in(), out + cur.out(), positions + cur.pos(), run);
     row += run;
     cur.skip(run);
   }

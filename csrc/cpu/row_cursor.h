@@ -21,6 +21,7 @@ class RowCursor {
     }
   }
 
+  int64_t index(int32_t d) const { return idx_[d]; }
   int64_t in() const { return in_; }
   int64_t out() const { return out_; }
   int64_t pos() const { return pos_; }

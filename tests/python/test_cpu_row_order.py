@@ -2,7 +2,7 @@
 
 The CPU kernel walks rows as runs along the innermost row dim, and when positions change along
 that dim but not along the next one out ((B, H, S, D) with positions (S,) or (B, 1, S)) it visits
-whole heads in tiles of 16 positions. Parallel chunks start and end anywhere, mid-head and
+groups of whole heads (up to 1 MiB of x) in tiles of 16 positions. Parallel chunks start and end anywhere, mid-head and
 mid-run. These cases put chunk edges, partial tiles and partial runs everywhere and check every
 row against the float64 oracle; in-place results must equal the out-of-place ones bit for bit.
 """
@@ -20,6 +20,7 @@ CASES = [
     ((2, 7, 53, 64), (2, 1, 53)),   # tiled, positions per sequence
     ((1, 4, 16, 64), (16,)),        # exactly one tile: runs in order
     ((2, 3, 300, 32), (300,)),      # long runs, several tiles, small head_dim (large grain)
+    ((1, 5, 1600, 64), (1600,)),    # heads of 400 KiB (fp32): tiled groups of 2, then 1 head
     ((4, 33, 6, 64), (33, 1)),      # (B, S, H, D) layout: heads innermost, no tiling
     ((2, 9, 41, 64), (9, 41)),      # positions vary along both inner dims: no tiling
 ]

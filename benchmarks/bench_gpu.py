@@ -1,10 +1,8 @@
-"""Benchmark torch-rope against x.clone() (the memory-traffic floor), eager PyTorch and torch.compile.
+"""GPU benchmark of torch-rope against x.clone(), eager PyTorch and torch.compile (CUDA events).
 
-Every time is reported as a ratio to ``x.clone()`` of the same tensors in the same run, since
-absolute times on a shared machine drift. Writes benchmarks/results/<device>.json and .md.
-
-    .venv/bin/python benchmarks/bench_rope.py                 # CPU
-    .venv/bin/python benchmarks/bench_rope.py --device cuda   # GPU: adds long context, fp16, backward
+Every time is reported as a ratio to ``x.clone()`` of the same tensors in the same run. Writes
+benchmarks/results/<gpu>.json and .md. Run through ``benchmarks/bench_rope.py --device cuda``
+(which scripts/gpu_check.sh calls); the CPU benchmark is bench_rope.py itself.
 """
 
 import argparse

@@ -134,9 +134,10 @@ def build(p: Problem, compile_alternatives: bool) -> Dict[str, Callable[[], obje
     return fns
 
 
-def check_agreement(p: Problem, fns: Dict[str, Callable[[], object]]) -> None:
-    """Every alternative rotates the same planes by the same angles as torch_rope (to within the
-    rounding of different float32 formulas and table sources), so the timings compare like with
+def check_agreement(p: Problem, fns: Dict[str, Callable[[], object]]) -> Dict[str, float]:
+    """Which alternatives do not rotate the same planes by the same angles as torch_rope (to within
+    the rounding of different float32 formulas and table sources): {name: max error}. The
+    benchmark drops those from the timing and records them, so what it times compares like with
     like."""
     def as_bhsd(name, out):
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
@@ -149,6 +150,7 @@ def check_agreement(p: Problem, fns: Dict[str, Callable[[], object]]) -> None:
     # Loose: torchtune computes its angles in float32 (an error of ~1e-4 rad at position 4000);
     # a wrong layout or position would be off by O(1).
     tol = 3e-2 if p.q.dtype in (torch.bfloat16, torch.float16) else 1e-2
+    wrong = {}
     for name, fn in fns.items():
         if name == "clone" or name.startswith("torch_rope"):
             continue
@@ -156,5 +158,6 @@ def check_agreement(p: Problem, fns: Dict[str, Callable[[], object]]) -> None:
         for got, ref in zip(as_bhsd(name, fn()), want):
             err = (got.float() - ref.float()).abs().max().item()
             scale = ref.float().abs().max().item() + 1e-6
-            if err > tol * scale:
-                raise AssertionError(f"{name} disagrees with torch_rope: max error {err:.3g}")
+            if not err <= tol * scale:  # NaN counts as wrong
+                wrong[name] = max(wrong.get(name, 0.0), err)
+    return wrong

@@ -197,7 +197,10 @@ def sweep_rows(quick, compile_alternatives):
                 for pair in ((False, True) if kind == "decode" else (False,)):
                     p = problem(dtype=DTYPES[dname], k_heads=8 if pair else 0, **kw)
                     fns = alternatives.build(p, compile_alternatives)
-                    alternatives.check_agreement(p, fns)
+                    wrong = alternatives.check_agreement(p, fns)
+                    for name, err in wrong.items():
+                        print(f"  WRONG RESULT, not timed: {name} (max error {err:.3g})")
+                        del fns[name]
                     if kind == "decode" and not pair:
                         module = torch_rope.RotaryPositionalEmbedding(10000.0, 128, MAX_SEQ_LEN)
                         q, pos = p.q, p.positions
@@ -208,7 +211,8 @@ def sweep_rows(quick, compile_alternatives):
                     rows.append({"kind": kind, "shape": shape, "dtype": dname, "pair": pair,
                                  "bytes": nbytes, "us": {k: v["s"] * 1e6 for k, v in res.items()},
                                  "over_clone": ratios(res, "clone"),
-                                 "spread": {k: v["spread"] for k, v in res.items()}})
+                                 "spread": {k: v["spread"] for k, v in res.items()},
+                                 "wrong_results": wrong})
                     r = rows[-1]["over_clone"]
                     print(f"  {kind:7s} {shape:26s} {dname}: " + "  ".join(
                         f"{k}={v:.2f}" for k, v in r.items() if k != "clone"), flush=True)
@@ -279,7 +283,8 @@ def markdown(result):
                 "| case | shape | dtype | clone (us) | " + " | ".join(names) + " |",
                 "|---|---|---|---:|" + "---:|" * len(names)]
         for r in result["sweep"]:
-            cells = [f"{r['over_clone'][n]:.2f}" if n in r["over_clone"] else "" for n in names]
+            cells = [f"{r['over_clone'][n]:.2f}" if n in r["over_clone"] else
+                     ("wrong result" if n in r.get("wrong_results", {}) else "") for n in names]
             out.append(f"| {r['kind']} | {r['shape']} | {r['dtype']} | {r['us']['clone']:.1f} | "
                        + " | ".join(cells) + " |")
     if result.get("entry"):

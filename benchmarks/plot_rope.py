@@ -51,7 +51,7 @@ def plot(path: Path) -> Path:
             ax.set_title(f"{kind}, {dtype}: " + ", ".join(r["shape"] for r in points[:1]) +
                          (" ... " + points[-1]["shape"] if len(points) > 1 else ""), fontsize=9)
             ax.grid(True, which="both", alpha=0.3)
-            if i == 0 and j == 0:
+            if i == 0:
                 ax.legend(fontsize=7, ncol=2)
     fig.suptitle(f"torch-rope on {meta['cpu_model']}, kernel {meta['kernel_variant']}, "
                  f"{meta['threads']} threads, torch {meta['torch']} (lower is better; 1 = clone)",

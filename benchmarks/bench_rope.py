@@ -1,218 +1,339 @@
-"""Benchmark torch-rope against x.clone() (the memory-traffic floor), eager PyTorch and torch.compile.
+"""CPU benchmark of torch-rope: ratios to x.clone(), the alternatives users write, torch.compile.
 
-Every time is reported as a ratio to ``x.clone()`` of the same tensors in the same run, since
-absolute times on a shared machine drift. Writes benchmarks/results/<device>.json and .md.
+Every figure is a ratio of medians measured in one run with interleaved rounds (timing.py):
+``x.clone()`` of the same tensors for the out-of-place ops, ``x.mul_(1.0)`` for the in-place
+``apply_``. Three parts:
 
-    .venv/bin/python benchmarks/bench_rope.py                 # CPU
-    .venv/bin/python benchmarks/bench_rope.py --device cuda   # GPU: adds long context, fp16, backward
+  targets  the measures of issue 12 (decode, in cache, prefill, apply_, out=), each with its
+           target ratio;
+  sweep    time / clone against tensor size, prefill and decode, fp32 and bf16: torch_rope (both
+           layouts), HF apply_rotary_pos_emb with gathered cos/sin, Meta's complex form,
+           torchtune's module, the plain-PyTorch reference, each eager and compiled, and
+           torch_rope's module call (decode);
+  entry    the per-call cost of each Python entry (entry_cost.py).
+
+The kernel copy is the widest the CPU and ATEN_CPU_CAPABILITY allow, so
+
+    PYTHONPATH=python .venv/bin/python benchmarks/bench_rope.py                       # AVX512
+    ATEN_CPU_CAPABILITY=avx2 PYTHONPATH=python .venv/bin/python benchmarks/bench_rope.py
+    PYTHONPATH=python .venv/bin/python benchmarks/plot_rope.py                        # the plot
+
+write benchmarks/results/cpu_<kernel>.json and .md (the compiled alternatives then use the same
+instruction set). ``--device cuda`` runs the GPU benchmark (bench_gpu.py) instead.
 """
 
 import argparse
+import datetime
 import json
+import os
 import platform
-import statistics
-import time
-from dataclasses import asdict, dataclass
+import sys
 from pathlib import Path
 
-import torch
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 
-import torch_rope
-from torch_rope import eager
+if "--device" in sys.argv and "cuda" in sys.argv:  # the GPU benchmark keeps its own CLI
+    import bench_gpu  # noqa: E402
+    bench_gpu.main()
+    sys.exit(0)
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+import torch  # noqa: E402
 
+import alternatives  # noqa: E402
+import entry_cost  # noqa: E402
+import timing  # noqa: E402
+import torch_rope  # noqa: E402
+from torch_rope import eager as reference  # noqa: E402  (the plain-PyTorch math)
 
-@dataclass
-class Case:
-    name: str
-    op: str  # "apply" or "apply_qk"
-    batch: int
-    seq: int
-    q_heads: int
-    k_heads: int  # only for apply_qk
-    head_dim: int
-    decode: bool = False  # one new token per sequence at a different offset per sequence
-
-
-def cases_for(device: str):
-    cases = [
-        Case("prefill", "apply", 4, 2048, 32, 0, 128),
-        Case("prefill GQA q/k", "apply_qk", 4, 2048, 32, 8, 128),
-        Case("decode q/k", "apply_qk", 64, 1, 32, 8, 128, decode=True),
-    ]
-    if device == "cuda":
-        cases.insert(1, Case("long-context prefill", "apply", 1, 32768, 32, 0, 128))
-    return cases
+RESULTS_DIR = HERE / "results"
+MAX_SEQ_LEN = 4096
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+          "fp64": torch.float64}
 
 
-def make_inputs(case: Case, dtype, device, max_seq_len: int, requires_grad=False):
-    """(B, S, H, D) tensors, the layout of a fused projection's output, and their positions."""
-    gen = torch.Generator(device="cpu").manual_seed(0)
-
-    def rand(heads):
-        t = torch.randn(case.batch, case.seq, heads, case.head_dim, generator=gen, dtype=dtype)
-        return t.to(device).requires_grad_(requires_grad)
-
-    q = rand(case.q_heads)
-    k = rand(case.k_heads) if case.op == "apply_qk" else None
-    if case.decode:  # (B, 1, 1): each sequence at its own cache offset
-        start = torch.randint(0, max_seq_len - 1, (case.batch, 1, 1), generator=gen)
-        positions = start.to(device)
-    else:  # (S, 1): shared by every sequence, broadcast over heads
-        positions = torch.arange(case.seq, device=device).view(case.seq, 1)
-    return q, k, positions
+def rounds_for(nbytes, quick):
+    """Fewer rounds for big tensors (each call takes milliseconds there)."""
+    base = 7 if nbytes >= 32 << 20 else 15 if nbytes >= 4 << 20 else 31
+    return max(5, base // 2) if quick else base
 
 
-class Timer:
-    """Median wall time of a callable; CUDA events on the GPU."""
-
-    def __init__(self, device: str, min_time_s: float, warmup: int = 3):
-        self.device = device
-        self.min_time_s = min_time_s
-        self.warmup = warmup
-
-    def __call__(self, fn) -> float:
-        for _ in range(self.warmup):
-            fn()
-        samples = []
-        deadline = time.perf_counter() + self.min_time_s
-        while len(samples) < 5 or (time.perf_counter() < deadline and len(samples) < 200):
-            if self.device == "cuda":
-                start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end) * 1e-3)
-            else:
-                t0 = time.perf_counter()
-                fn()
-                samples.append(time.perf_counter() - t0)
-        return statistics.median(samples)
-
-
-def bench_case(case: Case, dtype, device: str, timer: Timer, compile_reference: bool,
-               backward: bool):
-    max_seq_len = max(case.seq, 4096)
-    cos, sin = torch_rope.rope_tables(10000.0, case.head_dim, max_seq_len, device=device)
-    q, k, positions = make_inputs(case, dtype, device, max_seq_len, requires_grad=backward)
-    tensors = [q] if k is None else [q, k]
-
-    if case.op == "apply":
-        def ours(t=tensors):
-            return torch_rope.apply(t[0], cos, sin, positions)
-
-        def eager(t=tensors):
-            return eager.apply(t[0], cos, sin, positions)
+def problem(batch, heads, seq, dtype, k_heads=0, decode=False, seed=0):
+    """(B, H, S, D=128) tensors; positions per sequence: a random cache offset when decoding,
+    arange(S) otherwise."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, seq, 128, generator=gen).to(dtype)
+    k = torch.randn(batch, k_heads, seq, 128, generator=gen).to(dtype) if k_heads else None
+    if decode:
+        ids = torch.randint(0, MAX_SEQ_LEN - 1, (batch, seq), generator=gen)
     else:
-        def ours(t=tensors):
-            return torch_rope.apply_qk(t[0], t[1], cos, sin, positions)
+        ids = torch.arange(seq).expand(batch, seq).contiguous()
+    cos, sin = torch_rope.rope_tables(10000.0, 128, MAX_SEQ_LEN)
+    return alternatives.Problem(q, k, ids, cos, sin)
 
-        def eager(t=tensors):
-            return eager.apply_qk(t[0], t[1], cos, sin, positions)
 
-    def clone():
-        return [t.clone() for t in tensors]
+def ratios(res, base):
+    return {name: r["s"] / res[base]["s"] for name, r in res.items()}
 
-    compiled_reference = torch.compile(eager, fullgraph=True) if compile_reference else None
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
-    def timed(fn):
-        # Forward only, or forward + backward of the output's sum (backward of clone is a copy).
-        if not backward:
-            with torch.no_grad():
-                return timer(fn)
-        grads = [torch.randn_like(t) for t in tensors]
+# ---- targets ---------------------------------------------------------------------------------
 
-        def fwd_bwd():
-            outs = fn()
-            outs = outs if isinstance(outs, (list, tuple)) else [outs]
-            torch.autograd.backward(list(outs), grads)
-        return timer(fwd_bwd)
+def target_rows(quick, compile_reference):
+    rows = []
 
-    results = {"clone": timed(clone), "ours": timed(ours), "eager": timed(eager)}
-    if compiled_reference is not None:
-        timed(compiled_reference)  # compile outside the timing
-        results["compiled"] = timed(compiled_reference)
-    sync()
+    def add(measure, shape, dtype, res, num, den, target, note=""):
+        rows.append({
+            "measure": measure, "shape": shape, "dtype": dtype, "target": target,
+            "ratio": res[num]["s"] / res[den]["s"], "numerator": num, "denominator": den,
+            "us": {k: v["s"] * 1e6 for k, v in res.items()},
+            "spread": {k: v["spread"] for k, v in res.items()}, "note": note})
+        r = rows[-1]
+        flag = "ok" if r["ratio"] <= target else "MISSED"
+        print(f"  {measure:44s} {shape:22s} {dtype:5s} {num} / {den} = {r['ratio']:.2f} "
+              f"(target <= {target}) {flag}", flush=True)
 
-    elements = sum(t.numel() for t in tensors)
-    moved_bytes = 2 * elements * tensors[0].element_size() * (2 if backward else 1)
-    row = {
-        "case": case.name,
-        "op": case.op,
-        "shape": asdict(case),
-        "dtype": str(dtype).replace("torch.", ""),
-        "pass": "fwd+bwd" if backward else "fwd",
-        "ms": {key: value * 1e3 for key, value in results.items()},
-        "ours_GBps": moved_bytes / results["ours"] / 1e9,
-        "clone_GBps": moved_bytes / results["clone"] / 1e9,
-        "ours_over_clone": results["ours"] / results["clone"],
-        "eager_over_ours": results["eager"] / results["ours"],
+    with torch.inference_mode():
+        # Decode: one token per sequence at its own cache offset, (B, 32, 1, 128).
+        for batch, dtypes in [(1, ("fp32", "bf16")), (64, ("bf16", "fp32"))]:
+            for dname in dtypes:
+                p = problem(batch, 32, 1, DTYPES[dname], decode=True)
+                module = torch_rope.RotaryPositionalEmbedding(10000.0, 128, MAX_SEQ_LEN)
+                q, cos, sin, pos = p.q, p.cos, p.sin, p.positions
+                fns = {"clone": lambda: q.clone(),
+                       "apply": lambda: torch_rope.apply(q, cos, sin, pos),
+                       "module": lambda: module(q, pos)}
+                res = timing.measure(fns, rounds_for(q.nbytes, quick))
+                shape = f"({batch},32,1,128)"
+                add(f"decode B={batch}, apply / clone", shape, dname, res, "apply", "clone",
+                    1.5 if batch == 1 else 1.7)
+                if batch == 1:
+                    add("decode B=1, module call / clone", shape, dname, res, "module", "clone",
+                        2.0)
+        # In cache and prefill, (B, 32, S, 128) with positions arange(S), both layouts.
+        for measure, shape, dtypes, target in [
+                ("in cache, apply / clone", (1, 32, 64, 128), ("fp32", "bf16"), None),
+                ("prefill, apply / clone", (4, 32, 2048, 128), ("bf16", "fp32"), 1.05)]:
+            for dname in dtypes:
+                x = torch.randn(*shape).to(DTYPES[dname])
+                cos, sin = torch_rope.rope_tables(10000.0, 128, MAX_SEQ_LEN)
+                pos = torch.arange(shape[2])
+                fns = {"clone": lambda: x.clone(),
+                       "interleaved": lambda: torch_rope.apply(x, cos, sin, pos),
+                       "half-split": lambda: torch_rope.apply(x, cos, sin, pos,
+                                                              interleaved=False)}
+                res = timing.measure(fns, rounds_for(x.nbytes, quick))
+                t = target if target else (1.5 if dname == "fp32" else 2.0)
+                for layout in ("interleaved", "half-split"):
+                    add(f"{measure} ({layout})", str(shape).replace(" ", ""), dname, res, layout,
+                        "clone", t)
+        # Prefill q+k (GQA), fp32: against clone and against the compiled reference.
+        p = problem(4, 32, 1024, torch.float32, k_heads=8)
+        q, k, cos, sin, pos = p.q, p.k, p.cos, p.sin, p.positions
+        fns = {"clone": lambda: (q.clone(), k.clone()),
+               "interleaved": lambda: torch_rope.apply_qk(q, k, cos, sin, pos),
+               "half-split": lambda: torch_rope.apply_qk(q, k, cos, sin, pos, interleaved=False)}
+        if compile_reference:
+            ref_i = torch.compile(reference.apply_qk)
+            ref_h = torch.compile(lambda *a: reference.apply_qk(*a, interleaved=False))
+            fns["compiled ref interleaved"] = lambda: ref_i(q, k, cos, sin, pos)
+            fns["compiled ref half-split"] = lambda: ref_h(q, k, cos, sin, pos)
+        res = timing.measure(fns, rounds_for(q.nbytes + k.nbytes, quick))
+        shape = "(4,32,1024,128)+(4,8,1024,128)"
+        for layout in ("interleaved", "half-split"):
+            add(f"prefill q+k, apply_qk / clone ({layout})", shape, "fp32", res, layout, "clone",
+                1.05)
+            if compile_reference:
+                add(f"prefill q+k, apply_qk / compiled reference ({layout})", shape, "fp32", res,
+                    layout, f"compiled ref {layout}", 0.9)
+        # In place against mul_(1.0), every dtype and layout.
+        for shape in [(1, 32, 64, 128), (4, 32, 2048, 128)]:
+            for dname in ("fp32", "bf16", "fp16", "fp64"):
+                if dname == "fp64" and shape[2] > 64 and quick:
+                    continue
+                x = torch.randn(*shape).to(DTYPES[dname])
+                cos, sin = torch_rope.rope_tables(10000.0, 128, MAX_SEQ_LEN)
+                pos = torch.arange(shape[2])
+                fns = {"mul_(1.0)": lambda: x.mul_(1.0),
+                       "interleaved": lambda: torch_rope.apply_(x, cos, sin, pos),
+                       "half-split": lambda: torch_rope.apply_(x, cos, sin, pos,
+                                                               interleaved=False)}
+                res = timing.measure(fns, rounds_for(x.nbytes, quick))
+                for layout in ("interleaved", "half-split"):
+                    add(f"apply_ / mul_(1.0) ({layout})", str(shape).replace(" ", ""), dname, res,
+                        layout, "mul_(1.0)", 1.3)
+        # out= into an existing buffer (the overload lands separately: skipped until it exists).
+        x = torch.randn(4, 32, 2048, 128)
+        cos, sin = torch_rope.rope_tables(10000.0, 128, MAX_SEQ_LEN)
+        pos = torch.arange(2048)
+        buf = torch.empty_like(x)
+        try:
+            torch_rope.apply(x, cos, sin, pos, out=buf)
+        except TypeError as e:
+            print(f"  prefill with out=: skipped, torch_rope.apply has no out= yet ({e})")
+            rows.append({"measure": "prefill with out= / clone", "shape": "(4,32,2048,128)",
+                         "dtype": "fp32", "target": 0.5, "ratio": None,
+                         "note": "skipped: torch_rope.apply(..., out=) not available"})
+        else:
+            fns = {"clone": lambda: x.clone(),
+                   "out=": lambda: torch_rope.apply(x, cos, sin, pos, out=buf)}
+            res = timing.measure(fns, rounds_for(x.nbytes, quick))
+            add("prefill with out= / clone", "(4,32,2048,128)", "fp32", res, "out=", "clone", 0.5)
+    return rows
+
+
+# ---- sweep (the plot) ------------------------------------------------------------------------
+
+def sweep_rows(quick, compile_alternatives):
+    rows = []
+    points = [("decode", dict(batch=b, heads=32, seq=1, decode=True)) for b in (1, 8, 64)]
+    if not quick:
+        points.insert(1, ("decode", dict(batch=4, heads=32, seq=1, decode=True)))
+        points.insert(3, ("decode", dict(batch=16, heads=32, seq=1, decode=True)))
+    points += [("prefill", dict(batch=1, heads=32, seq=s)) for s in (64, 512, 2048)]
+    points += [("prefill", dict(batch=4, heads=32, seq=2048))]
+    with torch.inference_mode():
+        for dname in ("fp32", "bf16"):
+            for kind, kw in points:
+                for pair in ((False, True) if kind == "decode" else (False,)):
+                    p = problem(dtype=DTYPES[dname], k_heads=8 if pair else 0, **kw)
+                    fns = alternatives.build(p, compile_alternatives)
+                    wrong = alternatives.check_agreement(p, fns)
+                    for name, err in wrong.items():
+                        print(f"  WRONG RESULT, not timed: {name} (max error {err:.3g})")
+                        del fns[name]
+                    if kind == "decode" and not pair:
+                        module = torch_rope.RotaryPositionalEmbedding(10000.0, 128, MAX_SEQ_LEN)
+                        q, pos = p.q, p.positions
+                        fns["torch_rope module"] = lambda: module(q, pos)
+                    nbytes = p.q.nbytes + (p.k.nbytes if pair else 0)
+                    res = timing.measure(fns, rounds_for(nbytes, quick))
+                    shape = f"({kw['batch']},32,{kw['seq']},128)" + ("+k(8 heads)" if pair else "")
+                    rows.append({"kind": kind, "shape": shape, "dtype": dname, "pair": pair,
+                                 "bytes": nbytes, "us": {k: v["s"] * 1e6 for k, v in res.items()},
+                                 "over_clone": ratios(res, "clone"),
+                                 "spread": {k: v["spread"] for k, v in res.items()},
+                                 "wrong_results": wrong})
+                    r = rows[-1]["over_clone"]
+                    print(f"  {kind:7s} {shape:26s} {dname}: " + "  ".join(
+                        f"{k}={v:.2f}" for k, v in r.items() if k != "clone"), flush=True)
+    return rows
+
+
+# ---- report ----------------------------------------------------------------------------------
+
+def machine():
+    model, flags = platform.processor() or "unknown", set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    try:
+        thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip()
+    except OSError:
+        thp = "unknown"
+    versions = {}
+    for mod in ("transformers", "torchtune"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception:
+            versions[mod] = None
+    return {
+        "cpu_model": model, "cpus": os.cpu_count(),
+        "isa_flags": sorted(flags & {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+                                     "avx512dq", "avx512_bf16"}),
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "kernel_variant": torch_rope._C.cpu_kernel_variant(),
+        "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "torch_rope": torch_rope.__version__, "python": platform.python_version(),
+        "transparent_hugepage": thp, "alternatives": {"HF": alternatives.HF_SOURCE,
+                                                      "torchtune": alternatives.TORCHTUNE_SOURCE},
+        "versions": versions,
+        "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE"),
     }
-    if "compiled" in results:
-        row["compiled_over_ours"] = results["compiled"] / results["ours"]
-    return row
 
 
-def markdown_table(rows) -> str:
-    lines = [
-        "| case | op | dtype | pass | ours (ms) | clone (ms) | ours / clone | eager / ours "
-        "| compiled / ours | ours GB/s |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        compiled = f"{r['compiled_over_ours']:.2f}x" if "compiled_over_ours" in r else "n/a"
-        lines.append(
-            f"| {r['case']} | {r['op']} | {r['dtype']} | {r['pass']} | {r['ms']['ours']:.3f} "
-            f"| {r['ms']['clone']:.3f} | {r['ours_over_clone']:.2f} | {r['eager_over_ours']:.1f}x "
-            f"| {compiled} | {r['ours_GBps']:.1f} |"
-        )
-    return "\n".join(lines)
+def markdown(result):
+    m = result["meta"]
+    out = [f"CPU: {m['cpu_model']} ({m['cpus']} CPUs), kernel **{m['kernel_variant']}** "
+           f"(torch capability {m['torch_cpu_capability']}), {m['threads']} threads, torch "
+           f"{m['torch']}, {m['date']}. Load average {m['loadavg_before']} before, "
+           f"{m['loadavg_after']} after; spread = interquartile range / median per candidate.",
+           ""]
+    if result.get("targets"):
+        out += ["## Targets", "", "| measure | shape | dtype | ratio | target | |",
+                "|---|---|---|---:|---:|---|"]
+    for r in result.get("targets", []):
+        if r["ratio"] is None:
+            out.append(f"| {r['measure']} | {r['shape']} | {r['dtype']} | — | {r['target']} | "
+                       f"{r['note']} |")
+            continue
+        ok = "ok" if r["ratio"] <= r["target"] else "**missed**"
+        out.append(f"| {r['measure']} | {r['shape']} | {r['dtype']} | {r['ratio']:.2f} | "
+                   f"{r['target']} | {ok} |")
+    if result.get("sweep"):
+        names = [n for n in result["sweep"][0]["over_clone"] if n != "clone"]
+        extra = sorted({n for r in result["sweep"] for n in r["over_clone"]} - set(names) -
+                       {"clone"})
+        names += extra
+        out += ["", "## Time / clone by implementation", "",
+                "| case | shape | dtype | clone (us) | " + " | ".join(names) + " |",
+                "|---|---|---|---:|" + "---:|" * len(names)]
+        for r in result["sweep"]:
+            cells = [f"{r['over_clone'][n]:.2f}" if n in r["over_clone"] else
+                     ("wrong result" if n in r.get("wrong_results", {}) else "") for n in names]
+            out.append(f"| {r['kind']} | {r['shape']} | {r['dtype']} | {r['us']['clone']:.1f} | "
+                       + " | ".join(cells) + " |")
+    if result.get("entry"):
+        out += ["", "## Entry cost (float32, us per call; ratio to clone)", ""]
+        for shape, res in result["entry"].items():
+            clone = res["clone"]["s"]
+            out.append(f"- x = {shape}: " + ", ".join(
+                f"{k} {v['s'] * 1e6:.2f} ({v['s'] / clone:.2f}x)" for k, v in res.items()))
+    return "\n".join(out) + "\n"
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--min-time", type=float, default=None,
-                        help="seconds of samples per measurement (default 2 on CPU, 0.5 on GPU)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and sweep points")
     parser.add_argument("--no-compile", action="store_true",
-                        help="skip torch.compile of the reference (compiling takes minutes)")
-    parser.add_argument("--output", default=None, help="results name (default: the device)")
+                        help="skip the torch.compile baselines (compiling takes minutes)")
+    parser.add_argument("--only", choices=("targets", "sweep", "entry"), action="append",
+                        help="run only these parts (repeatable)")
+    parser.add_argument("--output", default=None,
+                        help="results name (default: cpu_<kernel variant>)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if hasattr(torch._dynamo.config, "recompile_limit"):
+        torch._dynamo.config.recompile_limit = 64
+    else:  # older torch
+        torch._dynamo.config.cache_size_limit = 64
+    parts = set(args.only or ("targets", "sweep", "entry"))
 
-    device = args.device
-    on_gpu = device == "cuda"
-    timer = Timer(device, args.min_time if args.min_time is not None else (0.5 if on_gpu else 2.0))
-    dtypes = [torch.bfloat16, torch.float16, torch.float32] if on_gpu else [torch.float32,
-                                                                           torch.bfloat16]
-    passes = [False, True] if on_gpu else [False]
+    meta = machine()
+    meta["date"] = datetime.datetime.now().isoformat(timespec="seconds")
+    meta["loadavg_before"] = [round(v, 2) for v in os.getloadavg()]
+    print(json.dumps(meta, indent=1))
+    result = {"meta": meta}
+    if "targets" in parts:
+        print("targets:")
+        result["targets"] = target_rows(args.quick, not args.no_compile)
+    if "sweep" in parts:
+        print("sweep:")
+        result["sweep"] = sweep_rows(args.quick, not args.no_compile)
+    if "entry" in parts:
+        result["entry"] = {shape: res for shape, res in entry_cost.measure_entry().items()}
+    meta["loadavg_after"] = [round(v, 2) for v in os.getloadavg()]
 
-    rows = []
-    for case in cases_for(device):
-        for dtype in dtypes:
-            for backward in passes:
-                row = bench_case(case, dtype, device, timer, not args.no_compile, backward)
-                rows.append(row)
-                print(markdown_table([row]).splitlines()[-1], flush=True)
-
-    name = args.output or (torch.cuda.get_device_name().replace(" ", "_") if on_gpu else "cpu")
-    meta = {
-        "device": torch.cuda.get_device_name() if on_gpu else platform.processor() or "cpu",
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "torch_rope": torch_rope.__version__,
-        "timing": "median; CUDA events on GPU, perf_counter on CPU; ratios within one run",
-    }
+    name = args.output or f"cpu_{meta['kernel_variant'].lower()}"
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    table = markdown_table(rows)
-    (RESULTS_DIR / f"{name}.md").write_text(
-        f"Device: {meta['device']} ({meta['threads']} threads, {meta['cpu_capability']}), "
-        f"torch {meta['torch']}\n\n{table}\n")
-    print(f"\n{table}\n\nwrote {RESULTS_DIR / (name + '.json')}")
+    (RESULTS_DIR / f"{name}.json").write_text(json.dumps(result, indent=1))
+    (RESULTS_DIR / f"{name}.md").write_text(markdown(result))
+    print(f"\nwrote {RESULTS_DIR / name}.json and .md")
 
 
 if __name__ == "__main__":

@@ -15,4 +15,6 @@ bool compiled_with_cuda() {
 
 std::string cpu_kernel_isa() { return cpu::row_kernel_name(); }
 
+std::string cpu_kernel_variant() { return cpu::row_kernel_variant(); }
+
 }  // namespace rope

@@ -1,9 +1,69 @@
 #include "prepare.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
+
+#include <cstdint>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace rope::detail {
+namespace {
+
+// A fresh, contiguous tensor of x's shape and dtype. On the CPU it is allocated without a second
+// trip through the dispatcher (we are already inside the op's CPU kernel, and the kernel writes
+// every element, so at::empty's deterministic-fill mode has nothing to do).
+at::Tensor new_output(const at::Tensor& x) {
+  if (x.device().is_cpu()) {
+    at::Tensor out = at::detail::empty_cpu(x.sizes(), x.scalar_type(), /*pin_memory=*/false,
+                                           at::MemoryFormat::Contiguous);
+    advise_huge_pages(out);
+    return out;
+  }
+  return at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+// positions' strides as if expanded to `row_shape` (NumPy broadcasting, aligned right): 0 along
+// every broadcast dim. The same numbers positions.expand(row_shape).strides() gives, without
+// creating the view (a TensorImpl per call, which costs more than a decode-sized rotation).
+// check_rotated_input has already checked that positions broadcasts.
+void broadcast_strides(const at::Tensor& positions, at::IntArrayRef row_shape,
+                       c10::SmallVector<int64_t, kMaxRowDims>& strides) {
+  const int64_t n = static_cast<int64_t>(row_shape.size());
+  const int64_t lead = n - positions.dim();
+  strides.resize(n);
+  for (int64_t d = 0; d < n; ++d) {
+    const int64_t pd = d - lead;
+    strides[d] = (pd >= 0 && positions.size(pd) != 1) ? positions.stride(pd) : 0;
+  }
+}
+
+}  // namespace
+
+void advise_huge_pages(const at::Tensor& fresh) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  const size_t nbytes = fresh.nbytes();
+  if (nbytes < kHugePageAdviceBytes) {
+    return;
+  }
+  // Only the whole 2 MiB pages inside the tensor: the advice must not reach a neighbouring
+  // allocation, and only aligned 2 MiB ranges can be backed by huge pages anyway.
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const auto begin = reinterpret_cast<uintptr_t>(fresh.const_data_ptr());
+  const uintptr_t first = (begin + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t last = (begin + nbytes) & ~(kHuge - 1);
+  if (last > first) {
+    // Advice only: without transparent huge pages (or if the kernel refuses) nothing changes.
+    (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+  }
+#else
+  (void)fresh;
+#endif
+}
 
 bool build_row_geometry(at::IntArrayRef sizes, at::IntArrayRef in_strides,
                         at::IntArrayRef out_strides, at::IntArrayRef pos_strides, RowGeometry& g) {
@@ -87,17 +147,16 @@ PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positio
                                   int64_t rotary_dim, Destination destination,
                                   const at::Tensor& out) {
   PreparedRotation p;
-  p.input = last_dim_contiguous(x) ? x : x.contiguous();
-  const auto fresh_output = [&] {
-    return at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  };
+  const bool x_last_dim_contiguous = last_dim_contiguous(x);
+  p.input = x_last_dim_contiguous ? c10::MaybeOwned<at::Tensor>::borrowed(x)
+                                  : c10::MaybeOwned<at::Tensor>::owned(x.contiguous());
   switch (destination) {
     case Destination::kNewTensor:
-      p.output = fresh_output();
+      p.output = new_output(x);
       break;
     case Destination::kInPlace:
-      p.output = p.input;
-      if (!p.input.is_same(x)) {
+      p.output = *p.input;
+      if (!x_last_dim_contiguous) {
         p.write_back_to = x;
       }
       break;
@@ -105,37 +164,39 @@ PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positio
       if (last_dim_contiguous(out)) {
         p.output = out;
       } else {
-        p.output = fresh_output();
+        p.output = new_output(x);
         p.write_back_to = out;
       }
       break;
   }
+  p.positions = c10::MaybeOwned<at::Tensor>::borrowed(positions);
   const auto row_shape = x.sizes().slice(0, x.dim() - 1);
-  p.positions = positions.expand(row_shape);
+  c10::SmallVector<int64_t, kMaxRowDims> pos_strides;
+  broadcast_strides(positions, row_shape, pos_strides);
   const auto batch_strides = [&](const at::Tensor& t) { return t.strides().slice(0, x.dim() - 1); };
   RowGeometry geometry;
-  if (!build_row_geometry(row_shape, batch_strides(p.input), batch_strides(p.output),
-                          p.positions.strides(), geometry)) {
+  if (!build_row_geometry(row_shape, batch_strides(*p.input), batch_strides(p.output), pos_strides,
+                          geometry)) {
     // More than kMaxRowDims dims that no stride pattern merges (rare: e.g. a 9-D permuted x, or
     // positions broadcast in alternating dims). Copy x, the broadcast positions and, where it is
     // the caller's, the output into contiguous tensors, which always merge into one row dim.
-    p.input = x.contiguous();
-    p.positions = p.positions.contiguous();
+    p.input = c10::MaybeOwned<at::Tensor>::owned(x.contiguous());
+    p.positions = c10::MaybeOwned<at::Tensor>::owned(positions.expand(row_shape).contiguous());
     if (destination == Destination::kInPlace) {
-      p.output = p.input;
-      p.write_back_to = p.input.is_same(x) ? at::Tensor() : x;
+      p.output = *p.input;
+      p.write_back_to = p.input->is_same(x) ? at::Tensor() : x;
     } else if (destination == Destination::kOut && !p.output.is_contiguous()) {
-      p.output = fresh_output();
+      p.output = new_output(x);
       p.write_back_to = out;
     }
-    geometry = make_row_geometry(row_shape, batch_strides(p.input), batch_strides(p.output),
-                                 p.positions.strides());
+    geometry = make_row_geometry(row_shape, batch_strides(*p.input), batch_strides(p.output),
+                                 p.positions->strides());
   }
 
   auto& a = p.args;
-  a.in = p.input.const_data_ptr();
+  a.in = p.input->const_data_ptr();
   a.out = p.output.data_ptr();
-  a.positions = p.positions.const_data_ptr();
+  a.positions = p.positions->const_data_ptr();
   a.positions_are_int64 = positions.scalar_type() == at::kLong;
   a.head_dim = x.size(-1);
   a.rotary_dim = rotary_dim;

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/MaybeOwned.h>
+
+#include <cstddef>
 
 #include "kernel_args.h"
 
@@ -15,10 +18,13 @@ enum class Destination {
   kOut,        // rope.apply.out: a caller's buffer of x's shape and dtype, any strides
 };
 
+// Borrowed tensors (x, positions) are the caller's and must outlive this struct; it owns only
+// the copies it makes, so the common call costs no reference-count traffic for them.
 struct PreparedRotation {
-  at::Tensor input;      // x, or a contiguous copy when x.stride(-1) != 1
-  at::Tensor output;     // what the kernel writes
-  at::Tensor positions;  // positions expanded (a view, stride 0 where broadcast) to x.shape[:-1]
+  c10::MaybeOwned<at::Tensor> input;      // x, or a contiguous copy when x.stride(-1) != 1
+  at::Tensor output;                      // what the kernel writes
+  c10::MaybeOwned<at::Tensor> positions;  // positions (read through broadcast strides), or a
+                                          // contiguous copy expanded to x.shape[:-1]
   at::Tensor write_back_to;  // defined when `output` is a temporary standing in for x or out
   RotationArgs args;
 
@@ -36,6 +42,15 @@ struct PreparedTables {
 // Call after the checks of validation.h. Copies only when a table's last dim is not contiguous or cos and sin
 // have different row strides.
 PreparedTables prepare_tables(const at::Tensor& cos, const at::Tensor& sin);
+
+// Fresh CPU outputs of at least this many bytes get advise_huge_pages().
+constexpr size_t kHugePageAdviceBytes = size_t{4} << 20;
+
+// Asks the kernel (Linux madvise MADV_HUGEPAGE) to back the whole 2 MiB pages of a freshly
+// allocated CPU tensor of kHugePageAdviceBytes or more with transparent huge pages, before anything
+// touches it: the first write then takes one page fault per 2 MiB instead of one per 4 KiB. A
+// no-op for smaller tensors, elsewhere than Linux, and where THP is disabled.
+void advise_huge_pages(const at::Tensor& fresh);
 
 // Call after the checks of validation.h. Copies x once when its last dim is not contiguous
 // (stride(-1) != 1) or its leading dims cannot be described in kMaxRowDims merged dims; any other

@@ -12,7 +12,7 @@
 #   memcheck     compute-sanitizer memcheck on a subset, caching allocator off
 #   initcheck    compute-sanitizer initcheck on the same subset
 #   sass         registers, spills, occupancy, store widths (scripts/sass_report.py --check)
-#   benchmark    benchmarks/bench_rope.py --device cuda -> benchmarks/results/<gpu>.json, + plot
+#   benchmark    benchmarks/bench_gpu.py --device cuda -> benchmarks/results/<gpu>.json, + plot
 #   ncu          Nsight Compute summary of the main shapes (scripts/gpu_timing.py --once)
 #   tuning       the kernel rebuilt with other rows-in-flight / register budgets, timed side by
 #                side (TUNE_VARIANTS, see below)
@@ -24,7 +24,7 @@
 # the rest: a check of this script itself on a CPU-only machine.
 #
 # Environment: FUZZ_EXAMPLES (default 5000); TUNE_VARIANTS, space-separated NAME=FLAGS entries
-# (default below); BENCH_ARGS, extra arguments for bench_rope.py.
+# (default below); BENCH_ARGS, extra arguments for bench_gpu.py.
 # shellcheck disable=SC2317  # the run_* functions are called through step()
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -199,13 +199,10 @@ run_sass() {
 run_benchmark() {
   needs_gpu || return 77
   local args=(--device cuda)
-  local help
-  help="$("$PY" "$REPO/benchmarks/bench_rope.py" --help 2>&1)"
-  # Only flags this version of the benchmark knows (it is being reworked).
-  echo "$help" | grep -q -- "--output" && args+=(--output "$GPU_SLUG")
+  args+=(--output "$GPU_SLUG")
   # shellcheck disable=SC2206
   args+=(${BENCH_ARGS:-})
-  PYTHONPATH="$REPO/python" "$PY" "$REPO/benchmarks/bench_rope.py" "${args[@]}" || return 1
+  PYTHONPATH="$REPO/python" "$PY" "$REPO/benchmarks/bench_gpu.py" "${args[@]}" || return 1
   local results
   # shellcheck disable=SC2012  # the newest file; the names are the benchmark's own
   results="$(ls -t "$REPO"/benchmarks/results/*.json | head -n 1)"

@@ -3,7 +3,7 @@
 
 Used by scripts/gpu_check.sh to compare builds of the kernel with different tuning knobs (rows in
 flight, register budget) side by side, and as the workload of its Nsight Compute summary. The
-full benchmark, with eager and torch.compile baselines, is benchmarks/bench_rope.py.
+full benchmark, with eager and torch.compile baselines, is benchmarks/bench_gpu.py.
 
     python scripts/gpu_timing.py [--json FILE] [--label NAME] [--once]
 
@@ -19,7 +19,7 @@ import torch
 import torch_rope
 
 # (name, op, batch, seq, q_heads, k_heads, head_dim, interleaved, decode): the shapes of
-# benchmarks/bench_rope.py, in (B, S, H, D) as a fused projection lays them out.
+# benchmarks/bench_gpu.py, in (B, S, H, D) as a fused projection lays them out.
 SHAPES = [
     ("prefill", "apply", 4, 2048, 32, 0, 128, True, False),
     ("prefill half-split", "apply", 4, 2048, 32, 0, 128, False, False),

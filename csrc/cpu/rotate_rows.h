@@ -1,5 +1,6 @@
 // The CPU row kernel, compiled once per CPU capability (see CMakeLists.txt: the same
-// rotate_rows.cpp is built with DEFAULT, AVX2 and AVX512 flags into separate namespaces), and the
+// rotate_rows.cpp is built with DEFAULT, AVX2, AVX512 and AVX512_BF16 flags into separate
+// namespaces), and the
 // parallel drivers over it. kernel_choice.h picks the copy at run time.
 #pragma once
 
@@ -25,6 +26,11 @@ void rotate_rows(c10::ScalarType, const RotationArgs&, const TableArgs&, Rotatio
                  int64_t);
 }
 namespace AVX512 {
+void rotate_rows(c10::ScalarType, const RotationArgs&, const TableArgs&, RotationMode, int64_t,
+                 int64_t);
+}
+// The AVX512 copy compiled with -mavx512bf16: native float -> bfloat16 conversion.
+namespace AVX512_BF16 {
 void rotate_rows(c10::ScalarType, const RotationArgs&, const TableArgs&, RotationMode, int64_t,
                  int64_t);
 }

@@ -1,5 +1,6 @@
 // Walks the rows of a RowGeometry in order, keeping the element offsets of x, out and positions
-// current with additions only (one unravel per parallel chunk, not one per row).
+// current with additions only (one unravel per parallel chunk, not one per row). The kernel moves
+// along the innermost dim itself and calls skip() once per run of rows.
 #pragma once
 
 #include <cstdint>
@@ -20,9 +21,37 @@ class RowCursor {
     }
   }
 
+  int64_t index(int32_t d) const { return idx_[d]; }
   int64_t in() const { return in_; }
   int64_t out() const { return out_; }
   int64_t pos() const { return pos_; }
+
+  // Rows from the current one to the end of the innermost dim (1 for a single row).
+  int64_t rows_left_in_run() const {
+    return g_.ndim > 0 ? g_.row_sizes[g_.ndim - 1] - idx_[g_.ndim - 1] : 1;
+  }
+
+  // Moves n rows on, 0 < n <= rows_left_in_run(): along the innermost dim, then one carry.
+  void skip(int64_t n) {
+    const int32_t d = g_.ndim - 1;
+    if (d < 0) {
+      return;
+    }
+    if (n < g_.row_sizes[d] - idx_[d]) {
+      idx_[d] += n;
+      in_ += n * g_.in_strides[d];
+      out_ += n * g_.out_strides[d];
+      pos_ += n * g_.pos_strides[d];
+      return;
+    }
+    // To the last row of the run, then next() carries into the outer dims.
+    const int64_t m = n - 1;
+    idx_[d] += m;
+    in_ += m * g_.in_strides[d];
+    out_ += m * g_.out_strides[d];
+    pos_ += m * g_.pos_strides[d];
+    next();
+  }
 
   void next() {
     for (int32_t d = g_.ndim - 1; d >= 0; --d) {

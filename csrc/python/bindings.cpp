@@ -155,4 +155,6 @@ PYBIND11_MODULE(_C, m) {
         "True when the library was built with its CUDA kernels");
   m.def("cpu_kernel_isa", &rope::cpu_kernel_isa,
         "Instruction set of the CPU kernel this process runs (AVX512, AVX2 or DEFAULT)");
+  m.def("cpu_kernel_variant", &rope::cpu_kernel_variant,
+        "The CPU kernel copy this process runs (AVX512_BF16, AVX512, AVX2 or DEFAULT)");
 }

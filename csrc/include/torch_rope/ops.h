@@ -75,4 +75,9 @@ bool compiled_with_cuda();
 // allows.
 std::string cpu_kernel_isa();
 
+// The CPU kernel copy this process runs: "AVX512_BF16" (AVX-512 with the native float ->
+// bfloat16 conversion, chosen when the CPU has AVX512-BF16), "AVX512", "AVX2" or "DEFAULT".
+// The environment variable TORCH_ROPE_CPU_KERNEL (default, avx2, avx512 or avx512_bf16) caps it.
+std::string cpu_kernel_variant();
+
 }  // namespace rope

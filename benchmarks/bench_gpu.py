@@ -1,0 +1,217 @@
+"""GPU benchmark of torch-rope against x.clone(), eager PyTorch and torch.compile (CUDA events).
+
+Every time is reported as a ratio to ``x.clone()`` of the same tensors in the same run. Writes
+benchmarks/results/<gpu>.json and .md. Run through ``benchmarks/bench_rope.py --device cuda``
+(which scripts/gpu_check.sh calls); the CPU benchmark is bench_rope.py itself.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+import torch_rope
+from torch_rope import eager as reference  # the plain-PyTorch math
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+@dataclass
+class Case:
+    name: str
+    op: str  # "apply" or "apply_qk"
+    batch: int
+    seq: int
+    q_heads: int
+    k_heads: int  # only for apply_qk
+    head_dim: int
+    decode: bool = False  # one new token per sequence at a different offset per sequence
+
+
+def cases_for(device: str):
+    cases = [
+        Case("prefill", "apply", 4, 2048, 32, 0, 128),
+        Case("prefill GQA q/k", "apply_qk", 4, 2048, 32, 8, 128),
+        Case("decode q/k", "apply_qk", 64, 1, 32, 8, 128, decode=True),
+    ]
+    if device == "cuda":
+        cases.insert(1, Case("long-context prefill", "apply", 1, 32768, 32, 0, 128))
+    return cases
+
+
+def make_inputs(case: Case, dtype, device, max_seq_len: int, requires_grad=False):
+    """(B, S, H, D) tensors, the layout of a fused projection's output, and their positions."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def rand(heads):
+        t = torch.randn(case.batch, case.seq, heads, case.head_dim, generator=gen, dtype=dtype)
+        return t.to(device).requires_grad_(requires_grad)
+
+    q = rand(case.q_heads)
+    k = rand(case.k_heads) if case.op == "apply_qk" else None
+    if case.decode:  # (B, 1, 1): each sequence at its own cache offset
+        start = torch.randint(0, max_seq_len - 1, (case.batch, 1, 1), generator=gen)
+        positions = start.to(device)
+    else:  # (S, 1): shared by every sequence, broadcast over heads
+        positions = torch.arange(case.seq, device=device).view(case.seq, 1)
+    return q, k, positions
+
+
+class Timer:
+    """Median wall time of a callable; CUDA events on the GPU."""
+
+    def __init__(self, device: str, min_time_s: float, warmup: int = 3):
+        self.device = device
+        self.min_time_s = min_time_s
+        self.warmup = warmup
+
+    def __call__(self, fn) -> float:
+        for _ in range(self.warmup):
+            fn()
+        samples = []
+        deadline = time.perf_counter() + self.min_time_s
+        while len(samples) < 5 or (time.perf_counter() < deadline and len(samples) < 200):
+            if self.device == "cuda":
+                start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end) * 1e-3)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                samples.append(time.perf_counter() - t0)
+        return statistics.median(samples)
+
+
+def bench_case(case: Case, dtype, device: str, timer: Timer, compile_reference: bool,
+               backward: bool):
+    max_seq_len = max(case.seq, 4096)
+    cos, sin = torch_rope.rope_tables(10000.0, case.head_dim, max_seq_len, device=device)
+    q, k, positions = make_inputs(case, dtype, device, max_seq_len, requires_grad=backward)
+    tensors = [q] if k is None else [q, k]
+
+    if case.op == "apply":
+        def ours(t=tensors):
+            return torch_rope.apply(t[0], cos, sin, positions)
+
+        def eager(t=tensors):
+            return reference.apply(t[0], cos, sin, positions)
+    else:
+        def ours(t=tensors):
+            return torch_rope.apply_qk(t[0], t[1], cos, sin, positions)
+
+        def eager(t=tensors):
+            return reference.apply_qk(t[0], t[1], cos, sin, positions)
+
+    def clone():
+        return [t.clone() for t in tensors]
+
+    compiled_reference = torch.compile(eager, fullgraph=True) if compile_reference else None
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def timed(fn):
+        # Forward only, or forward + backward of the output's sum (backward of clone is a copy).
+        if not backward:
+            with torch.no_grad():
+                return timer(fn)
+        grads = [torch.randn_like(t) for t in tensors]
+
+        def fwd_bwd():
+            outs = fn()
+            outs = outs if isinstance(outs, (list, tuple)) else [outs]
+            torch.autograd.backward(list(outs), grads)
+        return timer(fwd_bwd)
+
+    results = {"clone": timed(clone), "ours": timed(ours), "eager": timed(eager)}
+    if compiled_reference is not None:
+        timed(compiled_reference)  # compile outside the timing
+        results["compiled"] = timed(compiled_reference)
+    sync()
+
+    elements = sum(t.numel() for t in tensors)
+    moved_bytes = 2 * elements * tensors[0].element_size() * (2 if backward else 1)
+    row = {
+        "case": case.name,
+        "op": case.op,
+        "shape": asdict(case),
+        "dtype": str(dtype).replace("torch.", ""),
+        "pass": "fwd+bwd" if backward else "fwd",
+        "ms": {key: value * 1e3 for key, value in results.items()},
+        "ours_GBps": moved_bytes / results["ours"] / 1e9,
+        "clone_GBps": moved_bytes / results["clone"] / 1e9,
+        "ours_over_clone": results["ours"] / results["clone"],
+        "eager_over_ours": results["eager"] / results["ours"],
+    }
+    if "compiled" in results:
+        row["compiled_over_ours"] = results["compiled"] / results["ours"]
+    return row
+
+
+def markdown_table(rows) -> str:
+    lines = [
+        "| case | op | dtype | pass | ours (ms) | clone (ms) | ours / clone | eager / ours "
+        "| compiled / ours | ours GB/s |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        compiled = f"{r['compiled_over_ours']:.2f}x" if "compiled_over_ours" in r else "n/a"
+        lines.append(
+            f"| {r['case']} | {r['op']} | {r['dtype']} | {r['pass']} | {r['ms']['ours']:.3f} "
+            f"| {r['ms']['clone']:.3f} | {r['ours_over_clone']:.2f} | {r['eager_over_ours']:.1f}x "
+            f"| {compiled} | {r['ours_GBps']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--min-time", type=float, default=None,
+                        help="seconds of samples per measurement (default 2 on CPU, 0.5 on GPU)")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="skip torch.compile of the reference (compiling takes minutes)")
+    parser.add_argument("--output", default=None, help="results name (default: the device)")
+    args = parser.parse_args()
+
+    device = args.device
+    on_gpu = device == "cuda"
+    timer = Timer(device, args.min_time if args.min_time is not None else (0.5 if on_gpu else 2.0))
+    dtypes = [torch.bfloat16, torch.float16, torch.float32] if on_gpu else [torch.float32,
+                                                                           torch.bfloat16]
+    passes = [False, True] if on_gpu else [False]
+
+    rows = []
+    for case in cases_for(device):
+        for dtype in dtypes:
+            for backward in passes:
+                row = bench_case(case, dtype, device, timer, not args.no_compile, backward)
+                rows.append(row)
+                print(markdown_table([row]).splitlines()[-1], flush=True)
+
+    name = args.output or (torch.cuda.get_device_name().replace(" ", "_") if on_gpu else "cpu")
+    meta = {
+        "device": torch.cuda.get_device_name() if on_gpu else platform.processor() or "cpu",
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "torch_rope": torch_rope.__version__,
+        "timing": "median; CUDA events on GPU, perf_counter on CPU; ratios within one run",
+    }
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    (RESULTS_DIR / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    table = markdown_table(rows)
+    (RESULTS_DIR / f"{name}.md").write_text(
+        f"Device: {meta['device']} ({meta['threads']} threads, {meta['cpu_capability']}), "
+        f"torch {meta['torch']}\n\n{table}\n")
+    print(f"\n{table}\n\nwrote {RESULTS_DIR / (name + '.json')}")
+
+
+if __name__ == "__main__":
+    main()

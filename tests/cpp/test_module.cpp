@@ -1,5 +1,7 @@
-// rope::RotaryPositionalEmbedding: its tables, forward, dtype casts, and serialization (tables are
-// derived state: never saved, always rebuilt).
+// rope::RotaryPositionalEmbedding, the C++ module (the Python module is a separate nn.Module,
+// tested in tests/python): constructor forms and options, its tables and forward, dtype casts,
+// Cloneable, serialization (tables are derived state: never saved, always rebuilt), the typed
+// scaling options, and its errors as c10::ValueError.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <torch_rope/module.h>
@@ -7,16 +9,19 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
+#include <limits>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <unistd.h>
 
-#include "reference.h"
+#include "assertions.h"
+#include "oracle.h"
 
 namespace {
 
@@ -26,116 +31,128 @@ using rope_test::all_close;
 using rope_test::bitwise_equal;
 using rope_test::contains_all;
 using rope_test::error_message;
+using rope_test::matches_oracle;
 using rope_test::reference_rope;
-using rope_test::Tolerance;
+using rope_test::reference_tables;
+using Opts = RotaryPositionalEmbeddingOptions;
 
-// Tables built independently: cos/sin of a float64 angle, rounded to float32 once. At position
-// 8191 a float32 angle would be off by ~5e-4 rad, far outside this tolerance.
-void expect_tables_match(const RotaryPositionalEmbedding& m, double theta, int64_t rotary_dim,
-                         int64_t max_seq_len) {
-  const auto& cos = m->cos_table();
-  const auto& sin = m->sin_table();
-  ASSERT_EQ(cos.scalar_type(), torch::kFloat);
-  ASSERT_EQ(sin.scalar_type(), torch::kFloat);
-  const std::vector<int64_t> shape = {max_seq_len, rotary_dim / 2};
-  ASSERT_EQ(cos.sizes().vec(), shape);
-  ASSERT_EQ(sin.sizes().vec(), shape);
-  const auto expected = rope_test::reference_tables(max_seq_len, rotary_dim, theta, torch::kDouble);
-  // One float32 rounding of a value in [-1, 1] is at most 6e-8.
-  EXPECT_TRUE(all_close(cos, expected.cos, Tolerance{0.0, 1.2e-7}));
-  EXPECT_TRUE(all_close(sin, expected.sin, Tolerance{0.0, 1.2e-7}));
-}
+// ---- construction, tables, accessors --------------------------------------------------------------
 
-TEST(Module, BuffersAreFloat32TablesEqualToDoubleComputation) {
+TEST(Module, TablesAreFloat32BuffersOfTheSharedBuilder) {
   RotaryPositionalEmbedding m(10000.0, 64, 8192);
-  expect_tables_match(m, 10000.0, 64, 8192);
-  const auto buffers = m->named_buffers();
+  const auto& cos = m->cos_table();
+  ASSERT_EQ(cos.scalar_type(), torch::kFloat);
+  ASSERT_EQ(cos.sizes(), (std::vector<int64_t>{8192, 32}));
+  EXPECT_TRUE(cos.device().is_cpu());
+  // Independent of the builder: cos/sin of a float64 angle, rounded to float32 once. At position
+  // 8191 a float32 angle would be off by ~5e-4 rad, far outside this tolerance.
+  const auto want = reference_tables(8192, 64, 10000.0, torch::kDouble);
+  EXPECT_TRUE(all_close(cos, want.cos, {0.0, 1.2e-7}));
+  EXPECT_TRUE(all_close(m->sin_table(), want.sin, {0.0, 1.2e-7}));
+  const auto [built_cos, built_sin] = rope::rope_tables(10000.0, 64, 8192);
+  EXPECT_TRUE(bitwise_equal(cos, built_cos));
+  EXPECT_TRUE(bitwise_equal(m->sin_table(), built_sin));
+
+  auto buffers = m->named_buffers();
   ASSERT_EQ(buffers.size(), 2u);
-  EXPECT_TRUE(buffers.contains("cos"));
-  EXPECT_TRUE(buffers.contains("sin"));
-  EXPECT_TRUE(bitwise_equal(buffers["cos"], m->cos_table()));
+  EXPECT_TRUE(bitwise_equal(buffers["cos"], cos));
   EXPECT_TRUE(bitwise_equal(buffers["sin"], m->sin_table()));
-  EXPECT_TRUE(m->cos_table().device().is_cpu());
+  EXPECT_TRUE(m->parameters().empty());
+  EXPECT_FALSE(cos.requires_grad());
 }
 
 TEST(Module, OptionsAndAccessors) {
-  RotaryPositionalEmbedding m(500000.0, 32, 100,
-                              RotaryPositionalEmbeddingOptions().rotary_dim(16).interleaved(false));
-  expect_tables_match(m, 500000.0, 16, 100);
+  RotaryPositionalEmbedding m(500000.0, 32, 100, Opts().rotary_dim(16).interleaved(false));
   EXPECT_EQ(m->theta(), 500000.0);
   EXPECT_EQ(m->d_k(), 32);
   EXPECT_EQ(m->max_seq_len(), 100);
   EXPECT_EQ(m->rotary_dim(), 16);
   EXPECT_FALSE(m->interleaved());
+  const auto want = reference_tables(100, 16, 500000.0, torch::kDouble);
+  EXPECT_TRUE(all_close(m->cos_table(), want.cos, {0.0, 1.2e-7}));
 
   RotaryPositionalEmbedding defaults(10000.0, 24, 10);
   EXPECT_EQ(defaults->rotary_dim(), 24);
   EXPECT_TRUE(defaults->interleaved());
-
-  RotaryPositionalEmbedding on_cpu(10000.0, 8, 10,
-                                   RotaryPositionalEmbeddingOptions().device(torch::kCPU));
-  EXPECT_TRUE(on_cpu->cos_table().device().is_cpu());
 }
 
-TEST(Module, TablesAreTheSharedBuilder) {
-  RotaryPositionalEmbedding m(10000.0, 48, 64, RotaryPositionalEmbeddingOptions().rotary_dim(32));
-  const auto [cos, sin] = rope::rope_tables(10000.0, 32, 64);
-  EXPECT_TRUE(bitwise_equal(m->cos_table(), cos));
-  EXPECT_TRUE(bitwise_equal(m->sin_table(), sin));
+TEST(Module, DeviceIsTheFourthArgumentAsInCs336) {
+  RotaryPositionalEmbedding cpu(10000.0, 16, 32, torch::kCPU);
+  EXPECT_TRUE(cpu->cos_table().device().is_cpu());
+  RotaryPositionalEmbedding meta(10000.0, 16, 32, torch::Device(torch::kMeta), Opts().rotary_dim(8));
+  EXPECT_TRUE(meta->cos_table().is_meta());
+  EXPECT_EQ(meta->cos_table().sizes(), (std::vector<int64_t>{32, 4}));
+  RotaryPositionalEmbedding in_options(10000.0, 8, 10, Opts().device(torch::kMeta));
+  EXPECT_TRUE(in_options->cos_table().is_meta());
+  // The options-only form and the std::nullopt device mean the same as no device.
+  RotaryPositionalEmbedding options_only(10000.0, 16, 32, Opts());
+  RotaryPositionalEmbedding no_device(10000.0, 16, 32, std::nullopt, Opts());
+  EXPECT_TRUE(bitwise_equal(options_only->cos_table(), cpu->cos_table()));
+  EXPECT_TRUE(bitwise_equal(no_device->cos_table(), cpu->cos_table()));
+  EXPECT_TRUE(contains_all(error_message<c10::ValueError>([] {
+                             RotaryPositionalEmbedding(10000.0, 16, 32, torch::kCPU,
+                                                       Opts().device(torch::kMeta));
+                           }),
+                           {"device given twice"}));
 }
 
-TEST(Module, HasNoParameters) {
-  RotaryPositionalEmbedding m(10000.0, 16, 32);
-  EXPECT_TRUE(m->parameters().empty());
-  EXPECT_TRUE(m->named_parameters().is_empty());
-  EXPECT_FALSE(m->cos_table().requires_grad());
+TEST(Module, PrettyPrintNamesTheConfiguration) {
+  RotaryPositionalEmbedding m(10000.0, 16, 32, Opts().rotary_dim(8).interleaved(false));
+  std::ostringstream os;
+  os << *m;
+  EXPECT_TRUE(contains_all(os.str(), {"RotaryPositionalEmbedding", "d_k=16", "max_seq_len=32",
+                                      "rotary_dim=8", "interleaved=false"}));
 }
 
-TEST(Module, ForwardMatchesReference) {
+// ---- forward ---------------------------------------------------------------------------------------
+
+// (interleaved, rotary_dim, x dtype): the module hands its options and tables to rope::apply.
+class ModuleForward
+    : public ::testing::TestWithParam<std::tuple<bool, int64_t, torch::Dtype>> {};
+
+TEST_P(ModuleForward, MatchesTheOracle) {
+  const auto [interleaved, rotary_dim, dtype] = GetParam();
   torch::manual_seed(0);
-  for (const bool interleaved : {true, false}) {
-    for (const int64_t rotary_dim : {16, 10}) {
-      RotaryPositionalEmbedding m(
-          10000.0, 16, 40,
-          RotaryPositionalEmbeddingOptions().rotary_dim(rotary_dim).interleaved(interleaved));
-      const auto independent = rope_test::reference_tables(40, rotary_dim);
-      const auto x = torch::randn({2, 3, 7, 16});
-      const auto positions = torch::randint(0, 40, {7}, torch::kLong);
-      EXPECT_TRUE(all_close(m(x, positions),
-                            reference_rope(x, independent.cos, independent.sin, positions,
-                                           interleaved),
-                            torch::kFloat))
-          << "interleaved " << interleaved << ", rotary_dim " << rotary_dim;
-    }
-  }
+  RotaryPositionalEmbedding m(10000.0, 16, 40,
+                              Opts().rotary_dim(rotary_dim).interleaved(interleaved));
+  const auto t = reference_tables(40, rotary_dim);
+  const auto x = torch::randn({2, 3, 7, 16}).to(dtype);
+  const auto positions = torch::randint(0, 40, {7}, torch::kLong);
+  const auto out = m(x, positions);
+  EXPECT_EQ(out.scalar_type(), dtype);
+  EXPECT_TRUE(matches_oracle(out, reference_rope(x, t.cos, t.sin, positions, interleaved)));
+  // Without positions: arange along the sequence dim (-2), int64 or int32 alike.
+  EXPECT_TRUE(bitwise_equal(m(x), m(x, torch::arange(7, torch::kLong))));
+  EXPECT_TRUE(bitwise_equal(m(x), m(x, torch::arange(7, torch::kInt))));
+  EXPECT_TRUE(bitwise_equal(m(x), m->forward(x, std::nullopt)));
 }
 
-TEST(Module, ForwardWithoutPositionsUsesArange) {
+INSTANTIATE_TEST_SUITE_P(
+    Options, ModuleForward,
+    ::testing::Values(std::make_tuple(true, int64_t{16}, torch::kFloat),
+                      std::make_tuple(false, int64_t{16}, torch::kFloat),
+                      std::make_tuple(true, int64_t{10}, torch::kDouble),
+                      std::make_tuple(false, int64_t{10}, torch::kBFloat16),
+                      std::make_tuple(true, int64_t{16}, torch::kHalf)),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param) ? "interleaved" : "half_split") + "_rotary" +
+             std::to_string(std::get<1>(info.param)) + "_" +
+             rope_test::dtype_name(std::get<2>(info.param));
+    });
+
+TEST(Module, DefaultPositionsForEveryRank) {
   torch::manual_seed(1);
   RotaryPositionalEmbedding m(10000.0, 16, 32);
-  for (const auto& shape : {std::vector<int64_t>{2, 3, 7, 16}, std::vector<int64_t>{7, 16},
-                            std::vector<int64_t>{4, 5, 16}}) {
+  const auto t = reference_tables(32, 16);
+  for (const auto& shape : {std::vector<int64_t>{7, 16}, std::vector<int64_t>{4, 5, 16}}) {
     const auto x = torch::randn(shape);
-    const int64_t seq_len = x.size(-2);
-    const auto out = m(x);
-    EXPECT_TRUE(bitwise_equal(out, m(x, torch::arange(seq_len, torch::kLong))));
-    EXPECT_TRUE(bitwise_equal(out, m(x, torch::arange(seq_len, torch::kInt))));
-    EXPECT_TRUE(bitwise_equal(out, m->forward(x, std::nullopt)));
+    const auto seq = torch::arange(x.size(-2), torch::kLong);
+    EXPECT_TRUE(matches_oracle(m(x), reference_rope(x, t.cos, t.sin, seq)));
   }
-}
-
-TEST(Module, ForwardKeepsDtypeAndShape) {
-  torch::manual_seed(2);
-  RotaryPositionalEmbedding m(10000.0, 32, 16);
-  for (const auto dtype : {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16}) {
-    const auto x = torch::randn({2, 5, 32}, dtype);
-    const auto out = m(x);
-    EXPECT_EQ(out.scalar_type(), dtype);
-    EXPECT_EQ(out.sizes(), x.sizes());
-    EXPECT_TRUE(all_close(out,
-                          reference_rope(x, m->cos_table(), m->sin_table(), torch::arange(5)),
-                          dtype));
-  }
+  // (B, S) positions of a (B, H, S, D) input: each sequence's positions serve all its heads.
+  const auto x = torch::randn({2, 3, 5, 16});
+  const auto bs = torch::randint(0, 32, {2, 5}, torch::kLong);
+  EXPECT_TRUE(matches_oracle(m(x, bs), reference_rope(x, t.cos, t.sin, bs.unsqueeze(1))));
 }
 
 TEST(Module, WorksInsideSequentialWithDefaultArgument) {
@@ -147,20 +164,83 @@ TEST(Module, WorksInsideSequentialWithDefaultArgument) {
   EXPECT_TRUE(bitwise_equal(seq->forward(x), m(x)));
 }
 
-TEST(Module, CastToLowPrecisionKeepsTablesFloat32) {
-  for (const auto dtype : {torch::kBFloat16, torch::kHalf, torch::kDouble}) {
-    RotaryPositionalEmbedding m(10000.0, 16, 32);
-    const auto cos_before = m->cos_table().clone();
-    m->to(dtype);
-    EXPECT_EQ(m->cos_table().scalar_type(), torch::kFloat) << rope_test::dtype_name(dtype);
-    EXPECT_EQ(m->sin_table().scalar_type(), torch::kFloat);
-    EXPECT_TRUE(bitwise_equal(m->cos_table(), cos_before));
-    m->to(torch::kCPU, dtype);
-    EXPECT_EQ(m->cos_table().scalar_type(), torch::kFloat);
-    for (const auto& buffer : m->buffers()) {
-      EXPECT_EQ(buffer.scalar_type(), torch::kFloat);
-    }
+TEST(Module, GradientReachesTheInputNotTheTables) {
+  torch::manual_seed(9);
+  RotaryPositionalEmbedding m(10000.0, 16, 32);
+  const auto x = torch::randn({2, 3, 5, 16}).requires_grad_(true);
+  const auto g = torch::randn({2, 3, 5, 16});
+  m(x).backward(g);
+  const auto t = reference_tables(32, 16);
+  EXPECT_TRUE(matches_oracle(x.grad(), reference_rope(g, t.cos, t.sin, torch::arange(5), true,
+                                                      /*inverse=*/true)));
+  EXPECT_FALSE(m->cos_table().requires_grad());
+}
+
+TEST(Module, SeqDimMinus3FollowsTheSequenceAxis) {
+  RotaryPositionalEmbedding bshd(10000.0, 16, 32, torch::kCPU, Opts().seq_dim(-3));
+  RotaryPositionalEmbedding bhsd(10000.0, 16, 32);
+  const auto x = torch::randn({2, 7, 3, 16});  // [b, s, h, d]
+  EXPECT_TRUE(bitwise_equal(bshd(x).transpose(1, 2), bhsd(x.transpose(1, 2))));
+  for (const auto& positions : {torch::arange(4, 11), torch::randint(0, 32, {2, 7})}) {
+    EXPECT_TRUE(bitwise_equal(bshd(x, positions).transpose(1, 2),
+                              bhsd(x.transpose(1, 2), positions)));
   }
+}
+
+TEST(Module, ExtendTablesGrowsTheRegisteredBuffers) {
+  RotaryPositionalEmbedding m(10000.0, 16, 32);
+  const auto x = torch::randn({1, 40, 16});
+  EXPECT_TRUE(contains_all(error_message<c10::IndexError>([&] { m(x); }), {"max_seq_len", "32"}));
+  const auto before = m->cos_table().clone();
+  const auto handle = m->named_buffers()["cos"];
+  m->extend_tables(64);
+  EXPECT_EQ(m->max_seq_len(), 64);
+  EXPECT_EQ(m->cos_table().size(0), 64);
+  EXPECT_TRUE(bitwise_equal(m->cos_table().narrow(0, 0, 32), before));
+  EXPECT_TRUE(bitwise_equal(handle, m->cos_table()));  // the registered buffer itself grew
+  const auto t = reference_tables(40, 16);
+  EXPECT_TRUE(matches_oracle(m(x), reference_rope(x, t.cos, t.sin, torch::arange(40))));
+}
+
+// ---- dtype casts keep the tables' dtype -----------------------------------------------------------
+
+class ModuleCast : public ::testing::TestWithParam<torch::Dtype> {};
+
+TEST_P(ModuleCast, KeepsFloat32TablesExact) {
+  const torch::Dtype dtype = GetParam();
+  RotaryPositionalEmbedding m(10000.0, 16, 32);
+  const auto cos_before = m->cos_table().clone();
+  m->to(dtype);
+  EXPECT_TRUE(bitwise_equal(m->cos_table(), cos_before));
+  m->to(torch::kCPU, dtype);
+  EXPECT_TRUE(bitwise_equal(m->cos_table(), cos_before));
+  for (const auto& buffer : m->buffers()) {
+    EXPECT_EQ(buffer.scalar_type(), torch::kFloat);
+  }
+  const auto x = torch::randn({2, 5, 16}).to(dtype);
+  EXPECT_EQ(m(x).scalar_type(), dtype);
+}
+
+TEST_P(ModuleCast, KeepsFloat64Tables) {
+  RotaryPositionalEmbedding m(10000.0, 16, 64, torch::kCPU, Opts().dtype(torch::kDouble));
+  m->to(GetParam());
+  EXPECT_EQ(m->cos_table().scalar_type(), torch::kDouble);
+  EXPECT_EQ(m->sin_table().scalar_type(), torch::kDouble);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, ModuleCast,
+                         ::testing::Values(torch::kBFloat16, torch::kHalf, torch::kDouble,
+                                           torch::kFloat),
+                         [](const auto& info) { return rope_test::dtype_name(info.param); });
+
+TEST(Module, Float64TablesReachTheAnglesRounding) {
+  RotaryPositionalEmbedding m(10000.0, 16, 5000, torch::kCPU, Opts().dtype(torch::kDouble));
+  const auto x = torch::randn({3, 16}, torch::kDouble);
+  const auto positions = torch::tensor({1, 1000, 4096});
+  const auto t = reference_tables(4097, 16, 10000.0, torch::kDouble);
+  const auto want = reference_rope(x, t.cos, t.sin, positions);
+  // Both sides carry float64 angle roundings: a few 1e-16 x position.
+  EXPECT_LT((m(x, positions) - want).abs().max().item<double>(), 4096 * 1e-15);
 }
 
 // A model that owns the rope module, the way a LibTorch attention block would.
@@ -179,17 +259,30 @@ TEST(Module, ParentCastKeepsTablesFloat32) {
   Block block;
   block->to(torch::kBFloat16);
   EXPECT_EQ(block->proj->weight.scalar_type(), torch::kBFloat16);
-  EXPECT_EQ(block->rotary->cos_table().scalar_type(), torch::kFloat);
-  const auto buffers = block->named_buffers();
+  auto buffers = block->named_buffers();
   ASSERT_TRUE(buffers.contains("rope.cos"));
   EXPECT_EQ(buffers["rope.cos"].scalar_type(), torch::kFloat);
   EXPECT_EQ(buffers["rope.sin"].scalar_type(), torch::kFloat);
-  const auto x = torch::randn({2, 5, 16}, torch::kBFloat16);
-  const auto out = block(x);
-  EXPECT_EQ(out.scalar_type(), torch::kBFloat16);
-  // The parent's parameters are the Linear's alone.
-  EXPECT_EQ(block->parameters().size(), 2u);
+  EXPECT_EQ(block(torch::randn({2, 5, 16}, torch::kBFloat16)).scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(block->parameters().size(), 2u);  // the Linear's alone
 }
+
+// ---- Cloneable --------------------------------------------------------------------------------------
+
+TEST(Module, CloneInsideSequentialCopiesTables) {
+  torch::nn::Sequential seq(RotaryPositionalEmbedding(10000.0, 16, 32, Opts().rotary_dim(8)));
+  auto copy = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(seq->clone());
+  ASSERT_TRUE(copy);
+  const auto* original = seq[0]->as<rope::RotaryPositionalEmbeddingImpl>();
+  const auto* cloned = copy->ptr(0)->as<rope::RotaryPositionalEmbeddingImpl>();
+  EXPECT_EQ(cloned->rotary_dim(), 8);
+  EXPECT_TRUE(bitwise_equal(original->cos_table(), cloned->cos_table()));
+  EXPECT_NE(original->cos_table().data_ptr(), cloned->cos_table().data_ptr());  // deep copy
+  const auto x = torch::randn({2, 5, 16});
+  EXPECT_TRUE(bitwise_equal(seq->forward(x), copy->forward(x)));
+}
+
+// ---- serialization: the archive holds no tables; loading keeps the fresh module's ----------------
 
 std::vector<std::string> keys_of(torch::serialize::InputArchive& archive) {
   auto keys = archive.keys();
@@ -201,352 +294,147 @@ bool has_key(const std::vector<std::string>& keys, const std::string& key) {
   return std::find(keys.begin(), keys.end(), key) != keys.end();
 }
 
-TEST(Module, ParentSaveLoadRoundTripWithoutTables) {
+TEST(ModuleSerialization, ParentArchiveHasNoTables) {
   torch::manual_seed(5);
   Block saved;
   std::stringstream stream;
   torch::save(saved, stream);
 
-  // The archive holds the Linear's tensors and no cos/sin at any level.
-  {
-    std::stringstream copy(stream.str());
-    torch::serialize::InputArchive archive;
-    archive.load_from(copy);
-    const auto top = keys_of(archive);
-    EXPECT_FALSE(has_key(top, "cos"));
-    EXPECT_FALSE(has_key(top, "sin"));
-    torch::Tensor t;
-    EXPECT_FALSE(archive.try_read("rope.cos", t));
-    EXPECT_FALSE(archive.try_read("rope.sin", t));
-
-    torch::serialize::InputArchive proj;
-    ASSERT_TRUE(archive.try_read("proj", proj));
-    const auto proj_keys = keys_of(proj);
-    EXPECT_TRUE(has_key(proj_keys, "weight")) << ::testing::PrintToString(proj_keys);
-    EXPECT_TRUE(has_key(proj_keys, "bias"));
-    EXPECT_TRUE(proj.try_read("weight", t));  // positive control for try_read
-
-    torch::serialize::InputArchive rope_archive;
-    if (archive.try_read("rope", rope_archive)) {
-      const auto rope_keys = keys_of(rope_archive);
-      EXPECT_FALSE(has_key(rope_keys, "cos")) << ::testing::PrintToString(rope_keys);
-      EXPECT_FALSE(has_key(rope_keys, "sin"));
-      EXPECT_FALSE(rope_archive.try_read("cos", t, /*is_buffer=*/true));
-      EXPECT_FALSE(rope_archive.try_read("sin", t, /*is_buffer=*/true));
-    }
+  torch::serialize::InputArchive archive;
+  archive.load_from(stream);
+  const auto top = keys_of(archive);
+  EXPECT_FALSE(has_key(top, "cos"));
+  EXPECT_FALSE(has_key(top, "sin"));
+  torch::Tensor t;
+  EXPECT_FALSE(archive.try_read("rope.cos", t));
+  EXPECT_FALSE(archive.try_read("rope.sin", t));
+  torch::serialize::InputArchive proj;
+  ASSERT_TRUE(archive.try_read("proj", proj));
+  EXPECT_TRUE(proj.try_read("weight", t));  // positive control for try_read
+  EXPECT_TRUE(has_key(keys_of(proj), "bias"));
+  torch::serialize::InputArchive rope_archive;
+  if (archive.try_read("rope", rope_archive)) {
+    const auto rope_keys = keys_of(rope_archive);
+    EXPECT_FALSE(has_key(rope_keys, "cos")) << ::testing::PrintToString(rope_keys);
+    EXPECT_FALSE(rope_archive.try_read("cos", t, /*is_buffer=*/true));
+    EXPECT_FALSE(rope_archive.try_read("sin", t, /*is_buffer=*/true));
   }
-
-  Block loaded;
-  torch::load(loaded, stream);
-  EXPECT_TRUE(bitwise_equal(loaded->proj->weight, saved->proj->weight));
-  EXPECT_TRUE(bitwise_equal(loaded->proj->bias, saved->proj->bias));
-  EXPECT_TRUE(bitwise_equal(loaded->rotary->cos_table(), saved->rotary->cos_table()));
-  const auto x = torch::randn({2, 5, 16});
-  EXPECT_TRUE(bitwise_equal(loaded(x), saved(x)));
 }
 
-TEST(Module, LoadKeepsTheFreshModulesTables) {
-  // Tables are rebuilt from the constructor, so loading into a model built for a longer context
-  // keeps that model's tables.
+TEST(ModuleSerialization, RoundTripRebuildsTablesFromTheConstructor) {
+  torch::manual_seed(6);
   Block saved(/*max_seq_len=*/16);
   std::stringstream stream;
   torch::save(saved, stream);
+  // Loading into a model built for a longer context keeps that model's tables.
   Block loaded(/*max_seq_len=*/64);
   torch::load(loaded, stream);
-  EXPECT_EQ(loaded->rotary->cos_table().size(0), 64);
   EXPECT_TRUE(bitwise_equal(loaded->proj->weight, saved->proj->weight));
-  const auto x = torch::randn({1, 40, 16});  // 40 positions: only the 64-entry tables cover them
-  EXPECT_NO_THROW(loaded(x));
+  EXPECT_TRUE(bitwise_equal(loaded->proj->bias, saved->proj->bias));
+  EXPECT_EQ(loaded->rotary->cos_table().size(0), 64);
+  EXPECT_TRUE(bitwise_equal(loaded->rotary->cos_table().narrow(0, 0, 16),
+                            saved->rotary->cos_table()));
+  const auto x = torch::randn({2, 5, 16});
+  EXPECT_TRUE(bitwise_equal(loaded(x), saved(x)));
+  EXPECT_NO_THROW(loaded(torch::randn({1, 40, 16})));  // 40 positions: only 64 rows cover them
 }
 
-TEST(Module, SaveLoadModuleAlone) {
-  torch::manual_seed(6);
-  RotaryPositionalEmbedding saved(10000.0, 16, 32,
-                                  RotaryPositionalEmbeddingOptions().rotary_dim(8));
-  std::stringstream stream;
-  torch::save(saved, stream);
+TEST(ModuleSerialization, ModuleAloneThroughAFile) {
+  torch::manual_seed(7);
+  RotaryPositionalEmbedding saved(10000.0, 16, 32, Opts().rotary_dim(8));
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("torch_rope_test_" + std::to_string(::getpid()) + ".pt");
+  torch::save(saved, path.string());
   {
-    std::stringstream copy(stream.str());
     torch::serialize::InputArchive archive;
-    archive.load_from(copy);
+    archive.load_from(path.string());
     const auto keys = keys_of(archive);
     EXPECT_FALSE(has_key(keys, "cos")) << ::testing::PrintToString(keys);
     EXPECT_FALSE(has_key(keys, "sin"));
-    torch::Tensor t;
-    EXPECT_FALSE(archive.try_read("cos", t, /*is_buffer=*/true));
   }
-  RotaryPositionalEmbedding loaded(10000.0, 16, 32,
-                                   RotaryPositionalEmbeddingOptions().rotary_dim(8));
-  torch::load(loaded, stream);
+  RotaryPositionalEmbedding loaded(10000.0, 16, 32, Opts().rotary_dim(8));
+  torch::load(loaded, path.string());
+  std::filesystem::remove(path);
   EXPECT_TRUE(bitwise_equal(loaded->cos_table(), saved->cos_table()));
   EXPECT_TRUE(bitwise_equal(loaded->sin_table(), saved->sin_table()));
   const auto x = torch::randn({3, 9, 16});
   EXPECT_TRUE(bitwise_equal(loaded(x), saved(x)));
 }
 
-TEST(Module, SaveLoadThroughAFile) {
-  torch::manual_seed(7);
-  const auto path = std::filesystem::temp_directory_path() /
-                    ("torch_rope_test_" + std::to_string(::getpid()) + ".pt");
-  Block saved;
-  torch::save(saved, path.string());
-  Block loaded;
-  torch::load(loaded, path.string());
-  std::filesystem::remove(path);
-  const auto x = torch::randn({2, 5, 16});
-  EXPECT_TRUE(bitwise_equal(loaded(x), saved(x)));
-}
+// ---- scaling variants as typed options --------------------------------------------------------------
 
-TEST(Module, PrettyPrintNamesTheConfiguration) {
-  RotaryPositionalEmbedding m(10000.0, 16, 32,
-                              RotaryPositionalEmbeddingOptions().rotary_dim(8).interleaved(false));
+class ModuleScaling : public ::testing::TestWithParam<rope::RopeScaling> {};
+
+TEST_P(ModuleScaling, TablesAreTheSharedBuilders) {
+  const rope::RopeScaling scaling = GetParam();
+  RotaryPositionalEmbedding m(500000.0, 32, 128, torch::kCPU, Opts().scaling(scaling));
+  const auto [cos, sin] =
+      rope::rope_tables(500000.0, 32, 128, rope::TableOptions().scaling(scaling));
+  EXPECT_TRUE(bitwise_equal(m->cos_table(), cos));
+  EXPECT_TRUE(bitwise_equal(m->sin_table(), sin));
+  // And the builder is attention_scaling * cos(p * inv_freq) in double, rounded once.
+  const auto f = rope::rope_frequencies(500000.0, 32, scaling, 128);
+  const auto angles = torch::arange(128, torch::kDouble).unsqueeze(1) * f.inv_freq;
+  EXPECT_TRUE(bitwise_equal(cos, (angles.cos() * f.attention_scaling).to(torch::kFloat)));
+  EXPECT_TRUE(bitwise_equal(sin, (angles.sin() * f.attention_scaling).to(torch::kFloat)));
   std::ostringstream os;
   os << *m;
-  EXPECT_TRUE(contains_all(os.str(), {"RotaryPositionalEmbedding", "d_k=16", "max_seq_len=32",
-                                      "rotary_dim=8", "interleaved=false"}));
+  EXPECT_TRUE(contains_all(os.str(), {"scaling=" + rope::rope_type_name(scaling)}));
 }
 
-TEST(Module, BadConstructorArgumentsThrow) {
-  using Opts = RotaryPositionalEmbeddingOptions;
-  EXPECT_TRUE(contains_all(error_message([] { RotaryPositionalEmbedding(10000.0, 16, 32, Opts().rotary_dim(7)); }),
-                           {"rotary_dim", "even", "7"}));
-  EXPECT_TRUE(contains_all(
-      error_message([] { RotaryPositionalEmbedding(10000.0, 7, 32); }), {"rotary_dim", "7"}));
-  EXPECT_TRUE(contains_all(
-      error_message([] { RotaryPositionalEmbedding(10000.0, 16, 32, Opts().rotary_dim(32)); }),
-      {"rotary_dim", "d_k", "16", "32"}));
-  EXPECT_TRUE(contains_all(error_message([] { RotaryPositionalEmbedding(10000.0, 16, 0); }),
-                           {"max_seq_len", "0"}));
-  EXPECT_TRUE(contains_all(error_message([] { RotaryPositionalEmbedding(0.0, 16, 32); }),
-                           {"theta", "0"}));
-  EXPECT_TRUE(contains_all(error_message([] { RotaryPositionalEmbedding(-10.0, 16, 32); }),
-                           {"theta", "-10"}));
-  EXPECT_TRUE(contains_all(
-      error_message([] { RotaryPositionalEmbedding(std::nan(""), 16, 32); }), {"theta", "nan"}));
-  EXPECT_TRUE(contains_all(error_message([] { RotaryPositionalEmbedding(10000.0, 0, 32); }),
-                           {"d_k", "0"}));
-  EXPECT_TRUE(contains_all(
-      error_message([] { RotaryPositionalEmbedding(10000.0, 16, 32, Opts().rotary_dim(0)); }),
-      {"rotary_dim", "0"}));
-}
+INSTANTIATE_TEST_SUITE_P(
+    Variants, ModuleScaling,
+    ::testing::Values(rope::RopeScaling(rope::LinearScaling().factor(4.0)),
+                      rope::RopeScaling(
+                          rope::Llama3Scaling().factor(8.0).original_max_position_embeddings(64)),
+                      rope::RopeScaling(
+                          rope::YarnScaling().factor(4.0).original_max_position_embeddings(32)),
+                      rope::RopeScaling(
+                          rope::DynamicNTKScaling().factor(2.0).max_position_embeddings(32)),
+                      rope::RopeScaling(rope::ProportionalScaling().partial_rotary_factor(0.5))),
+    [](const auto& info) { return rope::rope_type_name(info.param); });
 
-TEST(Module, ForwardErrors) {
-  RotaryPositionalEmbedding m(10000.0, 16, 8);
-  // Longer than the tables.
-  EXPECT_TRUE(contains_all(error_message([&] { m(torch::randn({2, 9, 16})); }),
-                           {"positions", "8", "max_seq_len"}));
-  // No sequence dim to build positions from.
-  EXPECT_TRUE(contains_all(error_message([&] { m(torch::randn({16})); }),
-                           {"token_positions", "[16]"}));
-  // x.size(-1) other than d_k, smaller or larger (a larger one used to pass its tail through).
-  EXPECT_TRUE(contains_all(error_message([&] { m(torch::randn({2, 4, 8})); }),
-                           {"x.size(-1) must equal d_k = 16", "[2, 4, 8]"}));
-  EXPECT_TRUE(contains_all(error_message([&] { m(torch::randn({2, 4, 32})); }),
-                           {"x.size(-1) must equal d_k = 16", "[2, 4, 32]"}));
-}
-
-}  // namespace
-
-TEST(Module, CloneInsideSequentialCopiesTables) {
-  torch::nn::Sequential seq(rope::RotaryPositionalEmbedding(10000.0, 16, 32));
-  auto copy = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(seq->clone());
-  ASSERT_TRUE(copy);
-  const auto& original = seq[0]->as<rope::RotaryPositionalEmbeddingImpl>()->cos_table();
-  const auto& cloned = copy->ptr(0)->as<rope::RotaryPositionalEmbeddingImpl>()->cos_table();
-  EXPECT_TRUE(torch::equal(original, cloned));
-  EXPECT_NE(original.data_ptr(), cloned.data_ptr());  // a deep copy, not shared storage
-  const auto x = torch::randn({2, 5, 16});
-  EXPECT_TRUE(torch::equal(seq->forward(x), copy->forward(x)));
-}
-
-// ---- options: device positional, scaling, float64 tables, seq_dim, growth ----------------------
-
-namespace {
-
-using rope::RotaryPositionalEmbedding;
-using rope::RotaryPositionalEmbeddingOptions;
-using rope_test::bitwise_equal;
-using rope_test::contains_all;
-
-// Runs `f`, which must throw c10::ValueError (Python's ValueError); returns its message.
-template <typename F>
-std::string value_error_message(F&& f) {
-  try {
-    f();
-  } catch (const c10::ValueError& e) {
-    return e.what_without_backtrace();
-  } catch (const c10::Error& e) {
-    ADD_FAILURE() << "expected c10::ValueError, got another c10::Error: "
-                  << e.what_without_backtrace();
-    return "";
-  }
-  ADD_FAILURE() << "expected a c10::ValueError, but nothing was thrown";
-  return "";
-}
-
-TEST(ModuleOptions, DeviceIsTheFourthArgumentAsInCs336) {
-  RotaryPositionalEmbedding cpu(10000.0, 16, 32, torch::kCPU);
-  EXPECT_TRUE(cpu->cos_table().device().is_cpu());
-  RotaryPositionalEmbedding meta(10000.0, 16, 32, torch::Device(torch::kMeta),
-                                 RotaryPositionalEmbeddingOptions().rotary_dim(8));
-  EXPECT_TRUE(meta->cos_table().is_meta());
-  EXPECT_EQ(meta->cos_table().sizes(), (std::vector<int64_t>{32, 4}));
-  // The options-only form keeps compiling and meaning the same.
-  RotaryPositionalEmbedding old_form(10000.0, 16, 32, RotaryPositionalEmbeddingOptions());
-  EXPECT_TRUE(bitwise_equal(old_form->cos_table(), cpu->cos_table()));
-  EXPECT_TRUE(contains_all(value_error_message([] {
-                             RotaryPositionalEmbedding(
-                                 10000.0, 16, 32, torch::kCPU,
-                                 RotaryPositionalEmbeddingOptions().device(torch::kMeta));
-                           }),
-                           {"device given twice"}));
-}
-
-TEST(ModuleOptions, BadArgumentsAreValueErrorsNamingTheArgument) {
-  using Opts = RotaryPositionalEmbeddingOptions;
-  EXPECT_TRUE(contains_all(value_error_message([] { RotaryPositionalEmbedding(std::nan(""), 16, 32); }),
-                           {"theta", "nan"}));
-  EXPECT_TRUE(contains_all(value_error_message([] { RotaryPositionalEmbedding(0.0, 16, 32); }),
-                           {"theta", "0"}));
-  EXPECT_TRUE(contains_all(value_error_message([] { RotaryPositionalEmbedding(10000.0, 16, 0); }),
-                           {"max_seq_len must be >= 1, got 0"}));
-  EXPECT_TRUE(contains_all(value_error_message([] {
-                             RotaryPositionalEmbedding(10000.0, 16,
-                                                       std::numeric_limits<int64_t>::max());
-                           }),
-                           {"max_seq_len", "2^53", "9223372036854775807"}));
-  EXPECT_TRUE(contains_all(
-      value_error_message([] { RotaryPositionalEmbedding(10000.0, 16, 32, std::nullopt, Opts().rotary_dim(5)); }),
-      {"rotary_dim", "5"}));
-  EXPECT_TRUE(contains_all(
-      value_error_message([] { RotaryPositionalEmbedding(10000.0, 16, 32, std::nullopt, Opts().seq_dim(-1)); }),
-      {"seq_dim", "-1"}));
-  EXPECT_TRUE(contains_all(value_error_message([] {
-                             RotaryPositionalEmbedding(10000.0, 16, 32, std::nullopt,
-                                                       Opts().dtype(torch::kBFloat16));
-                           }),
-                           {"dtype", "BFloat16"}));
-  EXPECT_TRUE(contains_all(value_error_message([] {
-                             RotaryPositionalEmbedding(
-                                 10000.0, 16, 32, std::nullopt,
-                                 Opts().scaling(rope::Llama3Scaling().factor(-1.0)));
-                           }),
-                           {"llama3", "factor", "-1"}));
-  RotaryPositionalEmbedding m(10000.0, 8, 32);
-  EXPECT_TRUE(contains_all(value_error_message([&] { m(torch::randn({3, 16})); }),
-                           {"x.size(-1) must equal d_k = 8", "[3, 16]"}));
-}
-
-TEST(ModuleOptions, ScalingVariantsAreTheSharedBuilders) {
-  const rope::RopeScaling variants[] = {
-      rope::LinearScaling().factor(4.0),
-      rope::Llama3Scaling().factor(8.0).original_max_position_embeddings(64),
-      rope::YarnScaling().factor(4.0).original_max_position_embeddings(32),
-      rope::DynamicNTKScaling().factor(2.0).max_position_embeddings(32),
-      rope::ProportionalScaling().partial_rotary_factor(0.5),
-  };
-  for (const auto& scaling : variants) {
-    RotaryPositionalEmbedding m(500000.0, 32, 128, torch::kCPU,
-                                RotaryPositionalEmbeddingOptions().scaling(scaling));
-    const auto [cos, sin] =
-        rope::rope_tables(500000.0, 32, 128, rope::TableOptions().scaling(scaling));
-    EXPECT_TRUE(bitwise_equal(m->cos_table(), cos)) << rope::rope_type_name(scaling);
-    EXPECT_TRUE(bitwise_equal(m->sin_table(), sin)) << rope::rope_type_name(scaling);
-    // And the builder is attention_scaling * cos(p * inv_freq) in double, rounded once.
-    const auto f = rope::rope_frequencies(500000.0, 32, scaling, 128);
-    const auto angles = torch::arange(128, torch::kDouble).unsqueeze(1) * f.inv_freq;
-    EXPECT_TRUE(bitwise_equal(cos, (angles.cos() * f.attention_scaling).to(torch::kFloat)));
-    std::ostringstream os;
-    os << *m;
-    EXPECT_TRUE(contains_all(os.str(), {"scaling=" + rope::rope_type_name(scaling)}));
-  }
-}
-
-TEST(ModuleOptions, ScalingFormulasAgainstHandComputedValues) {
+TEST(ModuleScalingFormulas, AgainstHandComputedValues) {
   // linear: every frequency over the factor.
   const auto plain = rope::rope_frequencies(10000.0, 8, rope::NoScaling{}, 1).inv_freq;
   const auto linear = rope::rope_frequencies(10000.0, 8, rope::LinearScaling().factor(4.0), 1);
   EXPECT_TRUE(torch::allclose(linear.inv_freq, plain / 4.0, 0, 0));
   EXPECT_DOUBLE_EQ(plain[1].item<double>(), 1.0 / std::pow(10000.0, 2.0 / 8.0));
   // yarn's default attention factor: 0.1 ln(factor) + 1.
-  const auto yarn =
-      rope::rope_frequencies(10000.0, 8, rope::YarnScaling().factor(8.0).original_max_position_embeddings(64), 1);
+  const auto yarn = rope::rope_frequencies(
+      10000.0, 8, rope::YarnScaling().factor(8.0).original_max_position_embeddings(64), 1);
   EXPECT_DOUBLE_EQ(yarn.attention_scaling, 0.1 * std::log(8.0) + 1.0);
   // longrope: sqrt(1 + ln(factor) / ln(original)), factor from the context lengths.
-  const auto longrope = rope::rope_frequencies(
-      10000.0, 4,
-      rope::LongRopeScaling().short_factor({1.0, 2.0}).long_factor({3.0, 5.0})
-          .original_max_position_embeddings(16).max_position_embeddings(64),
-      /*seq_len=*/17);
+  const auto longrope = rope::rope_frequencies(10000.0, 4,
+                                               rope::LongRopeScaling()
+                                                   .short_factor({1.0, 2.0})
+                                                   .long_factor({3.0, 5.0})
+                                                   .original_max_position_embeddings(16)
+                                                   .max_position_embeddings(64),
+                                               /*seq_len=*/17);
   EXPECT_DOUBLE_EQ(longrope.attention_scaling, std::sqrt(1.0 + std::log(4.0) / std::log(16.0)));
   EXPECT_DOUBLE_EQ(longrope.inv_freq[1].item<double>(), 1.0 / (5.0 * std::pow(10000.0, 0.5)));
   // dynamic at its pretraining length is plain RoPE; beyond it, a larger base.
-  const auto at_length = rope::rope_frequencies(
-      10000.0, 8, rope::DynamicNTKScaling().factor(2.0).max_position_embeddings(32), 32);
+  const auto dynamic = rope::DynamicNTKScaling().factor(2.0).max_position_embeddings(32);
+  const auto at_length = rope::rope_frequencies(10000.0, 8, dynamic, 32);
   EXPECT_TRUE(torch::allclose(at_length.inv_freq, plain, 0, 0));
-  const auto longer = rope::rope_frequencies(
-      10000.0, 8, rope::DynamicNTKScaling().factor(2.0).max_position_embeddings(32), 64);
+  const auto longer = rope::rope_frequencies(10000.0, 8, dynamic, 64);
   const double base = 10000.0 * std::pow(2.0 * 64 / 32 - 1.0, 8.0 / 6.0);
   EXPECT_DOUBLE_EQ(longer.inv_freq[1].item<double>(), 1.0 / std::pow(base, 2.0 / 8.0));
   EXPECT_EQ(rope::rope_type_name(rope::ProportionalScaling()), "proportional");
 }
 
-TEST(ModuleOptions, Float64TablesStayFloat64AndReachTheAnglesRounding) {
-  RotaryPositionalEmbedding m(10000.0, 16, 5000, torch::kCPU,
-                              RotaryPositionalEmbeddingOptions().dtype(torch::kDouble));
-  m->to(torch::kHalf);
-  EXPECT_EQ(m->cos_table().scalar_type(), torch::kDouble);
-  const auto x = torch::randn({3, 16}, torch::kDouble);
-  const auto positions = torch::tensor({1, 1000, 4096});
-  const auto independent = rope_test::reference_tables(4097, 16, 10000.0, torch::kDouble);
-  const auto want = rope_test::reference_rope(x, independent.cos, independent.sin, positions);
-  // Both sides carry float64 angle roundings: a few 1e-16 x position.
-  EXPECT_LT((m(x, positions) - want).abs().max().item<double>(), 4096 * 1e-15);
-}
-
-TEST(ModuleOptions, SeqDimMinus3FollowsTheSequenceAxis) {
-  RotaryPositionalEmbedding bshd(10000.0, 16, 32, torch::kCPU,
-                                 RotaryPositionalEmbeddingOptions().seq_dim(-3));
-  RotaryPositionalEmbedding bhsd(10000.0, 16, 32);
-  const auto x = torch::randn({2, 7, 3, 16});  // [b, s, h, d]
-  EXPECT_TRUE(bitwise_equal(bshd(x).transpose(1, 2), bhsd(x.transpose(1, 2))));
-  for (const auto& positions : {torch::arange(4, 11), torch::randint(0, 32, {2, 7})}) {
-    EXPECT_TRUE(bitwise_equal(bshd(x, positions).transpose(1, 2),
-                              bhsd(x.transpose(1, 2), positions)));
-  }
-}
-
-TEST(ModuleOptions, ExtendTablesGrowsThemExplicitly) {
-  RotaryPositionalEmbedding m(10000.0, 16, 32);
-  const auto x = torch::randn({1, 40, 16});
-  EXPECT_TRUE(contains_all(rope_test::error_message([&] { m(x); }), {"max_seq_len", "32"}));
-  const auto before = m->cos_table().clone();
-  const auto handle = m->named_buffers()["cos"];
-  m->extend_tables(64);
-  EXPECT_EQ(m->max_seq_len(), 64);
-  EXPECT_EQ(m->cos_table().size(0), 64);
-  EXPECT_TRUE(bitwise_equal(m->cos_table().narrow(0, 0, 32), before));
-  EXPECT_TRUE(bitwise_equal(handle, m->cos_table()));  // the registered buffer itself grew
-  const auto independent = rope_test::reference_tables(40, 16);
-  EXPECT_TRUE(rope_test::all_close(
-      m(x), rope_test::reference_rope(x, independent.cos, independent.sin, torch::arange(40)),
-      torch::kFloat));
-}
-
-TEST(ModuleOptions, LongRopeSwitchesPerCallOnTheDevice) {
+TEST(Module, LongRopeSwitchesPerCallOnTheDevice) {
   const auto longrope = rope::LongRopeScaling()
                             .short_factor({1.0, 1.5, 2.0, 2.5})
                             .long_factor({3.0, 4.0, 5.0, 6.0})
                             .original_max_position_embeddings(16)
                             .max_position_embeddings(64);
-  RotaryPositionalEmbedding both(10000.0, 8, 64, torch::kCPU,
-                                 RotaryPositionalEmbeddingOptions().scaling(longrope));
+  RotaryPositionalEmbedding both(10000.0, 8, 64, torch::kCPU, Opts().scaling(longrope));
   RotaryPositionalEmbedding short_only(
-      10000.0, 8, 64, torch::kCPU,
-      RotaryPositionalEmbeddingOptions().scaling(rope::LongRopeScaling(longrope).seq_len(16)));
+      10000.0, 8, 64, torch::kCPU, Opts().scaling(rope::LongRopeScaling(longrope).seq_len(16)));
   RotaryPositionalEmbedding long_only(
-      10000.0, 8, 64, torch::kCPU,
-      RotaryPositionalEmbeddingOptions().scaling(rope::LongRopeScaling(longrope).seq_len(17)));
+      10000.0, 8, 64, torch::kCPU, Opts().scaling(rope::LongRopeScaling(longrope).seq_len(17)));
   EXPECT_EQ(both->cos_table().size(0), 128);
   EXPECT_EQ(both->long_offset(), 64);
   const auto x = torch::randn({1, 2, 20, 8});
@@ -554,5 +442,85 @@ TEST(ModuleOptions, LongRopeSwitchesPerCallOnTheDevice) {
   EXPECT_TRUE(bitwise_equal(both(head), short_only(head)));
   EXPECT_TRUE(bitwise_equal(both(x), long_only(x)));
 }
+
+// ---- errors: c10::ValueError (Python's ValueError) naming the argument -----------------------------
+
+struct BadModuleCall {
+  std::string name;
+  std::function<void()> call;
+  std::vector<std::string> parts;
+};
+
+class ModuleErrors : public ::testing::TestWithParam<BadModuleCall> {};
+
+TEST_P(ModuleErrors, AreValueErrorsNamingTheArgument) {
+  const auto& bad = GetParam();
+  const std::string message = error_message<c10::ValueError>(bad.call);
+  for (const auto& part : bad.parts) {
+    EXPECT_NE(message.find(part), std::string::npos)
+        << "message lacks \"" << part << "\"; message was:\n" << message;
+  }
+}
+
+RotaryPositionalEmbedding make(double theta, int64_t d_k, int64_t max_seq_len,
+                               const Opts& options = Opts()) {
+  return RotaryPositionalEmbedding(theta, d_k, max_seq_len, std::nullopt, options);
+}
+
+void forward_on(const std::vector<int64_t>& shape, int64_t d_k = 16, int64_t max_seq_len = 8) {
+  RotaryPositionalEmbedding m(10000.0, d_k, max_seq_len);
+  m(torch::randn(shape));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ModuleErrors,
+    ::testing::Values(
+        BadModuleCall{"theta_zero", [] { make(0.0, 16, 32); }, {"theta", "got 0"}},
+        BadModuleCall{"theta_negative", [] { make(-10.0, 16, 32); }, {"theta", "-10"}},
+        BadModuleCall{"theta_nan", [] { make(std::nan(""), 16, 32); }, {"theta", "nan"}},
+        BadModuleCall{"d_k_zero", [] { make(10000.0, 0, 32); }, {"d_k", "got 0"}},
+        BadModuleCall{"odd_d_k", [] { make(10000.0, 7, 32); }, {"rotary_dim", "got 7"}},
+        BadModuleCall{"odd_rotary_dim",
+                      [] { make(10000.0, 16, 32, Opts().rotary_dim(7)); },
+                      {"rotary_dim must be even", "got 7"}},
+        BadModuleCall{"rotary_dim_zero",
+                      [] { make(10000.0, 16, 32, Opts().rotary_dim(0)); },
+                      {"rotary_dim", "got 0"}},
+        BadModuleCall{"rotary_dim_above_d_k",
+                      [] { make(10000.0, 16, 32, Opts().rotary_dim(32)); },
+                      {"rotary_dim", "d_k = 16", "got 32"}},
+        BadModuleCall{"max_seq_len_zero", [] { make(10000.0, 16, 0); },
+                      {"max_seq_len must be >= 1, got 0"}},
+        BadModuleCall{"max_seq_len_huge",
+                      [] { make(10000.0, 16, std::numeric_limits<int64_t>::max()); },
+                      {"max_seq_len", "2^53", "9223372036854775807"}},
+        BadModuleCall{"seq_dim_feature_axis",
+                      [] { make(10000.0, 16, 32, Opts().seq_dim(-1)); },
+                      {"seq_dim", "-1"}},
+        BadModuleCall{"bfloat16_tables",
+                      [] { make(10000.0, 16, 32, Opts().dtype(torch::kBFloat16)); },
+                      {"dtype", "BFloat16"}},
+        BadModuleCall{"llama3_negative_factor",
+                      [] {
+                        make(10000.0, 16, 32,
+                             Opts().scaling(rope::Llama3Scaling().factor(-1.0)));
+                      },
+                      {"llama3", "factor", "-1"}},
+        BadModuleCall{"extend_tables_to_zero",
+                      [] { RotaryPositionalEmbedding(10000.0, 16, 32)->extend_tables(0); },
+                      {"extend_tables", "max_seq_len", "got 0"}},
+        BadModuleCall{"x_narrower_than_d_k", [] { forward_on({2, 4, 8}); },
+                      {"x.size(-1) must equal d_k = 16", "[2, 4, 8]"}},
+        BadModuleCall{"x_wider_than_d_k", [] { forward_on({2, 4, 32}); },
+                      {"x.size(-1) must equal d_k = 16", "[2, 4, 32]"}},
+        BadModuleCall{"no_sequence_axis", [] { forward_on({16}); },
+                      {"token_positions", "[16]"}},
+        BadModuleCall{"undefined_positions",
+                      [] {
+                        RotaryPositionalEmbedding m(10000.0, 16, 8);
+                        m(torch::randn({2, 16}), torch::Tensor());
+                      },
+                      {"token_positions", "undefined"}}),
+    [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "prepare.h"
@@ -159,34 +161,53 @@ void expect_same_addressing(const std::vector<int64_t>& sizes, const std::vector
   }
 }
 
-TEST(RowGeometry, MergedAddressingEqualsOriginalForRealLayouts) {
-  // Build real tensors in various layouts and use their strides, as prepare_rotation does.
-  torch::manual_seed(0);
-  const int64_t D = 8;
-  struct Case {
-    torch::Tensor x;
-    torch::Tensor positions;
-  };
-  std::vector<Case> cases = {
-      {torch::empty({2, 3, 5, D}), torch::empty({5}, torch::kLong)},
-      {torch::empty({2, 5, 3, D}), torch::empty({5, 1}, torch::kLong)},
-      {torch::empty({7, 3, D}), torch::empty({7, 1}, torch::kLong)},
-      {torch::empty({2, 5, 3, 3, D}).select(2, 1), torch::empty({5, 1}, torch::kLong)},
-      {torch::empty({2, 5, 3, D}).transpose(1, 2), torch::empty({5}, torch::kLong)},
-      {torch::empty({2, 1, 5, D}), torch::empty({2, 1, 5}, torch::kLong)},
-      {torch::empty({4, 3, 5, D}), torch::empty({4, 1, 5}, torch::kLong)},
-      {torch::empty({3, 4, 2, 2, D}).permute({2, 0, 3, 1, 4}), torch::empty({2, 1, 1, 1}, torch::kLong)},
-      {torch::empty({6, 10, D}).slice(1, 0, 10, 3), torch::empty({6, 4}, torch::kLong).t().t()},
-  };
-  for (const auto& c : cases) {
-    SCOPED_TRACE(::testing::PrintToString(c.x.sizes().vec()) + " strides " +
-                 ::testing::PrintToString(c.x.strides().vec()));
-    const auto row_shape = c.x.sizes().slice(0, c.x.dim() - 1);
-    const auto out = torch::empty(c.x.sizes());
-    const auto pos = c.positions.expand(row_shape);
-    expect_same_addressing(row_shape.vec(), c.x.strides().slice(0, c.x.dim() - 1).vec(),
-                           out.strides().slice(0, c.x.dim() - 1).vec(), pos.strides().vec());
-  }
+// Real tensors in the layouts callers pass, with their strides taken as prepare_rotation takes
+// them. Factories, so no tensor is made before main().
+struct RealLayout {
+  std::string name;
+  std::function<torch::Tensor()> x;  // (..., D)
+  std::function<torch::Tensor()> positions;
+};
+
+class RowGeometryOfRealLayouts : public ::testing::TestWithParam<RealLayout> {};
+
+TEST_P(RowGeometryOfRealLayouts, MergedAddressingEqualsOriginal) {
+  const auto x = GetParam().x();
+  const auto positions = GetParam().positions();
+  SCOPED_TRACE(::testing::PrintToString(x.sizes().vec()) + " strides " +
+               ::testing::PrintToString(x.strides().vec()));
+  const auto row_shape = x.sizes().slice(0, x.dim() - 1);
+  const auto out = torch::empty(x.sizes());
+  const auto pos = positions.expand(row_shape);
+  expect_same_addressing(row_shape.vec(), x.strides().slice(0, x.dim() - 1).vec(),
+                         out.strides().slice(0, x.dim() - 1).vec(), pos.strides().vec());
 }
+
+constexpr int64_t D = 8;
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, RowGeometryOfRealLayouts,
+    ::testing::Values(
+        RealLayout{"bhsd_S", [] { return torch::empty({2, 3, 5, D}); },
+                   [] { return torch::empty({5}, torch::kLong); }},
+        RealLayout{"bshd_S1", [] { return torch::empty({2, 5, 3, D}); },
+                   [] { return torch::empty({5, 1}, torch::kLong); }},
+        RealLayout{"packed_T1", [] { return torch::empty({7, 3, D}); },
+                   [] { return torch::empty({7, 1}, torch::kLong); }},
+        RealLayout{"qkv_slice", [] { return torch::empty({2, 5, 3, 3, D}).select(2, 1); },
+                   [] { return torch::empty({5, 1}, torch::kLong); }},
+        RealLayout{"transposed", [] { return torch::empty({2, 5, 3, D}).transpose(1, 2); },
+                   [] { return torch::empty({5}, torch::kLong); }},
+        RealLayout{"size_one_heads", [] { return torch::empty({2, 1, 5, D}); },
+                   [] { return torch::empty({2, 1, 5}, torch::kLong); }},
+        RealLayout{"per_sequence_B1S", [] { return torch::empty({4, 3, 5, D}); },
+                   [] { return torch::empty({4, 1, 5}, torch::kLong); }},
+        RealLayout{"permuted",
+                   [] { return torch::empty({3, 4, 2, 2, D}).permute({2, 0, 3, 1, 4}); },
+                   [] { return torch::empty({2, 1, 1, 1}, torch::kLong); }},
+        RealLayout{"strided_rows_transposed_positions",
+                   [] { return torch::empty({6, 10, D}).slice(1, 0, 10, 3); },
+                   [] { return torch::empty({6, 4}, torch::kLong).t().t(); }}),
+    [](const auto& info) { return info.param.name; });
 
 }  // namespace

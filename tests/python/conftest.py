@@ -40,12 +40,6 @@ except ImportError:  # the property tests skip themselves, visibly
     pass
 
 
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "slow: heavier tests; deselect with -m 'not slow' (the full run includes them)"
-    )
-
-
 @pytest.fixture(autouse=True)
 def _seed():
     """Every test starts from the same random state, whatever ran before it."""

@@ -145,7 +145,7 @@ def registration(mesh):
 # --- the rules, op by op ----------------------------------------------------------------------
 
 # (name, x shape, positions shapes): uneven on purpose (odd sizes over 2 ranks).
-LAYOUTS = [
+X_SHAPES = [
     ("BHSD", (3, 5, 7, 8), [(7,), (3, 1, 7)]),
     ("BSHD", (3, 7, 5, 8), [(7, 1), (3, 7, 1)]),
     ("THD", (9, 5, 8), [(9, 1)]),
@@ -159,7 +159,7 @@ def apply_every_placement(mesh):
 
     d = dt()
     max_len = 40
-    for flags_i, (name, shape, pos_shapes) in enumerate(LAYOUTS):
+    for flags_i, (name, shape, pos_shapes) in enumerate(X_SHAPES):
         rotary_dim = 6 if flags_i % 2 == 0 else 8  # partial rotary too
         cos, sin = torch_rope.rope_tables(10000.0, rotary_dim, max_len)
         interleaved = flags_i != 1

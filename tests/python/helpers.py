@@ -1,11 +1,21 @@
-"""Shared test helpers: device parametrization, per-dtype tolerances, input builders."""
+"""Shared test helpers, each defined here once: device parametrization, the pair layouts as
+pytest parameters, per-dtype tolerances, table dtypes, table and input builders, and the
+environment of child interpreters."""
+
+import os
 
 import pytest
 import torch
 
 import references as ref
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+# TORCH_ROPE_REQUIRE_CUDA=1 (for a machine that has a GPU): the CUDA tests run, and fail, rather
+# than skip when CUDA is missing.
+_REQUIRE_CUDA = os.environ.get("TORCH_ROPE_REQUIRE_CUDA") == "1"
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() and not _REQUIRE_CUDA,
+                                reason="CUDA not available")
 
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 # The two pair layouts (DESIGN section 1), as pytest parameters and their ids.
@@ -15,7 +25,8 @@ HEAD_DIMS = (64, 80, 128, 256)
 
 # Agreement with the float64 oracle after casting it to the storage type: about one unit in the
 # last place of that type (math is float32, or float64 for float64, so only the final rounding
-# and the float32 tables separate the library from the oracle).
+# and the float32 tables separate the library from the oracle). tests/cpp/assertions.h uses the
+# same numbers and the same procedure.
 TOLERANCES = {
     torch.float64: dict(rtol=1e-12, atol=1e-12),
     torch.float32: dict(rtol=1e-5, atol=1e-5),
@@ -62,3 +73,16 @@ def assert_matches_reference(out, x, positions, rotary_dim, *, interleaved, inve
 
 def randn(*shape, dtype=torch.float32, device="cpu"):
     return torch.randn(*shape, dtype=torch.float64).to(dtype=dtype, device=device)
+
+
+def subprocess_env(*, with_test_modules=False, **variables):
+    """``os.environ`` for a child interpreter that imports the torch_rope this process imported
+    (installed or in-tree, whatever the working directory), plus ``variables``. With
+    ``with_test_modules`` the child can also import this directory's modules (helpers,
+    references, ...); otherwise their names cannot shadow anything it imports."""
+    import torch_rope
+
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(torch_rope.__file__)))
+    paths = [package_root] + ([_HERE] if with_test_modules else [])
+    paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths), **variables)

@@ -13,6 +13,12 @@ The other layout of each is reached through the feature permutation
 :func:`deinterleave_permutation`, which maps the interleaved layout onto the half-split one.
 :func:`rope_matrix` builds the explicit block-diagonal rotation, used only to check the two
 oracles themselves on small head_dims.
+
+:func:`rope` takes angles (the math of DESIGN.md section 1); :func:`rope_with_tables` takes the
+caller's own ``cos``/``sin`` tables, gathered at the positions, through the same two routes. The
+latter is what tests with arbitrary (non-trigonometric) tables, float64 tables or fuzzed table
+layouts compare against: the tables' own values, so any table dtype compares tightly. This file is
+the suite's only Python oracle (tests/cpp/oracle.h is the C++ one).
 """
 
 import torch
@@ -53,11 +59,18 @@ def rope_complex(x: Tensor, angle: Tensor, *, inverse: bool = False) -> Tensor:
 
     ``angle`` is ``x.shape[:-1] + (rotary_dim // 2,)`` (see :func:`angles`).
     """
-    x64 = x.cpu().to(torch.float64)  # differentiable, so gradients can be compared too
-    rotary_dim = 2 * angle.size(-1)
-    pairs = x64[..., :rotary_dim].reshape(*x64.shape[:-1], rotary_dim // 2, 2).contiguous()
     signed = -angle if inverse else angle
-    turned = torch.view_as_complex(pairs) * torch.polar(torch.ones_like(signed), signed)
+    return _turn_complex(x, torch.polar(torch.ones_like(signed), signed))
+
+
+def _turn_complex(x: Tensor, factor: Tensor) -> Tensor:
+    """Multiplies plane k, the complex number ``x[2k] + i x[2k+1]``, by ``factor[..., k]``."""
+    x64 = x.cpu().to(torch.float64)  # differentiable, so gradients can be compared too
+    rotary_dim = 2 * factor.size(-1)
+    if rotary_dim == 0:
+        return x64.clone()
+    pairs = x64[..., :rotary_dim].reshape(*x64.shape[:-1], rotary_dim // 2, 2).contiguous()
+    turned = torch.view_as_complex(pairs) * factor
     rotated = torch.view_as_real(turned).reshape(*x64.shape[:-1], rotary_dim)
     return torch.cat([rotated, x64[..., rotary_dim:]], dim=-1)
 
@@ -70,11 +83,18 @@ def rotate_half(x: Tensor) -> Tensor:
 
 def rope_rotate_half(x: Tensor, angle: Tensor, *, inverse: bool = False) -> Tensor:
     """Half-split layout, as ``x * cos + rotate_half(x) * sin``. Returns float64 on the CPU."""
-    x64 = x.cpu().to(torch.float64)  # differentiable, so gradients can be compared too
-    rotary_dim = 2 * angle.size(-1)
     signed = -angle if inverse else angle
-    cos = torch.cat([signed.cos(), signed.cos()], dim=-1)
-    sin = torch.cat([signed.sin(), signed.sin()], dim=-1)
+    return _turn_rotate_half(x, signed.cos(), signed.sin())
+
+
+def _turn_rotate_half(x: Tensor, c: Tensor, s: Tensor) -> Tensor:
+    """``x * cos + rotate_half(x) * sin`` on the first ``2 * c.size(-1)`` features."""
+    x64 = x.cpu().to(torch.float64)  # differentiable, so gradients can be compared too
+    rotary_dim = 2 * c.size(-1)
+    if rotary_dim == 0:
+        return x64.clone()
+    cos = torch.cat([c, c], dim=-1)
+    sin = torch.cat([s, s], dim=-1)
     rot = x64[..., :rotary_dim]
     return torch.cat([rot * cos + rotate_half(rot) * sin, x64[..., rotary_dim:]], dim=-1)
 
@@ -84,6 +104,23 @@ def rope(x: Tensor, angle: Tensor, *, interleaved: bool, inverse: bool = False) 
     if interleaved:
         return rope_complex(x, angle, inverse=inverse)
     return rope_rotate_half(x, angle, inverse=inverse)
+
+
+def rope_with_tables(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, *,
+                     interleaved: bool, inverse: bool = False) -> Tensor:
+    """float64 oracle that rotates by the given tables' rows (any values, any strides), gathered
+    at ``positions`` broadcast to ``x.shape[:-1]``. Returns float64 on the CPU.
+
+    The transpose of ``[[c, -s], [s, c]]`` is ``[[c, s], [-s, c]]`` for any c and s, so
+    ``inverse=True`` (s negated) is the gradient even when the tables are not a rotation."""
+    pos = torch.broadcast_to(positions.cpu().to(torch.int64), tuple(x.shape[:-1]))
+    c = cos.detach().cpu().to(torch.float64)[pos]
+    s = sin.detach().cpu().to(torch.float64)[pos]
+    if inverse:
+        s = -s
+    if interleaved:
+        return _turn_complex(x, torch.complex(c, s))
+    return _turn_rotate_half(x, c, s)
 
 
 def rope_matrix(angle_row: Tensor, head_dim: int, *, interleaved: bool) -> Tensor:

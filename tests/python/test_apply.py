@@ -4,10 +4,14 @@ strides and every documented positions shape."""
 import pytest
 import torch
 
+import references as ref
 import torch_rope
 from helpers import (
     FLOAT_DTYPES,
     HEAD_DIMS,
+    LAYOUT_IDS,
+    LAYOUTS,
+    TOLERANCES,
     assert_matches_reference,
     cpu_and_cuda,
     dtype_id,
@@ -16,22 +20,11 @@ from helpers import (
     randn,
     table_dtype_for,
 )
-
-B, H, S = 2, 3, 11
-MAX_SEQ_LEN = 64
-LAYOUTS = [True, False]
-LAYOUT_IDS = ["interleaved", "half_split"]
+from samples import B, GEOMETRIES, H, MAX_SEQ_LEN, S, spread_positions
 
 
 def partial_rotary_dim(head_dim: int) -> int:
     return 32 if head_dim == 80 else head_dim // 2
-
-
-def spread_positions(n: int, device, dtype=torch.int64):
-    """n positions spread over the whole table, including 0 and max_seq_len - 1."""
-    p = torch.randint(0, MAX_SEQ_LEN, (n,))
-    p[0], p[-1] = 0, MAX_SEQ_LEN - 1
-    return p.to(device=device, dtype=dtype)
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
@@ -66,127 +59,7 @@ def test_inverse_matches_reference(device, dtype, interleaved):
     assert_matches_reference(out, x, positions, rotary_dim, interleaved=interleaved, inverse=True)
 
 
-# ---- input layouts x positions shapes ----------------------------------------------------------
-# Each builder returns (x, positions) for head_dim D; positions are int64 here and cast by the test.
-
-
-def _bhsd_seq_positions(D, dtype, device):
-    return randn(B, H, S, D, dtype=dtype, device=device), spread_positions(S, device)
-
-
-def _bhsd_per_sequence(D, dtype, device):
-    x = randn(B, H, S, D, dtype=dtype, device=device)
-    return x, torch.randint(0, MAX_SEQ_LEN, (B, 1, S), device=device)
-
-
-def _bhsd_every_row(D, dtype, device):
-    x = randn(B, H, S, D, dtype=dtype, device=device)
-    return x, torch.randint(0, MAX_SEQ_LEN, (B, H, S), device=device)
-
-
-def _bshd_seq_column(D, dtype, device):
-    x = randn(B, S, H, D, dtype=dtype, device=device)
-    return x, spread_positions(S, device).unsqueeze(-1)
-
-
-def _bshd_per_sequence(D, dtype, device):
-    x = randn(B, S, H, D, dtype=dtype, device=device)
-    return x, torch.randint(0, MAX_SEQ_LEN, (B, S, 1), device=device)
-
-
-def _packed_varlen(D, dtype, device):
-    lengths = (5, 1, 9)
-    positions = torch.cat([torch.arange(n) for n in lengths]).to(device).unsqueeze(-1)  # (T, 1)
-    return randn(sum(lengths), H, D, dtype=dtype, device=device), positions
-
-
-def _decode_offsets(D, dtype, device):
-    start_pos, steps = 50, 4
-    x = randn(B, H, steps, D, dtype=dtype, device=device)
-    return x, start_pos + torch.arange(steps, device=device)
-
-
-def _decode_one_token_per_sequence(D, dtype, device):
-    # (B, 1, H, D) with each sequence at its own cache length.
-    x = randn(B, 1, H, D, dtype=dtype, device=device)
-    return x, torch.tensor([37, 63], device=device).view(B, 1, 1)
-
-
-def _scalar_position(D, dtype, device):
-    return randn(H, D, dtype=dtype, device=device), torch.tensor(29, device=device)
-
-
-def _q_sliced_from_fused_bsd(D, dtype, device):
-    qkv = randn(B, S, 3 * D, dtype=dtype, device=device)
-    return qkv[..., :D], spread_positions(S, device)
-
-
-def _k_sliced_from_fused_bshd(D, dtype, device):
-    qkv = randn(B, S, H, 3 * D, dtype=dtype, device=device)
-    return qkv[..., D : 2 * D], spread_positions(S, device).unsqueeze(-1)
-
-
-def _bshd_transposed_to_bhsd(D, dtype, device):
-    x = randn(B, S, H, D, dtype=dtype, device=device).transpose(1, 2)
-    return x, spread_positions(S, device)
-
-
-def _last_dim_not_contiguous(D, dtype, device):
-    x = randn(B, H, D, S, dtype=dtype, device=device).transpose(-1, -2)
-    assert x.stride(-1) != 1
-    return x, spread_positions(S, device)
-
-
-def _misaligned_storage_offset(D, dtype, device):
-    # Data pointer one element past an allocation: wide vector loads must not assume alignment.
-    flat = randn(B * S * D + 1, dtype=dtype, device=device)
-    return flat[1:].view(B, S, D), spread_positions(S, device)
-
-
-def _odd_row_stride(D, dtype, device):
-    # Rows 3*D + 1 elements apart, starting at offset 1.
-    rows = randn(B, S, 3 * D + 1, dtype=dtype, device=device)
-    return rows[..., 1 : D + 1], spread_positions(S, device)
-
-
-def _strided_positions(D, dtype, device):
-    # positions as a column of a wider tensor (stride 2), not contiguous.
-    x = randn(B, H, S, D, dtype=dtype, device=device)
-    return x, torch.randint(0, MAX_SEQ_LEN, (S, 2), device=device)[:, 1]
-
-
-def _expanded_positions(D, dtype, device):
-    # One decode position for every row, as a stride-0 view.
-    x = randn(B, S, H, D, dtype=dtype, device=device)
-    return x, torch.tensor([41], device=device).expand(B, S, 1)
-
-
-def _broadcast_input(D, dtype, device):
-    # A read-only expanded input (stride 0 over heads) is legal for the out-of-place op.
-    x = randn(B, 1, S, D, dtype=dtype, device=device).expand(B, H, S, D)
-    return x, spread_positions(S, device)
-
-
-INPUT_CASES = {
-    "bhsd_S": _bhsd_seq_positions,
-    "bhsd_B1S": _bhsd_per_sequence,
-    "bhsd_BHS": _bhsd_every_row,
-    "bshd_S1": _bshd_seq_column,
-    "bshd_BS1": _bshd_per_sequence,
-    "packed_T1": _packed_varlen,
-    "decode_start_pos": _decode_offsets,
-    "decode_per_sequence": _decode_one_token_per_sequence,
-    "scalar_position": _scalar_position,
-    "q_from_fused_qkv_bsd": _q_sliced_from_fused_bsd,
-    "k_from_fused_qkv_bshd": _k_sliced_from_fused_bshd,
-    "transposed_bshd": _bshd_transposed_to_bhsd,
-    "last_dim_strided": _last_dim_not_contiguous,
-    "storage_offset_1": _misaligned_storage_offset,
-    "odd_row_stride": _odd_row_stride,
-    "strided_positions": _strided_positions,
-    "expanded_positions": _expanded_positions,
-    "expanded": _broadcast_input,
-}
+# ---- input layouts x positions shapes (samples.GEOMETRIES) ---------------------------------------
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
@@ -194,10 +67,10 @@ INPUT_CASES = {
 @pytest.mark.parametrize("head_dim,rotary_dim", [(80, 80), (80, 48)])
 @pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
-@pytest.mark.parametrize("case", list(INPUT_CASES))
+@pytest.mark.parametrize("case", list(GEOMETRIES))
 def test_input_layouts_and_positions(case, dtype, interleaved, head_dim, rotary_dim, pos_dtype,
                                      device):
-    x, positions = INPUT_CASES[case](head_dim, dtype, device)
+    x, positions = GEOMETRIES[case](head_dim, dtype, device)
     positions = positions.to(pos_dtype)
     x_before = x.clone()
     cos, sin = make_tables(MAX_SEQ_LEN, rotary_dim, device)
@@ -207,6 +80,9 @@ def test_input_layouts_and_positions(case, dtype, interleaved, head_dim, rotary_
     assert_matches_reference(out, x, positions, rotary_dim, interleaved=interleaved)
     assert out.is_contiguous()
     assert torch.equal(x, x_before)
+    if pos_dtype == torch.int32:  # the index type cannot change a bit of the result
+        wide = torch_rope.apply(x, cos, sin, positions.long(), interleaved=interleaved)
+        assert torch.equal(out, wide)
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
@@ -227,11 +103,18 @@ def test_vector_tails(head_dim, rotary_dim, dtype, interleaved, device):
 @pytest.mark.parametrize("device", cpu_and_cuda())
 @pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=dtype_id)
-def test_many_rows_split_across_threads(dtype, interleaved, device):
-    # Enough rows for at::parallel_for to hand out several chunks.
+@pytest.mark.parametrize("layout", ["bhsd_B1S", "qkv_slice_S1"])
+def test_many_rows_split_across_threads(layout, dtype, interleaved, device):
+    # Enough rows for at::parallel_for to hand out several chunks, which then start in the middle
+    # of a dim: a contiguous input, and a slice of a fused projection whose rows are not evenly
+    # spaced.
     cos, sin = make_tables(4096, 64, device)
-    x = randn(4, 8, 512, 64, dtype=dtype, device=device)
-    positions = torch.randint(0, 4096, (4, 1, 512), device=device)
+    if layout == "bhsd_B1S":
+        x = randn(4, 8, 512, 64, dtype=dtype, device=device)
+        positions = torch.randint(0, 4096, (4, 1, 512), device=device)
+    else:
+        x = randn(3, 700, 3, 2, 64, dtype=dtype, device=device).select(2, 2)
+        positions = torch.randint(0, 4096, (700, 1), device=device, dtype=torch.int32)
     out = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved)
     assert_matches_reference(out, x, positions, 64, interleaved=interleaved)
     if device == "cpu":
@@ -258,30 +141,45 @@ def test_long_context_positions(interleaved, device):
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("inverse", [False, True], ids=["forward", "inverse"])
 @pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
-def test_uses_the_given_tables(interleaved, device):
+@pytest.mark.parametrize("table_dtype", [torch.float32, torch.float64], ids=dtype_id)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=dtype_id)
+def test_uses_the_given_tables(dtype, table_dtype, interleaved, inverse, device):
     # Arbitrary tables (not cos/sin of anything, rows not unit-norm), given as strided views:
     # catches swapped cos/sin, a transposed gather, or a kernel that recomputes angles itself.
     half, rows = 12, 20
-    big = torch.randn(2 * rows, 3 * half, dtype=torch.float32)
+    big = torch.randn(2 * rows, 3 * half, dtype=torch.float64).to(table_dtype)
     cos, sin = big[::2, :half], big[1::2, half : 2 * half]
-    x = randn(B, S, 2 * half + 6, dtype=torch.float64)
+    x = randn(B, S, 2 * half + 6, dtype=dtype)
     positions = torch.randint(0, rows, (S,))
+    kw = dict(interleaved=interleaved, inverse=inverse)
 
     out = torch_rope.apply(x.to(device), cos.to(device), sin.to(device), positions.to(device),
-                           interleaved=interleaved)
+                           **kw)
 
-    # Oracle: complex multiplication by (c + i s) on the interleaved view.
-    perm = torch.cat([torch.stack([torch.arange(half), torch.arange(half) + half], 1).flatten(),
-                      torch.arange(2 * half, x.size(-1))])
-    xi = x if interleaved else x[..., perm]  # bring plane k to (2k, 2k+1)
-    z = torch.view_as_complex(xi[..., : 2 * half].reshape(B, S, half, 2).contiguous())
-    w = torch.complex(cos[positions].double(), sin[positions].double())
-    rot = torch.view_as_real(z * w).reshape(B, S, 2 * half)
-    want = torch.cat([rot, xi[..., 2 * half :]], dim=-1)
-    if not interleaved:
-        want = want[..., torch.argsort(perm)]
-    torch.testing.assert_close(out.cpu(), want, rtol=1e-12, atol=1e-12)
+    # The oracle multiplies by the tables' own values, so they need not be a rotation.
+    want = ref.rope_with_tables(x, cos, sin, positions, **kw)
+    torch.testing.assert_close(out.cpu(), want.to(dtype), **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("first,count", [(0, 6), (3, 1)], ids=["prefix", "single_row"])
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+def test_tables_given_as_a_window_of_rows(first, count, interleaved, device):
+    # A window of rows of a fused [cos | sin] cache is a shorter table: max_seq_len is the
+    # window's size, position p reads row first + p, and the window's end is the bound.
+    cos_full, sin_full = make_tables(MAX_SEQ_LEN, 32, "cpu")
+    cache = torch.cat([cos_full, sin_full], dim=1).to(device)
+    cos, sin = cache[first : first + count, :16], cache[first : first + count, 16:]
+    x = randn(2, 3, 5, 40, device=device)
+    positions = torch.randint(0, count, (5,), device=device)
+    out = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved)
+    assert_matches_reference(out, x, first + positions.cpu(), 32, interleaved=interleaved)
+    if device == "cpu":  # (CUDA: a device-side assert, tested in test_cuda.py)
+        with pytest.raises(IndexError, match=rf"max_seq_len = cos\.size\(0\) = {count}, "
+                                             rf"got {count}"):
+            torch_rope.apply(x, cos, sin, torch.full((5,), count, device=device))
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
@@ -309,14 +207,15 @@ def test_float32_tables_with_float64_input(interleaved, device):
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("pos_dtype", [torch.int32, torch.int64], ids=dtype_id)
 @pytest.mark.parametrize(
     "x_shape,pos_shape",
     [((0, H, S, 64), (S,)), ((B, H, 0, 64), (0,)), ((0, 64), (0,)), ((B, 0, H, 64), (0, 1))],
 )
-def test_empty_inputs(x_shape, pos_shape, device):
+def test_empty_inputs(x_shape, pos_shape, pos_dtype, device):
     cos, sin = make_tables(MAX_SEQ_LEN, 32, device)
     x = torch.randn(x_shape, device=device)
-    positions = torch.zeros(pos_shape, dtype=torch.int64, device=device)
+    positions = torch.zeros(pos_shape, dtype=pos_dtype, device=device)
     out = torch_rope.apply(x, cos, sin, positions)
     assert out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
     assert torch_rope.apply_(x, cos, sin, positions) is x
@@ -328,7 +227,7 @@ def test_typed_wrapper_matches_raw_op():
     cos, sin = make_tables(MAX_SEQ_LEN, 16, "cpu")
     x = torch.randn(B, S, 24)
     positions = spread_positions(S, "cpu")
-    for interleaved in (True, False):
+    for interleaved in LAYOUTS:
         for inverse in (True, False):
             a = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved, inverse=inverse)
             b = torch.ops.rope.apply(x, cos, sin, positions, interleaved=interleaved,

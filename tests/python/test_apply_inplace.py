@@ -4,13 +4,11 @@ import pytest
 import torch
 
 import torch_rope
-from helpers import FLOAT_DTYPES, assert_matches_reference, cpu_and_cuda, dtype_id, make_tables
-from helpers import randn, table_dtype_for
+from helpers import FLOAT_DTYPES, LAYOUT_IDS, LAYOUTS, assert_matches_reference, cpu_and_cuda
+from helpers import dtype_id, make_tables, randn, table_dtype_for
 
 B, H, S, D = 2, 3, 9, 80
 MAX_SEQ_LEN = 32
-LAYOUTS = [True, False]
-LAYOUT_IDS = ["interleaved", "half_split"]
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())

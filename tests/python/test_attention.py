@@ -6,13 +6,13 @@ import torch
 
 import torch_rope
 from blocks import AttentionBlock, OracleRope, TinyLM
-from helpers import cpu_and_cuda
+from helpers import LAYOUT_IDS, LAYOUTS, cpu_and_cuda
 
 D_MODEL, N_HEADS, S = 32, 2, 10
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
-@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half_split"])
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
 def test_block_equals_block_with_oracle_rope(interleaved, device):
     head_dim = D_MODEL // N_HEADS
     lib = AttentionBlock(D_MODEL, N_HEADS, torch_rope.RotaryPositionalEmbedding(
@@ -41,7 +41,7 @@ def _previous_token_batch(generator, batch, vocab):
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
-@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half_split"])
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
 def test_attention_with_rope_trains(interleaved, device):
     # One intra-op thread: these ops are tiny, and on a shared 2-core machine OpenMP hand-offs
     # between busy cores turn 20 steps from a fraction of a second into many seconds.

@@ -6,28 +6,26 @@ needs its own interpreter. What the CPU supports is read here from /proc/cpuinfo
 the library: asking for AVX512 on an AVX2-only CPU must run the AVX2 kernel, never crash.
 """
 
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-import torch_rope
-
-_HERE = os.path.dirname(os.path.abspath(__file__))
+from helpers import subprocess_env
 
 CHECK_SCRIPT = r"""
 import sys
 import torch
 import torch_rope
-from helpers import FLOAT_DTYPES, assert_matches_reference, make_tables, randn, table_dtype_for
+from helpers import FLOAT_DTYPES, LAYOUTS, assert_matches_reference, make_tables, randn
+from helpers import table_dtype_for
 
 print("capability", torch.backends.cpu.get_cpu_capability())
 print("kernel", torch_rope._C.cpu_kernel_isa())
 checks = 0
 for dtype in FLOAT_DTYPES:
-    for interleaved in (True, False):
+    for interleaved in LAYOUTS:
         # 1, 3, 17, 24 and 64 planes: vector widths 8 and 16, their tails, a pass-through tail.
         for head_dim, rotary_dim in [(2, 2), (10, 6), (34, 34), (80, 48), (130, 128)]:
             cos, sin = make_tables(64, rotary_dim, "cpu", table_dtype_for(dtype))
@@ -58,13 +56,8 @@ print("checks", checks)
 
 
 def _run_with_capability(capability):
-    env = dict(os.environ)
-    env["ATEN_CPU_CAPABILITY"] = capability
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(torch_rope.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(
-        [_HERE, package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    )
-    env["OMP_NUM_THREADS"] = "2"
+    env = subprocess_env(with_test_modules=True, ATEN_CPU_CAPABILITY=capability,
+                         OMP_NUM_THREADS="2")
     return subprocess.run([sys.executable, "-c", CHECK_SCRIPT], env=env, capture_output=True,
                           text=True, timeout=300)
 

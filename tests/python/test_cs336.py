@@ -3,24 +3,20 @@
     RotaryPositionalEmbedding(theta, d_k, max_seq_len, device)      # device positional
     forward(x: (..., seq_len, d_k), token_positions: (..., seq_len)) -> (..., seq_len, d_k)
 
-The expected values come from an independent implementation written here in the course's own
-terms: pairs (x[2k], x[2k+1]) rotate by position * theta^(-2k / d_k), as a complex product.
+The expected values come from the suite's oracle (references.py) in the course's terms: pairs
+(x[2k], x[2k+1]) rotate by position * theta^(-2k / d_k), its complex-product form.
 """
 
 import pytest
 import torch
 
+import references as ref
 import torch_rope
 
 
 def course_rope(x, token_positions, theta):
-    d_k = x.size(-1)
-    k = torch.arange(d_k // 2, dtype=torch.float64)
-    freqs = theta ** (-2.0 * k / d_k)
-    angles = token_positions.double()[..., None] * freqs  # (..., seq_len, d_k/2)
-    rotation = torch.polar(torch.ones_like(angles), angles)
-    pairs = torch.view_as_complex(x.double().reshape(*x.shape[:-1], d_k // 2, 2).contiguous())
-    return torch.view_as_real(pairs * rotation).flatten(-2).to(x.dtype)
+    angles = ref.angles(token_positions, x.shape[:-1], x.size(-1), theta)
+    return ref.rope_complex(x, angles).to(x.dtype)
 
 
 @pytest.mark.parametrize("shape,positions_shape", [

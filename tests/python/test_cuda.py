@@ -2,7 +2,6 @@
 large grids. Every test here is SKIPPED (not absent) without a GPU; the device-parametrized tests
 in the other files cover the rest of the CUDA contract (gradcheck, opcheck, compile, errors)."""
 
-import os
 import subprocess
 import sys
 
@@ -10,14 +9,10 @@ import pytest
 import torch
 
 import torch_rope
-from helpers import FLOAT_DTYPES, TOLERANCES, assert_matches_reference, dtype_id, make_tables
-from helpers import needs_cuda, randn, table_dtype_for
+from helpers import FLOAT_DTYPES, LAYOUT_IDS, LAYOUTS, TOLERANCES, assert_matches_reference
+from helpers import dtype_id, make_tables, needs_cuda, randn, subprocess_env, table_dtype_for
 
 pytestmark = needs_cuda
-
-LAYOUTS = [True, False]
-LAYOUT_IDS = ["interleaved", "half_split"]
-_HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def test_library_was_built_with_cuda():
@@ -107,9 +102,7 @@ def test_out_of_range_position_is_a_device_assert():
         "except Exception as e:\n"
         "    print('ERROR', type(e).__name__, e)\n"
     )
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(torch_rope.__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_root, _HERE]))
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", script], env=subprocess_env(),
+                            capture_output=True, text=True, timeout=300)
     assert "NO ERROR" not in result.stdout, "an out-of-range position went unnoticed"
     assert result.returncode != 0 or "ERROR" in result.stdout, result.stderr

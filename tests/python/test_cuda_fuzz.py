@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+import references as ref
 import torch_rope
 from helpers import TOLERANCES, needs_cuda
 
@@ -196,24 +197,6 @@ def run(call, t):
     return list(torch_rope.apply_qk(t["x"], t["k"], t["cos"], t["sin"], t["positions"], **kw))
 
 
-def oracle(x, cos, sin, positions, interleaved, inverse):
-    """float64 RoPE computed from the tables' own values (so any table dtype compares tightly)."""
-    x64 = x.detach().cpu().to(torch.float64)
-    half = cos.shape[1]
-    pos = torch.broadcast_to(positions.cpu().to(torch.int64), x.shape[:-1])
-    c = cos.cpu().to(torch.float64)[pos]
-    s = sin.cpu().to(torch.float64)[pos]
-    if inverse:
-        s = -s
-    out = x64.clone()
-    ia = slice(0, 2 * half, 2) if interleaved else slice(0, half)
-    ib = slice(1, 2 * half, 2) if interleaved else slice(half, 2 * half)
-    a, b = x64[..., ia], x64[..., ib]
-    out[..., ia] = a * c - b * s
-    out[..., ib] = a * s + b * c
-    return out
-
-
 def outside(buffer, view):
     """The elements of ``buffer`` that ``view`` does not cover."""
     mask = torch.ones(buffer.numel(), dtype=torch.bool)
@@ -246,8 +229,10 @@ def check_call(call, device, reference_device=None):
         x_in = before[n]
         out = got[i].cpu()
         assert out.shape == x_in.shape and out.dtype == x_in.dtype
-        want = oracle(x_in, before["cos"], before["sin"], before["positions"], call.interleaved,
-                      call.inverse).to(call.dtype)
+        # The tables' own values (so any table dtype compares tightly).
+        want = ref.rope_with_tables(x_in, before["cos"], before["sin"], before["positions"],
+                                    interleaved=call.interleaved,
+                                    inverse=call.inverse).to(call.dtype)
         torch.testing.assert_close(out, want, **TOLERANCES[call.dtype])
         # The tail is the input's, bit for bit.
         assert torch.equal(bits(out[..., rotary_dim:]), bits(x_in[..., rotary_dim:]))

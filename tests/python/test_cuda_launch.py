@@ -2,7 +2,6 @@
 per-part vector paths, and the range check of positions when nothing rotates. SKIPPED without a
 GPU; the same behaviour is exercised on the host by ``ctest -L cuda-host`` in every run."""
 
-import os
 import subprocess
 import sys
 
@@ -10,13 +9,13 @@ import pytest
 import torch
 
 import torch_rope
-from helpers import TOLERANCES, assert_matches_reference, make_tables, needs_cuda, randn
+from helpers import LAYOUT_IDS, LAYOUTS, TOLERANCES, assert_matches_reference, make_tables
+from helpers import needs_cuda, randn, subprocess_env
 
 pytestmark = needs_cuda
-_HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half_split"])
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
 def test_misaligned_k_beside_aligned_q(interleaved):
     # k starts 8 bytes into a 16-byte vector: k takes the scalar path, q stays on the vector
     # path, in one launch.
@@ -37,7 +36,7 @@ def test_partial_rotary_tails(rotary_dim):
     for head_dim, rows in ((96, 7), (100, 1), (136, 5)):
         x = randn(rows, head_dim, dtype=torch.bfloat16, device="cuda")
         positions = torch.randint(0, 32, (rows,), device="cuda")
-        for interleaved in (True, False):
+        for interleaved in LAYOUTS:
             out = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved)
             assert torch.equal(out[:, rotary_dim:], x[:, rotary_dim:])
             assert_matches_reference(out, x, positions, rotary_dim, interleaved=interleaved)
@@ -71,9 +70,7 @@ def test_out_of_range_position_asserts_without_rotary_dims(op):
         "except Exception as e:\n"
         "    print('ERROR', type(e).__name__, e)\n"
     )
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(torch_rope.__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_root, _HERE]))
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", script], env=subprocess_env(),
+                            capture_output=True, text=True, timeout=300)
     assert "NO ERROR" not in result.stdout, "an out-of-range position went unnoticed"
     assert result.returncode != 0 or "ERROR" in result.stdout, result.stderr

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import distributed_worker as worker
+from helpers import subprocess_env
 
 WORLD_SIZE = {"default": 2, "slow": 2, "mesh2d": 4}  # mesh2d: a 2 x 2 mesh (dp x tp)
 TIMEOUT_S = {"default": 300, "slow": 900, "mesh2d": 600}  # hard; the default tier takes < 1 min
@@ -34,22 +35,11 @@ def _why_no_gloo():
 pytestmark = pytest.mark.skipif(_why_no_gloo() is not None, reason=str(_why_no_gloo()))
 
 
-def _env():
-    """The children import the same torch_rope as this process (installed or in-tree)."""
-    import torch_rope
-
-    env = dict(os.environ)
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(torch_rope.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
 def _run(cmd, timeout, log_path, cwd=None):
     """Run cmd in a new process group; on timeout kill the whole group. Returns (code, log)."""
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=cwd,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                                env=subprocess_env(OMP_NUM_THREADS="1"), start_new_session=True)
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -5,16 +5,15 @@ import pytest
 import torch
 
 import torch_rope
-from helpers import assert_matches_reference, make_tables, randn
+from helpers import LAYOUT_IDS, LAYOUTS, assert_matches_reference, make_tables, randn, table_dtype_for
 
 
-@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half_split"])
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
 @pytest.mark.parametrize("inverse", [False, True], ids=["forward", "inverse"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16],
                          ids=["float64", "float32", "bfloat16"])
 def test_eager_baseline_matches_oracle(dtype, inverse, interleaved):
-    tab_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    cos, sin = make_tables(40, 32, "cpu", tab_dtype)
+    cos, sin = make_tables(40, 32, "cpu", table_dtype_for(dtype))
     x = randn(2, 9, 3, 48, dtype=dtype)
     positions = torch.randint(0, 40, (9, 1))
     kw = dict(interleaved=interleaved, inverse=inverse)

@@ -303,6 +303,51 @@ def test_apply_inplace_writes_nothing_when_a_late_position_is_bad():
     assert x._version == version
 
 
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "non_leaf_with_grad"])
+@pytest.mark.parametrize("bad", ["position_out_of_range", "negative_position", "float_positions",
+                                 "positions_not_broadcastable", "cos_sin_shapes_differ",
+                                 "half_tables", "head_dim_below_rotary_dim"])
+def test_failed_inplace_call_on_a_strided_view_writes_nothing(bad, grad):
+    # x with last-dim stride 5 (a transposed view): apply_ rotates a copy and writes it back, and
+    # a call that fails must not get as far as the write-back. With grad, x is a non-leaf that
+    # requires grad: the autograd path of apply_. Every position but the last is valid, so a
+    # kernel that ran before the checks would have written most of x.
+    cos, sin = make_tables(MAX_SEQ_LEN, ROTARY_DIM, "cpu")
+    base = torch.randn(2, 3, HEAD_DIM, 5, requires_grad=grad)
+    x = (base * 1.0 if grad else base).transpose(-1, -2)
+    assert x.stride(-1) == 5
+    positions = torch.arange(5)
+    if bad == "position_out_of_range":
+        positions = torch.tensor([0, 1, 2, 3, 99])
+    elif bad == "negative_position":
+        positions = torch.tensor([0, 1, 2, 3, -2], dtype=torch.int32)
+    elif bad == "float_positions":
+        positions = positions.float()
+    elif bad == "positions_not_broadcastable":
+        positions = torch.arange(3)
+    elif bad == "cos_sin_shapes_differ":
+        sin = sin[:, :2]
+    elif bad == "half_tables":
+        cos, sin = cos.half(), sin.half()
+    else:
+        x = x[..., :6]
+    before = x.detach().clone()
+    # (With grad the message names rope.apply: see the xfail test below.)
+    with pytest.raises((IndexError, RuntimeError),
+                       match=r"rope\.apply_?: " if grad else r"rope\.apply_: "):
+        torch_rope.apply_(x, cos, sin, positions)
+    assert torch.equal(x.detach(), before), "x was modified by a call that raised"
+
+
+@pytest.mark.xfail(strict=True, reason="known defect: when x requires grad, apply_'s autograd "
+                   "kernel checks through rope.apply, and its errors name rope.apply")
+def test_inplace_errors_on_the_autograd_path_name_apply_():
+    cos, sin = make_tables(MAX_SEQ_LEN, ROTARY_DIM, "cpu")
+    x = torch.randn(2, 3, 5, HEAD_DIM, requires_grad=True) * 1.0
+    with pytest.raises(IndexError, match=r"rope\.apply_: "):
+        torch_rope.apply_(x, cos, sin, torch.tensor([0, 1, 2, 3, 99]))
+
+
 def test_positions_broadcast_to_q_but_not_to_k():
     # GQA: per-head positions for 8 query heads cannot serve 2 key heads.
     cos, sin = make_tables(MAX_SEQ_LEN, ROTARY_DIM, "cpu")

@@ -13,11 +13,12 @@ A shrunk failure becomes a named regression test (test_regression_* in test_appl
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Tuple
 
 import pytest
 import torch
 
+import references as ref
 import torch_rope
 from helpers import cpu_and_cuda
 
@@ -162,21 +163,8 @@ def make_table(rows, half, layout, dtype, device, gen):
 
 def reference(x, cos, sin, positions, *, interleaved, inverse):
     """float64 rotation of x (on the CPU) by the given tables, gathered at the positions."""
-    x64 = x.detach().cpu().to(torch.float64)
-    half = cos.shape[1]
-    out = x64.clone()
-    if half == 0 or x64.numel() == 0:
-        return out
-    p = torch.broadcast_to(positions.cpu().long(), x64.shape[:-1])
-    c = cos.cpu().to(torch.float64)[p]
-    s = sin.cpu().to(torch.float64)[p]
-    if inverse:
-        s = -s
-    ia, ib = _plane_indices(half, interleaved)
-    a, b = x64[..., ia], x64[..., ib]
-    out[..., ia] = a * c - b * s
-    out[..., ib] = a * s + b * c
-    return out
+    return ref.rope_with_tables(x.detach(), cos, sin, positions, interleaved=interleaved,
+                                inverse=inverse)
 
 
 def _plane_indices(half, interleaved):

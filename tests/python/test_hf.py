@@ -8,7 +8,6 @@ HF's own bf16 error.
 """
 
 import copy
-import os
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 import hf_models  # noqa: E402
 import torch_rope  # noqa: E402
+from helpers import subprocess_env  # noqa: E402
 import torch_rope.hf  # noqa: E402
 
 # A fast subset runs on every test run; the rest (about 2-4 s each) is marked slow.
@@ -301,9 +301,8 @@ def test_importing_torch_rope_does_not_import_transformers():
 
     code = ("import sys, torch_rope, torch_rope.hf, torch_rope.torchtune; "
             "print('transformers' in sys.modules, 'torchtune' in sys.modules)")
-    package_root = os.path.dirname(os.path.dirname(torch_rope.__file__))
-    env = dict(os.environ, PYTHONPATH=package_root)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=subprocess_env())
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"], out
 

@@ -1,20 +1,14 @@
 """torch_rope.RotaryPositionalEmbedding and torch_rope.rope_tables."""
 
+import math
+
 import pytest
 import torch
 from torch import nn
 
 import references as ref
 import torch_rope
-from helpers import assert_matches_reference, cpu_and_cuda, dtype_id, randn
-
-
-def independent_tables(theta, rotary_dim, max_seq_len):
-    """float64 angles from scratch (no shared helper), rounded once to float32."""
-    exponent = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
-    inv_freq = 1.0 / (theta**exponent)
-    ang = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
-    return ang.cos().float(), ang.sin().float()
+from helpers import LAYOUT_IDS, LAYOUTS, assert_matches_reference, cpu_and_cuda, dtype_id, randn
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
@@ -25,21 +19,21 @@ def test_rope_tables_equal_float64_computation(theta, rotary_dim, max_seq_len, d
     assert cos.dtype == sin.dtype == torch.float32
     assert cos.shape == sin.shape == (max_seq_len, rotary_dim // 2)
     assert cos.device.type == device
-    want_cos, want_sin = independent_tables(theta, rotary_dim, max_seq_len)
+    want_cos, want_sin = ref.tables(max_seq_len, rotary_dim, theta, torch.float64)
     # Within one float32 rounding of the float64 value: angles of 4e4 rad computed in float32
     # would be off by ~1e-3 and fail here.
-    torch.testing.assert_close(cos.cpu(), want_cos, rtol=0, atol=1.2e-7)
-    torch.testing.assert_close(sin.cpu(), want_sin, rtol=0, atol=1.2e-7)
+    torch.testing.assert_close(cos.cpu().double(), want_cos, rtol=0, atol=1.2e-7)
+    torch.testing.assert_close(sin.cpu().double(), want_sin, rtol=0, atol=1.2e-7)
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
 def test_module_buffers(device):
     rope = torch_rope.RotaryPositionalEmbedding(10000.0, 64, 100, device=device)
-    want_cos, want_sin = independent_tables(10000.0, 64, 100)
+    want_cos, want_sin = ref.tables(100, 64, 10000.0, torch.float64)
     assert dict(rope.named_buffers()).keys() == {"cos", "sin"}
     assert rope.cos.dtype == torch.float32 and rope.cos.device.type == device
-    torch.testing.assert_close(rope.cos.cpu(), want_cos, rtol=0, atol=1.2e-7)
-    torch.testing.assert_close(rope.sin.cpu(), want_sin, rtol=0, atol=1.2e-7)
+    torch.testing.assert_close(rope.cos.cpu().double(), want_cos, rtol=0, atol=1.2e-7)
+    torch.testing.assert_close(rope.sin.cpu().double(), want_sin, rtol=0, atol=1.2e-7)
     assert list(rope.parameters()) == []
 
 
@@ -95,7 +89,7 @@ def test_to_device_moves_tables(device):
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
-@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half_split"])
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
 @pytest.mark.parametrize("shape", [(2, 3, 9, 64), (9, 64), (2, 9, 64)])
 def test_default_positions_are_arange(shape, interleaved, device):
     rope = torch_rope.RotaryPositionalEmbedding(10000.0, 64, 32, interleaved=interleaved,
@@ -107,7 +101,7 @@ def test_default_positions_are_arange(shape, interleaved, device):
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
-@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half_split"])
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
 @pytest.mark.parametrize("pos_dtype", [torch.int32, torch.int64], ids=dtype_id)
 def test_forward_with_token_positions_and_partial_rotary(pos_dtype, interleaved, device):
     rope = torch_rope.RotaryPositionalEmbedding(500000.0, 80, 64, rotary_dim=32,
@@ -138,12 +132,15 @@ def test_odd_d_k_without_rotary_dim_raises():
         torch_rope.RotaryPositionalEmbedding(10000.0, 63, 32)
 
 
-def test_oracle_tables_agree_with_independent_tables():
-    # The oracle used by the other tests builds its tables another way; they must agree.
-    cos, sin = ref.tables(300, 48)
-    want_cos, want_sin = independent_tables(10000.0, 48, 300)
-    torch.testing.assert_close(cos, want_cos, rtol=0, atol=1.2e-7)
-    torch.testing.assert_close(sin, want_sin, rtol=0, atol=1.2e-7)
+def test_oracle_tables_equal_scalar_math():
+    # The table oracle (references.tables, vectorised in torch) against Python's scalar math on
+    # a few entries, including large angles: position * theta ** (-2k / rotary_dim). (One ulp of
+    # the float64 angle at 4e4 rad is ~7e-12; a float32 rounding of a table entry is 6e-8.)
+    cos, sin = ref.tables(40000, 48, 10000.0, torch.float64)
+    for p, k in [(0, 0), (1, 0), (7, 3), (299, 23), (39999, 0), (39999, 11)]:
+        angle = p * 10000.0 ** (-2 * k / 48)
+        assert math.isclose(cos[p, k].item(), math.cos(angle), rel_tol=0, abs_tol=1e-9)
+        assert math.isclose(sin[p, k].item(), math.sin(angle), rel_tol=0, abs_tol=1e-9)
 
 
 @pytest.mark.parametrize("theta,rotary_dim,max_seq_len,pattern", [
@@ -151,6 +148,7 @@ def test_oracle_tables_agree_with_independent_tables():
     (10000.0, 0, 16, r"rotary_dim.*0"),
     (10000.0, 8, 0, r"max_seq_len.*0"),
     (-1.0, 8, 16, r"theta.*-1"),
+    (0.0, 8, 16, r"theta.*got 0"),
 ])
 def test_rope_tables_bad_arguments(theta, rotary_dim, max_seq_len, pattern):
     with pytest.raises((ValueError, RuntimeError), match=pattern):

@@ -5,7 +5,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_rope
-from helpers import assert_matches_reference, cpu_and_cuda, randn
+from helpers import LAYOUT_IDS, LAYOUTS, assert_matches_reference, cpu_and_cuda, randn
 
 RoPE = torch_rope.RotaryPositionalEmbedding
 
@@ -76,7 +76,7 @@ def test_default_device_context_is_followed():
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
-@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
 def test_seq_dim_minus_3_matches_minus_2_on_the_transposed_input(device, interleaved):
     B, S, H, D = 2, 7, 3, 32
     bshd = RoPE(10000.0, D, 16, device, interleaved=interleaved, seq_dim=-3)

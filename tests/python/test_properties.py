@@ -1,16 +1,16 @@
 """The properties that make RoPE what it is, shown on the library's output (and a check that the
 two test oracles agree with each other and with the explicit rotation matrix)."""
 
+import math
+
 import pytest
 import torch
 
 import references as ref
 import torch_rope
-from helpers import FLOAT_DTYPES, TOLERANCES, cpu_and_cuda, dtype_id, make_tables, randn
-from helpers import table_dtype_for
+from helpers import FLOAT_DTYPES, LAYOUT_IDS, LAYOUTS, TOLERANCES, cpu_and_cuda, dtype_id
+from helpers import make_tables, randn, table_dtype_for
 
-LAYOUTS = [True, False]
-LAYOUT_IDS = ["interleaved", "half_split"]
 MAX_SEQ_LEN = 256
 
 
@@ -172,6 +172,41 @@ def test_rotations_compose(interleaved, device):
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+def test_unit_vector_turns_by_its_position(interleaved, device):
+    # Worked by hand, no oracle: plane 0 has inv_freq = theta^0 = 1, so e_0 at position p becomes
+    # cos(p) e_0 + sin(p) e_partner, where the partner is feature 1 (interleaved) or
+    # rotary_dim / 2 (half split); every other feature stays 0. The inverse turns by -p.
+    cos, sin = torch_rope.rope_tables(10000.0, 8, 32, device=device)
+    x = torch.zeros(8, dtype=torch.float64, device=device)
+    x[0] = 1.0
+    position = torch.tensor(7, device=device)  # 0-dim: broadcasts to the single row
+    partner = 1 if interleaved else 4
+    for inverse, sign in ((False, 1.0), (True, -1.0)):
+        out = torch_rope.apply(x, cos, sin, position, interleaved=interleaved,
+                               inverse=inverse).cpu()
+        want = torch.zeros(8, dtype=torch.float64)
+        want[0], want[partner] = math.cos(7.0), sign * math.sin(7.0)
+        torch.testing.assert_close(out, want, rtol=0, atol=1e-7)  # float32 tables
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_decode_rows_equal_prefill_rows(dtype, device):
+    # KV-cache decode: rotating the last tokens with start_pos + arange(n) gives exactly, bit for
+    # bit, the rows the full-sequence call gives (a row depends on its values and position only).
+    cos, sin = make_tables(MAX_SEQ_LEN, 32, device, table_dtype_for(dtype))
+    S, start = 12, 9
+    x = randn(2, 4, S, 40, dtype=dtype, device=device)
+    for interleaved in LAYOUTS:
+        full = torch_rope.apply(x, cos, sin, torch.arange(S, device=device),
+                                interleaved=interleaved)
+        tail = torch_rope.apply(x[:, :, start:], cos, sin, torch.arange(start, S, device=device),
+                                interleaved=interleaved)
+        assert torch.equal(tail, full[:, :, start:])
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
 def test_no_head_dim_squared_memory(device):
     # head_dim = 2**18: a d x d rotation matrix would need 256 GiB (float32), more than any
     # machine this runs on; the op must work on the two rows it is given.
@@ -179,7 +214,7 @@ def test_no_head_dim_squared_memory(device):
     cos, sin = make_tables(3, head_dim, device)
     x = randn(2, head_dim, device=device)
     positions = torch.tensor([1, 2], device=device)
-    for interleaved in (True, False):
+    for interleaved in LAYOUTS:
         out = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved)
         want = ref.rope(x, ref.angles(positions, (2,), head_dim), interleaved=interleaved)
         torch.testing.assert_close(out.cpu(), want.float(), rtol=1e-5, atol=1e-5)

@@ -7,7 +7,6 @@ is implemented), inv_freq and the attention factor must agree, and the tables mu
 """
 
 import math
-import os
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 import torch_rope
+from helpers import subprocess_env
 
 THETA = 500000.0
 HEAD_DIM = 64
@@ -273,11 +273,8 @@ def test_building_tables_peaks_within_1_2x_of_the_tables(dtype):
     just before) while it builds 512 MiB of tables, against the tables' own size."""
     rows = (1 << 20) if dtype == "float32" else (1 << 19)
     # The child imports the torch_rope this test runs (whatever the working directory is now).
-    package_root = os.path.dirname(os.path.dirname(torch_rope.__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [package_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     out = subprocess.run([sys.executable, "-c", _MEASURE, str(rows), "64", dtype],
-                         capture_output=True, text=True, env=env)
+                         capture_output=True, text=True, env=subprocess_env())
     assert out.returncode == 0, out.stderr
     grew, tables = map(int, out.stdout.split())
     assert tables == 2 * rows * 64 * (4 if dtype == "float32" else 8)

@@ -1,78 +1,12 @@
-"""torch.library.opcheck on every op, and torch.compile(fullgraph=True) of models using them."""
+"""torch.compile(fullgraph=True) and torch.export of models and functions using the ops (every
+op on every sample, and opcheck, run in test_samples.py)."""
 
 import pytest
 import torch
 
 import torch_rope
 from blocks import AttentionBlock
-from helpers import cpu_and_cuda, make_tables, needs_cuda, randn
-
-
-def sample_inputs(device, requires_grad):
-    """(op, args, kwargs) samples covering layouts, dtypes, strides, positions shapes."""
-    cos, sin = make_tables(32, 16, device)
-    cos64, sin64 = make_tables(32, 24, device, torch.float64)
-
-    def x(*shape, dtype=torch.float32, view=None):
-        t = randn(*shape, dtype=dtype, device=device)
-        if view is not None:
-            t = view(t)
-        if requires_grad:
-            t = t.detach().requires_grad_()
-        return t
-
-    def mutable(t):
-        # apply_ mutates x: autograd forbids that on a leaf which requires grad, so hand it a
-        # non-leaf (as a model would) when gradients are on.
-        return t.clone() if requires_grad else t
-
-    s = lambda n: torch.arange(n, device=device)  # noqa: E731
-    samples = []
-    as_is = lambda t: t  # noqa: E731
-    for op, op_x in ((torch.ops.rope.apply.default, as_is),
-                     (torch.ops.rope.apply_.default, mutable)):
-        samples += [
-            (op, (op_x(x(2, 3, 5, 16)), cos, sin, s(5)), {}),
-            (op, (op_x(x(2, 5, 3, 24)), cos, sin, s(5).view(5, 1).int()),
-             {"interleaved": False, "inverse": True}),
-            (op, (op_x(x(2, 5, 48, view=lambda t: t[..., 8:32])), cos, sin, 7 + s(5)),
-             {"interleaved": False}),
-            (op, (op_x(x(6, 2, 24, dtype=torch.float64)), cos64, sin64,
-                  torch.tensor([0, 1, 2, 0, 1, 31], device=device).view(6, 1)), {}),
-            (op, (op_x(x(2, 4, 16, dtype=torch.bfloat16)), cos, sin,
-                  torch.tensor([[3], [9]], device=device)), {"inverse": True}),
-            (op, (op_x(x(3, 16, 4, view=lambda t: t.transpose(-1, -2))), cos, sin, s(4)),
-             {"interleaved": False}),
-        ]
-    qk = torch.ops.rope.apply_qk.default
-    samples += [
-        (qk, (x(2, 8, 5, 16), x(2, 2, 5, 16), cos, sin, s(5)), {}),
-        (qk, (x(2, 5, 4, 24), x(2, 5, 1, 24), cos, sin, s(5).view(5, 1)),
-         {"interleaved": False}),
-        (qk, (x(3, 4, 16, dtype=torch.float16), x(3, 2, 16, dtype=torch.float16), cos, sin,
-              s(3).view(3, 1)), {"inverse": True}),
-    ]
-    return samples
-
-
-SAMPLE_IDS = [
-    f"{op._schema.name.split('::')[1]}-{i}"
-    for i, (op, _, _) in enumerate(sample_inputs("cpu", False))
-]
-
-
-def test_samples_cover_every_op():
-    ops = {op for op, _, _ in sample_inputs("cpu", True)}
-    assert ops == {torch.ops.rope.apply.default, torch.ops.rope.apply_.default,
-                   torch.ops.rope.apply_qk.default}
-
-
-@pytest.mark.parametrize("device", cpu_and_cuda())
-@pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "requires_grad"])
-@pytest.mark.parametrize("index", range(len(SAMPLE_IDS)), ids=SAMPLE_IDS)
-def test_opcheck(index, requires_grad, device):
-    op, args, kwargs = sample_inputs(device, requires_grad)[index]
-    torch.library.opcheck(op, args, kwargs)
+from helpers import cpu_and_cuda, make_tables, needs_cuda
 
 
 def _count_rope_nodes(gm):

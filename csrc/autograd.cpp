@@ -16,6 +16,8 @@
 #include <torch/library.h>
 #include <torch_rope/ops.h>
 
+#include "validation.h"
+
 namespace rope::autograd {
 namespace {
 
@@ -174,6 +176,19 @@ void apply_inplace_autograd(const at::Tensor& x, const at::Tensor& cos, const at
     return;
   }
   if (records_grad(x)) {
+    // Check plain tensors here, under this op's name: the out-of-place rotation below would
+    // report a bad call as rope.apply's. Tensor subclasses (DTensor, FakeTensor under compile)
+    // have no data to range-check here; their own dispatch checks the local tensors.
+    const auto is_subclass = [](const at::Tensor& t) {
+      return t.defined() && t.key_set().has(c10::DispatchKey::Python);
+    };
+    if (!is_subclass(x) && !is_subclass(cos) && !is_subclass(sin) && !is_subclass(positions)) {
+      constexpr const char* op = "rope.apply_";
+      detail::check_apply_inplace(op, x, cos, sin, positions);
+      if (x.numel() > 0 && x.device().is_cpu()) {
+        detail::check_positions_in_range(op, positions, cos.size(0));
+      }
+    }
     const auto rotated = RotateFunction::apply(x, cos, sin, positions, interleaved, inverse);
     const_cast<at::Tensor&>(x).copy_(rotated);
     return;

@@ -140,11 +140,11 @@ def run_host(binary: Path, cases: int, seed: int, timeout: float):
 def first_failure(out: str) -> str:
     lines = out.splitlines()
     for i, line in enumerate(lines):
-        if line.startswith("    ") and i > 0 and any(l.startswith("FAILED") for l in lines[:i]):
+        if line.startswith("    ") and i > 0 and any(prev.startswith("FAILED") for prev in lines[:i]):
             return line.strip()
         if "runtime error" in line or "ERROR: AddressSanitizer" in line or "cuda host shim" in line:
             return line.strip()
-    return next((l for l in lines if "FAILED" in l), lines[-1] if lines else "")
+    return next((text for text in lines if "FAILED" in text), lines[-1] if lines else "")
 
 
 def main():

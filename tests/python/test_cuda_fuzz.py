@@ -290,5 +290,5 @@ def test_the_generator_reaches_every_path():
     draw()
     want = {"apply", "apply_", "apply_qk", "fused qkv", "misaligned offset", "expanded",
             "inner step 2", "rotary 0", "partial rotary", "broadcast positions",
-            "tables torch.float64"} | {f"cos {l}" for l in TABLE_LAYOUTS}
+            "tables torch.float64"} | {f"cos {layout}" for layout in TABLE_LAYOUTS}
     assert want <= seen, f"never drawn: {sorted(want - seen)}"

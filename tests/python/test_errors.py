@@ -332,16 +332,14 @@ def test_failed_inplace_call_on_a_strided_view_writes_nothing(bad, grad):
     else:
         x = x[..., :6]
     before = x.detach().clone()
-    # (With grad the message names rope.apply: see the xfail test below.)
-    with pytest.raises((IndexError, RuntimeError),
-                       match=r"rope\.apply_?: " if grad else r"rope\.apply_: "):
+    with pytest.raises((IndexError, RuntimeError), match=r"rope\.apply_: "):
         torch_rope.apply_(x, cos, sin, positions)
     assert torch.equal(x.detach(), before), "x was modified by a call that raised"
 
 
-@pytest.mark.xfail(strict=True, reason="known defect: when x requires grad, apply_'s autograd "
-                   "kernel checks through rope.apply, and its errors name rope.apply")
 def test_inplace_errors_on_the_autograd_path_name_apply_():
+    # Regression: when x requires grad, apply_ rotates out of place and copies; its errors named
+    # rope.apply.
     cos, sin = make_tables(MAX_SEQ_LEN, ROTARY_DIM, "cpu")
     x = torch.randn(2, 3, 5, HEAD_DIM, requires_grad=True) * 1.0
     with pytest.raises(IndexError, match=r"rope\.apply_: "):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Builds the torch-rope wheel by driving the project's one CMake build (CMakeLists.txt).
 
     pip install --no-build-isolation .      # uses the torch already installed
@@ -32,7 +33,11 @@ class CMakeBuild(build_ext):
         build_dir = Path(self.build_temp).resolve() / "cmake"
         build_dir.mkdir(parents=True, exist_ok=True)
         configure = [
-            "cmake", "-S", str(ROOT), "-B", str(build_dir),
+            "cmake",
+            "-S",
+            str(ROOT),
+            "-B",
+            str(build_dir),
             "-DCMAKE_BUILD_TYPE=Release",
             f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
             f"-DPython3_EXECUTABLE={sys.executable}",
@@ -45,8 +50,12 @@ class CMakeBuild(build_ext):
             f"-DTORCH_ROPE_CUDA={os.environ.get('TORCH_ROPE_CUDA', 'AUTO')}",
             "-DTORCH_ROPE_BUILD_TESTS=OFF",
         ]
-        if subprocess.call(["ninja", "--version"], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL) == 0:
+        if (
+            subprocess.call(
+                ["ninja", "--version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            == 0
+        ):
             configure += ["-G", "Ninja"]
         subprocess.check_call(configure)
         jobs = os.environ.get("BUILD_JOBS", str(os.cpu_count() or 1))

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The rotations users write instead of torch_rope, each as a zero-argument callable over prepared
 inputs, so the benchmark times exactly one call of each.
 
@@ -26,20 +27,23 @@ from torch_rope import eager as reference  # the plain-PyTorch math
 try:  # the real HF functions, when installed
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply_qk
     from transformers.models.llama.modeling_llama import rotate_half as hf_rotate_half
+
     HF_SOURCE = "transformers"
 except Exception:  # pragma: no cover - depends on the environment
     HF_SOURCE = "local copy of the HF formula"
 
     def hf_rotate_half(x):
-        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
         return torch.cat((-x2, x1), dim=-1)
 
     def hf_apply_qk(q, k, cos, sin, unsqueeze_dim=1):
         cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
         return q * cos + hf_rotate_half(q) * sin, k * cos + hf_rotate_half(k) * sin
 
+
 try:
     from torchtune.modules import RotaryPositionalEmbeddings as TorchtuneRoPE
+
     TORCHTUNE_SOURCE = "torchtune"
 except Exception:  # pragma: no cover - depends on the environment
     TorchtuneRoPE = None
@@ -85,7 +89,9 @@ def meta_rotate(x_bshd, freqs_cis, position_ids):
 
 
 def meta_rotate_qk(q_bshd, k_bshd, freqs_cis, position_ids):
-    return meta_rotate(q_bshd, freqs_cis, position_ids), meta_rotate(k_bshd, freqs_cis, position_ids)
+    return meta_rotate(q_bshd, freqs_cis, position_ids), meta_rotate(
+        k_bshd, freqs_cis, position_ids
+    )
 
 
 def build(p: Problem, compile_alternatives: bool) -> Dict[str, Callable[[], object]]:
@@ -103,8 +109,9 @@ def build(p: Problem, compile_alternatives: bool) -> Dict[str, Callable[[], obje
     if pair:
         fns["clone"] = lambda: (q.clone(), k.clone())
         fns["torch_rope"] = lambda: torch_rope.apply_qk(q, k, cos, sin, pos)
-        fns["torch_rope half-split"] = lambda: torch_rope.apply_qk(q, k, cos, sin, pos,
-                                                                   interleaved=False)
+        fns["torch_rope half-split"] = lambda: torch_rope.apply_qk(
+            q, k, cos, sin, pos, interleaved=False
+        )
     else:
         fns["clone"] = lambda: q.clone()
         fns["torch_rope"] = lambda: torch_rope.apply(q, cos, sin, pos)
@@ -122,15 +129,17 @@ def build(p: Problem, compile_alternatives: bool) -> Dict[str, Callable[[], obje
     if TorchtuneRoPE is not None:
         tt = TorchtuneRoPE(q.size(-1), max_seq_len=cos.size(0))
         if pair:
-            impls["torchtune"] = (lambda a, b, i: (tt(a, input_pos=i), tt(b, input_pos=i)),
-                                  (q_bshd, k_bshd, ids))
+            impls["torchtune"] = (
+                lambda a, b, i: (tt(a, input_pos=i), tt(b, input_pos=i)),
+                (q_bshd, k_bshd, ids),
+            )
         else:
             impls["torchtune"] = (lambda a, i: tt(a, input_pos=i), (q_bshd, ids))
     for name, (fn, args) in impls.items():
-        fns[name] = (lambda f=fn, a=args: f(*a))
+        fns[name] = lambda f=fn, a=args: f(*a)
         if compile_alternatives:
             compiled = torch.compile(fn)
-            fns[name + " compiled"] = (lambda f=compiled, a=args: f(*a))
+            fns[name + " compiled"] = lambda f=compiled, a=args: f(*a)
     return fns
 
 
@@ -139,6 +148,7 @@ def check_agreement(p: Problem, fns: Dict[str, Callable[[], object]]) -> Dict[st
     the rounding of different float32 formulas and table sources): {name: max error}. The
     benchmark drops those from the timing and records them, so what it times compares like with
     like."""
+
     def as_bhsd(name, out):
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         if name.startswith(("Meta", "torchtune")):

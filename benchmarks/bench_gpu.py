@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """GPU benchmark of torch-rope against x.clone(), eager PyTorch and torch.compile (CUDA events).
 
 Every time is reported as a ratio to ``x.clone()`` of the same tensors in the same run. Writes
@@ -90,20 +91,23 @@ class Timer:
         return statistics.median(samples)
 
 
-def bench_case(case: Case, dtype, device: str, timer: Timer, compile_reference: bool,
-               backward: bool):
+def bench_case(
+    case: Case, dtype, device: str, timer: Timer, compile_reference: bool, backward: bool
+):
     max_seq_len = max(case.seq, 4096)
     cos, sin = torch_rope.rope_tables(10000.0, case.head_dim, max_seq_len, device=device)
     q, k, positions = make_inputs(case, dtype, device, max_seq_len, requires_grad=backward)
     tensors = [q] if k is None else [q, k]
 
     if case.op == "apply":
+
         def ours(t=tensors):
             return torch_rope.apply(t[0], cos, sin, positions)
 
         def eager(t=tensors):
             return reference.apply(t[0], cos, sin, positions)
     else:
+
         def ours(t=tensors):
             return torch_rope.apply_qk(t[0], t[1], cos, sin, positions)
 
@@ -127,6 +131,7 @@ def bench_case(case: Case, dtype, device: str, timer: Timer, compile_reference: 
             outs = fn()
             outs = outs if isinstance(outs, (list, tuple)) else [outs]
             torch.autograd.backward(list(outs), grads)
+
         return timer(fwd_bwd)
 
     results = {"clone": timed(clone), "ours": timed(ours), "eager": timed(eager)}
@@ -173,18 +178,28 @@ def markdown_table(rows) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--min-time", type=float, default=None,
-                        help="seconds of samples per measurement (default 2 on CPU, 0.5 on GPU)")
-    parser.add_argument("--no-compile", action="store_true",
-                        help="skip torch.compile of the reference (compiling takes minutes)")
+    parser.add_argument(
+        "--min-time",
+        type=float,
+        default=None,
+        help="seconds of samples per measurement (default 2 on CPU, 0.5 on GPU)",
+    )
+    parser.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="skip torch.compile of the reference (compiling takes minutes)",
+    )
     parser.add_argument("--output", default=None, help="results name (default: the device)")
     args = parser.parse_args()
 
     device = args.device
     on_gpu = device == "cuda"
     timer = Timer(device, args.min_time if args.min_time is not None else (0.5 if on_gpu else 2.0))
-    dtypes = [torch.bfloat16, torch.float16, torch.float32] if on_gpu else [torch.float32,
-                                                                           torch.bfloat16]
+    dtypes = (
+        [torch.bfloat16, torch.float16, torch.float32]
+        if on_gpu
+        else [torch.float32, torch.bfloat16]
+    )
     passes = [False, True] if on_gpu else [False]
 
     rows = []
@@ -209,7 +224,8 @@ def main():
     table = markdown_table(rows)
     (RESULTS_DIR / f"{name}.md").write_text(
         f"Device: {meta['device']} ({meta['threads']} threads, {meta['cpu_capability']}), "
-        f"torch {meta['torch']}\n\n{table}\n")
+        f"torch {meta['torch']}\n\n{table}\n"
+    )
     print(f"\n{table}\n\nwrote {RESULTS_DIR / (name + '.json')}")
 
 

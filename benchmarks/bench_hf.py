@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """A Hugging Face Llama attention layer, patched by torch_rope.hf.patch vs unpatched.
 
 Three timings per case, each also as a ratio to ``q.clone(); k.clone()`` of the same tensors in
@@ -61,12 +62,22 @@ def build(dtype, device):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=128, hidden_size=4096, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        vocab_size=128,
+        hidden_size=4096,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
         max_position_embeddings=8192,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 8192},
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval().to(device=device, dtype=dtype)
@@ -128,8 +139,8 @@ def run_case(name, batch, seq, start, dtype, device, min_time_s):
             rotary = model.model.rotary_emb
 
             def fn():
-                attn(hidden, position_embeddings=rotary(hidden, position_ids),
-                     attention_mask=None)
+                attn(hidden, position_embeddings=rotary(hidden, position_ids), attention_mask=None)
+
             return fn
 
         results["clone"] = timer(floor, device, min_time_s)
@@ -144,8 +155,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--min-time", type=float, default=1.0, help="seconds per measurement")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch.set_num_threads (0: torch's default)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -156,8 +168,9 @@ def main():
     for name, batch, seq, start in CASES:
         for dtype in (torch.float32, torch.bfloat16):
             ms = run_case(name, batch, seq, start, dtype, device, args.min_time)
-            rows.append({"case": name, "batch": batch, "seq": seq, "dtype": str(dtype)[6:],
-                         "ms": ms})
+            rows.append(
+                {"case": name, "batch": batch, "seq": seq, "dtype": str(dtype)[6:], "ms": ms}
+            )
             print(name, dtype, {k: round(v, 4) for k, v in ms.items()}, flush=True)
     meta = {
         "device": device if device != "cuda" else torch.cuda.get_device_name(),
@@ -171,8 +184,9 @@ def main():
     }
     RESULTS_DIR.mkdir(exist_ok=True)
     tag = "cpu" if device == "cpu" else "cuda"
-    (RESULTS_DIR / f"hf_{tag}.json").write_text(json.dumps({"meta": meta, "rows": rows},
-                                                           indent=2) + "\n")
+    (RESULTS_DIR / f"hf_{tag}.json").write_text(
+        json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n"
+    )
     lines = [
         f"Device: {meta['device']} ({meta['threads']} threads), torch {meta['torch']}, "
         f"transformers {meta['transformers']}",
@@ -189,7 +203,8 @@ def main():
             f"| {m['hf_rope']:.3f} | {m['ours_rope']:.3f} | {m['hf_rope'] / m['clone']:.2f} "
             f"| {m['ours_rope'] / m['clone']:.2f} | {m['hf_rope'] / m['ours_rope']:.1f}x "
             f"| {m['hf_layer']:.3f} | {m['ours_layer']:.3f} "
-            f"| {m['hf_layer'] / m['ours_layer']:.2f}x |")
+            f"| {m['hf_layer'] / m['ours_layer']:.2f}x |"
+        )
     (RESULTS_DIR / f"hf_{tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """CPU benchmark of torch-rope: ratios to x.clone(), the alternatives users write, torch.compile.
 
 Every figure is a ratio of medians measured in one run with interleaved rounds (timing.py):
@@ -35,21 +36,26 @@ sys.path.insert(0, str(HERE))
 
 if "--device" in sys.argv and "cuda" in sys.argv:  # the GPU benchmark keeps its own CLI
     import bench_gpu  # noqa: E402
+
     bench_gpu.main()
     sys.exit(0)
-
-import torch  # noqa: E402
 
 import alternatives  # noqa: E402
 import entry_cost  # noqa: E402
 import timing  # noqa: E402
+import torch  # noqa: E402
+
 import torch_rope  # noqa: E402
 from torch_rope import eager as reference  # noqa: E402  (the plain-PyTorch math)
 
 RESULTS_DIR = HERE / "results"
 MAX_SEQ_LEN = 4096
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
-          "fp64": torch.float64}
+DTYPES = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp64": torch.float64,
+}
 
 
 def rounds_for(nbytes, quick):
@@ -78,19 +84,32 @@ def ratios(res, base):
 
 # ---- targets ---------------------------------------------------------------------------------
 
+
 def target_rows(quick, compile_reference):
     rows = []
 
     def add(measure, shape, dtype, res, num, den, target, note=""):
-        rows.append({
-            "measure": measure, "shape": shape, "dtype": dtype, "target": target,
-            "ratio": res[num]["s"] / res[den]["s"], "numerator": num, "denominator": den,
-            "us": {k: v["s"] * 1e6 for k, v in res.items()},
-            "spread": {k: v["spread"] for k, v in res.items()}, "note": note})
+        rows.append(
+            {
+                "measure": measure,
+                "shape": shape,
+                "dtype": dtype,
+                "target": target,
+                "ratio": res[num]["s"] / res[den]["s"],
+                "numerator": num,
+                "denominator": den,
+                "us": {k: v["s"] * 1e6 for k, v in res.items()},
+                "spread": {k: v["spread"] for k, v in res.items()},
+                "note": note,
+            }
+        )
         r = rows[-1]
         flag = "ok" if r["ratio"] <= target else "MISSED"
-        print(f"  {measure:44s} {shape:22s} {dtype:5s} {num} / {den} = {r['ratio']:.2f} "
-              f"(target <= {target}) {flag}", flush=True)
+        print(
+            f"  {measure:44s} {shape:22s} {dtype:5s} {num} / {den} = {r['ratio']:.2f} "
+            f"(target <= {target}) {flag}",
+            flush=True,
+        )
 
     with torch.inference_mode():
         # Decode: one token per sequence at its own cache offset, (B, 32, 1, 128).
@@ -99,39 +118,60 @@ def target_rows(quick, compile_reference):
                 p = problem(batch, 32, 1, DTYPES[dname], decode=True)
                 module = torch_rope.RotaryPositionalEmbedding(10000.0, 128, MAX_SEQ_LEN)
                 q, cos, sin, pos = p.q, p.cos, p.sin, p.positions
-                fns = {"clone": lambda: q.clone(),
-                       "apply": lambda: torch_rope.apply(q, cos, sin, pos),
-                       "module": lambda: module(q, pos)}
+                fns = {
+                    "clone": lambda: q.clone(),
+                    "apply": lambda: torch_rope.apply(q, cos, sin, pos),
+                    "module": lambda: module(q, pos),
+                }
                 res = timing.measure(fns, rounds_for(q.nbytes, quick))
                 shape = f"({batch},32,1,128)"
-                add(f"decode B={batch}, apply / clone", shape, dname, res, "apply", "clone",
-                    1.5 if batch == 1 else 1.7)
+                add(
+                    f"decode B={batch}, apply / clone",
+                    shape,
+                    dname,
+                    res,
+                    "apply",
+                    "clone",
+                    1.5 if batch == 1 else 1.7,
+                )
                 if batch == 1:
-                    add("decode B=1, module call / clone", shape, dname, res, "module", "clone",
-                        2.0)
+                    add(
+                        "decode B=1, module call / clone", shape, dname, res, "module", "clone", 2.0
+                    )
         # In cache and prefill, (B, 32, S, 128) with positions arange(S), both layouts.
         for measure, shape, dtypes, target in [
-                ("in cache, apply / clone", (1, 32, 64, 128), ("fp32", "bf16"), None),
-                ("prefill, apply / clone", (4, 32, 2048, 128), ("bf16", "fp32"), 1.05)]:
+            ("in cache, apply / clone", (1, 32, 64, 128), ("fp32", "bf16"), None),
+            ("prefill, apply / clone", (4, 32, 2048, 128), ("bf16", "fp32"), 1.05),
+        ]:
             for dname in dtypes:
                 x = torch.randn(*shape).to(DTYPES[dname])
                 cos, sin = torch_rope.rope_tables(10000.0, 128, MAX_SEQ_LEN)
                 pos = torch.arange(shape[2])
-                fns = {"clone": lambda: x.clone(),
-                       "interleaved": lambda: torch_rope.apply(x, cos, sin, pos),
-                       "half-split": lambda: torch_rope.apply(x, cos, sin, pos,
-                                                              interleaved=False)}
+                fns = {
+                    "clone": lambda: x.clone(),
+                    "interleaved": lambda: torch_rope.apply(x, cos, sin, pos),
+                    "half-split": lambda: torch_rope.apply(x, cos, sin, pos, interleaved=False),
+                }
                 res = timing.measure(fns, rounds_for(x.nbytes, quick))
                 t = target if target else (1.5 if dname == "fp32" else 2.0)
                 for layout in ("interleaved", "half-split"):
-                    add(f"{measure} ({layout})", str(shape).replace(" ", ""), dname, res, layout,
-                        "clone", t)
+                    add(
+                        f"{measure} ({layout})",
+                        str(shape).replace(" ", ""),
+                        dname,
+                        res,
+                        layout,
+                        "clone",
+                        t,
+                    )
         # Prefill q+k (GQA), fp32: against clone and against the compiled reference.
         p = problem(4, 32, 1024, torch.float32, k_heads=8)
         q, k, cos, sin, pos = p.q, p.k, p.cos, p.sin, p.positions
-        fns = {"clone": lambda: (q.clone(), k.clone()),
-               "interleaved": lambda: torch_rope.apply_qk(q, k, cos, sin, pos),
-               "half-split": lambda: torch_rope.apply_qk(q, k, cos, sin, pos, interleaved=False)}
+        fns = {
+            "clone": lambda: (q.clone(), k.clone()),
+            "interleaved": lambda: torch_rope.apply_qk(q, k, cos, sin, pos),
+            "half-split": lambda: torch_rope.apply_qk(q, k, cos, sin, pos, interleaved=False),
+        }
         if compile_reference:
             ref_i = torch.compile(reference.apply_qk)
             ref_h = torch.compile(lambda *a: reference.apply_qk(*a, interleaved=False))
@@ -140,11 +180,25 @@ def target_rows(quick, compile_reference):
         res = timing.measure(fns, rounds_for(q.nbytes + k.nbytes, quick))
         shape = "(4,32,1024,128)+(4,8,1024,128)"
         for layout in ("interleaved", "half-split"):
-            add(f"prefill q+k, apply_qk / clone ({layout})", shape, "fp32", res, layout, "clone",
-                1.05)
+            add(
+                f"prefill q+k, apply_qk / clone ({layout})",
+                shape,
+                "fp32",
+                res,
+                layout,
+                "clone",
+                1.05,
+            )
             if compile_reference:
-                add(f"prefill q+k, apply_qk / compiled reference ({layout})", shape, "fp32", res,
-                    layout, f"compiled ref {layout}", 0.9)
+                add(
+                    f"prefill q+k, apply_qk / compiled reference ({layout})",
+                    shape,
+                    "fp32",
+                    res,
+                    layout,
+                    f"compiled ref {layout}",
+                    0.9,
+                )
         # In place against mul_(1.0), every dtype and layout.
         for shape in [(1, 32, 64, 128), (4, 32, 2048, 128)]:
             for dname in ("fp32", "bf16", "fp16", "fp64"):
@@ -153,14 +207,22 @@ def target_rows(quick, compile_reference):
                 x = torch.randn(*shape).to(DTYPES[dname])
                 cos, sin = torch_rope.rope_tables(10000.0, 128, MAX_SEQ_LEN)
                 pos = torch.arange(shape[2])
-                fns = {"mul_(1.0)": lambda: x.mul_(1.0),
-                       "interleaved": lambda: torch_rope.apply_(x, cos, sin, pos),
-                       "half-split": lambda: torch_rope.apply_(x, cos, sin, pos,
-                                                               interleaved=False)}
+                fns = {
+                    "mul_(1.0)": lambda: x.mul_(1.0),
+                    "interleaved": lambda: torch_rope.apply_(x, cos, sin, pos),
+                    "half-split": lambda: torch_rope.apply_(x, cos, sin, pos, interleaved=False),
+                }
                 res = timing.measure(fns, rounds_for(x.nbytes, quick))
                 for layout in ("interleaved", "half-split"):
-                    add(f"apply_ / mul_(1.0) ({layout})", str(shape).replace(" ", ""), dname, res,
-                        layout, "mul_(1.0)", 1.3)
+                    add(
+                        f"apply_ / mul_(1.0) ({layout})",
+                        str(shape).replace(" ", ""),
+                        dname,
+                        res,
+                        layout,
+                        "mul_(1.0)",
+                        1.3,
+                    )
         # out= into an existing buffer (the overload lands separately: skipped until it exists).
         x = torch.randn(4, 32, 2048, 128)
         cos, sin = torch_rope.rope_tables(10000.0, 128, MAX_SEQ_LEN)
@@ -170,18 +232,28 @@ def target_rows(quick, compile_reference):
             torch_rope.apply(x, cos, sin, pos, out=buf)
         except TypeError as e:
             print(f"  prefill with out=: skipped, torch_rope.apply has no out= yet ({e})")
-            rows.append({"measure": "prefill with out= / clone", "shape": "(4,32,2048,128)",
-                         "dtype": "fp32", "target": 0.5, "ratio": None,
-                         "note": "skipped: torch_rope.apply(..., out=) not available"})
+            rows.append(
+                {
+                    "measure": "prefill with out= / clone",
+                    "shape": "(4,32,2048,128)",
+                    "dtype": "fp32",
+                    "target": 0.5,
+                    "ratio": None,
+                    "note": "skipped: torch_rope.apply(..., out=) not available",
+                }
+            )
         else:
-            fns = {"clone": lambda: x.clone(),
-                   "out=": lambda: torch_rope.apply(x, cos, sin, pos, out=buf)}
+            fns = {
+                "clone": lambda: x.clone(),
+                "out=": lambda: torch_rope.apply(x, cos, sin, pos, out=buf),
+            }
             res = timing.measure(fns, rounds_for(x.nbytes, quick))
             add("prefill with out= / clone", "(4,32,2048,128)", "fp32", res, "out=", "clone", 0.5)
     return rows
 
 
 # ---- sweep (the plot) ------------------------------------------------------------------------
+
 
 def sweep_rows(quick, compile_alternatives):
     rows = []
@@ -194,7 +266,7 @@ def sweep_rows(quick, compile_alternatives):
     with torch.inference_mode():
         for dname in ("fp32", "bf16"):
             for kind, kw in points:
-                for pair in ((False, True) if kind == "decode" else (False,)):
+                for pair in (False, True) if kind == "decode" else (False,):
                     p = problem(dtype=DTYPES[dname], k_heads=8 if pair else 0, **kw)
                     fns = alternatives.build(p, compile_alternatives)
                     wrong = alternatives.check_agreement(p, fns)
@@ -208,18 +280,30 @@ def sweep_rows(quick, compile_alternatives):
                     nbytes = p.q.nbytes + (p.k.nbytes if pair else 0)
                     res = timing.measure(fns, rounds_for(nbytes, quick))
                     shape = f"({kw['batch']},32,{kw['seq']},128)" + ("+k(8 heads)" if pair else "")
-                    rows.append({"kind": kind, "shape": shape, "dtype": dname, "pair": pair,
-                                 "bytes": nbytes, "us": {k: v["s"] * 1e6 for k, v in res.items()},
-                                 "over_clone": ratios(res, "clone"),
-                                 "spread": {k: v["spread"] for k, v in res.items()},
-                                 "wrong_results": wrong})
+                    rows.append(
+                        {
+                            "kind": kind,
+                            "shape": shape,
+                            "dtype": dname,
+                            "pair": pair,
+                            "bytes": nbytes,
+                            "us": {k: v["s"] * 1e6 for k, v in res.items()},
+                            "over_clone": ratios(res, "clone"),
+                            "spread": {k: v["spread"] for k, v in res.items()},
+                            "wrong_results": wrong,
+                        }
+                    )
                     r = rows[-1]["over_clone"]
-                    print(f"  {kind:7s} {shape:26s} {dname}: " + "  ".join(
-                        f"{k}={v:.2f}" for k, v in r.items() if k != "clone"), flush=True)
+                    print(
+                        f"  {kind:7s} {shape:26s} {dname}: "
+                        + "  ".join(f"{k}={v:.2f}" for k, v in r.items() if k != "clone"),
+                        flush=True,
+                    )
     return rows
 
 
 # ---- report ----------------------------------------------------------------------------------
+
 
 def machine():
     model, flags = platform.processor() or "unknown", set()
@@ -242,15 +326,20 @@ def machine():
         except Exception:
             versions[mod] = None
     return {
-        "cpu_model": model, "cpus": os.cpu_count(),
-        "isa_flags": sorted(flags & {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
-                                     "avx512dq", "avx512_bf16"}),
+        "cpu_model": model,
+        "cpus": os.cpu_count(),
+        "isa_flags": sorted(
+            flags
+            & {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}
+        ),
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "kernel_variant": torch_rope._C.cpu_kernel_variant(),
-        "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "torch_rope": torch_rope.__version__, "python": platform.python_version(),
-        "transparent_hugepage": thp, "alternatives": {"HF": alternatives.HF_SOURCE,
-                                                      "torchtune": alternatives.TORCHTUNE_SOURCE},
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "torch_rope": torch_rope.__version__,
+        "python": platform.python_version(),
+        "transparent_hugepage": thp,
+        "alternatives": {"HF": alternatives.HF_SOURCE, "torchtune": alternatives.TORCHTUNE_SOURCE},
         "versions": versions,
         "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE"),
     }
@@ -258,41 +347,67 @@ def machine():
 
 def markdown(result):
     m = result["meta"]
-    out = [f"CPU: {m['cpu_model']} ({m['cpus']} CPUs), kernel **{m['kernel_variant']}** "
-           f"(torch capability {m['torch_cpu_capability']}), {m['threads']} threads, torch "
-           f"{m['torch']}, {m['date']}. Load average {m['loadavg_before']} before, "
-           f"{m['loadavg_after']} after; spread = interquartile range / median per candidate.",
-           ""]
+    out = [
+        f"CPU: {m['cpu_model']} ({m['cpus']} CPUs), kernel **{m['kernel_variant']}** "
+        f"(torch capability {m['torch_cpu_capability']}), {m['threads']} threads, torch "
+        f"{m['torch']}, {m['date']}. Load average {m['loadavg_before']} before, "
+        f"{m['loadavg_after']} after; spread = interquartile range / median per candidate.",
+        "",
+    ]
     if result.get("targets"):
-        out += ["## Targets", "", "| measure | shape | dtype | ratio | target | |",
-                "|---|---|---|---:|---:|---|"]
+        out += [
+            "## Targets",
+            "",
+            "| measure | shape | dtype | ratio | target | |",
+            "|---|---|---|---:|---:|---|",
+        ]
     for r in result.get("targets", []):
         if r["ratio"] is None:
-            out.append(f"| {r['measure']} | {r['shape']} | {r['dtype']} | — | {r['target']} | "
-                       f"{r['note']} |")
+            out.append(
+                f"| {r['measure']} | {r['shape']} | {r['dtype']} | — | {r['target']} | "
+                f"{r['note']} |"
+            )
             continue
         ok = "ok" if r["ratio"] <= r["target"] else "**missed**"
-        out.append(f"| {r['measure']} | {r['shape']} | {r['dtype']} | {r['ratio']:.2f} | "
-                   f"{r['target']} | {ok} |")
+        out.append(
+            f"| {r['measure']} | {r['shape']} | {r['dtype']} | {r['ratio']:.2f} | "
+            f"{r['target']} | {ok} |"
+        )
     if result.get("sweep"):
         names = [n for n in result["sweep"][0]["over_clone"] if n != "clone"]
-        extra = sorted({n for r in result["sweep"] for n in r["over_clone"]} - set(names) -
-                       {"clone"})
+        extra = sorted(
+            {n for r in result["sweep"] for n in r["over_clone"]} - set(names) - {"clone"}
+        )
         names += extra
-        out += ["", "## Time / clone by implementation", "",
-                "| case | shape | dtype | clone (us) | " + " | ".join(names) + " |",
-                "|---|---|---|---:|" + "---:|" * len(names)]
+        out += [
+            "",
+            "## Time / clone by implementation",
+            "",
+            "| case | shape | dtype | clone (us) | " + " | ".join(names) + " |",
+            "|---|---|---|---:|" + "---:|" * len(names),
+        ]
         for r in result["sweep"]:
-            cells = [f"{r['over_clone'][n]:.2f}" if n in r["over_clone"] else
-                     ("wrong result" if n in r.get("wrong_results", {}) else "") for n in names]
-            out.append(f"| {r['kind']} | {r['shape']} | {r['dtype']} | {r['us']['clone']:.1f} | "
-                       + " | ".join(cells) + " |")
+            cells = [
+                f"{r['over_clone'][n]:.2f}"
+                if n in r["over_clone"]
+                else ("wrong result" if n in r.get("wrong_results", {}) else "")
+                for n in names
+            ]
+            out.append(
+                f"| {r['kind']} | {r['shape']} | {r['dtype']} | {r['us']['clone']:.1f} | "
+                + " | ".join(cells)
+                + " |"
+            )
     if result.get("entry"):
         out += ["", "## Entry cost (float32, us per call; ratio to clone)", ""]
         for shape, res in result["entry"].items():
             clone = res["clone"]["s"]
-            out.append(f"- x = {shape}: " + ", ".join(
-                f"{k} {v['s'] * 1e6:.2f} ({v['s'] / clone:.2f}x)" for k, v in res.items()))
+            out.append(
+                f"- x = {shape}: "
+                + ", ".join(
+                    f"{k} {v['s'] * 1e6:.2f} ({v['s'] / clone:.2f}x)" for k, v in res.items()
+                )
+            )
     return "\n".join(out) + "\n"
 
 
@@ -300,12 +415,20 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="fewer rounds and sweep points")
-    parser.add_argument("--no-compile", action="store_true",
-                        help="skip the torch.compile baselines (compiling takes minutes)")
-    parser.add_argument("--only", choices=("targets", "sweep", "entry"), action="append",
-                        help="run only these parts (repeatable)")
-    parser.add_argument("--output", default=None,
-                        help="results name (default: cpu_<kernel variant>)")
+    parser.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="skip the torch.compile baselines (compiling takes minutes)",
+    )
+    parser.add_argument(
+        "--only",
+        choices=("targets", "sweep", "entry"),
+        action="append",
+        help="run only these parts (repeatable)",
+    )
+    parser.add_argument(
+        "--output", default=None, help="results name (default: cpu_<kernel variant>)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if hasattr(torch._dynamo.config, "recompile_limit"):

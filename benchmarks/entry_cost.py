@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """What one call costs before any rotation happens: the Python and dispatcher layers of the entry.
 
 Times, for a decode step (1, 32, 1, 128) float32 and a single row (1, 1, 1, 128), with
@@ -46,15 +47,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("apply", &apply_typed); }
 def build_typed_probe():
     """A throw-away extension calling the C++ op API (a typed dispatcher call)."""
     from torch.utils.cpp_extension import load_inline
+
     package = os.path.dirname(torch_rope.__file__)
     libs = [f for f in os.listdir(package) if f.startswith("librope.so")]
     if not libs:
         raise RuntimeError(f"no librope.so in {package}: build the project first")
     return load_inline(
-        name="rope_entry_probe", cpp_sources=[_PROBE_SOURCE],
+        name="rope_entry_probe",
+        cpp_sources=[_PROBE_SOURCE],
         extra_include_paths=[os.path.join(REPO, "csrc", "include")],
         extra_ldflags=[f"-L{package}", f"-l:{sorted(libs)[0]}", f"-Wl,-rpath,{package}"],
-        verbose=False)
+        verbose=False,
+    )
 
 
 def measure_entry(typed_probe=None, rounds=31):
@@ -71,7 +75,8 @@ def measure_entry(typed_probe=None, rounds=31):
                 "aten boxed clone": lambda: torch.ops.aten.clone.default(x),
                 "ops positional": lambda: torch.ops.rope.apply.default(x, cos, sin, pos),
                 "ops keywords": lambda: torch.ops.rope.apply.default(
-                    x, cos, sin, pos, interleaved=True, inverse=False),
+                    x, cos, sin, pos, interleaved=True, inverse=False
+                ),
                 "ops packet": lambda: torch.ops.rope.apply(x, cos, sin, pos),
                 "torch_rope.apply": lambda: torch_rope.apply(x, cos, sin, pos),
                 "module": lambda: module(x, pos),
@@ -86,19 +91,26 @@ def measure_entry(typed_probe=None, rounds=31):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--typed-probe", action="store_true",
-                        help="also build and time a typed pybind11 call of rope::apply")
+    parser.add_argument(
+        "--typed-probe",
+        action="store_true",
+        help="also build and time a typed pybind11 call of rope::apply",
+    )
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     probe = build_typed_probe() if args.typed_probe else None
     for shape, res in measure_entry(probe).items():
         clone = res["clone"]["s"]
-        print(f"\nx = {shape} float32, {torch.get_num_threads()} threads, "
-              f"kernel {torch_rope._C.cpu_kernel_variant()}")
+        print(
+            f"\nx = {shape} float32, {torch.get_num_threads()} threads, "
+            f"kernel {torch_rope._C.cpu_kernel_variant()}"
+        )
         for name, r in res.items():
-            print(f"  {name:18s} {r['s'] * 1e6:7.2f} us   {r['s'] / clone:5.2f}x clone   "
-                  f"(spread {r['spread']:.0%})")
+            print(
+                f"  {name:18s} {r['s'] * 1e6:7.2f} us   {r['s'] / clone:5.2f}x clone   "
+                f"(spread {r['spread']:.0%})"
+            )
 
 
 if __name__ == "__main__":

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Plot time / clone against tensor size from bench_rope.py's results (one PNG per results file).
 
     PYTHONPATH=python .venv/bin/python benchmarks/plot_rope.py [results/cpu_avx2.json ...]
@@ -17,8 +18,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 STYLE = {  # implementation -> colour; "compiled" variants share it, dashed
-    "torch_rope": "black", "torch_rope half-split": "dimgray", "torch_rope module": "silver",
-    "HF": "tab:orange", "Meta complex": "tab:blue", "torchtune": "tab:green",
+    "torch_rope": "black",
+    "torch_rope half-split": "dimgray",
+    "torch_rope module": "silver",
+    "HF": "tab:orange",
+    "Meta complex": "tab:blue",
+    "torchtune": "tab:green",
     "reference": "tab:red",
 }
 
@@ -33,29 +38,42 @@ def plot(path: Path) -> Path:
     for i, dtype in enumerate(dtypes):
         for j, kind in enumerate(("prefill", "decode")):
             ax = axes[i][j]
-            points = sorted((r for r in rows if r["dtype"] == dtype and r["kind"] == kind),
-                            key=lambda r: r["bytes"])
+            points = sorted(
+                (r for r in rows if r["dtype"] == dtype and r["kind"] == kind),
+                key=lambda r: r["bytes"],
+            )
             names = [n for n in points[0]["over_clone"] if n != "clone"] if points else []
             for name in names:
                 base = name.replace(" compiled", "")
-                ax.plot([r["bytes"] / 2**20 for r in points],
-                        [r["over_clone"][name] for r in points], marker="o", ms=3,
-                        color=STYLE.get(base, "tab:purple"),
-                        linestyle="--" if name.endswith("compiled") else "-",
-                        linewidth=2.2 if base == "torch_rope" else 1.2, label=name)
+                ax.plot(
+                    [r["bytes"] / 2**20 for r in points],
+                    [r["over_clone"][name] for r in points],
+                    marker="o",
+                    ms=3,
+                    color=STYLE.get(base, "tab:purple"),
+                    linestyle="--" if name.endswith("compiled") else "-",
+                    linewidth=2.2 if base == "torch_rope" else 1.2,
+                    label=name,
+                )
             ax.axhline(1.0, color="gray", linewidth=0.8, linestyle=":")
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel("tensor size (MiB)")
             ax.set_ylabel("time / x.clone()")
-            ax.set_title(f"{kind}, {dtype}: " + ", ".join(r["shape"] for r in points[:1]) +
-                         (" ... " + points[-1]["shape"] if len(points) > 1 else ""), fontsize=9)
+            ax.set_title(
+                f"{kind}, {dtype}: "
+                + ", ".join(r["shape"] for r in points[:1])
+                + (" ... " + points[-1]["shape"] if len(points) > 1 else ""),
+                fontsize=9,
+            )
             ax.grid(True, which="both", alpha=0.3)
             if i == 0:
                 ax.legend(fontsize=7, ncol=2)
-    fig.suptitle(f"torch-rope on {meta['cpu_model']}, kernel {meta['kernel_variant']}, "
-                 f"{meta['threads']} threads, torch {meta['torch']} (lower is better; 1 = clone)",
-                 fontsize=10)
+    fig.suptitle(
+        f"torch-rope on {meta['cpu_model']}, kernel {meta['kernel_variant']}, "
+        f"{meta['threads']} threads, torch {meta['torch']} (lower is better; 1 = clone)",
+        fontsize=10,
+    )
     fig.tight_layout()
     out = path.with_suffix(".png")
     fig.savefig(out, dpi=110)

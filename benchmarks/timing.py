@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Interleaved-round timing on the CPU: every figure is a ratio of medians taken in one run.
 
 On a shared machine absolute times drift by tens of percent within a minute, so candidates are
@@ -29,8 +30,9 @@ def calibrate(fn: Callable[[], object], min_sample_s: float) -> int:
         inner = max(inner * 2, int(inner * min_sample_s / max(elapsed, 1e-9)))
 
 
-def measure(candidates: Dict[str, Callable[[], object]], rounds: int = 21,
-            min_sample_s: float = 2e-4) -> Dict[str, dict]:
+def measure(
+    candidates: Dict[str, Callable[[], object]], rounds: int = 21, min_sample_s: float = 2e-4
+) -> Dict[str, dict]:
     """Median seconds per call of each candidate, over interleaved rounds.
 
     Returns {name: {"s": median seconds per call, "spread": (p75 - p25) / median, "inner": calls
@@ -58,6 +60,10 @@ def measure(candidates: Dict[str, Callable[[], object]], rounds: int = 21,
         values = sorted(samples[name])
         median = statistics.median(values)
         q = statistics.quantiles(values, n=4) if len(values) >= 4 else [values[0], 0, values[-1]]
-        out[name] = {"s": median, "spread": (q[2] - q[0]) / median if median else 0.0,
-                     "inner": inners[name], "rounds": rounds}
+        out[name] = {
+            "s": median,
+            "spread": (q[2] - q[0]) / median if median else 0.0,
+            "inner": inners[name],
+            "rounds": rounds,
+        }
     return out

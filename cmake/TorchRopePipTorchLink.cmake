@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Linking executables against a pip-installed torch.
 #
 # The torch wheel keeps its CUDA libraries in site-packages/nvidia/*/lib; at run time

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Autograd for the rope ops, registered in C++ so LibTorch callers get gradients too.
 //
 // A rotation is orthogonal, so its gradient is the inverse rotation: the same op with `inverse`
@@ -102,9 +103,7 @@ class RotateQKFunction : public torch::autograd::Function<RotateQKFunction> {
 
 // Inference (no input needs a gradient) skips building a graph node: decode calls are small
 // enough for that bookkeeping to show.
-bool records_grad(const at::Tensor& t) {
-  return at::GradMode::is_enabled() && t.requires_grad();
-}
+bool records_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
 
 at::Tensor apply_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                           const at::Tensor& positions, bool interleaved, bool inverse) {
@@ -164,8 +163,7 @@ void apply_inplace_autograd(const at::Tensor& x, const at::Tensor& cos, const at
   const at::Tensor& x_tangent = x._fw_grad(kForwardLevel);
   if (x_tangent.defined()) {
     // Rotate the value through its primal view, then the tangent, as aten's in-place ops do.
-    apply_inplace_autograd(x._fw_primal(kForwardLevel), cos, sin, positions, interleaved,
-                           inverse);
+    apply_inplace_autograd(x._fw_primal(kForwardLevel), cos, sin, positions, interleaved, inverse);
     if (at::has_internal_overlap(x_tangent) == at::MemOverlap::Yes) {
       x._set_fw_grad(rope::apply(x_tangent, cos, sin, positions, interleaved, inverse),
                      kForwardLevel, /*is_inplace_op=*/true);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // What this build of librope contains and which of its kernels this process runs.
 #include <torch_rope/ops.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Meta kernels: shapes without data, for meta tensors, FakeTensor (torch.compile, export) and
 // symbolic shapes. They run exactly the checks of the computing backends (validation.h), so a
 // call that CPU or CUDA rejects is rejected here too, at trace time; only the position range,
@@ -36,8 +37,8 @@ void apply_out_meta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor
 
 std::tuple<at::Tensor, at::Tensor> apply_qk_meta(const at::Tensor& q, const at::Tensor& k,
                                                  const at::Tensor& cos, const at::Tensor& sin,
-                                                 const at::Tensor& positions,
-                                                 bool /*interleaved*/, bool /*inverse*/) {
+                                                 const at::Tensor& positions, bool /*interleaved*/,
+                                                 bool /*inverse*/) {
   detail::check_apply_qk("rope.apply_qk", q, k, cos, sin, positions);
   return {empty_like_contiguous(q), empty_like_contiguous(k)};
 }

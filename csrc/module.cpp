@@ -1,9 +1,9 @@
-#include <torch_rope/module.h>
-#include <torch_rope/ops.h>
-
+// SPDX-License-Identifier: BSD-3-Clause
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <torch/serialize/archive.h>
+#include <torch_rope/module.h>
+#include <torch_rope/ops.h>
 
 #include <cmath>
 #include <type_traits>
@@ -38,8 +38,10 @@ ModuleTables module_tables(double theta, int64_t rotary_dim, int64_t max_seq_len
   // device instead of reading the positions back.
   check_max_seq_len(max_seq_len, rotary_dim, "rope_tables");
   const int64_t original = longrope->original_max_position_embeddings();
-  const auto short_freq = rope_frequencies(theta, rotary_dim, LongRopeScaling(*longrope).seq_len(original), max_seq_len);
-  const auto long_freq = rope_frequencies(theta, rotary_dim, LongRopeScaling(*longrope).seq_len(original + 1), max_seq_len);
+  const auto short_freq = rope_frequencies(
+      theta, rotary_dim, LongRopeScaling(*longrope).seq_len(original), max_seq_len);
+  const auto long_freq = rope_frequencies(
+      theta, rotary_dim, LongRopeScaling(*longrope).seq_len(original + 1), max_seq_len);
   TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kDouble,
                     "rope_tables: dtype must be float32 or float64, got ", dtype);
   const auto options = at::TensorOptions().dtype(dtype).device(device.value_or(at::kCPU));
@@ -80,16 +82,16 @@ RotaryPositionalEmbeddingImpl::RotaryPositionalEmbeddingImpl(
                     options.seq_dim());
   if (device.has_value()) {
     TORCH_CHECK_VALUE(!options.device().has_value() || *options.device() == *device, who,
-                      ": device given twice, as ", *device, " and as options.device() = ",
-                      *options.device());
+                      ": device given twice, as ", *device,
+                      " and as options.device() = ", *options.device());
     options_.device(device);
   }
   reset();
 }
 
 void RotaryPositionalEmbeddingImpl::build_tables(std::optional<torch::Device> device) {
-  auto tables =
-      module_tables(theta_, rotary_dim_, max_seq_len_, options_.scaling(), options_.dtype(), device);
+  auto tables = module_tables(theta_, rotary_dim_, max_seq_len_, options_.scaling(),
+                              options_.dtype(), device);
   long_offset_ = tables.long_offset;
   long_after_ = tables.long_after;
   if (cos_.defined() && named_buffers(/*recurse=*/false).contains("cos")) {
@@ -105,8 +107,8 @@ void RotaryPositionalEmbeddingImpl::build_tables(std::optional<torch::Device> de
 
 void RotaryPositionalEmbeddingImpl::reset() {
   // A clone is rebuilt where the original's tables are now (they may have moved since).
-  const auto device = cos_.defined() ? std::optional<torch::Device>(cos_.device())
-                                     : options_.device();
+  const auto device =
+      cos_.defined() ? std::optional<torch::Device>(cos_.device()) : options_.device();
   build_tables(device);
 }
 
@@ -137,15 +139,16 @@ torch::Tensor RotaryPositionalEmbeddingImpl::forward(
     TORCH_CHECK_VALUE(rank >= trailing + 1, "RotaryPositionalEmbedding: without token_positions, ",
                       "x needs a sequence axis at seq_dim = ", options_.seq_dim(),
                       ", got x of shape ", x.sizes());
-    positions = torch::arange(x.size(options_.seq_dim()),
-                              torch::dtype(torch::kLong).device(x.device()));
+    positions =
+        torch::arange(x.size(options_.seq_dim()), torch::dtype(torch::kLong).device(x.device()));
   }
   if (positions.dim() <= 2) {
     for (int64_t i = 0; i < trailing; ++i) positions = positions.unsqueeze(-1);
   }
   if (long_offset_ != 0 && positions.numel() > 0) {
     // LongRoPE's switch, on the device: long rows for a call reaching past the original context.
-    positions = positions + positions.max().ge(long_after_).to(positions.scalar_type()) * long_offset_;
+    positions =
+        positions + positions.max().ge(long_after_).to(positions.scalar_type()) * long_offset_;
   }
   return rope::apply(x, cos_, sin_, positions, options_.interleaved());
 }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The bodies of rope.apply, rope.apply_, rope.apply.out and rope.apply_qk, written once for every
 // backend that computes (CPU, CUDA). A backend supplies a policy with:
 //   static void check_positions(const char* op, const at::Tensor& positions, int64_t max_seq_len);

@@ -1,10 +1,10 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The rope op library: every schema in one place, and the C++ API that calls through the
 // dispatcher (so C++ callers get autograd and every backend exactly as Python does).
 // Kernels live in cpu/, cuda/, meta.cpp and autograd.cpp, each registering only its own key.
-#include <torch_rope/ops.h>
-
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
+#include <torch_rope/ops.h>
 
 TORCH_LIBRARY(rope, m) {
   m.def(
@@ -57,12 +57,11 @@ std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tenso
                                             const at::Tensor& cos, const at::Tensor& sin,
                                             const at::Tensor& positions, bool interleaved,
                                             bool inverse) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("rope::apply_qk", "")
-          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                    const at::Tensor&, const at::Tensor&,
-                                                    const at::Tensor&, bool, bool)>();
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply_qk", "")
+                       .typed<std::tuple<at::Tensor, at::Tensor>(
+                           const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                           const at::Tensor&, const at::Tensor&, bool, bool)>();
   return op.call(q, k, cos, sin, positions, interleaved, inverse);
 }
 

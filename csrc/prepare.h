@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Turns validated tensors into the torch-free kernel arguments of kernel_args.h, and owns the
 // tensors those raw pointers point into for the duration of the call.
 #pragma once
@@ -39,8 +40,8 @@ struct PreparedTables {
   TableArgs args;
 };
 
-// Call after the checks of validation.h. Copies only when a table's last dim is not contiguous or cos and sin
-// have different row strides.
+// Call after the checks of validation.h. Copies only when a table's last dim is not contiguous or
+// cos and sin have different row strides.
 PreparedTables prepare_tables(const at::Tensor& cos, const at::Tensor& sin);
 
 // Fresh CPU outputs of at least this many bytes get advise_huge_pages().

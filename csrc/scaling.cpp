@@ -1,13 +1,13 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // inv_freq and attention scaling of every RoPE scaling variant, in float64.
 //
 // Each formula follows transformers' ROPE_INIT_FUNCTIONS (modeling_rope_utils.py), term for term,
 // so that the tests can compare against the real library. The one difference is on purpose:
 // transformers computes in float32 (theta^(2k/d) rounded to 24 bits), we compute in float64, so
 // an angle p * inv_freq stays exact to ~1e-16 relative at any position instead of ~6e-8.
-#include <torch_rope/tables.h>
-
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
+#include <torch_rope/tables.h>
 
 #include <algorithm>
 #include <cmath>
@@ -81,10 +81,9 @@ struct Builder {
                       "as a power rotary_dim / (rotary_dim - 2)), got ", dim);
     const int64_t requested = s.seq_len().value_or(seq_len);
     check_length("dynamic", "seq_len", requested);
-    const double length =
-        static_cast<double>(std::max(requested, s.max_position_embeddings()));
-    const double ratio = s.factor() * length / static_cast<double>(s.max_position_embeddings()) -
-                         (s.factor() - 1.0);
+    const double length = static_cast<double>(std::max(requested, s.max_position_embeddings()));
+    const double ratio =
+        s.factor() * length / static_cast<double>(s.max_position_embeddings()) - (s.factor() - 1.0);
     const double base =
         theta * std::pow(ratio, static_cast<double>(dim) / static_cast<double>(dim - 2));
     return {default_inv_freq(base, dim, planes), 1.0};
@@ -93,7 +92,8 @@ struct Builder {
   Frequencies operator()(const YarnScaling& s) const {
     const int64_t original = s.original_max_position_embeddings();
     check_length("yarn", "original_max_position_embeddings", original);
-    const double factor = factor_or_ratio("yarn", s.factor(), s.max_position_embeddings(), original);
+    const double factor =
+        factor_or_ratio("yarn", s.factor(), s.max_position_embeddings(), original);
     TORCH_CHECK_VALUE(std::isfinite(s.beta_fast()) && std::isfinite(s.beta_slow()) &&
                           s.beta_fast() > 0 && s.beta_slow() > 0,
                       "rope scaling 'yarn': beta_fast and beta_slow must be positive, got ",
@@ -130,7 +130,8 @@ struct Builder {
 
     std::vector<double> inv(planes);
     for (int64_t k = 0; k < planes; ++k) {
-      const double pos_freq = std::pow(theta, static_cast<double>(2 * k) / static_cast<double>(dim));
+      const double pos_freq =
+          std::pow(theta, static_cast<double>(2 * k) / static_cast<double>(dim));
       const double extrapolation = 1.0 / pos_freq;
       const double interpolation = 1.0 / (factor * pos_freq);
       const double ramp = std::clamp((static_cast<double>(k) - low) / (high - low), 0.0, 1.0);
@@ -188,8 +189,8 @@ struct Builder {
     const auto& ext = length > original ? s.long_factor() : s.short_factor();
     std::vector<double> inv(planes);
     for (int64_t k = 0; k < planes; ++k) {
-      inv[k] = 1.0 / (ext[k] * std::pow(theta, static_cast<double>(2 * k) /
-                                                   static_cast<double>(dim)));
+      inv[k] =
+          1.0 / (ext[k] * std::pow(theta, static_cast<double>(2 * k) / static_cast<double>(dim)));
     }
     return {inv, attention};
   }
@@ -214,7 +215,7 @@ struct Builder {
 }  // namespace
 
 std::string rope_type_name(const RopeScaling& scaling) {
-  static const char* const names[] = {"default", "linear", "dynamic",     "yarn",
+  static const char* const names[] = {"default", "linear",   "dynamic",     "yarn",
                                       "llama3",  "longrope", "proportional"};
   static_assert(std::variant_size_v<RopeScaling> == sizeof(names) / sizeof(names[0]));
   return names[scaling.index()];
@@ -224,9 +225,9 @@ RopeFrequencies rope_frequencies(double theta, int64_t rotary_dim, const RopeSca
                                  int64_t seq_len) {
   TORCH_CHECK_VALUE(std::isfinite(theta) && theta > 0,
                     "rope_tables: theta must be a positive number, got ", theta);
-  TORCH_CHECK_VALUE(rotary_dim >= 2 && rotary_dim % 2 == 0,
-                    "rope_tables: rotary_dim must be even and >= 2 (features rotate in pairs), got ",
-                    rotary_dim);
+  TORCH_CHECK_VALUE(
+      rotary_dim >= 2 && rotary_dim % 2 == 0,
+      "rope_tables: rotary_dim must be even and >= 2 (features rotate in pairs), got ", rotary_dim);
   const auto f = std::visit(Builder{theta, rotary_dim, rotary_dim / 2, seq_len}, scaling);
   auto inv_freq = at::empty({rotary_dim / 2}, at::TensorOptions().dtype(at::kDouble));
   std::copy(f.inv_freq.begin(), f.inv_freq.end(), inv_freq.data_ptr<double>());

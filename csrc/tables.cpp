@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The one cos/sin table builder, shared by the C++ module, the Python module, the integrations
 // and users.
 //
@@ -5,9 +6,6 @@
 // the attention scaling, rounded once to the table dtype. Rows are built in chunks written
 // straight into the output, so the peak memory is the tables plus a few chunks: at 2^24
 // positions of a 128-wide head a whole-table float64 angle matrix would be 8 GiB of scratch.
-#include <torch_rope/ops.h>
-#include <torch_rope/tables.h>
-
 #include <ATen/Parallel.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cos.h>
@@ -16,6 +14,8 @@
 #include <ATen/ops/outer.h>
 #include <ATen/ops/sin.h>
 #include <c10/util/Exception.h>
+#include <torch_rope/ops.h>
+#include <torch_rope/tables.h>
 
 #include <algorithm>
 #include <cmath>
@@ -45,8 +45,8 @@ void check_max_seq_len(int64_t max_seq_len, int64_t planes) {
 }
 
 // Rows [begin, end) of the tables: positions first_position + row.
-void fill_rows(const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& inv_freq, double scaling,
-               int64_t first_position, int64_t begin, int64_t end) {
+void fill_rows(const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& inv_freq,
+               double scaling, int64_t first_position, int64_t begin, int64_t end) {
   const auto f64 = inv_freq.options();
   const auto positions = at::arange(static_cast<double>(first_position + begin),
                                     static_cast<double>(first_position + end), f64);
@@ -115,14 +115,13 @@ std::tuple<at::Tensor, at::Tensor> rope_tables_from_inv_freq(const at::Tensor& i
   check_max_seq_len(max_seq_len, inv_freq.numel());
   TORCH_CHECK_VALUE(std::isfinite(attention_scaling),
                     "rope_tables: attention_scaling must be finite, got ", attention_scaling);
-  const auto options =
-      at::TensorOptions().dtype(dtype).device(device.value_or(inv_freq.device()));
+  const auto options = at::TensorOptions().dtype(dtype).device(device.value_or(inv_freq.device()));
   auto cos = at::empty({max_seq_len, inv_freq.numel()}, options);
   auto sin = at::empty({max_seq_len, inv_freq.numel()}, options);
   if (!cos.is_meta()) {
     TORCH_CHECK_VALUE(inv_freq.device().is_cpu() || inv_freq.device() == cos.device(),
-                      "rope_tables: inv_freq is on ", inv_freq.device(),
-                      ", tables requested on ", cos.device());
+                      "rope_tables: inv_freq is on ", inv_freq.device(), ", tables requested on ",
+                      cos.device());
     const auto freq_cpu = inv_freq.to(at::kCPU, at::kDouble);
     const auto* f = freq_cpu.const_data_ptr<double>();
     for (int64_t k = 0; k < freq_cpu.numel(); ++k) {
@@ -139,9 +138,8 @@ std::tuple<at::Tensor, at::Tensor> rope_tables(double theta, int64_t rotary_dim,
   check_table_dtype(options.dtype());
   TORCH_CHECK_VALUE(max_seq_len >= 1, "rope_tables: max_seq_len must be >= 1, got ", max_seq_len);
   const auto frequencies = rope_frequencies(theta, rotary_dim, options.scaling(), max_seq_len);
-  return rope_tables_from_inv_freq(frequencies.inv_freq, max_seq_len,
-                                   frequencies.attention_scaling, options.dtype(),
-                                   options.device().value_or(at::kCPU));
+  return rope_tables_from_inv_freq(frequencies.inv_freq, max_seq_len, frequencies.attention_scaling,
+                                   options.dtype(), options.device().value_or(at::kCPU));
 }
 
 std::tuple<at::Tensor, at::Tensor> rope_tables(double theta, int64_t rotary_dim,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include "validation.h"
 
 #include <ATen/ExpandUtils.h>
@@ -25,8 +26,8 @@ void check_defined(const char* op, const char* name, const at::Tensor& t) {
 
 // Devices first: a call that mixes devices (including "meta" with real tensors, which the
 // dispatcher routes to the Meta kernel) must fail here rather than compute on the wrong memory.
-void check_same_device(const char* op, const char* a_name, const at::Tensor& a,
-                       const char* b_name, const at::Tensor& b) {
+void check_same_device(const char* op, const char* a_name, const at::Tensor& a, const char* b_name,
+                       const at::Tensor& b) {
   TORCH_CHECK(a.device() == b.device(), op, ": ", a_name, " and ", b_name,
               " must be on the same device, got ", a_name, " on ", a.device(), " and ", b_name,
               " on ", b.device());
@@ -74,7 +75,8 @@ void check_rotated_input(const char* op, const char* name, const at::Tensor& x,
   TORCH_CHECK(at::is_expandable_to(positions.sym_sizes(), row_shape), op, ": positions of shape ",
               positions.sym_sizes(), " cannot be broadcast to ", name, ".shape[:-1] = ", row_shape,
               " (shapes align from the right; use e.g. (S,) for (B, H, S, D) or (S, 1) for "
-              "(B, S, H, D); when ", name,
+              "(B, S, H, D); when ",
+              name,
               " is a DTensor these are global shapes: positions must be global and "
               "broadcastable to the global shape)");
 }
@@ -114,12 +116,13 @@ bool may_share_memory(const at::Tensor& written, const at::Tensor& read) {
   return w_lo <= r_hi && r_lo <= w_hi;
 }
 
-void check_no_shared_memory(const char* op, const char* written_name, const at::Tensor& written,
-                            std::initializer_list<std::pair<const char*, const at::Tensor*>> reads) {
+void check_no_shared_memory(
+    const char* op, const char* written_name, const at::Tensor& written,
+    std::initializer_list<std::pair<const char*, const at::Tensor*>> reads) {
   for (const auto& [read_name, read] : reads) {
-    TORCH_CHECK(!may_share_memory(written, *read), op, ": ", written_name,
-                " shares memory with ", read_name, ", which it would overwrite while reading; pass ",
-                read_name, ".clone() or a separate buffer");
+    TORCH_CHECK(!may_share_memory(written, *read), op, ": ", written_name, " shares memory with ",
+                read_name, ", which it would overwrite while reading; pass ", read_name,
+                ".clone() or a separate buffer");
   }
 }
 
@@ -152,14 +155,13 @@ void check_apply_out(const char* op, const at::Tensor& x, const at::Tensor& cos,
                          {{"x", &x}, {"cos", &cos}, {"sin", &sin}, {"positions", &positions}});
 }
 
-void check_apply_qk(const char* op, const at::Tensor& q, const at::Tensor& k,
-                    const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions) {
+void check_apply_qk(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                    const at::Tensor& sin, const at::Tensor& positions) {
   check_tables(op, cos, sin);
   check_rotated_input(op, "q", q, cos, positions);
   check_rotated_input(op, "k", k, cos, positions);
-  TORCH_CHECK(q.scalar_type() == k.scalar_type(), op,
-              ": q and k must have the same dtype, got q ", q.scalar_type(), " and k ",
-              k.scalar_type());
+  TORCH_CHECK(q.scalar_type() == k.scalar_type(), op, ": q and k must have the same dtype, got q ",
+              q.scalar_type(), " and k ", k.scalar_type());
   TORCH_SYM_CHECK(q.sym_size(-1).sym_eq(k.sym_size(-1)), op,
                   ": q and k must have the same head_dim (size(-1)), got q ", q.sym_size(-1),
                   " and k ", k.sym_size(-1));

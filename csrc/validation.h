@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Input checks shared by every backend (CPU, CUDA and Meta), so that a bad call fails the same way
 // on each, under torch.compile as in eager, and before anything is written. Messages name the op,
 // the argument, what was expected and what came, so the caller can fix the call from the message
@@ -26,8 +27,8 @@ void check_apply_out(const char* op, const at::Tensor& x, const at::Tensor& cos,
                      const at::Tensor& sin, const at::Tensor& positions, const at::Tensor& out);
 
 // rope.apply_qk: check_apply for q and for k, and q and k agree in dtype and head_dim.
-void check_apply_qk(const char* op, const at::Tensor& q, const at::Tensor& k,
-                    const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions);
+void check_apply_qk(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                    const at::Tensor& sin, const at::Tensor& positions);
 
 // Host-side range check of positions against [0, max_seq_len): reads positions, so only the CPU
 // backend calls it (CUDA asserts inside the kernel instead, to avoid a device-to-host sync).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """torch-rope demo: the op inside a causal attention block, checked and timed.
 
 Run through `bash scripts/demo.sh` (which installs, builds, then runs this), or directly:
@@ -66,9 +67,11 @@ def median_ms(fn, device, reps=20):
 def main():
     torch.manual_seed(0)
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    print(f"torch {torch.__version__}, torch_rope {torch_rope.__version__}, "
-          f"CUDA kernels built: {torch_rope.compiled_with_cuda()}, "
-          f"GPU present: {torch.cuda.is_available()}\n")
+    print(
+        f"torch {torch.__version__}, torch_rope {torch_rope.__version__}, "
+        f"CUDA kernels built: {torch_rope.compiled_with_cuda()}, "
+        f"GPU present: {torch.cuda.is_available()}\n"
+    )
 
     # 1. Inside an attention block: identical to the plain-PyTorch reference.
     block = CausalSelfAttention()
@@ -79,8 +82,10 @@ def main():
         block.rope_impl = "reference"
         ref = block(x, positions)
         block.rope_impl = "ours"
-    print(f"1. attention block output vs reference RoPE: max |diff| = "
-          f"{(ours - ref).abs().max().item():.2e}")
+    print(
+        f"1. attention block output vs reference RoPE: max |diff| = "
+        f"{(ours - ref).abs().max().item():.2e}"
+    )
 
     # 2. The relative-position property: q_i . k_j depends only on i - j.
     cos, sin = torch_rope.rope_tables(10000.0, 64, 4096)
@@ -91,8 +96,10 @@ def main():
         kj = torch_rope.apply(k, cos, sin, torch.tensor([j]))
         return (qi * kj).sum().item()
 
-    print("2. relative position: score(i, j) for i - j = 3 at three offsets: "
-          + ", ".join(f"({i},{i - 3}) -> {score(i, i - 3):+.6f}" for i in (3, 100, 3000)))
+    print(
+        "2. relative position: score(i, j) for i - j = 3 at three offsets: "
+        + ", ".join(f"({i},{i - 3}) -> {score(i, i - 3):+.6f}" for i in (3, 100, 3000))
+    )
 
     # 3. Gradients flow, and torch.compile sees the op (no graph break).
     compiled_block = torch.compile(block, fullgraph=True)
@@ -102,8 +109,10 @@ def main():
 
     # 4. Speed of the rotation itself: ours vs eager PyTorch vs torch.compile of the reference.
     print("\n4. RoPE on q and k of a (B=4, S=1024, H=32/8 GQA, D=128) prefill, median ms:")
-    print("| device | dtype | ours | x.clone() | eager reference | compiled reference "
-          "| eager / ours | compiled / ours |")
+    print(
+        "| device | dtype | ours | x.clone() | eager reference | compiled reference "
+        "| eager / ours | compiled / ours |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for device in devices:
         for dtype in (torch.float32, torch.bfloat16):
@@ -117,8 +126,10 @@ def main():
                 t_clone = median_ms(lambda: (q.clone(), k.clone()), device)
                 t_eager = median_ms(lambda: eager.apply_qk(q, k, cos, sin, pos), device)
                 t_comp = median_ms(lambda: compiled_ref(q, k, cos, sin, pos), device)
-            print(f"| {device} | {str(dtype)[6:]} | {t_ours:.2f} | {t_clone:.2f} | {t_eager:.2f} "
-                  f"| {t_comp:.2f} | {t_eager / t_ours:.1f}x | {t_comp / t_ours:.1f}x |")
+            print(
+                f"| {device} | {str(dtype)[6:]} | {t_ours:.2f} | {t_clone:.2f} | {t_eager:.2f} "
+                f"| {t_comp:.2f} | {t_eager / t_ours:.1f}x | {t_comp / t_ours:.1f}x |"
+            )
     if not torch.cuda.is_available():
         print("\n(no GPU on this machine: CUDA rows are absent; see README for GPU status)")
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Configures and builds librope, the Python extension (into python/torch_rope) and the C++ tests
 # in build/, with the project's virtual environment. Concurrent runs wait for each other.
 #

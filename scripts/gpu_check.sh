@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Validates and measures the CUDA kernels in one command, on a machine with a GPU and a torch
 # already installed (any torch >= 2.4 with CUDA, e.g. 2.11 with Python 3.12). Downloads nothing.
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """Quick GPU timing of the main RoPE shapes, as a ratio to x.clone() of the same tensors.
 
 Used by scripts/gpu_check.sh to compare builds of the kernel with different tuning knobs (rows in
@@ -71,12 +72,15 @@ def main():
         return 2
 
     rows = []
-    print(f"| build | shape | dtype | ours ms | clone ms | ours / clone |\n|---|---|---|---|---|---|")
+    print(
+        "| build | shape | dtype | ours ms | clone ms | ours / clone |\n|---|---|---|---|---|---|"
+    )
     for shape in SHAPES:
         for dtype in DTYPES:
             q, k, cos, sin, positions = inputs(shape, dtype)
             interleaved = shape[7]
             if shape[1] == "apply_qk":
+
                 def ours():
                     torch_rope.apply_qk(q, k, cos, sin, positions, interleaved=interleaved)
 
@@ -84,11 +88,13 @@ def main():
                     q.clone()
                     k.clone()
             else:
+
                 def ours():
                     torch_rope.apply(q, cos, sin, positions, interleaved=interleaved)
 
                 def clone():
                     q.clone()
+
             if args.once:
                 for _ in range(3):
                     ours()
@@ -96,15 +102,27 @@ def main():
                 continue
             ours_ms = median_ms(ours)
             clone_ms = median_ms(clone)
-            row = {"build": args.label, "shape": shape[0], "dtype": str(dtype).replace("torch.", ""),
-                   "ours_ms": ours_ms, "clone_ms": clone_ms, "ours_over_clone": ours_ms / clone_ms}
+            row = {
+                "build": args.label,
+                "shape": shape[0],
+                "dtype": str(dtype).replace("torch.", ""),
+                "ours_ms": ours_ms,
+                "clone_ms": clone_ms,
+                "ours_over_clone": ours_ms / clone_ms,
+            }
             rows.append(row)
-            print(f"| {args.label} | {row['shape']} | {row['dtype']} | {ours_ms:.4f} | "
-                  f"{clone_ms:.4f} | {row['ours_over_clone']:.3f} |", flush=True)
+            print(
+                f"| {args.label} | {row['shape']} | {row['dtype']} | {ours_ms:.4f} | "
+                f"{clone_ms:.4f} | {row['ours_over_clone']:.3f} |",
+                flush=True,
+            )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "rows": rows}, f, indent=1)
+            json.dump(
+                {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows},
+                f,
+                indent=1,
+            )
     return 0
 
 

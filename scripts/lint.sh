@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Style checks with the pinned tools that scripts/setup.sh installs into .venv: ruff (lint and
 # format) on Python, clang-format (.clang-format) on C++ and CUDA. scripts/test.sh runs this, so
 # style cannot drift; .pre-commit-config.yaml runs the same checks before each commit.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # ASan + UBSan build of librope, the Python extension and the GoogleTest suite (CPU backend), in
 # build-asan/, then the C++ tests and the Python tests (minus the slow and compile-heavy ones)
 # against it. Run through `bash scripts/test.sh --sanitize`, or directly after scripts/setup.sh.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """What a GPU would show of the CUDA kernels, read from the machine code in CI.
 
 For every kernel variant in the cubins (sm_80, sm_90) of an object, a shared library (librope.so)
@@ -38,8 +39,12 @@ from pathlib import Path
 SKIP = 77
 REPO = Path(__file__).resolve().parent.parent
 KERNEL_SOURCE = REPO / "csrc" / "cuda" / "rope_kernel.cuh"
-MARKERS = {"vector": "// sass: vector store", "rotated": "// sass: rotated store",
-           "tail": "// sass: tail store", "vector_load": "// sass: vector load"}
+MARKERS = {
+    "vector": "// sass: vector store",
+    "rotated": "// sass: rotated store",
+    "tail": "// sass: tail store",
+    "vector_load": "// sass: vector load",
+}
 # sm_80 and sm_90: 64K 32-bit registers and 2048 threads per SM, registers allocated per warp in
 # units of 256, at most 32 resident blocks.
 REGISTERS_PER_SM = 65536
@@ -54,8 +59,9 @@ def triton_bin_dirs():
     dirs = []
     spec = importlib.util.find_spec("triton")
     if spec is not None and spec.submodule_search_locations:
-        dirs += [Path(root) / "backends" / "nvidia" / "bin"
-                 for root in spec.submodule_search_locations]
+        dirs += [
+            Path(root) / "backends" / "nvidia" / "bin" for root in spec.submodule_search_locations
+        ]
     dirs += sorted(REPO.glob(".venv/lib/python3*/site-packages/triton/backends/nvidia/bin"))
     return dirs
 
@@ -92,8 +98,9 @@ def demangle(names):
     cxxfilt = shutil.which("c++filt")
     if not cxxfilt or not names:
         return {n: n for n in names}
-    out = subprocess.run([cxxfilt], input="\n".join(names), capture_output=True, text=True,
-                         check=True).stdout.splitlines()
+    out = subprocess.run(
+        [cxxfilt], input="\n".join(names), capture_output=True, text=True, check=True
+    ).stdout.splitlines()
     return dict(zip(names, out))
 
 
@@ -114,8 +121,11 @@ def describe(demangled):
         "vector": vector == "true",
     }
     name = "{} / {} tables / {} / {}".format(
-        info["storage"], info["tables"], "interleaved" if info["interleaved"] else "half split",
-        "vector" if info["vector"] else "scalar-only")
+        info["storage"],
+        info["tables"],
+        "interleaved" if info["interleaved"] else "half split",
+        "vector" if info["vector"] else "scalar-only",
+    )
     return name, info
 
 
@@ -145,7 +155,7 @@ def parse_sass(text):
     fresh_group = False
     for line in text.splitlines():
         if line.startswith(".text."):
-            current = line[len(".text."):].rstrip(":")
+            current = line[len(".text.") :].rstrip(":")
             functions[current] = []
             chain = set()
             continue
@@ -229,15 +239,25 @@ def analyse(cubin, arch, tools, markers):
             stores[kind][w] = stores[kind].get(w, 0) + 1
         registers = res.get("registers", 0)
         blocks = resident_blocks(registers) if registers else None
-        rows.append({
-            "arch": arch, "kernel": name, "mangled": mangled, "variant": info,
-            "registers": registers, "stack": res.get("stack", 0), "local": res.get("local", 0),
-            "shared": res.get("shared", 0), "spill_instructions": counts["spill"],
-            "resident_blocks": blocks,
-            "occupancy": None if blocks is None else blocks * BLOCK_THREADS / THREADS_PER_SM,
-            "stores": stores, "loads": loads, "vector_loads": vector_loads,
-            "forbidden": sorted(set(counts["forbidden"])),
-        })
+        rows.append(
+            {
+                "arch": arch,
+                "kernel": name,
+                "mangled": mangled,
+                "variant": info,
+                "registers": registers,
+                "stack": res.get("stack", 0),
+                "local": res.get("local", 0),
+                "shared": res.get("shared", 0),
+                "spill_instructions": counts["spill"],
+                "resident_blocks": blocks,
+                "occupancy": None if blocks is None else blocks * BLOCK_THREADS / THREADS_PER_SM,
+                "stores": stores,
+                "loads": loads,
+                "vector_loads": vector_loads,
+                "forbidden": sorted(set(counts["forbidden"])),
+            }
+        )
     return rows
 
 
@@ -251,54 +271,78 @@ def markdown(rows):
     out = []
     for arch in sorted({r["arch"] for r in rows}):
         out.append(f"#### {arch}\n")
-        out.append("| kernel (storage / tables / layout / variant) | regs | spills | blocks/SM "
-                   "(occupancy) | rotated stores, vector | tail stores, vector | stores, scalar "
-                   "path | other stores | global loads |")
+        out.append(
+            "| kernel (storage / tables / layout / variant) | regs | spills | blocks/SM "
+            "(occupancy) | rotated stores, vector | tail stores, vector | stores, scalar "
+            "path | other stores | global loads |"
+        )
         out.append("|---|---|---|---|---|---|---|---|---|")
         for r in sorted((r for r in rows if r["arch"] == arch), key=lambda r: r["kernel"]):
-            spills = (f"{r['stack']}/{r['local']} B, {r['spill_instructions']} STL/LDL"
-                      if r["stack"] or r["local"] or r["spill_instructions"] else "none")
-            occ = ("?" if r["resident_blocks"] is None
-                   else f"{r['resident_blocks']} ({100 * r['occupancy']:.1f}%)")
+            spills = (
+                f"{r['stack']}/{r['local']} B, {r['spill_instructions']} STL/LDL"
+                if r["stack"] or r["local"] or r["spill_instructions"]
+                else "none"
+            )
+            occ = (
+                "?"
+                if r["resident_blocks"] is None
+                else f"{r['resident_blocks']} ({100 * r['occupancy']:.1f}%)"
+            )
             s = r["stores"]
-            out.append(f"| {r['kernel']} | {r['registers']} | {spills} | {occ} | "
-                       f"{fmt_widths(s['rotated_vector'])} | {fmt_widths(s['tail_vector'])} | "
-                       f"{fmt_widths(s['scalar'])} | {fmt_widths(s['other'])} | "
-                       f"{fmt_widths(r['loads'])} |")
+            out.append(
+                f"| {r['kernel']} | {r['registers']} | {spills} | {occ} | "
+                f"{fmt_widths(s['rotated_vector'])} | {fmt_widths(s['tail_vector'])} | "
+                f"{fmt_widths(s['scalar'])} | {fmt_widths(s['other'])} | "
+                f"{fmt_widths(r['loads'])} |"
+            )
         out.append("")
-    out.append("Widths in bits, as `count x width`. \"other stores\" are stores the line info "
-               "does not attribute to a marked line.")
+    out.append(
+        'Widths in bits, as `count x width`. "other stores" are stores the line info '
+        "does not attribute to a marked line."
+    )
     return "\n".join(out)
 
 
 def check(rows, markers):
     problems = []
     if not markers["vector"] or not markers["rotated"]:
-        problems.append(f"no `{MARKERS['vector']}` / `{MARKERS['rotated']}` markers in "
-                        f"{KERNEL_SOURCE}")
-    attributed = sum(sum(r["stores"][k].values()) for r in rows
-                     for k in ("rotated_vector", "tail_vector", "scalar"))
+        problems.append(
+            f"no `{MARKERS['vector']}` / `{MARKERS['rotated']}` markers in {KERNEL_SOURCE}"
+        )
+    attributed = sum(
+        sum(r["stores"][k].values())
+        for r in rows
+        for k in ("rotated_vector", "tail_vector", "scalar")
+    )
     if rows and attributed == 0:
-        problems.append("no store is attributed to a marked line: was the CUDA code built "
-                        "without -lineinfo?")
+        problems.append(
+            "no store is attributed to a marked line: was the CUDA code built without -lineinfo?"
+        )
     for r in rows:
         where = f"{r['arch']} {r['kernel']}"
         if r["stack"] or r["local"] or r["spill_instructions"]:
-            problems.append(f"{where}: spills ({r['stack']} B stack, {r['local']} B local, "
-                            f"{r['spill_instructions']} STL/LDL)")
+            problems.append(
+                f"{where}: spills ({r['stack']} B stack, {r['local']} B local, "
+                f"{r['spill_instructions']} STL/LDL)"
+            )
         if r["shared"] or r["forbidden"]:
-            problems.append(f"{where}: uses shared memory / barriers / shuffles / atomics "
-                            f"({', '.join(r['forbidden']) or str(r['shared']) + ' B shared'}); "
-                            "the host run of the kernel would no longer be faithful")
+            problems.append(
+                f"{where}: uses shared memory / barriers / shuffles / atomics "
+                f"({', '.join(r['forbidden']) or str(r['shared']) + ' B shared'}); "
+                "the host run of the kernel would no longer be faithful"
+            )
         for kind in ("rotated_vector", "tail_vector"):
             narrow = {w: n for w, n in r["stores"][kind].items() if w != "128"}
             if narrow:
-                problems.append(f"{where}: {kind.replace('_', ' ')} data stored narrower than "
-                                f"128 bits: {fmt_widths(narrow)}")
+                problems.append(
+                    f"{where}: {kind.replace('_', ' ')} data stored narrower than "
+                    f"128 bits: {fmt_widths(narrow)}"
+                )
         narrow = {w: n for w, n in r["vector_loads"].items() if w != "128"}
         if narrow:
-            problems.append(f"{where}: vector loads of x narrower than 128 bits: "
-                            f"{fmt_widths(narrow)}")
+            problems.append(
+                f"{where}: vector loads of x narrower than 128 bits: {fmt_widths(narrow)}"
+            )
         info = r["variant"]
         if info is not None and info["vector"] and not r["stores"]["rotated_vector"].get("128"):
             problems.append(f"{where}: a vector variant without a single 128-bit rotated store")
@@ -309,23 +353,33 @@ def check(rows, markers):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("files", nargs="*", help="objects / librope.so / cubins "
-                        "(default: build/librope.so)")
+    parser.add_argument(
+        "files", nargs="*", help="objects / librope.so / cubins (default: build/librope.so)"
+    )
     parser.add_argument("--check", action="store_true", help="fail on the rules above")
     parser.add_argument("--markdown", help="write the table here too")
     parser.add_argument("--json", help="write every number here")
-    parser.add_argument("--tool-dir", action="append", default=[],
-                        help="look for cuobjdump / nvdisasm here first (repeatable)")
-    parser.add_argument("--source", default=str(KERNEL_SOURCE),
-                        help="the kernel source whose marker lines attribute stores")
+    parser.add_argument(
+        "--tool-dir",
+        action="append",
+        default=[],
+        help="look for cuobjdump / nvdisasm here first (repeatable)",
+    )
+    parser.add_argument(
+        "--source",
+        default=str(KERNEL_SOURCE),
+        help="the kernel source whose marker lines attribute stores",
+    )
     args = parser.parse_args()
     files = [Path(f) for f in args.files] or [REPO / "build" / "librope.so"]
 
     tools = {t: find_tool(t, args.tool_dir) for t in ("cuobjdump", "nvdisasm")}
     missing = [t for t, p in tools.items() if p is None]
     if missing:
-        print(f"SKIPPED: {', '.join(missing)} not found ($CUOBJDUMP/$NVDISASM, --tool-dir, PATH, "
-              "/usr/local/cuda/bin, triton/backends/nvidia/bin)")
+        print(
+            f"SKIPPED: {', '.join(missing)} not found ($CUOBJDUMP/$NVDISASM, --tool-dir, PATH, "
+            "/usr/local/cuda/bin, triton/backends/nvidia/bin)"
+        )
         return SKIP
     markers = marker_lines(args.source)
     rows = []
@@ -334,8 +388,9 @@ def main():
             print(f"SKIPPED: {f} does not exist (not built?)")
             return SKIP
         with tempfile.TemporaryDirectory() as tmp:
-            listed = subprocess.run([tools["cuobjdump"], "-lelf", str(f.resolve())],
-                                    capture_output=True, text=True)
+            listed = subprocess.run(
+                [tools["cuobjdump"], "-lelf", str(f.resolve())], capture_output=True, text=True
+            )
             # cuobjdump fails ("does not contain device code") on a file without a fatbinary.
             if "ELF file" not in listed.stdout:
                 print(f"SKIPPED: {f} holds no CUDA machine code (a CPU-only build)")

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Installs what the build needs, idempotently: Debian packages (cmake, ninja, GoogleTest, g++)
 # when missing, and a project-local virtual environment (.venv) with the CUDA build of torch whose
 # CUDA major version matches /usr/local/cuda's nvcc, plus the Python tools. Safe to re-run.

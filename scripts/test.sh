@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The tests, in three stages:
 #
-#   bash scripts/test.sh             # everything (what .ci/run and the README run): install, build,
+#   bash scripts/test.sh             # everything (what .ci/run and the README run): install, lint,
+#                                    # build,
 #                                    # ctest (C++ tests, host run of the CUDA kernel, SASS check),
 #                                    # the CUDA mutation check, the LibTorch examples against the
 #                                    # installed CMake package, the wheel in a fresh venv, and all
 #                                    # of pytest, the `slow` marks included
-#   bash scripts/test.sh --fast      # the development loop: build, ctest, pytest -m "not slow"
+#   bash scripts/test.sh --fast      # the development loop: lint, build, ctest, pytest -m "not slow"
 #   bash scripts/test.sh --sanitize  # ASan + UBSan build and tests in build-asan/
 #
 # Extra arguments go to pytest. CUDA tests run when a GPU is present and are reported as skipped
@@ -22,6 +24,8 @@ bash scripts/setup.sh
 if [ "$stage" = sanitize ]; then
   exec bash scripts/sanitize.sh "$@"
 fi
+echo "== style: ruff and clang-format (bash scripts/lint.sh --fix rewrites)"
+bash scripts/lint.sh
 bash scripts/build.sh
 PY=.venv/bin/python
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Builds the wheel with `pip wheel .`, installs it into a fresh virtual environment and smoke-tests
 # it there: Python (tests/wheel/smoke.py) and C++ (the LibTorch example configured against the
 # CMake package inside the installed wheel). torch itself comes from the project's .venv through

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include "kernel_choice.h"
 
 #include <ATen/Version.h>
@@ -74,7 +75,8 @@ Level env_level() {
   if (v == "avx2") return kAvx2;
   if (v == "avx512") return kAvx512;
   if (v == "avx512_bf16") return kAvx512Bf16;
-  TORCH_CHECK(false, "TORCH_ROPE_CPU_KERNEL must be one of default, avx2, avx512, avx512_bf16, got '",
+  TORCH_CHECK(false,
+              "TORCH_ROPE_CPU_KERNEL must be one of default, avx2, avx512, avx512_bf16, got '",
               value, "'");
 }
 

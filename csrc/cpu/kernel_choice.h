@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Which compiled copy of the CPU row kernel (rotate_rows.cpp, built once per instruction set)
 // this process runs.
 #pragma once

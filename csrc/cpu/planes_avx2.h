@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The planes of one row, 8 at a time (4 for float64), with AVX2 + FMA + F16C intrinsics.
 //
 // Included only by rotate_rows.cpp in its AVX2 and AVX512 copies (the AVX512 copy finishes the
@@ -17,10 +18,9 @@
 //    and packus restores feature order on the way back.
 #pragma once
 
-#include <immintrin.h>
-
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <immintrin.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -63,8 +63,8 @@ inline __m256 load_table_pair_order(const float* p) {
 // ---- float and half storage ----------------------------------------------------------------
 
 template <bool kInverse, typename scalar_t>
-inline int64_t half_split_float(const scalar_t* x, scalar_t* y, const float* cos,
-                                const float* sin, int64_t half, int64_t k) {
+inline int64_t half_split_float(const scalar_t* x, scalar_t* y, const float* cos, const float* sin,
+                                int64_t half, int64_t k) {
   for (; k + 8 <= half; k += 8) {
     __m256 ra, rb;
     turn<kInverse>(load8(x + k), load8(x + half + k), _mm256_loadu_ps(cos + k),
@@ -76,8 +76,8 @@ inline int64_t half_split_float(const scalar_t* x, scalar_t* y, const float* cos
 }
 
 template <bool kInverse, typename scalar_t>
-inline int64_t interleaved_float(const scalar_t* x, scalar_t* y, const float* cos,
-                                 const float* sin, int64_t half, int64_t k) {
+inline int64_t interleaved_float(const scalar_t* x, scalar_t* y, const float* cos, const float* sin,
+                                 int64_t half, int64_t k) {
   for (; k + 8 <= half; k += 8) {
     const __m256 lo = load8(x + 2 * k);
     const __m256 hi = load8(x + 2 * k + 8);
@@ -168,8 +168,9 @@ inline int64_t half_split_bf16(const c10::BFloat16* x, c10::BFloat16* y, const f
       ub1 = bf16_round_avx2_fast(rb1);
     }
     // packus interleaves per 128-bit lane, undoing the unpack order.
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + k),
-                        _mm256_packus_epi32(_mm256_srli_epi32(ua0, 16), _mm256_srli_epi32(ua1, 16)));
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(y + k),
+        _mm256_packus_epi32(_mm256_srli_epi32(ua0, 16), _mm256_srli_epi32(ua1, 16)));
     _mm256_storeu_si256(
         reinterpret_cast<__m256i*>(y + half + k),
         _mm256_packus_epi32(_mm256_srli_epi32(ub0, 16), _mm256_srli_epi32(ub1, 16)));
@@ -236,8 +237,8 @@ inline int64_t interleaved_f64(const double* x, double* y, const table_t* cos, c
 
 // Rotates planes [k, n) of a float64 row for the largest multiple-of-4 n <= half; returns n.
 template <bool kInterleaved, bool kInverse, typename table_t>
-inline int64_t rotate_planes_f64(const double* x, double* y, const table_t* cos,
-                                 const table_t* sin, int64_t half, int64_t k) {
+inline int64_t rotate_planes_f64(const double* x, double* y, const table_t* cos, const table_t* sin,
+                                 int64_t half, int64_t k) {
   return kInterleaved ? interleaved_f64<kInverse>(x, y, cos, sin, half, k)
                       : half_split_f64<kInverse>(x, y, cos, sin, half, k);
 }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The planes of one row, 16 or 32 at a time, with AVX-512 (F, BW, VL, DQ) intrinsics; the
 // AVX512_BF16 copy of the kernel also converts to bfloat16 with the native instruction.
 //
@@ -11,10 +12,9 @@
 //  - bfloat16 half split: vpmovzxwd widens 16 values in feature order, so tables load as they are.
 #pragma once
 
-#include <immintrin.h>
-
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <immintrin.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -56,8 +56,8 @@ inline __m512 load_table_pair_order(const float* p) {
 // ---- float and half storage ----------------------------------------------------------------
 
 template <bool kInverse, typename scalar_t>
-inline int64_t half_split_float(const scalar_t* x, scalar_t* y, const float* cos,
-                                const float* sin, int64_t half, int64_t k) {
+inline int64_t half_split_float(const scalar_t* x, scalar_t* y, const float* cos, const float* sin,
+                                int64_t half, int64_t k) {
   for (; k + 16 <= half; k += 16) {
     __m512 ra, rb;
     turn<kInverse>(load16(x + k), load16(x + half + k), _mm512_loadu_ps(cos + k),
@@ -69,8 +69,8 @@ inline int64_t half_split_float(const scalar_t* x, scalar_t* y, const float* cos
 }
 
 template <bool kInverse, typename scalar_t>
-inline int64_t interleaved_float(const scalar_t* x, scalar_t* y, const float* cos,
-                                 const float* sin, int64_t half, int64_t k) {
+inline int64_t interleaved_float(const scalar_t* x, scalar_t* y, const float* cos, const float* sin,
+                                 int64_t half, int64_t k) {
   for (; k + 16 <= half; k += 16) {
     const __m512 lo = load16(x + 2 * k);
     const __m512 hi = load16(x + 2 * k + 16);
@@ -121,8 +121,7 @@ inline __m512i bf16_pack_pairs(__m512 ra, __m512 rb) {
     alignas(64) static constexpr uint16_t kInterleave[32] = {
         0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
         8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    return _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave),
-                                    bf16_pack_512_native(ra, rb));
+    return _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), bf16_pack_512_native(ra, rb));
   }
   const __m512i ua = bf16_round_512_exact(ra), ub = bf16_round_512_exact(rb);
 #else

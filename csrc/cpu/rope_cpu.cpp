@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // CPU backend: registers rope.apply, rope.apply_ and rope.apply_qk for the CPU dispatch key.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -66,10 +67,9 @@ int64_t grain_rows(int64_t head_dim) {
 void rotate(c10::ScalarType dtype, const RotationArgs& args, const TableArgs& tables,
             RotationMode mode) {
   const RotateRowsFn rotate_rows = row_kernel();
-  at::parallel_for(0, args.geometry.num_rows, grain_rows(args.head_dim),
-                   [&](int64_t begin, int64_t end) {
-                     rotate_rows(dtype, args, tables, mode, begin, end);
-                   });
+  at::parallel_for(
+      0, args.geometry.num_rows, grain_rows(args.head_dim),
+      [&](int64_t begin, int64_t end) { rotate_rows(dtype, args, tables, mode, begin, end); });
 }
 
 void rotate_pair(c10::ScalarType dtype, const RotationArgs& q, const RotationArgs& k,

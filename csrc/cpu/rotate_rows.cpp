@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The CPU row kernel. This file is compiled several times, once per CPU capability, with
 // CPU_CAPABILITY set to DEFAULT, AVX2, AVX512 or AVX512_BF16 (CMakeLists.txt), so each copy lives
 // in its own namespace. The x86 copies rotate whole vectors of planes with the intrinsics of
@@ -177,8 +178,8 @@ inline void rotate_planes_scalar(const scalar_t* in, scalar_t* out, const table_
 // common rotary dims), else 0. A constant lets the vector loops unroll fully and drops the
 // remainder and scalar code, which is a large part of a row's cost at head_dim 64..128.
 template <typename scalar_t, bool kInterleaved, bool kInverse, int64_t kHalf>
-ROPE_ROW_INLINE void rotate_row(const scalar_t* x, scalar_t* y, int64_t pos, const RotationArgs& args,
-                       const TableArgs& tables) {
+ROPE_ROW_INLINE void rotate_row(const scalar_t* x, scalar_t* y, int64_t pos,
+                                const RotationArgs& args, const TableArgs& tables) {
   const int64_t half = kHalf != 0 ? kHalf : args.rotary_dim / 2;
   // Double storage keeps double math; double tables keep their precision: both take the scalar
   // path. float32 tables with float/half/bfloat16 storage take the vector path.
@@ -202,15 +203,13 @@ ROPE_ROW_INLINE void rotate_row(const scalar_t* x, scalar_t* y, int64_t pos, con
   } else if (tables.tables_are_double) {
     const auto* cos = static_cast<const double*>(tables.cos) + table_offset;
     const auto* sin = static_cast<const double*>(tables.sin) + table_offset;
-    rotate_planes_scalar<kInterleaved, kInverse>(x, y, cos, sin, half,
-                                                 rotate_planes_f64<kInterleaved, kInverse>(
-                                                     x, y, cos, sin, half));
+    rotate_planes_scalar<kInterleaved, kInverse>(
+        x, y, cos, sin, half, rotate_planes_f64<kInterleaved, kInverse>(x, y, cos, sin, half));
   } else {
     const auto* cos = static_cast<const float*>(tables.cos) + table_offset;
     const auto* sin = static_cast<const float*>(tables.sin) + table_offset;
-    rotate_planes_scalar<kInterleaved, kInverse>(x, y, cos, sin, half,
-                                                 rotate_planes_f64<kInterleaved, kInverse>(
-                                                     x, y, cos, sin, half));
+    rotate_planes_scalar<kInterleaved, kInverse>(
+        x, y, cos, sin, half, rotate_planes_f64<kInterleaved, kInverse>(x, y, cos, sin, half));
   }
   if (args.copy_tail && args.head_dim > args.rotary_dim) {
     std::memcpy(y + args.rotary_dim, x + args.rotary_dim,

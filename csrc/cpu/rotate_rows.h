@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The CPU row kernel, compiled once per CPU capability (see CMakeLists.txt: the same
 // rotate_rows.cpp is built with DEFAULT, AVX2, AVX512 and AVX512_BF16 flags into separate
 // namespaces), and the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Walks the rows of a RowGeometry in order, keeping the element offsets of x, out and positions
 // current with additions only (one unravel per parallel chunk, not one per row). The kernel moves
 // along the innermost dim itself and calls skip() once per run of rows.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // float32 -> bfloat16 rounding in SIMD registers, bit-identical to c10::BFloat16(float):
 // round-to-nearest-even on the bit pattern for every non-NaN value (subnormals included), and
 // 0x7FC0 for every NaN whatever its sign and payload.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Launch planning of the CUDA kernel: which path each part of each tensor takes, how rows map to
 // threads, and the grid. Plain C++ with no CUDA runtime and no torch, so the plans are unit-tested
 // on any machine (tests/cpp/test_launch_plan.cpp) and the host run of the kernel

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // CUDA backend: registers rope.apply, rope.apply_ and rope.apply_qk for the CUDA dispatch key.
 //
 // Thin glue, mirroring csrc/cpu/rope_cpu.cpp: the op bodies (checks, allocation, argument
@@ -19,9 +20,8 @@
 // Positions outside [0, max_seq_len) trip CUDA_KERNEL_ASSERT inside the kernel, as PyTorch's own
 // indexing kernels do: it stays on in release builds and costs no device-to-host sync.
 #define ROPE_DEVICE_ASSERT(cond) CUDA_KERNEL_ASSERT(cond)
-#include "rope_kernel.cuh"
-
 #include "../op_bodies.h"
+#include "rope_kernel.cuh"
 
 namespace rope::cuda {
 namespace {
@@ -53,8 +53,8 @@ void launch(c10::ScalarType dtype, const RotationArgs& first, const RotationArgs
   // The kernel receives untyped pointers and is told the storage type here. Validation admits
   // only these four dtypes; AT_DISPATCH's own error is the backstop.
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rope_cuda", [&] {
-    status = rotate<typename CudaStorage<scalar_t>::type>(first, second, tables, mode, num_sms,
-                                                          stream);
+    status =
+        rotate<typename CudaStorage<scalar_t>::type>(first, second, tables, mode, num_sms, stream);
   });
   C10_CUDA_CHECK(status);
 }
@@ -103,7 +103,7 @@ void apply_out_cuda(const at::Tensor& x,          // [..., head_dim]
                     const at::Tensor& sin,        // [max_seq_len, rotary_dim / 2]
                     const at::Tensor& positions,  // broadcastable to x.shape[:-1]
                     bool interleaved, bool inverse,
-                    const at::Tensor& out) {      // x's shape and dtype, any strides
+                    const at::Tensor& out) {  // x's shape and dtype, any strides
   const c10::cuda::OptionalCUDAGuard guard(cuda_device_of(x));
   detail::apply_out_body<CudaBackend>(x, cos, sin, positions, interleaved, inverse, out);
 }

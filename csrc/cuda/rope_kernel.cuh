@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Rotary position embedding on CUDA: the kernel and its launcher, free of torch.
 //
 // Like FlashInfer's include/flashinfer/pos_enc.cuh, this header sees only raw pointers, int64
@@ -416,8 +417,7 @@ __device__ __forceinline__ void rope_thread(const TensorPlan& t, const TablePlan
   const int64_t h_end = h_stop < t.shared_rows ? h_stop : t.shared_rows;
   const QuotRem h = div_rem(h_begin, t.shared_inner);
   const RowWalker walker{in_off + h.quot * t.shared_in_outer + h.rem * t.shared_in_inner,
-                         out_off + h.quot * t.shared_out_outer + h.rem * t.shared_out_inner,
-                         h.rem};
+                         out_off + h.quot * t.shared_out_outer + h.rem * t.shared_out_inner, h.rem};
 
   if (lane < t.rot_lanes) {
     if constexpr (kVectorKernel) {
@@ -449,8 +449,8 @@ __device__ __forceinline__ void rope_thread(const TensorPlan& t, const TablePlan
   // position-check lane of a row that has nothing to write; its work ended above.
   const int64_t scalar_copy = copy - t.vec_copy_lanes;
   if (scalar_copy < t.scalar_copy_lanes) {
-    copy_lane<scalar_t, false>(t, t.rotary_dim + t.vec_copy_lanes * kVecElems + scalar_copy,
-                               walker, h_begin, h_end);
+    copy_lane<scalar_t, false>(t, t.rotary_dim + t.vec_copy_lanes * kVecElems + scalar_copy, walker,
+                               h_begin, h_end);
   }
 }
 
@@ -535,8 +535,7 @@ cudaError_t launch(const RotationArgs& first, const RotationArgs* second, const 
 
 template <typename scalar_t, typename table_t, bool kInterleaved>
 cudaError_t launch_layout(const RotationArgs& first, const RotationArgs* second,
-                          const TableArgs& tables, bool inverse, int num_sms,
-                          cudaStream_t stream) {
+                          const TableArgs& tables, bool inverse, int num_sms, cudaStream_t stream) {
   const ElementSizes sizes{static_cast<int>(sizeof(scalar_t)), static_cast<int>(sizeof(table_t))};
   if (wants_vector_kernel(first, second, sizes, kInterleaved)) {
     return launch<scalar_t, table_t, kInterleaved, true>(first, second, tables, inverse, num_sms,
@@ -561,17 +560,15 @@ cudaError_t rotate(const RotationArgs& first, const RotationArgs* second, const 
                     std::is_same_v<scalar_t, __half> || std::is_same_v<scalar_t, __nv_bfloat16>,
                 "rope::cuda::rotate: storage must be double, float, __half or __nv_bfloat16");
   if (tables.tables_are_double) {
-    return mode.interleaved
-               ? kernel::launch_layout<scalar_t, double, true>(first, second, tables, mode.inverse,
-                                                               num_sms, stream)
-               : kernel::launch_layout<scalar_t, double, false>(first, second, tables,
-                                                                mode.inverse, num_sms, stream);
+    return mode.interleaved ? kernel::launch_layout<scalar_t, double, true>(
+                                  first, second, tables, mode.inverse, num_sms, stream)
+                            : kernel::launch_layout<scalar_t, double, false>(
+                                  first, second, tables, mode.inverse, num_sms, stream);
   }
-  return mode.interleaved
-             ? kernel::launch_layout<scalar_t, float, true>(first, second, tables, mode.inverse,
-                                                            num_sms, stream)
-             : kernel::launch_layout<scalar_t, float, false>(first, second, tables, mode.inverse,
-                                                             num_sms, stream);
+  return mode.interleaved ? kernel::launch_layout<scalar_t, float, true>(
+                                first, second, tables, mode.inverse, num_sms, stream)
+                          : kernel::launch_layout<scalar_t, float, false>(
+                                first, second, tables, mode.inverse, num_sms, stream);
 }
 
 }  // namespace rope::cuda

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // torch_rope._C: the Python extension module. Loading it loads librope, whose static initialisers
 // register the rope:: ops with the dispatcher; the bindings here are the few non-op entry points:
 // the table builder (with its typed scaling variants) and build information.
@@ -18,21 +19,21 @@ void bind_scaling(py::module_& m) {
       .def(py::init([](double factor) { return rope::LinearScaling().factor(factor); }),
            py::kw_only(), py::arg("factor"));
   py::class_<rope::DynamicNTKScaling>(m, "DynamicNTKScaling")
-      .def(py::init([](double factor, int64_t max_position_embeddings,
-                       std::optional<int64_t> seq_len) {
-             return rope::DynamicNTKScaling()
-                 .factor(factor)
-                 .max_position_embeddings(max_position_embeddings)
-                 .seq_len(seq_len);
-           }),
+      .def(py::init(
+               [](double factor, int64_t max_position_embeddings, std::optional<int64_t> seq_len) {
+                 return rope::DynamicNTKScaling()
+                     .factor(factor)
+                     .max_position_embeddings(max_position_embeddings)
+                     .seq_len(seq_len);
+               }),
            py::kw_only(), py::arg("factor"), py::arg("max_position_embeddings"),
            py::arg("seq_len") = std::nullopt);
   py::class_<rope::YarnScaling>(m, "YarnScaling")
       .def(py::init([](std::optional<double> factor, int64_t original_max_position_embeddings,
                        std::optional<int64_t> max_position_embeddings, double beta_fast,
                        double beta_slow, std::optional<double> mscale,
-                       std::optional<double> mscale_all_dim,
-                       std::optional<double> attention_factor, bool truncate) {
+                       std::optional<double> mscale_all_dim, std::optional<double> attention_factor,
+                       bool truncate) {
              return rope::YarnScaling()
                  .factor(factor)
                  .original_max_position_embeddings(original_max_position_embeddings)
@@ -91,18 +92,17 @@ void bind_scaling(py::module_& m) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch-rope native module: loading it registers torch.ops.rope.*";
   bind_scaling(m);
-  m.def("rope_tables",
-        [](double theta, int64_t rotary_dim, int64_t max_seq_len,
-           std::optional<c10::Device> device, const rope::RopeScaling& scaling,
-           c10::ScalarType dtype) {
-          return rope::rope_tables(
-              theta, rotary_dim, max_seq_len,
-              rope::TableOptions().scaling(scaling).dtype(dtype).device(device));
-        },
-        py::arg("theta"), py::arg("rotary_dim"), py::arg("max_seq_len"),
-        py::arg("device") = std::nullopt, py::kw_only(),
-        py::arg("scaling") = rope::RopeScaling(rope::NoScaling{}), py::arg("dtype") = at::kFloat,
-        "(cos, sin) tables of shape (max_seq_len, rotary_dim // 2); see rope::rope_tables");
+  m.def(
+      "rope_tables",
+      [](double theta, int64_t rotary_dim, int64_t max_seq_len, std::optional<c10::Device> device,
+         const rope::RopeScaling& scaling, c10::ScalarType dtype) {
+        return rope::rope_tables(theta, rotary_dim, max_seq_len,
+                                 rope::TableOptions().scaling(scaling).dtype(dtype).device(device));
+      },
+      py::arg("theta"), py::arg("rotary_dim"), py::arg("max_seq_len"),
+      py::arg("device") = std::nullopt, py::kw_only(),
+      py::arg("scaling") = rope::RopeScaling(rope::NoScaling{}), py::arg("dtype") = at::kFloat,
+      "(cos, sin) tables of shape (max_seq_len, rotary_dim // 2); see rope::rope_tables");
   m.def(
       "rope_frequencies",
       [](double theta, int64_t rotary_dim, const rope::RopeScaling& scaling, int64_t seq_len) {
@@ -112,8 +112,8 @@ PYBIND11_MODULE(_C, m) {
       py::arg("theta"), py::arg("rotary_dim"), py::arg("scaling"), py::arg("seq_len"),
       "(float64 inv_freq, attention_scaling) of a scaling variant; see rope::rope_frequencies");
   m.def("rope_tables_from_inv_freq", &rope::rope_tables_from_inv_freq, py::arg("inv_freq"),
-        py::arg("max_seq_len"), py::arg("attention_scaling") = 1.0,
-        py::arg("dtype") = at::kFloat, py::arg("device") = std::nullopt,
+        py::arg("max_seq_len"), py::arg("attention_scaling") = 1.0, py::arg("dtype") = at::kFloat,
+        py::arg("device") = std::nullopt,
         "(cos, sin) tables from a ready inv_freq; see rope::rope_tables_from_inv_freq");
   m.def(
       "module_tables",
@@ -124,33 +124,29 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("theta"), py::arg("rotary_dim"), py::arg("max_seq_len"), py::arg("scaling"),
       py::arg("dtype"), py::arg("device"),
-      "(cos, sin, long_offset, long_after) of a RotaryPositionalEmbedding; see rope::module_tables");
+      "(cos, sin, long_offset, long_after) of a RotaryPositionalEmbedding; see "
+      "rope::module_tables");
   // Typed entry points for the eager fast path of python/torch_rope/ops.py. They call the ops
   // through the dispatcher exactly as torch.ops.rope.* do (autograd, every backend, dispatch
   // modes), minus the boxed call's argument parsing. ops.py uses them only for plain tensors,
   // outside torch.compile, functorch transforms and __torch_function__ modes. The GIL is
   // released around the op, as in torch's own bindings.
-  m.def(
-      "_apply",
-      [](const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-         const at::Tensor& positions, bool interleaved, bool inverse) {
-        py::gil_scoped_release no_gil;
-        return rope::apply(x, cos, sin, positions, interleaved, inverse);
-      });
-  m.def(
-      "_apply_",
-      [](at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-         const at::Tensor& positions, bool interleaved, bool inverse) {
-        py::gil_scoped_release no_gil;
-        rope::apply_(x, cos, sin, positions, interleaved, inverse);
-      });
-  m.def(
-      "_apply_qk",
-      [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
-         const at::Tensor& positions, bool interleaved, bool inverse) {
-        py::gil_scoped_release no_gil;
-        return rope::apply_qk(q, k, cos, sin, positions, interleaved, inverse);
-      });
+  m.def("_apply", [](const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     const at::Tensor& positions, bool interleaved, bool inverse) {
+    py::gil_scoped_release no_gil;
+    return rope::apply(x, cos, sin, positions, interleaved, inverse);
+  });
+  m.def("_apply_", [](at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                      const at::Tensor& positions, bool interleaved, bool inverse) {
+    py::gil_scoped_release no_gil;
+    rope::apply_(x, cos, sin, positions, interleaved, inverse);
+  });
+  m.def("_apply_qk",
+        [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+           const at::Tensor& positions, bool interleaved, bool inverse) {
+          py::gil_scoped_release no_gil;
+          return rope::apply_qk(q, k, cos, sin, positions, interleaved, inverse);
+        });
   m.def("compiled_with_cuda", &rope::compiled_with_cuda,
         "True when the library was built with its CUDA kernels");
   m.def("cpu_kernel_isa", &rope::cpu_kernel_isa,

@@ -1,11 +1,12 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // A LibTorch program using torch-rope the way a C++ model would: a multi-head attention module
 // with rope::RotaryPositionalEmbedding, one training step (backward through the op), and an
 // incremental decode loop with a KV cache (positions = start_pos + arange).
 //
 //   attention_example <inputs.pt> <outputs.pt>
 //
-// Reads weights and inputs written by tests/integration/check_example.py (torch.save of a dict), writes
-// its results the same way, and the script compares them with the Python implementation.
+// Reads weights and inputs written by tests/integration/check_example.py (torch.save of a dict),
+// writes its results the same way, and the script compares them with the Python implementation.
 #include <torch/torch.h>
 #include <torch_rope/torch_rope.h>
 
@@ -19,19 +20,25 @@ struct AttentionImpl : torch::nn::Module {
   AttentionImpl(int64_t d_model, int64_t n_heads, int64_t max_seq_len)
       : n_heads(n_heads),
         head_dim(d_model / n_heads),
-        wq(register_module("wq", torch::nn::Linear(torch::nn::LinearOptions(d_model, d_model).bias(false)))),
-        wk(register_module("wk", torch::nn::Linear(torch::nn::LinearOptions(d_model, d_model).bias(false)))),
-        wv(register_module("wv", torch::nn::Linear(torch::nn::LinearOptions(d_model, d_model).bias(false)))),
-        wo(register_module("wo", torch::nn::Linear(torch::nn::LinearOptions(d_model, d_model).bias(false)))),
-        rope(register_module("rope", rope::RotaryPositionalEmbedding(10000.0, d_model / n_heads,
-                                                                     max_seq_len))) {}
+        wq(register_module(
+            "wq", torch::nn::Linear(torch::nn::LinearOptions(d_model, d_model).bias(false)))),
+        wk(register_module(
+            "wk", torch::nn::Linear(torch::nn::LinearOptions(d_model, d_model).bias(false)))),
+        wv(register_module(
+            "wv", torch::nn::Linear(torch::nn::LinearOptions(d_model, d_model).bias(false)))),
+        wo(register_module(
+            "wo", torch::nn::Linear(torch::nn::LinearOptions(d_model, d_model).bias(false)))),
+        rope(register_module(
+            "rope", rope::RotaryPositionalEmbedding(10000.0, d_model / n_heads, max_seq_len))) {}
 
   // x: [B, S, d_model]; positions: [S] int64. With a cache, appends this step's k/v to it and
   // attends over everything cached so far.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& positions,
                         torch::Tensor* k_cache = nullptr, torch::Tensor* v_cache = nullptr) {
     const auto b = x.size(0), s = x.size(1);
-    auto heads = [&](const torch::Tensor& t) { return t.view({b, s, n_heads, head_dim}).transpose(1, 2); };
+    auto heads = [&](const torch::Tensor& t) {
+      return t.view({b, s, n_heads, head_dim}).transpose(1, 2);
+    };
     auto q = rope(heads(wq(x)), positions);  // [B, H, S, D], positions (S,)
     auto k = rope(heads(wk(x)), positions);
     auto v = heads(wv(x));
@@ -90,7 +97,8 @@ int main(int argc, char** argv) {
     torch::NoGradGuard no_grad;
     torch::Tensor k_cache, v_cache;
     std::vector<torch::Tensor> steps;
-    steps.push_back(attn->forward(x.slice(1, 0, prefill), torch::arange(prefill), &k_cache, &v_cache));
+    steps.push_back(
+        attn->forward(x.slice(1, 0, prefill), torch::arange(prefill), &k_cache, &v_cache));
     for (int64_t start_pos = prefill; start_pos < seq; ++start_pos) {
       steps.push_back(attn->forward(x.slice(1, start_pos, start_pos + 1),
                                     start_pos + torch::arange(1), &k_cache, &v_cache));
@@ -116,7 +124,8 @@ int main(int argc, char** argv) {
   results.insert("loss_after_step", loss_after.detach());
   results.insert("decode_out", decode_out);
   auto bytes = torch::pickle_save(c10::IValue(results));
-  std::ofstream(argv[2], std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(argv[2], std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   std::cout << "attention_example: loss " << loss.item<float>() << " -> "
             << loss_after.item<float>() << " after one SGD step; decoded " << seq - prefill
             << " tokens after a " << prefill << "-token prefill\n";

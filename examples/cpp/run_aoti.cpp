@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Loads an AOTInductor package (.pt2) compiled in Python from a block that calls
 // torch.ops.rope.apply, and runs it.
 //
@@ -28,7 +29,8 @@ int main(int argc, char** argv) {
   auto outputs = loader.run({inputs.at("x").toTensor(), inputs.at("positions").toTensor()});
 
   auto saved = torch::pickle_save(outputs.at(0));
-  std::ofstream(argv[3], std::ios::binary).write(saved.data(), static_cast<std::streamsize>(saved.size()));
+  std::ofstream(argv[3], std::ios::binary)
+      .write(saved.data(), static_cast<std::streamsize>(saved.size()));
   std::cout << "run_aoti: ran " << argv[1] << " -> output " << outputs.at(0).sizes() << "\n";
   return 0;
 }

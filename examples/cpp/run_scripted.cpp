@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Loads a TorchScript module saved from Python (one that calls torch.ops.rope.apply) and runs it.
 //
 //   run_scripted <module.pt> <inputs.pt> <outputs.pt>
@@ -24,10 +25,12 @@ int main(int argc, char** argv) {
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   auto inputs = torch::pickle_load(bytes).toGenericDict();
   torch::NoGradGuard no_grad;
-  auto out = module.forward({inputs.at("x").toTensor(), inputs.at("positions").toTensor()}).toTensor();
+  auto out =
+      module.forward({inputs.at("x").toTensor(), inputs.at("positions").toTensor()}).toTensor();
 
   auto saved = torch::pickle_save(out);
-  std::ofstream(argv[3], std::ios::binary).write(saved.data(), static_cast<std::streamsize>(saved.size()));
+  std::ofstream(argv[3], std::ios::binary)
+      .write(saved.data(), static_cast<std::streamsize>(saved.size()));
   std::cout << "run_scripted: ran " << argv[1] << " -> output " << out.sizes() << "\n";
   return 0;
 }

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """torch-rope: rotary position embedding for PyTorch, as native CPU and CUDA custom ops.
 
 Importing this package registers ``torch.ops.rope.apply`` (and its ``out=`` overload),
@@ -12,15 +13,16 @@ from pathlib import Path as _Path
 
 import torch  # noqa: F401  (libtorch must be loaded before our native library)
 
-from . import _C  # noqa: F401  (loads librope: registers the ops with the dispatcher)
-from . import eager
+# DTensor sharding rules, registered now only if torch.distributed.tensor is already loaded.
+from . import (
+    _C,  # noqa: F401  (loads librope: registers the ops with the dispatcher)
+    distributed,  # cheap: imports torch.distributed.tensor only when registering
+    eager,
+)
 from ._scaling import rope_frequencies, rope_tables_from_inv_freq
 from ._version import __version__
 from .nn import RotaryPositionalEmbedding
 from .ops import apply, apply_, apply_qk, rope_tables
-
-# DTensor sharding rules, registered now only if torch.distributed.tensor is already loaded.
-from . import distributed  # cheap: imports torch.distributed.tensor only when registering
 
 distributed.register_if_loaded()
 
@@ -36,8 +38,10 @@ def __getattr__(name):
 
 
 #: Prefix for CMake's find_package(TorchRope) in a pip-installed torch_rope:
-#:   cmake -DCMAKE_PREFIX_PATH="$(python -c 'import torch_rope; print(torch_rope.cmake_prefix_path)')"
-#: (add torch.utils.cmake_prefix_path too). None in a source checkout, which has no installed package.
+#:   cmake -DCMAKE_PREFIX_PATH="$(python -c \
+#:       'import torch_rope; print(torch_rope.cmake_prefix_path)')"
+#: (add torch.utils.cmake_prefix_path too). None in a source checkout, which has no installed
+#: package.
 cmake_prefix_path = (
     str(_Path(__file__).parent / "lib" / "cmake")
     if (_Path(__file__).parent / "lib" / "cmake" / "TorchRope").is_dir()

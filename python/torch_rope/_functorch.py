@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """``torch.func`` support: vmap rules for the raw ops, and the autograd Functions that the
 ``torch_rope`` API switches to while functorch transforms are active.
 
@@ -61,9 +62,7 @@ def _per_example(info, in_dims, fn, *args):
     """Fallback for batched cos/sin: one call per example (tables are rarely vmapped)."""
     results = []
     for i in range(info.batch_size):
-        results.append(
-            fn(*(a if d is None else a.select(d, i) for a, d in zip(args, in_dims)))
-        )
+        results.append(fn(*(a if d is None else a.select(d, i) for a, d in zip(args, in_dims))))
     return results
 
 
@@ -81,8 +80,7 @@ def _vmap_apply(info, in_dims, x, cos, sin, positions, *, interleaved=True, inve
     return _apply(xb, cos, sin, pb, **kw), 0
 
 
-def _vmap_apply_inplace(info, in_dims, x, cos, sin, positions, *, interleaved=True,
-                        inverse=False):
+def _vmap_apply_inplace(info, in_dims, x, cos, sin, positions, *, interleaved=True, inverse=False):
     x_bdim, cos_bdim, sin_bdim, pos_bdim = in_dims
     kw = dict(interleaved=interleaved, inverse=inverse)
     if x_bdim is None and (pos_bdim is not None or cos_bdim is not None or sin_bdim is not None):
@@ -100,13 +98,13 @@ def _vmap_apply_inplace(info, in_dims, x, cos, sin, positions, *, interleaved=Tr
     return None, None
 
 
-def _vmap_apply_qk(info, in_dims, q, k, cos, sin, positions, *, interleaved=True,
-                   inverse=False):
+def _vmap_apply_qk(info, in_dims, q, k, cos, sin, positions, *, interleaved=True, inverse=False):
     q_bdim, k_bdim, cos_bdim, sin_bdim, pos_bdim = in_dims
     kw = dict(interleaved=interleaved, inverse=inverse)
     if cos_bdim is not None or sin_bdim is not None:
-        pairs = _per_example(info, in_dims, lambda *a: _apply_qk(*a, **kw), q, k, cos, sin,
-                             positions)
+        pairs = _per_example(
+            info, in_dims, lambda *a: _apply_qk(*a, **kw), q, k, cos, sin, positions
+        )
         return (torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])), (0, 0)
     if pos_bdim is None:
         # Each of q, k keeps its own batching; positions broadcast to both as they are.
@@ -214,8 +212,15 @@ class RotateQK(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_q, grad_k):
-        return (_rotate(ctx, grad_q, back=True), _rotate(ctx, grad_k, back=True),
-                None, None, None, None, None)
+        return (
+            _rotate(ctx, grad_q, back=True),
+            _rotate(ctx, grad_k, back=True),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
     @staticmethod
     def jvp(ctx, q_t, k_t, *_):

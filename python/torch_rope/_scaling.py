@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """RoPE scaling variants: Hugging Face ``rope_parameters`` dicts -> the C++ builder's typed options.
 
 The keys and defaults are those of transformers' ``ROPE_INIT_FUNCTIONS`` (``modeling_rope_utils``),
@@ -27,11 +28,21 @@ _KEYS = {
     "dynamic": ({"factor", "max_position_embeddings"}, {"seq_len"}),
     "yarn": (
         {"original_max_position_embeddings"},
-        {"factor", "max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
-         "mscale", "mscale_all_dim", "truncate"},
+        {
+            "factor",
+            "max_position_embeddings",
+            "attention_factor",
+            "beta_fast",
+            "beta_slow",
+            "mscale",
+            "mscale_all_dim",
+            "truncate",
+        },
     ),
-    "llama3": ({"factor", "low_freq_factor", "high_freq_factor",
-                "original_max_position_embeddings"}, set()),
+    "llama3": (
+        {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
+        set(),
+    ),
     "longrope": (
         {"short_factor", "long_factor", "original_max_position_embeddings"},
         {"factor", "max_position_embeddings", "attention_factor", "seq_len"},
@@ -119,8 +130,9 @@ def parse_scaling(scaling: Optional[Mapping[str, Any]], theta: float):
     if rope_type == "dynamic":
         return _C.DynamicNTKScaling(
             factor=_number("factor", p["factor"]),
-            max_position_embeddings=_length("max_position_embeddings",
-                                            p["max_position_embeddings"]),
+            max_position_embeddings=_length(
+                "max_position_embeddings", p["max_position_embeddings"]
+            ),
             seq_len=_optional(p, "seq_len", _length),
         )
     if rope_type == "yarn":
@@ -128,7 +140,8 @@ def parse_scaling(scaling: Optional[Mapping[str, Any]], theta: float):
         return _C.YarnScaling(
             factor=_optional(p, "factor", _number),
             original_max_position_embeddings=_length(
-                "original_max_position_embeddings", p["original_max_position_embeddings"]),
+                "original_max_position_embeddings", p["original_max_position_embeddings"]
+            ),
             max_position_embeddings=_optional(p, "max_position_embeddings", _length),
             beta_fast=_number("beta_fast", p.get("beta_fast") or 32),
             beta_slow=_number("beta_slow", p.get("beta_slow") or 1),
@@ -143,14 +156,16 @@ def parse_scaling(scaling: Optional[Mapping[str, Any]], theta: float):
             low_freq_factor=_number("low_freq_factor", p["low_freq_factor"]),
             high_freq_factor=_number("high_freq_factor", p["high_freq_factor"]),
             original_max_position_embeddings=_length(
-                "original_max_position_embeddings", p["original_max_position_embeddings"]),
+                "original_max_position_embeddings", p["original_max_position_embeddings"]
+            ),
         )
     if rope_type == "longrope":
         return _C.LongRopeScaling(
             short_factor=[_number("short_factor", f) for f in p["short_factor"]],
             long_factor=[_number("long_factor", f) for f in p["long_factor"]],
             original_max_position_embeddings=_length(
-                "original_max_position_embeddings", p["original_max_position_embeddings"]),
+                "original_max_position_embeddings", p["original_max_position_embeddings"]
+            ),
             factor=_optional(p, "factor", _number),
             max_position_embeddings=_optional(p, "max_position_embeddings", _length),
             attention_factor=_optional(p, "attention_factor", _number),
@@ -159,8 +174,7 @@ def parse_scaling(scaling: Optional[Mapping[str, Any]], theta: float):
     assert rope_type == "proportional"
     return _C.ProportionalScaling(
         factor=_number("factor", p.get("factor", 1.0)),
-        partial_rotary_factor=_number("partial_rotary_factor",
-                                      p.get("partial_rotary_factor", 1.0)),
+        partial_rotary_factor=_number("partial_rotary_factor", p.get("partial_rotary_factor", 1.0)),
     )
 
 
@@ -178,8 +192,12 @@ def rope_frequencies(
     ``scaling`` wins). Compare with transformers' ``ROPE_INIT_FUNCTIONS[rope_type](config)``.
     """
     theta = _number("theta", theta)
-    return _C.rope_frequencies(theta, _integer("rotary_dim", rotary_dim),
-                               parse_scaling(scaling, theta), _integer("seq_len", seq_len))
+    return _C.rope_frequencies(
+        theta,
+        _integer("rotary_dim", rotary_dim),
+        parse_scaling(scaling, theta),
+        _integer("seq_len", seq_len),
+    )
 
 
 def rope_tables_from_inv_freq(
@@ -198,6 +216,9 @@ def rope_tables_from_inv_freq(
     if not isinstance(inv_freq, Tensor):
         raise TypeError(f"inv_freq must be a Tensor, got {type(inv_freq).__name__}")
     return _C.rope_tables_from_inv_freq(
-        inv_freq, _integer("max_seq_len", max_seq_len),
-        _number("attention_scaling", attention_scaling), dtype,
-        None if device is None else torch.device(device))
+        inv_freq,
+        _integer("max_seq_len", max_seq_len),
+        _number("attention_scaling", attention_scaling),
+        dtype,
+        None if device is None else torch.device(device),
+    )

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """DTensor sharding rules for the rope ops (``torch.distributed.tensor``).
 
 With these rules registered, ``rope::apply``, ``rope::apply_``, ``rope::apply_qk`` and
@@ -111,7 +112,11 @@ def _as_dtensors_like(x, cos, sin, positions):
     dtensor_module = sys.modules.get("torch.distributed.tensor")
     if dtensor_module is None or not isinstance(x, dtensor_module.DTensor):
         return cos, sin, positions
-    DTensor, Replicate, Shard = dtensor_module.DTensor, dtensor_module.Replicate, dtensor_module.Shard
+    DTensor, Replicate, Shard = (
+        dtensor_module.DTensor,
+        dtensor_module.Replicate,
+        dtensor_module.Shard,
+    )
     mesh = x.device_mesh
     replicated = (Replicate(),) * mesh.ndim
     wanted = replicated
@@ -168,7 +173,9 @@ def _wrap_plan(t, mesh, placements):
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    spec = DTensorSpec(mesh, tuple(placements), tensor_meta=TensorMeta(t.shape, t.stride(), t.dtype))
+    spec = DTensorSpec(
+        mesh, tuple(placements), tensor_meta=TensorMeta(t.shape, t.stride(), t.dtype)
+    )
     if all(p.is_replicate() for p in placements):
         return spec, None
     local_shape, offset = compute_local_shape_and_global_offset(t.shape, mesh, placements)
@@ -203,7 +210,9 @@ def _check_positions(op: str, name: str, x, positions) -> None:
     """
     rows = tuple(x.shape[:-1])
     pos = tuple(positions.shape)
-    if len(pos) <= len(rows) and all(p == 1 or p == r for p, r in zip(reversed(pos), reversed(rows))):
+    if len(pos) <= len(rows) and all(
+        p == 1 or p == r for p, r in zip(reversed(pos), reversed(rows))
+    ):
         return
     raise ValueError(
         f"{op}: {name} is a DTensor, so positions must be global and broadcastable to the "

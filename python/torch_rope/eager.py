@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The eager baseline: a plain-PyTorch implementation of the rope ops, to compare against.
 
 It computes what ``torch.ops.rope.apply`` computes (same layouts, partial rotary, broadcasting,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Hugging Face transformers integration: one line to put torch_rope under a loaded model.
 
     import torch_rope.hf
@@ -80,11 +81,15 @@ def apply_rotary_pos_emb(
     Outputs have q's and k's dtypes; math is float32 (float64 for float64 inputs).
     """
     if cos.shape != sin.shape:
-        raise ValueError(f"apply_rotary_pos_emb: cos and sin must have the same shape, got "
-                         f"{tuple(cos.shape)} and {tuple(sin.shape)}")
+        raise ValueError(
+            f"apply_rotary_pos_emb: cos and sin must have the same shape, got "
+            f"{tuple(cos.shape)} and {tuple(sin.shape)}"
+        )
     if cos.dim() < 1 or cos.size(-1) % 2:
-        raise ValueError("apply_rotary_pos_emb: cos/sin must be (..., R) with R even (HF's "
-                         f"duplicated halves), got shape {tuple(cos.shape)}")
+        raise ValueError(
+            "apply_rotary_pos_emb: cos/sin must be (..., R) with R even (HF's "
+            f"duplicated halves), got shape {tuple(cos.shape)}"
+        )
     half = cos.size(-1) // 2
     rows = cos.shape[:-1]
     cos_table = cos[..., :half].reshape(-1, half)
@@ -126,8 +131,10 @@ def _model_type(model: nn.Module) -> str:
 def _rotary_modules(model: nn.Module) -> List[nn.Module]:
     found = []
     for module in model.modules():
-        if type(module).__name__.endswith("RotaryEmbedding") and hasattr(module, "config") and (
-            hasattr(module, "inv_freq") or hasattr(module, "layer_types")
+        if (
+            type(module).__name__.endswith("RotaryEmbedding")
+            and hasattr(module, "config")
+            and (hasattr(module, "inv_freq") or hasattr(module, "layer_types"))
         ):
             found.append(module)
     return found
@@ -173,8 +180,9 @@ class _DynamicState:
         self.cached = original
 
 
-def _make_tables(rotary: nn.Module, key: str, rotary_dim: int, max_seq_len: int,
-                 seq_len: Optional[int] = None) -> RotaryPositionalEmbedding:
+def _make_tables(
+    rotary: nn.Module, key: str, rotary_dim: int, max_seq_len: int, seq_len: Optional[int] = None
+) -> RotaryPositionalEmbedding:
     config = rotary.config
     params = config.rope_parameters if key == _ONE_TYPE else config.rope_parameters[key]
     scaling = _scaling_dict(params, config)
@@ -183,8 +191,12 @@ def _make_tables(rotary: nn.Module, key: str, rotary_dim: int, max_seq_len: int,
     theta = float(params["rope_theta"])
     device = _device_of(rotary, key)
     return RotaryPositionalEmbedding(
-        theta, rotary_dim, max(max_seq_len, seq_len or 0), device,
-        interleaved=False, scaling=scaling,
+        theta,
+        rotary_dim,
+        max(max_seq_len, seq_len or 0),
+        device,
+        interleaved=False,
+        scaling=scaling,
     )
 
 
@@ -235,13 +247,15 @@ def _dynamic_update(rotary: nn.Module, key: str, state: _DynamicState, position_
         rotary.torch_rope[key] = _make_tables(rotary, key, rotary_dim, seq_len, seq_len=seq_len)
         state.cached = seq_len
     if seq_len < state.original < state.cached:
-        rotary.torch_rope[key] = _make_tables(rotary, key, rotary_dim, state.original,
-                                              seq_len=state.original)
+        rotary.torch_rope[key] = _make_tables(
+            rotary, key, rotary_dim, state.original, seq_len=state.original
+        )
         state.cached = state.original
 
 
 def _seq_major(x: Tensor) -> bool:
-    """A (B, H, S, D) view of (B, S, H, D) memory, as transformers' q/k: ``view().transpose(1, 2)``."""
+    """A (B, H, S, D) view of (B, S, H, D) memory, as transformers' q/k:
+    ``view().transpose(1, 2)``."""
     return x.dim() == 4 and x.stride(1) < x.stride(2)
 
 
@@ -253,11 +267,18 @@ def _rotate_qk(q, k, cos_table, sin_table, positions, unsqueeze_dim, interleaved
     the transposed order; the results are handed back as (B, H, S, D) views, as HF's are.
     """
     if unsqueeze_dim == 1 and positions.dim() == 2 and _seq_major(q) and _seq_major(k):
-        q_out, k_out = apply_qk(q.transpose(1, 2), k.transpose(1, 2), cos_table, sin_table,
-                                positions.unsqueeze(-1), interleaved=interleaved)
+        q_out, k_out = apply_qk(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            cos_table,
+            sin_table,
+            positions.unsqueeze(-1),
+            interleaved=interleaved,
+        )
         return q_out.transpose(1, 2), k_out.transpose(1, 2)
-    return apply_qk(q, k, cos_table, sin_table, positions.unsqueeze(unsqueeze_dim),
-                    interleaved=interleaved)
+    return apply_qk(
+        q, k, cos_table, sin_table, positions.unsqueeze(unsqueeze_dim), interleaved=interleaved
+    )
 
 
 def _apply_with_tables(q, k, cos, sin, unsqueeze_dim=1):
@@ -294,8 +315,9 @@ def _rebound_forward(attention: nn.Module):
     """
     original = type(attention).forward
     namespace = _patched_namespace(original.__globals__)
-    function = types.FunctionType(original.__code__, namespace, original.__name__,
-                                  original.__defaults__, original.__closure__)
+    function = types.FunctionType(
+        original.__code__, namespace, original.__name__, original.__defaults__, original.__closure__
+    )
     function.__kwdefaults__ = original.__kwdefaults__
     function.__dict__.update(original.__dict__)
     function.__qualname__ = original.__qualname__
@@ -314,8 +336,10 @@ def _self_check(rotary, key, attention, head_dim) -> None:
     q = torch.randn(1, 2, length, head_dim, generator=generator).to(device)
     k = torch.randn(1, 1, length, head_dim, generator=generator).to(device)
     tables = rotary.torch_rope[key]
-    refusal = (f"torch_rope.hf.patch: {type(attention).__name__} rotates q/k differently from "
-               "torch_rope's half-split RoPE on a test input; not patching this model")
+    refusal = (
+        f"torch_rope.hf.patch: {type(attention).__name__} rotates q/k differently from "
+        "torch_rope's half-split RoPE on a test input; not patching this model"
+    )
     with torch.no_grad():
         # HF's gathered (B, S, R) cos/sin with duplicated halves, from our own tables: this checks
         # how the layer rotates (layout, partial rotary), the frequencies are checked apart.
@@ -388,10 +412,13 @@ def patch(model: nn.Module, *, max_seq_len: Optional[int] = None) -> nn.Module:
             seq_len = config.max_position_embeddings
         tables[key] = _make_tables(rotary, key, rotary_dim, rows, seq_len=seq_len)
         # Our float64 frequencies must round to transformers' float32 ones.
-        ours, ours_scaling = rope_frequencies(tables[key].theta, rotary_dim,
-                                              scaling=tables[key].scaling, seq_len=1)
-        if not (torch.allclose(ours.float(), hf_inv_freq, rtol=1e-5, atol=0)
-                and abs(ours_scaling - hf_scaling) <= 1e-6 * hf_scaling):
+        ours, ours_scaling = rope_frequencies(
+            tables[key].theta, rotary_dim, scaling=tables[key].scaling, seq_len=1
+        )
+        if not (
+            torch.allclose(ours.float(), hf_inv_freq, rtol=1e-5, atol=0)
+            and abs(ours_scaling - hf_scaling) <= 1e-6 * hf_scaling
+        ):
             raise NotImplementedError(
                 f"torch_rope.hf.patch: the frequencies built from config.rope_parameters "
                 f"({params}) do not match transformers' own for this model; not patching"
@@ -426,7 +453,9 @@ def _undo(record: _Patch) -> None:
 
 
 def unpatch(model: nn.Module) -> nn.Module:
-    """Undo :func:`patch`: the model's own rotary and attention forwards again. Returns ``model``."""
+    """Undo :func:`patch`: the model's own rotary and attention forwards again.
+
+    Returns ``model``."""
     record = getattr(model, _PATCH_ATTR, None)
     if record is None:
         return model

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """``RotaryPositionalEmbedding``: the ``nn.Module`` form of :func:`torch_rope.apply`."""
 
 import copy
@@ -69,8 +70,9 @@ class RotaryPositionalEmbedding(nn.Module):
         _distributed.register_if_loaded()  # DTensor rules, if DTensor is already loaded
         theta = _number("theta", theta)
         if not (math.isfinite(theta) and theta > 0):
-            raise ValueError(f"RotaryPositionalEmbedding: theta must be a positive finite number, "
-                             f"got {theta}")
+            raise ValueError(
+                f"RotaryPositionalEmbedding: theta must be a positive finite number, got {theta}"
+            )
         d_k = _integer("d_k", d_k)
         if d_k < 1:
             raise ValueError(f"RotaryPositionalEmbedding: d_k must be >= 1, got {d_k}")
@@ -84,8 +86,10 @@ class RotaryPositionalEmbedding(nn.Module):
         if not isinstance(interleaved, bool):
             raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
         if dtype not in (torch.float32, torch.float64):
-            raise ValueError(f"RotaryPositionalEmbedding: dtype (of the tables) must be "
-                             f"torch.float32 or torch.float64, got {dtype}")
+            raise ValueError(
+                f"RotaryPositionalEmbedding: dtype (of the tables) must be "
+                f"torch.float32 or torch.float64, got {dtype}"
+            )
         seq_dim = _integer("seq_dim", seq_dim)
         if seq_dim > -2:
             raise ValueError(
@@ -105,14 +109,16 @@ class RotaryPositionalEmbedding(nn.Module):
         self._trailing = -seq_dim - 2
         # Like nn.Linear, follow `with torch.device(...)` / set_default_device when no device is
         # given (torchtune builds models on the meta device that way).
-        self._build(max_seq_len, torch.get_default_device() if device is None
-                    else torch.device(device))
+        self._build(
+            max_seq_len, torch.get_default_device() if device is None else torch.device(device)
+        )
 
     @staticmethod
     def _check_max_seq_len(max_seq_len: int, rotary_dim: int) -> None:
         if max_seq_len < 1:
-            raise ValueError(f"RotaryPositionalEmbedding: max_seq_len must be >= 1, got "
-                             f"{max_seq_len}")
+            raise ValueError(
+                f"RotaryPositionalEmbedding: max_seq_len must be >= 1, got {max_seq_len}"
+            )
         if max_seq_len * rotary_dim > _MAX_TABLE_ELEMENTS:
             raise ValueError(
                 "RotaryPositionalEmbedding: max_seq_len * rotary_dim must be <= 2**53 (the "
@@ -124,8 +130,13 @@ class RotaryPositionalEmbedding(nn.Module):
         # The C++ option object is made per build and never stored: the module stays picklable
         # and deep-copyable (torch.save(model), copy.deepcopy, FSDP/TP model copies).
         cos, sin, self._long_offset, self._long_after = _C.module_tables(
-            self.theta, self.rotary_dim, max_seq_len, parse_scaling(self.scaling, self.theta),
-            self.dtype, device)
+            self.theta,
+            self.rotary_dim,
+            max_seq_len,
+            parse_scaling(self.scaling, self.theta),
+            self.dtype,
+            device,
+        )
         self.max_seq_len = max_seq_len
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Typed wrappers over ``torch.ops.rope.*``.
 
 Shared conventions (see the README for the full contract):
@@ -24,8 +25,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _C
-from . import _functorch
+from . import _C, _functorch
 from .distributed import maybe_register_for as _maybe_register_for
 
 _apply = torch.ops.rope.apply.default

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Deprecated name of :mod:`torch_rope.eager` (the plain-PyTorch baseline), kept importable for
 one release; "reference" now means only the test oracles."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Drop-in replacements for torchtune's RoPE modules, computed by the torch_rope kernel.
 
     from torch_rope.torchtune import RotaryPositionalEmbeddings
@@ -40,7 +41,8 @@ class RotaryPositionalEmbeddings(RotaryPositionalEmbedding):
         self._build(self.max_seq_len, None if device.type == "meta" else device)
 
     def forward(self, x: Tensor, *, input_pos: Optional[Tensor] = None) -> Tensor:
-        """``x``: ``[b, s, n_h, h_d]``; ``input_pos``: ``[b, s]``, ``[s]`` or None (``arange(s)``)."""
+        """``x``: ``[b, s, n_h, h_d]``; ``input_pos``: ``[b, s]``, ``[s]`` or None
+        (``arange(s)``)."""
         return super().forward(x, input_pos)
 
 
@@ -65,8 +67,9 @@ class Llama3ScaledRoPE(RotaryPositionalEmbeddings):
             "original_max_position_embeddings": old_context_len,
         }
         # The base class's __init__ with this scaling (RotaryPositionalEmbeddings takes none).
-        RotaryPositionalEmbedding.__init__(self, base, dim, max_seq_len, interleaved=True,
-                                           scaling=scaling, seq_dim=-3)
+        RotaryPositionalEmbedding.__init__(
+            self, base, dim, max_seq_len, interleaved=True, scaling=scaling, seq_dim=-3
+        )
         self.dim = dim
         self.base = base
         self.scale_factor = scale_factor

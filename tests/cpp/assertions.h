@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Assertion helpers of the C++ suite: comparisons with readable failures, and error capture that
 // checks the c10 exception type (which only C++ sees; Python gets the mapped builtin).
 #pragma once
@@ -116,8 +117,8 @@ inline ::testing::AssertionResult contains_all(const std::string& message,
                                                std::initializer_list<std::string> parts) {
   for (const auto& part : parts) {
     if (message.find(part) == std::string::npos) {
-      return ::testing::AssertionFailure()
-             << "message lacks \"" << part << "\"; message was:\n" << message;
+      return ::testing::AssertionFailure() << "message lacks \"" << part << "\"; message was:\n"
+                                           << message;
     }
   }
   return ::testing::AssertionSuccess();

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The C++ suite's one oracle: plain loops in double over accessors. Nothing here calls the library,
 // so a bug in the kernels or the table builder cannot hide in the expected values. (The Python
 // suite's oracle is tests/python/references.py; the op matrix is tested there.)
@@ -57,8 +58,7 @@ inline std::vector<int64_t> broadcast_positions(const torch::Tensor& positions,
     const int64_t size = pos.size(j);
     const int64_t target = row_shape[nrow - npos + j];
     if (size != 1 && size != target) {
-      ADD_FAILURE() << "oracle: positions " << pos.sizes() << " not broadcastable to "
-                    << row_shape;
+      ADD_FAILURE() << "oracle: positions " << pos.sizes() << " not broadcastable to " << row_shape;
       return {};
     }
   }
@@ -97,8 +97,7 @@ inline torch::Tensor reference_rope(const torch::Tensor& x, const torch::Tensor&
   const auto row_shape = x.sizes().slice(0, x.dim() - 1);
   const std::vector<int64_t> pos = broadcast_positions(positions, row_shape);
 
-  torch::Tensor rows_in =
-      x.detach().cpu().to(torch::kDouble).contiguous().reshape({-1, head_dim});
+  torch::Tensor rows_in = x.detach().cpu().to(torch::kDouble).contiguous().reshape({-1, head_dim});
   torch::Tensor rows_out = torch::empty_like(rows_in);
   const torch::Tensor cos_d = cos.detach().cpu().to(torch::kDouble).contiguous();
   const torch::Tensor sin_d = sin.detach().cpu().to(torch::kDouble).contiguous();

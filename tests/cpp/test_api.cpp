@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // rope:: from C++: what only a C++ caller can see. The op matrix (dtypes, head_dims, layouts,
 // strides, positions shapes, every error message, autograd rules, CUDA) is the device-parametrised
 // pytest suite in tests/python, which reaches the same dispatcher and kernels. Here: the C++ API's
@@ -107,9 +108,8 @@ TEST(OpsSmoke, ApplyInPlaceWritesThroughTheView) {
   const void* storage = k.data_ptr();
   rope::apply_(k, t.cos, t.sin, positions, /*interleaved=*/true, /*inverse=*/true);
   EXPECT_EQ(k.data_ptr(), storage);
-  EXPECT_TRUE(matches_oracle(qkv.select(2, 1),
-                             reference_rope(before.select(2, 1), t.cos, t.sin, positions, true,
-                                            true)));
+  EXPECT_TRUE(matches_oracle(
+      qkv.select(2, 1), reference_rope(before.select(2, 1), t.cos, t.sin, positions, true, true)));
   EXPECT_TRUE(bitwise_equal(qkv.select(2, 0), before.select(2, 0)));
   EXPECT_TRUE(bitwise_equal(qkv.select(2, 2), before.select(2, 2)));
 }
@@ -143,9 +143,9 @@ TEST(OpsSmoke, ApplyOutWritesAStridedSlotAndReturnsIt) {
   EXPECT_TRUE((cache.slice(1, 9, 16) == 7.0).all().item<bool>());
   // Not differentiable, as aten's out= ops.
   const auto x = torch::randn({2, 4, 3, 24}, torch::requires_grad());
-  EXPECT_TRUE(contains_all(
-      error_message([&] { rope::apply_out(slot, x, t.cos, t.sin, positions); }),
-      {"rope.apply.out", "automatic differentiation"}));
+  EXPECT_TRUE(
+      contains_all(error_message([&] { rope::apply_out(slot, x, t.cos, t.sin, positions); }),
+                   {"rope.apply.out", "automatic differentiation"}));
 }
 
 // ---- one gradient check through the dispatcher --------------------------------------------------
@@ -174,15 +174,16 @@ TEST(AutogradSmoke, GradientIsTheTransposeAndItselfDifferentiable) {
   }
 }
 
-// ---- errors: the c10 exception type is part of the C++ API ---------------------------------------
+// ---- errors: the c10 exception type is part of the C++ API
+// ---------------------------------------
 
 TEST(ErrorTypes, PositionOutOfRangeIsAnIndexError) {
   const auto t = reference_tables(32, 16);
   const auto x = torch::randn({2, 3, 5, 16});
   const auto bad = torch::tensor({0, 1, 2, 40, 3}, torch::kLong);
-  EXPECT_TRUE(contains_all(
-      error_message<c10::IndexError>([&] { rope::apply(x, t.cos, t.sin, bad); }),
-      {"rope.apply", "positions", "max_seq_len", "32", "got 40"}));
+  EXPECT_TRUE(
+      contains_all(error_message<c10::IndexError>([&] { rope::apply(x, t.cos, t.sin, bad); }),
+                   {"rope.apply", "positions", "max_seq_len", "32", "got 40"}));
   auto y = x.clone();
   error_message<c10::IndexError>([&] { rope::apply_(y, t.cos, t.sin, -bad); });
   EXPECT_TRUE(bitwise_equal(y, x)) << "a failed apply_ wrote into x";
@@ -194,28 +195,27 @@ TEST(ErrorTypes, BadArgumentsAreC10Errors) {
   const auto t = reference_tables(32, 16);
   const auto x = torch::randn({2, 3, 5, 16});
   const auto positions = torch::arange(5, torch::kLong);
-  EXPECT_TRUE(contains_all(error_message([&] { rope::apply(x.narrow(-1, 0, 12), t.cos, t.sin,
-                                                           positions); }),
-                           {"rope.apply", "x.size(-1) (head_dim)", "rotary_dim", "16", "got 12"}));
+  EXPECT_TRUE(contains_all(
+      error_message([&] { rope::apply(x.narrow(-1, 0, 12), t.cos, t.sin, positions); }),
+      {"rope.apply", "x.size(-1) (head_dim)", "rotary_dim", "16", "got 12"}));
   error_message([&] { rope::apply(x, t.cos, t.sin, positions.to(torch::kFloat)); });
   error_message([&] { rope::apply(x, t.cos.to(torch::kHalf), t.sin.to(torch::kHalf), positions); });
   error_message([&] { rope::apply(x.to(torch::kInt), t.cos, t.sin, positions); });
 }
 
 TEST(ErrorTypes, BadTableArgumentsAreValueErrors) {
-  EXPECT_TRUE(contains_all(
-      error_message<c10::ValueError>([] { rope::rope_tables(10000.0, 7, 16); }),
-      {"rotary_dim", "even", "7"}));
-  EXPECT_TRUE(contains_all(
-      error_message<c10::ValueError>([] { rope::rope_tables(10000.0, 8, 0); }),
-      {"max_seq_len", "got 0"}));
+  EXPECT_TRUE(
+      contains_all(error_message<c10::ValueError>([] { rope::rope_tables(10000.0, 7, 16); }),
+                   {"rotary_dim", "even", "7"}));
+  EXPECT_TRUE(contains_all(error_message<c10::ValueError>([] { rope::rope_tables(10000.0, 8, 0); }),
+                           {"max_seq_len", "got 0"}));
   EXPECT_TRUE(contains_all(error_message<c10::ValueError>([] { rope::rope_tables(0.0, 8, 16); }),
                            {"theta", "got 0"}));
-  EXPECT_TRUE(contains_all(
-      error_message<c10::ValueError>([] {
-        rope::rope_tables(10000.0, 8, 16, rope::TableOptions().dtype(torch::kHalf));
-      }),
-      {"dtype", "Half"}));
+  EXPECT_TRUE(contains_all(error_message<c10::ValueError>([] {
+                             rope::rope_tables(10000.0, 8, 16,
+                                               rope::TableOptions().dtype(torch::kHalf));
+                           }),
+                           {"dtype", "Half"}));
 }
 
 }  // namespace

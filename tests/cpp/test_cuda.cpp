@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The C++-only CUDA surfaces: the module's .to(cuda) moving its tables, tables built on the
 // device, a save from CUDA loaded on the CPU, and one smoke call of each op. The CUDA op matrix
 // (dtypes, layouts, strides, autograd, errors, streams, CPU agreement) is the device-parametrised
@@ -86,13 +87,13 @@ TEST_F(Cuda, TablesBuiltOnDevice) {
   EXPECT_TRUE(all_close(cos, want.cos, {0.0, 1.2e-7}));
   EXPECT_TRUE(all_close(sin, want.sin, {0.0, 1.2e-7}));
 
-  rope::RotaryPositionalEmbedding on_device(10000.0, 32, 64, kCuda,
-                                            rope::RotaryPositionalEmbeddingOptions().rotary_dim(16));
+  rope::RotaryPositionalEmbedding on_device(
+      10000.0, 32, 64, kCuda, rope::RotaryPositionalEmbeddingOptions().rotary_dim(16));
   EXPECT_TRUE(on_device->cos_table().is_cuda());
   const auto x = torch::randn({2, 3, 7, 32});
   const auto t = reference_tables(64, 16);
-  EXPECT_TRUE(matches_oracle(on_device(x.to(kCuda)),
-                             reference_rope(x, t.cos, t.sin, torch::arange(7))));
+  EXPECT_TRUE(
+      matches_oracle(on_device(x.to(kCuda)), reference_rope(x, t.cos, t.sin, torch::arange(7))));
 }
 
 TEST_F(Cuda, ModuleToCudaMovesTablesAndKeepsTheirDtype) {

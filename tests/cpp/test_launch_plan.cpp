@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The CUDA launch plan (csrc/cuda/launch_plan.h), which is plain C++: paths per tensor and per
 // part, lanes, rows per thread, grid and the q/k block split, for the benchmark shapes on a
 // 132-SM GPU and for the alignment cases. Expected numbers are worked out by hand in comments.
@@ -46,8 +47,7 @@ RotationArgs tensor(const V& rows, const V& strides, const V& pos, int64_t head_
   a.in = address(in);
   a.out = in_place ? address(in) : address(kBase << 4);
   a.positions = address(kBase << 8);
-  a.geometry =
-      rope::detail::make_row_geometry(rows, strides, in_place ? strides : out, pos);
+  a.geometry = rope::detail::make_row_geometry(rows, strides, in_place ? strides : out, pos);
   a.head_dim = head_dim;
   a.rotary_dim = rotary_dim;
   a.copy_tail = !in_place;
@@ -144,7 +144,8 @@ TEST(LaunchPlan, LongContextPrefillHalfSplitOn132Sms) {
   EXPECT_EQ(p.blocks, 32768 * 8 * 4 / 256);
 }
 
-// ---- occupancy: the resident count sizes the wave ------------------------------------------------
+// ---- occupancy: the resident count sizes the wave
+// ------------------------------------------------
 
 TEST(LaunchPlan, FewerResidentBlocksGiveMoreRowsPerThread) {
   // (1, 512, 32, 128) bf16 interleaved: 16384 rows * 16 lanes = 262144 lane-rows. With 3
@@ -157,7 +158,8 @@ TEST(LaunchPlan, FewerResidentBlocksGiveMoreRowsPerThread) {
   EXPECT_EQ(plan(x, nullptr, kBf16, true, {132, 0}).params.tensor[0].rows_per_thread, 4);
 }
 
-// ---- paths per tensor and per part ---------------------------------------------------------------
+// ---- paths per tensor and per part
+// ---------------------------------------------------------------
 
 TEST(LaunchPlan, MisalignedKKeepsQOnTheVectorPath) {
   // k starts 8 bytes into a 16-byte vector (a slice at an odd offset): only k goes scalar, and
@@ -272,7 +274,8 @@ TEST(LaunchPlan, TableVectorLoadsNeedAlignedRows) {
   EXPECT_FALSE(plan(x, nullptr, kBf16, true, {132, 3}, &t).params.tables.vector_loads);
 }
 
-// ---- rotary_dim 0: positions are still range-checked ---------------------------------------------
+// ---- rotary_dim 0: positions are still range-checked
+// ---------------------------------------------
 
 TEST(LaunchPlan, NoRotationStillVisitsEveryRow) {
   // Out of place: the copy lanes (fp32: 4 elements each) check the position. In place there is
@@ -302,7 +305,8 @@ TEST(LaunchPlan, RowGroupsAreEven) {
   EXPECT_EQ(p.params.tensor[0].num_threads, 64 * 16 * 2);  // 16 lanes of 2 planes
 }
 
-// ---- invariants over SM counts and occupancies ---------------------------------------------------
+// ---- invariants over SM counts and occupancies
+// ---------------------------------------------------
 
 struct Shape {
   const char* name;
@@ -326,8 +330,7 @@ TEST_P(LaunchPlanInvariants, GridCoversEveryThreadOnce) {
     int64_t previous_rows = rope::cuda::kMaxRowsPerThread;
     for (int sms = 1; sms <= 132; ++sms) {
       SCOPED_TRACE(std::string(s.name) + " at " + std::to_string(sms) + " SMs");
-      const LaunchPlan p =
-          plan(s.q, s.has_k ? &s.k : nullptr, kBf16, true, {sms, resident});
+      const LaunchPlan p = plan(s.q, s.has_k ? &s.k : nullptr, kBf16, true, {sms, resident});
       const auto& q = p.params.tensor[0];
       const auto& k = p.params.tensor[1];
       const auto groups = [](const rope::cuda::TensorPlan& t) {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // rope::RotaryPositionalEmbedding, the C++ module (the Python module is a separate nn.Module,
 // tested in tests/python): constructor forms and options, its tables and forward, dtype casts,
 // Cloneable, serialization (tables are derived state: never saved, always rebuilt), the typed
@@ -6,6 +7,7 @@
 #include <torch/torch.h>
 #include <torch_rope/module.h>
 #include <torch_rope/ops.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,8 +19,6 @@
 #include <string>
 #include <tuple>
 #include <vector>
-
-#include <unistd.h>
 
 #include "assertions.h"
 #include "oracle.h"
@@ -36,7 +36,8 @@ using rope_test::reference_rope;
 using rope_test::reference_tables;
 using Opts = RotaryPositionalEmbeddingOptions;
 
-// ---- construction, tables, accessors --------------------------------------------------------------
+// ---- construction, tables, accessors
+// --------------------------------------------------------------
 
 TEST(Module, TablesAreFloat32BuffersOfTheSharedBuilder) {
   RotaryPositionalEmbedding m(10000.0, 64, 8192);
@@ -79,7 +80,8 @@ TEST(Module, OptionsAndAccessors) {
 TEST(Module, DeviceIsTheFourthArgumentAsInCs336) {
   RotaryPositionalEmbedding cpu(10000.0, 16, 32, torch::kCPU);
   EXPECT_TRUE(cpu->cos_table().device().is_cpu());
-  RotaryPositionalEmbedding meta(10000.0, 16, 32, torch::Device(torch::kMeta), Opts().rotary_dim(8));
+  RotaryPositionalEmbedding meta(10000.0, 16, 32, torch::Device(torch::kMeta),
+                                 Opts().rotary_dim(8));
   EXPECT_TRUE(meta->cos_table().is_meta());
   EXPECT_EQ(meta->cos_table().sizes(), (std::vector<int64_t>{32, 4}));
   RotaryPositionalEmbedding in_options(10000.0, 8, 10, Opts().device(torch::kMeta));
@@ -104,11 +106,11 @@ TEST(Module, PrettyPrintNamesTheConfiguration) {
                                       "rotary_dim=8", "interleaved=false"}));
 }
 
-// ---- forward ---------------------------------------------------------------------------------------
+// ---- forward
+// ---------------------------------------------------------------------------------------
 
 // (interleaved, rotary_dim, x dtype): the module hands its options and tables to rope::apply.
-class ModuleForward
-    : public ::testing::TestWithParam<std::tuple<bool, int64_t, torch::Dtype>> {};
+class ModuleForward : public ::testing::TestWithParam<std::tuple<bool, int64_t, torch::Dtype>> {};
 
 TEST_P(ModuleForward, MatchesTheOracle) {
   const auto [interleaved, rotary_dim, dtype] = GetParam();
@@ -127,18 +129,18 @@ TEST_P(ModuleForward, MatchesTheOracle) {
   EXPECT_TRUE(bitwise_equal(m(x), m->forward(x, std::nullopt)));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Options, ModuleForward,
-    ::testing::Values(std::make_tuple(true, int64_t{16}, torch::kFloat),
-                      std::make_tuple(false, int64_t{16}, torch::kFloat),
-                      std::make_tuple(true, int64_t{10}, torch::kDouble),
-                      std::make_tuple(false, int64_t{10}, torch::kBFloat16),
-                      std::make_tuple(true, int64_t{16}, torch::kHalf)),
-    [](const auto& info) {
-      return std::string(std::get<0>(info.param) ? "interleaved" : "half_split") + "_rotary" +
-             std::to_string(std::get<1>(info.param)) + "_" +
-             rope_test::dtype_name(std::get<2>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Options, ModuleForward,
+                         ::testing::Values(std::make_tuple(true, int64_t{16}, torch::kFloat),
+                                           std::make_tuple(false, int64_t{16}, torch::kFloat),
+                                           std::make_tuple(true, int64_t{10}, torch::kDouble),
+                                           std::make_tuple(false, int64_t{10}, torch::kBFloat16),
+                                           std::make_tuple(true, int64_t{16}, torch::kHalf)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) ? "interleaved"
+                                                                      : "half_split") +
+                                  "_rotary" + std::to_string(std::get<1>(info.param)) + "_" +
+                                  rope_test::dtype_name(std::get<2>(info.param));
+                         });
 
 TEST(Module, DefaultPositionsForEveryRank) {
   torch::manual_seed(1);
@@ -182,8 +184,8 @@ TEST(Module, SeqDimMinus3FollowsTheSequenceAxis) {
   const auto x = torch::randn({2, 7, 3, 16});  // [b, s, h, d]
   EXPECT_TRUE(bitwise_equal(bshd(x).transpose(1, 2), bhsd(x.transpose(1, 2))));
   for (const auto& positions : {torch::arange(4, 11), torch::randint(0, 32, {2, 7})}) {
-    EXPECT_TRUE(bitwise_equal(bshd(x, positions).transpose(1, 2),
-                              bhsd(x.transpose(1, 2), positions)));
+    EXPECT_TRUE(
+        bitwise_equal(bshd(x, positions).transpose(1, 2), bhsd(x.transpose(1, 2), positions)));
   }
 }
 
@@ -202,7 +204,8 @@ TEST(Module, ExtendTablesGrowsTheRegisteredBuffers) {
   EXPECT_TRUE(matches_oracle(m(x), reference_rope(x, t.cos, t.sin, torch::arange(40))));
 }
 
-// ---- dtype casts keep the tables' dtype -----------------------------------------------------------
+// ---- dtype casts keep the tables' dtype
+// -----------------------------------------------------------
 
 class ModuleCast : public ::testing::TestWithParam<torch::Dtype> {};
 
@@ -267,7 +270,8 @@ TEST(Module, ParentCastKeepsTablesFloat32) {
   EXPECT_EQ(block->parameters().size(), 2u);  // the Linear's alone
 }
 
-// ---- Cloneable --------------------------------------------------------------------------------------
+// ---- Cloneable
+// --------------------------------------------------------------------------------------
 
 TEST(Module, CloneInsideSequentialCopiesTables) {
   torch::nn::Sequential seq(RotaryPositionalEmbedding(10000.0, 16, 32, Opts().rotary_dim(8)));
@@ -282,7 +286,8 @@ TEST(Module, CloneInsideSequentialCopiesTables) {
   EXPECT_TRUE(bitwise_equal(seq->forward(x), copy->forward(x)));
 }
 
-// ---- serialization: the archive holds no tables; loading keeps the fresh module's ----------------
+// ---- serialization: the archive holds no tables; loading keeps the fresh module's
+// ----------------
 
 std::vector<std::string> keys_of(torch::serialize::InputArchive& archive) {
   auto keys = archive.keys();
@@ -332,8 +337,8 @@ TEST(ModuleSerialization, RoundTripRebuildsTablesFromTheConstructor) {
   EXPECT_TRUE(bitwise_equal(loaded->proj->weight, saved->proj->weight));
   EXPECT_TRUE(bitwise_equal(loaded->proj->bias, saved->proj->bias));
   EXPECT_EQ(loaded->rotary->cos_table().size(0), 64);
-  EXPECT_TRUE(bitwise_equal(loaded->rotary->cos_table().narrow(0, 0, 16),
-                            saved->rotary->cos_table()));
+  EXPECT_TRUE(
+      bitwise_equal(loaded->rotary->cos_table().narrow(0, 0, 16), saved->rotary->cos_table()));
   const auto x = torch::randn({2, 5, 16});
   EXPECT_TRUE(bitwise_equal(loaded(x), saved(x)));
   EXPECT_NO_THROW(loaded(torch::randn({1, 40, 16})));  // 40 positions: only 64 rows cover them
@@ -361,7 +366,8 @@ TEST(ModuleSerialization, ModuleAloneThroughAFile) {
   EXPECT_TRUE(bitwise_equal(loaded(x), saved(x)));
 }
 
-// ---- scaling variants as typed options --------------------------------------------------------------
+// ---- scaling variants as typed options
+// --------------------------------------------------------------
 
 class ModuleScaling : public ::testing::TestWithParam<rope::RopeScaling> {};
 
@@ -384,14 +390,12 @@ TEST_P(ModuleScaling, TablesAreTheSharedBuilders) {
 
 INSTANTIATE_TEST_SUITE_P(
     Variants, ModuleScaling,
-    ::testing::Values(rope::RopeScaling(rope::LinearScaling().factor(4.0)),
-                      rope::RopeScaling(
-                          rope::Llama3Scaling().factor(8.0).original_max_position_embeddings(64)),
-                      rope::RopeScaling(
-                          rope::YarnScaling().factor(4.0).original_max_position_embeddings(32)),
-                      rope::RopeScaling(
-                          rope::DynamicNTKScaling().factor(2.0).max_position_embeddings(32)),
-                      rope::RopeScaling(rope::ProportionalScaling().partial_rotary_factor(0.5))),
+    ::testing::Values(
+        rope::RopeScaling(rope::LinearScaling().factor(4.0)),
+        rope::RopeScaling(rope::Llama3Scaling().factor(8.0).original_max_position_embeddings(64)),
+        rope::RopeScaling(rope::YarnScaling().factor(4.0).original_max_position_embeddings(32)),
+        rope::RopeScaling(rope::DynamicNTKScaling().factor(2.0).max_position_embeddings(32)),
+        rope::RopeScaling(rope::ProportionalScaling().partial_rotary_factor(0.5))),
     [](const auto& info) { return rope::rope_type_name(info.param); });
 
 TEST(ModuleScalingFormulas, AgainstHandComputedValues) {
@@ -431,10 +435,10 @@ TEST(Module, LongRopeSwitchesPerCallOnTheDevice) {
                             .original_max_position_embeddings(16)
                             .max_position_embeddings(64);
   RotaryPositionalEmbedding both(10000.0, 8, 64, torch::kCPU, Opts().scaling(longrope));
-  RotaryPositionalEmbedding short_only(
-      10000.0, 8, 64, torch::kCPU, Opts().scaling(rope::LongRopeScaling(longrope).seq_len(16)));
-  RotaryPositionalEmbedding long_only(
-      10000.0, 8, 64, torch::kCPU, Opts().scaling(rope::LongRopeScaling(longrope).seq_len(17)));
+  RotaryPositionalEmbedding short_only(10000.0, 8, 64, torch::kCPU,
+                                       Opts().scaling(rope::LongRopeScaling(longrope).seq_len(16)));
+  RotaryPositionalEmbedding long_only(10000.0, 8, 64, torch::kCPU,
+                                      Opts().scaling(rope::LongRopeScaling(longrope).seq_len(17)));
   EXPECT_EQ(both->cos_table().size(0), 128);
   EXPECT_EQ(both->long_offset(), 64);
   const auto x = torch::randn({1, 2, 20, 8});
@@ -443,7 +447,8 @@ TEST(Module, LongRopeSwitchesPerCallOnTheDevice) {
   EXPECT_TRUE(bitwise_equal(both(x), long_only(x)));
 }
 
-// ---- errors: c10::ValueError (Python's ValueError) naming the argument -----------------------------
+// ---- errors: c10::ValueError (Python's ValueError) naming the argument
+// -----------------------------
 
 struct BadModuleCall {
   std::string name;
@@ -458,7 +463,8 @@ TEST_P(ModuleErrors, AreValueErrorsNamingTheArgument) {
   const std::string message = error_message<c10::ValueError>(bad.call);
   for (const auto& part : bad.parts) {
     EXPECT_NE(message.find(part), std::string::npos)
-        << "message lacks \"" << part << "\"; message was:\n" << message;
+        << "message lacks \"" << part << "\"; message was:\n"
+        << message;
   }
 }
 
@@ -489,8 +495,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadModuleCall{"rotary_dim_above_d_k",
                       [] { make(10000.0, 16, 32, Opts().rotary_dim(32)); },
                       {"rotary_dim", "d_k = 16", "got 32"}},
-        BadModuleCall{"max_seq_len_zero", [] { make(10000.0, 16, 0); },
-                      {"max_seq_len must be >= 1, got 0"}},
+        BadModuleCall{
+            "max_seq_len_zero", [] { make(10000.0, 16, 0); }, {"max_seq_len must be >= 1, got 0"}},
         BadModuleCall{"max_seq_len_huge",
                       [] { make(10000.0, 16, std::numeric_limits<int64_t>::max()); },
                       {"max_seq_len", "2^53", "9223372036854775807"}},
@@ -500,21 +506,20 @@ INSTANTIATE_TEST_SUITE_P(
         BadModuleCall{"bfloat16_tables",
                       [] { make(10000.0, 16, 32, Opts().dtype(torch::kBFloat16)); },
                       {"dtype", "BFloat16"}},
-        BadModuleCall{"llama3_negative_factor",
-                      [] {
-                        make(10000.0, 16, 32,
-                             Opts().scaling(rope::Llama3Scaling().factor(-1.0)));
-                      },
-                      {"llama3", "factor", "-1"}},
+        BadModuleCall{
+            "llama3_negative_factor",
+            [] { make(10000.0, 16, 32, Opts().scaling(rope::Llama3Scaling().factor(-1.0))); },
+            {"llama3", "factor", "-1"}},
         BadModuleCall{"extend_tables_to_zero",
                       [] { RotaryPositionalEmbedding(10000.0, 16, 32)->extend_tables(0); },
                       {"extend_tables", "max_seq_len", "got 0"}},
-        BadModuleCall{"x_narrower_than_d_k", [] { forward_on({2, 4, 8}); },
+        BadModuleCall{"x_narrower_than_d_k",
+                      [] { forward_on({2, 4, 8}); },
                       {"x.size(-1) must equal d_k = 16", "[2, 4, 8]"}},
-        BadModuleCall{"x_wider_than_d_k", [] { forward_on({2, 4, 32}); },
+        BadModuleCall{"x_wider_than_d_k",
+                      [] { forward_on({2, 4, 32}); },
                       {"x.size(-1) must equal d_k = 16", "[2, 4, 32]"}},
-        BadModuleCall{"no_sequence_axis", [] { forward_on({16}); },
-                      {"token_positions", "[16]"}},
+        BadModuleCall{"no_sequence_axis", [] { forward_on({16}); }, {"token_positions", "[16]"}},
         BadModuleCall{"undefined_positions",
                       [] {
                         RotaryPositionalEmbedding m(10000.0, 16, 8);

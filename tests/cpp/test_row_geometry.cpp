@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // rope::detail::make_row_geometry: the dim merging that lets one kernel walk any strided x with
 // 1 to 3 loop dims. Checked on hand-worked cases, then against brute-force addressing.
 #include <gtest/gtest.h>
@@ -15,9 +16,7 @@ namespace {
 using rope::RowGeometry;
 using rope::detail::make_row_geometry;
 
-std::vector<int64_t> sizes_of(const RowGeometry& g) {
-  return {g.row_sizes, g.row_sizes + g.ndim};
-}
+std::vector<int64_t> sizes_of(const RowGeometry& g) { return {g.row_sizes, g.row_sizes + g.ndim}; }
 std::vector<int64_t> in_strides_of(const RowGeometry& g) {
   return {g.in_strides, g.in_strides + g.ndim};
 }
@@ -121,8 +120,8 @@ TEST(RowGeometry, TooManyUnmergeableDimsThrows) {
   }
   EXPECT_THROW(make_row_geometry(sizes, strides, strides, pos), c10::Error);
   // Eight such dims still fit.
-  const std::vector<int64_t> s8(sizes.begin() + 1, sizes.end()), st8(strides.begin() + 1, strides.end()),
-      p8(pos.begin() + 1, pos.end());
+  const std::vector<int64_t> s8(sizes.begin() + 1, sizes.end()),
+      st8(strides.begin() + 1, strides.end()), p8(pos.begin() + 1, pos.end());
   EXPECT_EQ(make_row_geometry(s8, st8, st8, p8).ndim, 8);
 }
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Per-launch bookkeeping of every global access the host-run kernel makes (host_kernel.h's
 // Observer): which thread read and wrote which element. After the launch it says whether
 //   - every element of the output view was written by exactly one thread, and nothing else was;
@@ -40,8 +41,8 @@ class AccessTracker final : public Observer {
 
  private:
   struct Cell {
-    bool readable = false;   // inside an input view
-    int8_t expected = -1;    // writes expected: -1 not in an output view, else 0 or 1
+    bool readable = false;  // inside an input view
+    int8_t expected = -1;   // writes expected: -1 not in an output view, else 0 or 1
     int32_t writes = 0;
     int64_t writer = -1;
     int64_t reader = -1;

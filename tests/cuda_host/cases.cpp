@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include "cases.h"
 
 #include <ATen/ATen.h>
@@ -197,9 +198,9 @@ Case make_case(uint64_t seed, int64_t index) {
   c.inverse = chance(rng, 0.5);
 
   // head_dim and rotary_dim: the shapes models use, and odd ones that break alignment.
-  c.head_dim = chance(rng, 0.5) ? pick<int64_t>(rng, {8, 16, 24, 32, 48, 64, 80, 96, 112, 120,
-                                                      128, 136, 160})
-                                : uniform(rng, 1, 72);
+  c.head_dim = chance(rng, 0.5)
+                   ? pick<int64_t>(rng, {8, 16, 24, 32, 48, 64, 80, 96, 112, 120, 128, 136, 160})
+                   : uniform(rng, 1, 72);
   const double rot_r = std::uniform_real_distribution<double>(0, 1)(rng);
   const int64_t even_max = c.head_dim - c.head_dim % 2;
   if (rot_r < 0.5) {
@@ -344,12 +345,12 @@ Case make_case(uint64_t seed, int64_t index) {
 
 std::string Case::describe() const {
   std::ostringstream o;
-  o << "case " << index << " (seed " << seed << "): " << op_name(op) << " " << dtype
-    << " tables " << table_dtype << (interleaved ? " interleaved" : " half-split")
-    << (inverse ? " inverse" : "") << ", head_dim " << head_dim << ", rotary_dim " << rotary_dim
-    << "\n  x" << (op == Op::kApplyQK ? " (q)" : "") << " " << shape_str(x.view.sizes())
-    << " strides " << shape_str(x.view.strides()) << " offset " << x.view.storage_offset()
-    << " [" << x.layout << "]";
+  o << "case " << index << " (seed " << seed << "): " << op_name(op) << " " << dtype << " tables "
+    << table_dtype << (interleaved ? " interleaved" : " half-split") << (inverse ? " inverse" : "")
+    << ", head_dim " << head_dim << ", rotary_dim " << rotary_dim << "\n  x"
+    << (op == Op::kApplyQK ? " (q)" : "") << " " << shape_str(x.view.sizes()) << " strides "
+    << shape_str(x.view.strides()) << " offset " << x.view.storage_offset() << " [" << x.layout
+    << "]";
   if (op == Op::kApplyQK) {
     o << "\n  k " << shape_str(k.view.sizes()) << " strides " << shape_str(k.view.strides())
       << " offset " << k.view.storage_offset() << " [" << k.layout << "]"
@@ -361,10 +362,10 @@ std::string Case::describe() const {
   }
   o << "\n  positions " << positions.view.scalar_type() << " " << shape_str(positions.view.sizes())
     << " strides " << shape_str(positions.view.strides()) << " [" << positions.layout << "]"
-    << (positions_in_range ? "" : " ONE OUT OF RANGE") << "\n  cos "
-    << shape_str(cos.view.sizes()) << " strides " << shape_str(cos.view.strides()) << " ["
-    << cos.layout << "], sin strides " << shape_str(sin.view.strides()) << " [" << sin.layout
-    << "]\n  device: ordinal " << device.ordinal << ", " << device.num_sms << " SMs";
+    << (positions_in_range ? "" : " ONE OUT OF RANGE") << "\n  cos " << shape_str(cos.view.sizes())
+    << " strides " << shape_str(cos.view.strides()) << " [" << cos.layout << "], sin strides "
+    << shape_str(sin.view.strides()) << " [" << sin.layout << "]\n  device: ordinal "
+    << device.ordinal << ", " << device.num_sms << " SMs";
   return o.str();
 }
 

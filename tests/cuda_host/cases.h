@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Random calls for the host run of the CUDA kernel: ops, dtypes, layouts and views of every input,
 // positions, tables, and the simulated device. Each case is a pure function of (seed, index), so a
 // failure reruns alone with `--seed S --only I`.
@@ -34,9 +35,9 @@ struct Case {
   bool inverse = false;
   int64_t head_dim = 0;
   int64_t rotary_dim = 0;
-  Viewed x;  // q for apply_qk
-  Viewed k;  // apply_qk only
-  Viewed out;  // apply.out only: the caller's buffer, any strides
+  Viewed x;               // q for apply_qk
+  Viewed k;               // apply_qk only
+  Viewed out;             // apply.out only: the caller's buffer, any strides
   bool fused_qk = false;  // q and k are slices of one qkv buffer
   Viewed cos;
   Viewed sin;

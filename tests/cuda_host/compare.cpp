@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include "compare.h"
 
 #include <ATen/ATen.h>
@@ -116,8 +117,8 @@ void compare_rotation(const char* name, const at::Tensor& got, const at::Tensor&
       const uint64_t want = bits_at(xs, row + f);
       if (bits_at(gs, row + f) != want || bits_at(cs, row + f) != want) {
         std::ostringstream m;
-        m << "row " << r << " feature " << f << " (tail) is not the input's: host "
-          << gv[row + f] << ", cpu " << cv[row + f] << ", input " << xv[row + f];
+        m << "row " << r << " feature " << f << " (tail) is not the input's: host " << gv[row + f]
+          << ", cpu " << cv[row + f] << ", input " << xv[row + f];
         report(m.str());
       }
       ++tally.exact;
@@ -150,8 +151,8 @@ void compare_rotation(const char* name, const at::Tensor& got, const at::Tensor&
           std::ostringstream m;
           m.precision(10);
           m << "row " << r << " feature " << idx[side] << " (plane " << k << ", position " << p
-            << "): got " << gv[i] << ", reference " << static_cast<double>(ref) << ", error " << err << " > bound "
-            << bound;
+            << "): got " << gv[i] << ", reference " << static_cast<double>(ref) << ", error " << err
+            << " > bound " << bound;
           report(m.str());
         }
         if (k < exact_planes) {
@@ -169,9 +170,8 @@ void compare_rotation(const char* name, const at::Tensor& got, const at::Tensor&
           if (!(std::fabs(gv[i] - cv[i]) <= 2 * bound)) {
             std::ostringstream m;
             m.precision(10);
-            m << "row " << r << " feature " << idx[side] << " (plane " << k << "): host "
-              << gv[i] << " and cpu " << cv[i] << " differ by more than twice the bound "
-              << bound;
+            m << "row " << r << " feature " << idx[side] << " (plane " << k << "): host " << gv[i]
+              << " and cpu " << cv[i] << " differ by more than twice the bound " << bound;
             report(m.str());
           }
         }

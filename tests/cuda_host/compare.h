@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The two yardsticks of the host run: an independent reference in extended precision, written
 // here from the definition of RoPE, and the CPU backend's answer.
 #pragma once

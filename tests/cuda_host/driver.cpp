@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Host run of the CUDA kernel: random calls of rope.apply, rope.apply_ and rope.apply_qk go
 // through the project's own op bodies (op_bodies.h: validation, prepare.cpp, allocation), exactly
 // as on CUDA, but the backend launches the real rope_kernel.cuh compiled for the host
@@ -121,9 +122,9 @@ void count_launch(const LaunchRecord& r, const rope::TableArgs& tables, const at
   cov.hit("vector kernel", r.vector_kernel);
   cov.hit("scalar-only kernel", !r.vector_kernel);
   cov.hit("q/k in one launch", t0.num_threads > 0 && t1.num_threads > 0);
-  cov.hit("q/k on different rotation paths",
-          t0.num_threads > 0 && t1.num_threads > 0 && t0.rot_lanes > 0 && t1.rot_lanes > 0 &&
-              t0.rot_vector != t1.rot_vector);
+  cov.hit("q/k on different rotation paths", t0.num_threads > 0 && t1.num_threads > 0 &&
+                                                 t0.rot_lanes > 0 && t1.rot_lanes > 0 &&
+                                                 t0.rot_vector != t1.rot_vector);
   bool any_vector = false;
   for (const rope::cuda::TensorPlan* t : {&t0, &t1}) {
     if (t->num_threads == 0) {
@@ -134,17 +135,17 @@ void count_launch(const LaunchRecord& r, const rope::TableArgs& tables, const at
     cov.hit("rotation, scalar path", t->rot_lanes > 0 && !t->rot_vector);
     cov.hit("vector rotation with a vector tail", t->rot_vector && t->vec_copy_lanes > 0);
     cov.hit("vector rotation with a scalar tail", t->rot_vector && t->scalar_copy_lanes > 0);
-    cov.hit("scalar rotation with a vector tail", !t->rot_vector && t->rot_lanes > 0 &&
-                                                      t->vec_copy_lanes > 0);
-    cov.hit("no rotating lane, copy lanes only", t->rot_lanes == 0 && t->lanes > 0 &&
-                                                     (t->vec_copy_lanes + t->scalar_copy_lanes) > 0);
-    cov.hit("position-check-only lane", t->rot_lanes == 0 && t->vec_copy_lanes == 0 &&
-                                            t->scalar_copy_lanes == 0);
+    cov.hit("scalar rotation with a vector tail",
+            !t->rot_vector && t->rot_lanes > 0 && t->vec_copy_lanes > 0);
+    cov.hit("no rotating lane, copy lanes only",
+            t->rot_lanes == 0 && t->lanes > 0 && (t->vec_copy_lanes + t->scalar_copy_lanes) > 0);
+    cov.hit("position-check-only lane",
+            t->rot_lanes == 0 && t->vec_copy_lanes == 0 && t->scalar_copy_lanes == 0);
     cov.hit("several rows per thread", t->rows_per_thread > 1);
-    cov.hit("uneven last row group", t->rows_per_thread > 1 &&
-                                         t->shared_rows % t->rows_per_thread != 0);
-    cov.hit("two shared dims (outer and inner)", t->shared_rows > t->shared_inner &&
-                                                     t->shared_inner > 1);
+    cov.hit("uneven last row group",
+            t->rows_per_thread > 1 && t->shared_rows % t->rows_per_thread != 0);
+    cov.hit("two shared dims (outer and inner)",
+            t->shared_rows > t->shared_inner && t->shared_inner > 1);
     cov.hit(">= 2 token dims", t->token_ndim >= 2);
     cov.hit("int32 positions", !t->positions_are_int64);
     cov.hit("out of place", t->in != t->out);
@@ -209,8 +210,7 @@ std::vector<std::string> run_case(const Case& c, const CpuVectorPath& cpu_path, 
   const at::Tensor x_before = c.x.view.clone();
   const at::Tensor k_before = c.op == Op::kApplyQK ? c.k.view.clone() : at::Tensor();
   const at::Tensor k_buffer_before = c.op == Op::kApplyQK ? c.k.buffer.clone() : at::Tensor();
-  const at::Tensor out_buffer_before =
-      c.op == Op::kApplyOut ? c.out.buffer.clone() : at::Tensor();
+  const at::Tensor out_buffer_before = c.op == Op::kApplyOut ? c.out.buffer.clone() : at::Tensor();
   const at::Tensor cos_before = c.cos.buffer.clone();
   const at::Tensor sin_before = c.sin.buffer.clone();
   const at::Tensor pos_before = c.positions.buffer.clone();
@@ -255,8 +255,8 @@ std::vector<std::string> run_case(const Case& c, const CpuVectorPath& cpu_path, 
         host_x = c.x.view;
         break;
       case Op::kApplyOut:
-        rope::detail::apply_out_body<HostCudaBackend>(c.x.view, cos, sin, positions,
-                                                      c.interleaved, c.inverse, c.out.view);
+        rope::detail::apply_out_body<HostCudaBackend>(c.x.view, cos, sin, positions, c.interleaved,
+                                                      c.inverse, c.out.view);
         host_x = c.out.view;
         break;
       case Op::kApplyQK:
@@ -289,19 +289,19 @@ std::vector<std::string> run_case(const Case& c, const CpuVectorPath& cpu_path, 
   if (!same_bits(pos_before, c.positions.buffer)) {
     problems.push_back("positions changed");
   }
-  const int64_t work = c.op == Op::kApplyQK ? c.x.view.numel() + c.k.view.numel()
-                                            : c.x.view.numel();
+  const int64_t work =
+      c.op == Op::kApplyQK ? c.x.view.numel() + c.k.view.numel() : c.x.view.numel();
   if (work > 0 && ctx.launches.size() != 1) {
     problems.push_back("expected one launch, got " + std::to_string(ctx.launches.size()));
   }
 
   // Values, when every position was valid (otherwise the CPU raised and the kernel asserted).
   if (c.positions_in_range && problems.empty()) {
-    compare_rotation(c.op == Op::kApplyQK ? "q" : "x", host_x, cpu_x, x_before, cos, sin,
-                     positions, c.interleaved, c.inverse, cpu_path, totals.tally, problems);
+    compare_rotation(c.op == Op::kApplyQK ? "q" : "x", host_x, cpu_x, x_before, cos, sin, positions,
+                     c.interleaved, c.inverse, cpu_path, totals.tally, problems);
     if (c.op == Op::kApplyQK) {
-      compare_rotation("k", host_k, cpu_k, k_before, cos, sin, positions, c.interleaved,
-                       c.inverse, cpu_path, totals.tally, problems);
+      compare_rotation("k", host_k, cpu_k, k_before, cos, sin, positions, c.interleaved, c.inverse,
+                       cpu_path, totals.tally, problems);
     }
     if (c.op == Op::kApply || c.op == Op::kApplyQK) {  // new tensors; out= keeps out's strides
       if (host_x.defined() && !host_x.is_contiguous()) {
@@ -327,13 +327,12 @@ std::vector<std::string> run_case(const Case& c, const CpuVectorPath& cpu_path, 
   totals.coverage.hit("out-of-range position asserted", !c.positions_in_range);
   totals.coverage.hit("out-of-range position with rotary_dim 0",
                       !c.positions_in_range && c.rotary_dim == 0);
-  totals.coverage.hit("table-stride defect layout", c.cos.layout == "row-padded-2x" ||
-                                                        c.sin.layout == "row-padded-2x");
+  totals.coverage.hit("table-stride defect layout",
+                      c.cos.layout == "row-padded-2x" || c.sin.layout == "row-padded-2x");
   totals.coverage.hit("fused qkv slices", c.fused_qk);
   totals.coverage.hit("fused cos|sin cache", c.cos.layout.rfind("fused-cos-sin", 0) == 0);
-  totals.coverage.hit("x copied by prepare (inner stride != 1)", c.x.view.dim() > 0 &&
-                                                                     c.x.view.size(-1) > 1 &&
-                                                                     c.x.view.stride(-1) != 1);
+  totals.coverage.hit("x copied by prepare (inner stride != 1)",
+                      c.x.view.dim() > 0 && c.x.view.size(-1) > 1 && c.x.view.stride(-1) != 1);
   totals.coverage.hit("expanded input", c.x.layout.find("expanded") != std::string::npos);
   totals.coverage.hit("occupancy cache bypassed (ordinal >= 64)", c.device.ordinal >= 64);
   for (const at::ScalarType t : {at::kDouble, at::kFloat, at::kHalf, at::kBFloat16}) {
@@ -366,9 +365,9 @@ int64_t check_conversions() {
       const float next = half_bits_to_float(static_cast<uint16_t>(bits + 1));
       if (!std::isnan(next) && std::isfinite(hf) && (bits & 0x7fff) != 0x7bff &&
           (bits & 0x7fff) < 0x7c00 && bits != 0x7fff) {
-        for (const float f : {hf, std::nextafter(hf, next), (hf + next) / 2,
-                              std::nextafter((hf + next) / 2, hf),
-                              std::nextafter((hf + next) / 2, next)}) {
+        for (const float f :
+             {hf, std::nextafter(hf, next), (hf + next) / 2, std::nextafter((hf + next) / 2, hf),
+              std::nextafter((hf + next) / 2, next)}) {
           check("half", f, float_to_half_bits(f), c10::Half(f).x);
         }
       }
@@ -486,16 +485,18 @@ int main(int argc, char** argv) {
   std::printf("%lld with an out-of-range position), %lld launches, %.1f s\n",
               static_cast<long long>(totals.assert_cases), static_cast<long long>(totals.launches),
               seconds);
-  std::printf("elements: %lld bit-exact vs CPU and input, %lld within the bound; worst error "
-              "%.3f of the bound\n",
-              static_cast<long long>(totals.tally.exact),
-              static_cast<long long>(totals.tally.bounded), totals.tally.worst);
+  std::printf(
+      "elements: %lld bit-exact vs CPU and input, %lld within the bound; worst error "
+      "%.3f of the bound\n",
+      static_cast<long long>(totals.tally.exact), static_cast<long long>(totals.tally.bounded),
+      totals.tally.worst);
   const int64_t want_queries =
       static_cast<int64_t>(totals.cached_queries.size()) + totals.uncached_queries;
-  std::printf("occupancy queries: %lld for %lld launches (expected %lld: once per device "
-              "ordinal < 64 and kernel, every time above)\n",
-              static_cast<long long>(occupancy_queries()), static_cast<long long>(totals.launches),
-              static_cast<long long>(want_queries));
+  std::printf(
+      "occupancy queries: %lld for %lld launches (expected %lld: once per device "
+      "ordinal < 64 and kernel, every time above)\n",
+      static_cast<long long>(occupancy_queries()), static_cast<long long>(totals.launches),
+      static_cast<long long>(want_queries));
   if (opt.only < 0 && occupancy_queries() != want_queries) {
     std::printf("FAILED: the occupancy cache of rope_kernel.cuh asked %lld times, expected %lld\n",
                 static_cast<long long>(occupancy_queries()), static_cast<long long>(want_queries));

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The real csrc/cuda/rope_kernel.cuh, compiled as host C++ against the shims in shim/, behind the
 // torch-free interface of host_kernel.h. Nothing of the kernel is copied or re-typed here: this
 // file only wires the shim's hooks to an Observer and picks scalar_t, as rope_cuda.cu does.
@@ -79,8 +80,7 @@ void add_variants(Variant* out, int& n) {
   out[n++] = {reinterpret_cast<const void*>(&rope_kernel<scalar_t, table_t, true, true>), true};
   out[n++] = {reinterpret_cast<const void*>(&rope_kernel<scalar_t, table_t, true, false>), false};
   out[n++] = {reinterpret_cast<const void*>(&rope_kernel<scalar_t, table_t, false, true>), true};
-  out[n++] = {reinterpret_cast<const void*>(&rope_kernel<scalar_t, table_t, false, false>),
-              false};
+  out[n++] = {reinterpret_cast<const void*>(&rope_kernel<scalar_t, table_t, false, false>), false};
 }
 
 struct Variants {
@@ -115,7 +115,8 @@ const Variants& variants() {
 int resident_blocks(const void* kernel, int device) {
   const Variant* v = variants().find(kernel);
   const uint64_t index = v == nullptr ? 0 : static_cast<uint64_t>(v - variants().v);
-  uint64_t h = (static_cast<uint64_t>(device) + 1) * 0x9e3779b97f4a7c15ull ^ (index * 0xbf58476d1ce4e5b9ull);
+  uint64_t h =
+      (static_cast<uint64_t>(device) + 1) * 0x9e3779b97f4a7c15ull ^ (index * 0xbf58476d1ce4e5b9ull);
   h ^= h >> 31;
   h *= 0x94d049bb133111ebull;
   h ^= h >> 29;

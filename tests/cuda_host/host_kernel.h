@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The CUDA kernel compiled as host C++ (host_kernel.cpp), as the driver sees it. Torch-free, and
 // free of the shims too: the driver includes torch, the kernel's translation unit does not.
 #pragma once

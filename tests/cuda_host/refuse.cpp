@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Compile-only checks that the shims refuse what the serial host launch cannot model (ctest
 // cuda_host_refuses_*: each must fail to compile with the shim's message). Built without any
 // ROPE_REFUSE_* macro it is a valid kernel, the control that the failures are the refusals.

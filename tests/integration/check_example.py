@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Runs the LibTorch example and checks it against the same model in Python.
 
     python tests/integration/check_example.py <path to attention_example binary>
@@ -14,10 +15,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from compare import report  # tests/integration/compare.py, beside this script
 from torch import nn
 
 import torch_rope
-from compare import report  # tests/integration/compare.py, beside this script
 
 
 class Attention(nn.Module):
@@ -25,7 +26,8 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.head_dim = n_heads, d_model // n_heads
         self.wq, self.wk, self.wv, self.wo = (
-            nn.Linear(d_model, d_model, bias=False) for _ in range(4))
+            nn.Linear(d_model, d_model, bias=False) for _ in range(4)
+        )
         self.rope = torch_rope.RotaryPositionalEmbedding(10000.0, self.head_dim, max_seq_len)
 
     def forward(self, x, positions):
@@ -45,7 +47,9 @@ def main(binary: str) -> int:
     d_model, n_heads, seq, prefill = 64, 4, 12, 5
     model = Attention(d_model, n_heads)
     x = torch.randn(2, seq, d_model)
-    inputs = {name: getattr(model, name).weight.detach().clone() for name in ("wq", "wk", "wv", "wo")}
+    inputs = {
+        name: getattr(model, name).weight.detach().clone() for name in ("wq", "wk", "wv", "wo")
+    }
     inputs.update(x=x, n_heads=torch.tensor(n_heads), prefill=torch.tensor(prefill))
 
     out = model(x, torch.arange(seq))
@@ -65,10 +69,16 @@ def main(binary: str) -> int:
         # weights-only unpickler refuses.
         got = torch.load(out_path, weights_only=False)
 
-    expected = {"out": out.detach(), "loss": loss.detach(), "grad_wq": grad_wq,
-                "loss_after_step": loss_after, "decode_out": out.detach()}
+    expected = {
+        "out": out.detach(),
+        "loss": loss.detach(),
+        "grad_wq": grad_wq,
+        "loss_after_step": loss_after,
+        "decode_out": out.detach(),
+    }
     errors = {key: (got[key] - want).abs().max().item() for key, want in expected.items()}
     return 1 if report("C++ example vs Python", errors, tolerance=1e-4) else 0
+
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1]))

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """TorchScript, torch.export and AOTInductor paths for a block that calls torch.ops.rope.apply.
 
     python tests/integration/check_torchscript.py <run_scripted binary> <run_aoti binary>
@@ -14,10 +15,10 @@ import tempfile
 from pathlib import Path
 
 import torch
+from compare import report  # tests/integration/compare.py, beside this script
 from torch import nn
 
 import torch_rope  # noqa: F401  (registers torch.ops.rope.*)
-from compare import report  # tests/integration/compare.py, beside this script
 
 
 class RopeBlock(nn.Module):
@@ -68,14 +69,18 @@ def main(scripted_binary: str, aoti_binary: str) -> int:
         with torch.no_grad():
             results["torch.export program vs eager"] = (
                 (exported.module()(x, positions) - eager).abs().max().item()
-                if in_graph else float("inf"))
+                if in_graph
+                else float("inf")
+            )
 
         package = torch._inductor.aoti_compile_and_package(
-            exported, package_path=str(Path(tmp, "block.pt2")))
+            exported, package_path=str(Path(tmp, "block.pt2"))
+        )
         from_aoti = run_cpp(aoti_binary, Path(package), x, positions, tmp)
         results["AOTInductor package, run from C++"] = (from_aoti - eager).abs().max().item()
 
     return 1 if report("TorchScript/export/AOTInductor checks", results, tolerance=1e-5) else 0
+
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The comparison report shared by the examples/cpp check scripts."""
 
 

@@ -1,19 +1,22 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """A small attention block for the model-level tests: fused qkv projection, RoPE on q and k,
 F.scaled_dot_product_attention. The rotation is pluggable so the same block runs with the
 library, with the test oracle, or with no position encoding at all."""
 
 from typing import Optional
 
+import references as ref
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import references as ref
 import torch_rope
 
+
 class AttentionBlock(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, rope: Optional[nn.Module], *,
-                 causal: bool = True) -> None:
+    def __init__(
+        self, d_model: int, n_heads: int, rope: Optional[nn.Module], *, causal: bool = True
+    ) -> None:
         super().__init__()
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
@@ -49,12 +52,21 @@ class OracleRope(nn.Module):
 class TinyLM(nn.Module):
     """Embedding -> pre-norm attention block with RoPE -> logits."""
 
-    def __init__(self, vocab: int, d_model: int, n_heads: int, max_seq_len: int, *,
-                 interleaved: bool = True, causal: bool = True) -> None:
+    def __init__(
+        self,
+        vocab: int,
+        d_model: int,
+        n_heads: int,
+        max_seq_len: int,
+        *,
+        interleaved: bool = True,
+        causal: bool = True,
+    ) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
-        rope = torch_rope.RotaryPositionalEmbedding(10000.0, d_model // n_heads, max_seq_len,
-                                                    interleaved=interleaved)
+        rope = torch_rope.RotaryPositionalEmbedding(
+            10000.0, d_model // n_heads, max_seq_len, interleaved=interleaved
+        )
         self.norm = nn.LayerNorm(d_model)
         self.attn = AttentionBlock(d_model, n_heads, rope, causal=causal)
         self.head = nn.Linear(d_model, vocab)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """pytest setup for the torch_rope suite: import path, seeding, the `slow` mark and the
 hypothesis profiles."""
 

@@ -1,4 +1,6 @@
-"""Multi-process checks of torch_rope under torch.distributed (gloo, CPU), run by test_distributed.py.
+# SPDX-License-Identifier: BSD-3-Clause
+"""Multi-process checks of torch_rope under torch.distributed (gloo, CPU), run by
+test_distributed.py.
 
     python distributed_worker.py OUT_DIR [--tier default|slow] [--world-size 2]
     python distributed_worker.py --bench [--world-size 2]
@@ -73,8 +75,9 @@ def place(t, mesh, placements):
             n, c = mesh.size(i), mesh.get_coordinate()[i]
             weight = (c + 1) / (n * (n + 1) / 2)  # 1..n, normalised to sum to 1
             local = local * (weight if p.reduce_op == "sum" else weight * n)
-    return d.DTensor.from_local(local, mesh, placements, run_check=False, shape=t.shape,
-                                stride=t.stride())
+    return d.DTensor.from_local(
+        local, mesh, placements, run_check=False, shape=t.shape, stride=t.stride()
+    )
 
 
 def replicated(t, mesh):
@@ -86,14 +89,12 @@ def placements_of(ndim):
     """Every placement of a tensor with ``ndim`` dims on one mesh dim that a rope input can have."""
     d = dt()
     return (
-        [d.Replicate()]
-        + [d.Shard(i) for i in range(ndim)]
-        + [d.Partial("sum"), d.Partial("avg")]
+        [d.Replicate()] + [d.Shard(i) for i in range(ndim)] + [d.Partial("sum"), d.Partial("avg")]
     )
 
 
 def positions_dim_for(x_ndim, pos_shape, x_dim):
-    """positions dim aligned with x dim ``x_dim`` (trailing broadcast to x.shape[:-1]); None if none."""
+    """positions dim aligned with x dim ``x_dim`` (trailing broadcast to x.shape[:-1]), or None."""
     j = x_dim - (x_ndim - 1 - len(pos_shape))
     return j if 0 <= j < len(pos_shape) and pos_shape[j] != 1 else None
 
@@ -132,10 +133,14 @@ def registration(mesh):
     rank = mesh.get_local_rank()
     if rank == 0:  # no collectives here: rank 1 takes the other branch
         xd = d.DTensor.from_local(x.chunk(2, dim=2)[rank], mesh, [d.Shard(2)], run_check=False)
-        out = torch_rope.apply(xd, replicated(cos, mesh), replicated(sin, mesh),
-                               replicated(pos, mesh))
-        close(out.to_local(), torch_rope.apply(x, cos, sin, pos).chunk(2, dim=2)[rank],
-              "first eager call")
+        out = torch_rope.apply(
+            xd, replicated(cos, mesh), replicated(sin, mesh), replicated(pos, mesh)
+        )
+        close(
+            out.to_local(),
+            torch_rope.apply(x, cos, sin, pos).chunk(2, dim=2)[rank],
+            "first eager call",
+        )
     else:
         torch_rope.RotaryPositionalEmbedding(10000.0, 8, 16)
     assert torch_rope.distributed._registered, "no trigger registered the rules"
@@ -178,7 +183,9 @@ def apply_every_placement(mesh):
                     if j is not None:  # positions passed already sharded like x
                         variants.append(place(pos, mesh, d.Shard(j)))
                 for pos_d in variants:
-                    what = f"{name} x{list(shape)} {xp} positions{list(pos_shape)} {pos_d.placements}"
+                    what = (
+                        f"{name} x{list(shape)} {xp} positions{list(pos_shape)} {pos_d.placements}"
+                    )
                     xd = place(x, mesh, xp).detach().requires_grad_()
                     out = torch.ops.rope.apply(
                         xd, replicated(cos, mesh), replicated(sin, mesh), pos_d, **kw
@@ -203,7 +210,9 @@ def apply_positions_sharded_x_replicated(mesh):
     cos, sin = torch_rope.rope_tables(500.0, 8, 16)
     pos = torch.randint(0, 16, (7,))
     out = torch.ops.rope.apply(
-        place(x, mesh, d.Replicate()), replicated(cos, mesh), replicated(sin, mesh),
+        place(x, mesh, d.Replicate()),
+        replicated(cos, mesh),
+        replicated(sin, mesh),
         place(pos, mesh, d.Shard(0)),
     )
     close(out.full_tensor(), torch_rope.apply(x, cos, sin, pos), "forward", rtol=0, atol=1e-12)
@@ -232,8 +241,12 @@ def apply_double_backward(mesh):
     ref = second(x, g, cos, sin, pos, h)
     s2 = d.Shard(2)
     got = second(
-        place(x, mesh, s2), place(g, mesh, s2), replicated(cos, mesh), replicated(sin, mesh),
-        replicated(pos, mesh), place(h, mesh, s2),
+        place(x, mesh, s2),
+        place(g, mesh, s2),
+        replicated(cos, mesh),
+        replicated(sin, mesh),
+        replicated(pos, mesh),
+        place(h, mesh, s2),
     )
     close(got.full_tensor(), ref, "double backward", rtol=0, atol=1e-12)
 
@@ -247,8 +260,18 @@ def apply_qk_gqa(mesh):
     R, P = d.Replicate(), d.Partial("sum")
     S0, S1, S2, S3 = (d.Shard(i) for i in range(4))
     cos, sin = torch_rope.rope_tables(10000.0, 8, 32)
-    pairs = [(R, R), (S0, S0), (S1, S1), (S2, S2), (S1, R), (R, S1), (P, P), (P, S1), (S3, S3),
-             (S2, R)]  # the last two need redistribution (head_dim; positions disagree)
+    pairs = [
+        (R, R),
+        (S0, S0),
+        (S1, S1),
+        (S2, S2),
+        (S1, R),
+        (R, S1),
+        (P, P),
+        (P, S1),
+        (S3, S3),
+        (S2, R),
+    ]  # the last two need redistribution (head_dim; positions disagree)
     for pos_shape in [(7,), (2, 1, 7)]:
         q = torch.randn(2, 4, 7, 8, dtype=torch.float64)
         k = torch.randn(2, 2, 7, 8, dtype=torch.float64)
@@ -256,14 +279,19 @@ def apply_qk_gqa(mesh):
         pos = torch.randint(0, 32, pos_shape)
         (rq, rk), (rgq, rgk) = rotate_and_grad(
             lambda q, k: torch_rope.apply_qk(q, k, cos, sin, pos, interleaved=False),
-            [q, k], [gq, gk],
+            [q, k],
+            [gq, gk],
         )
         for qp, kp in pairs:
             what = f"q {qp} k {kp} positions{list(pos_shape)}"
             qd = place(q, mesh, qp).detach().requires_grad_()
             kd = place(k, mesh, kp).detach().requires_grad_()
             oq, ok = torch.ops.rope.apply_qk(
-                qd, kd, replicated(cos, mesh), replicated(sin, mesh), replicated(pos, mesh),
+                qd,
+                kd,
+                replicated(cos, mesh),
+                replicated(sin, mesh),
+                replicated(pos, mesh),
                 interleaved=False,
             )
             close(oq.full_tensor(), rq, what + " q forward", rtol=0, atol=1e-12)
@@ -306,7 +334,9 @@ def apply_inplace(mesh):
     xd = place(x, mesh, d.Shard(3))
     before = xd.to_local().clone()
     try:
-        torch.ops.rope.apply_(xd, replicated(cos, mesh), replicated(sin, mesh), replicated(pos, mesh))
+        torch.ops.rope.apply_(
+            xd, replicated(cos, mesh), replicated(sin, mesh), replicated(pos, mesh)
+        )
     except RuntimeError as e:
         assert "in-place" in str(e) and "Shard(dim=3)" in str(e), str(e)
     else:
@@ -318,8 +348,13 @@ def apply_inplace(mesh):
     torch_rope.apply_(y, replicated(cos, mesh), replicated(sin, mesh), replicated(pos, mesh))
     g = torch.randn_like(x)
     (y.redistribute(mesh, [R]).to_local() * g).sum().backward()
-    close(leaf.grad.full_tensor(), torch_rope.apply(g, cos, sin, pos, inverse=True),
-          "apply_ backward", rtol=0, atol=1e-12)
+    close(
+        leaf.grad.full_tensor(),
+        torch_rope.apply(g, cos, sin, pos, inverse=True),
+        "apply_ backward",
+        rtol=0,
+        atol=1e-12,
+    )
 
 
 def out_cases(mesh, op):
@@ -334,14 +369,25 @@ def out_cases(mesh, op):
     pos = torch.randint(0, 32, (7,))
     ref = torch_rope.apply(x, cos, sin, pos, inverse=True)
     # (R, S(2)) right after (R, R): out's placement must be part of DTensor's cache key.
-    for xp, outp in [(R, R), (R, d.Shard(2)), (d.Shard(2), d.Shard(2)), (d.Shard(1), d.Shard(1)),
-                     (d.Shard(0), R), (d.Shard(3), d.Shard(0)), (d.Partial("sum"), R)]:
+    for xp, outp in [
+        (R, R),
+        (R, d.Shard(2)),
+        (d.Shard(2), d.Shard(2)),
+        (d.Shard(1), d.Shard(1)),
+        (d.Shard(0), R),
+        (d.Shard(3), d.Shard(0)),
+        (d.Partial("sum"), R),
+    ]:
         what = f"{op} x {xp} out {outp}"
         out = place(torch.zeros_like(x), mesh, outp)
         storage = out.to_local().data_ptr()
         result = op(
-            place(x, mesh, xp), replicated(cos, mesh), replicated(sin, mesh),
-            replicated(pos, mesh), inverse=True, out=out,
+            place(x, mesh, xp),
+            replicated(cos, mesh),
+            replicated(sin, mesh),
+            replicated(pos, mesh),
+            inverse=True,
+            out=out,
         )
         assert result is out, f"{what}: did not return out"
         assert out.placements == (outp,), f"{what}: out placement became {out.placements}"
@@ -368,8 +414,13 @@ def refuses_out_returning_nothing(mesh, op):
     x = place(torch.randn(3, 5, 7, 8), mesh, d.Shard(2))
     out = place(torch.zeros(3, 5, 7, 8), mesh, d.Shard(2))
     try:
-        op(x, replicated(cos, mesh), replicated(sin, mesh), replicated(torch.arange(7), mesh),
-           out=out)
+        op(
+            x,
+            replicated(cos, mesh),
+            replicated(sin, mesh),
+            replicated(torch.arange(7), mesh),
+            out=out,
+        )
     except RuntimeError as e:
         assert "returns nothing" in str(e), str(e)
     else:
@@ -395,14 +446,17 @@ def standin_out_ops():
     global _STANDIN
     if _STANDIN is None:
         lib = torch.library.Library("torch_rope_test", "DEF")
-        args = ("(Tensor x, Tensor cos, Tensor sin, Tensor positions, *, bool interleaved=True, "
-                "bool inverse=False, Tensor(a!) out)")
+        args = (
+            "(Tensor x, Tensor cos, Tensor sin, Tensor positions, *, bool interleaved=True, "
+            "bool inverse=False, Tensor(a!) out)"
+        )
         lib.define("apply.out" + args + " -> Tensor(a!)")
         lib.define("apply_void.out" + args + " -> ()")
 
         def cpu(x, cos, sin, positions, *, interleaved=True, inverse=False, out):
-            rotated = torch.ops.rope.apply(x, cos, sin, positions, interleaved=interleaved,
-                                           inverse=inverse)
+            rotated = torch.ops.rope.apply(
+                x, cos, sin, positions, interleaved=interleaved, inverse=inverse
+            )
             return out.copy_(rotated)
 
         def cpu_void(*args, **kwargs):
@@ -449,9 +503,7 @@ def positions_must_be_global(mesh):
         "rope.apply": lambda: torch.ops.rope.apply(x, c, s, local_pos),
         "rope.apply_": lambda: torch.ops.rope.apply_(x, c, s, local_pos),
         "rope.apply_qk": lambda: torch.ops.rope.apply_qk(x, x, c, s, local_pos),
-        "module": lambda: torch_rope.RotaryPositionalEmbedding(10000.0, 8, 32)(
-            x, torch.arange(4)
-        ),
+        "module": lambda: torch_rope.RotaryPositionalEmbedding(10000.0, 8, 32)(x, torch.arange(4)),
     }
     for name, call in calls.items():
         try:
@@ -476,10 +528,14 @@ def module_cases(mesh, x_placements):
     bshd = bhsd.transpose(1, 2).contiguous()
     pos = torch.randint(0, 64, (11,))
     per_seq = torch.randint(0, 64, (2, 11))
-    cases = [("BHSD default", bhsd_rope, bhsd, None), ("BHSD (S,)", bhsd_rope, bhsd, pos),
-             ("BSHD default", bshd_rope, bshd, None), ("BSHD (S,)", bshd_rope, bshd, pos),
-             ("BSHD (B, S)", bshd_rope, bshd, per_seq),
-             ("BHSD (B, 1, S)", bhsd_rope, bhsd, per_seq[:, None])]
+    cases = [
+        ("BHSD default", bhsd_rope, bhsd, None),
+        ("BHSD (S,)", bhsd_rope, bhsd, pos),
+        ("BSHD default", bshd_rope, bshd, None),
+        ("BSHD (S,)", bshd_rope, bshd, pos),
+        ("BSHD (B, S)", bshd_rope, bshd, per_seq),
+        ("BHSD (B, 1, S)", bhsd_rope, bhsd, per_seq[:, None]),
+    ]
     for placements in x_placements:
         for name, rope, x, positions in cases:
             what = f"module x {placements} {name} positions"
@@ -567,8 +623,13 @@ def run_tp(mesh, local_output, compile_backend=None):
     module = tp._orig_mod if compile_backend is not None else tp
     for name in ["wq", "wk", "wv", "wo"]:
         grad = getattr(module, name).weight.grad
-        close(full(grad), getattr(ref, name).weight.grad, f"{what} {name}.weight.grad",
-              rtol=1e-4, atol=1e-5)
+        close(
+            full(grad),
+            getattr(ref, name).weight.grad,
+            f"{what} {name}.weight.grad",
+            rtol=1e-4,
+            atol=1e-5,
+        )
 
 
 @check()
@@ -637,9 +698,10 @@ def fsdp2_training_step(mesh):
 def context_parallel_positions_buffer(mesh):
     """Positions sharded by context_parallel with q and k (head-tail load balancing): equal to
     one process. The two tempting local derivations are shown to be wrong under it."""
-    import torch_rope
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import context_parallel_unshard
+
+    import torch_rope
 
     b, s, d = 2, 16, 8
     q, k = torch.randn(b, 4, s, d), torch.randn(b, 2, s, d)
@@ -692,8 +754,7 @@ def fsdp2_block_inductor(mesh):
     close(out, ref(x)[lo:hi], "FSDP2+inductor forward", rtol=1e-4, atol=1e-5)
     F.mse_loss(out, torch.zeros_like(out)).backward()
     for (name, p), p_ref in zip(model.named_parameters(), ref.parameters()):
-        close(p.grad.full_tensor(), p_ref.grad, f"FSDP2+inductor {name}.grad", rtol=1e-4,
-              atol=1e-5)
+        close(p.grad.full_tensor(), p_ref.grad, f"FSDP2+inductor {name}.grad", rtol=1e-4, atol=1e-5)
 
 
 # --- 2-D mesh (4 ranks as 2 x 2), slow tier ------------------------------------------------
@@ -743,8 +804,9 @@ def mesh2d_ops(mesh):
     q, k = torch.randn(2, 4, 9, 8), torch.randn(2, 2, 9, 8)
     rq, rk = torch_rope.apply_qk(q, k, cos, sin, pos[:2])
     for qp, kp in [((S1, S2), (S1, S2)), ((S0, S1), (S0, R)), ((S2, S2), (S2, S2))]:
-        oq, ok = torch.ops.rope.apply_qk(place(q, mesh, qp), place(k, mesh, kp), c, s_,
-                                         replicated(pos[:2], mesh))
+        oq, ok = torch.ops.rope.apply_qk(
+            place(q, mesh, qp), place(k, mesh, kp), c, s_, replicated(pos[:2], mesh)
+        )
         close(oq.full_tensor(), rq, f"2-D apply_qk q {qp}", rtol=0, atol=0)
         close(ok.full_tensor(), rk, f"2-D apply_qk k {kp}", rtol=0, atol=0)
 
@@ -810,8 +872,11 @@ def bench(mesh):
     # (x shape, x placement, positions placement): sequence-sharded x with replicated positions
     # makes DTensor slice the positions on every call (a redistribution); pre-sharded ones not.
     for shape, placement, pos_placement in [
-        ((1, 8, 1, 64), S1, R), ((1, 8, 128, 64), S1, R), ((1, 8, 128, 64), S2, R),
-        ((1, 8, 128, 64), S2, S0), ((4, 8, 512, 64), S1, R),
+        ((1, 8, 1, 64), S1, R),
+        ((1, 8, 128, 64), S1, R),
+        ((1, 8, 128, 64), S2, R),
+        ((1, 8, 128, 64), S2, S0),
+        ((4, 8, 512, 64), S1, R),
     ]:
         pos = torch.arange(shape[2])
         xd = place(torch.randn(shape), mesh, placement)
@@ -821,11 +886,17 @@ def bench(mesh):
         # The positions this rank's rows need: its chunk when the sequence is sharded.
         local_pos = pos.chunk(mesh.size())[mesh.get_local_rank()] if placement.dim == 2 else pos
         with torch.no_grad():
-            rows.append((shape, placement, pos_placement,
-                         timed(lambda: torch.ops.rope.apply(local, cos, sin, local_pos)),
-                         timed(lambda: torch.ops.rope.apply(xd, cd, sd, pd)),
-                         timed(lambda: torch.add(local, local)),
-                         timed(lambda: torch.add(xd, xd))))
+            rows.append(
+                (
+                    shape,
+                    placement,
+                    pos_placement,
+                    timed(lambda: torch.ops.rope.apply(local, cos, sin, local_pos)),
+                    timed(lambda: torch.ops.rope.apply(xd, cd, sd, pd)),
+                    timed(lambda: torch.add(local, local)),
+                    timed(lambda: torch.add(xd, xd)),
+                )
+            )
     # The module with a sequence-sharded DTensor x and default positions (it pre-slices them).
     rope = torch_rope.RotaryPositionalEmbedding(10000.0, 64, 1024)
     shape = (1, 8, 128, 64)
@@ -833,9 +904,17 @@ def bench(mesh):
     local = xd.to_local()
     local_pos = torch.arange(128).chunk(mesh.size())[mesh.get_local_rank()]
     with torch.no_grad():
-        rows.append((shape, S2, "module default",
-                     timed(lambda: rope(local, local_pos)), timed(lambda: rope(xd)),
-                     timed(lambda: torch.add(local, local)), timed(lambda: torch.add(xd, xd))))
+        rows.append(
+            (
+                shape,
+                S2,
+                "module default",
+                timed(lambda: rope(local, local_pos)),
+                timed(lambda: rope(xd)),
+                timed(lambda: torch.add(local, local)),
+                timed(lambda: torch.add(xd, xd)),
+            )
+        )
     return rows
 
 
@@ -852,8 +931,11 @@ def run_rank(args):
     IMPORT_STATE["dtensor_loaded"] = "torch.distributed.tensor" in sys.modules
     IMPORT_STATE["registered"] = torch_rope.distributed._registered
     dist.init_process_group(
-        "gloo", init_method=f"file://{args.store}", rank=args.rank,
-        world_size=args.world_size, timeout=timedelta(seconds=args.collective_timeout),
+        "gloo",
+        init_method=f"file://{args.store}",
+        rank=args.rank,
+        world_size=args.world_size,
+        timeout=timedelta(seconds=args.collective_timeout),
     )
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -864,11 +946,14 @@ def run_rank(args):
     if args.bench:
         for shape, placement, pos_placement, t_local, t_dt, add_local, add_dt in bench(mesh):
             if args.rank == 0:
-                print(f"x{list(shape)} {placement}, positions {pos_placement}, over "
-                      f"{args.world_size} ranks, median us per "
-                      f"call: rope.apply local {t_local:.1f}, DTensor {t_dt:.1f} (overhead "
-                      f"{t_dt - t_local:.1f}); aten.add local {add_local:.1f}, DTensor "
-                      f"{add_dt:.1f} (overhead {add_dt - add_local:.1f})", flush=True)
+                print(
+                    f"x{list(shape)} {placement}, positions {pos_placement}, over "
+                    f"{args.world_size} ranks, median us per "
+                    f"call: rope.apply local {t_local:.1f}, DTensor {t_dt:.1f} (overhead "
+                    f"{t_dt - t_local:.1f}); aten.add local {add_local:.1f}, DTensor "
+                    f"{add_dt:.1f} (overhead {add_dt - add_local:.1f})",
+                    flush=True,
+                )
         dist.destroy_process_group()
         return
     results = {}
@@ -884,8 +969,11 @@ def run_rank(args):
             results[name] = f"skip: {e}"
         except Exception:  # noqa: BLE001 - reported per check, the test fails on it
             results[name] = traceback.format_exc()
-        print(f"rank {args.rank}: {name}: {results[name].splitlines()[0]} "
-              f"({time.perf_counter() - t0:.1f} s)", flush=True)
+        print(
+            f"rank {args.rank}: {name}: {results[name].splitlines()[0]} "
+            f"({time.perf_counter() - t0:.1f} s)",
+            flush=True,
+        )
         dist.barrier()
     with open(os.path.join(args.out, f"rank{args.rank}.json"), "w") as f:
         json.dump(results, f, indent=1)
@@ -900,9 +988,21 @@ def launch(args):
         os.remove(store)
     procs = []
     for rank in range(args.world_size):
-        cmd = [sys.executable, os.path.abspath(__file__), out, "--rank", str(rank),
-               "--world-size", str(args.world_size), "--tier", args.tier, "--store", store,
-               "--collective-timeout", str(args.collective_timeout)]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            out,
+            "--rank",
+            str(rank),
+            "--world-size",
+            str(args.world_size),
+            "--tier",
+            args.tier,
+            "--store",
+            store,
+            "--collective-timeout",
+            str(args.collective_timeout),
+        ]
         if args.only:
             cmd += ["--only", args.only]
         if args.bench:
@@ -926,8 +1026,12 @@ def launch(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", help="directory for rank<r>.json")
-    parser.add_argument("--tier", default="default", choices=["default", "slow", "mesh2d"],
-                        help="mesh2d: a 2 x 2 mesh, needs --world-size 4")
+    parser.add_argument(
+        "--tier",
+        default="default",
+        choices=["default", "slow", "mesh2d"],
+        help="mesh2d: a 2 x 2 mesh, needs --world-size 4",
+    )
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--bench", action="store_true", help="measure the per-call overhead")
     parser.add_argument("--only", help="comma-separated check names (default: the whole tier)")

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Shared test helpers, each defined here once: device parametrization, the pair layouts as
 pytest parameters, per-dtype tolerances, table dtypes, table and input builders, and the
 environment of child interpreters."""
@@ -5,17 +6,17 @@ environment of child interpreters."""
 import os
 
 import pytest
-import torch
-
 import references as ref
+import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 # TORCH_ROPE_REQUIRE_CUDA=1 (for a machine that has a GPU): the CUDA tests run, and fail, rather
 # than skip when CUDA is missing.
 _REQUIRE_CUDA = os.environ.get("TORCH_ROPE_REQUIRE_CUDA") == "1"
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() and not _REQUIRE_CUDA,
-                                reason="CUDA not available")
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available() and not _REQUIRE_CUDA, reason="CUDA not available"
+)
 
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 # The two pair layouts (DESIGN section 1), as pytest parameters and their ids.
@@ -60,14 +61,14 @@ def expected(x, positions, rotary_dim, *, interleaved, inverse=False, theta=1000
     return ref.rope(x, ang, interleaved=interleaved, inverse=inverse)
 
 
-def assert_matches_reference(out, x, positions, rotary_dim, *, interleaved, inverse=False,
-                             theta=10000.0):
+def assert_matches_reference(
+    out, x, positions, rotary_dim, *, interleaved, inverse=False, theta=10000.0
+):
     """``out`` equals the float64 oracle cast to ``x.dtype``, within the dtype's tolerance."""
     assert out.shape == x.shape
     assert out.dtype == x.dtype
     assert out.device == x.device
-    want = expected(x, positions, rotary_dim, interleaved=interleaved, inverse=inverse,
-                    theta=theta)
+    want = expected(x, positions, rotary_dim, interleaved=interleaved, inverse=inverse, theta=theta)
     torch.testing.assert_close(out.cpu(), want.to(x.dtype), **TOLERANCES[x.dtype])
 
 

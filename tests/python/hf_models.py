@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Tiny random-weight transformers models for the integration tests, built from configs only.
 
 No download: every model comes from ``AutoModelForCausalLM.from_config`` on a config written
@@ -41,11 +42,19 @@ LLAMA_SCALINGS = {
     # max_position_embeddings 16: prompt plus generation outgrow it, so the frequencies regrow.
     "dynamic": {"rope_type": "dynamic", "factor": 2.0},
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL},
-    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": ORIGINAL},
-    "longrope": {"rope_type": "longrope", "short_factor": _planes(HEAD_DIM // 2, 0.5),
-                 "long_factor": _planes(HEAD_DIM // 2, 6.0),
-                 "original_max_position_embeddings": ORIGINAL},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": ORIGINAL,
+    },
+    "longrope": {
+        "rope_type": "longrope",
+        "short_factor": _planes(HEAD_DIM // 2, 0.5),
+        "long_factor": _planes(HEAD_DIM // 2, 6.0),
+        "original_max_position_embeddings": ORIGINAL,
+    },
     "proportional": {"rope_type": "proportional", "partial_rotary_factor": 0.5},
 }
 
@@ -66,8 +75,9 @@ def config(name):
     if name == "qwen2":
         return tf.Qwen2Config(**COMMON, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
     if name == "qwen3":
-        return tf.Qwen3Config(**COMMON, head_dim=HEAD_DIM,
-                              rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+        return tf.Qwen3Config(
+            **COMMON, head_dim=HEAD_DIM, rope_parameters={"rope_type": "default", "rope_theta": 1e6}
+        )
     if name == "mistral":
         return tf.MistralConfig(**COMMON, head_dim=HEAD_DIM, sliding_window=8)
     if name == "mixtral":
@@ -75,11 +85,15 @@ def config(name):
     if name == "phi3":
         rotary = int(HEAD_DIM * 0.5)
         return tf.Phi3Config(
-            **dict(COMMON, num_key_value_heads=4), partial_rotary_factor=0.5,
+            **dict(COMMON, num_key_value_heads=4),
+            partial_rotary_factor=0.5,
             original_max_position_embeddings=ORIGINAL,
-            rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
-                             "short_factor": _planes(rotary // 2, 0.3),
-                             "long_factor": _planes(rotary // 2, 4.0)},
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": _planes(rotary // 2, 0.3),
+                "long_factor": _planes(rotary // 2, 4.0),
+            },
         )
     if name == "gpt_neox":
         kwargs = {k: v for k, v in COMMON.items() if k != "num_key_value_heads"}
@@ -87,11 +101,15 @@ def config(name):
     if name == "gemma":
         return tf.GemmaConfig(**COMMON, head_dim=HEAD_DIM)
     if name == "gemma2":
-        return tf.Gemma2Config(**COMMON, head_dim=HEAD_DIM, sliding_window=8,
-                               query_pre_attn_scalar=HEAD_DIM)
+        return tf.Gemma2Config(
+            **COMMON, head_dim=HEAD_DIM, sliding_window=8, query_pre_attn_scalar=HEAD_DIM
+        )
     if name == "gemma3":
         return tf.Gemma3TextConfig(
-            **COMMON, head_dim=HEAD_DIM, sliding_window=4, query_pre_attn_scalar=HEAD_DIM,
+            **COMMON,
+            head_dim=HEAD_DIM,
+            sliding_window=4,
+            query_pre_attn_scalar=HEAD_DIM,
             layer_types=["sliding_attention", "full_attention"],
             rope_parameters={
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
@@ -99,11 +117,21 @@ def config(name):
             },
         )
     if name == "qwen2_moe":
-        return tf.Qwen2MoeConfig(**COMMON, num_experts=4, num_experts_per_tok=2,
-                                 moe_intermediate_size=32, shared_expert_intermediate_size=32)
+        return tf.Qwen2MoeConfig(
+            **COMMON,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+        )
     if name == "qwen3_moe":
-        return tf.Qwen3MoeConfig(**COMMON, head_dim=HEAD_DIM, num_experts=4,
-                                 num_experts_per_tok=2, moe_intermediate_size=32)
+        return tf.Qwen3MoeConfig(
+            **COMMON,
+            head_dim=HEAD_DIM,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+        )
     if name == "olmo2":
         return tf.Olmo2Config(**COMMON)
     if name == "granite":

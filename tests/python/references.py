@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Test oracles for RoPE, written from the math and independent of torch_rope.
 
 Nothing here imports the library. Angles are computed in float64 from the positions, and the two
@@ -106,8 +107,15 @@ def rope(x: Tensor, angle: Tensor, *, interleaved: bool, inverse: bool = False) 
     return rope_rotate_half(x, angle, inverse=inverse)
 
 
-def rope_with_tables(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, *,
-                     interleaved: bool, inverse: bool = False) -> Tensor:
+def rope_with_tables(
+    x: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    positions: Tensor,
+    *,
+    interleaved: bool,
+    inverse: bool = False,
+) -> Tensor:
     """float64 oracle that rotates by the given tables' rows (any values, any strides), gathered
     at ``positions`` broadcast to ``x.shape[:-1]``. Returns float64 on the CPU.
 

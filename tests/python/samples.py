@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The suite's one catalogue of op inputs, kept the way pytorch/extension-cpp keeps it.
 
 ``GEOMETRIES`` builds ``(x, positions)`` for every documented layout and positions shape, and for
@@ -14,12 +15,12 @@ oracle, ``torch.library.opcheck`` and ``torch.compile`` (test_samples.py); test_
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
+import references as ref
 import torch
+from helpers import dtype_id, make_tables, randn, table_dtype_for
 from torch import Tensor
 
-import references as ref
 import torch_rope
-from helpers import dtype_id, make_tables, randn, table_dtype_for
 
 B, H, S = 2, 3, 11
 MAX_SEQ_LEN = 64
@@ -166,7 +167,7 @@ GEOMETRIES: Dict[str, Callable] = {
 READ_ONLY_GEOMETRIES = {"expanded"}
 
 
-# ---- samples ---------------------------------------------------------------------------------------
+# ---- samples -------------------------------------------------------------------------------------
 
 OPS = ("apply", "apply_", "apply.out", "apply_qk")
 
@@ -237,8 +238,10 @@ class Sample:
         """The float64 oracle (on the CPU) for each of ``inputs`` (default: the sample's own):
         differentiable in them, so gradients can be compared too."""
         inputs = inputs or self.inputs
-        return tuple(ref.rope_with_tables(x, self.cos, self.sin, self.positions, **self.kwargs)
-                     for x in inputs)
+        return tuple(
+            ref.rope_with_tables(x, self.cos, self.sin, self.positions, **self.kwargs)
+            for x in inputs
+        )
 
 
 def _tables(kind, rotary_dim, dtype, device):
@@ -296,8 +299,9 @@ def _out_buffer(x, index):
     """apply.out's buffer for x: a KV-cache slot, a last-dim-strided view, or contiguous."""
     kind = index % 3
     if kind == 0 and x.dim() >= 2:  # a slot of a longer cache along dim 1
-        cache = torch.full((x.shape[0], x.shape[1] + 3) + tuple(x.shape[2:]), 7.0,
-                           dtype=x.dtype, device=x.device)
+        cache = torch.full(
+            (x.shape[0], x.shape[1] + 3) + tuple(x.shape[2:]), 7.0, dtype=x.dtype, device=x.device
+        )
         return cache[:, 2 : 2 + x.shape[1]]
     if kind == 1:
         return torch.full(tuple(x.shape) + (2,), 7.0, dtype=x.dtype, device=x.device)[..., 0]
@@ -320,8 +324,10 @@ _QK_PLAN = [
 def _qk_inputs(layout, hq, hk, D, dtype, device):
     b, s = 2, 3
     if layout == "bhsd":
-        q, k = randn(b, hq, s, D, dtype=dtype, device=device), randn(b, hk, s, D, dtype=dtype,
-                                                                       device=device)
+        q, k = (
+            randn(b, hq, s, D, dtype=dtype, device=device),
+            randn(b, hk, s, D, dtype=dtype, device=device),
+        )
         return q, k, torch.randint(0, MAX_SEQ_LEN, (b, 1, s), device=device)
     if layout == "bshd_fused":  # q and k sliced out of one (B, S, (Hq + 2 Hk) D) projection
         fused = randn(b, s, (hq + 2 * hk) * D, dtype=dtype, device=device)
@@ -331,8 +337,11 @@ def _qk_inputs(layout, hq, hk, D, dtype, device):
     lengths = (2, 1)
     positions = torch.cat([torch.arange(n) for n in lengths]).to(device).unsqueeze(-1)
     t = sum(lengths)
-    return (randn(t, hq, D, dtype=dtype, device=device),
-            randn(t, hk, D, dtype=dtype, device=device), positions)
+    return (
+        randn(t, hq, D, dtype=dtype, device=device),
+        randn(t, hk, D, dtype=dtype, device=device),
+        positions,
+    )
 
 
 def sample_inputs(device, requires_grad: bool):
@@ -343,26 +352,42 @@ def sample_inputs(device, requires_grad: bool):
         return t.detach().requires_grad_() if requires_grad else t
 
     samples = []
-    for i, (op, geometry, dtype, D, rotary_dim, interleaved, inverse, tables,
-            int32) in enumerate(_PLAN):
+    for i, (op, geometry, dtype, D, rotary_dim, interleaved, inverse, tables, int32) in enumerate(
+        _PLAN
+    ):
         if requires_grad and op == "apply.out":
             continue
         assert not (op == "apply_" and geometry in READ_ONLY_GEOMETRIES), "apply_ writes x"
         x, positions = GEOMETRIES[geometry](D, dtype, device, b=2, h=2, s=3)
         cos, sin = _tables(tables, rotary_dim, dtype, device)
-        name = (f"{op}-{geometry}-{dtype_id(dtype)}-d{D}r{rotary_dim}-"
-                f"{'il' if interleaved else 'half'}{'-inv' if inverse else ''}-{tables}"
-                f"{'-int32' if int32 else ''}")
-        samples.append(Sample(
-            name, op, (leaf(x),), cos, sin, positions.to(torch.int32 if int32 else torch.int64),
-            interleaved, inverse, out=_out_buffer(x, i) if op == "apply.out" else None))
+        name = (
+            f"{op}-{geometry}-{dtype_id(dtype)}-d{D}r{rotary_dim}-"
+            f"{'il' if interleaved else 'half'}{'-inv' if inverse else ''}-{tables}"
+            f"{'-int32' if int32 else ''}"
+        )
+        samples.append(
+            Sample(
+                name,
+                op,
+                (leaf(x),),
+                cos,
+                sin,
+                positions.to(torch.int32 if int32 else torch.int64),
+                interleaved,
+                inverse,
+                out=_out_buffer(x, i) if op == "apply.out" else None,
+            )
+        )
     for name, hq, hk, layout, dtype, D, rotary_dim, interleaved, inverse, tables in _QK_PLAN:
         q, k, positions = _qk_inputs(layout, hq, hk, D, dtype, device)
         cos, sin = _tables(tables, rotary_dim, dtype, device)
-        name = (f"apply_qk-{name}-{dtype_id(dtype)}-d{D}r{rotary_dim}-"
-                f"{'il' if interleaved else 'half'}{'-inv' if inverse else ''}-{tables}")
-        samples.append(Sample(name, "apply_qk", (leaf(q), leaf(k)), cos, sin, positions,
-                              interleaved, inverse))
+        name = (
+            f"apply_qk-{name}-{dtype_id(dtype)}-d{D}r{rotary_dim}-"
+            f"{'il' if interleaved else 'half'}{'-inv' if inverse else ''}-{tables}"
+        )
+        samples.append(
+            Sample(name, "apply_qk", (leaf(q), leaf(k)), cos, sin, positions, interleaved, inverse)
+        )
     return samples
 
 

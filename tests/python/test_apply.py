@@ -1,11 +1,10 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """rope.apply against the float64 oracles: dtypes, layouts, head_dims, partial rotary, input
 strides and every documented positions shape."""
 
 import pytest
-import torch
-
 import references as ref
-import torch_rope
+import torch
 from helpers import (
     FLOAT_DTYPES,
     HEAD_DIMS,
@@ -20,7 +19,9 @@ from helpers import (
     randn,
     table_dtype_for,
 )
-from samples import B, GEOMETRIES, H, MAX_SEQ_LEN, S, spread_positions
+from samples import GEOMETRIES, MAX_SEQ_LEN, B, H, S, spread_positions
+
+import torch_rope
 
 
 def partial_rotary_dim(head_dim: int) -> int:
@@ -68,8 +69,9 @@ def test_inverse_matches_reference(device, dtype, interleaved):
 @pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 @pytest.mark.parametrize("case", list(GEOMETRIES))
-def test_input_layouts_and_positions(case, dtype, interleaved, head_dim, rotary_dim, pos_dtype,
-                                     device):
+def test_input_layouts_and_positions(
+    case, dtype, interleaved, head_dim, rotary_dim, pos_dtype, device
+):
     x, positions = GEOMETRIES[case](head_dim, dtype, device)
     positions = positions.to(pos_dtype)
     x_before = x.clone()
@@ -155,8 +157,7 @@ def test_uses_the_given_tables(dtype, table_dtype, interleaved, inverse, device)
     positions = torch.randint(0, rows, (S,))
     kw = dict(interleaved=interleaved, inverse=inverse)
 
-    out = torch_rope.apply(x.to(device), cos.to(device), sin.to(device), positions.to(device),
-                           **kw)
+    out = torch_rope.apply(x.to(device), cos.to(device), sin.to(device), positions.to(device), **kw)
 
     # The oracle multiplies by the tables' own values, so they need not be a rotation.
     want = ref.rope_with_tables(x, cos, sin, positions, **kw)
@@ -177,8 +178,11 @@ def test_tables_given_as_a_window_of_rows(first, count, interleaved, device):
     out = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved)
     assert_matches_reference(out, x, first + positions.cpu(), 32, interleaved=interleaved)
     if device == "cpu":  # (CUDA: a device-side assert, tested in test_cuda.py)
-        with pytest.raises(IndexError, match=rf"max_seq_len = cos\.size\(0\) = {count}, "
-                                             rf"got {count}"):
+        with pytest.raises(
+            IndexError,
+            match=rf"max_seq_len = cos\.size\(0\) = {count}, "
+            rf"got {count}",
+        ):
             torch_rope.apply(x, cos, sin, torch.full((5,), count, device=device))
 
 
@@ -230,13 +234,15 @@ def test_typed_wrapper_matches_raw_op():
     for interleaved in LAYOUTS:
         for inverse in (True, False):
             a = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved, inverse=inverse)
-            b = torch.ops.rope.apply(x, cos, sin, positions, interleaved=interleaved,
-                                     inverse=inverse)
+            b = torch.ops.rope.apply(
+                x, cos, sin, positions, interleaved=interleaved, inverse=inverse
+            )
             assert torch.equal(a, b)
     # The defaults are interleaved=True, inverse=False, in both.
-    assert torch.equal(torch.ops.rope.apply(x, cos, sin, positions),
-                       torch_rope.apply(x, cos, sin, positions, interleaved=True, inverse=False))
-
+    assert torch.equal(
+        torch.ops.rope.apply(x, cos, sin, positions),
+        torch_rope.apply(x, cos, sin, positions, interleaved=True, inverse=False),
+    )
 
 
 # More leading dims than the kernel's merged-row descriptor holds (kMaxRowDims = 8), which no
@@ -295,8 +301,9 @@ def test_regression_tables_with_independent_layouts(cos_layout, sin_layout, devi
     want = torch_rope.apply(x, cos, sin, positions)
     got = torch_rope.apply(x, _table_view(cos, cos_layout), _table_view(sin, sin_layout), positions)
     assert torch.equal(got, want)
-    q, k = torch_rope.apply_qk(x, x[:1], _table_view(cos, cos_layout),
-                               _table_view(sin, sin_layout), positions[:1].view(1))
+    q, k = torch_rope.apply_qk(
+        x, x[:1], _table_view(cos, cos_layout), _table_view(sin, sin_layout), positions[:1].view(1)
+    )
     assert torch.equal(k, want[:1])
 
 

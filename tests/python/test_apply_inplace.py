@@ -1,11 +1,21 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """rope.apply_: rotates in place, through views into their base, and agrees with rope.apply."""
 
 import pytest
 import torch
+from helpers import (
+    FLOAT_DTYPES,
+    LAYOUT_IDS,
+    LAYOUTS,
+    assert_matches_reference,
+    cpu_and_cuda,
+    dtype_id,
+    make_tables,
+    randn,
+    table_dtype_for,
+)
 
 import torch_rope
-from helpers import FLOAT_DTYPES, LAYOUT_IDS, LAYOUTS, assert_matches_reference, cpu_and_cuda
-from helpers import dtype_id, make_tables, randn, table_dtype_for
 
 B, H, S, D = 2, 3, 9, 80
 MAX_SEQ_LEN = 32
@@ -32,8 +42,9 @@ def test_inplace_matches_out_of_place(dtype, interleaved, inverse, rotary_dim, d
     assert x._version > version, "apply_ must bump the version counter of x"
     # Same kernel, same math: bit-identical to the out-of-place op.
     assert torch.equal(x, want)
-    assert_matches_reference(x, original, positions, rotary_dim, interleaved=interleaved,
-                             inverse=inverse)
+    assert_matches_reference(
+        x, original, positions, rotary_dim, interleaved=interleaved, inverse=inverse
+    )
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
@@ -49,10 +60,10 @@ def test_inplace_on_slice_of_fused_qkv_writes_through(dtype, interleaved, device
     torch_rope.apply_(q, cos, sin, positions, interleaved=interleaved)
     torch_rope.apply_(k, cos, sin, positions, interleaved=interleaved)
 
-    assert_matches_reference(qkv[..., :D], before[..., :D], positions, 48,
-                             interleaved=interleaved)
-    assert_matches_reference(qkv[..., D : 2 * D], before[..., D : 2 * D], positions, 48,
-                             interleaved=interleaved)
+    assert_matches_reference(qkv[..., :D], before[..., :D], positions, 48, interleaved=interleaved)
+    assert_matches_reference(
+        qkv[..., D : 2 * D], before[..., D : 2 * D], positions, 48, interleaved=interleaved
+    )
     assert torch.equal(qkv[..., 2 * D :], before[..., 2 * D :]), "v must not be touched"
     assert torch.equal(qkv[..., 48:D], before[..., 48:D]), "pass-through features of q changed"
 
@@ -66,8 +77,9 @@ def test_inplace_on_transposed_view_writes_through(interleaved, device):
     positions = torch.randint(0, MAX_SEQ_LEN, (S,), device=device)
     view = base.transpose(1, 2)  # (B, H, S, D), last dim contiguous
     torch_rope.apply_(view, cos, sin, positions, interleaved=interleaved)
-    assert_matches_reference(base.transpose(1, 2), before.transpose(1, 2), positions, D,
-                             interleaved=interleaved)
+    assert_matches_reference(
+        base.transpose(1, 2), before.transpose(1, 2), positions, D, interleaved=interleaved
+    )
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
@@ -85,8 +97,7 @@ def test_inplace_on_last_dim_strided_tensor(dtype, interleaved, device):
     assert torch_rope.apply_(x, cos, sin, positions, interleaved=interleaved) is x
 
     assert_matches_reference(x, before, positions, 32, interleaved=interleaved)
-    assert_matches_reference(base.transpose(-1, -2), before, positions, 32,
-                             interleaved=interleaved)
+    assert_matches_reference(base.transpose(-1, -2), before, positions, 32, interleaved=interleaved)
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())

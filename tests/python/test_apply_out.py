@@ -1,10 +1,9 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """rope.apply.out: the rotation written into an existing buffer (e.g. a KV-cache slot) of x's
 shape and dtype, any strides, never resized; not differentiable; traced by torch.compile."""
 
 import pytest
 import torch
-
-import torch_rope
 from helpers import (
     FLOAT_DTYPES,
     LAYOUT_IDS,
@@ -16,6 +15,8 @@ from helpers import (
     randn,
     table_dtype_for,
 )
+
+import torch_rope
 
 MAX_SEQ_LEN = 64
 
@@ -30,7 +31,7 @@ def test_out_into_a_kv_cache_slot(dtype, interleaved, device):
     cache = torch.full((B, 32, H, D), 7.0, dtype=dtype, device=device)
     k = randn(B, S, H, D, dtype=dtype, device=device)
     positions = (start + torch.arange(S, device=device)).view(S, 1)
-    slot = cache[:, start:start + S]
+    slot = cache[:, start : start + S]
     assert not slot.is_contiguous()
 
     returned = torch_rope.apply(k, cos, sin, positions, interleaved=interleaved, out=slot)
@@ -39,7 +40,7 @@ def test_out_into_a_kv_cache_slot(dtype, interleaved, device):
     assert_matches_reference(slot, k, positions, rotary_dim, interleaved=interleaved)
     assert torch.equal(slot, torch_rope.apply(k, cos, sin, positions, interleaved=interleaved))
     untouched = torch.ones(32, dtype=torch.bool)
-    untouched[start:start + S] = False
+    untouched[start : start + S] = False
     assert (cache[:, untouched] == 7.0).all(), "out= wrote outside its slot"
 
 
@@ -69,8 +70,11 @@ def test_out_is_not_differentiable():
     cos, sin = make_tables(MAX_SEQ_LEN, 16, "cpu")
     x = torch.randn(3, 16, requires_grad=True)
     out = torch.empty(3, 16)
-    with pytest.raises(RuntimeError, match=r"rope\.apply\.out: functions with out=\.\.\. arguments "
-                                           r"don't support automatic differentiation"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"rope\.apply\.out: functions with out=\.\.\. arguments "
+        r"don't support automatic differentiation",
+    ):
         torch_rope.apply(x, cos, sin, torch.arange(3), out=out)
     with torch.no_grad():
         torch_rope.apply(x, cos, sin, torch.arange(3), out=out)
@@ -91,8 +95,9 @@ def test_out_opcheck(device):
     x = torch.randn(2, 5, 3, 24, device=device)
     out = torch.empty(2, 8, 3, 24, device=device)[:, 1:6]
     positions = torch.arange(5, device=device).view(5, 1)
-    torch.library.opcheck(torch.ops.rope.apply.out, (x, cos, sin, positions),
-                          {"interleaved": False, "out": out})
+    torch.library.opcheck(
+        torch.ops.rope.apply.out, (x, cos, sin, positions), {"interleaved": False, "out": out}
+    )
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
@@ -102,7 +107,7 @@ def test_out_under_compile_fullgraph(device):
 
     def write_keys(cache, k, start):
         positions = start + torch.arange(k.size(1), device=k.device).view(-1, 1)
-        torch_rope.apply(k, cos, sin, positions, out=cache[:, start:start + k.size(1)])
+        torch_rope.apply(k, cos, sin, positions, out=cache[:, start : start + k.size(1)])
         return cache
 
     cache = torch.zeros(2, 32, 3, 16, device=device)

@@ -1,11 +1,21 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """rope.apply_qk: q and k rotated together, with different head counts (GQA / MQA)."""
 
 import pytest
 import torch
+from helpers import (
+    FLOAT_DTYPES,
+    LAYOUT_IDS,
+    LAYOUTS,
+    assert_matches_reference,
+    cpu_and_cuda,
+    dtype_id,
+    make_tables,
+    randn,
+    table_dtype_for,
+)
 
 import torch_rope
-from helpers import FLOAT_DTYPES, LAYOUT_IDS, LAYOUTS, assert_matches_reference, cpu_and_cuda
-from helpers import dtype_id, make_tables, randn, table_dtype_for
 
 B, S, D = 2, 7, 64
 MAX_SEQ_LEN = 32

@@ -1,12 +1,13 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """RoPE inside a real attention block (F.scaled_dot_product_attention): drop-in equality with the
 oracle, training, and what position encoding does to permutation equivariance."""
 
 import pytest
 import torch
-
-import torch_rope
 from blocks import AttentionBlock, OracleRope, TinyLM
 from helpers import LAYOUT_IDS, LAYOUTS, cpu_and_cuda
+
+import torch_rope
 
 D_MODEL, N_HEADS, S = 32, 2, 10
 
@@ -15,10 +16,14 @@ D_MODEL, N_HEADS, S = 32, 2, 10
 @pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
 def test_block_equals_block_with_oracle_rope(interleaved, device):
     head_dim = D_MODEL // N_HEADS
-    lib = AttentionBlock(D_MODEL, N_HEADS, torch_rope.RotaryPositionalEmbedding(
-        10000.0, head_dim, 64, interleaved=interleaved)).to(device)
-    oracle = AttentionBlock(D_MODEL, N_HEADS, OracleRope(10000.0, head_dim,
-                                                         interleaved=interleaved))
+    lib = AttentionBlock(
+        D_MODEL,
+        N_HEADS,
+        torch_rope.RotaryPositionalEmbedding(10000.0, head_dim, 64, interleaved=interleaved),
+    ).to(device)
+    oracle = AttentionBlock(
+        D_MODEL, N_HEADS, OracleRope(10000.0, head_dim, interleaved=interleaved)
+    )
     oracle.load_state_dict(lib.state_dict())
     x = torch.randn(2, S, D_MODEL)
     positions = torch.randint(0, 64, (S,))
@@ -30,8 +35,9 @@ def test_block_equals_block_with_oracle_rope(interleaved, device):
 
     out_lib.square().sum().backward()
     out_ref.square().sum().backward()
-    torch.testing.assert_close(lib.qkv.weight.grad.cpu(), oracle.qkv.weight.grad,
-                               rtol=10 * tol, atol=10 * tol)
+    torch.testing.assert_close(
+        lib.qkv.weight.grad.cpu(), oracle.qkv.weight.grad, rtol=10 * tol, atol=10 * tol
+    )
 
 
 def _previous_token_batch(generator, batch, vocab):
@@ -63,8 +69,9 @@ def _train_previous_token_task(interleaved, device):
     losses = []
     for _ in range(20):
         logits = model(tokens)
-        loss = torch.nn.functional.cross_entropy(logits[:, 1:].reshape(-1, vocab),
-                                                 targets[:, 1:].reshape(-1))
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, 1:].reshape(-1, vocab), targets[:, 1:].reshape(-1)
+        )
         opt.zero_grad()
         loss.backward()
         assert model.attn.qkv.weight.grad.abs().sum() > 0, "no gradient reached through RoPE"

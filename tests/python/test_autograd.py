@@ -1,15 +1,25 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Autograd rules: gradients against the differentiated oracle on full-size inputs, undefined and
 expanded gradients, what is not differentiable, and the in-place rules (leaves, version counters,
 saved tensors). gradcheck / gradgradcheck of every op run over samples.sample_inputs
 (test_samples.py)."""
 
 import pytest
-import torch
-
 import references as ref
+import torch
+from helpers import (
+    FLOAT_DTYPES,
+    LAYOUT_IDS,
+    LAYOUTS,
+    TOLERANCES,
+    cpu_and_cuda,
+    dtype_id,
+    make_tables,
+    randn,
+    table_dtype_for,
+)
+
 import torch_rope
-from helpers import FLOAT_DTYPES, LAYOUT_IDS, LAYOUTS, TOLERANCES, cpu_and_cuda, dtype_id
-from helpers import make_tables, randn, table_dtype_for
 
 MAX_SEQ_LEN = 16
 
@@ -48,8 +58,7 @@ def test_backward_with_expanded_grad_output(interleaved, device):
     positions = torch.randint(0, MAX_SEQ_LEN, (5,), device=device)
     torch_rope.apply(x, cos, sin, positions, interleaved=interleaved).sum().backward()
     ones = torch.ones(3, 5, 16, dtype=torch.float64)
-    want = ref.rope(ones, ref.angles(positions, (3, 5), 16), interleaved=interleaved,
-                    inverse=True)
+    want = ref.rope(ones, ref.angles(positions, (3, 5), 16), interleaved=interleaved, inverse=True)
     torch.testing.assert_close(x.grad.cpu(), want, rtol=1e-12, atol=1e-12)
 
 
@@ -136,8 +145,7 @@ def test_inplace_gradient_flows_through_history(device):
     torch_rope.apply_(y, cos, sin, positions, interleaved=False)
     weight = randn(3, 16, dtype=torch.float64)
     (y * weight.to(device)).sum().backward()
-    want = 3.0 * ref.rope(weight, ref.angles(positions, (3,), 16), interleaved=False,
-                          inverse=True)
+    want = 3.0 * ref.rope(weight, ref.angles(positions, (3,), 16), interleaved=False, inverse=True)
     torch.testing.assert_close(x.grad.cpu(), want, rtol=1e-12, atol=1e-12)
 
 

@@ -1,4 +1,6 @@
-"""bfloat16 results are rounded bit-for-bit as c10::BFloat16(float) rounds, on every CPU kernel copy.
+# SPDX-License-Identifier: BSD-3-Clause
+"""bfloat16 results are rounded bit-for-bit as c10::BFloat16(float) rounds, on every CPU kernel
+copy.
 
 c10 rounds a float32 to bfloat16 to nearest even on the bit pattern (subnormals included) and
 writes every NaN as 0x7FC0. The kernel copies round in different ways: DEFAULT through c10's
@@ -9,8 +11,9 @@ its own interpreter, picked with ATEN_CPU_CAPABILITY and TORCH_ROPE_CPU_KERNEL.
 How a chosen float32 value reaches the conversion unchanged: x holds the plane (a, b) = (1, 0) and
 the tables hold cos = the value, sin = +0. The kernel computes a' = 1*cos - 0*sin, which is the
 value itself (forward; inverse adds +0, which only turns -0 into +0), and b' = 1*sin + 0*cos,
-which is a zero or NaN. The expected bits come from numpy integer arithmetic on the float32 patterns,
-written from c10's definition, never from the library or from torch's own (vectorised) conversion.
+which is a zero or NaN. The expected bits come from numpy integer arithmetic on the float32
+patterns, written from c10's definition, never from the library or from torch's own (vectorised)
+conversion.
 """
 
 import os
@@ -18,7 +21,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 import torch_rope
 
@@ -149,8 +151,16 @@ _NEEDS = {
     "default": set(),
     "avx2": {"avx2", "fma", "f16c"},
     "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"},
-    "avx512_bf16": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
-                    "avx512_bf16"},
+    "avx512_bf16": {
+        "avx2",
+        "fma",
+        "f16c",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512dq",
+        "avx512_bf16",
+    },
 }
 
 
@@ -177,9 +187,11 @@ def _run_copy(variant, mode):
     env["TORCH_ROPE_CPU_KERNEL"] = variant
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(torch_rope.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(
-        [package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    result = subprocess.run([sys.executable, "-c", CHILD, mode], env=env, capture_output=True,
-                            text=True, timeout=1800)
+        [package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD, mode], env=env, capture_output=True, text=True, timeout=1800
+    )
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     ran = result.stdout.split("variant ", 1)[1].split()[0]
     assert ran.lower() == variant, f"asked for the {variant} kernel, the library ran {ran}"

@@ -1,12 +1,13 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """torch.compile(fullgraph=True) and torch.export of models and functions using the ops (every
 op on every sample, and opcheck, run in test_samples.py)."""
 
 import pytest
 import torch
-
-import torch_rope
 from blocks import AttentionBlock
 from helpers import cpu_and_cuda, make_tables, needs_cuda
+
+import torch_rope
 
 
 def _count_rope_nodes(gm):
@@ -40,8 +41,7 @@ def test_compile_inductor_matches_eager(device):
     positions = torch.randint(0, 64, (9,), device=device)
     tol = 1e-5 if device == "cpu" else 1e-4  # generated GPU kernels may reorder reductions
     with torch.no_grad():
-        torch.testing.assert_close(compiled(x, positions), block(x, positions),
-                                   rtol=tol, atol=tol)
+        torch.testing.assert_close(compiled(x, positions), block(x, positions), rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
@@ -49,8 +49,7 @@ def test_compile_backward_and_dynamic_shapes(device):
     # aot_eager traces forward and backward through the fake kernels and autograd formula
     # without paying for code generation; two sequence lengths exercise symbolic shapes.
     torch._dynamo.reset()
-    rope = torch_rope.RotaryPositionalEmbedding(10000.0, 16, 64, interleaved=False,
-                                                device=device)
+    rope = torch_rope.RotaryPositionalEmbedding(10000.0, 16, 64, interleaved=False, device=device)
     block = AttentionBlock(32, 2, rope).to(device)
     compiled = torch.compile(block, backend="aot_eager", fullgraph=True, dynamic=True)
     for seq in (5, 11):
@@ -105,6 +104,6 @@ def test_compile_reduce_overhead_cuda():
     with torch.no_grad():
         for step in range(4):
             x = torch.randn(2, 9, 32, device="cuda")
-            positions = (step + torch.arange(9, device="cuda"))
+            positions = step + torch.arange(9, device="cuda")
             got = compiled(x, positions).clone()
             torch.testing.assert_close(got, block(x, positions), rtol=1e-5, atol=1e-5)

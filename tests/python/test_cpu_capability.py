@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Every CPU vector path (DEFAULT, AVX2, AVX512) against the oracle.
 
 The library picks its CPU kernel once per process: the widest instruction set that the CPU
@@ -11,7 +12,6 @@ import sys
 
 import pytest
 import torch
-
 from helpers import subprocess_env
 
 CHECK_SCRIPT = r"""
@@ -56,10 +56,12 @@ print("checks", checks)
 
 
 def _run_with_capability(capability):
-    env = subprocess_env(with_test_modules=True, ATEN_CPU_CAPABILITY=capability,
-                         OMP_NUM_THREADS="2")
-    return subprocess.run([sys.executable, "-c", CHECK_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=300)
+    env = subprocess_env(
+        with_test_modules=True, ATEN_CPU_CAPABILITY=capability, OMP_NUM_THREADS="2"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", CHECK_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def _cpu_flags():

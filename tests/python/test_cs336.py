@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The CS336 (Stanford, assignment 1) RoPE module signature, used exactly as the course uses it.
 
     RotaryPositionalEmbedding(theta, d_k, max_seq_len, device)      # device positional
@@ -8,9 +9,9 @@ The expected values come from the suite's oracle (references.py) in the course's
 """
 
 import pytest
+import references as ref
 import torch
 
-import references as ref
 import torch_rope
 
 
@@ -19,13 +20,16 @@ def course_rope(x, token_positions, theta):
     return ref.rope_complex(x, angles).to(x.dtype)
 
 
-@pytest.mark.parametrize("shape,positions_shape", [
-    ((4, 12, 64), (4, 12)),         # (batch, seq, d_k), per-sequence positions
-    ((4, 12, 64), (12,)),           # shared positions
-    ((12, 64), (12,)),              # no batch
-    ((2, 3, 12, 64), (12,)),        # (batch, heads, seq, d_k)
-    ((2, 3, 12, 64), (1, 12)),
-])
+@pytest.mark.parametrize(
+    "shape,positions_shape",
+    [
+        ((4, 12, 64), (4, 12)),  # (batch, seq, d_k), per-sequence positions
+        ((4, 12, 64), (12,)),  # shared positions
+        ((12, 64), (12,)),  # no batch
+        ((2, 3, 12, 64), (12,)),  # (batch, heads, seq, d_k)
+        ((2, 3, 12, 64), (1, 12)),
+    ],
+)
 def test_course_signature_and_values(shape, positions_shape):
     theta, d_k, max_seq_len = 10000.0, 64, 128
     rope = torch_rope.RotaryPositionalEmbedding(theta, d_k, max_seq_len, torch.device("cpu"))
@@ -42,8 +46,9 @@ def test_course_signature_and_values(shape, positions_shape):
 def test_course_module_positional_arguments_and_defaults():
     rope = torch_rope.RotaryPositionalEmbedding(10000.0, 16, 32, None)
     x = torch.randn(3, 10, 16)
-    torch.testing.assert_close(rope(x), course_rope(x, torch.arange(10).expand(3, 10), 10000.0),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        rope(x), course_rope(x, torch.arange(10).expand(3, 10), 10000.0), rtol=1e-5, atol=1e-5
+    )
     assert list(rope.parameters()) == [] and rope.state_dict() == {}
 
 

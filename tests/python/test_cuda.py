@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """CUDA-only behaviour: agreement with the CPU kernels, streams, launch count, device asserts,
 large grids. Every test here is SKIPPED (not absent) without a GPU; the device-parametrized tests
 in the other files cover the rest of the CUDA contract (gradcheck, opcheck, compile, errors)."""
@@ -7,10 +8,21 @@ import sys
 
 import pytest
 import torch
+from helpers import (
+    FLOAT_DTYPES,
+    LAYOUT_IDS,
+    LAYOUTS,
+    TOLERANCES,
+    assert_matches_reference,
+    dtype_id,
+    make_tables,
+    needs_cuda,
+    randn,
+    subprocess_env,
+    table_dtype_for,
+)
 
 import torch_rope
-from helpers import FLOAT_DTYPES, LAYOUT_IDS, LAYOUTS, TOLERANCES, assert_matches_reference
-from helpers import dtype_id, make_tables, needs_cuda, randn, subprocess_env, table_dtype_for
 
 pytestmark = needs_cuda
 
@@ -73,9 +85,13 @@ def test_apply_qk_is_one_kernel_launch():
     with torch.profiler.profile(activities=activities) as prof:
         torch_rope.apply_qk(q, k, cos, sin, positions)
         torch.cuda.synchronize()
-    kernels = [e for e in prof.events()
-               if e.device_type == torch.autograd.DeviceType.CUDA
-               and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+    kernels = [
+        e
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+        and "memcpy" not in e.name.lower()
+        and "memset" not in e.name.lower()
+    ]
     assert len(kernels) == 1, [e.name for e in kernels]
 
 
@@ -102,7 +118,12 @@ def test_out_of_range_position_is_a_device_assert():
         "except Exception as e:\n"
         "    print('ERROR', type(e).__name__, e)\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], env=subprocess_env(),
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "NO ERROR" not in result.stdout, "an out-of-range position went unnoticed"
     assert result.returncode != 0 or "ERROR" in result.stdout, result.stderr

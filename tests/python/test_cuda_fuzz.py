@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """CUDA against CPU on random calls (hypothesis): the same views of the same buffers on both
 devices, every op, dtype, layout and alignment the CUDA kernel plans differently.
 
@@ -16,11 +17,11 @@ import os
 from dataclasses import dataclass, field
 
 import pytest
-import torch
-
 import references as ref
-import torch_rope
+import torch
 from helpers import TOLERANCES, needs_cuda
+
+import torch_rope
 
 hypothesis = pytest.importorskip("hypothesis", reason="the fuzz needs hypothesis")
 st = hypothesis.strategies
@@ -51,8 +52,10 @@ class Layout:
         return strides
 
     def describe(self):
-        return (f"order {self.order} pads {self.pads} step {self.inner_step} "
-                f"offset {self.offset} expanded {self.expanded_dim}")
+        return (
+            f"order {self.order} pads {self.pads} step {self.inner_step} "
+            f"offset {self.offset} expanded {self.expanded_dim}"
+        )
 
 
 @dataclass
@@ -88,8 +91,11 @@ def layouts(draw, rank, allow_expand):
     pads = [0] + [draw(st.sampled_from([0, 0, 0, 1, 3, 8, 16])) for _ in range(rank - 1)]
     inner_step = 2 if rank > 0 and draw(st.integers(0, 19)) == 0 else 1
     offset = draw(st.sampled_from([0, 0, 0, 8, 16, 1, 2, 3, 5, 7]))
-    expanded = draw(st.integers(0, rank - 2)) if allow_expand and rank > 1 and \
-        draw(st.integers(0, 7)) == 0 else -1
+    expanded = (
+        draw(st.integers(0, rank - 2))
+        if allow_expand and rank > 1 and draw(st.integers(0, 7)) == 0
+        else -1
+    )
     return Layout(order, pads, inner_step, offset, expanded)
 
 
@@ -98,18 +104,22 @@ def calls(draw):
     op = draw(st.sampled_from(["apply", "apply_", "apply_qk"]))
     dtype = draw(st.sampled_from([torch.float64, torch.float32, torch.float16, torch.bfloat16]))
     table_dtype = draw(st.sampled_from([torch.float32, torch.float64]))
-    head_dim = draw(st.one_of(st.sampled_from([64, 80, 96, 120, 128, 136, 160]),
-                              st.integers(1, 72)))
+    head_dim = draw(
+        st.one_of(st.sampled_from([64, 80, 96, 120, 128, 136, 160]), st.integers(1, 72))
+    )
     even = head_dim - head_dim % 2
     rotary_dim = draw(st.one_of(st.just(even), st.integers(0, even // 2).map(lambda h: 2 * h)))
     rows = draw(st.lists(st.integers(1, 5), min_size=0, max_size=3))
     if rows and draw(st.integers(0, 4)) == 0:
         rows[draw(st.integers(0, len(rows) - 1))] = draw(st.integers(6, 33))
     pos_rank = draw(st.integers(0, len(rows)))
-    pos_sizes = [s if draw(st.booleans()) else 1 for s in rows[len(rows) - pos_rank:]]
+    pos_sizes = [s if draw(st.booleans()) else 1 for s in rows[len(rows) - pos_rank :]]
     k_rows = list(rows)
-    heads = [d for d in range(len(rows))
-             if d < len(rows) - pos_rank or pos_sizes[d - (len(rows) - pos_rank)] == 1]
+    heads = [
+        d
+        for d in range(len(rows))
+        if d < len(rows) - pos_rank or pos_sizes[d - (len(rows) - pos_rank)] == 1
+    ]
     fused = -1
     if op == "apply_qk" and heads:
         h = draw(st.sampled_from(heads))
@@ -118,12 +128,20 @@ def calls(draw):
             fused = h
     rank = len(rows) + 1
     return Call(
-        op=op, dtype=dtype, table_dtype=table_dtype,
-        interleaved=draw(st.booleans()), inverse=draw(st.booleans()),
-        head_dim=head_dim, rotary_dim=rotary_dim, rows=rows, k_rows=k_rows,
-        pos_sizes=pos_sizes, pos_dtype=draw(st.sampled_from([torch.int32, torch.int64])),
+        op=op,
+        dtype=dtype,
+        table_dtype=table_dtype,
+        interleaved=draw(st.booleans()),
+        inverse=draw(st.booleans()),
+        head_dim=head_dim,
+        rotary_dim=rotary_dim,
+        rows=rows,
+        k_rows=k_rows,
+        pos_sizes=pos_sizes,
+        pos_dtype=draw(st.sampled_from([torch.int32, torch.int64])),
         max_seq_len=draw(st.integers(1, 64)),
-        x_layout=draw(layouts(rank, op != "apply_")), k_layout=draw(layouts(rank, True)),
+        x_layout=draw(layouts(rank, op != "apply_")),
+        k_layout=draw(layouts(rank, True)),
         fused_heads_dim=fused,
         cos_layout=draw(st.sampled_from(TABLE_LAYOUTS)),
         sin_layout=draw(st.sampled_from(TABLE_LAYOUTS)),
@@ -174,10 +192,10 @@ def build(call, device):
     else:
         t["x"], t["x_buffer"] = view_in_buffer(x_sizes, call.x_layout, call.dtype, gen, device)
         if call.op == "apply_qk":
-            t["k"], t["k_buffer"] = view_in_buffer(k_sizes, call.k_layout, call.dtype, gen,
-                                                   device)
-    positions = torch.randint(0, call.max_seq_len, call.pos_sizes, generator=gen,
-                              dtype=torch.int64).to(call.pos_dtype)
+            t["k"], t["k_buffer"] = view_in_buffer(k_sizes, call.k_layout, call.dtype, gen, device)
+    positions = torch.randint(
+        0, call.max_seq_len, call.pos_sizes, generator=gen, dtype=torch.int64
+    ).to(call.pos_dtype)
     t["positions"] = positions.to(device)
     half = call.rotary_dim // 2
     angles = (torch.rand(call.max_seq_len, half, generator=gen, dtype=torch.float64) - 0.5) * 6.3
@@ -218,8 +236,9 @@ def check_call(call, device, reference_device=None):
     for key in ("cos", "sin", "positions"):
         assert torch.equal(bits(t[key]), bits(before[key])), f"{key} changed"
     if call.op == "apply_":
-        assert torch.equal(bits(outside(t["x_buffer"], t["x"])),
-                           bits(outside(before["x_buffer"], t["x"]))), "apply_ wrote outside x"
+        assert torch.equal(
+            bits(outside(t["x_buffer"], t["x"])), bits(outside(before["x_buffer"], t["x"]))
+        ), "apply_ wrote outside x"
     else:
         for n in names:
             assert torch.equal(bits(t[n + "_buffer"]), bits(before[n + "_buffer"])), f"{n} changed"
@@ -230,9 +249,14 @@ def check_call(call, device, reference_device=None):
         out = got[i].cpu()
         assert out.shape == x_in.shape and out.dtype == x_in.dtype
         # The tables' own values (so any table dtype compares tightly).
-        want = ref.rope_with_tables(x_in, before["cos"], before["sin"], before["positions"],
-                                    interleaved=call.interleaved,
-                                    inverse=call.inverse).to(call.dtype)
+        want = ref.rope_with_tables(
+            x_in,
+            before["cos"],
+            before["sin"],
+            before["positions"],
+            interleaved=call.interleaved,
+            inverse=call.inverse,
+        ).to(call.dtype)
         torch.testing.assert_close(out, want, **TOLERANCES[call.dtype])
         # The tail is the input's, bit for bit.
         assert torch.equal(bits(out[..., rotary_dim:]), bits(x_in[..., rotary_dim:]))
@@ -242,8 +266,12 @@ def check_call(call, device, reference_device=None):
             assert torch.equal(bits(out[..., rotary_dim:]), bits(other[..., rotary_dim:]))
 
 
-SETTINGS = dict(deadline=None, derandomize=True, database=None,
-                suppress_health_check=list(hypothesis.HealthCheck))
+SETTINGS = dict(
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(hypothesis.HealthCheck),
+)
 
 
 @hypothesis.settings(max_examples=CPU_EXAMPLES, **SETTINGS)
@@ -288,7 +316,17 @@ def test_the_generator_reaches_every_path():
         seen.add(f"sin {call.sin_layout}")
 
     draw()
-    want = {"apply", "apply_", "apply_qk", "fused qkv", "misaligned offset", "expanded",
-            "inner step 2", "rotary 0", "partial rotary", "broadcast positions",
-            "tables torch.float64"} | {f"cos {layout}" for layout in TABLE_LAYOUTS}
+    want = {
+        "apply",
+        "apply_",
+        "apply_qk",
+        "fused qkv",
+        "misaligned offset",
+        "expanded",
+        "inner step 2",
+        "rotary 0",
+        "partial rotary",
+        "broadcast positions",
+        "tables torch.float64",
+    } | {f"cos {layout}" for layout in TABLE_LAYOUTS}
     assert want <= seen, f"never drawn: {sorted(want - seen)}"

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """CUDA-only checks of what the launch plan (csrc/cuda/launch_plan.h) decides: per-tensor and
 per-part vector paths, and the range check of positions when nothing rotates. SKIPPED without a
 GPU; the same behaviour is exercised on the host by ``ctest -L cuda-host`` in every run."""
@@ -7,10 +8,18 @@ import sys
 
 import pytest
 import torch
+from helpers import (
+    LAYOUT_IDS,
+    LAYOUTS,
+    TOLERANCES,
+    assert_matches_reference,
+    make_tables,
+    needs_cuda,
+    randn,
+    subprocess_env,
+)
 
 import torch_rope
-from helpers import LAYOUT_IDS, LAYOUTS, TOLERANCES, assert_matches_reference, make_tables
-from helpers import needs_cuda, randn, subprocess_env
 
 pytestmark = needs_cuda
 
@@ -70,7 +79,12 @@ def test_out_of_range_position_asserts_without_rotary_dims(op):
         "except Exception as e:\n"
         "    print('ERROR', type(e).__name__, e)\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], env=subprocess_env(),
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "NO ERROR" not in result.stdout, "an out-of-range position went unnoticed"
     assert result.returncode != 0 or "ERROR" in result.stdout, result.stderr

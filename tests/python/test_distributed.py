@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """torch_rope under torch.distributed, with real processes: 2 gloo ranks on CPU (4 for 2-D).
 
 The checks themselves are in distributed_worker.py (DTensor rules of every op in every placement,
@@ -14,10 +15,9 @@ import signal
 import subprocess
 import sys
 
+import distributed_worker as worker
 import pytest
 import torch
-
-import distributed_worker as worker
 from helpers import subprocess_env
 
 WORLD_SIZE = {"default": 2, "slow": 2, "mesh2d": 4}  # mesh2d: a 2 x 2 mesh (dp x tp)
@@ -38,8 +38,14 @@ pytestmark = pytest.mark.skipif(_why_no_gloo() is not None, reason=str(_why_no_g
 def _run(cmd, timeout, log_path, cwd=None):
     """Run cmd in a new process group; on timeout kill the whole group. Returns (code, log)."""
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
-                                env=subprocess_env(OMP_NUM_THREADS="1"), start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=subprocess_env(OMP_NUM_THREADS="1"),
+            start_new_session=True,
+        )
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -56,8 +62,15 @@ _RESULTS = {}
 def _tier_results(tier, tmp_path_factory):
     if tier not in _RESULTS:
         out = tmp_path_factory.mktemp(f"distributed_{tier}")
-        cmd = [sys.executable, worker.__file__, str(out), "--tier", tier,
-               "--world-size", str(WORLD_SIZE[tier])]
+        cmd = [
+            sys.executable,
+            worker.__file__,
+            str(out),
+            "--tier",
+            tier,
+            "--world-size",
+            str(WORLD_SIZE[tier]),
+        ]
         code, log = _run(cmd, TIMEOUT_S[tier], out / "log.txt")
         ranks = []
         for rank in range(WORLD_SIZE[tier]):
@@ -74,15 +87,19 @@ def _check_names(tier):
 def _assert_check(tier, name, tmp_path_factory):
     code, log, ranks = _tier_results(tier, tmp_path_factory)
     if code is None:
-        pytest.fail(f"{WORLD_SIZE[tier]} ranks killed after {TIMEOUT_S[tier]} s; log tail:\n{log[-4000:]}")
+        pytest.fail(
+            f"{WORLD_SIZE[tier]} ranks killed after {TIMEOUT_S[tier]} s; log tail:\n{log[-4000:]}"
+        )
     if any(r is None for r in ranks):
         pytest.fail(f"a rank wrote no results (launcher exit {code}); log tail:\n{log[-4000:]}")
     outcomes = [r.get(name, "not run") for r in ranks]
-    failed = [(rank, o) for rank, o in enumerate(outcomes) if o != "ok" and not o.startswith("skip:")]
+    failed = [
+        (rank, o) for rank, o in enumerate(outcomes) if o != "ok" and not o.startswith("skip:")
+    ]
     if failed:
         pytest.fail("\n".join(f"rank {rank}:\n{o}" for rank, o in failed), pytrace=False)
     if all(o.startswith("skip:") for o in outcomes):
-        pytest.skip(outcomes[0][len("skip:"):].strip())
+        pytest.skip(outcomes[0][len("skip:") :].strip())
     assert outcomes == ["ok"] * WORLD_SIZE[tier], outcomes
 
 
@@ -107,15 +124,19 @@ def test_rules_registered_at_import_when_dtensor_is_loaded(tmp_path):
     """`import torch.distributed.tensor` before `import torch_rope`: the rules are registered by
     the import itself (the other triggers are checked by the worker's `registration`)."""
     code, log = _run(
-        [sys.executable, "-c",
-         "import sys, torch.distributed.tensor, torch_rope\n"
-         "assert torch_rope.distributed._registered, 'not registered at import'\n"
-         "from torch.distributed.tensor import DTensor\n"
-         "table = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs\n"
-         "ops = [torch.ops.rope.apply.default, torch.ops.rope.apply_.default,\n"
-         "       torch.ops.rope.apply_qk.default]\n"
-         "missing = [str(op) for op in ops if op not in table]\n"
-         "assert not missing, f'no sharding strategy for {missing}'\n"],
-        timeout=120, log_path=tmp_path / "log.txt",
+        [
+            sys.executable,
+            "-c",
+            "import sys, torch.distributed.tensor, torch_rope\n"
+            "assert torch_rope.distributed._registered, 'not registered at import'\n"
+            "from torch.distributed.tensor import DTensor\n"
+            "table = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs\n"
+            "ops = [torch.ops.rope.apply.default, torch.ops.rope.apply_.default,\n"
+            "       torch.ops.rope.apply_qk.default]\n"
+            "missing = [str(op) for op in ops if op not in table]\n"
+            "assert not missing, f'no sharding strategy for {missing}'\n",
+        ],
+        timeout=120,
+        log_path=tmp_path / "log.txt",
     )
     assert code == 0, log

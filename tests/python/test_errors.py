@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The bad-input catalogue: every case raises the expected exception type with a message that
 names the argument, what was expected and what came; it is run on CPU, on meta tensors (the
 kernels torch.compile and export trace with, which must reject exactly what CPU rejects) and on
@@ -9,9 +10,9 @@ from typing import Callable, Tuple
 
 import pytest
 import torch
+from helpers import make_tables, needs_cuda
 
 import torch_rope
-from helpers import make_tables, needs_cuda
 
 MAX_SEQ_LEN, ROTARY_DIM, HEAD_DIM = 16, 8, 16
 # The op under test; for apply_qk the bad tensor is passed as q or as k, the other one is valid.
@@ -79,122 +80,221 @@ def _to(device):
 BAD_INPUTS = {
     # ---- x / q / k
     "head_dim_below_rotary_dim": Bad(
-        lambda a: a.update(x=a["x"][..., :6].contiguous()), RuntimeError,
+        lambda a: a.update(x=a["x"][..., :6].contiguous()),
+        RuntimeError,
         r"{x}\.size\(-1\) \(head_dim\) must be >= rotary_dim = 2 \* cos\.size\(-1\) = 8, got 6",
-        X_OPS),
+        X_OPS,
+    ),
     "integer_x": Bad(
         lambda a: a.update(x=torch.randint(0, 9, (2, 3, 5, HEAD_DIM), device=a["x"].device)),
-        RuntimeError, r"{x} must be a floating tensor of dtype float64, float32, float16 or "
-        r"bfloat16, got Long", X_OPS),
+        RuntimeError,
+        r"{x} must be a floating tensor of dtype float64, float32, float16 or "
+        r"bfloat16, got Long",
+        X_OPS,
+    ),
     "float8_x": Bad(
-        lambda a: a.update(x=a["x"].to(torch.float8_e4m3fn)), RuntimeError,
-        r"{x} must be a floating tensor of dtype .*got Float8_e4m3fn", ("apply", "apply_qk:k")),
+        lambda a: a.update(x=a["x"].to(torch.float8_e4m3fn)),
+        RuntimeError,
+        r"{x} must be a floating tensor of dtype .*got Float8_e4m3fn",
+        ("apply", "apply_qk:k"),
+    ),
     "complex_x": Bad(
-        lambda a: a.update(x=torch.randn(2, 3, 5, HEAD_DIM, dtype=torch.cfloat,
-                                         device=a["x"].device)),
-        RuntimeError, r"{x} must be a floating tensor .*got ComplexFloat", ("apply",)),
+        lambda a: a.update(
+            x=torch.randn(2, 3, 5, HEAD_DIM, dtype=torch.cfloat, device=a["x"].device)
+        ),
+        RuntimeError,
+        r"{x} must be a floating tensor .*got ComplexFloat",
+        ("apply",),
+    ),
     "zero_dim_x": Bad(
-        lambda a: a.update(x=torch.tensor(1.0, device=a["x"].device),
-                           positions=torch.tensor(0, device=a["x"].device)),
-        RuntimeError, r"{x} must have at least 1 dim", ("apply", "apply_", "apply_qk:q")),
+        lambda a: a.update(
+            x=torch.tensor(1.0, device=a["x"].device),
+            positions=torch.tensor(0, device=a["x"].device),
+        ),
+        RuntimeError,
+        r"{x} must have at least 1 dim",
+        ("apply", "apply_", "apply_qk:q"),
+    ),
     # ---- positions
     "none_positions": Bad(
-        lambda a: a.update(positions=None), RuntimeError, r"positions must be a tensor, got None",
-        SHARED_OPS),
+        lambda a: a.update(positions=None),
+        RuntimeError,
+        r"positions must be a tensor, got None",
+        SHARED_OPS,
+    ),
     "float_positions": Bad(
-        lambda a: a.update(positions=a["positions"].float()), RuntimeError,
-        r"positions must be an integer tensor \(int32 or int64\), got Float", SHARED_OPS),
+        lambda a: a.update(positions=a["positions"].float()),
+        RuntimeError,
+        r"positions must be an integer tensor \(int32 or int64\), got Float",
+        SHARED_OPS,
+    ),
     "bool_positions": Bad(
-        lambda a: a.update(positions=a["positions"] > 1), RuntimeError,
-        r"positions must be an integer tensor.*got Bool", SHARED_OPS),
+        lambda a: a.update(positions=a["positions"] > 1),
+        RuntimeError,
+        r"positions must be an integer tensor.*got Bool",
+        SHARED_OPS,
+    ),
     "int16_positions": Bad(
-        lambda a: a.update(positions=a["positions"].short()), RuntimeError,
-        r"positions must be an integer tensor.*got Short", ("apply",)),
+        lambda a: a.update(positions=a["positions"].short()),
+        RuntimeError,
+        r"positions must be an integer tensor.*got Short",
+        ("apply",),
+    ),
     "positions_too_long": Bad(
-        lambda a: a.update(positions=torch.arange(6, device=a["x"].device)), RuntimeError,
+        lambda a: a.update(positions=torch.arange(6, device=a["x"].device)),
+        RuntimeError,
         r"positions of shape \[6\] cannot be broadcast to {x}\.shape\[:-1\] = \[2, 3, 5\]",
-        SHARED_OPS),
+        SHARED_OPS,
+    ),
     "positions_too_many_dims": Bad(
-        lambda a: a.update(positions=torch.zeros(1, 2, 3, 5, dtype=torch.long,
-                                                 device=a["x"].device)),
-        RuntimeError, r"positions of shape \[1, 2, 3, 5\] cannot be broadcast", SHARED_OPS),
+        lambda a: a.update(
+            positions=torch.zeros(1, 2, 3, 5, dtype=torch.long, device=a["x"].device)
+        ),
+        RuntimeError,
+        r"positions of shape \[1, 2, 3, 5\] cannot be broadcast",
+        SHARED_OPS,
+    ),
     "positions_bshd_shape_for_bhsd_input": Bad(
         lambda a: a.update(positions=torch.arange(5, device=a["x"].device).view(5, 1)),
-        RuntimeError, r"positions of shape \[5, 1\] cannot be broadcast", SHARED_OPS),
+        RuntimeError,
+        r"positions of shape \[5, 1\] cannot be broadcast",
+        SHARED_OPS,
+    ),
     "position_above_table": Bad(
-        lambda a: a.update(positions=torch.tensor([0, 1, 2, 23, 4])), IndexError,
+        lambda a: a.update(positions=torch.tensor([0, 1, 2, 23, 4])),
+        IndexError,
         r"positions must be in \[0, max_seq_len\) with max_seq_len = cos\.size\(0\) = 16, "
-        r"got 23 at flat index 3", SHARED_OPS, needs_data=True),
+        r"got 23 at flat index 3",
+        SHARED_OPS,
+        needs_data=True,
+    ),
     "position_equal_to_table_length": Bad(
         lambda a: a.update(positions=torch.tensor([0, 1, 2, 3, 16], dtype=torch.int32)),
-        IndexError, r"positions must be in \[0, max_seq_len\).*16.*got 16", SHARED_OPS,
-        needs_data=True),
+        IndexError,
+        r"positions must be in \[0, max_seq_len\).*16.*got 16",
+        SHARED_OPS,
+        needs_data=True,
+    ),
     "negative_position": Bad(
-        lambda a: a.update(positions=torch.tensor([0, -1, 2, 3, 4])), IndexError,
-        r"positions must be in \[0, max_seq_len\).*16.*got -1", SHARED_OPS, needs_data=True),
+        lambda a: a.update(positions=torch.tensor([0, -1, 2, 3, 4])),
+        IndexError,
+        r"positions must be in \[0, max_seq_len\).*16.*got -1",
+        SHARED_OPS,
+        needs_data=True,
+    ),
     # ---- tables
     "none_sin": Bad(
-        lambda a: a.update(sin=None), RuntimeError, r"sin must be a tensor, got None", ("apply",)),
+        lambda a: a.update(sin=None), RuntimeError, r"sin must be a tensor, got None", ("apply",)
+    ),
     "cos_sin_shapes_differ": Bad(
-        lambda a: a.update(sin=a["sin"][:8]), RuntimeError,
-        r"cos and sin must have the same shape, got cos \[16, 4\] and sin \[8, 4\]", SHARED_OPS),
+        lambda a: a.update(sin=a["sin"][:8]),
+        RuntimeError,
+        r"cos and sin must have the same shape, got cos \[16, 4\] and sin \[8, 4\]",
+        SHARED_OPS,
+    ),
     "cos_sin_dtypes_differ": Bad(
-        lambda a: a.update(sin=a["sin"].double()), RuntimeError,
-        r"cos and sin must have the same dtype, got cos Float and sin Double", SHARED_OPS),
+        lambda a: a.update(sin=a["sin"].double()),
+        RuntimeError,
+        r"cos and sin must have the same dtype, got cos Float and sin Double",
+        SHARED_OPS,
+    ),
     "one_dim_tables": Bad(
-        lambda a: a.update(cos=a["cos"][0], sin=a["sin"][0]), RuntimeError,
-        r"cos must be a 2-D table \[max_seq_len, rotary_dim / 2\], got 1-D", SHARED_OPS),
+        lambda a: a.update(cos=a["cos"][0], sin=a["sin"][0]),
+        RuntimeError,
+        r"cos must be a 2-D table \[max_seq_len, rotary_dim / 2\], got 1-D",
+        SHARED_OPS,
+    ),
     "half_precision_tables": Bad(
-        lambda a: a.update(cos=a["cos"].half(), sin=a["sin"].half()), RuntimeError,
-        r"cos must be float32 or float64 .*got Half", SHARED_OPS),
+        lambda a: a.update(cos=a["cos"].half(), sin=a["sin"].half()),
+        RuntimeError,
+        r"cos must be float32 or float64 .*got Half",
+        SHARED_OPS,
+    ),
     "bfloat16_tables": Bad(
-        lambda a: a.update(cos=a["cos"].bfloat16(), sin=a["sin"].bfloat16()), RuntimeError,
-        r"cos must be float32 or float64 .*got BFloat16", ("apply",)),
+        lambda a: a.update(cos=a["cos"].bfloat16(), sin=a["sin"].bfloat16()),
+        RuntimeError,
+        r"cos must be float32 or float64 .*got BFloat16",
+        ("apply",),
+    ),
     # ---- devices: meta mixed with real tensors (the dispatcher routes such a call to the
     # Meta kernel, which used to return uninitialised memory)
     "x_on_meta": Bad(
-        lambda a: a.update(x=a["x"].to("meta")), RuntimeError,
+        lambda a: a.update(x=a["x"].to("meta")),
+        RuntimeError,
         r"{x} and cos must be on the same device, got {x} on meta and cos on cpu",
-        ("apply", "apply_", "apply.out", "apply_qk:q"), devices=("cpu",)),
+        ("apply", "apply_", "apply.out", "apply_qk:q"),
+        devices=("cpu",),
+    ),
     "cos_on_meta": Bad(
-        lambda a: a.update(cos=a["cos"].to("meta")), RuntimeError,
-        r"cos and sin must be on the same device, got cos on meta and sin on cpu", SHARED_OPS,
-        devices=("cpu",)),
+        lambda a: a.update(cos=a["cos"].to("meta")),
+        RuntimeError,
+        r"cos and sin must be on the same device, got cos on meta and sin on cpu",
+        SHARED_OPS,
+        devices=("cpu",),
+    ),
     "tables_on_meta": Bad(
-        lambda a: a.update(cos=a["cos"].to("meta"), sin=a["sin"].to("meta")), RuntimeError,
-        r"{x} and cos must be on the same device, got {x} on cpu and cos on meta", SHARED_OPS,
-        devices=("cpu",)),
+        lambda a: a.update(cos=a["cos"].to("meta"), sin=a["sin"].to("meta")),
+        RuntimeError,
+        r"{x} and cos must be on the same device, got {x} on cpu and cos on meta",
+        SHARED_OPS,
+        devices=("cpu",),
+    ),
     "positions_on_meta": Bad(
-        lambda a: a.update(positions=a["positions"].to("meta")), RuntimeError,
+        lambda a: a.update(positions=a["positions"].to("meta")),
+        RuntimeError,
         r"positions and {x} must be on the same device, got positions on meta and {x} on cpu",
-        SHARED_OPS, devices=("cpu",)),
+        SHARED_OPS,
+        devices=("cpu",),
+    ),
     "tables_on_cpu": Bad(
-        lambda a: a.update(cos=a["cos"].cpu(), sin=a["sin"].cpu()), RuntimeError,
-        r"{x} and cos must be on the same device, got {x} on cuda:0 and cos on cpu", SHARED_OPS,
-        devices=("cuda",)),
+        lambda a: a.update(cos=a["cos"].cpu(), sin=a["sin"].cpu()),
+        RuntimeError,
+        r"{x} and cos must be on the same device, got {x} on cuda:0 and cos on cpu",
+        SHARED_OPS,
+        devices=("cuda",),
+    ),
     "positions_on_cpu": Bad(
-        lambda a: a.update(positions=a["positions"].cpu()), RuntimeError,
+        lambda a: a.update(positions=a["positions"].cpu()),
+        RuntimeError,
         r"positions and {x} must be on the same device, got positions on cpu and {x} on cuda",
-        SHARED_OPS, devices=("cuda",)),
+        SHARED_OPS,
+        devices=("cuda",),
+    ),
     "sin_on_cpu": Bad(
-        lambda a: a.update(sin=a["sin"].cpu()), RuntimeError,
-        r"cos and sin must be on the same device, got cos on cuda:0 and sin on cpu", ("apply",),
-        devices=("cuda",)),
+        lambda a: a.update(sin=a["sin"].cpu()),
+        RuntimeError,
+        r"cos and sin must be on the same device, got cos on cuda:0 and sin on cpu",
+        ("apply",),
+        devices=("cuda",),
+    ),
     # ---- writing ops
     "inplace_on_expanded_x": Bad(
-        lambda a: a.update(x=a["x"][:1].expand(2, 3, 5, HEAD_DIM)), RuntimeError,
+        lambda a: a.update(x=a["x"][:1].expand(2, 3, 5, HEAD_DIM)),
+        RuntimeError,
         r"x has overlapping memory \(e\.g\. a result of expand\(\)\), so it cannot be written "
-        r"in place; pass x\.clone\(\)", ("apply_",)),
+        r"in place; pass x\.clone\(\)",
+        ("apply_",),
+    ),
 }
 
 # out= only: (change to the good inputs and a good `out`, error, pattern, needs_memory)
 BAD_OUTS = {
-    "out_wrong_shape": (lambda a, o: (a, o[..., :8]), r"out must have x's shape \[2, 3, 5, 16\], "
-                        r"got \[2, 3, 5, 8\] \(out= never resizes\)", False),
-    "out_wrong_dtype": (lambda a, o: (a, o.double()),
-                        r"out must have x's dtype Float, got Double", False),
-    "out_expanded": (lambda a, o: (a, o[:1].expand(2, 3, 5, HEAD_DIM)),
-                     r"out has overlapping memory", False),
+    "out_wrong_shape": (
+        lambda a, o: (a, o[..., :8]),
+        r"out must have x's shape \[2, 3, 5, 16\], "
+        r"got \[2, 3, 5, 8\] \(out= never resizes\)",
+        False,
+    ),
+    "out_wrong_dtype": (
+        lambda a, o: (a, o.double()),
+        r"out must have x's dtype Float, got Double",
+        False,
+    ),
+    "out_expanded": (
+        lambda a, o: (a, o[:1].expand(2, 3, 5, HEAD_DIM)),
+        r"out has overlapping memory",
+        False,
+    ),
     "out_is_x": (lambda a, o: (a, a["x"]), r"out shares memory with x", True),
     "out_overlaps_x": (lambda a, o: _overlapping_out(a), r"out shares memory with x", True),
     "out_is_cos": (lambda a, o: _out_over_table(a), r"out shares memory with cos", True),
@@ -285,8 +385,11 @@ def test_bad_out(name, device):
 
 def test_out_on_another_device_than_x():
     a = good_inputs()
-    with pytest.raises(RuntimeError, match=r"rope\.apply\.out: out and x must be on the same "
-                                           r"device, got out on meta and x on cpu"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"rope\.apply\.out: out and x must be on the same "
+        r"device, got out on meta and x on cpu",
+    ):
         torch_rope.apply(**a, out=torch.empty(2, 3, 5, HEAD_DIM, device="meta"))
 
 
@@ -304,9 +407,18 @@ def test_apply_inplace_writes_nothing_when_a_late_position_is_bad():
 
 
 @pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "non_leaf_with_grad"])
-@pytest.mark.parametrize("bad", ["position_out_of_range", "negative_position", "float_positions",
-                                 "positions_not_broadcastable", "cos_sin_shapes_differ",
-                                 "half_tables", "head_dim_below_rotary_dim"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "position_out_of_range",
+        "negative_position",
+        "float_positions",
+        "positions_not_broadcastable",
+        "cos_sin_shapes_differ",
+        "half_tables",
+        "head_dim_below_rotary_dim",
+    ],
+)
 def test_failed_inplace_call_on_a_strided_view_writes_nothing(bad, grad):
     # x with last-dim stride 5 (a transposed view): apply_ rotates a copy and writes it back, and
     # a call that fails must not get as far as the write-back. With grad, x is a non-leaf that
@@ -351,24 +463,33 @@ def test_positions_broadcast_to_q_but_not_to_k():
     cos, sin = make_tables(MAX_SEQ_LEN, ROTARY_DIM, "cpu")
     q, k = torch.randn(2, 8, 5, HEAD_DIM), torch.randn(2, 2, 5, HEAD_DIM)
     positions = torch.zeros(2, 8, 5, dtype=torch.long)
-    with pytest.raises(RuntimeError, match=r"rope\.apply_qk: positions of shape \[2, 8, 5\] "
-                                           r"cannot be broadcast to k\.shape\[:-1\] = \[2, 2, 5\]"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"rope\.apply_qk: positions of shape \[2, 8, 5\] "
+        r"cannot be broadcast to k\.shape\[:-1\] = \[2, 2, 5\]",
+    ):
         torch_rope.apply_qk(q, k, cos, sin, positions)
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta", pytest.param("cuda", marks=needs_cuda)])
 def test_apply_qk_dtype_mismatch(device):
     a = {k: v.to(device) for k, v in good_inputs().items()}
-    with pytest.raises(RuntimeError, match=r"rope\.apply_qk: q and k must have the same dtype, "
-                                           r"got q Float and k Double"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"rope\.apply_qk: q and k must have the same dtype, "
+        r"got q Float and k Double",
+    ):
         torch_rope.apply_qk(a["x"], a["x"].double(), a["cos"], a["sin"], a["positions"])
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta", pytest.param("cuda", marks=needs_cuda)])
 def test_apply_qk_head_dim_mismatch(device):
     a = {k: v.to(device) for k, v in good_inputs().items()}
-    with pytest.raises(RuntimeError, match=r"rope\.apply_qk: q and k must have the same head_dim"
-                                           r".*got q 16 and k 12"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"rope\.apply_qk: q and k must have the same head_dim"
+        r".*got q 16 and k 12",
+    ):
         torch_rope.apply_qk(a["x"], a["x"][..., :12], a["cos"], a["sin"], a["positions"])
 
 
@@ -389,6 +510,9 @@ def test_compile_reports_bad_input_at_trace_time():
 
 def test_module_built_on_meta_refuses_a_cpu_input():
     rope = torch_rope.RotaryPositionalEmbedding(10000.0, HEAD_DIM, MAX_SEQ_LEN, device="meta")
-    with pytest.raises(RuntimeError, match=r"x and cos must be on the same device, got x on cpu "
-                                           r"and cos on meta"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"x and cos must be on the same device, got x on cpu "
+        r"and cos on meta",
+    ):
         rope(torch.randn(2, 5, HEAD_DIM))

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Differential fuzzing of every op against an independent float64 reference written here.
 
 Hypothesis draws the geometry first (op, dtypes, layout, rank, head_dim, rotary_dim, the memory
@@ -16,11 +17,11 @@ from dataclasses import dataclass
 from typing import Tuple
 
 import pytest
-import torch
-
 import references as ref
-import torch_rope
+import torch
 from helpers import cpu_and_cuda
+
+import torch_rope
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
@@ -72,11 +73,14 @@ def cases(draw):
     # to k, whose last row dim (heads) differs, so they are 1 there.
     n_pos = draw(st.integers(0, rank))
     pos_shape = []
-    for i, size in enumerate(rows[rank - n_pos:]):
+    for i, size in enumerate(rows[rank - n_pos :]):
         is_heads = op == "apply_qk" and rank - n_pos + i == rank - 1
         pos_shape.append(1 if is_heads or draw(st.booleans()) else size)
-    layouts = X_LAYOUTS if op in ("apply", "apply_qk") else [
-        layout for layout in X_LAYOUTS if layout != "expanded"]
+    layouts = (
+        X_LAYOUTS
+        if op in ("apply", "apply_qk")
+        else [layout for layout in X_LAYOUTS if layout != "expanded"]
+    )
     dtype = draw(st.sampled_from(DTYPES))
     return Case(
         op=op,
@@ -97,7 +101,8 @@ def cases(draw):
         pos_dtype=draw(st.sampled_from([torch.int32, torch.int64])),
         pos_transposed=draw(st.booleans()),
         bad_position=op in ("apply_", "apply.out") and draw(st.integers(0, 9)) == 0,
-        grad=dtype in (torch.float64, torch.float32) and op in ("apply", "apply_qk")
+        grad=dtype in (torch.float64, torch.float32)
+        and op in ("apply", "apply_qk")
         and draw(st.booleans()),
         seed=draw(st.integers(0, 2**31 - 1)),
     )
@@ -122,7 +127,7 @@ def make_with_layout(shape, layout, dtype, device, gen):
         return t.permute(*range(n - 1, -1, -1), n)
     if layout == "padded":  # rows further apart than head_dim, starting at an offset
         t = _filled(shape[:-1] + (shape[-1] + 5,), dtype, device, gen)
-        return t[..., 3:3 + shape[-1]]
+        return t[..., 3 : 3 + shape[-1]]
     if layout == "sliced":  # every other element of the first dim
         t = _filled((2 * shape[0],) + shape[1:], dtype, device, gen)
         return t[::2]
@@ -148,9 +153,9 @@ def make_table(rows, half, layout, dtype, device, gen):
     if layout == "contiguous":
         return _filled((rows, half), dtype, device, gen)
     if layout == "row_padded":
-        return _filled((rows, width), dtype, device, gen)[:, 1:1 + half]
+        return _filled((rows, width), dtype, device, gen)[:, 1 : 1 + half]
     if layout == "last_strided":
-        return _filled((rows, width), dtype, device, gen)[:, 1:1 + 2 * half:2]
+        return _filled((rows, width), dtype, device, gen)[:, 1 : 1 + 2 * half : 2]
     if layout == "transposed":
         return _filled((half, rows), dtype, device, gen).t()
     if layout == "offset":
@@ -163,8 +168,9 @@ def make_table(rows, half, layout, dtype, device, gen):
 
 def reference(x, cos, sin, positions, *, interleaved, inverse):
     """float64 rotation of x (on the CPU) by the given tables, gathered at the positions."""
-    return ref.rope_with_tables(x.detach(), cos, sin, positions, interleaved=interleaved,
-                                inverse=inverse)
+    return ref.rope_with_tables(
+        x.detach(), cos, sin, positions, interleaved=interleaved, inverse=inverse
+    )
 
 
 def _plane_indices(half, interleaved):
@@ -214,10 +220,14 @@ def check_case(case: Case, device: str):
     if case.op == "apply_qk":
         k_shape = case.rows[:-1] + (case.k_heads, case.head_dim)
         # q and k as slices of one fused projection (B.., Hq + Hk, D).
-        fused = make_with_layout(case.rows[:-1] + (case.rows[-1] + case.k_heads, case.head_dim),
-                                 case.x_layout if case.x_layout != "expanded" else "contiguous",
-                                 case.dtype, device, gen)
-        q, k = fused[..., : case.rows[-1], :], fused[..., case.rows[-1]:, :]
+        fused = make_with_layout(
+            case.rows[:-1] + (case.rows[-1] + case.k_heads, case.head_dim),
+            case.x_layout if case.x_layout != "expanded" else "contiguous",
+            case.dtype,
+            device,
+            gen,
+        )
+        q, k = fused[..., : case.rows[-1], :], fused[..., case.rows[-1] :, :]
         assert k.shape == k_shape
         q_before, k_before = q.clone(), k.clone()
         if case.grad:

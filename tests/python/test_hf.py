@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """torch_rope.hf against the real transformers library, on tiny random-weight models.
 
 For each model the patched copy must match the unpatched one (fp32 logits to 1e-5 relative,
@@ -16,16 +17,33 @@ from torch.utils._python_dispatch import TorchDispatchMode
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 import hf_models  # noqa: E402
-import torch_rope  # noqa: E402
 from helpers import subprocess_env  # noqa: E402
+
+import torch_rope  # noqa: E402
 import torch_rope.hf  # noqa: E402
 
 # A fast subset runs on every test run; the rest (about 2-4 s each) is marked slow.
 FAST = ["llama", "gpt_neox", "gemma3"]
 SLOW = [
-    "llama-linear", "llama-dynamic", "llama-yarn", "llama-llama3", "llama-longrope",
-    "llama-proportional", "qwen2", "qwen3", "mistral", "phi3", "gemma", "gemma2", "mixtral",
-    "qwen2_moe", "qwen3_moe", "olmo2", "granite", "starcoder2", *hf_models.GENERIC,
+    "llama-linear",
+    "llama-dynamic",
+    "llama-yarn",
+    "llama-llama3",
+    "llama-longrope",
+    "llama-proportional",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "phi3",
+    "gemma",
+    "gemma2",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "olmo2",
+    "granite",
+    "starcoder2",
+    *hf_models.GENERIC,
 ]
 ALL = [pytest.param(n) for n in FAST] + [pytest.param(n, marks=pytest.mark.slow) for n in SLOW]
 
@@ -54,8 +72,14 @@ def rel_err(got, want):
 
 def generate(model, ids, mask, new_tokens=12):
     with torch.no_grad():
-        return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
-                              do_sample=False, pad_token_id=0, use_cache=True)
+        return model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+            use_cache=True,
+        )
 
 
 def n_attention_layers(model):
@@ -169,8 +193,9 @@ def test_every_supported_model_type_is_tested_here():
 
 
 def test_unknown_architecture_is_refused():
-    config = transformers.GPTJConfig(vocab_size=64, n_embd=32, n_layer=1, n_head=2, rotary_dim=8,
-                                     n_positions=32)
+    config = transformers.GPTJConfig(
+        vocab_size=64, n_embd=32, n_layer=1, n_head=2, rotary_dim=8, n_positions=32
+    )
     model = transformers.AutoModelForCausalLM.from_config(config)
     with pytest.raises(NotImplementedError, match=r"model type 'gptj' is not supported"):
         torch_rope.hf.patch(model)
@@ -190,8 +215,12 @@ def test_tables_cover_max_position_embeddings_and_can_be_extended():
         logits(model, ids, torch.ones_like(ids))
     longer = torch_rope.hf.patch(hf_models.build("llama"), max_seq_len=128)
     reference = hf_models.build("llama")
-    assert rel_err(logits(longer, ids, torch.ones_like(ids)),
-                   logits(reference, ids, torch.ones_like(ids))) <= 1e-5
+    assert (
+        rel_err(
+            logits(longer, ids, torch.ones_like(ids)), logits(reference, ids, torch.ones_like(ids))
+        )
+        <= 1e-5
+    )
 
 
 def test_tables_follow_the_model_to_another_dtype_and_stay_float32():
@@ -249,8 +278,9 @@ def hf_cos_sin(batch, seq, rotary_dim, dtype, theta=10000.0):
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
-                         ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float16], ids=lambda d: str(d)[6:]
+)
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 def test_apply_rotary_pos_emb_matches_transformers(dtype, layout):
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply
@@ -288,9 +318,20 @@ def test_apply_rotary_pos_emb_never_copies_q_or_k(dtype):
     q, k = qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2)
     with OpCounter() as counter:
         torch_rope.hf.apply_rotary_pos_emb(q, k, cos, sin)
-    copies = {n: c for n, c in counter.counts.items()
-              if n in ("aten._to_copy", "aten.clone", "aten.copy_", "aten.contiguous",
-                       "aten.cat", "aten.mul", "aten.add")}
+    copies = {
+        n: c
+        for n, c in counter.counts.items()
+        if n
+        in (
+            "aten._to_copy",
+            "aten.clone",
+            "aten.copy_",
+            "aten.contiguous",
+            "aten.cat",
+            "aten.mul",
+            "aten.add",
+        )
+    }
     assert copies == ({} if dtype == torch.float32 else {"aten._to_copy": 2}), counter.counts
     assert counter.counts["rope.apply_qk"] == 1
 
@@ -299,10 +340,13 @@ def test_importing_torch_rope_does_not_import_transformers():
     import subprocess
     import sys
 
-    code = ("import sys, torch_rope, torch_rope.hf, torch_rope.torchtune; "
-            "print('transformers' in sys.modules, 'torchtune' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=subprocess_env())
+    code = (
+        "import sys, torch_rope, torch_rope.hf, torch_rope.torchtune; "
+        "print('transformers' in sys.modules, 'torchtune' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env()
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"], out
 
@@ -319,6 +363,7 @@ def test_self_check_refuses_a_model_whose_rotation_differs(monkeypatch):
             c = cos.unsqueeze(unsqueeze_dim)[..., ::2]
             s = sin.unsqueeze(unsqueeze_dim)[..., ::2]
             return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).flatten(-2)
+
         return rot(q), rot(k)
 
     monkeypatch.setitem(module_globals, "apply_rotary_pos_emb", interleaved_apply)

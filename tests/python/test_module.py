@@ -1,19 +1,21 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """torch_rope.RotaryPositionalEmbedding and torch_rope.rope_tables."""
 
 import math
 
 import pytest
+import references as ref
 import torch
+from helpers import LAYOUT_IDS, LAYOUTS, assert_matches_reference, cpu_and_cuda, dtype_id, randn
 from torch import nn
 
-import references as ref
 import torch_rope
-from helpers import LAYOUT_IDS, LAYOUTS, assert_matches_reference, cpu_and_cuda, dtype_id, randn
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
-@pytest.mark.parametrize("theta,rotary_dim,max_seq_len",
-                         [(10000.0, 64, 128), (500000.0, 128, 40000), (10.0, 2, 5)])
+@pytest.mark.parametrize(
+    "theta,rotary_dim,max_seq_len", [(10000.0, 64, 128), (500000.0, 128, 40000), (10.0, 2, 5)]
+)
 def test_rope_tables_equal_float64_computation(theta, rotary_dim, max_seq_len, device):
     cos, sin = torch_rope.rope_tables(theta, rotary_dim, max_seq_len, device=device)
     assert cos.dtype == sin.dtype == torch.float32
@@ -92,8 +94,9 @@ def test_to_device_moves_tables(device):
 @pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
 @pytest.mark.parametrize("shape", [(2, 3, 9, 64), (9, 64), (2, 9, 64)])
 def test_default_positions_are_arange(shape, interleaved, device):
-    rope = torch_rope.RotaryPositionalEmbedding(10000.0, 64, 32, interleaved=interleaved,
-                                                device=device)
+    rope = torch_rope.RotaryPositionalEmbedding(
+        10000.0, 64, 32, interleaved=interleaved, device=device
+    )
     x = randn(*shape, device=device)
     seq = torch.arange(shape[-2], device=device)
     assert torch.equal(rope(x), rope(x, seq))
@@ -104,8 +107,9 @@ def test_default_positions_are_arange(shape, interleaved, device):
 @pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
 @pytest.mark.parametrize("pos_dtype", [torch.int32, torch.int64], ids=dtype_id)
 def test_forward_with_token_positions_and_partial_rotary(pos_dtype, interleaved, device):
-    rope = torch_rope.RotaryPositionalEmbedding(500000.0, 80, 64, rotary_dim=32,
-                                                interleaved=interleaved, device=device)
+    rope = torch_rope.RotaryPositionalEmbedding(
+        500000.0, 80, 64, rotary_dim=32, interleaved=interleaved, device=device
+    )
     x = randn(2, 7, 80, device=device)
     positions = torch.randint(0, 64, (2, 7), device=device, dtype=pos_dtype)
     out = rope(x, positions)
@@ -113,8 +117,7 @@ def test_forward_with_token_positions_and_partial_rotary(pos_dtype, interleaved,
 
 
 def test_module_attributes_and_repr():
-    rope = torch_rope.RotaryPositionalEmbedding(10000.0, 64, 32, rotary_dim=32,
-                                                interleaved=False)
+    rope = torch_rope.RotaryPositionalEmbedding(10000.0, 64, 32, rotary_dim=32, interleaved=False)
     assert rope.rotary_dim == 32 and rope.d_k == 64 and rope.interleaved is False
     assert rope.cos.shape == (32, 16)
     text = repr(rope)
@@ -143,13 +146,16 @@ def test_oracle_tables_equal_scalar_math():
         assert math.isclose(sin[p, k].item(), math.sin(angle), rel_tol=0, abs_tol=1e-9)
 
 
-@pytest.mark.parametrize("theta,rotary_dim,max_seq_len,pattern", [
-    (10000.0, 7, 16, r"rotary_dim.*7"),
-    (10000.0, 0, 16, r"rotary_dim.*0"),
-    (10000.0, 8, 0, r"max_seq_len.*0"),
-    (-1.0, 8, 16, r"theta.*-1"),
-    (0.0, 8, 16, r"theta.*got 0"),
-])
+@pytest.mark.parametrize(
+    "theta,rotary_dim,max_seq_len,pattern",
+    [
+        (10000.0, 7, 16, r"rotary_dim.*7"),
+        (10000.0, 0, 16, r"rotary_dim.*0"),
+        (10000.0, 8, 0, r"max_seq_len.*0"),
+        (-1.0, 8, 16, r"theta.*-1"),
+        (0.0, 8, 16, r"theta.*got 0"),
+    ],
+)
 def test_rope_tables_bad_arguments(theta, rotary_dim, max_seq_len, pattern):
     with pytest.raises((ValueError, RuntimeError), match=pattern):
         torch_rope.rope_tables(theta, rotary_dim, max_seq_len)
@@ -166,7 +172,8 @@ def test_module_deep_copies_and_pickles_with_scaling():
     import io
 
     rope = torch_rope.RotaryPositionalEmbedding(
-        10000.0, 16, 64, scaling={"rope_type": "linear", "factor": 2.0})
+        10000.0, 16, 64, scaling={"rope_type": "linear", "factor": 2.0}
+    )
     x = torch.randn(2, 5, 16)
     buf = io.BytesIO()
     torch.save(rope, buf)

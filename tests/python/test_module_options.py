@@ -1,11 +1,12 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """RotaryPositionalEmbedding: argument checks, seq_dim, scaling, float64 tables, table growth."""
 
 import pytest
 import torch
+from helpers import LAYOUT_IDS, LAYOUTS, assert_matches_reference, cpu_and_cuda, randn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_rope
-from helpers import LAYOUT_IDS, LAYOUTS, assert_matches_reference, cpu_and_cuda, randn
 
 RoPE = torch_rope.RotaryPositionalEmbedding
 
@@ -13,30 +14,33 @@ RoPE = torch_rope.RotaryPositionalEmbedding
 # ---- bad arguments: the right exception type, naming the argument -------------------------
 
 
-@pytest.mark.parametrize("kwargs,error,pattern", [
-    (dict(theta=0.0), ValueError, r"theta must be a positive finite number, got 0.0"),
-    (dict(theta=-1.0), ValueError, r"theta.*-1.0"),
-    (dict(theta=float("nan")), ValueError, r"theta.*nan"),
-    (dict(theta=float("inf")), ValueError, r"theta.*inf"),
-    (dict(theta="1e4"), TypeError, r"theta must be a number"),
-    (dict(theta=True), TypeError, r"theta must be a number"),
-    (dict(max_seq_len=0), ValueError, r"max_seq_len must be >= 1, got 0"),
-    (dict(max_seq_len=-5), ValueError, r"max_seq_len must be >= 1, got -5"),
-    (dict(max_seq_len=2**63 - 1), ValueError, r"max_seq_len \* rotary_dim must be <= 2\*\*53"),
-    (dict(max_seq_len=100.7), TypeError, r"max_seq_len must be an int, got float 100.7"),
-    (dict(max_seq_len=100.0), TypeError, r"max_seq_len must be an int, got float"),
-    (dict(max_seq_len=True), TypeError, r"max_seq_len must be an int, got bool"),
-    (dict(d_k=16.0), TypeError, r"d_k must be an int, got float"),
-    (dict(d_k=0), ValueError, r"d_k must be >= 1, got 0"),
-    (dict(rotary_dim=8.0), TypeError, r"rotary_dim must be an int"),
-    (dict(rotary_dim=7), ValueError, r"rotary_dim must be even.*got 7"),
-    (dict(interleaved=1), TypeError, r"interleaved must be a bool"),
-    (dict(dtype=torch.bfloat16), ValueError, r"dtype.*float32 or torch.float64.*bfloat16"),
-    (dict(seq_dim=-1), ValueError, r"seq_dim must be a negative axis.*got -1"),
-    (dict(seq_dim=1), ValueError, r"seq_dim.*got 1"),
-    (dict(seq_dim=-2.0), TypeError, r"seq_dim must be an int"),
-    (dict(scaling={"rope_type": "linear"}), ValueError, r"needs factor"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,pattern",
+    [
+        (dict(theta=0.0), ValueError, r"theta must be a positive finite number, got 0.0"),
+        (dict(theta=-1.0), ValueError, r"theta.*-1.0"),
+        (dict(theta=float("nan")), ValueError, r"theta.*nan"),
+        (dict(theta=float("inf")), ValueError, r"theta.*inf"),
+        (dict(theta="1e4"), TypeError, r"theta must be a number"),
+        (dict(theta=True), TypeError, r"theta must be a number"),
+        (dict(max_seq_len=0), ValueError, r"max_seq_len must be >= 1, got 0"),
+        (dict(max_seq_len=-5), ValueError, r"max_seq_len must be >= 1, got -5"),
+        (dict(max_seq_len=2**63 - 1), ValueError, r"max_seq_len \* rotary_dim must be <= 2\*\*53"),
+        (dict(max_seq_len=100.7), TypeError, r"max_seq_len must be an int, got float 100.7"),
+        (dict(max_seq_len=100.0), TypeError, r"max_seq_len must be an int, got float"),
+        (dict(max_seq_len=True), TypeError, r"max_seq_len must be an int, got bool"),
+        (dict(d_k=16.0), TypeError, r"d_k must be an int, got float"),
+        (dict(d_k=0), ValueError, r"d_k must be >= 1, got 0"),
+        (dict(rotary_dim=8.0), TypeError, r"rotary_dim must be an int"),
+        (dict(rotary_dim=7), ValueError, r"rotary_dim must be even.*got 7"),
+        (dict(interleaved=1), TypeError, r"interleaved must be a bool"),
+        (dict(dtype=torch.bfloat16), ValueError, r"dtype.*float32 or torch.float64.*bfloat16"),
+        (dict(seq_dim=-1), ValueError, r"seq_dim must be a negative axis.*got -1"),
+        (dict(seq_dim=1), ValueError, r"seq_dim.*got 1"),
+        (dict(seq_dim=-2.0), TypeError, r"seq_dim must be an int"),
+        (dict(scaling={"rope_type": "linear"}), ValueError, r"needs factor"),
+    ],
+)
 def test_bad_arguments(kwargs, error, pattern):
     args = dict(theta=10000.0, d_k=16, max_seq_len=32)
     args.update(kwargs)
@@ -46,8 +50,11 @@ def test_bad_arguments(kwargs, error, pattern):
 
 def test_d_k_mismatch_names_both_sizes():
     rope = RoPE(10000.0, 8, 32)
-    with pytest.raises(ValueError, match=r"x.size\(-1\) must equal d_k = 8, got x of shape "
-                                         r"\(2, 3, 16\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"x.size\(-1\) must equal d_k = 8, got x of shape "
+        r"\(2, 3, 16\)",
+    ):
         rope(torch.randn(2, 3, 16))
     with pytest.raises(ValueError, match="d_k = 8"):
         rope(torch.tensor(1.0))
@@ -88,11 +95,13 @@ def test_seq_dim_minus_3_matches_minus_2_on_the_transposed_input(device, interle
     assert_matches_reference(bshd(x), x, torch.arange(S).view(S, 1), D, interleaved=interleaved)
     for positions in (torch.arange(3, 3 + S), torch.randint(0, 16, (B, S))):
         positions = positions.to(device)
-        torch.testing.assert_close(bshd(x, positions).transpose(1, 2), bhsd(xt, positions),
-                                   rtol=0, atol=0)
+        torch.testing.assert_close(
+            bshd(x, positions).transpose(1, 2), bhsd(xt, positions), rtol=0, atol=0
+        )
     pos = torch.randint(0, 16, (B, S))
-    assert_matches_reference(bhsd(xt, pos.to(device)), xt.cpu(), pos.view(B, 1, S), D,
-                             interleaved=interleaved)
+    assert_matches_reference(
+        bhsd(xt, pos.to(device)), xt.cpu(), pos.view(B, 1, S), D, interleaved=interleaved
+    )
 
 
 def test_positions_of_three_dims_broadcast_as_the_op_does():
@@ -106,8 +115,13 @@ def test_positions_of_three_dims_broadcast_as_the_op_does():
 
 
 def test_module_tables_are_the_builders_for_each_scaling():
-    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    llama3 = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     rope = RoPE(500000.0, 32, 256, scaling=llama3, dtype=torch.float64)
     cos, sin = torch_rope.rope_tables(500000.0, 32, 256, scaling=llama3, dtype=torch.float64)
     assert torch.equal(rope.cos, cos) and torch.equal(rope.sin, sin)
@@ -115,9 +129,13 @@ def test_module_tables_are_the_builders_for_each_scaling():
 
 
 def _longrope(original=16):
-    return {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 2.5],
-            "long_factor": [3.0, 4.0, 5.0, 6.0], "original_max_position_embeddings": original,
-            "max_position_embeddings": 64}
+    return {
+        "rope_type": "longrope",
+        "short_factor": [1.0, 1.5, 2.0, 2.5],
+        "long_factor": [3.0, 4.0, 5.0, 6.0],
+        "original_max_position_embeddings": original,
+        "max_position_embeddings": 64,
+    }
 
 
 def test_longrope_switches_between_short_and_long_tables_per_call():

@@ -1,15 +1,25 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The properties that make RoPE what it is, shown on the library's output (and a check that the
 two test oracles agree with each other and with the explicit rotation matrix)."""
 
 import math
 
 import pytest
-import torch
-
 import references as ref
+import torch
+from helpers import (
+    FLOAT_DTYPES,
+    LAYOUT_IDS,
+    LAYOUTS,
+    TOLERANCES,
+    cpu_and_cuda,
+    dtype_id,
+    make_tables,
+    randn,
+    table_dtype_for,
+)
+
 import torch_rope
-from helpers import FLOAT_DTYPES, LAYOUT_IDS, LAYOUTS, TOLERANCES, cpu_and_cuda, dtype_id
-from helpers import make_tables, randn, table_dtype_for
 
 MAX_SEQ_LEN = 256
 
@@ -70,8 +80,9 @@ def _scores(q, k, cos, sin, q_pos, k_pos, interleaved):
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
 @pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
-@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-11), (torch.float32, 1e-4)],
-                         ids=["float64", "float32"])
+@pytest.mark.parametrize(
+    "dtype,tol", [(torch.float64, 1e-11), (torch.float32, 1e-4)], ids=["float64", "float32"]
+)
 def test_scores_depend_only_on_relative_position(dtype, tol, interleaved, device):
     head_dim = 64
     cos, sin = make_tables(MAX_SEQ_LEN, head_dim, device, table_dtype_for(dtype))
@@ -152,8 +163,9 @@ def test_inverse_undoes_forward(dtype, interleaved, device):
 def test_position_zero_is_identity(dtype, interleaved, device):
     cos, sin = make_tables(MAX_SEQ_LEN, 64, device)
     x = randn(4, 3, 64, dtype=dtype, device=device)
-    out = torch_rope.apply(x, cos, sin, torch.zeros(4, 1, dtype=torch.int32, device=device),
-                           interleaved=interleaved)
+    out = torch_rope.apply(
+        x, cos, sin, torch.zeros(4, 1, dtype=torch.int32, device=device), interleaved=interleaved
+    )
     assert torch.equal(out, x)
 
 
@@ -165,8 +177,13 @@ def test_rotations_compose(interleaved, device):
     x = randn(6, 64, dtype=torch.float64, device=device)
     a = torch.tensor([0, 1, 5, 30, 100, 127], device=device)
     b = torch.tensor([3, 1, 0, 77, 27, 128], device=device)
-    twice = torch_rope.apply(torch_rope.apply(x, cos, sin, a, interleaved=interleaved),
-                             cos, sin, b, interleaved=interleaved)
+    twice = torch_rope.apply(
+        torch_rope.apply(x, cos, sin, a, interleaved=interleaved),
+        cos,
+        sin,
+        b,
+        interleaved=interleaved,
+    )
     once = torch_rope.apply(x, cos, sin, a + b, interleaved=interleaved)
     torch.testing.assert_close(twice, once, rtol=1e-12, atol=1e-12)
 
@@ -183,8 +200,9 @@ def test_unit_vector_turns_by_its_position(interleaved, device):
     position = torch.tensor(7, device=device)  # 0-dim: broadcasts to the single row
     partner = 1 if interleaved else 4
     for inverse, sign in ((False, 1.0), (True, -1.0)):
-        out = torch_rope.apply(x, cos, sin, position, interleaved=interleaved,
-                               inverse=inverse).cpu()
+        out = torch_rope.apply(
+            x, cos, sin, position, interleaved=interleaved, inverse=inverse
+        ).cpu()
         want = torch.zeros(8, dtype=torch.float64)
         want[0], want[partner] = math.cos(7.0), sign * math.sin(7.0)
         torch.testing.assert_close(out, want, rtol=0, atol=1e-7)  # float32 tables
@@ -199,10 +217,16 @@ def test_decode_rows_equal_prefill_rows(dtype, device):
     S, start = 12, 9
     x = randn(2, 4, S, 40, dtype=dtype, device=device)
     for interleaved in LAYOUTS:
-        full = torch_rope.apply(x, cos, sin, torch.arange(S, device=device),
-                                interleaved=interleaved)
-        tail = torch_rope.apply(x[:, :, start:], cos, sin, torch.arange(start, S, device=device),
-                                interleaved=interleaved)
+        full = torch_rope.apply(
+            x, cos, sin, torch.arange(S, device=device), interleaved=interleaved
+        )
+        tail = torch_rope.apply(
+            x[:, :, start:],
+            cos,
+            sin,
+            torch.arange(start, S, device=device),
+            interleaved=interleaved,
+        )
         assert torch.equal(tail, full[:, :, start:])
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Every sample of samples.sample_inputs through every check, as pytorch/extension-cpp's tests do:
 the result against the float64 oracle, gradients (the differentiated oracle in every dtype,
 gradcheck and gradgradcheck in float64), torch.library.opcheck (schema, fake/meta kernels,
@@ -5,10 +6,9 @@ autograd registration, AOT dispatch), and torch.compile(fullgraph=True)."""
 
 import pytest
 import torch
-from torch.autograd import gradcheck, gradgradcheck
-
 from helpers import TOLERANCES, cpu_and_cuda
 from samples import OPS, sample_inputs
+from torch.autograd import gradcheck, gradgradcheck
 
 
 def _names(requires_grad, keep=lambda s: True):
@@ -26,9 +26,17 @@ def test_samples_cover_every_op_and_dtype():
     assert {s.op for s in samples} == set(OPS)
     for op in OPS:
         assert {s.dtype for s in samples if s.op == op} == {
-            torch.float64, torch.float32, torch.float16, torch.bfloat16}, op
+            torch.float64,
+            torch.float32,
+            torch.float16,
+            torch.bfloat16,
+        }, op
         assert {(s.interleaved, s.inverse) for s in samples if s.op == op} == {
-            (True, False), (True, True), (False, False), (False, True)}, op
+            (True, False),
+            (True, True),
+            (False, False),
+            (False, True),
+        }, op
     names = _names(False)
     assert len(set(names)) == len(names), "sample names must be unique"
 
@@ -50,8 +58,9 @@ def test_sample_matches_oracle(name, device):
         assert out.shape == x_before.shape and out.dtype == x_before.dtype
         assert out.device == x_before.device
         torch.testing.assert_close(out.cpu(), expected.to(out.dtype), **TOLERANCES[out.dtype])
-        assert torch.equal(out[..., rotary_dim:], x_before[..., rotary_dim:]), \
+        assert torch.equal(out[..., rotary_dim:], x_before[..., rotary_dim:]), (
             "pass-through features changed"
+        )
     if sample.op == "apply_":
         assert results[0] is sample.inputs[0], "apply_ must return x itself"
     elif sample.op == "apply.out":
@@ -75,8 +84,9 @@ def test_sample_gradient_matches_differentiated_oracle(name, device):
     got = torch.autograd.grad(results, sample.inputs, grads_out)
 
     leaves = [x.detach().cpu().double().requires_grad_() for x in sample.inputs]
-    want = torch.autograd.grad(sample.expected(tuple(leaves)),
-                               leaves, [g.cpu().double() for g in grads_out])
+    want = torch.autograd.grad(
+        sample.expected(tuple(leaves)), leaves, [g.cpu().double() for g in grads_out]
+    )
     for grad, expected, x in zip(got, want, sample.inputs):
         assert grad.dtype == x.dtype and grad.device == x.device
         torch.testing.assert_close(grad.cpu(), expected.to(grad.dtype), **TOLERANCES[grad.dtype])
@@ -107,7 +117,7 @@ def test_sample_opcheck(requires_grad, name, device):
     torch.library.opcheck(sample.overload, args, kwargs)
 
 
-# ---- torch.compile --------------------------------------------------------------------------------
+# ---- torch.compile -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Scaling variants, float64 tables and the table builder's memory.
 
 The variants are compared with the real transformers library: for every entry of its
@@ -13,9 +14,9 @@ import textwrap
 
 import pytest
 import torch
+from helpers import subprocess_env
 
 import torch_rope
-from helpers import subprocess_env
 
 THETA = 500000.0
 HEAD_DIM = 64
@@ -33,26 +34,77 @@ CASES = {
     "dynamic": [("factor2", {"factor": 2.0}, [None, MAX_POS // 2, 3 * MAX_POS, 5000])],
     "yarn": [
         ("plain", {"factor": 4.0, "original_max_position_embeddings": 1024}, [None]),
-        ("mscale", {"factor": 8.0, "original_max_position_embeddings": 512, "beta_fast": 16,
-                    "beta_slow": 2, "mscale": 0.707, "mscale_all_dim": 1.0}, [None]),
-        ("attention_factor_no_truncate",
-         {"factor": 16.0, "original_max_position_embeddings": 256, "attention_factor": 1.3,
-          "truncate": False}, [None]),
-        ("factor_below_one_keeps_attention",
-         {"factor": 1.0, "original_max_position_embeddings": MAX_POS}, [None]),
+        (
+            "mscale",
+            {
+                "factor": 8.0,
+                "original_max_position_embeddings": 512,
+                "beta_fast": 16,
+                "beta_slow": 2,
+                "mscale": 0.707,
+                "mscale_all_dim": 1.0,
+            },
+            [None],
+        ),
+        (
+            "attention_factor_no_truncate",
+            {
+                "factor": 16.0,
+                "original_max_position_embeddings": 256,
+                "attention_factor": 1.3,
+                "truncate": False,
+            },
+            [None],
+        ),
+        (
+            "factor_below_one_keeps_attention",
+            {"factor": 1.0, "original_max_position_embeddings": MAX_POS},
+            [None],
+        ),
     ],
     "llama3": [
-        ("llama3_1", {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                      "original_max_position_embeddings": 1024}, [None]),
-        ("wide_band", {"factor": 32.0, "low_freq_factor": 0.5, "high_freq_factor": 8.0,
-                       "original_max_position_embeddings": 2048}, [None]),
+        (
+            "llama3_1",
+            {
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 1024,
+            },
+            [None],
+        ),
+        (
+            "wide_band",
+            {
+                "factor": 32.0,
+                "low_freq_factor": 0.5,
+                "high_freq_factor": 8.0,
+                "original_max_position_embeddings": 2048,
+            },
+            [None],
+        ),
     ],
     "longrope": [
-        ("derived_factor", {"short_factor": _planes(0.5), "long_factor": _planes(8.0),
-                            "original_max_position_embeddings": 1024}, [None, 1024, 1025, 4096]),
-        ("given_factors", {"short_factor": _planes(0.1), "long_factor": _planes(3.0),
-                           "original_max_position_embeddings": 512, "factor": 3.0,
-                           "attention_factor": 1.1}, [None, 2048]),
+        (
+            "derived_factor",
+            {
+                "short_factor": _planes(0.5),
+                "long_factor": _planes(8.0),
+                "original_max_position_embeddings": 1024,
+            },
+            [None, 1024, 1025, 4096],
+        ),
+        (
+            "given_factors",
+            {
+                "short_factor": _planes(0.1),
+                "long_factor": _planes(3.0),
+                "original_max_position_embeddings": 512,
+                "factor": 3.0,
+                "attention_factor": 1.1,
+            },
+            [None, 2048],
+        ),
     ],
     "proportional": [
         ("quarter", {"partial_rotary_factor": 0.25}, [None]),
@@ -65,8 +117,13 @@ def hf_config(rope_type, params):
     from transformers import LlamaConfig
 
     rope_parameters = dict(params, rope_type=rope_type, rope_theta=THETA)
-    return LlamaConfig(hidden_size=256, num_attention_heads=4, head_dim=HEAD_DIM,
-                       max_position_embeddings=MAX_POS, rope_parameters=rope_parameters)
+    return LlamaConfig(
+        hidden_size=256,
+        num_attention_heads=4,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=MAX_POS,
+        rope_parameters=rope_parameters,
+    )
 
 
 def our_scaling(rope_type, params):
@@ -83,7 +140,8 @@ def test_every_transformers_rope_type_has_cases_here():
     missing = sorted(set(ROPE_INIT_FUNCTIONS) - set(CASES))
     assert not missing, (
         f"transformers {transformers.__version__} has rope types {missing} that torch_rope "
-        "neither implements nor tests")
+        "neither implements nor tests"
+    )
 
 
 def _cases():
@@ -110,8 +168,11 @@ def test_frequencies_match_transformers(rope_type, params, seq_len):
     config = hf_config(rope_type, params)
     want_inv, want_attention = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", seq_len=seq_len)
     got_inv, got_attention = torch_rope.rope_frequencies(
-        THETA, HEAD_DIM, scaling=our_scaling(rope_type, params),
-        seq_len=_our_seq_len(rope_type, seq_len))
+        THETA,
+        HEAD_DIM,
+        scaling=our_scaling(rope_type, params),
+        seq_len=_our_seq_len(rope_type, seq_len),
+    )
     assert got_inv.dtype == torch.float64 and got_inv.shape == want_inv.shape
     # transformers computes in float32 (theta^(2k/d) and the ramps rounded to 24 bits): we agree
     # to a few float32 ulps and are exact to float64 ourselves (see the float64 tests below).
@@ -143,8 +204,7 @@ def test_tables_fold_the_attention_factor_and_round_once(rope_type, params, seq_
     torch.testing.assert_close(sin, (attention * angles.sin()).float(), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("rope_type,params,seq_len",
-                         [p for p in _cases() if p.values[2] is None])
+@pytest.mark.parametrize("rope_type,params,seq_len", [p for p in _cases() if p.values[2] is None])
 def test_tables_match_transformers_rotary_cos_sin(rope_type, params, seq_len):
     pytest.importorskip("transformers")
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
@@ -160,8 +220,9 @@ def test_tables_match_transformers_rotary_cos_sin(rope_type, params, seq_len):
 
 def test_rope_tables_from_inv_freq_and_attention_scaling():
     inv = torch.tensor([1.0, 0.1, 0.01, 0.0], dtype=torch.float64)
-    cos, sin = torch_rope.rope_tables_from_inv_freq(inv, 50, attention_scaling=1.25,
-                                                    dtype=torch.float64)
+    cos, sin = torch_rope.rope_tables_from_inv_freq(
+        inv, 50, attention_scaling=1.25, dtype=torch.float64
+    )
     angles = torch.arange(50, dtype=torch.float64)[:, None] * inv
     torch.testing.assert_close(cos, 1.25 * angles.cos(), rtol=0, atol=0)
     torch.testing.assert_close(sin, 1.25 * angles.sin(), rtol=0, atol=0)
@@ -170,23 +231,43 @@ def test_rope_tables_from_inv_freq_and_attention_scaling():
     assert cos32.dtype == torch.float32
 
 
-@pytest.mark.parametrize("scaling,pattern,error", [
-    ({"rope_type": "mrope"}, "rope_type 'mrope' is not supported", ValueError),
-    ({"rope_type": "linear"}, "needs factor", ValueError),
-    ({"rope_type": "llama3", "factor": 8.0}, "needs high_freq_factor", ValueError),
-    ({"rope_type": "linear", "factor": 2.0, "fctor": 3.0}, "unexpected key.*'fctor'", ValueError),
-    ({"rope_type": "linear", "factor": 2.0, "rope_theta": 10.0}, "rope_theta = 10.0 disagrees",
-     ValueError),
-    ({"rope_type": "linear", "factor": -2.0}, "factor must be a finite number > 0", ValueError),
-    ({"rope_type": "linear", "factor": "2"}, "factor must be a number", TypeError),
-    ({"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0],
-      "original_max_position_embeddings": 8}, "short_factor must have rotary_dim / 2 = 4",
-     ValueError),
-    ({"rope_type": "dynamic", "factor": 2.0}, "needs max_position_embeddings", ValueError),
-    ({"rope_type": "yarn", "original_max_position_embeddings": 8},
-     "give factor, or max_position_embeddings", ValueError),
-    ("llama3", "rope_parameters dict", TypeError),
-])
+@pytest.mark.parametrize(
+    "scaling,pattern,error",
+    [
+        ({"rope_type": "mrope"}, "rope_type 'mrope' is not supported", ValueError),
+        ({"rope_type": "linear"}, "needs factor", ValueError),
+        ({"rope_type": "llama3", "factor": 8.0}, "needs high_freq_factor", ValueError),
+        (
+            {"rope_type": "linear", "factor": 2.0, "fctor": 3.0},
+            "unexpected key.*'fctor'",
+            ValueError,
+        ),
+        (
+            {"rope_type": "linear", "factor": 2.0, "rope_theta": 10.0},
+            "rope_theta = 10.0 disagrees",
+            ValueError,
+        ),
+        ({"rope_type": "linear", "factor": -2.0}, "factor must be a finite number > 0", ValueError),
+        ({"rope_type": "linear", "factor": "2"}, "factor must be a number", TypeError),
+        (
+            {
+                "rope_type": "longrope",
+                "short_factor": [1.0],
+                "long_factor": [1.0],
+                "original_max_position_embeddings": 8,
+            },
+            "short_factor must have rotary_dim / 2 = 4",
+            ValueError,
+        ),
+        ({"rope_type": "dynamic", "factor": 2.0}, "needs max_position_embeddings", ValueError),
+        (
+            {"rope_type": "yarn", "original_max_position_embeddings": 8},
+            "give factor, or max_position_embeddings",
+            ValueError,
+        ),
+        ("llama3", "rope_parameters dict", TypeError),
+    ],
+)
 def test_bad_scaling_is_rejected_with_its_name(scaling, pattern, error):
     with pytest.raises(error, match=pattern):
         torch_rope.rope_tables(10000.0, 8, 16, scaling=scaling)
@@ -266,15 +347,18 @@ _MEASURE = textwrap.dedent("""
 """)
 
 
-
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_building_tables_peaks_within_1_2x_of_the_tables(dtype):
     """Measured, not assumed: the growth of a fresh process's peak resident memory (VmHWM, reset
     just before) while it builds 512 MiB of tables, against the tables' own size."""
     rows = (1 << 20) if dtype == "float32" else (1 << 19)
     # The child imports the torch_rope this test runs (whatever the working directory is now).
-    out = subprocess.run([sys.executable, "-c", _MEASURE, str(rows), "64", dtype],
-                         capture_output=True, text=True, env=subprocess_env())
+    out = subprocess.run(
+        [sys.executable, "-c", _MEASURE, str(rows), "64", dtype],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+    )
     assert out.returncode == 0, out.stderr
     grew, tables = map(int, out.stdout.split())
     assert tables == 2 * rows * 64 * (4 if dtype == "float32" else 8)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """torch.func through the torch_rope API and module (grad, vjp, jvp, vmap and compositions), the
 raw ops' vmap rule and their clear refusal of grad/jvp, and plain forward-mode AD
 (torch.autograd.forward_ad) on the raw ops. Expected values come from the float64 oracle and
@@ -6,13 +7,13 @@ from RoPE's structure (a rotation: its Jacobian is the rotation matrix, its tran
 import warnings
 
 import pytest
+import references as ref
 import torch
 import torch.autograd.forward_ad as fwAD
+from helpers import LAYOUT_IDS, LAYOUTS, cpu_and_cuda, expected, make_tables
 from torch.func import grad, jacfwd, jacrev, jvp, vjp, vmap
 
-import references as ref
 import torch_rope
-from helpers import LAYOUT_IDS, LAYOUTS, cpu_and_cuda, expected, make_tables
 
 MAX_SEQ_LEN, HEAD_DIM, ROTARY_DIM = 32, 10, 6
 TOL = dict(rtol=1e-12, atol=1e-12)
@@ -42,8 +43,9 @@ def test_grad_vjp_jvp_of_apply(interleaved, device):
 
     # grad of <f(x), g> is R^T g: the inverse rotation of g.
     got = grad(lambda x: (f(x) * g).sum())(x)
-    torch.testing.assert_close(got, rotate_ref(g, positions, interleaved=interleaved,
-                                               inverse=True), **TOL)
+    torch.testing.assert_close(
+        got, rotate_ref(g, positions, interleaved=interleaved, inverse=True), **TOL
+    )
     out, pullback = vjp(f, x)
     torch.testing.assert_close(out, rotate_ref(x, positions, interleaved=interleaved), **TOL)
     torch.testing.assert_close(pullback(g)[0], got, **TOL)
@@ -80,12 +82,15 @@ def test_apply_qk_under_grad_and_jvp_gqa(device):
     def f(q, k):
         return torch_rope.apply_qk(q, k, cos, sin, positions, interleaved=False)
 
-    dq, dk = grad(lambda q, k: sum((o * g).sum() for o, g in zip(f(q, k), (gq, gk))),
-                  argnums=(0, 1))(q, k)
-    torch.testing.assert_close(dq, rotate_ref(gq, positions, interleaved=False, inverse=True),
-                               **TOL)
-    torch.testing.assert_close(dk, rotate_ref(gk, positions, interleaved=False, inverse=True),
-                               **TOL)
+    dq, dk = grad(
+        lambda q, k: sum((o * g).sum() for o, g in zip(f(q, k), (gq, gk))), argnums=(0, 1)
+    )(q, k)
+    torch.testing.assert_close(
+        dq, rotate_ref(gq, positions, interleaved=False, inverse=True), **TOL
+    )
+    torch.testing.assert_close(
+        dk, rotate_ref(gk, positions, interleaved=False, inverse=True), **TOL
+    )
     _, (tq, tk) = jvp(f, (q, k), (gq, gk))
     torch.testing.assert_close(tq, rotate_ref(gq, positions, interleaved=False), **TOL)
     torch.testing.assert_close(tk, rotate_ref(gk, positions, interleaved=False), **TOL)
@@ -101,8 +106,7 @@ def test_apply_inplace_under_grad_and_jvp():
         return torch_rope.apply_(y, cos, sin, positions)
 
     got = grad(lambda x: (f(x) * g).sum())(x)
-    torch.testing.assert_close(got, rotate_ref(g, positions, interleaved=True, inverse=True),
-                               **TOL)
+    torch.testing.assert_close(got, rotate_ref(g, positions, interleaved=True, inverse=True), **TOL)
     out, tangent = jvp(f, (x,), (t,))
     torch.testing.assert_close(out, rotate_ref(x, positions, interleaved=True), **TOL)
     torch.testing.assert_close(tangent, rotate_ref(t, positions, interleaved=True), **TOL)
@@ -136,13 +140,15 @@ def test_vmap_of_grad_per_example():
 
     got = vmap(grad(loss))(x, g, positions)
     for i in range(6):
-        torch.testing.assert_close(got[i], rotate_ref(g[i], positions[i], interleaved=True,
-                                                      inverse=True), **TOL)
+        torch.testing.assert_close(
+            got[i], rotate_ref(g[i], positions[i], interleaved=True, inverse=True), **TOL
+        )
 
 
 def test_module_under_torch_func():
-    rope = torch_rope.RotaryPositionalEmbedding(10000.0, HEAD_DIM, MAX_SEQ_LEN,
-                                                rotary_dim=ROTARY_DIM)
+    rope = torch_rope.RotaryPositionalEmbedding(
+        10000.0, HEAD_DIM, MAX_SEQ_LEN, rotary_dim=ROTARY_DIM
+    )
     x, g = torch.randn(2, 5, HEAD_DIM), torch.randn(2, 5, HEAD_DIM)
     positions = torch.arange(5)
     got = grad(lambda x: (torch.func.functional_call(rope, {}, (x, positions)) * g).sum())(x)
@@ -193,8 +199,10 @@ def test_raw_ops_refuse_grad_and_jvp_clearly(op, transform):
         return torch.ops.rope.apply_qk(x, x, cos, sin, positions)[0]
 
     x = rand(3, HEAD_DIM)
-    pattern = rf"rope\.{op}: torch\.ops\.rope\.\* cannot be differentiated by torch\.func .*" \
-              rf"call torch_rope\.{op}"
+    pattern = (
+        rf"rope\.{op}: torch\.ops\.rope\.\* cannot be differentiated by torch\.func .*"
+        rf"call torch_rope\.{op}"
+    )
     with pytest.raises(RuntimeError, match=pattern):
         if transform == "grad":
             grad(lambda x: f(x).sum())(x)
@@ -214,14 +222,18 @@ def test_raw_ops_forward_mode_ad(interleaved):
     with fwAD.dual_level():
         dual = fwAD.make_dual(x, t)
         out = torch.ops.rope.apply(dual, cos, sin, positions, **kw)
-        torch.testing.assert_close(fwAD.unpack_dual(out).tangent, rotate_ref(t, positions, **kw),
-                                   **TOL)
-        q, k = torch.ops.rope.apply_qk(dual, fwAD.make_dual(x[:1], t2[:1]), cos, sin,
-                                       positions, **kw)
-        torch.testing.assert_close(fwAD.unpack_dual(q).tangent, rotate_ref(t, positions, **kw),
-                                   **TOL)
-        torch.testing.assert_close(fwAD.unpack_dual(k).tangent,
-                                   rotate_ref(t2[:1], positions, **kw), **TOL)
+        torch.testing.assert_close(
+            fwAD.unpack_dual(out).tangent, rotate_ref(t, positions, **kw), **TOL
+        )
+        q, k = torch.ops.rope.apply_qk(
+            dual, fwAD.make_dual(x[:1], t2[:1]), cos, sin, positions, **kw
+        )
+        torch.testing.assert_close(
+            fwAD.unpack_dual(q).tangent, rotate_ref(t, positions, **kw), **TOL
+        )
+        torch.testing.assert_close(
+            fwAD.unpack_dual(k).tangent, rotate_ref(t2[:1], positions, **kw), **TOL
+        )
         inplace = fwAD.make_dual(x.clone(), t.clone())
         torch.ops.rope.apply_(inplace, cos, sin, positions, **kw)
         primal, tangent = fwAD.unpack_dual(inplace)
@@ -240,5 +252,6 @@ def test_forward_and_reverse_mode_together():
         tangent = fwAD.unpack_dual(out).tangent
         (out * g).sum().backward()
     torch.testing.assert_close(tangent, rotate_ref(t, positions, interleaved=True), **TOL)
-    torch.testing.assert_close(x.grad, rotate_ref(g, positions, interleaved=True, inverse=True),
-                               **TOL)
+    torch.testing.assert_close(
+        x.grad, rotate_ref(g, positions, interleaved=True, inverse=True), **TOL
+    )

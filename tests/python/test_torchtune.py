@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """torch_rope.torchtune drop-ins against the real torchtune: the modules, then whole Llama models
 (training step with autograd, KV-cache generation) with the drop-in assigned to every layer."""
 
@@ -8,19 +9,21 @@ import torch
 
 torchtune = pytest.importorskip("torchtune", reason="torchtune is not installed")
 
+from helpers import assert_matches_reference  # noqa: E402
 from torchtune.models.llama3 import llama3  # noqa: E402
 from torchtune.models.llama3_1 import llama3_1  # noqa: E402
 from torchtune.models.llama3_1._position_embeddings import Llama3ScaledRoPE as TTScaled  # noqa: E402
 from torchtune.modules import RotaryPositionalEmbeddings as TTRope  # noqa: E402
 
 import torch_rope  # noqa: E402
-from helpers import assert_matches_reference  # noqa: E402
 from torch_rope import torchtune as tr  # noqa: E402
 
 
 def test_rope_module_matches_torchtune_bshd():
-    theirs, ours = TTRope(64, max_seq_len=256, base=500_000), tr.RotaryPositionalEmbeddings(
-        64, max_seq_len=256, base=500_000)
+    theirs, ours = (
+        TTRope(64, max_seq_len=256, base=500_000),
+        tr.RotaryPositionalEmbeddings(64, max_seq_len=256, base=500_000),
+    )
     x = torch.randn(2, 50, 4, 64)
     pos = torch.randint(0, 256, (2, 50))
     step = torch.randn(2, 1, 4, 64)
@@ -28,8 +31,11 @@ def test_rope_module_matches_torchtune_bshd():
     # Default positions, input_pos [b, s] (packed samples) and one decode step. torchtune builds
     # its cache with float32 angles (off by ~1.5e-5 rad at position 255), hence 1e-4 between the
     # two; ours is checked against the float64 oracle to float32 rounding.
-    for args, positions in (((x,), torch.arange(50).view(50, 1)), ((x, pos), pos[..., None]),
-                            ((step, step_pos), step_pos[..., None])):
+    for args, positions in (
+        ((x,), torch.arange(50).view(50, 1)),
+        ((x, pos), pos[..., None]),
+        ((step, step_pos), step_pos[..., None]),
+    ):
         kwargs = {} if len(args) == 1 else {"input_pos": args[1]}
         got = ours(args[0], **kwargs)
         torch.testing.assert_close(got, theirs(args[0], **kwargs), rtol=1e-4, atol=1e-4)
@@ -50,8 +56,9 @@ def test_default_positions_follow_the_sequence_axis_not_the_heads():
 
 def test_llama3_scaled_rope_matches_torchtune():
     theirs = TTScaled(64, max_seq_len=512, base=500_000, scale_factor=8, old_context_len=128)
-    ours = tr.Llama3ScaledRoPE(64, max_seq_len=512, base=500_000, scale_factor=8,
-                               old_context_len=128)
+    ours = tr.Llama3ScaledRoPE(
+        64, max_seq_len=512, base=500_000, scale_factor=8, old_context_len=128
+    )
     x = torch.randn(1, 300, 2, 64)
     # torchtune builds its cache in float32 arithmetic: at position 300 its angles are off by
     # ~3e-5 rad, ours by ~1e-14.
@@ -61,8 +68,16 @@ def test_llama3_scaled_rope_matches_torchtune():
 
 def tiny(builder, **kwargs):
     torch.manual_seed(0)
-    return builder(vocab_size=128, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=64,
-                   max_seq_len=128, intermediate_dim=128, **kwargs).eval()
+    return builder(
+        vocab_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        embed_dim=64,
+        max_seq_len=128,
+        intermediate_dim=128,
+        **kwargs,
+    ).eval()
 
 
 def swap(model, rope):
@@ -72,10 +87,16 @@ def swap(model, rope):
 
 
 BUILDERS = {
-    "llama3": (llama3, dict(rope_base=500_000),
-               lambda: tr.RotaryPositionalEmbeddings(16, max_seq_len=128, base=500_000)),
-    "llama3_1": (llama3_1, dict(rope_base=500_000, scale_factor=8),
-                 lambda: tr.Llama3ScaledRoPE(16, max_seq_len=128, base=500_000, scale_factor=8)),
+    "llama3": (
+        llama3,
+        dict(rope_base=500_000),
+        lambda: tr.RotaryPositionalEmbeddings(16, max_seq_len=128, base=500_000),
+    ),
+    "llama3_1": (
+        llama3_1,
+        dict(rope_base=500_000, scale_factor=8),
+        lambda: tr.Llama3ScaledRoPE(16, max_seq_len=128, base=500_000, scale_factor=8),
+    ),
 }
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Smoke test of an installed torch-rope wheel (run from a fresh virtual environment).
 
 Checks: import registers the ops; the op on CPU matches the shipped reference; the module works
@@ -15,7 +16,9 @@ import torch_rope
 
 def main() -> int:
     checks = {}
-    checks["imported from site-packages, not the source tree"] = "site-packages" in torch_rope.__file__
+    checks["imported from site-packages, not the source tree"] = (
+        "site-packages" in torch_rope.__file__
+    )
     checks["torch.ops.rope.apply registered"] = hasattr(torch.ops.rope, "apply")
 
     cos, sin = torch_rope.rope_tables(10000.0, 64, 32)
@@ -27,11 +30,13 @@ def main() -> int:
 
     rope = torch_rope.RotaryPositionalEmbedding(10000.0, 64, 32).to(torch.bfloat16)
     checks["module runs, tables stay float32"] = (
-        rope(x.bfloat16()).dtype == torch.bfloat16 and rope.cos.dtype == torch.float32)
+        rope(x.bfloat16()).dtype == torch.bfloat16 and rope.cos.dtype == torch.float32
+    )
 
     prefix = torch_rope.cmake_prefix_path
     checks["CMake package in the wheel"] = (
-        prefix is not None and (Path(prefix) / "TorchRope" / "TorchRopeConfig.cmake").is_file())
+        prefix is not None and (Path(prefix) / "TorchRope" / "TorchRopeConfig.cmake").is_file()
+    )
 
     failed = [name for name, ok in checks.items() if not ok]
     for name, ok in checks.items():

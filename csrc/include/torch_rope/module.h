@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // rope::RotaryPositionalEmbedding: the LibTorch module form of the rope ops.
 //
 //   rope::RotaryPositionalEmbedding rope(/*theta=*/10000.0, /*d_k=*/128, /*max_seq_len=*/4096);
@@ -41,7 +42,7 @@ struct RotaryPositionalEmbeddingOptions {
   TORCH_ARG(std::optional<torch::Device>, device) = std::nullopt;
   // A RoPE scaling variant (torch_rope/tables.h). LongRopeScaling without a seq_len keeps both
   // its short and long tables and switches per call on the device, as transformers does.
-  TORCH_ARG(RopeScaling, scaling) = NoScaling{};
+  TORCH_ARG(RopeScaling, scaling) = NoScaling {};
   // Table dtype: float32 (default) or float64 (for float64 inputs accurate to the angle's float64
   // rounding). Casting the module never changes it.
   TORCH_ARG(torch::Dtype, dtype) = torch::kFloat;
@@ -51,8 +52,7 @@ struct RotaryPositionalEmbeddingOptions {
   TORCH_ARG(int64_t, seq_dim) = -2;
 };
 
-class RotaryPositionalEmbeddingImpl
-    : public torch::nn::Cloneable<RotaryPositionalEmbeddingImpl> {
+class RotaryPositionalEmbeddingImpl : public torch::nn::Cloneable<RotaryPositionalEmbeddingImpl> {
  public:
   // theta: base of the frequencies (10000 in most models); d_k: head_dim of the inputs;
   // max_seq_len: number of positions the tables cover; device: where to build the tables.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // torch-rope: rotary position embedding ops for LibTorch.
 //
 // Each function calls the `rope::` op through the PyTorch dispatcher, so C++ callers get the same
@@ -11,9 +12,9 @@
 //    [rotary_dim, head_dim) pass through unchanged.
 //  - positions: int32 or int64, broadcastable (NumPy rules, aligned from the right) to
 //    x.shape[:-1]: (S,) for (B, H, S, D); (B, 1, S) per sequence; (S, 1) or (B, S, 1) for
-//    (B, S, H, D); (T, 1) for packed (T, H, D); start_pos + arange(S) when decoding with a KV cache.
-//    Values must lie in [0, max_seq_len): CPU raises an IndexError-type c10::Error naming the value
-//    and the bound; CUDA fails a device-side assert (no host sync).
+//    (B, S, H, D); (T, 1) for packed (T, H, D); start_pos + arange(S) when decoding with a KV
+//    cache. Values must lie in [0, max_seq_len): CPU raises an IndexError-type c10::Error naming
+//    the value and the bound; CUDA fails a device-side assert (no host sync).
 //  - interleaved = true: plane k is features (2k, 2k+1) (GPT-J / Meta Llama / complex view).
 //    interleaved = false: plane k is (k, k + rotary_dim/2) (rotate_half / GPT-NeoX / HF).
 //  - Plane k at position p turns by p * inv_freq[k]; inverse = true turns by the negative angle,
@@ -26,12 +27,11 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <torch_rope/tables.h>  // rope_tables with scaling variants and dtypes
 
 #include <optional>
 #include <string>
 #include <tuple>
-
-#include <torch_rope/tables.h>  // rope_tables with scaling variants and dtypes
 
 namespace rope {
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The cos/sin table builder: every RoPE scaling variant of Hugging Face transformers'
 // ROPE_INIT_FUNCTIONS, computed in float64 and rounded once to the table dtype.
 //
@@ -111,7 +112,7 @@ RopeFrequencies rope_frequencies(double theta, int64_t rotary_dim, const RopeSca
 
 // Keyword options of rope_tables.
 struct TableOptions {
-  TORCH_ARG(RopeScaling, scaling) = NoScaling{};
+  TORCH_ARG(RopeScaling, scaling) = NoScaling {};
   // float32 (default) or float64; half precision tables are refused.
   TORCH_ARG(c10::ScalarType, dtype) = c10::kFloat;
   // Where the tables are built (and computed); default CPU. Meta gives uninitialised tables.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // torch-rope: everything a LibTorch user needs, in one include.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Host stand-in for the CUDA toolkit's cuda_bf16.h (tests/cuda_host only): bfloat16 storage (the
 // top half of a float) and the two conversions the kernel uses, rounding to nearest even.
 #pragma once

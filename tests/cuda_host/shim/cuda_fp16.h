@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Host stand-in for the CUDA toolkit's cuda_fp16.h (tests/cuda_host only): IEEE binary16 storage
 // and the two conversions the kernel uses, rounding to nearest even as the device does.
 #pragma once

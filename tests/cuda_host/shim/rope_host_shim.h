@@ -1,5 +1,7 @@
-// The CUDA built-ins the kernel header uses, as host C++: enough to compile csrc/cuda/rope_kernel.cuh
-// unchanged with g++ or clang++ and run it on the CPU, one thread after the other.
+// SPDX-License-Identifier: BSD-3-Clause
+// The CUDA built-ins the kernel header uses, as host C++: enough to compile
+// csrc/cuda/rope_kernel.cuh unchanged with g++ or clang++ and run it on the CPU, one thread after
+// the other.
 //
 // The serial launch (cudaLaunchKernel below) runs every (block, thread) of the grid in turn. That
 // computes what the GPU computes only because the kernel's threads never communicate: no shared
@@ -31,7 +33,8 @@
 #define __grid_constant__
 
 // ---- runtime types ------------------------------------------------------------------------------
-// Values as in the CUDA runtime's driver_types.h, so a status printed by the host run reads the same.
+// Values as in the CUDA runtime's driver_types.h, so a status printed by the host run reads the
+// same.
 enum cudaError_t {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
@@ -106,9 +109,9 @@ inline State& state() {
 // Linear id of the running thread within the grid: block-major, as blocks are numbered.
 inline int64_t thread_id() {
   const State& s = state();
-  const int64_t block = (static_cast<int64_t>(s.block_idx.z) * s.grid_dim.y + s.block_idx.y) *
-                            s.grid_dim.x +
-                        s.block_idx.x;
+  const int64_t block =
+      (static_cast<int64_t>(s.block_idx.z) * s.grid_dim.y + s.block_idx.y) * s.grid_dim.x +
+      s.block_idx.x;
   const int64_t threads = static_cast<int64_t>(s.block_dim.x) * s.block_dim.y * s.block_dim.z;
   const int64_t thread =
       (static_cast<int64_t>(s.thread_idx.z) * s.block_dim.y + s.thread_idx.y) * s.block_dim.x +
@@ -124,14 +127,16 @@ inline int64_t thread_id() {
 
 }  // namespace rope_shim
 
-// ---- built-in variables ---------------------------------------------------------------------------
-// References into the simulated state, so `blockIdx.x` reads as on the device.
+// ---- built-in variables
+// --------------------------------------------------------------------------- References into the
+// simulated state, so `blockIdx.x` reads as on the device.
 #define blockIdx (::rope_shim::state().block_idx)
 #define threadIdx (::rope_shim::state().thread_idx)
 #define gridDim (::rope_shim::state().grid_dim)
 #define blockDim (::rope_shim::state().block_dim)
 
-// ---- read-only loads ------------------------------------------------------------------------------
+// ---- read-only loads
+// ------------------------------------------------------------------------------
 // __ldg reads through the non-coherent cache: on the device it must be naturally aligned.
 template <typename T>
 inline T __ldg(const T* p) {
@@ -146,8 +151,9 @@ inline T __ldg(const T* p) {
   return *p;
 }
 
-// ---- cache-hinted stores ---------------------------------------------------------------------------
-// st.global.wb.v4.u32: one 16-byte store with the default (write-back) caching.
+// ---- cache-hinted stores
+// --------------------------------------------------------------------------- st.global.wb.v4.u32:
+// one 16-byte store with the default (write-back) caching.
 inline void __stwb(uint4* p, uint4 v) {
   if (reinterpret_cast<uintptr_t>(p) % alignof(uint4) != 0) {
     rope_shim::fail("misaligned __stwb", p);
@@ -155,7 +161,8 @@ inline void __stwb(uint4* p, uint4 v) {
   *p = v;
 }
 
-// ---- runtime API ----------------------------------------------------------------------------------
+// ---- runtime API
+// ----------------------------------------------------------------------------------
 inline cudaError_t cudaGetDevice(int* device) {
   *device = rope_shim::state().device;
   return cudaSuccess;
@@ -171,10 +178,10 @@ inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Ke
   rope_shim::State& s = rope_shim::state();
   ++s.occupancy_queries;
   const rope_shim::Hooks& h = rope_shim::hooks();
-  *blocks = h.resident_blocks != nullptr
-                ? h.resident_blocks(h.ctx, s.device, reinterpret_cast<const void*>(kernel),
-                                    block_threads)
-                : 1;
+  *blocks =
+      h.resident_blocks != nullptr
+          ? h.resident_blocks(h.ctx, s.device, reinterpret_cast<const void*>(kernel), block_threads)
+          : 1;
   return cudaSuccess;
 }
 
@@ -211,8 +218,8 @@ inline cudaError_t cudaLaunchKernel(void (*kernel)(P...), dim3 grid, dim3 block,
     return cudaErrorInvalidValue;  // dynamic shared memory: the serial launch would be unfaithful
   }
   const unsigned long long threads = 1ull * block.x * block.y * block.z;
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0 || threads > 1024 ||
-      block.z > 64 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0 || threads > 1024 || block.z > 64 ||
+      grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
     return cudaErrorInvalidConfiguration;
   }
   rope_shim::State& s = rope_shim::state();

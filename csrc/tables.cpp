@@ -7,6 +7,7 @@
 // straight into the output, so the peak memory is the tables plus a few chunks: at 2^24
 // positions of a 128-wide head a whole-table float64 angle matrix would be 8 GiB of scratch.
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cos.h>
 #include <ATen/ops/empty.h>
@@ -87,7 +88,12 @@ void fill_rope_tables(const at::Tensor& cos, const at::Tensor& sin, const at::Te
     // thread holds exactly one chunk's temporaries at a time.
     const int64_t chunk_rows = std::max<int64_t>(1, kCpuChunkElements / planes);
     const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+    // The workers run aten ops on the caller's tensors, so they need the caller's thread-local
+    // state: tables allocated under torch.inference_mode() are inference tensors, which only an
+    // InferenceMode thread may write.
+    const at::ThreadLocalState caller_state;
     at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
+      const at::ThreadLocalStateGuard state_guard(caller_state);
       for (int64_t c = first; c < last; ++c) {
         const int64_t begin = c * chunk_rows;
         fill_rows(cos, sin, freq, attention_scaling, first_position, begin,

@@ -363,3 +363,17 @@ def test_building_tables_peaks_within_1_2x_of_the_tables(dtype):
     grew, tables = map(int, out.stdout.split())
     assert tables == 2 * rows * 64 * (4 if dtype == "float32" else 8)
     assert grew <= 1.2 * tables, f"peak grew by {grew / tables:.2f}x the tables"
+
+
+@pytest.mark.parametrize("mode", ["inference_mode", "no_grad"])
+def test_tables_build_under_inference_mode_on_every_thread(mode):
+    # Regression: the builder's worker threads lacked the caller's InferenceMode, so building
+    # tables of more than one chunk under torch.inference_mode() raised "Inplace update to
+    # inference tensor outside InferenceMode" (found by the CPU benchmark).
+    want_cos, want_sin = torch_rope.rope_tables(10000.0, 128, 8192)
+    context = torch.inference_mode() if mode == "inference_mode" else torch.no_grad()
+    with context:
+        cos, sin = torch_rope.rope_tables(10000.0, 128, 8192)
+        module = torch_rope.RotaryPositionalEmbedding(10000.0, 128, 8192)
+    assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+    assert torch.equal(module.cos, want_cos)

@@ -123,10 +123,21 @@ torch::Tensor RotaryPositionalEmbeddingImpl::forward(
   TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == d_k_,
                     "RotaryPositionalEmbedding: x.size(-1) must equal d_k = ", d_k_,
                     ", got x of shape ", x.sizes());
+  torch::Tensor positions = module_positions(x, token_positions, options_.seq_dim());
+  if (long_offset_ != 0 && positions.numel() > 0) {
+    // LongRoPE's switch, on the device: long rows for a call reaching past the original context.
+    positions =
+        positions + positions.max().ge(long_after_).to(positions.scalar_type()) * long_offset_;
+  }
+  return rope::apply(x, cos_, sin_, positions, options_.interleaved());
+}
+
+at::Tensor module_positions(const at::Tensor& x, const std::optional<at::Tensor>& token_positions,
+                            int64_t seq_dim) {
   // Dims of x.shape[:-1] after the sequence axis (the heads of [b, s, h, d]).
-  const int64_t trailing = -options_.seq_dim() - 2;
+  const int64_t trailing = -seq_dim - 2;
   const int64_t rank = x.dim() - 1;
-  torch::Tensor positions;
+  at::Tensor positions;
   if (token_positions.has_value()) {
     positions = *token_positions;
     TORCH_CHECK_VALUE(positions.defined(), "RotaryPositionalEmbedding: token_positions is an ",
@@ -137,20 +148,14 @@ torch::Tensor RotaryPositionalEmbeddingImpl::forward(
     }
   } else {
     TORCH_CHECK_VALUE(rank >= trailing + 1, "RotaryPositionalEmbedding: without token_positions, ",
-                      "x needs a sequence axis at seq_dim = ", options_.seq_dim(),
-                      ", got x of shape ", x.sizes());
-    positions =
-        torch::arange(x.size(options_.seq_dim()), torch::dtype(torch::kLong).device(x.device()));
+                      "x needs a sequence axis at seq_dim = ", seq_dim, ", got x of shape ",
+                      x.sizes());
+    positions = at::arange(x.size(seq_dim), at::TensorOptions(at::kLong).device(x.device()));
   }
   if (positions.dim() <= 2) {
     for (int64_t i = 0; i < trailing; ++i) positions = positions.unsqueeze(-1);
   }
-  if (long_offset_ != 0 && positions.numel() > 0) {
-    // LongRoPE's switch, on the device: long rows for a call reaching past the original context.
-    positions =
-        positions + positions.max().ge(long_after_).to(positions.scalar_type()) * long_offset_;
-  }
-  return rope::apply(x, cos_, sin_, positions, options_.interleaved());
+  return positions;
 }
 
 void RotaryPositionalEmbeddingImpl::save(torch::serialize::OutputArchive& /*archive*/) const {}

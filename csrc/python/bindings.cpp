@@ -7,6 +7,8 @@
 #include <torch_rope/ops.h>
 #include <torch_rope/tables.h>
 
+#include <sstream>
+
 namespace py = pybind11;
 
 namespace {
@@ -147,6 +149,30 @@ PYBIND11_MODULE(_C, m) {
           py::gil_scoped_release no_gil;
           return rope::apply_qk(q, k, cos, sin, positions, interleaved, inverse);
         });
+  // The Python module's forward for plain tensors in eager mode (nn.py decides when): its checks,
+  // with its messages (shapes as Python tuples), positions aligned as the C++ module aligns them,
+  // then rope.apply, in one call.
+  m.def("_module_forward", [](const at::Tensor& x, const std::optional<at::Tensor>& positions,
+                              const at::Tensor& cos, const at::Tensor& sin, int64_t d_k,
+                              int64_t seq_dim, bool interleaved) {
+    const auto python_shape = [&] {
+      std::ostringstream out;
+      out << "(";
+      for (int64_t d = 0; d < x.dim(); ++d) out << (d ? ", " : "") << x.size(d);
+      out << (x.dim() == 1 ? ",)" : ")");
+      return out.str();
+    };
+    TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == d_k,
+                      "RotaryPositionalEmbedding: x.size(-1) must equal d_k = ", d_k,
+                      ", got x of shape ", python_shape());
+    TORCH_CHECK_VALUE(positions.has_value() || x.dim() - 1 >= -seq_dim - 1,
+                      "RotaryPositionalEmbedding: without token_positions, x needs a sequence "
+                      "axis at seq_dim = ",
+                      seq_dim, ", got x of shape ", python_shape());
+    py::gil_scoped_release no_gil;
+    return rope::apply(x, cos, sin, rope::module_positions(x, positions, seq_dim), interleaved,
+                       /*inverse=*/false);
+  });
   m.def("compiled_with_cuda", &rope::compiled_with_cuda,
         "True when the library was built with its CUDA kernels");
   m.def("cpu_kernel_isa", &rope::cpu_kernel_isa,

@@ -8,10 +8,21 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import Tensor, nn
 
+# nn.Module's registries of global hooks (mutated in place by register_module_*_hook), read by
+# RotaryPositionalEmbedding.__call__ to decide whether nn.Module.__call__ has anything to do.
+from torch.nn.modules.module import (  # noqa: E402
+    _global_backward_hooks,
+    _global_backward_pre_hooks,
+    _global_forward_hooks,
+    _global_forward_pre_hooks,
+)
+
 from . import _C
 from . import distributed as _distributed
 from ._scaling import _integer, _number, parse_scaling, rope_type_of
-from .ops import apply
+from .ops import _function_mode_active, _functorch_active, _is_compiling, apply
+
+_jit_tracing = torch._C._get_tracing_state
 
 # Positions are exact in float64 up to 2**53: a table longer than that could never be built
 # (nor allocated); refuse it with a ValueError before it reaches C++ as an overflow.
@@ -154,6 +165,55 @@ class RotaryPositionalEmbedding(nn.Module):
         self._check_max_seq_len(max_seq_len, self.rotary_dim)
         self._build(max_seq_len, self.cos.device)
 
+    # True while a class's forward is this one (a subclass with its own forward, such as the
+    # torchtune drop-in, always goes through nn.Module.__call__).
+    _plain_forward = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls._plain_forward = cls.forward is RotaryPositionalEmbedding.forward
+
+    def __call__(self, *args, **kwargs):
+        # Decode calls the module twice per layer per token, where nn.Module.__call__'s
+        # bookkeeping and forward's checks are half of the call. With no hooks anywhere, no
+        # module.compile(), no tracing, no Dynamo, no functorch transform or __torch_function__
+        # mode, and plain tensors, nn.Module.__call__ would only call forward, and forward would
+        # take this same C++ call: go there at once. Anything else takes nn.Module's own path.
+        if kwargs or not self._plain_forward or "forward" in self.__dict__:
+            return super().__call__(*args, **kwargs)
+        if len(args) == 2:
+            x, positions = args
+        elif len(args) == 1:
+            x, positions = args[0], None
+        else:
+            return super().__call__(*args)
+        if (
+            type(x) is Tensor
+            and (positions is None or type(positions) is Tensor)
+            and not self._long_offset
+            and self._compiled_call_impl is None
+            and not (
+                self._forward_pre_hooks
+                or self._forward_hooks
+                or self._backward_pre_hooks
+                or self._backward_hooks
+                or _global_forward_pre_hooks
+                or _global_forward_hooks
+                or _global_backward_pre_hooks
+                or _global_backward_hooks
+            )
+            and not _functorch_active()
+            and not _function_mode_active()
+            and not _jit_tracing()
+            and not _is_compiling()
+        ):
+            buffers = self._buffers
+            return _C._module_forward(
+                x, positions, buffers["cos"], buffers["sin"], self.d_k, self.seq_dim,
+                self.interleaved,
+            )  # fmt: skip
+        return super().__call__(*args)
+
     def forward(self, x: Tensor, token_positions: Optional[Tensor] = None) -> Tensor:
         """Rotate ``x`` by ``token_positions`` (int32/int64).
 
@@ -162,8 +222,26 @@ class RotaryPositionalEmbedding(nn.Module):
         positions of 3 or more dims broadcast to ``x.shape[:-1]`` as the op does. Returns a new
         tensor of ``x``'s shape and dtype.
         """
-        # Decode calls this twice per layer per token: keep the per-call Python short (one
-        # x.shape, buffers read from _buffers rather than through nn.Module.__getattr__).
+        if (
+            type(x) is Tensor
+            and (token_positions is None or type(token_positions) is Tensor)
+            and not self._long_offset
+            and not _functorch_active()
+            and not _function_mode_active()
+            and not _is_compiling()
+        ):
+            # Eager plain tensors (decode calls this twice per layer per token): the checks below,
+            # the positions' alignment and the rotation in one C++ call (rope::module_positions).
+            buffers = self._buffers
+            return _C._module_forward(
+                x,
+                token_positions,
+                buffers["cos"],
+                buffers["sin"],
+                self.d_k,
+                self.seq_dim,
+                self.interleaved,
+            )
         shape = x.shape
         rank = len(shape) - 1
         if rank < 0 or shape[-1] != self.d_k:
@@ -195,8 +273,7 @@ class RotaryPositionalEmbedding(nn.Module):
                 positions = positions.unsqueeze(-1)
         if self._long_offset:
             positions = self._long_rope_switch(positions)
-        buffers = self._buffers
-        cos, sin = buffers["cos"], buffers["sin"]
+        cos, sin = self._buffers["cos"], self._buffers["sin"]
         if type(x) is not Tensor:  # a DTensor x gets DTensor tables and positions, no communication
             cos, sin, positions = _distributed._as_dtensors_like(x, cos, sin, positions)
         return apply(x, cos, sin, positions, interleaved=self.interleaved)

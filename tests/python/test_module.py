@@ -181,3 +181,38 @@ def test_module_deep_copies_and_pickles_with_scaling():
     for other in (copy.deepcopy(rope), torch.load(buf, weights_only=False)):
         assert torch.equal(other(x), rope(x))
         assert other.scaling == rope.scaling
+
+
+def test_call_takes_nn_module_path_when_hooks_exist():
+    # __call__ skips nn.Module's bookkeeping only when there is nothing for it to do: hooks (on
+    # the module and global ones) still run, and see the arguments as given.
+    rope = torch_rope.RotaryPositionalEmbedding(10000.0, 8, 16)
+    x, positions = torch.randn(2, 5, 8), torch.arange(5)
+    want = rope.forward(x, positions)
+    seen = []
+    handle = rope.register_forward_pre_hook(lambda module, args: seen.append(len(args)))
+    assert torch.equal(rope(x, positions), want) and torch.equal(rope(x), want)
+    assert seen == [2, 1]
+    handle.remove()
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, out: out * 2 if module is rope else None
+    )
+    try:
+        assert torch.equal(rope(x, token_positions=positions), want * 2)
+    finally:
+        handle.remove()
+    assert torch.equal(rope(x, positions), want)
+    rope.forward = lambda x, token_positions=None: x  # an instance's own forward is honoured
+    assert torch.equal(rope(x, positions), x)
+
+
+def test_fast_call_reports_bad_input_as_forward_does():
+    rope = torch_rope.RotaryPositionalEmbedding(10000.0, 8, 16)
+    with pytest.raises(ValueError, match=r"must equal d_k = 8, got x of shape \(2, 4\)"):
+        rope(torch.randn(2, 4))
+    with pytest.raises(ValueError, match=r"seq_dim = -2, got x of shape \(8,\)"):
+        rope(torch.randn(8))
+    with pytest.raises(TypeError, match="token_positions must be an int32/int64 Tensor"):
+        rope(torch.randn(2, 8), [0, 1])
+    with pytest.raises(IndexError, match="positions must be in"):
+        rope(torch.randn(2, 8), torch.tensor([0, 16]))

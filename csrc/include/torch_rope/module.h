@@ -136,4 +136,13 @@ ModuleTables module_tables(double theta, int64_t rotary_dim, int64_t max_seq_len
                            const RopeScaling& scaling, c10::ScalarType dtype,
                            std::optional<c10::Device> device);
 
+// The positions a module passes to rope::apply for x: token_positions aligned with x's sequence
+// axis `seq_dim` (a negative axis before the features), as the module documents. (S,) and (B, S)
+// positions get the unit dims the op's trailing broadcast needs (B on x's first axis, S on the
+// sequence axis); 3-D and larger positions are returned unchanged; nullopt means arange along
+// the sequence axis. Checks x's rank (c10::ValueError). Shared by the C++ module and the Python
+// module's eager path.
+at::Tensor module_positions(const at::Tensor& x, const std::optional<at::Tensor>& token_positions,
+                            int64_t seq_dim);
+
 }  // namespace rope

@@ -42,12 +42,14 @@ def plot(path: Path) -> Path:
                 (r for r in rows if r["dtype"] == dtype and r["kind"] == kind),
                 key=lambda r: r["bytes"],
             )
-            names = [n for n in points[0]["over_clone"] if n != "clone"] if points else []
+            names = list(dict.fromkeys(n for r in points for n in r["over_clone"] if n != "clone"))
             for name in names:
                 base = name.replace(" compiled", "")
+                # A point the benchmark did not time (a wrong result) is left out of its line.
+                timed = [r for r in points if name in r["over_clone"]]
                 ax.plot(
-                    [r["bytes"] / 2**20 for r in points],
-                    [r["over_clone"][name] for r in points],
+                    [r["bytes"] / 2**20 for r in timed],
+                    [r["over_clone"][name] for r in timed],
                     marker="o",
                     ms=3,
                     color=STYLE.get(base, "tab:purple"),

@@ -87,3 +87,16 @@ def subprocess_env(*, with_test_modules=False, **variables):
     paths = [package_root] + ([_HERE] if with_test_modules else [])
     paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return dict(os.environ, PYTHONPATH=os.pathsep.join(paths), **variables)
+
+
+def cpu_flags():
+    """The CPU's feature flags from /proc/cpuinfo (what the hardware has, whatever torch's
+    capability string says), or None where that file cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None

@@ -21,6 +21,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import cpu_flags
 
 import torch_rope
 
@@ -164,19 +165,8 @@ _NEEDS = {
 }
 
 
-def _cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return None
-
-
 def _run_copy(variant, mode):
-    flags = _cpu_flags()
+    flags = cpu_flags()
     if flags is None or "sse2" not in flags:
         if variant != "default":
             pytest.skip("not an x86 CPU with /proc/cpuinfo: only the DEFAULT kernel is built")

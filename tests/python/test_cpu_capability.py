@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from helpers import subprocess_env
+from helpers import cpu_flags, subprocess_env
 
 CHECK_SCRIPT = r"""
 import sys
@@ -64,17 +64,6 @@ def _run_with_capability(capability):
     )
 
 
-def _cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return None
-
-
 # The flags each kernel copy is compiled with (CMakeLists.txt).
 _NEEDS = {
     "default": set(),
@@ -96,7 +85,7 @@ def _expected_kernel(requested, flags):
 @pytest.mark.skipif(not torch.backends.cpu.get_cpu_capability(), reason="no capability report")
 @pytest.mark.parametrize("capability", _ORDER)
 def test_cpu_vector_path_matches_reference(capability):
-    flags = _cpu_flags()
+    flags = cpu_flags()
     if flags is None or "avx2" not in flags and "sse2" not in flags:
         pytest.skip("not an x86 CPU with /proc/cpuinfo: only the DEFAULT kernel is built")
     result = _run_with_capability(capability)

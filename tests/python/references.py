@@ -70,7 +70,9 @@ def _turn_complex(x: Tensor, factor: Tensor) -> Tensor:
     rotary_dim = 2 * factor.size(-1)
     if rotary_dim == 0:
         return x64.clone()
-    pairs = x64[..., :rotary_dim].reshape(*x64.shape[:-1], rotary_dim // 2, 2).contiguous()
+    # clone, not contiguous: an empty view of a padded tensor stays "contiguous" at an odd storage
+    # offset, which view_as_complex refuses; a clone starts at offset 0.
+    pairs = x64[..., :rotary_dim].reshape(*x64.shape[:-1], rotary_dim // 2, 2).clone()
     turned = torch.view_as_complex(pairs) * factor
     rotated = torch.view_as_real(turned).reshape(*x64.shape[:-1], rotary_dim)
     return torch.cat([rotated, x64[..., rotary_dim:]], dim=-1)

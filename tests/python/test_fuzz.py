@@ -208,7 +208,8 @@ def check_case(case: Case, device: str):
     if case.pos_transposed and pos.dim() >= 2:  # same values, last two dims swapped in memory
         pos = pos.transpose(-1, -2).contiguous().transpose(-1, -2)
     if case.bad_position and device == "cpu" and pos.numel() and math.prod(case.rows):
-        pos.view(-1)[-1] = case.max_seq_len + 3 if case.seed % 2 else -1
+        # The last entry, through any strides (a transposed pos has no flat view).
+        pos[tuple(n - 1 for n in pos.shape)] = case.max_seq_len + 3 if case.seed % 2 else -1
         bad = True
     else:
         bad = False

@@ -70,9 +70,11 @@ def _turn_complex(x: Tensor, factor: Tensor) -> Tensor:
     rotary_dim = 2 * factor.size(-1)
     if rotary_dim == 0:
         return x64.clone()
-    # clone, not contiguous: an empty view of a padded tensor stays "contiguous" at an odd storage
-    # offset, which view_as_complex refuses; a clone starts at offset 0.
-    pairs = x64[..., :rotary_dim].reshape(*x64.shape[:-1], rotary_dim // 2, 2).clone()
+    # A contiguous clone, not .contiguous(): an empty view of a padded tensor already counts as
+    # contiguous yet sits at an odd storage offset, which view_as_complex refuses; the clone starts
+    # at offset 0 with unit last stride (plain .clone() would keep a permuted input's strides).
+    pairs = x64[..., :rotary_dim].reshape(*x64.shape[:-1], rotary_dim // 2, 2)
+    pairs = pairs.clone(memory_format=torch.contiguous_format)
     turned = torch.view_as_complex(pairs) * factor
     rotated = torch.view_as_real(turned).reshape(*x64.shape[:-1], rotary_dim)
     return torch.cat([rotated, x64[..., rotary_dim:]], dim=-1)

@@ -17,6 +17,7 @@ Two entry points, both thin layers over :func:`torch_rope.apply_qk`:
 transformers is imported lazily, only by :func:`patch`; ``import torch_rope.hf`` never needs it.
 """
 
+import functools
 import sys
 import types
 from typing import Any, Dict, List, Optional, Tuple
@@ -307,21 +308,41 @@ def _patched_namespace(original_globals: Dict[str, Any]) -> Dict[str, Any]:
     return module.__dict__
 
 
-def _rebound_forward(attention: nn.Module):
-    """attention's class forward with our apply_rotary_pos_emb, bound to this instance only.
+_REBUILT_FORWARDS: Dict[type, types.FunctionType] = {}
 
-    The function is rebuilt over a patched copy of its module's globals, so other models (and
-    other instances of the same class) keep transformers' function.
-    """
-    original = type(attention).forward
-    namespace = _patched_namespace(original.__globals__)
-    function = types.FunctionType(
-        original.__code__, namespace, original.__name__, original.__defaults__, original.__closure__
-    )
-    function.__kwdefaults__ = original.__kwdefaults__
-    function.__dict__.update(original.__dict__)
-    function.__qualname__ = original.__qualname__
-    return types.MethodType(function, attention)
+
+def _rebuilt_forward(attention_class: type) -> types.FunctionType:
+    """attention_class.forward rebuilt over a patched copy of its module's globals, so that its
+    apply_rotary_pos_emb is ours while other models (and unpatched instances of the same class)
+    keep transformers' function. Built once per class, and again after unpickling in a new
+    process."""
+    function = _REBUILT_FORWARDS.get(attention_class)
+    if function is None:
+        original = attention_class.forward
+        namespace = _patched_namespace(original.__globals__)
+        function = types.FunctionType(
+            original.__code__,
+            namespace,
+            original.__name__,
+            original.__defaults__,
+            original.__closure__,
+        )
+        function.__kwdefaults__ = original.__kwdefaults__
+        function.__dict__.update(original.__dict__)
+        function.__qualname__ = original.__qualname__
+        _REBUILT_FORWARDS[attention_class] = function
+    return function
+
+
+def _patched_attention_forward(attention: nn.Module, *args, **kwargs):
+    return _rebuilt_forward(type(attention))(attention, *args, **kwargs)
+
+
+def _bind(function, module: nn.Module):
+    """``function`` bound to this one module. A partial of a module-level function, not a bound
+    method: a bound method pickles as ``getattr(module, name)``, which torch.load cannot resolve,
+    while the partial pickles by reference, so a patched model saved whole loads patched."""
+    return functools.partial(function, module)
 
 
 def _self_check(rotary, key, attention, head_dim) -> None:
@@ -370,7 +391,8 @@ def patch(model: nn.Module, *, max_seq_len: Optional[int] = None) -> nn.Module:
       transformers does (with the same host sync); ``longrope`` switches between its short and
       long factors on the device, without a sync.
     * Only this model is changed: new forwards are bound to its modules, not to their classes.
-      :func:`unpatch` restores them. The model stays compilable with ``torch.compile``.
+      :func:`unpatch` restores them. The model stays compilable with ``torch.compile``, and a
+      patched model saved whole (``torch.save(model)``) loads patched.
 
     ``max_seq_len`` is the number of positions the tables cover (default
     ``config.max_position_embeddings``); a position past it raises an ``IndexError``.
@@ -434,9 +456,9 @@ def patch(model: nn.Module, *, max_seq_len: Optional[int] = None) -> nn.Module:
                 for key in keys:
                     _self_check(rotary, key, attention, _head_dim(attention, config))
                 checked.add(type(attention))
-            attention.forward = _rebound_forward(attention)
+            attention.forward = _bind(_patched_attention_forward, attention)
             record.attention.append(attention)
-        rotary.forward = types.MethodType(_patched_rotary_forward, rotary)
+        rotary.forward = _bind(_patched_rotary_forward, rotary)
         record.rotary.append(rotary)
     except BaseException:
         _undo(record)

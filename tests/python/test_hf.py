@@ -178,6 +178,38 @@ def test_patch_is_per_instance():
     assert counter.counts["rope.apply_qk"] == 2
 
 
+def test_patched_model_saved_whole_loads_patched_in_a_new_process(tmp_path):
+    """torch.save(model) of a patched model; a fresh interpreter (which has never patched
+    anything) loads it, and it still runs rope::apply_qk and gives the same logits."""
+    import subprocess
+    import sys
+
+    model = torch_rope.hf.patch(hf_models.build("llama"))
+    ids, mask = hf_models.batch()
+    torch.save({"model": model, "logits": logits(model, ids, mask)}, tmp_path / "model.pt")
+    code = (
+        "import sys, torch, torch_rope, torch_rope.hf, hf_models\n"
+        "from test_hf import OpCounter, logits\n"
+        f"saved = torch.load({str(tmp_path / 'model.pt')!r}, weights_only=False)\n"
+        "model, ids, mask = saved['model'], *hf_models.batch()\n"
+        "assert torch_rope.hf.is_patched(model)\n"
+        "with OpCounter() as counter:\n"
+        "    got = logits(model, ids, mask)\n"
+        "assert counter.counts['rope.apply_qk'] == 2, counter.counts\n"
+        "assert torch.equal(got, saved['logits'])\n"
+        "torch_rope.hf.unpatch(model)\n"
+        "assert all('forward' not in vars(m) for m in model.modules())\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(with_test_modules=True),
+    )
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
 def test_patch_twice_is_a_no_op_and_unpatch_of_unpatched_too():
     model = hf_models.build("llama")
     assert torch_rope.hf.unpatch(model) is model

@@ -89,6 +89,34 @@ def subprocess_env(*, with_test_modules=False, **variables):
     return dict(os.environ, PYTHONPATH=os.pathsep.join(paths), **variables)
 
 
+def assert_device_assert(setup, call):
+    """``call`` (Python source, after ``setup``) must trip a CUDA device-side assert. Run in a
+    child interpreter: a device assert leaves the CUDA context unusable for the rest of the
+    process."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, torch_rope\n"
+        f"{setup}\n"
+        "try:\n"
+        f"    {call}\n"
+        "    torch.cuda.synchronize()\n"
+        "    print('NO ERROR')\n"
+        "except Exception as e:\n"
+        "    print('ERROR', type(e).__name__, e)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "NO ERROR" not in result.stdout, "an out-of-range position went unnoticed"
+    assert result.returncode != 0 or "ERROR" in result.stdout, result.stderr
+
+
 def cpu_flags():
     """The CPU's feature flags from /proc/cpuinfo (what the hardware has, whatever torch's
     capability string says), or None where that file cannot be read."""

@@ -2,6 +2,7 @@
 // torch_rope._C: the Python extension module. Loading it loads librope, whose static initialisers
 // register the rope:: ops with the dispatcher; the bindings here are the few non-op entry points:
 // the table builder (with its typed scaling variants) and build information.
+#include <torch/csrc/Exceptions.h>
 #include <torch/extension.h>
 #include <torch_rope/module.h>
 #include <torch_rope/ops.h>
@@ -93,6 +94,16 @@ void bind_scaling(py::module_& m) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch-rope native module: loading it registers torch.ops.rope.*";
+  // c10 errors from this module's functions become the Python exceptions torch raises for them
+  // (IndexError, ValueError, ...; no C++ backtrace unless TORCH_SHOW_CPP_STACKTRACES). torch's own
+  // translator only reaches modules built with its pybind11 ABI; this one does not depend on it.
+  py::register_local_exception_translator([](std::exception_ptr error) {
+    try {
+      if (error) std::rethrow_exception(error);
+    } catch (const c10::Error&) {
+      torch::translate_exception_to_python(std::current_exception());
+    }
+  });
   bind_scaling(m);
   m.def(
       "rope_tables",

@@ -124,9 +124,12 @@ def _vmap_apply_qk(info, in_dims, q, k, cos, sin, positions, *, interleaved=True
     return _apply_qk(qb, kb, cos, sin, pb, **kw), (0, 0)
 
 
-torch.library.register_vmap("rope::apply", _vmap_apply)
-torch.library.register_vmap("rope::apply_", _vmap_apply_inplace)
-torch.library.register_vmap("rope::apply_qk", _vmap_apply_qk)
+# torch.library.register_vmap is torch >= 2.5. On torch 2.4 the raw ops have no vmap rule (vmap of
+# torch.ops.rope.* raises); the torch_rope API still vmaps through the Functions below.
+if hasattr(torch.library, "register_vmap"):
+    torch.library.register_vmap("rope::apply", _vmap_apply)
+    torch.library.register_vmap("rope::apply_", _vmap_apply_inplace)
+    torch.library.register_vmap("rope::apply_qk", _vmap_apply_qk)
 
 
 # ---- autograd Functions for the torch_rope API under functorch -----------------------------------

@@ -188,7 +188,8 @@ class RotaryPositionalEmbedding(nn.Module):
         else:
             return super().__call__(*args)
         if (
-            type(x) is Tensor
+            not _is_compiling()  # first: Dynamo folds it to True and looks no further
+            and type(x) is Tensor
             and (positions is None or type(positions) is Tensor)
             and not self._long_offset
             and self._compiled_call_impl is None
@@ -205,7 +206,6 @@ class RotaryPositionalEmbedding(nn.Module):
             and not _functorch_active()
             and not _function_mode_active()
             and not _jit_tracing()
-            and not _is_compiling()
         ):
             buffers = self._buffers
             return _C._module_forward(
@@ -223,12 +223,12 @@ class RotaryPositionalEmbedding(nn.Module):
         tensor of ``x``'s shape and dtype.
         """
         if (
-            type(x) is Tensor
+            not _is_compiling()  # first: Dynamo folds it to True and looks no further
+            and type(x) is Tensor
             and (token_positions is None or type(token_positions) is Tensor)
             and not self._long_offset
             and not _functorch_active()
             and not _function_mode_active()
-            and not _is_compiling()
         ):
             # Eager plain tensors (decode calls this twice per layer per token): the checks below,
             # the positions' alignment and the rotation in one C++ call (rope::module_positions).

@@ -43,6 +43,8 @@ _is_compiling = torch.compiler.is_compiling
 _functorch_active = torch._C._are_functorch_transforms_active
 _function_mode_active = torch._C._is_torch_function_mode_enabled
 _fast_apply = _C._apply
+# Dynamo before torch 2.6 (pytorch#140202) refuses an out= op that returns nothing.
+_dynamo_refuses_out = torch.torch_version.TorchVersion(torch.__version__) < (2, 6)
 _fast_apply_inplace = _C._apply_
 _fast_apply_qk = _C._apply_qk
 
@@ -85,7 +87,9 @@ def apply(
     if type(x) is not Tensor:  # a subclass such as DTensor
         _maybe_register_for(x)
     if out is not None:
-        if type(out) is not Tensor or (_is_compiling() and not out.is_contiguous()):
+        if type(out) is not Tensor or (
+            _is_compiling() and (_dynamo_refuses_out or not out.is_contiguous())
+        ):
             # DTensor cannot run an out= overload that returns nothing (it returns `out` from
             # out= ops), and Dynamo refuses any op called with a non-contiguous out= (e.g. a
             # KV-cache slot): the same values reach `out` through the out-of-place op and a copy.

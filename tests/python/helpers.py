@@ -117,6 +117,18 @@ def assert_device_assert(setup, call):
     assert result.returncode != 0 or "ERROR" in result.stdout, result.stderr
 
 
+TORCH_VERSION = torch.torch_version.TorchVersion(torch.__version__)
+
+
+def needs_torch(version, what):
+    """Skips, visibly, on a torch older than ``version``, naming the feature it lacks (the
+    project builds with torch >= 2.4; a few features need newer ones)."""
+    return pytest.mark.skipif(
+        TORCH_VERSION < version,
+        reason=f"needs torch >= {version} for {what}; this is torch {torch.__version__}",
+    )
+
+
 def cpu_flags():
     """The CPU's feature flags from /proc/cpuinfo (what the hardware has, whatever torch's
     capability string says), or None where that file cannot be read."""

@@ -18,7 +18,7 @@ import sys
 import distributed_worker as worker
 import pytest
 import torch
-from helpers import subprocess_env
+from helpers import needs_torch, subprocess_env
 
 WORLD_SIZE = {"default": 2, "slow": 2, "mesh2d": 4}  # mesh2d: a 2 x 2 mesh (dp x tp)
 TIMEOUT_S = {"default": 300, "slow": 900, "mesh2d": 600}  # hard; the default tier takes < 1 min
@@ -32,7 +32,10 @@ def _why_no_gloo():
     return None
 
 
-pytestmark = pytest.mark.skipif(_why_no_gloo() is not None, reason=str(_why_no_gloo()))
+pytestmark = [
+    pytest.mark.skipif(_why_no_gloo() is not None, reason=str(_why_no_gloo())),
+    needs_torch("2.5", "torch.distributed.tensor and its register_sharding"),
+]
 
 
 def _run(cmd, timeout, log_path, cwd=None):

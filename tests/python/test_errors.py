@@ -340,9 +340,16 @@ def _run_case(name, op, device):
     with pytest.raises(bad.error, match=message):
         call(op, **args, out=out)
     if has_data:
-        assert torch.equal(args["x"], x_before), "the input was modified by a call that raised"
+        assert same_bits(args["x"], x_before), "the input was modified by a call that raised"
         if out is not None:
             assert torch.equal(out, out_before), "out was written by a call that raised"
+
+
+def same_bits(a, b):
+    """torch.equal, also for float8 (which torch.equal refuses before torch 2.5)."""
+    if a.is_floating_point() and a.element_size() == 1:
+        a, b = a.view(torch.uint8), b.view(torch.uint8)
+    return torch.equal(a, b)
 
 
 @pytest.mark.parametrize("name,op", _params("cpu"))

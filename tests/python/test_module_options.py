@@ -3,7 +3,14 @@
 
 import pytest
 import torch
-from helpers import LAYOUT_IDS, LAYOUTS, assert_matches_reference, cpu_and_cuda, randn
+from helpers import (
+    LAYOUT_IDS,
+    LAYOUTS,
+    assert_matches_reference,
+    cpu_and_cuda,
+    needs_torch,
+    randn,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_rope
@@ -73,6 +80,7 @@ def test_cs336_signature_device_positional():
     assert rope.cos.is_meta and rope.cos.shape == (32, 8)
 
 
+@needs_torch("2.5", "torch.get_default_device() inside `with torch.device(...)`")
 def test_default_device_context_is_followed():
     with torch.device("meta"):
         rope = RoPE(10000.0, 16, 32)

@@ -10,7 +10,7 @@ import pytest
 import references as ref
 import torch
 import torch.autograd.forward_ad as fwAD
-from helpers import LAYOUT_IDS, LAYOUTS, cpu_and_cuda, expected, make_tables
+from helpers import LAYOUT_IDS, LAYOUTS, cpu_and_cuda, expected, make_tables, needs_torch
 from torch.func import grad, jacfwd, jacrev, jvp, vjp, vmap
 
 import torch_rope
@@ -161,6 +161,7 @@ def test_module_under_torch_func():
 # ---- the raw ops -----------------------------------------------------------------------------
 
 
+@needs_torch("2.5", "torch.library.register_vmap")
 @pytest.mark.parametrize("op", ["apply", "apply_", "apply_qk"])
 def test_raw_ops_vmap_without_fallback_warning(op):
     cos, sin = tables("cpu")

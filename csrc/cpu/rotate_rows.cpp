@@ -304,8 +304,10 @@ void rotate_rows_typed(const RotationArgs& args, const TableArgs& tables, int64_
 template <typename scalar_t, bool kInterleaved, bool kInverse>
 void rotate_rows_sized(const RotationArgs& args, const TableArgs& tables, int64_t row_begin,
                        int64_t row_end) {
-  // rotary_dim 32, 64, 128 (head_dim 128 with partial or full rotation, 64) get their own copies
-  // on the vector path; anything else, double storage and double tables take the general one.
+  // The common rotary dims get their own copies on the vector path: 32, 64, 128 (head_dim 128
+  // with partial or full rotation, 64), 80 and 96 (Phi), 256 (Gemma); measured in cache
+  // (benchmarks/bench_shapes.py), the general loop cost up to a third more at 80 and 96. Anything
+  // else, double storage and double tables take the general one.
   // The portable copy is not specialised: it is the fallback, not the fast path.
   constexpr bool kSpecialise = kHasIntrinsics && !std::is_same_v<scalar_t, double>;
   if constexpr (!kSpecialise) {
@@ -318,9 +320,18 @@ void rotate_rows_sized(const RotationArgs& args, const TableArgs& tables, int64_
       case 64:
         return rotate_rows_typed<scalar_t, kInterleaved, kInverse, 32>(args, tables, row_begin,
                                                                        row_end);
+      case 80:
+        return rotate_rows_typed<scalar_t, kInterleaved, kInverse, 40>(args, tables, row_begin,
+                                                                       row_end);
+      case 96:
+        return rotate_rows_typed<scalar_t, kInterleaved, kInverse, 48>(args, tables, row_begin,
+                                                                       row_end);
       case 128:
         return rotate_rows_typed<scalar_t, kInterleaved, kInverse, 64>(args, tables, row_begin,
                                                                        row_end);
+      case 256:
+        return rotate_rows_typed<scalar_t, kInterleaved, kInverse, 128>(args, tables, row_begin,
+                                                                        row_end);
       default:
         return rotate_rows_typed<scalar_t, kInterleaved, kInverse, 0>(args, tables, row_begin,
                                                                       row_end);

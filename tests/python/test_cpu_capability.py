@@ -26,8 +26,11 @@ print("kernel", torch_rope._C.cpu_kernel_isa())
 checks = 0
 for dtype in FLOAT_DTYPES:
     for interleaved in LAYOUTS:
-        # 1, 3, 17, 24 and 64 planes: vector widths 8 and 16, their tails, a pass-through tail.
-        for head_dim, rotary_dim in [(2, 2), (10, 6), (34, 34), (80, 48), (130, 128)]:
+        # 1, 3, 17, 24 and 64 planes: vector widths 8 and 16, their tails, a pass-through tail;
+        # then each rotary dim with its own compiled copy (rotate_rows_sized: 32, 64, 80, 96, 128,
+        # 256), with and without pass-through features.
+        for head_dim, rotary_dim in [(2, 2), (10, 6), (34, 34), (80, 48), (130, 128), (64, 32),
+                                     (64, 64), (96, 80), (96, 96), (256, 256)]:
             cos, sin = make_tables(64, rotary_dim, "cpu", table_dtype_for(dtype))
             for rows_shape in [(2, 3, 7)]:
                 x = randn(*rows_shape, head_dim, dtype=dtype)

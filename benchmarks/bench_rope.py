@@ -305,6 +305,32 @@ def sweep_rows(quick, compile_alternatives):
 # ---- report ----------------------------------------------------------------------------------
 
 
+# The /proc/cpuinfo flags of each kernel copy (CMakeLists.txt), widest last.
+KERNEL_FLAGS = [
+    ("AVX512_BF16", {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+                     "avx512_bf16"}),
+    ("AVX512", {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"}),
+    ("AVX2", {"avx2", "fma", "f16c"}),
+]  # fmt: skip
+
+
+def widest_kernel(flags):
+    """The widest kernel copy a CPU with these flags runs when nothing caps it."""
+    return next((name for name, needs in KERNEL_FLAGS if needs <= flags), "DEFAULT")
+
+
+def simulated_note(meta):
+    """One line for a report whose kernel copy is narrower than the CPU it ran on (reports from
+    before the "simulated" field are judged by their recorded flags)."""
+    widest = meta.get("cpu_widest_kernel") or widest_kernel(set(meta.get("isa_flags", [])))
+    if meta["kernel_variant"].upper() == widest.upper():
+        return ""
+    return (
+        f"**Simulated**: the {meta['kernel_variant']} kernel copy run on a CPU whose widest copy "
+        f"is {widest}; not a measurement of a real {meta['kernel_variant']}-only machine."
+    )
+
+
 def machine():
     model, flags = platform.processor() or "unknown", set()
     try:
@@ -325,15 +351,22 @@ def machine():
             versions[mod] = __import__(mod).__version__
         except Exception:
             versions[mod] = None
+    variant = torch_rope._C.cpu_kernel_variant()
+    widest = widest_kernel(flags)
     return {
         "cpu_model": model,
         "cpus": os.cpu_count(),
+        # The widest kernel copy this CPU can run; a narrower copy timed here (e.g. AVX2 under
+        # ATEN_CPU_CAPABILITY=avx2 on an AVX-512 CPU) is a simulation of a machine that lacks
+        # the wider instructions, not a measurement of one: its caches, clocks and ports differ.
+        "cpu_widest_kernel": widest,
+        "simulated": variant.upper() != widest.upper(),
         "isa_flags": sorted(
             flags
             & {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}
         ),
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "kernel_variant": torch_rope._C.cpu_kernel_variant(),
+        "kernel_variant": variant,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "torch_rope": torch_rope.__version__,
@@ -354,6 +387,8 @@ def markdown(result):
         f"{m['loadavg_after']} after; spread = interquartile range / median per candidate.",
         "",
     ]
+    if simulated_note(m):
+        out += [simulated_note(m), ""]
     if result.get("targets"):
         out += [
             "## Targets",

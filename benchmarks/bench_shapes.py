@@ -85,6 +85,10 @@ def markdown(meta, rows):
         f"{meta['cpu_model']}, torch {meta['torch']}, {meta['date']}. Time of "
         "`torch_rope.apply` / `x.clone()` of the same x, x as (B, S, H, D), positions (S, 1).",
         "",
+    ]
+    if bench_rope.simulated_note(meta):
+        lines += [bench_rope.simulated_note(meta), ""]
+    lines += [
         "| size | dtype | head_dim | rotary_dim | MiB | clone us | interleaved | half split |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]

@@ -129,6 +129,22 @@ def needs_torch(version, what):
     )
 
 
+# The /proc/cpuinfo flags each CPU kernel copy is compiled for (CMakeLists.txt). The same sets
+# decide which ATEN_CPU_CAPABILITY a child interpreter may be given: torch trusts that variable
+# without looking at the CPU, so torch's own avx512 code dies of SIGILL on an AVX2-only CPU.
+KERNEL_FLAGS = {
+    "default": frozenset(),
+    "avx2": frozenset({"avx2", "fma", "f16c"}),
+    "avx512": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"}),
+}
+KERNEL_FLAGS["avx512_bf16"] = KERNEL_FLAGS["avx512"] | {"avx512_bf16"}
+
+
+def missing_cpu_flags(kernel, flags):
+    """The flags of ``kernel`` (a key of KERNEL_FLAGS) that ``flags`` lacks, sorted."""
+    return sorted(KERNEL_FLAGS[kernel] - set(flags))
+
+
 def cpu_flags():
     """The CPU's feature flags from /proc/cpuinfo (what the hardware has, whatever torch's
     capability string says), or None where that file cannot be read."""

@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import cpu_flags
+from helpers import KERNEL_FLAGS, cpu_flags, missing_cpu_flags
 
 import torch_rope
 
@@ -147,31 +147,17 @@ else:
 print("checked", checked)
 """
 
-# The flags each kernel copy needs (CMakeLists.txt), as /proc/cpuinfo names them.
-_NEEDS = {
-    "default": set(),
-    "avx2": {"avx2", "fma", "f16c"},
-    "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"},
-    "avx512_bf16": {
-        "avx2",
-        "fma",
-        "f16c",
-        "avx512f",
-        "avx512bw",
-        "avx512vl",
-        "avx512dq",
-        "avx512_bf16",
-    },
-}
-
 
 def _run_copy(variant, mode):
     flags = cpu_flags()
     if flags is None or "sse2" not in flags:
         if variant != "default":
             pytest.skip("not an x86 CPU with /proc/cpuinfo: only the DEFAULT kernel is built")
-    elif not _NEEDS[variant] <= flags:
-        pytest.skip(f"this CPU lacks {sorted(_NEEDS[variant] - flags)} for the {variant} kernel")
+    elif missing_cpu_flags(variant, flags):
+        pytest.skip(
+            f"this CPU lacks {missing_cpu_flags(variant, flags)} (/proc/cpuinfo) for the "
+            f"{variant} kernel"
+        )
     env = dict(os.environ)
     env["ATEN_CPU_CAPABILITY"] = "avx512" if variant.startswith("avx512") else variant
     env["TORCH_ROPE_CPU_KERNEL"] = variant
@@ -188,7 +174,7 @@ def _run_copy(variant, mode):
     assert int(result.stdout.split("checked ")[1].split()[0]) > 0
 
 
-@pytest.mark.parametrize("variant", list(_NEEDS))
+@pytest.mark.parametrize("variant", list(KERNEL_FLAGS))
 def test_bf16_rounding_matches_c10_on_every_class(variant):
     """Every sign/exponent/upper-mantissa pattern with every rounding case, and every subnormal."""
     _run_copy(variant, "patterns")

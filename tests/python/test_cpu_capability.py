@@ -1,10 +1,17 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Every CPU vector path (DEFAULT, AVX2, AVX512) against the oracle.
+"""Every CPU vector path (DEFAULT, AVX2, AVX512) against the oracle, and the kernel choice under
+every capability setting.
 
 The library picks its CPU kernel once per process: the widest instruction set that the CPU
 supports and at::get_cpu_capability() (which honours ATEN_CPU_CAPABILITY) allows. So each path
 needs its own interpreter. What the CPU supports is read here from /proc/cpuinfo, independently of
-the library: asking for AVX512 on an AVX2-only CPU must run the AVX2 kernel, never crash.
+the library.
+
+torch trusts ATEN_CPU_CAPABILITY without looking at the CPU: under ``avx512`` on an AVX2-only CPU,
+torch's own AVX-512 code dies of SIGILL at its first vectorised op. So a capability the CPU lacks
+gets only the kernel-choice check, in a child that imports torch_rope and runs no torch math (the
+library must fall back to what the CPU has); the numeric check runs only for capabilities the CPU
+has, and the others are skipped naming the missing /proc/cpuinfo flags.
 """
 
 import subprocess
@@ -12,7 +19,7 @@ import sys
 
 import pytest
 import torch
-from helpers import cpu_flags, subprocess_env
+from helpers import cpu_flags, missing_cpu_flags, subprocess_env
 
 CHECK_SCRIPT = r"""
 import sys
@@ -58,45 +65,96 @@ print("checks", checks)
 """
 
 
-def _run_with_capability(capability):
+# Imports the library and asks which copy it chose; not one torch op runs (see the docstring).
+CHOICE_SCRIPT = r"""
+import torch_rope
+print("kernel", torch_rope._C.cpu_kernel_isa())
+"""
+
+# The capability strings torch accepts, narrowest first. Each admits the kernel copies up to its
+# own name (torch's "avx512" admits both AVX-512 copies; cpu_kernel_isa() names both "AVX512").
+CAPABILITIES = ["default", "avx2", "avx512"]
+
+
+def _run_child(script, capability):
     env = subprocess_env(
         with_test_modules=True, ATEN_CPU_CAPABILITY=capability, OMP_NUM_THREADS="2"
     )
     return subprocess.run(
-        [sys.executable, "-c", CHECK_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
     )
 
 
-# The flags each kernel copy is compiled with (CMakeLists.txt).
-_NEEDS = {
-    "default": set(),
-    "avx2": {"avx2", "fma", "f16c"},
-    "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"},
-}
-_ORDER = ["default", "avx2", "avx512"]
-
-
-def _expected_kernel(requested, flags):
-    """The widest kernel <= requested that the CPU supports."""
+def expected_kernel(requested, flags):
+    """The kernel the library must run (as cpu_kernel_isa() names it, lower case): the widest
+    copy up to ``requested`` whose flags the CPU has."""
     best = "default"
-    for name in _ORDER[: _ORDER.index(requested) + 1]:
-        if _NEEDS[name] <= flags:
+    for name in CAPABILITIES[: CAPABILITIES.index(requested) + 1]:
+        if not missing_cpu_flags(name, flags):
             best = name
     return best
 
 
-@pytest.mark.skipif(not torch.backends.cpu.get_cpu_capability(), reason="no capability report")
-@pytest.mark.parametrize("capability", _ORDER)
-def test_cpu_vector_path_matches_reference(capability):
+def _x86_flags_or_skip():
     flags = cpu_flags()
-    if flags is None or "avx2" not in flags and "sse2" not in flags:
+    if flags is None or "sse2" not in flags:
         pytest.skip("not an x86 CPU with /proc/cpuinfo: only the DEFAULT kernel is built")
-    result = _run_with_capability(capability)
-    # Asking for more than the CPU has must fall back, not die of SIGILL (returncode -4).
+    return flags
+
+
+# /proc/cpuinfo flag lines of the two kinds of machine this project runs on (abridged to the
+# flags that matter here): an AMD EPYC Zen 3 (AVX2 only) and an Intel Sapphire Rapids.
+ZEN3_FLAGS = {"sse2", "avx", "avx2", "fma", "f16c", "bmi2"}
+SAPPHIRE_RAPIDS_FLAGS = ZEN3_FLAGS | {
+    "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_bf16",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "flags,requested,want,numeric",
+    [
+        (ZEN3_FLAGS, "default", "default", True),
+        (ZEN3_FLAGS, "avx2", "avx2", True),
+        # The failing case of an outside review: the numeric check must not run here.
+        (ZEN3_FLAGS, "avx512", "avx2", False),
+        (SAPPHIRE_RAPIDS_FLAGS, "avx512", "avx512", True),
+        (SAPPHIRE_RAPIDS_FLAGS, "avx2", "avx2", True),
+        (SAPPHIRE_RAPIDS_FLAGS - {"avx512bw"}, "avx512", "avx2", False),
+        ({"sse2"}, "avx2", "default", False),
+        (set(), "avx512", "default", False),
+    ],
+)
+def test_expected_kernel_rule(flags, requested, want, numeric):
+    """The rule both tests below rely on, on flag sets of CPUs this machine may not be."""
+    assert expected_kernel(requested, flags) == want
+    # Numeric checks run exactly when torch may run its own code for `requested` on this CPU.
+    assert (not missing_cpu_flags(requested, flags)) == numeric
+
+
+@pytest.mark.skipif(not torch.backends.cpu.get_cpu_capability(), reason="no capability report")
+@pytest.mark.parametrize("capability", CAPABILITIES)
+def test_kernel_choice_under_every_capability(capability):
+    """Asking for more than the CPU has falls back to what it has, never dies of SIGILL."""
+    flags = _x86_flags_or_skip()
+    result = _run_child(CHOICE_SCRIPT, capability)
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     kernel = result.stdout.split("kernel ", 1)[1].split()[0].lower()
-    assert int(result.stdout.split("checks ")[1].split()[0]) > 0
-    want = _expected_kernel(capability, flags)
+    want = expected_kernel(capability, flags)
     assert kernel == want, f"asked for {capability}, CPU supports {want}, library ran {kernel}"
-    if kernel != capability:
-        pytest.skip(f"this CPU lacks {capability}: checked that the {kernel} kernel ran instead")
+
+
+@pytest.mark.skipif(not torch.backends.cpu.get_cpu_capability(), reason="no capability report")
+@pytest.mark.parametrize("capability", CAPABILITIES)
+def test_cpu_vector_path_matches_reference(capability):
+    flags = _x86_flags_or_skip()
+    missing = missing_cpu_flags(capability, flags)
+    if missing:
+        pytest.skip(
+            f"this CPU lacks {missing} (/proc/cpuinfo), so torch's own {capability} code cannot "
+            f"run here; test_kernel_choice_under_every_capability checked the fallback kernel"
+        )
+    result = _run_child(CHECK_SCRIPT, capability)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert int(result.stdout.split("checks ")[1].split()[0]) > 0
+    kernel = result.stdout.split("kernel ", 1)[1].split()[0].lower()
+    assert kernel == capability, f"asked for {capability} on a CPU that has it, ran {kernel}"

@@ -7,8 +7,10 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <initializer_list>
 #include <utility>
+#include <vector>
 
 namespace rope::detail {
 namespace {
@@ -81,11 +83,89 @@ void check_rotated_input(const char* op, const char* name, const at::Tensor& x,
               "broadcastable to the global shape)");
 }
 
+// Whether two elements of `t` share an address, decided exactly from its sizes and strides
+// (PyTorch's has_internal_overlap proves overlap only for stride 0 and answers "too hard" for
+// views such as as_strided((4, 64), (32, 1)), whose rows overlap each other). Writing such a view
+// from several threads is a data race, so the writing ops refuse it.
+//
+// First the cheap proof of no overlap: with the dims sorted by stride, each stride must reach past
+// everything the dims inside it can span. Every layout that views, slices, permutes or pads
+// produce passes it. Only a layout that fails it (interleaved dims, or a real overlap) pays for
+// the exact answer, which lists the addresses and looks for a repeat; past kMaxEnumerated
+// elements that is too costly, and such a view is refused as "cannot prove".
+enum class SelfOverlap { No, Yes, TooLarge };
+
+constexpr int64_t kMaxEnumerated = int64_t{1} << 22;
+
+SelfOverlap self_overlap(const at::Tensor& t) {
+  if (t.is_non_overlapping_and_dense()) {
+    return SelfOverlap::No;  // the common case, a flag torch keeps: no per-call work
+  }
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size) of dims with size > 1
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const auto size = t.sym_size(d).maybe_as_int();
+    const auto stride = t.sym_stride(d).maybe_as_int();
+    if (!size || !stride) {
+      return SelfOverlap::No;  // symbolic: decided again on real tensors by the real kernel
+    }
+    if (*size == 0) {
+      return SelfOverlap::No;  // no elements, nothing to overlap
+    }
+    if (*size > 1) {
+      dims.emplace_back(std::abs(*stride), *size);
+    }
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;  // elements covered by the dims inside the current one: max offset + 1
+  bool proven = true;
+  for (const auto& [stride, size] : dims) {
+    if (stride < span) {
+      proven = false;
+      break;
+    }
+    span += stride * (size - 1);
+  }
+  if (proven) {
+    return SelfOverlap::No;
+  }
+  int64_t numel = 1;
+  for (const auto& dim : dims) {
+    numel *= dim.second;
+  }
+  if (numel > kMaxEnumerated) {
+    return SelfOverlap::TooLarge;
+  }
+  std::vector<int64_t> offsets{0};
+  offsets.reserve(numel);
+  for (const auto& [stride, size] : dims) {
+    const size_t inner = offsets.size();
+    for (int64_t i = 1; i < size; ++i) {
+      for (size_t j = 0; j < inner; ++j) {
+        offsets.push_back(offsets[j] + i * stride);
+      }
+    }
+  }
+  std::sort(offsets.begin(), offsets.end());
+  return std::adjacent_find(offsets.begin(), offsets.end()) == offsets.end() ? SelfOverlap::No
+                                                                             : SelfOverlap::Yes;
+}
+
 void check_writable(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, op, ": ", name,
               " has overlapping memory (e.g. a result of expand()), so it cannot be written in "
               "place; pass ",
               name, ".clone() or use the out-of-place op");
+  const SelfOverlap overlap = self_overlap(t);
+  TORCH_CHECK(overlap != SelfOverlap::Yes, op, ": ", name,
+              " has overlapping memory: two of its elements share an address (sizes ",
+              t.sym_sizes(), ", strides ", t.sym_strides(),
+              "), so writing it is a data race; pass ", name,
+              ".clone() or use the out-of-place op");
+  TORCH_CHECK(overlap != SelfOverlap::TooLarge, op, ": ", name,
+              " may have overlapping memory: its strides ", t.sym_strides(), " for sizes ",
+              t.sym_sizes(), " interleave, and with more than ", kMaxEnumerated,
+              " elements the exact check is not run; pass ", name,
+              ".contiguous() (copy the result back) or use the out-of-place op");
 }
 
 // The bytes [first, last] a strided tensor can touch, relative to its storage.

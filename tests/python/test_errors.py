@@ -275,7 +275,21 @@ BAD_INPUTS = {
         r"in place; pass x\.clone\(\)",
         ("apply_",),
     ),
+    "inplace_on_self_overlapping_x": Bad(
+        # Rows start HEAD_DIM // 2 apart: each shares half its elements with the next. PyTorch's
+        # own check calls this "too hard"; written by several threads it is a data race.
+        lambda a: a.update(x=_self_overlapping(a["x"])),
+        RuntimeError,
+        r"x has overlapping memory: two of its elements share an address \(sizes \[2, 3, 5, "
+        r"16\], strides \[120, 40, 8, 1\]\), so writing it is a data race; pass x\.clone\(\)",
+        ("apply_",),
+    ),
 }
+
+
+def _self_overlapping(t, shape=(2, 3, 5, HEAD_DIM), strides=(120, 40, 8, 1)):
+    return t.new_zeros(256).normal_().as_strided(shape, strides)
+
 
 # out= only: (change to the good inputs and a good `out`, error, pattern, needs_memory)
 BAD_OUTS = {
@@ -293,6 +307,11 @@ BAD_OUTS = {
     "out_expanded": (
         lambda a, o: (a, o[:1].expand(2, 3, 5, HEAD_DIM)),
         r"out has overlapping memory",
+        False,
+    ),
+    "out_self_overlapping": (
+        lambda a, o: (a, _self_overlapping(o)),
+        r"out has overlapping memory: two of its elements share an address",
         False,
     ),
     "out_is_x": (lambda a, o: (a, a["x"]), r"out shares memory with x", True),
@@ -523,3 +542,38 @@ def test_module_built_on_meta_refuses_a_cpu_input():
         r"and cos on meta",
     ):
         rope(torch.randn(2, 5, HEAD_DIM))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_interleaved_but_disjoint_views_are_written_in_place(device):
+    # Rows at 0, 6, 12 (one dim) and 8, 14, 20 (the other): the dims interleave, so the cheap
+    # proof of no overlap fails, but no two elements share an address. The exact check must
+    # accept it, and the in-place result must equal the out-of-place one.
+    a = good_inputs(device)
+    cos, sin = a["cos"][:, :1], a["sin"][:, :1]  # rotary_dim 2 == head_dim
+    x = torch.randn(32, device=device).as_strided((2, 3, 2), (8, 6, 1))
+    positions = torch.tensor([1, 7, 15], device=device)
+    want = torch_rope.apply(x, cos, sin, positions)
+    torch_rope.apply_(x, cos, sin, positions)
+    torch.testing.assert_close(x, want, rtol=0, atol=0)
+    out = torch.zeros(32, device=device).as_strided((2, 3, 2), (8, 6, 1))
+    torch_rope.apply(x, cos, sin, positions, inverse=True, out=out)
+    want = torch_rope.apply(x, cos, sin, positions, inverse=True)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("op", ["apply_", "apply.out"])
+def test_interleaved_view_too_large_to_check_is_refused(op):
+    # The exact check lists the addresses; past 2^22 elements it refuses instead of spending the
+    # time, and says what to pass. Meta tensors: the check reads only sizes and strides.
+    a = good_inputs("meta")
+    cos, sin = a["cos"][:, :1], a["sin"][:, :1]
+    n = (1 << 21) + 1
+    big = torch.empty(16 * n, device="meta").as_strided((2, n, 2), (8, 6, 1))
+    positions = torch.zeros(n, dtype=torch.long, device="meta")
+    name = "x" if op == "apply_" else "out"
+    with pytest.raises(RuntimeError, match=rf"{name} may have overlapping memory: its strides"):
+        if op == "apply_":
+            torch_rope.apply_(big, cos, sin, positions)
+        else:
+            torch_rope.apply(torch.empty(big.shape, device="meta"), cos, sin, positions, out=big)

@@ -30,7 +30,11 @@ from hypothesis import strategies as st  # noqa: E402
 FAST_EXAMPLES = 250
 SLOW_EXAMPLES = 4000
 
-X_LAYOUTS = ["contiguous", "permuted", "padded", "sliced", "offset", "expanded", "last_strided"]
+X_LAYOUTS = [
+    "contiguous", "permuted", "padded", "sliced", "offset", "expanded", "last_strided",
+    "self_overlapping",
+]  # fmt: skip
+OUT_LAYOUTS = ["contiguous", "padded", "sliced", "last_strided", "self_overlapping"]
 TABLE_LAYOUTS = ["contiguous", "row_padded", "last_strided", "transposed", "offset"]
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 
@@ -76,6 +80,8 @@ def cases(draw):
     for i, size in enumerate(rows[rank - n_pos :]):
         is_heads = op == "apply_qk" and rank - n_pos + i == rank - 1
         pos_shape.append(1 if is_heads or draw(st.booleans()) else size)
+    # expand()ed memory is refused by PyTorch's own check before ours; self-overlapping views
+    # are drawn for every op: the writing ops must refuse them and write nothing.
     layouts = (
         X_LAYOUTS
         if op in ("apply", "apply_qk")
@@ -93,7 +99,7 @@ def cases(draw):
         rows=rows,
         k_heads=k_heads,
         x_layout=draw(st.sampled_from(layouts)),
-        out_layout=draw(st.sampled_from(["contiguous", "padded", "sliced", "last_strided"])),
+        out_layout=draw(st.sampled_from(OUT_LAYOUTS)),
         cos_layout=draw(st.sampled_from(TABLE_LAYOUTS)),
         sin_layout=draw(st.sampled_from(TABLE_LAYOUTS)),
         max_seq_len=draw(st.integers(1, 70)),
@@ -140,7 +146,24 @@ def make_with_layout(shape, layout, dtype, device, gen):
     if layout == "last_strided":  # stride 2 in the feature dim: copied once by the op
         t = _filled(shape[:-1] + (2 * shape[-1],), dtype, device, gen)
         return t[..., ::2]
+    if layout == "self_overlapping":  # rows of the first dim start head_dim - 1 apart
+        strides = list(torch.empty(shape, device="meta").stride())
+        if len(shape) >= 2:
+            strides[0] = max(shape[-1] - 1, 1)
+        extent = 1 + sum((n - 1) * st for n, st in zip(shape, strides)) if all(shape) else 0
+        return _filled((extent,), dtype, device, gen).as_strided(shape, strides)
     raise ValueError(layout)
+
+
+def has_self_overlap(t):
+    """Whether two elements of ``t`` share an address: the element offsets, listed and counted
+    (the fuzz shapes are small), independently of the library's check."""
+    if t.numel() == 0:
+        return False
+    offsets = torch.zeros((), dtype=torch.long)
+    for size, stride in zip(t.shape, t.stride()):
+        offsets = offsets.unsqueeze(-1) + torch.arange(size) * stride
+    return offsets.unique().numel() < t.numel()
 
 
 def make_table(rows, half, layout, dtype, device, gen):
@@ -259,6 +282,11 @@ def check_case(case: Case, device: str):
         return
 
     if case.op == "apply_":
+        if has_self_overlap(x):
+            with pytest.raises(RuntimeError, match=r"rope\.apply_: x has overlapping memory"):
+                torch_rope.apply_(x, cos, sin, pos, **kw)
+            assert torch.equal(x, x_before), "a refused apply_ wrote into x"
+            return
         if bad:
             with pytest.raises(IndexError):
                 torch_rope.apply_(x, cos, sin, pos, **kw)
@@ -271,6 +299,11 @@ def check_case(case: Case, device: str):
     # apply.out
     out = make_with_layout(shape, case.out_layout, case.dtype, device, gen)
     out_before = out.clone()
+    if has_self_overlap(out):
+        with pytest.raises(RuntimeError, match=r"rope\.apply\.out: out has overlapping memory"):
+            torch_rope.apply(x, cos, sin, pos, out=out, **kw)
+        assert torch.equal(out, out_before), "a refused out= call wrote into out"
+        return
     if bad:
         with pytest.raises(IndexError):
             torch_rope.apply(x, cos, sin, pos, out=out, **kw)

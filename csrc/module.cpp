@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
+#include <ATen/ExpandUtils.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <torch/serialize/archive.h>
@@ -154,6 +155,19 @@ at::Tensor module_positions(const at::Tensor& x, const std::optional<at::Tensor>
   }
   if (positions.dim() <= 2) {
     for (int64_t i = 0; i < trailing; ++i) positions = positions.unsqueeze(-1);
+  }
+  if (token_positions.has_value() && rank >= 0) {
+    // The op would name its own rule ((S, 1) for (B, S, H, D)), which is not how the module reads
+    // positions: state the module's.
+    const auto rows = x.sizes().slice(0, rank);
+    TORCH_CHECK_VALUE(
+        at::is_expandable_to(positions.sizes(), rows), "RotaryPositionalEmbedding: token_positions",
+        " of shape ", token_positions->sizes(), " do not fit x of shape ", x.sizes(),
+        " with seq_dim = ", seq_dim,
+        ". The module reads 1-D positions as (S,) along x's sequence axis (seq_dim), 2-D positions "
+        "as (B, S) with B on x's first axis, and positions of 3 or more dims as broadcastable to "
+        "x.shape[:-1]. For x laid out (B, S, H, D) construct the module with seq_dim=-3, "
+        "for (B, H, S, D) with seq_dim=-2");
   }
   return positions;
 }

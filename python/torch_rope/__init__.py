@@ -5,8 +5,8 @@ Importing this package registers ``torch.ops.rope.apply`` (and its ``out=`` over
 ``torch.ops.rope.apply_`` and ``torch.ops.rope.apply_qk``, with autograd and Meta kernels, so
 ``torch.compile`` works.
 
-Integrations are separate imports, so their libraries stay optional:
-``torch_rope.hf`` (Hugging Face transformers) and ``torch_rope.torchtune``.
+Integrations load on first use, so their libraries stay optional: ``torch_rope.hf`` (Hugging
+Face transformers) and ``torch_rope.torchtune`` work after a bare ``import torch_rope``.
 """
 
 from pathlib import Path as _Path
@@ -27,14 +27,23 @@ from .ops import apply, apply_, apply_qk, rope_tables
 distributed.register_if_loaded()
 
 
+# Submodules loaded on first use as attributes (torch_rope.hf.patch(model) after a bare
+# `import torch_rope`), so that importing torch_rope never imports transformers or torchtune.
+# torch_rope.reference is the old name of torch_rope.eager, importable (with a DeprecationWarning)
+# for one release.
+_LAZY_SUBMODULES = ("hf", "torchtune", "reference")
+
+
 def __getattr__(name):
-    # torch_rope.reference is the old name of torch_rope.eager, importable (with a
-    # DeprecationWarning) for one release.
-    if name == "reference":
+    if name in _LAZY_SUBMODULES:
         import importlib
 
-        return importlib.import_module(".reference", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))
 
 
 #: Prefix for CMake's find_package(TorchRope) in a pip-installed torch_rope:

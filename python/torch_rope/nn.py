@@ -271,12 +271,37 @@ class RotaryPositionalEmbedding(nn.Module):
         if trailing and positions.dim() <= 2:
             for _ in range(trailing):
                 positions = positions.unsqueeze(-1)
+        if token_positions is not None:
+            self._check_positions_fit(x, token_positions, positions)
         if self._long_offset:
             positions = self._long_rope_switch(positions)
         cos, sin = self._buffers["cos"], self._buffers["sin"]
         if type(x) is not Tensor:  # a DTensor x gets DTensor tables and positions, no communication
             cos, sin, positions = _distributed._as_dtensors_like(x, cos, sin, positions)
         return apply(x, cos, sin, positions, interleaved=self.interleaved)
+
+    def _check_positions_fit(self, x: Tensor, given: Tensor, aligned: Tensor) -> None:
+        """The module's positions rule, in its own words (the op's message would recommend the
+        op's layouts). The same words as rope::module_positions, which the eager path runs."""
+        rows = x.shape[:-1]
+        fits = len(aligned.shape) <= len(rows) and all(
+            p == 1 or p == r for p, r in zip(reversed(aligned.shape), reversed(rows))
+        )
+        if not fits:
+            raise ValueError(
+                f"RotaryPositionalEmbedding: token_positions of shape {list(given.shape)} do not "
+                f"fit x of shape {list(x.shape)} with seq_dim = {self.seq_dim}. The module reads "
+                "1-D positions as (S,) along x's sequence axis (seq_dim), 2-D positions as (B, S) "
+                "with B on x's first axis, and positions of 3 or more dims as broadcastable to "
+                "x.shape[:-1]. For x laid out (B, S, H, D) construct the module with seq_dim=-3, "
+                "for (B, H, S, D) with seq_dim=-2"
+                + (
+                    ""
+                    if type(x) is Tensor
+                    else " (x is a DTensor: these are global shapes, so positions must be global "
+                    "and broadcastable to the global shape)"
+                )
+            )
 
     def _long_rope_switch(self, positions: Tensor) -> Tensor:
         """Table rows for ``positions``: the positions, shifted to the long-factor rows when the

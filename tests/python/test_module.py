@@ -216,3 +216,59 @@ def test_fast_call_reports_bad_input_as_forward_does():
         rope(torch.randn(2, 8), [0, 1])
     with pytest.raises(IndexError, match="positions must be in"):
         rope(torch.randn(2, 8), torch.tensor([0, 16]))
+
+
+@pytest.mark.parametrize("path", ["eager_fast_path", "nn_module_path", "compiled"])
+def test_positions_that_do_not_fit_get_the_modules_rule(path):
+    # (S, 1) is the op's advice for (B, S, H, D); the module reads 2-D positions as (B, S), so its
+    # message must state its own rule and name seq_dim=-3, on every path a call can take.
+    rope = torch_rope.RotaryPositionalEmbedding(10000.0, 8, 16)
+    x, positions = torch.randn(2, 5, 3, 8), torch.arange(5).view(5, 1)
+    call = rope
+    if path == "nn_module_path":
+        rope.register_forward_pre_hook(lambda module, args: None)
+    elif path == "compiled":
+        torch._dynamo.reset()
+        call = torch.compile(rope, backend="eager", fullgraph=True)
+    with pytest.raises(Exception) as info:
+        call(x, positions)
+    message = str(info.value)
+    fit = "token_positions of shape [5, 1] do not fit x of shape [2, 5, 3, 8] with seq_dim = -2"
+    assert fit in message
+    assert "2-D positions as (B, S)" in message and "seq_dim=-3" in message
+    assert "(S, 1) for" not in message
+    if path != "compiled":  # Dynamo wraps what the traced code raised
+        assert type(info.value) is ValueError
+    # Built for (B, S, H, D), the same call works.
+    rope_bshd = torch_rope.RotaryPositionalEmbedding(10000.0, 8, 16, seq_dim=-3)
+    assert rope_bshd(x, torch.arange(5).expand(2, 5)).shape == x.shape
+
+
+def test_integrations_are_attributes_loaded_on_first_use():
+    # `import torch_rope; torch_rope.hf.patch(model)` must work, and a bare import must not pull
+    # in transformers or torchtune.
+    import subprocess
+    import sys
+
+    from helpers import subprocess_env
+
+    script = (
+        "import sys, torch_rope\n"
+        "assert 'transformers' not in sys.modules and 'torchtune' not in sys.modules\n"
+        "assert 'hf' in dir(torch_rope) and 'torchtune' in dir(torch_rope)\n"
+        "try:\n"
+        "    import transformers  # noqa\n"
+        "except ImportError:\n"
+        "    print('no transformers'); sys.exit(0)\n"
+        "assert callable(torch_rope.hf.patch) and torch_rope.hf.__name__ == 'torch_rope.hf'\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=subprocess_env(), capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    if "no transformers" in result.stdout:
+        pytest.skip("transformers is not installed: checked only that the import stays lazy")
+    assert "ok" in result.stdout
+    with pytest.raises(AttributeError, match="has no attribute 'nothing_here'"):
+        torch_rope.nothing_here  # noqa: B018

@@ -49,8 +49,10 @@ struct TableArgs {
   int64_t table_stride = 0;  // elements between consecutive positions' rows
 };
 
-// What the rotation does. `interleaved` becomes a compile-time template parameter of the kernels
-// (it decides the memory access pattern); `inverse` stays a run-time flag (it only negates sin).
+// What the rotation does. `interleaved` becomes a compile-time template parameter of every kernel
+// (it decides the memory access pattern). `inverse` only negates sin: the CPU kernels take it as a
+// template parameter too (the sign folds into the FMA sequence), the CUDA kernel as a run-time
+// flag (a uniform branch costs nothing there and halves the number of variants).
 struct RotationMode {
   bool interleaved = true;  // plane k is (2k, 2k+1); false: (k, k + rotary_dim/2)
   bool inverse = false;     // rotate by -angle (the transpose, which is also the backward)

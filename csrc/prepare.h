@@ -68,7 +68,8 @@ PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positio
 bool build_row_geometry(at::IntArrayRef sizes, at::IntArrayRef in_strides,
                         at::IntArrayRef out_strides, at::IntArrayRef pos_strides, RowGeometry& g);
 
-// The same, throwing when the dims do not fit (for tests of the merging logic).
+// The same, throwing when the dims do not fit: for callers that have already reduced the dims
+// (prepare_rotation, after its copy fallback) and for the tests of the merging logic.
 RowGeometry make_row_geometry(at::IntArrayRef sizes, at::IntArrayRef in_strides,
                               at::IntArrayRef out_strides, at::IntArrayRef pos_strides);
 

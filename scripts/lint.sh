@@ -21,3 +21,5 @@ echo "lint: ruff $("$ruff" --version | cut -d' ' -f2), clang-format $("$clang_fo
 "$ruff" check .
 "$ruff" format --check .
 "$clang_format" --dry-run -Werror "${cxx[@]}"
+# Every repository path that a comment or a document names exists (stale comments after a move).
+.venv/bin/python scripts/check_paths.py

@@ -181,8 +181,9 @@ template <typename scalar_t, bool kInterleaved, bool kInverse, int64_t kHalf>
 ROPE_ROW_INLINE void rotate_row(const scalar_t* x, scalar_t* y, int64_t pos,
                                 const RotationArgs& args, const TableArgs& tables) {
   const int64_t half = kHalf != 0 ? kHalf : args.rotary_dim / 2;
-  // Double storage keeps double math; double tables keep their precision: both take the scalar
-  // path. float32 tables with float/half/bfloat16 storage take the vector path.
+  // float32 tables with float/half/bfloat16 storage take the float vector path. Double storage
+  // keeps double math (4-lane double vectors, rotate_planes_f64), and double tables keep their
+  // precision (16/32-bit storage with double tables: the scalar loop).
   constexpr bool kVecStorage = !std::is_same_v<scalar_t, double>;
   const int64_t table_offset = pos * tables.table_stride;
   if constexpr (kHalf != 0) {
@@ -200,16 +201,19 @@ ROPE_ROW_INLINE void rotate_row(const scalar_t* x, scalar_t* y, int64_t pos,
       k = rotate_planes_vec<kInterleaved, kInverse>(x, y, cos, sin, half);
     }
     rotate_planes_scalar<kInterleaved, kInverse>(x, y, cos, sin, half, k);
-  } else if (tables.tables_are_double) {
-    const auto* cos = static_cast<const double*>(tables.cos) + table_offset;
-    const auto* sin = static_cast<const double*>(tables.sin) + table_offset;
-    rotate_planes_scalar<kInterleaved, kInverse>(
-        x, y, cos, sin, half, rotate_planes_f64<kInterleaved, kInverse>(x, y, cos, sin, half));
   } else {
-    const auto* cos = static_cast<const float*>(tables.cos) + table_offset;
-    const auto* sin = static_cast<const float*>(tables.sin) + table_offset;
-    rotate_planes_scalar<kInterleaved, kInverse>(
-        x, y, cos, sin, half, rotate_planes_f64<kInterleaved, kInverse>(x, y, cos, sin, half));
+    // The double vector planes (double storage only), then the scalar loop, with either table.
+    const auto rotate_with = [&](const auto* cos, const auto* sin) {
+      rotate_planes_scalar<kInterleaved, kInverse>(
+          x, y, cos, sin, half, rotate_planes_f64<kInterleaved, kInverse>(x, y, cos, sin, half));
+    };
+    if (tables.tables_are_double) {
+      rotate_with(static_cast<const double*>(tables.cos) + table_offset,
+                  static_cast<const double*>(tables.sin) + table_offset);
+    } else {
+      rotate_with(static_cast<const float*>(tables.cos) + table_offset,
+                  static_cast<const float*>(tables.sin) + table_offset);
+    }
   }
   if (args.copy_tail && args.head_dim > args.rotary_dim) {
     std::memcpy(y + args.rotary_dim, x + args.rotary_dim,

@@ -1,8 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The CPU row kernel, compiled once per CPU capability (see CMakeLists.txt: the same
 // rotate_rows.cpp is built with DEFAULT, AVX2, AVX512 and AVX512_BF16 flags into separate
-// namespaces), and the
-// parallel drivers over it. kernel_choice.h picks the copy at run time.
+// namespaces). kernel_choice.h picks the copy at run time; parallel_rotate.h drives it.
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -36,14 +35,5 @@ void rotate_rows(c10::ScalarType, const RotationArgs&, const TableArgs&, Rotatio
                  int64_t);
 }
 #endif
-
-// Rotates every row of `args`, split across torch's intra-op threads (at::parallel_for), with the
-// widest kernel this CPU supports (honours ATEN_CPU_CAPABILITY like PyTorch's own kernels).
-void rotate(c10::ScalarType dtype, const RotationArgs& args, const TableArgs& tables,
-            RotationMode mode);
-
-// Rotates every row of q and then of k in one parallel region.
-void rotate_pair(c10::ScalarType dtype, const RotationArgs& q, const RotationArgs& k,
-                 const TableArgs& tables, RotationMode mode);
 
 }  // namespace rope::cpu

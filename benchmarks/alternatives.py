@@ -22,7 +22,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 import torch_rope
-from torch_rope import eager as reference  # the plain-PyTorch math
+from torch_rope import eager  # the plain-PyTorch math
 
 try:  # the real HF functions, when installed
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply_qk
@@ -121,11 +121,11 @@ def build(p: Problem, compile_alternatives: bool) -> Dict[str, Callable[[], obje
     if pair:
         impls["HF"] = (hf_rotate_qk, (q, k, cos_full, sin_full, ids))
         impls["Meta complex"] = (meta_rotate_qk, (q_bshd, k_bshd, freqs_cis, ids))
-        impls["reference"] = (reference.apply_qk, (q, k, cos, sin, pos))
+        impls["reference"] = (eager.apply_qk, (q, k, cos, sin, pos))
     else:
         impls["HF"] = (hf_rotate_q, (q, cos_full, sin_full, ids))
         impls["Meta complex"] = (meta_rotate, (q_bshd, freqs_cis, ids))
-        impls["reference"] = (reference.apply, (q, cos, sin, pos))
+        impls["reference"] = (eager.apply, (q, cos, sin, pos))
     if TorchtuneRoPE is not None:
         tt = TorchtuneRoPE(q.size(-1), max_seq_len=cos.size(0))
         if pair:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 import torch_rope
-from torch_rope import eager as reference  # the plain-PyTorch math
+import torch_rope.eager  # the plain-PyTorch math
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -105,14 +105,14 @@ def bench_case(
             return torch_rope.apply(t[0], cos, sin, positions)
 
         def eager(t=tensors):
-            return reference.apply(t[0], cos, sin, positions)
+            return torch_rope.eager.apply(t[0], cos, sin, positions)
     else:
 
         def ours(t=tensors):
             return torch_rope.apply_qk(t[0], t[1], cos, sin, positions)
 
         def eager(t=tensors):
-            return reference.apply_qk(t[0], t[1], cos, sin, positions)
+            return torch_rope.eager.apply_qk(t[0], t[1], cos, sin, positions)
 
     def clone():
         return [t.clone() for t in tensors]

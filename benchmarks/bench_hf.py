@@ -22,13 +22,12 @@ import copy
 import json
 import os
 import platform
-import statistics
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from bench_gpu import Timer  # noqa: E402  (one timer for CPU and CUDA: events on the GPU)
 
 import torch_rope  # noqa: E402
 import torch_rope.hf  # noqa: E402
@@ -40,22 +39,6 @@ CASES = [
     ("prefill", 1, 1024, 0),
     ("decode", 16, 1, 3000),
 ]
-
-
-def timer(fn, device, min_time_s):
-    for _ in range(3):
-        fn()
-    samples = []
-    deadline = time.perf_counter() + min_time_s
-    while len(samples) < 7 or (time.perf_counter() < deadline and len(samples) < 300):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples) * 1e3
 
 
 def build(dtype, device):
@@ -143,11 +126,15 @@ def run_case(name, batch, seq, start, dtype, device, min_time_s):
 
             return fn
 
-        results["clone"] = timer(floor, device, min_time_s)
-        results["hf_rope"] = timer(hf_rope, device, min_time_s)
-        results["ours_rope"] = timer(our_rope, device, min_time_s)
-        results["hf_layer"] = timer(layer(hf), device, min_time_s)
-        results["ours_layer"] = timer(layer(ours), device, min_time_s)
+        timer = Timer(device, min_time_s)
+        for key, fn in [
+            ("clone", floor),
+            ("hf_rope", hf_rope),
+            ("ours_rope", our_rope),
+            ("hf_layer", layer(hf)),
+            ("ours_layer", layer(ours)),
+        ]:
+            results[key] = timer(fn) * 1e3  # ms
     return results
 
 

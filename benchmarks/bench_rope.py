@@ -46,7 +46,7 @@ import timing  # noqa: E402
 import torch  # noqa: E402
 
 import torch_rope  # noqa: E402
-from torch_rope import eager as reference  # noqa: E402  (the plain-PyTorch math)
+from torch_rope import eager  # noqa: E402  (the plain-PyTorch math)
 
 RESULTS_DIR = HERE / "results"
 MAX_SEQ_LEN = 4096
@@ -173,8 +173,8 @@ def target_rows(quick, compile_reference):
             "half-split": lambda: torch_rope.apply_qk(q, k, cos, sin, pos, interleaved=False),
         }
         if compile_reference:
-            ref_i = torch.compile(reference.apply_qk)
-            ref_h = torch.compile(lambda *a: reference.apply_qk(*a, interleaved=False))
+            ref_i = torch.compile(eager.apply_qk)
+            ref_h = torch.compile(lambda *a: eager.apply_qk(*a, interleaved=False))
             fns["compiled ref interleaved"] = lambda: ref_i(q, k, cos, sin, pos)
             fns["compiled ref half-split"] = lambda: ref_h(q, k, cos, sin, pos)
         res = timing.measure(fns, rounds_for(q.nbytes + k.nbytes, quick))

@@ -29,9 +29,7 @@ distributed.register_if_loaded()
 
 # Submodules loaded on first use as attributes (torch_rope.hf.patch(model) after a bare
 # `import torch_rope`), so that importing torch_rope never imports transformers or torchtune.
-# torch_rope.reference is the old name of torch_rope.eager, importable (with a DeprecationWarning)
-# for one release.
-_LAZY_SUBMODULES = ("hf", "torchtune", "reference")
+_LAZY_SUBMODULES = ("hf", "torchtune")
 
 
 def __getattr__(name):

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""pytest setup for the torch_rope suite: import path, seeding, the `slow` mark and the
-hypothesis profiles."""
+"""pytest setup for the torch_rope suite: import path, seeding and the hypothesis profiles. (The
+`slow` mark is registered in pyproject.toml.)"""
 
 import os
 import sys
@@ -47,8 +47,3 @@ def _seed():
     torch.manual_seed(0)
     yield
 
-
-def pytest_configure(config):
-    # Heavy tests (whole tiny models, large builds) carry this mark; the README's test command
-    # runs them too, `-m "not slow"` skips them for a quick loop.
-    config.addinivalue_line("markers", "slow: heavy test, still part of the full test command")

@@ -39,21 +39,21 @@ for dtype in FLOAT_DTYPES:
         for head_dim, rotary_dim in [(2, 2), (10, 6), (34, 34), (80, 48), (130, 128), (64, 32),
                                      (64, 64), (96, 80), (96, 96), (256, 256)]:
             cos, sin = make_tables(64, rotary_dim, "cpu", table_dtype_for(dtype))
-            for rows_shape in [(2, 3, 7)]:
-                x = randn(*rows_shape, head_dim, dtype=dtype)
-                positions = torch.randint(0, 64, rows_shape)
-                for inverse in (False, True):
-                    kw = dict(interleaved=interleaved, inverse=inverse)
-                    out = torch_rope.apply(x, cos, sin, positions, **kw)
-                    assert_matches_reference(out, x, positions, rotary_dim, **kw)
-                    y = x.clone()
-                    torch_rope.apply_(y, cos, sin, positions, **kw)
-                    assert torch.equal(y, out)
-                    q, k = torch_rope.apply_qk(x, x[..., :1, :], cos, sin, positions[..., :1],
-                                               **kw)
-                    assert_matches_reference(k, x[..., :1, :], positions[..., :1], rotary_dim,
-                                             **kw)
-                    checks += 3
+            rows_shape = (2, 3, 7)
+            x = randn(*rows_shape, head_dim, dtype=dtype)
+            positions = torch.randint(0, 64, rows_shape)
+            for inverse in (False, True):
+                kw = dict(interleaved=interleaved, inverse=inverse)
+                out = torch_rope.apply(x, cos, sin, positions, **kw)
+                assert_matches_reference(out, x, positions, rotary_dim, **kw)
+                y = x.clone()
+                torch_rope.apply_(y, cos, sin, positions, **kw)
+                assert torch.equal(y, out)
+                q, k = torch_rope.apply_qk(x, x[..., :1, :], cos, sin, positions[..., :1],
+                                           **kw)
+                assert_matches_reference(k, x[..., :1, :], positions[..., :1], rotary_dim,
+                                         **kw)
+                checks += 3
             # A strided input (a slice of a wider row).
             wide = randn(5, 2 * head_dim + 3, dtype=dtype)
             x = wide[:, 3 : head_dim + 3]

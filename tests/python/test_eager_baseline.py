@@ -31,14 +31,3 @@ def test_eager_baseline_matches_oracle(dtype, inverse, interleaved):
     q, k = torch_rope.eager.apply_qk(x, x[:, :, :1], cos, sin, positions, **kw)
     assert torch.equal(q, out)
     assert_matches_reference(k, x[:, :, :1], positions, 32, **kw)
-
-
-def test_old_name_still_imports_with_a_deprecation_warning():
-    import importlib
-    import sys
-
-    sys.modules.pop("torch_rope.reference", None)
-    with pytest.warns(DeprecationWarning, match=r"torch_rope\.reference is deprecated.*eager"):
-        old = importlib.import_module("torch_rope.reference")
-    assert old.apply is torch_rope.eager.apply
-    assert torch_rope.reference.apply_qk is torch_rope.eager.apply_qk

@@ -22,6 +22,8 @@
 #include <cmath>
 #include <limits>
 
+#include "rules.h"
+
 namespace rope {
 namespace {
 
@@ -29,21 +31,6 @@ namespace {
 // get bigger chunks (fewer launches); 32 MiB is still nothing next to tables worth building there.
 constexpr int64_t kCpuChunkElements = int64_t{1} << 15;
 constexpr int64_t kDeviceChunkElements = int64_t{1} << 22;
-
-void check_table_dtype(c10::ScalarType dtype) {
-  TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kDouble,
-                    "rope_tables: dtype must be float32 or float64 (half-precision tables lose ",
-                    "accuracy at long context), got ", dtype);
-}
-
-void check_max_seq_len(int64_t max_seq_len, int64_t planes) {
-  TORCH_CHECK_VALUE(max_seq_len >= 1, "rope_tables: max_seq_len must be >= 1, got ", max_seq_len);
-  // Positions are exact in float64 up to 2^53, and the tables must be addressable.
-  constexpr int64_t kMaxRows = int64_t{1} << 53;
-  TORCH_CHECK_VALUE(max_seq_len <= kMaxRows / std::max<int64_t>(planes, 1),
-                    "rope_tables: max_seq_len * rotary_dim / 2 must be <= 2^53, got max_seq_len = ",
-                    max_seq_len, " with rotary_dim / 2 = ", planes);
-}
 
 // Rows [begin, end) of the tables: positions first_position + row.
 void fill_rows(const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& inv_freq,
@@ -71,8 +58,8 @@ void fill_rope_tables(const at::Tensor& cos, const at::Tensor& sin, const at::Te
   TORCH_CHECK_VALUE(cos.dim() == 2 && sin.sizes() == cos.sizes() && cos.size(1) == planes,
                     "fill_rope_tables: cos and sin must both be (rows, inv_freq.numel() = ", planes,
                     "), got ", cos.sizes(), " and ", sin.sizes());
-  check_table_dtype(cos.scalar_type());
-  check_table_dtype(sin.scalar_type());
+  detail::check_table_dtype("fill_rope_tables", cos.scalar_type());
+  detail::check_table_dtype("fill_rope_tables", sin.scalar_type());
   TORCH_CHECK_VALUE(cos.device() == sin.device(), "fill_rope_tables: cos is on ", cos.device(),
                     " but sin is on ", sin.device());
   TORCH_CHECK_VALUE(std::isfinite(attention_scaling),
@@ -117,8 +104,8 @@ std::tuple<at::Tensor, at::Tensor> rope_tables_from_inv_freq(const at::Tensor& i
   TORCH_CHECK_VALUE(inv_freq.dim() == 1 && inv_freq.numel() >= 1 && inv_freq.is_floating_point(),
                     "rope_tables: inv_freq must be a non-empty 1-D floating tensor, got ",
                     inv_freq.scalar_type(), " of shape ", inv_freq.sizes());
-  check_table_dtype(dtype);
-  check_max_seq_len(max_seq_len, inv_freq.numel());
+  detail::check_table_dtype("rope_tables", dtype);
+  detail::check_table_length("rope_tables", max_seq_len, 2 * inv_freq.numel());
   TORCH_CHECK_VALUE(std::isfinite(attention_scaling),
                     "rope_tables: attention_scaling must be finite, got ", attention_scaling);
   const auto options = at::TensorOptions().dtype(dtype).device(device.value_or(inv_freq.device()));
@@ -141,8 +128,8 @@ std::tuple<at::Tensor, at::Tensor> rope_tables_from_inv_freq(const at::Tensor& i
 
 std::tuple<at::Tensor, at::Tensor> rope_tables(double theta, int64_t rotary_dim,
                                                int64_t max_seq_len, const TableOptions& options) {
-  check_table_dtype(options.dtype());
-  TORCH_CHECK_VALUE(max_seq_len >= 1, "rope_tables: max_seq_len must be >= 1, got ", max_seq_len);
+  detail::check_table_dtype("rope_tables", options.dtype());
+  detail::check_table_length("rope_tables", max_seq_len, rotary_dim);
   const auto frequencies = rope_frequencies(theta, rotary_dim, options.scaling(), max_seq_len);
   return rope_tables_from_inv_freq(frequencies.inv_freq, max_seq_len, frequencies.attention_scaling,
                                    options.dtype(), options.device().value_or(at::kCPU));

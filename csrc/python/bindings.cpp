@@ -8,7 +8,7 @@
 #include <torch_rope/ops.h>
 #include <torch_rope/tables.h>
 
-#include <sstream>
+#include "../rules.h"
 
 namespace py = pybind11;
 
@@ -132,13 +132,33 @@ PYBIND11_MODULE(_C, m) {
       "module_tables",
       [](double theta, int64_t rotary_dim, int64_t max_seq_len, const rope::RopeScaling& scaling,
          c10::ScalarType dtype, std::optional<c10::Device> device) {
-        auto t = rope::module_tables(theta, rotary_dim, max_seq_len, scaling, dtype, device);
+        auto t =
+            rope::detail::module_tables(theta, rotary_dim, max_seq_len, scaling, dtype, device);
         return std::make_tuple(t.cos, t.sin, t.long_offset, t.long_after);
       },
       py::arg("theta"), py::arg("rotary_dim"), py::arg("max_seq_len"), py::arg("scaling"),
       py::arg("dtype"), py::arg("device"),
       "(cos, sin, long_offset, long_after) of a RotaryPositionalEmbedding; see "
-      "rope::module_tables");
+      "rope::detail::module_tables");
+  // The module's argument rules (csrc/rules.h), for the Python module's constructor and
+  // extend_tables: one definition for both modules.
+  m.def("check_module_arguments", &rope::detail::check_module_arguments, py::arg("theta"),
+        py::arg("d_k"), py::arg("rotary_dim"), py::arg("max_seq_len"), py::arg("dtype"),
+        py::arg("seq_dim"));
+  m.def(
+      "check_table_length",
+      [](const std::string& who, int64_t max_seq_len, int64_t rotary_dim) {
+        rope::detail::check_table_length(who.c_str(), max_seq_len, rotary_dim);
+      },
+      py::arg("who"), py::arg("max_seq_len"), py::arg("rotary_dim"));
+  // The C++ module's positions convention and LongRoPE switch, for the parity test of the Python
+  // module's traced path (tests/python).
+  m.def("check_module_input", &rope::detail::check_module_input, py::arg("x"), py::arg("d_k"),
+        py::arg("seq_dim"), py::arg("has_positions"));
+  m.def("module_positions", &rope::detail::module_positions, py::arg("x"),
+        py::arg("token_positions"), py::arg("seq_dim"));
+  m.def("long_rope_positions", &rope::detail::long_rope_positions, py::arg("positions"),
+        py::arg("long_offset"), py::arg("long_after"));
   // Typed entry points for the eager fast path of python/torch_rope/ops.py. They call the ops
   // through the dispatcher exactly as torch.ops.rope.* do (autograd, every backend, dispatch
   // modes), minus the boxed call's argument parsing. ops.py uses them only for plain tensors,
@@ -160,30 +180,16 @@ PYBIND11_MODULE(_C, m) {
           py::gil_scoped_release no_gil;
           return rope::apply_qk(q, k, cos, sin, positions, interleaved, inverse);
         });
-  // The Python module's forward for plain tensors in eager mode (nn.py decides when): its checks,
-  // with its messages (shapes as Python tuples), positions aligned as the C++ module aligns them,
-  // then rope.apply, in one call.
-  m.def("_module_forward", [](const at::Tensor& x, const std::optional<at::Tensor>& positions,
-                              const at::Tensor& cos, const at::Tensor& sin, int64_t d_k,
-                              int64_t seq_dim, bool interleaved) {
-    const auto python_shape = [&] {
-      std::ostringstream out;
-      out << "(";
-      for (int64_t d = 0; d < x.dim(); ++d) out << (d ? ", " : "") << x.size(d);
-      out << (x.dim() == 1 ? ",)" : ")");
-      return out.str();
-    };
-    TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == d_k,
-                      "RotaryPositionalEmbedding: x.size(-1) must equal d_k = ", d_k,
-                      ", got x of shape ", python_shape());
-    TORCH_CHECK_VALUE(positions.has_value() || x.dim() - 1 >= -seq_dim - 1,
-                      "RotaryPositionalEmbedding: without token_positions, x needs a sequence "
-                      "axis at seq_dim = ",
-                      seq_dim, ", got x of shape ", python_shape());
-    py::gil_scoped_release no_gil;
-    return rope::apply(x, cos, sin, rope::module_positions(x, positions, seq_dim), interleaved,
-                       /*inverse=*/false);
-  });
+  // The Python module's forward for plain tensors in eager mode (nn.py decides when): the C++
+  // module's checks and positions convention (csrc/rules.h), then rope.apply, in one call.
+  m.def("_module_forward",
+        [](const at::Tensor& x, const std::optional<at::Tensor>& positions, const at::Tensor& cos,
+           const at::Tensor& sin, int64_t d_k, int64_t seq_dim, bool interleaved) {
+          rope::detail::check_module_input(x, d_k, seq_dim, positions.has_value());
+          py::gil_scoped_release no_gil;
+          return rope::apply(x, cos, sin, rope::detail::module_positions(x, positions, seq_dim),
+                             interleaved, /*inverse=*/false);
+        });
   m.def("compiled_with_cuda", &rope::compiled_with_cuda,
         "True when the library was built with its CUDA kernels");
   m.def("cpu_kernel_isa", &rope::cpu_kernel_isa,

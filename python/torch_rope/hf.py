@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ._scaling import rope_frequencies
-from .nn import RotaryPositionalEmbedding
+from .nn import RotaryPositionalEmbedding, long_rope_positions
 from .ops import apply_qk
 
 __all__ = ["apply_rotary_pos_emb", "patch", "unpatch", "is_patched", "SUPPORTED_MODEL_TYPES"]
@@ -235,7 +235,7 @@ def _patched_rotary_forward(self, x: Tensor, position_ids: Tensor, layer_type=No
     if dynamic is not None:
         _dynamic_update(self, key, dynamic, position_ids)
         tables = self.torch_rope[key]
-    return tables._long_rope_switch(position_ids), tables
+    return long_rope_positions(position_ids, tables.long_offset, tables.long_after), tables
 
 
 def _dynamic_update(rotary: nn.Module, key: str, state: _DynamicState, position_ids: Tensor):

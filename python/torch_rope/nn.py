@@ -2,7 +2,6 @@
 """``RotaryPositionalEmbedding``: the ``nn.Module`` form of :func:`torch_rope.apply`."""
 
 import copy
-import math
 from typing import Any, Mapping, Optional
 
 import torch
@@ -23,10 +22,6 @@ from ._scaling import _integer, _number, parse_scaling, rope_type_of
 from .ops import _function_mode_active, _functorch_active, _is_compiling, apply
 
 _jit_tracing = torch._C._get_tracing_state
-
-# Positions are exact in float64 up to 2**53: a table longer than that could never be built
-# (nor allocated); refuse it with a ValueError before it reaches C++ as an overflow.
-_MAX_TABLE_ELEMENTS = 2**53
 
 
 class RotaryPositionalEmbedding(nn.Module):
@@ -79,34 +74,18 @@ class RotaryPositionalEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         _distributed.register_if_loaded()  # DTensor rules, if DTensor is already loaded
+        # Python types here (TypeError, as Python's own functions raise); every value rule is the
+        # C++ module's (csrc/rules.h), so both modules accept and refuse the same arguments.
         theta = _number("theta", theta)
-        if not (math.isfinite(theta) and theta > 0):
-            raise ValueError(
-                f"RotaryPositionalEmbedding: theta must be a positive finite number, got {theta}"
-            )
         d_k = _integer("d_k", d_k)
-        if d_k < 1:
-            raise ValueError(f"RotaryPositionalEmbedding: d_k must be >= 1, got {d_k}")
         rotary_dim = d_k if rotary_dim is None else _integer("rotary_dim", rotary_dim)
-        if rotary_dim % 2 != 0 or not 2 <= rotary_dim <= d_k:
-            raise ValueError(
-                "RotaryPositionalEmbedding: rotary_dim must be even and in [2, d_k = "
-                f"{d_k}] (features rotate in pairs), got {rotary_dim}"
-            )
-        self._check_max_seq_len(_integer("max_seq_len", max_seq_len), rotary_dim)
+        max_seq_len = _integer("max_seq_len", max_seq_len)
         if not isinstance(interleaved, bool):
             raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
-        if dtype not in (torch.float32, torch.float64):
-            raise ValueError(
-                f"RotaryPositionalEmbedding: dtype (of the tables) must be "
-                f"torch.float32 or torch.float64, got {dtype}"
-            )
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
         seq_dim = _integer("seq_dim", seq_dim)
-        if seq_dim > -2:
-            raise ValueError(
-                "RotaryPositionalEmbedding: seq_dim must be a negative axis before the feature "
-                f"axis (-2 for (..., seq_len, d_k), -3 for [b, s, h, d]), got {seq_dim}"
-            )
+        _C.check_module_arguments(theta, d_k, rotary_dim, max_seq_len, dtype, seq_dim)
         self.theta = theta
         self.d_k = d_k
         self.max_seq_len = max_seq_len
@@ -116,26 +95,11 @@ class RotaryPositionalEmbedding(nn.Module):
         self.dtype = dtype
         self.seq_dim = seq_dim
         parse_scaling(scaling, theta)  # validate now; _build parses the stored plain copy
-        # Dims of x.shape[:-1] after the sequence axis (the heads of [b, s, h, d]).
-        self._trailing = -seq_dim - 2
         # Like nn.Linear, follow `with torch.device(...)` / set_default_device when no device is
         # given (torchtune builds models on the meta device that way).
         self._build(
             max_seq_len, torch.get_default_device() if device is None else torch.device(device)
         )
-
-    @staticmethod
-    def _check_max_seq_len(max_seq_len: int, rotary_dim: int) -> None:
-        if max_seq_len < 1:
-            raise ValueError(
-                f"RotaryPositionalEmbedding: max_seq_len must be >= 1, got {max_seq_len}"
-            )
-        if max_seq_len * rotary_dim > _MAX_TABLE_ELEMENTS:
-            raise ValueError(
-                "RotaryPositionalEmbedding: max_seq_len * rotary_dim must be <= 2**53 (the "
-                f"tables could never be allocated), got max_seq_len = {max_seq_len} with "
-                f"rotary_dim = {rotary_dim}"
-            )
 
     def _build(self, max_seq_len: int, device: Optional[torch.device]) -> None:
         # The C++ option object is made per build and never stored: the module stays picklable
@@ -162,8 +126,20 @@ class RotaryPositionalEmbedding(nn.Module):
         ``seq_len`` is re-evaluated at the new length, as transformers does when a sequence grows.
         """
         max_seq_len = _integer("max_seq_len", max_seq_len)
-        self._check_max_seq_len(max_seq_len, self.rotary_dim)
+        _C.check_table_length(
+            "RotaryPositionalEmbedding.extend_tables", max_seq_len, self.rotary_dim
+        )
         self._build(max_seq_len, self.cos.device)
+
+    @property
+    def long_offset(self) -> int:
+        """Row offset of LongRoPE's long-factor tables (0 when the tables have no switch)."""
+        return self._long_offset
+
+    @property
+    def long_after(self) -> int:
+        """A call whose largest position is >= this uses the long-factor tables."""
+        return self._long_after
 
     # True while a class's forward is this one (a subclass with its own forward, such as the
     # torchtune drop-in, always goes through nn.Module.__call__).
@@ -230,8 +206,8 @@ class RotaryPositionalEmbedding(nn.Module):
             and not _functorch_active()
             and not _function_mode_active()
         ):
-            # Eager plain tensors (decode calls this twice per layer per token): the checks below,
-            # the positions' alignment and the rotation in one C++ call (rope::module_positions).
+            # Eager plain tensors (decode calls this twice per layer per token): the module's
+            # checks, the positions' alignment and the rotation in one C++ call (csrc/rules.h).
             buffers = self._buffers
             return _C._module_forward(
                 x,
@@ -242,76 +218,19 @@ class RotaryPositionalEmbedding(nn.Module):
                 self.seq_dim,
                 self.interleaved,
             )
-        shape = x.shape
-        rank = len(shape) - 1
-        if rank < 0 or shape[-1] != self.d_k:
-            raise ValueError(
-                f"RotaryPositionalEmbedding: x.size(-1) must equal d_k = {self.d_k}, got x of "
-                f"shape {tuple(shape)}"
-            )
-        trailing = self._trailing
-        if token_positions is None:
-            if rank < trailing + 1:
-                raise ValueError(
-                    "RotaryPositionalEmbedding: without token_positions, x needs a sequence axis "
-                    f"at seq_dim = {self.seq_dim}, got x of shape {tuple(shape)}"
-                )
-            positions = torch.arange(shape[self.seq_dim], device=x.device)
-        elif isinstance(token_positions, Tensor):
-            positions = token_positions
-            if positions.dim() == 2 and rank >= 2 + trailing:
-                # (B, S): B on x's first axis, S on its sequence axis.
-                for _ in range(rank - 2 - trailing):
-                    positions = positions.unsqueeze(1)
-        else:
+        if token_positions is not None and not isinstance(token_positions, Tensor):
             raise TypeError(
                 "RotaryPositionalEmbedding: token_positions must be an int32/int64 Tensor or "
                 f"None, got {type(token_positions).__name__}"
             )
-        if trailing and positions.dim() <= 2:
-            for _ in range(trailing):
-                positions = positions.unsqueeze(-1)
-        if token_positions is not None:
-            self._check_positions_fit(x, token_positions, positions)
-        if self._long_offset:
-            positions = self._long_rope_switch(positions)
+        # The path torch.compile and torch.func trace: the C++ rules above, mirrored.
+        check_module_input(x, self.d_k, self.seq_dim, token_positions is not None)
+        positions = module_positions(x, token_positions, self.seq_dim)
+        positions = long_rope_positions(positions, self._long_offset, self._long_after)
         cos, sin = self._buffers["cos"], self._buffers["sin"]
         if type(x) is not Tensor:  # a DTensor x gets DTensor tables and positions, no communication
             cos, sin, positions = _distributed._as_dtensors_like(x, cos, sin, positions)
         return apply(x, cos, sin, positions, interleaved=self.interleaved)
-
-    def _check_positions_fit(self, x: Tensor, given: Tensor, aligned: Tensor) -> None:
-        """The module's positions rule, in its own words (the op's message would recommend the
-        op's layouts). The same words as rope::module_positions, which the eager path runs."""
-        rows = x.shape[:-1]
-        fits = len(aligned.shape) <= len(rows) and all(
-            p == 1 or p == r for p, r in zip(reversed(aligned.shape), reversed(rows))
-        )
-        if not fits:
-            raise ValueError(
-                f"RotaryPositionalEmbedding: token_positions of shape {list(given.shape)} do not "
-                f"fit x of shape {list(x.shape)} with seq_dim = {self.seq_dim}. The module reads "
-                "1-D positions as (S,) along x's sequence axis (seq_dim), 2-D positions as (B, S) "
-                "with B on x's first axis, and positions of 3 or more dims as broadcastable to "
-                "x.shape[:-1]. For x laid out (B, S, H, D) construct the module with seq_dim=-3, "
-                "for (B, H, S, D) with seq_dim=-2"
-                + (
-                    ""
-                    if type(x) is Tensor
-                    else " (x is a DTensor: these are global shapes, so positions must be global "
-                    "and broadcastable to the global shape)"
-                )
-            )
-
-    def _long_rope_switch(self, positions: Tensor) -> Tensor:
-        """Table rows for ``positions``: the positions, shifted to the long-factor rows when the
-        tables hold LongRoPE's both variants and this call reaches past the original context
-        (transformers' rule: ``max(positions) + 1 > original_max_position_embeddings``). Decided
-        on the device, so no host sync."""
-        if positions.numel() == 0:
-            return positions
-        is_long = (positions.max() >= self._long_after).to(positions.dtype)
-        return positions + is_long * self._long_offset
 
     def _apply(self, fn, recurse=True):
         # Device moves apply to the tables; dtype casts do not. Keep the exact originals and only
@@ -336,3 +255,77 @@ class RotaryPositionalEmbedding(nn.Module):
         if self.seq_dim != -2:
             text += f", seq_dim={self.seq_dim}"
         return text
+
+
+# ---- the module's rules on the traced path --------------------------------------------------
+# torch.compile and torch.func cannot trace into a pybind11 call, so the path they take runs
+# these mirrors of csrc/rules.h (check_module_input, module_positions, long_rope_positions), with
+# the same messages. tests/python pins each to its C++ original over the sample inputs.
+
+_MODULE = "RotaryPositionalEmbedding"
+
+
+def check_module_input(x: Tensor, d_k: int, seq_dim: int, has_positions: bool) -> None:
+    """rope::detail::check_module_input: x is (..., d_k), with a sequence axis when positions
+    are not given."""
+    if x.dim() < 1 or x.shape[-1] != d_k:
+        raise ValueError(
+            f"{_MODULE}: x.size(-1) must equal d_k = {d_k}, got x of shape {list(x.shape)}"
+        )
+    if not has_positions and x.dim() - 1 < -seq_dim - 1:
+        raise ValueError(
+            f"{_MODULE}: without token_positions, x needs a sequence axis at seq_dim = {seq_dim}, "
+            f"got x of shape {list(x.shape)}"
+        )
+
+
+def module_positions(x: Tensor, token_positions: Optional[Tensor], seq_dim: int) -> Tensor:
+    """rope::detail::module_positions: the positions the module passes to rope.apply for x."""
+    trailing = -seq_dim - 2  # dims of x.shape[:-1] after the sequence axis
+    rank = x.dim() - 1
+    if token_positions is None:
+        if rank < trailing + 1:
+            raise ValueError(
+                f"{_MODULE}: without token_positions, x needs a sequence axis at seq_dim = "
+                f"{seq_dim}, got x of shape {list(x.shape)}"
+            )
+        positions = torch.arange(x.shape[seq_dim], device=x.device)
+    else:
+        positions = token_positions
+        if positions.dim() == 2 and rank >= 2 + trailing:
+            for _ in range(rank - 2 - trailing):  # (B, S): B on x's first axis
+                positions = positions.unsqueeze(1)
+    if positions.dim() <= 2:
+        for _ in range(trailing):
+            positions = positions.unsqueeze(-1)
+    if token_positions is not None and rank >= 0:
+        rows = x.shape[:-1]
+        fits = positions.dim() <= len(rows) and all(
+            p == 1 or p == r for p, r in zip(reversed(positions.shape), reversed(rows))
+        )
+        if not fits:
+            raise ValueError(
+                f"{_MODULE}: token_positions of shape {list(token_positions.shape)} do not fit x "
+                f"of shape {list(x.shape)} with seq_dim = {seq_dim}. The module reads 1-D "
+                "positions as (S,) along x's sequence axis (seq_dim), 2-D positions as (B, S) "
+                "with B on x's first axis, and positions of 3 or more dims as broadcastable to "
+                "x.shape[:-1]. For x laid out (B, S, H, D) construct the module with seq_dim=-3, "
+                "for (B, H, S, D) with seq_dim=-2"
+                + (
+                    ""
+                    if type(x) is Tensor
+                    else " (x is a DTensor: these are global shapes, so positions must be global "
+                    "and broadcastable to the global shape)"
+                )
+            )
+    return positions
+
+
+def long_rope_positions(positions: Tensor, long_offset: int, long_after: int) -> Tensor:
+    """rope::detail::long_rope_positions: LongRoPE's switch on the device (no host sync). Rows
+    shift to the long-factor tables when the call's largest position is >= long_after
+    (transformers' rule: ``max(positions) + 1 > original_max_position_embeddings``)."""
+    if not long_offset or positions.numel() == 0:
+        return positions
+    is_long = (positions.max() >= long_after).to(positions.dtype)
+    return positions + is_long * long_offset

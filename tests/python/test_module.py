@@ -208,9 +208,9 @@ def test_call_takes_nn_module_path_when_hooks_exist():
 
 def test_fast_call_reports_bad_input_as_forward_does():
     rope = torch_rope.RotaryPositionalEmbedding(10000.0, 8, 16)
-    with pytest.raises(ValueError, match=r"must equal d_k = 8, got x of shape \(2, 4\)"):
+    with pytest.raises(ValueError, match=r"must equal d_k = 8, got x of shape \[2, 4\]"):
         rope(torch.randn(2, 4))
-    with pytest.raises(ValueError, match=r"seq_dim = -2, got x of shape \(8,\)"):
+    with pytest.raises(ValueError, match=r"seq_dim = -2, got x of shape \[8\]"):
         rope(torch.randn(8))
     with pytest.raises(TypeError, match="token_positions must be an int32/int64 Tensor"):
         rope(torch.randn(2, 8), [0, 1])

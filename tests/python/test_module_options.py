@@ -24,15 +24,15 @@ RoPE = torch_rope.RotaryPositionalEmbedding
 @pytest.mark.parametrize(
     "kwargs,error,pattern",
     [
-        (dict(theta=0.0), ValueError, r"theta must be a positive finite number, got 0.0"),
-        (dict(theta=-1.0), ValueError, r"theta.*-1.0"),
+        (dict(theta=0.0), ValueError, r"theta must be a positive finite number, got 0\b"),
+        (dict(theta=-1.0), ValueError, r"theta.*got -1\b"),
         (dict(theta=float("nan")), ValueError, r"theta.*nan"),
         (dict(theta=float("inf")), ValueError, r"theta.*inf"),
         (dict(theta="1e4"), TypeError, r"theta must be a number"),
         (dict(theta=True), TypeError, r"theta must be a number"),
         (dict(max_seq_len=0), ValueError, r"max_seq_len must be >= 1, got 0"),
         (dict(max_seq_len=-5), ValueError, r"max_seq_len must be >= 1, got -5"),
-        (dict(max_seq_len=2**63 - 1), ValueError, r"max_seq_len \* rotary_dim must be <= 2\*\*53"),
+        (dict(max_seq_len=2**63 - 1), ValueError, r"max_seq_len \* rotary_dim must be <= 2\^53"),
         (dict(max_seq_len=100.7), TypeError, r"max_seq_len must be an int, got float 100.7"),
         (dict(max_seq_len=100.0), TypeError, r"max_seq_len must be an int, got float"),
         (dict(max_seq_len=True), TypeError, r"max_seq_len must be an int, got bool"),
@@ -41,7 +41,7 @@ RoPE = torch_rope.RotaryPositionalEmbedding
         (dict(rotary_dim=8.0), TypeError, r"rotary_dim must be an int"),
         (dict(rotary_dim=7), ValueError, r"rotary_dim must be even.*got 7"),
         (dict(interleaved=1), TypeError, r"interleaved must be a bool"),
-        (dict(dtype=torch.bfloat16), ValueError, r"dtype.*float32 or torch.float64.*bfloat16"),
+        (dict(dtype=torch.bfloat16), ValueError, r"dtype.*float32 or float64.*BFloat16"),
         (dict(seq_dim=-1), ValueError, r"seq_dim must be a negative axis.*got -1"),
         (dict(seq_dim=1), ValueError, r"seq_dim.*got 1"),
         (dict(seq_dim=-2.0), TypeError, r"seq_dim must be an int"),
@@ -59,8 +59,7 @@ def test_d_k_mismatch_names_both_sizes():
     rope = RoPE(10000.0, 8, 32)
     with pytest.raises(
         ValueError,
-        match=r"x.size\(-1\) must equal d_k = 8, got x of shape "
-        r"\(2, 3, 16\)",
+        match=r"x.size\(-1\) must equal d_k = 8, got x of shape \[2, 3, 16\]",
     ):
         rope(torch.randn(2, 3, 16))
     with pytest.raises(ValueError, match="d_k = 8"):

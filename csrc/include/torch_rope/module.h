@@ -122,27 +122,4 @@ class RotaryPositionalEmbeddingImpl : public torch::nn::Cloneable<RotaryPosition
 
 TORCH_MODULE(RotaryPositionalEmbedding);
 
-// The tables a module holds for a scaling variant, and LongRoPE's switch without a host sync:
-// for LongRopeScaling without a seq_len, rows [0, max_seq_len) hold the short-factor tables and
-// rows [max_seq_len, 2 max_seq_len) the long-factor ones; a call whose largest position is
-// >= long_after adds long_offset to its positions. Otherwise long_offset is 0.
-struct ModuleTables {
-  at::Tensor cos;
-  at::Tensor sin;
-  int64_t long_offset = 0;
-  int64_t long_after = 0;
-};
-ModuleTables module_tables(double theta, int64_t rotary_dim, int64_t max_seq_len,
-                           const RopeScaling& scaling, c10::ScalarType dtype,
-                           std::optional<c10::Device> device);
-
-// The positions a module passes to rope::apply for x: token_positions aligned with x's sequence
-// axis `seq_dim` (a negative axis before the features), as the module documents. (S,) and (B, S)
-// positions get the unit dims the op's trailing broadcast needs (B on x's first axis, S on the
-// sequence axis); 3-D and larger positions are returned unchanged; nullopt means arange along
-// the sequence axis. Checks x's rank (c10::ValueError). Shared by the C++ module and the Python
-// module's eager path.
-at::Tensor module_positions(const at::Tensor& x, const std::optional<at::Tensor>& token_positions,
-                            int64_t seq_dim);
-
 }  // namespace rope

@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The argument rules and shape conventions of the tables and the module, each defined once
+// (rules.cpp) and called from C++ and, through bindings.cpp, from Python (c10 errors arrive there
+// as ValueError / TypeError / IndexError). Internal: not installed with the public headers.
+//
+// The Python module keeps one mirror of check_module_input, module_positions and
+// long_rope_positions for the path torch.compile and torch.func trace (they cannot trace into a
+// pybind11 call); tests/python pins that mirror to these functions with a parity test.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+#include <torch_rope/tables.h>
+
+#include <optional>
+
+namespace rope::detail {
+
+// Tables are float32 or float64: half-precision tables lose accuracy at long context.
+void check_table_dtype(const char* who, c10::ScalarType dtype);
+
+// max_seq_len >= 1, and max_seq_len * rotary_dim <= 2^53: positions are exact in float64 up to
+// 2^53, and a module's LongRoPE tables (2 * max_seq_len rows of rotary_dim / 2) stay addressable.
+// The one bound for rope_tables, rope_tables_from_inv_freq, the module and extend_tables.
+void check_table_length(const char* who, int64_t max_seq_len, int64_t rotary_dim);
+
+// The module constructor's arguments (the C++ and the Python module's): theta positive and finite,
+// d_k >= 1, rotary_dim even in [2, d_k], the table length, the table dtype, seq_dim <= -2.
+void check_module_arguments(double theta, int64_t d_k, int64_t rotary_dim, int64_t max_seq_len,
+                            c10::ScalarType dtype, int64_t seq_dim);
+
+// A forward's x: (..., d_k), with a sequence axis at seq_dim when positions are not given.
+void check_module_input(const at::Tensor& x, int64_t d_k, int64_t seq_dim, bool has_positions);
+
+// The positions a module passes to rope::apply for x: token_positions aligned with x's sequence
+// axis `seq_dim` (a negative axis before the features). (S,) and (B, S) positions get the unit
+// dims the op's trailing broadcast needs (B on x's first axis, S on the sequence axis); 3-D and
+// larger positions are returned unchanged; nullopt means arange along the sequence axis. Positions
+// that then do not fit x get a ValueError stating this rule (not the op's).
+at::Tensor module_positions(const at::Tensor& x, const std::optional<at::Tensor>& token_positions,
+                            int64_t seq_dim);
+
+// LongRoPE's switch, on the device (no host sync): the table rows for `positions` are the
+// positions themselves, or shifted by long_offset to the long-factor tables when the call's
+// largest position is >= long_after (transformers' rule). long_offset == 0: unchanged.
+at::Tensor long_rope_positions(const at::Tensor& positions, int64_t long_offset,
+                               int64_t long_after);
+
+// The tables a module holds for a scaling variant (defined in module.cpp). For LongRopeScaling
+// without a seq_len, rows [0, max_seq_len) hold the short-factor tables and rows
+// [max_seq_len, 2 max_seq_len) the long-factor ones (see long_rope_positions); otherwise
+// long_offset is 0.
+struct ModuleTables {
+  at::Tensor cos;
+  at::Tensor sin;
+  int64_t long_offset = 0;
+  int64_t long_after = 0;
+};
+ModuleTables module_tables(double theta, int64_t rotary_dim, int64_t max_seq_len,
+                           const RopeScaling& scaling, c10::ScalarType dtype,
+                           std::optional<c10::Device> device);
+
+}  // namespace rope::detail

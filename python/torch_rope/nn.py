@@ -19,9 +19,29 @@ from torch.nn.modules.module import (  # noqa: E402
 from . import _C
 from . import distributed as _distributed
 from ._scaling import _integer, _number, parse_scaling, rope_type_of
-from .ops import _function_mode_active, _functorch_active, _is_compiling, apply
+from .ops import apply, eager_fast_path
 
 _jit_tracing = torch._C._get_tracing_state
+
+# The hook registries nn.Module._call_impl reads, and how __call__ below covers each: it skips
+# nn.Module.__call__ only while every "checked" registry is empty; the others hold a subset of the
+# keys of a checked one (flags of hooks registered there), so they are empty with it.
+# test_module.py fails when torch's _call_impl reads a registry not listed here.
+CALL_HOOK_REGISTRIES = {
+    "_forward_pre_hooks": "checked",
+    "_forward_hooks": "checked",
+    "_backward_pre_hooks": "checked",
+    "_backward_hooks": "checked",
+    "_global_forward_pre_hooks": "checked",
+    "_global_forward_hooks": "checked",
+    "_global_backward_pre_hooks": "checked",
+    "_global_backward_hooks": "checked",
+    "_forward_pre_hooks_with_kwargs": "subset of _forward_pre_hooks",
+    "_forward_hooks_with_kwargs": "subset of _forward_hooks",
+    "_forward_hooks_always_called": "subset of _forward_hooks",
+    "_global_forward_hooks_with_kwargs": "subset of _global_forward_hooks",
+    "_global_forward_hooks_always_called": "subset of _global_forward_hooks",
+}
 
 
 class RotaryPositionalEmbedding(nn.Module):
@@ -163,11 +183,8 @@ class RotaryPositionalEmbedding(nn.Module):
             x, positions = args[0], None
         else:
             return super().__call__(*args)
-        if (
-            not _is_compiling()  # first: Dynamo folds it to True and looks no further
-            and type(x) is Tensor
-            and (positions is None or type(positions) is Tensor)
-            and not self._long_offset
+        if (eager_fast_path(x) if positions is None else eager_fast_path(x, positions)) and (
+            not self._long_offset
             and self._compiled_call_impl is None
             and not (
                 self._forward_pre_hooks
@@ -179,8 +196,6 @@ class RotaryPositionalEmbedding(nn.Module):
                 or _global_backward_pre_hooks
                 or _global_backward_hooks
             )
-            and not _functorch_active()
-            and not _function_mode_active()
             and not _jit_tracing()
         ):
             buffers = self._buffers
@@ -198,13 +213,8 @@ class RotaryPositionalEmbedding(nn.Module):
         positions of 3 or more dims broadcast to ``x.shape[:-1]`` as the op does. Returns a new
         tensor of ``x``'s shape and dtype.
         """
-        if (
-            not _is_compiling()  # first: Dynamo folds it to True and looks no further
-            and type(x) is Tensor
-            and (token_positions is None or type(token_positions) is Tensor)
-            and not self._long_offset
-            and not _functorch_active()
-            and not _function_mode_active()
+        if not self._long_offset and (
+            eager_fast_path(x) if token_positions is None else eager_fast_path(x, token_positions)
         ):
             # Eager plain tensors (decode calls this twice per layer per token): the module's
             # checks, the positions' alignment and the rotation in one C++ call (csrc/rules.h).

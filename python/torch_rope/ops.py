@@ -42,6 +42,29 @@ _apply_qk = torch.ops.rope.apply_qk.default
 _is_compiling = torch.compiler.is_compiling
 _functorch_active = torch._C._are_functorch_transforms_active
 _function_mode_active = torch._C._is_torch_function_mode_enabled
+
+
+# A plain tensor standing for an argument a call does not have (a fixed signature with defaults
+# costs a third of a variadic one, and this runs on every decode call).
+_ABSENT = torch.empty(0)
+
+
+def eager_fast_path(a, b=_ABSENT, c=_ABSENT, d=_ABSENT, e=_ABSENT) -> bool:
+    """Whether a call on these tensors may take the typed C++ entry points: eager, plain tensors
+    (not None, not a subclass such as DTensor), no functorch transform and no
+    ``__torch_function__`` mode. The one gate of ops.py and nn.py."""
+    return (
+        not _is_compiling()  # first: Dynamo folds it to True and looks no further
+        and type(a) is Tensor
+        and type(b) is Tensor
+        and type(c) is Tensor
+        and type(d) is Tensor
+        and type(e) is Tensor
+        and not _functorch_active()
+        and not _function_mode_active()
+    )
+
+
 _fast_apply = _C._apply
 # Dynamo before torch 2.6 (pytorch#140202) refuses an out= op that returns nothing.
 _dynamo_refuses_out = torch.torch_version.TorchVersion(torch.__version__) < (2, 6)
@@ -73,16 +96,7 @@ def apply(
     KV-cache slot: any strides, ``x``'s shape and dtype, never resized, sharing no memory with
     an input) and ``out`` is returned; ``out=`` is not differentiable.
     """
-    if (
-        not _is_compiling()
-        and out is None
-        and type(x) is Tensor
-        and type(positions) is Tensor
-        and type(cos) is Tensor
-        and type(sin) is Tensor
-        and not _functorch_active()
-        and not _function_mode_active()
-    ):
+    if out is None and eager_fast_path(x, cos, sin, positions):
         return _fast_apply(x, cos, sin, positions, interleaved, inverse)
     if type(x) is not Tensor:  # a subclass such as DTensor
         _maybe_register_for(x)
@@ -117,15 +131,7 @@ def apply_(
     inverse: bool = False,
 ) -> Tensor:
     """Rotate ``x`` in place and return it. Every check runs before anything is written."""
-    if (
-        not _is_compiling()
-        and type(x) is Tensor
-        and type(positions) is Tensor
-        and type(cos) is Tensor
-        and type(sin) is Tensor
-        and not _functorch_active()
-        and not _function_mode_active()
-    ):
+    if eager_fast_path(x, cos, sin, positions):
         _fast_apply_inplace(x, cos, sin, positions, interleaved, inverse)
         return x
     if type(x) is not Tensor:  # a subclass such as DTensor
@@ -151,16 +157,7 @@ def apply_qk(
     ``q`` and ``k`` may have different head counts (GQA/MQA); ``positions`` is broadcast against
     ``q.shape[:-1]`` and ``k.shape[:-1]`` separately.
     """
-    if (
-        not _is_compiling()
-        and type(q) is Tensor
-        and type(k) is Tensor
-        and type(positions) is Tensor
-        and type(cos) is Tensor
-        and type(sin) is Tensor
-        and not _functorch_active()
-        and not _function_mode_active()
-    ):
+    if eager_fast_path(q, k, cos, sin, positions):
         return _fast_apply_qk(q, k, cos, sin, positions, interleaved, inverse)
     if type(q) is not Tensor or type(k) is not Tensor:  # a subclass such as DTensor
         _maybe_register_for(q, k)

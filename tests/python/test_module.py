@@ -272,3 +272,20 @@ def test_integrations_are_attributes_loaded_on_first_use():
     assert "ok" in result.stdout
     with pytest.raises(AttributeError, match="has no attribute 'nothing_here'"):
         torch_rope.nothing_here  # noqa: B018
+
+
+def test_call_override_knows_every_hook_registry_torch_reads():
+    # RotaryPositionalEmbedding.__call__ skips nn.Module.__call__ when no hook is registered. A
+    # registry that a newer torch adds to _call_impl would be silently ignored: fail instead.
+    import inspect
+    import re
+
+    from torch_rope.nn import CALL_HOOK_REGISTRIES
+
+    source = inspect.getsource(nn.Module._call_impl)
+    read = set(re.findall(r"self\.(_\w*hooks\w*)\b", source))
+    read |= set(re.findall(r"\b(_global_\w*hooks\w*)\b", source))
+    read = {name for name in read if not callable(getattr(nn.Module, name, None))}  # methods
+    assert "_forward_hooks" in read, "the scan no longer finds torch's hook registries"
+    unknown = sorted(read - set(CALL_HOOK_REGISTRIES))
+    assert not unknown, f"nn.Module._call_impl reads hook registries __call__ ignores: {unknown}"

@@ -15,6 +15,13 @@ Two entry points, both thin layers over :func:`torch_rope.apply_qk`:
   torch_rope's float64 builder (``config.rope_parameters``, or ``rope_scaling`` in older configs).
 
 transformers is imported lazily, only by :func:`patch`; ``import torch_rope.hf`` never needs it.
+
+Why not transformers' own ``use_kernel_func_from_hub("rotary_pos_emb")`` hook: it swaps the
+function for every model of the process (patch changes one model and can be undone), it goes
+through the ``kernels`` package's hub mapping (GPU-only kernels, fetched from the Hub, which this
+project's machines cannot reach), and it keeps the gathered-cos/sin signature, so the rotary
+module would still gather (and, for a bf16 model, round) its tables on every call. patch instead
+hands the attention layers positions and float32 tables built in float64.
 """
 
 import functools
@@ -155,14 +162,6 @@ def _layer_types(rotary: nn.Module) -> Optional[List[str]]:
     return [t for t in layer_types if hasattr(rotary, f"{t}_inv_freq")]
 
 
-def _head_dim(attention: nn.Module, config) -> int:
-    for name in ("head_dim", "head_size"):
-        value = getattr(attention, name, None)
-        if isinstance(value, int):
-            return value
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
 def _scaling_dict(params: Dict[str, Any], config) -> Dict[str, Any]:
     """config.rope_parameters (one layer type's) -> the dict RotaryPositionalEmbedding takes."""
     scaling = {k: v for k, v in params.items() if v is not None}
@@ -294,32 +293,40 @@ def _apply_with_tables(q, k, cos, sin, unsqueeze_dim=1):
 _NAMESPACES: Dict[str, types.ModuleType] = {}
 
 
-def _patched_namespace(original_globals: Dict[str, Any]) -> Dict[str, Any]:
+def _patched_namespace(original_globals: Dict[str, Any], refresh: bool) -> Dict[str, Any]:
+    """The patched copy of a modeling module's globals: the module's live globals with our
+    apply_rotary_pos_emb. ``refresh`` (every patch()) copies them again, so that a name rebound
+    since the last patch (another patcher, transformers' hub-kernel swap) is seen; the dict object
+    stays the same, so forwards built over it earlier see the refreshed names too."""
     source = original_globals["__name__"]
     module = _NAMESPACES.get(source)
     if module is None:
         name = "torch_rope_hf_patched__" + source.replace(".", "_")
         module = types.ModuleType(name)
+        sys.modules[name] = module
+        _NAMESPACES[source] = module
+        refresh = True
+    if refresh:
+        name = module.__name__
+        module.__dict__.clear()
         module.__dict__.update(original_globals)
         module.__dict__["__name__"] = name
         module.__dict__[_HF_NAME] = _apply_with_tables
-        sys.modules[name] = module
-        _NAMESPACES[source] = module
     return module.__dict__
 
 
 _REBUILT_FORWARDS: Dict[type, types.FunctionType] = {}
 
 
-def _rebuilt_forward(attention_class: type) -> types.FunctionType:
+def _rebuilt_forward(attention_class: type, refresh: bool = False) -> types.FunctionType:
     """attention_class.forward rebuilt over a patched copy of its module's globals, so that its
     apply_rotary_pos_emb is ours while other models (and unpatched instances of the same class)
-    keep transformers' function. Built once per class, and again after unpickling in a new
-    process."""
+    keep transformers' function. Rebuilt from the live class and module at every patch()
+    (``refresh``); built on first use after unpickling in a new process."""
     function = _REBUILT_FORWARDS.get(attention_class)
-    if function is None:
+    if function is None or refresh:
         original = attention_class.forward
-        namespace = _patched_namespace(original.__globals__)
+        namespace = _patched_namespace(original.__globals__, refresh)
         function = types.FunctionType(
             original.__code__,
             namespace,
@@ -345,35 +352,51 @@ def _bind(function, module: nn.Module):
     return functools.partial(function, module)
 
 
-def _self_check(rotary, key, attention, head_dim) -> None:
-    """Refuse to patch when our rotation does not reproduce the model's own on a small input."""
+def _self_check(rotary, key, attention) -> None:
+    """Refuse to patch when a patched attention layer disagrees with the unpatched one.
+
+    One forward of the layer each way on a probe input: the unpatched forward gets HF's gathered
+    (B, S, R) cos/sin with duplicated halves, made from our own tables (so this checks how the
+    layer uses them: slices, casts, layout, partial rotary; the frequencies are checked apart),
+    the patched one gets the positions and the tables, as the patched rotary module returns them.
+    """
     device = _device_of(rotary, key)
     if device.type == "meta":
         return
-    hf_apply = type(attention).forward.__globals__[_HF_NAME]
-    length = min(16, rotary.config.max_position_embeddings)
-    position_ids = torch.arange(length, device=device).unsqueeze(0)
-    generator = torch.Generator(device="cpu").manual_seed(0)
-    q = torch.randn(1, 2, length, head_dim, generator=generator).to(device)
-    k = torch.randn(1, 1, length, head_dim, generator=generator).to(device)
+    config = rotary.config
     tables = rotary.torch_rope[key]
+    dtype = next((p.dtype for p in attention.parameters()), torch.float32)
+    length = min(16, config.max_position_embeddings)
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    hidden = torch.randn(1, length, config.hidden_size, generator=generator)
+    hidden = hidden.to(device=device, dtype=dtype)
+    position_ids = torch.arange(length, device=device).unsqueeze(0)
+    cos = tables.cos[position_ids].repeat(1, 1, 2).to(dtype)
+    sin = tables.sin[position_ids].repeat(1, 1, 2).to(dtype)
     refusal = (
-        f"torch_rope.hf.patch: {type(attention).__name__} rotates q/k differently from "
-        "torch_rope's half-split RoPE on a test input; not patching this model"
+        f"torch_rope.hf.patch: a patched {type(attention).__name__} disagrees with the unpatched "
+        "one on a probe input (it rotates q/k differently from torch_rope's half-split RoPE); "
+        "not patching this model"
     )
     with torch.no_grad():
-        # HF's gathered (B, S, R) cos/sin with duplicated halves, from our own tables: this checks
-        # how the layer rotates (layout, partial rotary), the frequencies are checked apart.
-        cos = tables.cos[position_ids].float().repeat(1, 1, 2)
-        sin = tables.sin[position_ids].float().repeat(1, 1, 2)
         try:
-            want_q, want_k = hf_apply(q, k, cos, sin)
-        except Exception as error:  # e.g. a layer that slices the rotary part before calling
+            want = type(attention).forward(
+                attention, hidden_states=hidden, position_embeddings=(cos, sin), attention_mask=None
+            )[0]
+            got = _patched_attention_forward(
+                attention,
+                hidden_states=hidden,
+                position_embeddings=(position_ids, tables),
+                attention_mask=None,
+            )[0]
+        except Exception as error:  # e.g. a layer that slices or reshapes cos/sin itself
             raise NotImplementedError(refusal) from error
-        got_q, got_k = _apply_with_tables(q, k, position_ids, tables)
-    for want, got in ((want_q, got_q), (want_k, got_k)):
-        if want.shape != got.shape or not torch.allclose(want, got, rtol=1e-4, atol=1e-4):
-            raise NotImplementedError(refusal)
+    # float32: the two rotations differ by float32 rounding; 16-bit models also round q and k to
+    # their dtype at different points.
+    tol = 1e-4 if dtype in (torch.float32, torch.float64) else 5e-2
+    scale = want.abs().max().item() or 1.0
+    if want.shape != got.shape or (want - got).abs().max().item() > tol * scale:
+        raise NotImplementedError(refusal)
 
 
 def patch(model: nn.Module, *, max_seq_len: Optional[int] = None) -> nn.Module:
@@ -450,28 +473,32 @@ def patch(model: nn.Module, *, max_seq_len: Optional[int] = None) -> nn.Module:
     rotary.torch_rope = tables
     rotary._torch_rope_dynamic = dynamic
     try:
+        record.rotary.append(rotary)
         checked = set()
         for attention in attentions:
             if type(attention) not in checked:
+                _rebuilt_forward(type(attention), refresh=True)
                 for key in keys:
-                    _self_check(rotary, key, attention, _head_dim(attention, config))
+                    _self_check(rotary, key, attention)
                 checked.add(type(attention))
             attention.forward = _bind(_patched_attention_forward, attention)
             record.attention.append(attention)
         rotary.forward = _bind(_patched_rotary_forward, rotary)
-        record.rotary.append(rotary)
     except BaseException:
         _undo(record)
-        del rotary.torch_rope
-        del rotary._torch_rope_dynamic
         raise
     object.__setattr__(model, _PATCH_ATTR, record)
     return model
 
 
 def _undo(record: _Patch) -> None:
+    """Everything patch() did to the modules in ``record``, undone (also after a failed patch)."""
     for module in record.attention + record.rotary:
         module.__dict__.pop("forward", None)
+    for rotary in record.rotary:
+        for name in ("torch_rope", "_torch_rope_dynamic"):
+            if hasattr(rotary, name):
+                delattr(rotary, name)
 
 
 def unpatch(model: nn.Module) -> nn.Module:
@@ -482,8 +509,5 @@ def unpatch(model: nn.Module) -> nn.Module:
     if record is None:
         return model
     _undo(record)
-    for rotary in record.rotary:
-        del rotary.torch_rope
-        del rotary._torch_rope_dynamic
     object.__delattr__(model, _PATCH_ATTR)
     return model

@@ -9,6 +9,7 @@ HF's own bf16 error.
 """
 
 import copy
+import types
 
 import pytest
 import torch
@@ -404,3 +405,63 @@ def test_self_check_refuses_a_model_whose_rotation_differs(monkeypatch):
     assert not torch_rope.hf.is_patched(model)
     assert all("forward" not in vars(m) for m in model.modules())
     assert not hasattr(model.model.rotary_emb, "torch_rope")
+
+
+def test_self_check_runs_the_layer_so_a_layer_that_casts_cos_sin_is_refused(monkeypatch):
+    """A layer that transforms cos/sin before rotating would pass a check of the rotation
+    function alone and fail at its first patched forward; patch runs the layer and refuses."""
+    model = hf_models.build("llama")
+    attention_class = type(model.model.layers[0].self_attn)
+    original = attention_class.forward
+
+    def casting_forward(self, hidden_states, position_embeddings, attention_mask=None, **kw):
+        apply_rotary_pos_emb  # noqa: B018, F821  (resolved in the modeling module's globals)
+        cos, sin = position_embeddings
+        cast = (cos.to(hidden_states.dtype), sin.to(hidden_states.dtype))
+        return original(self, hidden_states, cast, attention_mask, **kw)
+
+    # Defined over the modeling module's globals, as a layer of that module would be.
+    forward = types.FunctionType(
+        casting_forward.__code__,
+        original.__globals__,
+        "forward",
+        casting_forward.__defaults__,
+        casting_forward.__closure__,
+    )
+    monkeypatch.setattr(attention_class, "forward", forward)
+    inputs = torch.randint(2, 256, (1, 6))
+    with torch.no_grad():
+        before = model(inputs).logits  # the layer works unpatched
+    with pytest.raises(NotImplementedError, match="disagrees with the unpatched one"):
+        torch_rope.hf.patch(model)
+    assert not torch_rope.hf.is_patched(model)
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert not hasattr(model.model.rotary_emb, "torch_rope")
+    with torch.no_grad():
+        assert torch.equal(model(inputs).logits, before)
+
+
+def test_patch_sees_names_rebound_in_the_modeling_module_since_an_earlier_patch(monkeypatch):
+    """Another patcher (or transformers' hub-kernel swap) may rebind a modeling module's global
+    after a first model was patched; a model patched after that must see the new binding."""
+    first = torch_rope.hf.patch(hf_models.build("llama"))
+    with torch.no_grad():
+        first(torch.randint(2, 256, (1, 6)))  # its patched forwards are built and used
+    second = hf_models.build("llama")
+    second.config._attn_implementation = "eager"  # the layer then calls eager_attention_forward
+    module_globals = type(second.model.layers[0].self_attn).forward.__globals__
+    original = module_globals["eager_attention_forward"]
+    calls = []
+
+    def counting_attention(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setitem(module_globals, "eager_attention_forward", counting_attention)
+    torch_rope.hf.patch(second)
+    calls.clear()  # the patch's self-check ran the layer too
+    with torch.no_grad():
+        second(torch.randint(2, 256, (1, 6)))
+    assert len(calls) == second.config.num_hidden_layers
+    torch_rope.hf.unpatch(first)
+    torch_rope.hf.unpatch(second)

@@ -96,105 +96,6 @@ def register_if_loaded() -> None:
         register_sharding_rules()
 
 
-def _as_dtensors_like(x, cos, sin, positions):
-    """The module's ``(cos, sin, positions)`` as DTensors on ``x``'s mesh, with no communication.
-
-    Called by ``RotaryPositionalEmbedding.forward`` when ``x`` is not a plain tensor; a plain
-    ``x`` gets its arguments back unchanged, DTensor arguments pass through. The tables and plain
-    positions are full, global tensors on every rank (default positions come from ``x``'s global
-    shape): DTensors replicated *in value*. The tables are wrapped as ``Replicate``. Positions
-    are handed over already split the way the rules want them for ``x``'s placements, each rank
-    keeping its slice: the same value, but DTensor has nothing left to redistribute (slicing
-    replicated positions inside the op costs ~0.4 ms per eager call on a 2-core VM). Under
-    ``torch.compile``, and for placements this does not model, positions are wrapped as
-    ``Replicate`` and the rules slice them.
-    """
-    dtensor_module = sys.modules.get("torch.distributed.tensor")
-    if dtensor_module is None or not isinstance(x, dtensor_module.DTensor):
-        return cos, sin, positions
-    DTensor, Replicate, Shard = (
-        dtensor_module.DTensor,
-        dtensor_module.Replicate,
-        dtensor_module.Shard,
-    )
-    mesh = x.device_mesh
-    replicated = (Replicate(),) * mesh.ndim
-    wanted = replicated
-    if not isinstance(positions, DTensor) and not torch.compiler.is_compiling():
-        wanted = []
-        for p in x.placements:
-            if type(p) is Shard:  # not _StridedShard: nested shard orders are DTensor's business
-                wanted.append(_positions_placement(x.ndim, positions.shape, p.dim))
-            elif p.is_replicate() or p.is_partial():
-                wanted.append(Replicate())
-            else:
-                wanted = replicated
-                break
-        wanted = tuple(wanted)
-    return (
-        _wrap_global(cos, mesh, replicated),
-        _wrap_global(sin, mesh, replicated),
-        _wrap_global(positions, mesh, wanted),
-    )
-
-
-# Wrapping global tensors as DTensors. DTensor.from_local builds a DTensorSpec on every call, and
-# that costs ~0.1 ms, more than the op itself on decode-sized inputs. The module wraps the same
-# tables and position shapes call after call, so the spec, and the slice this rank keeps, are
-# cached per (mesh, placements, shape, stride, dtype) and the DTensor is built from them directly.
-_wrap_plans: dict = {}
-_MAX_WRAP_PLANS = 256  # a bound for varying sequence lengths; the cache is cheap to refill
-
-
-def _wrap_global(t, mesh, placements):
-    """``t`` (a global tensor, the same on every rank) as a DTensor with ``placements`` on
-    ``mesh``: each rank keeps its own slice, nothing is communicated. DTensors pass through."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(t, DTensor):
-        return t
-    if torch.compiler.is_compiling():  # traceable path; the graph makes it free
-        return _from_local_global(t, mesh, placements)
-    key = (mesh, placements, t.shape, t.stride(), t.dtype)
-    plan = _wrap_plans.get(key)
-    if plan is None:
-        try:
-            plan = _wrap_plan(t, mesh, placements)
-        except (ImportError, TypeError):  # DTensor internals moved: the public, slower path
-            return _from_local_global(t, mesh, placements)
-        if len(_wrap_plans) >= _MAX_WRAP_PLANS:
-            _wrap_plans.clear()
-        _wrap_plans[key] = plan
-    spec, index = plan
-    return DTensor(t if index is None else t[index], spec, requires_grad=False)
-
-
-def _wrap_plan(t, mesh, placements):
-    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    spec = DTensorSpec(
-        mesh, tuple(placements), tensor_meta=TensorMeta(t.shape, t.stride(), t.dtype)
-    )
-    if all(p.is_replicate() for p in placements):
-        return spec, None
-    local_shape, offset = compute_local_shape_and_global_offset(t.shape, mesh, placements)
-    return spec, tuple(slice(o, o + n) for o, n in zip(offset, local_shape))
-
-
-def _from_local_global(t, mesh, placements):
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    local = t
-    if not all(p.is_replicate() for p in placements):
-        local_shape, offset = compute_local_shape_and_global_offset(t.shape, mesh, placements)
-        local = t[tuple(slice(o, o + n) for o, n in zip(offset, local_shape))]
-    return DTensor.from_local(
-        local, mesh, placements, run_check=False, shape=t.shape, stride=t.stride()
-    )
-
-
 # --- the rules ------------------------------------------------------------------------------
 #
 # A rule gets DTensorSpecs (global shape + placements) and returns, for ONE mesh dimension, the
@@ -222,8 +123,9 @@ def _check_positions(op: str, name: str, x, positions) -> None:
     )
 
 
-def _positions_placement(x_ndim: int, positions_shape: Sequence[int], x_dim: Optional[int]):
+def positions_placement(x_ndim: int, positions_shape: Sequence[int], x_dim: Optional[int]):
     """The placement ``positions`` need when ``x`` is sharded on ``x_dim`` (None: not sharded).
+    Also used by the module (_dtensor_args.py) to hand positions over already placed.
 
     positions dim ``j`` aligns with x dim ``x_ndim - 1 - len(positions_shape) + j`` (broadcasting
     to ``x.shape[:-1]``, aligned right). Sharded alike where positions vary along that dim;
@@ -245,7 +147,7 @@ def _x_choices(x_ndim: int, positions_shape: Sequence[int]) -> List[Tuple[object
 
     choices = [(Replicate(), Replicate())]
     for d in range(x_ndim - 1):  # never the last (head_dim): a rotation mixes features
-        choices.append((Shard(d), _positions_placement(x_ndim, positions_shape, d)))
+        choices.append((Shard(d), positions_placement(x_ndim, positions_shape, d)))
     # Rotation is linear in x: a pending sum (or mean) can be rotated before it is reduced.
     choices += [(Partial("sum"), Replicate()), (Partial("avg"), Replicate())]
     return choices

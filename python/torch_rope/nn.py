@@ -18,6 +18,7 @@ from torch.nn.modules.module import (  # noqa: E402
 
 from . import _C
 from . import distributed as _distributed
+from ._dtensor_args import as_dtensors_like
 from ._scaling import _integer, _number, parse_scaling, rope_type_of
 from .ops import apply, eager_fast_path
 
@@ -239,7 +240,7 @@ class RotaryPositionalEmbedding(nn.Module):
         positions = long_rope_positions(positions, self._long_offset, self._long_after)
         cos, sin = self._buffers["cos"], self._buffers["sin"]
         if type(x) is not Tensor:  # a DTensor x gets DTensor tables and positions, no communication
-            cos, sin, positions = _distributed._as_dtensors_like(x, cos, sin, positions)
+            cos, sin, positions = as_dtensors_like(x, cos, sin, positions)
         return apply(x, cos, sin, positions, interleaved=self.interleaved)
 
     def _apply(self, fn, recurse=True):

@@ -3,7 +3,6 @@
 test_distributed.py.
 
     python distributed_worker.py OUT_DIR [--tier default|slow] [--world-size 2]
-    python distributed_worker.py --bench [--world-size 2]
 
 The launcher (this script without ``--rank``) starts one child process per rank, all in its own
 process group, so the test can kill the lot on a timeout. Every rank runs every check of the tier
@@ -863,79 +862,6 @@ def mesh2d_fsdp_tp_step(mesh):
         close(full(p), p_ref, f"FSDP x TP {name} after one step", rtol=1e-5, atol=1e-6)
 
 
-# --- per-call overhead ------------------------------------------------------------------------
-
-
-def bench(mesh):
-    """Median time per call on a DTensor vs on its local shard, for rope::apply and, as DTensor's
-    own per-op cost on the same machine and run, aten::add."""
-    import torch_rope
-
-    torch_rope.distributed.register_sharding_rules()  # raw torch.ops calls: register explicitly
-    d = dt()
-
-    def timed(fn, reps=300):
-        fn()  # the first call fills DTensor's sharding cache
-        samples = []
-        for _ in range(9):
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            samples.append((time.perf_counter() - t0) / reps)
-        return sorted(samples)[len(samples) // 2] * 1e6
-
-    rows = []
-    cos, sin = torch_rope.rope_tables(10000.0, 64, 1024)
-    R, S0, S1, S2 = d.Replicate(), d.Shard(0), d.Shard(1), d.Shard(2)
-    # (x shape, x placement, positions placement): sequence-sharded x with replicated positions
-    # makes DTensor slice the positions on every call (a redistribution); pre-sharded ones not.
-    for shape, placement, pos_placement in [
-        ((1, 8, 1, 64), S1, R),
-        ((1, 8, 128, 64), S1, R),
-        ((1, 8, 128, 64), S2, R),
-        ((1, 8, 128, 64), S2, S0),
-        ((4, 8, 512, 64), S1, R),
-    ]:
-        pos = torch.arange(shape[2])
-        xd = place(torch.randn(shape), mesh, placement)
-        cd, sd = replicated(cos, mesh), replicated(sin, mesh)
-        pd = place(pos, mesh, pos_placement)
-        local = xd.to_local()
-        # The positions this rank's rows need: its chunk when the sequence is sharded.
-        local_pos = pos.chunk(mesh.size())[mesh.get_local_rank()] if placement.dim == 2 else pos
-        with torch.no_grad():
-            rows.append(
-                (
-                    shape,
-                    placement,
-                    pos_placement,
-                    timed(lambda: torch.ops.rope.apply(local, cos, sin, local_pos)),
-                    timed(lambda: torch.ops.rope.apply(xd, cd, sd, pd)),
-                    timed(lambda: torch.add(local, local)),
-                    timed(lambda: torch.add(xd, xd)),
-                )
-            )
-    # The module with a sequence-sharded DTensor x and default positions (it pre-slices them).
-    rope = torch_rope.RotaryPositionalEmbedding(10000.0, 64, 1024)
-    shape = (1, 8, 128, 64)
-    xd = place(torch.randn(shape), mesh, S2)
-    local = xd.to_local()
-    local_pos = torch.arange(128).chunk(mesh.size())[mesh.get_local_rank()]
-    with torch.no_grad():
-        rows.append(
-            (
-                shape,
-                S2,
-                "module default",
-                timed(lambda: rope(local, local_pos)),
-                timed(lambda: rope(xd)),
-                timed(lambda: torch.add(local, local)),
-                timed(lambda: torch.add(xd, xd)),
-            )
-        )
-    return rows
-
-
 # --- process plumbing -------------------------------------------------------------------------
 
 
@@ -961,19 +887,6 @@ def run_rank(args):
         mesh = init_device_mesh("cpu", (args.world_size // 2, 2), mesh_dim_names=("dp", "tp"))
     else:
         mesh = init_device_mesh("cpu", (args.world_size,))
-    if args.bench:
-        for shape, placement, pos_placement, t_local, t_dt, add_local, add_dt in bench(mesh):
-            if args.rank == 0:
-                print(
-                    f"x{list(shape)} {placement}, positions {pos_placement}, over "
-                    f"{args.world_size} ranks, median us per "
-                    f"call: rope.apply local {t_local:.1f}, DTensor {t_dt:.1f} (overhead "
-                    f"{t_dt - t_local:.1f}); aten.add local {add_local:.1f}, DTensor "
-                    f"{add_dt:.1f} (overhead {add_dt - add_local:.1f})",
-                    flush=True,
-                )
-        dist.destroy_process_group()
-        return
     results = {}
     for name, (tier, fn) in CHECKS.items():
         if tier != args.tier or (args.only and name not in args.only.split(",")):
@@ -1000,7 +913,7 @@ def run_rank(args):
 
 def launch(args):
     """Start the ranks (children of this process, in its process group) and wait for them."""
-    out = args.out or tempfile.mkdtemp(prefix="torch_rope_dist_")  # --bench writes no results
+    out = args.out or tempfile.mkdtemp(prefix="torch_rope_dist_")
     store = os.path.join(out, "store")
     if os.path.exists(store):
         os.remove(store)
@@ -1023,8 +936,6 @@ def launch(args):
         ]
         if args.only:
             cmd += ["--only", args.only]
-        if args.bench:
-            cmd.append("--bench")
         procs.append(subprocess.Popen(cmd))
     codes = [None] * len(procs)
     while any(c is None for c in codes):
@@ -1051,7 +962,6 @@ def main():
         help="mesh2d: a 2 x 2 mesh, needs --world-size 4",
     )
     parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--bench", action="store_true", help="measure the per-call overhead")
     parser.add_argument("--only", help="comma-separated check names (default: the whole tier)")
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)

@@ -17,7 +17,20 @@ build keeps (-lineinfo): the lines of csrc/cuda/rope_kernel.cuh marked `// sass:
     load from the vector load to anything but LDG.E.128, or a vector variant has no 128-bit
     rotated store at all (the vector path optimised away);
   - any variant uses shared memory, barriers, shuffles or atomics: the host run of the kernel
-    (tests/cuda_host) is faithful only without them.
+    (tests/cuda_host) is faithful only without them;
+  - a vector variant does not have a whole batch of 16-byte loads in flight before it stores:
+    see "Loads in flight" below.
+
+Loads in flight. A thread of a vector variant reads kRowBatch rows (ROPE_CUDA_ROW_BATCH, 4 by
+default; --row-batch) of 16 bytes, 32 half split, before it computes and stores any of them, so
+that those loads overlap in memory; the half-split bf16 kernel runs at 25% occupancy and has no
+other latency hiding. The rule reads the machine code in program order and counts, between two
+global stores, the 128-bit loads of x (LDG.E.128 attributed to `// sass: vector load`); every
+such run that ends at a rotated 128-bit store must hold the whole batch: kRowBatch loads
+interleaved, 2 * kRowBatch half split. Stores are the right fence: x and out may alias
+(rope.apply_), so no compiler may move a load of x past a store to out, and a kernel that
+computes each row right after its load shows runs of 1 (2 half split) however it is scheduled.
+Runs that end at a tail store (the copy lanes) are not counted.
 Exit 77 (a skip, for ctest) when there is no cuobjdump / nvdisasm or no CUDA code in the file.
 
 The tools come from, in order: $CUOBJDUMP / $NVDISASM, --tool-dir, PATH, /usr/local/cuda/bin,
@@ -202,6 +215,24 @@ def width_of(opcode):
     return {"U16": "16", "S16": "16", "U8": "8", "S8": "8"}.get(m.group(1), m.group(1))
 
 
+def loads_in_flight(instructions, markers, kernel_file):
+    """Lengths of the runs of 128-bit x loads that end at a rotated 128-bit store (see above)."""
+    runs = []
+    pending = 0
+    for opcode, chain in instructions:
+        base = opcode.split(".")[0]
+        lines = {ln for f, ln in chain if f == kernel_file}
+        if base == "LDG" and width_of(opcode) == "128" and lines & markers["vector_load"]:
+            pending += 1
+        elif base == "STG":
+            if pending and lines & markers["vector"] and lines & markers["rotated"]:
+                runs.append(pending)
+            pending = 0
+    # (No reset at EXIT: the disassembly drops predicates, and a predicated EXIT, the early
+    # return of a bad position, sits between a batch's loads and its stores.)
+    return runs
+
+
 def analyse(cubin, arch, tools, markers):
     resources = parse_resources(run([tools["cuobjdump"], "-res-usage", str(cubin)]))
     functions = parse_sass(run([tools["nvdisasm"], "-gi", "-c", str(cubin)]))
@@ -239,6 +270,7 @@ def analyse(cubin, arch, tools, markers):
             stores[kind][w] = stores[kind].get(w, 0) + 1
         registers = res.get("registers", 0)
         blocks = resident_blocks(registers) if registers else None
+        in_flight = loads_in_flight(instructions, markers, kernel_file)
         rows.append(
             {
                 "arch": arch,
@@ -255,6 +287,7 @@ def analyse(cubin, arch, tools, markers):
                 "stores": stores,
                 "loads": loads,
                 "vector_loads": vector_loads,
+                "loads_in_flight": min(in_flight) if in_flight else None,
                 "forbidden": sorted(set(counts["forbidden"])),
             }
         )
@@ -274,9 +307,9 @@ def markdown(rows):
         out.append(
             "| kernel (storage / tables / layout / variant) | regs | spills | blocks/SM "
             "(occupancy) | rotated stores, vector | tail stores, vector | stores, scalar "
-            "path | other stores | global loads |"
+            "path | other stores | global loads | x loads in flight |"
         )
-        out.append("|---|---|---|---|---|---|---|---|---|")
+        out.append("|---|---|---|---|---|---|---|---|---|---|")
         for r in sorted((r for r in rows if r["arch"] == arch), key=lambda r: r["kernel"]):
             spills = (
                 f"{r['stack']}/{r['local']} B, {r['spill_instructions']} STL/LDL"
@@ -293,17 +326,25 @@ def markdown(rows):
                 f"| {r['kernel']} | {r['registers']} | {spills} | {occ} | "
                 f"{fmt_widths(s['rotated_vector'])} | {fmt_widths(s['tail_vector'])} | "
                 f"{fmt_widths(s['scalar'])} | {fmt_widths(s['other'])} | "
-                f"{fmt_widths(r['loads'])} |"
+                f"{fmt_widths(r['loads'])} | {r['loads_in_flight'] or '-'} |"
             )
         out.append("")
     out.append(
         'Widths in bits, as `count x width`. "other stores" are stores the line info '
-        "does not attribute to a marked line."
+        'does not attribute to a marked line. "x loads in flight": the fewest 128-bit loads of '
+        "x issued before a rotated store (the rule of --check)."
     )
     return "\n".join(out)
 
 
-def check(rows, markers):
+def default_row_batch():
+    """ROPE_CUDA_ROW_BATCH's default in csrc/cuda/launch_plan.h."""
+    text = (REPO / "csrc" / "cuda" / "launch_plan.h").read_text()
+    m = re.search(r"#define ROPE_CUDA_ROW_BATCH (\d+)", text)
+    return int(m.group(1)) if m else None
+
+
+def check(rows, markers, row_batch):
     problems = []
     if not markers["vector"] or not markers["rotated"]:
         problems.append(
@@ -348,6 +389,16 @@ def check(rows, markers):
             problems.append(f"{where}: a vector variant without a single 128-bit rotated store")
         if info is not None and not info["vector"] and r["stores"]["rotated_vector"]:
             problems.append(f"{where}: a scalar-only variant with vector rotated stores")
+        if info is not None and info["vector"]:
+            want = row_batch * (1 if info["interleaved"] else 2)
+            got = r["loads_in_flight"]
+            if got is None:
+                problems.append(f"{where}: no run of 128-bit x loads ends at a rotated store")
+            elif got < want:
+                problems.append(
+                    f"{where}: only {got} 128-bit loads of x in flight before a rotated store, "
+                    f"expected the whole batch of {want} (kRowBatch {row_batch})"
+                )
     return problems
 
 
@@ -364,6 +415,13 @@ def main():
         action="append",
         default=[],
         help="look for cuobjdump / nvdisasm here first (repeatable)",
+    )
+    parser.add_argument(
+        "--row-batch",
+        type=int,
+        default=None,
+        help="rows a thread loads before it stores (ROPE_CUDA_ROW_BATCH of the build; default: "
+        "launch_plan.h's)",
     )
     parser.add_argument(
         "--source",
@@ -408,13 +466,20 @@ def main():
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=sorted) + "\n")
     if args.check:
-        problems = check(rows, markers)
+        row_batch = args.row_batch or default_row_batch()
+        if row_batch is None:
+            print("FAILED: no ROPE_CUDA_ROW_BATCH default in launch_plan.h; pass --row-batch")
+            return 1
+        problems = check(rows, markers, row_batch)
         if problems:
             print("\nFAILED:")
             for p in problems:
                 print(f"  {p}")
             return 1
-        print(f"\nPASSED: {len(rows)} kernels, no spills, every vector store 128 bits wide")
+        print(
+            f"\nPASSED: {len(rows)} kernels, no spills, every vector store 128 bits wide, "
+            f"a whole batch of loads in flight (kRowBatch {row_batch})"
+        )
     return 0
 
 

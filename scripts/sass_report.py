@@ -2,12 +2,13 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """What a GPU would show of the CUDA kernels, read from the machine code in CI.
 
-For every kernel variant in the cubins (sm_80, sm_90) of an object, a shared library (librope.so)
-or a cubin, it lists the registers, the spills (stack / local memory, STL / LDL instructions),
-the resident blocks per SM those registers allow (and so the occupancy), and the widths of the
-global stores and loads. Accesses are attributed to source lines through the line info that the
-build keeps (-lineinfo): the lines of csrc/cuda/rope_kernel.cuh marked `// sass: vector store`,
-`// sass: vector load`, `// sass: rotated store` and `// sass: tail store`.
+For every kernel variant in the cubins (sm_75, sm_80, sm_90, sm_100, sm_120) of an object, a
+shared library (librope.so) or a cubin, it lists the registers, the spills (stack / local
+memory, STL / LDL instructions), the resident blocks per SM those registers allow on that arch
+(and so the occupancy), and the widths of the global stores and loads. Accesses are attributed
+to source lines through the line info that the build keeps (-lineinfo): the lines of
+csrc/cuda/rope_kernel.cuh marked `// sass: vector store`, `// sass: vector load`,
+`// sass: rotated store` and `// sass: tail store`.
 
     python scripts/sass_report.py [--check] [--markdown FILE] [--json FILE] [build/librope.so]
 
@@ -25,7 +26,8 @@ Loads in flight. A thread of a vector variant reads kRowBatch rows (ROPE_CUDA_RO
 default; --row-batch) of 16 bytes, 32 half split, before it computes and stores any of them, so
 that those loads overlap in memory; the half-split bf16 kernel runs at 25% occupancy and has no
 other latency hiding. The rule reads the machine code in program order and counts, between two
-global stores, the 128-bit loads of x (LDG.E.128 attributed to `// sass: vector load`); every
+global stores, the 128-bit loads of x by a rotating lane (LDG.E.128 attributed to the lines
+marked `// sass: rotated load`; the line info of the 16-byte load itself varies); every
 such run that ends at a rotated 128-bit store must hold the whole batch: kRowBatch loads
 interleaved, 2 * kRowBatch half split. Stores are the right fence: x and out may alias
 (rope.apply_), so no compiler may move a load of x past a store to out, and a kernel that
@@ -57,12 +59,21 @@ MARKERS = {
     "rotated": "// sass: rotated store",
     "tail": "// sass: tail store",
     "vector_load": "// sass: vector load",
+    "rotated_load": "// sass: rotated load",
 }
-# sm_80 and sm_90: 64K 32-bit registers and 2048 threads per SM, registers allocated per warp in
-# units of 256, at most 32 resident blocks.
+# Per SM, from the CUDA C++ Programming Guide's table of compute capabilities: 64K 32-bit
+# registers everywhere, allocated per warp in units of 256; resident threads and blocks differ.
 REGISTERS_PER_SM = 65536
-THREADS_PER_SM = 2048
-MAX_BLOCKS_PER_SM = 32
+SM_LIMITS = {  # arch: (max resident threads, max resident blocks)
+    "sm_75": (1024, 16),
+    "sm_80": (2048, 32),
+    "sm_86": (1536, 16),
+    "sm_89": (1536, 24),
+    "sm_90": (2048, 32),
+    "sm_100": (2048, 32),
+    "sm_120": (1536, 32),
+}
+DEFAULT_LIMITS = (2048, 32)
 BLOCK_THREADS = 256
 STORAGE_NAMES = {"__nv_bfloat16": "bf16", "__half": "fp16", "float": "fp32", "double": "fp64"}
 
@@ -99,12 +110,18 @@ def run(cmd, cwd=None):
     return subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True).stdout
 
 
-def resident_blocks(registers):
-    """Blocks of 256 threads an SM of sm_80 / sm_90 holds at `registers` per thread."""
+def sm_limits(arch):
+    """(max resident threads, max resident blocks) per SM of `arch` (sm_90a counts as sm_90)."""
+    return SM_LIMITS.get(arch.rstrip("af"), DEFAULT_LIMITS)
+
+
+def resident_blocks(registers, arch):
+    """Blocks of 256 threads an SM of `arch` holds at `registers` per thread."""
+    threads, max_blocks = sm_limits(arch)
     per_warp = -(-registers * 32 // 256) * 256
     warps = REGISTERS_PER_SM // per_warp
     by_registers = warps // (BLOCK_THREADS // 32)
-    return max(0, min(by_registers, THREADS_PER_SM // BLOCK_THREADS, MAX_BLOCKS_PER_SM))
+    return max(0, min(by_registers, threads // BLOCK_THREADS, max_blocks))
 
 
 def demangle(names):
@@ -222,7 +239,7 @@ def loads_in_flight(instructions, markers, kernel_file):
     for opcode, chain in instructions:
         base = opcode.split(".")[0]
         lines = {ln for f, ln in chain if f == kernel_file}
-        if base == "LDG" and width_of(opcode) == "128" and lines & markers["vector_load"]:
+        if base == "LDG" and width_of(opcode) == "128" and lines & markers["rotated_load"]:
             pending += 1
         elif base == "STG":
             if pending and lines & markers["vector"] and lines & markers["rotated"]:
@@ -269,7 +286,7 @@ def analyse(cubin, arch, tools, markers):
             w = width_of(opcode)
             stores[kind][w] = stores[kind].get(w, 0) + 1
         registers = res.get("registers", 0)
-        blocks = resident_blocks(registers) if registers else None
+        blocks = resident_blocks(registers, arch) if registers else None
         in_flight = loads_in_flight(instructions, markers, kernel_file)
         rows.append(
             {
@@ -283,7 +300,9 @@ def analyse(cubin, arch, tools, markers):
                 "shared": res.get("shared", 0),
                 "spill_instructions": counts["spill"],
                 "resident_blocks": blocks,
-                "occupancy": None if blocks is None else blocks * BLOCK_THREADS / THREADS_PER_SM,
+                "occupancy": None
+                if blocks is None
+                else blocks * BLOCK_THREADS / sm_limits(arch)[0],
                 "stores": stores,
                 "loads": loads,
                 "vector_loads": vector_loads,
@@ -302,7 +321,7 @@ def fmt_widths(d):
 
 def markdown(rows):
     out = []
-    for arch in sorted({r["arch"] for r in rows}):
+    for arch in sorted({r["arch"] for r in rows}, key=lambda a: int(re.sub(r"\D", "", a) or 0)):
         out.append(f"#### {arch}\n")
         out.append(
             "| kernel (storage / tables / layout / variant) | regs | spills | blocks/SM "

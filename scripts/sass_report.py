@@ -2,12 +2,13 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """What a GPU would show of the CUDA kernels, read from the machine code in CI.
 
-For every kernel variant in the cubins (sm_80, sm_90) of an object, a shared library (librope.so)
-or a cubin, it lists the registers, the spills (stack / local memory, STL / LDL instructions),
-the resident blocks per SM those registers allow (and so the occupancy), and the widths of the
-global stores and loads. Accesses are attributed to source lines through the line info that the
-build keeps (-lineinfo): the lines of csrc/cuda/rope_kernel.cuh marked `// sass: vector store`,
-`// sass: vector load`, `// sass: rotated store` and `// sass: tail store`.
+For every kernel variant in the cubins (sm_75, sm_80, sm_90, sm_100, sm_120) of an object, a
+shared library (librope.so) or a cubin, it lists the registers, the spills (stack / local
+memory, STL / LDL instructions), the resident blocks per SM those registers allow on that arch
+(and so the occupancy), and the widths of the global stores and loads. Accesses are attributed
+to source lines through the line info that the build keeps (-lineinfo): the lines of
+csrc/cuda/rope_kernel.cuh marked `// sass: vector store`, `// sass: vector load`,
+`// sass: rotated store` and `// sass: tail store`.
 
     python scripts/sass_report.py [--check] [--markdown FILE] [--json FILE] [build/librope.so]
 
@@ -17,7 +18,21 @@ build keeps (-lineinfo): the lines of csrc/cuda/rope_kernel.cuh marked `// sass:
     load from the vector load to anything but LDG.E.128, or a vector variant has no 128-bit
     rotated store at all (the vector path optimised away);
   - any variant uses shared memory, barriers, shuffles or atomics: the host run of the kernel
-    (tests/cuda_host) is faithful only without them.
+    (tests/cuda_host) is faithful only without them;
+  - a vector variant does not have a whole batch of 16-byte loads in flight before it stores:
+    see "Loads in flight" below.
+
+Loads in flight. A thread of a vector variant reads kRowBatch rows (ROPE_CUDA_ROW_BATCH, 4 by
+default; --row-batch) of 16 bytes, 32 half split, before it computes and stores any of them, so
+that those loads overlap in memory; the half-split bf16 kernel runs at 25% occupancy and has no
+other latency hiding. The rule reads the machine code in program order and counts, between two
+global stores, the 128-bit loads of x by a rotating lane (LDG.E.128 attributed to the lines
+marked `// sass: rotated load`; the line info of the 16-byte load itself varies); every
+such run that ends at a rotated 128-bit store must hold the whole batch: kRowBatch loads
+interleaved, 2 * kRowBatch half split. Stores are the right fence: x and out may alias
+(rope.apply_), so no compiler may move a load of x past a store to out, and a kernel that
+computes each row right after its load shows runs of 1 (2 half split) however it is scheduled.
+Runs that end at a tail store (the copy lanes) are not counted.
 Exit 77 (a skip, for ctest) when there is no cuobjdump / nvdisasm or no CUDA code in the file.
 
 The tools come from, in order: $CUOBJDUMP / $NVDISASM, --tool-dir, PATH, /usr/local/cuda/bin,
@@ -44,12 +59,21 @@ MARKERS = {
     "rotated": "// sass: rotated store",
     "tail": "// sass: tail store",
     "vector_load": "// sass: vector load",
+    "rotated_load": "// sass: rotated load",
 }
-# sm_80 and sm_90: 64K 32-bit registers and 2048 threads per SM, registers allocated per warp in
-# units of 256, at most 32 resident blocks.
+# Per SM, from the CUDA C++ Programming Guide's table of compute capabilities: 64K 32-bit
+# registers everywhere, allocated per warp in units of 256; resident threads and blocks differ.
 REGISTERS_PER_SM = 65536
-THREADS_PER_SM = 2048
-MAX_BLOCKS_PER_SM = 32
+SM_LIMITS = {  # arch: (max resident threads, max resident blocks)
+    "sm_75": (1024, 16),
+    "sm_80": (2048, 32),
+    "sm_86": (1536, 16),
+    "sm_89": (1536, 24),
+    "sm_90": (2048, 32),
+    "sm_100": (2048, 32),
+    "sm_120": (1536, 32),
+}
+DEFAULT_LIMITS = (2048, 32)
 BLOCK_THREADS = 256
 STORAGE_NAMES = {"__nv_bfloat16": "bf16", "__half": "fp16", "float": "fp32", "double": "fp64"}
 
@@ -86,12 +110,18 @@ def run(cmd, cwd=None):
     return subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True).stdout
 
 
-def resident_blocks(registers):
-    """Blocks of 256 threads an SM of sm_80 / sm_90 holds at `registers` per thread."""
+def sm_limits(arch):
+    """(max resident threads, max resident blocks) per SM of `arch` (sm_90a counts as sm_90)."""
+    return SM_LIMITS.get(arch.rstrip("af"), DEFAULT_LIMITS)
+
+
+def resident_blocks(registers, arch):
+    """Blocks of 256 threads an SM of `arch` holds at `registers` per thread."""
+    threads, max_blocks = sm_limits(arch)
     per_warp = -(-registers * 32 // 256) * 256
     warps = REGISTERS_PER_SM // per_warp
     by_registers = warps // (BLOCK_THREADS // 32)
-    return max(0, min(by_registers, THREADS_PER_SM // BLOCK_THREADS, MAX_BLOCKS_PER_SM))
+    return max(0, min(by_registers, threads // BLOCK_THREADS, max_blocks))
 
 
 def demangle(names):
@@ -202,6 +232,24 @@ def width_of(opcode):
     return {"U16": "16", "S16": "16", "U8": "8", "S8": "8"}.get(m.group(1), m.group(1))
 
 
+def loads_in_flight(instructions, markers, kernel_file):
+    """Lengths of the runs of 128-bit x loads that end at a rotated 128-bit store (see above)."""
+    runs = []
+    pending = 0
+    for opcode, chain in instructions:
+        base = opcode.split(".")[0]
+        lines = {ln for f, ln in chain if f == kernel_file}
+        if base == "LDG" and width_of(opcode) == "128" and lines & markers["rotated_load"]:
+            pending += 1
+        elif base == "STG":
+            if pending and lines & markers["vector"] and lines & markers["rotated"]:
+                runs.append(pending)
+            pending = 0
+    # (No reset at EXIT: the disassembly drops predicates, and a predicated EXIT, the early
+    # return of a bad position, sits between a batch's loads and its stores.)
+    return runs
+
+
 def analyse(cubin, arch, tools, markers):
     resources = parse_resources(run([tools["cuobjdump"], "-res-usage", str(cubin)]))
     functions = parse_sass(run([tools["nvdisasm"], "-gi", "-c", str(cubin)]))
@@ -238,7 +286,8 @@ def analyse(cubin, arch, tools, markers):
             w = width_of(opcode)
             stores[kind][w] = stores[kind].get(w, 0) + 1
         registers = res.get("registers", 0)
-        blocks = resident_blocks(registers) if registers else None
+        blocks = resident_blocks(registers, arch) if registers else None
+        in_flight = loads_in_flight(instructions, markers, kernel_file)
         rows.append(
             {
                 "arch": arch,
@@ -251,10 +300,13 @@ def analyse(cubin, arch, tools, markers):
                 "shared": res.get("shared", 0),
                 "spill_instructions": counts["spill"],
                 "resident_blocks": blocks,
-                "occupancy": None if blocks is None else blocks * BLOCK_THREADS / THREADS_PER_SM,
+                "occupancy": None
+                if blocks is None
+                else blocks * BLOCK_THREADS / sm_limits(arch)[0],
                 "stores": stores,
                 "loads": loads,
                 "vector_loads": vector_loads,
+                "loads_in_flight": min(in_flight) if in_flight else None,
                 "forbidden": sorted(set(counts["forbidden"])),
             }
         )
@@ -269,14 +321,14 @@ def fmt_widths(d):
 
 def markdown(rows):
     out = []
-    for arch in sorted({r["arch"] for r in rows}):
+    for arch in sorted({r["arch"] for r in rows}, key=lambda a: int(re.sub(r"\D", "", a) or 0)):
         out.append(f"#### {arch}\n")
         out.append(
             "| kernel (storage / tables / layout / variant) | regs | spills | blocks/SM "
             "(occupancy) | rotated stores, vector | tail stores, vector | stores, scalar "
-            "path | other stores | global loads |"
+            "path | other stores | global loads | x loads in flight |"
         )
-        out.append("|---|---|---|---|---|---|---|---|---|")
+        out.append("|---|---|---|---|---|---|---|---|---|---|")
         for r in sorted((r for r in rows if r["arch"] == arch), key=lambda r: r["kernel"]):
             spills = (
                 f"{r['stack']}/{r['local']} B, {r['spill_instructions']} STL/LDL"
@@ -293,17 +345,25 @@ def markdown(rows):
                 f"| {r['kernel']} | {r['registers']} | {spills} | {occ} | "
                 f"{fmt_widths(s['rotated_vector'])} | {fmt_widths(s['tail_vector'])} | "
                 f"{fmt_widths(s['scalar'])} | {fmt_widths(s['other'])} | "
-                f"{fmt_widths(r['loads'])} |"
+                f"{fmt_widths(r['loads'])} | {r['loads_in_flight'] or '-'} |"
             )
         out.append("")
     out.append(
         'Widths in bits, as `count x width`. "other stores" are stores the line info '
-        "does not attribute to a marked line."
+        'does not attribute to a marked line. "x loads in flight": the fewest 128-bit loads of '
+        "x issued before a rotated store (the rule of --check)."
     )
     return "\n".join(out)
 
 
-def check(rows, markers):
+def default_row_batch():
+    """ROPE_CUDA_ROW_BATCH's default in csrc/cuda/launch_plan.h."""
+    text = (REPO / "csrc" / "cuda" / "launch_plan.h").read_text()
+    m = re.search(r"#define ROPE_CUDA_ROW_BATCH (\d+)", text)
+    return int(m.group(1)) if m else None
+
+
+def check(rows, markers, row_batch):
     problems = []
     if not markers["vector"] or not markers["rotated"]:
         problems.append(
@@ -348,6 +408,16 @@ def check(rows, markers):
             problems.append(f"{where}: a vector variant without a single 128-bit rotated store")
         if info is not None and not info["vector"] and r["stores"]["rotated_vector"]:
             problems.append(f"{where}: a scalar-only variant with vector rotated stores")
+        if info is not None and info["vector"]:
+            want = row_batch * (1 if info["interleaved"] else 2)
+            got = r["loads_in_flight"]
+            if got is None:
+                problems.append(f"{where}: no run of 128-bit x loads ends at a rotated store")
+            elif got < want:
+                problems.append(
+                    f"{where}: only {got} 128-bit loads of x in flight before a rotated store, "
+                    f"expected the whole batch of {want} (kRowBatch {row_batch})"
+                )
     return problems
 
 
@@ -364,6 +434,13 @@ def main():
         action="append",
         default=[],
         help="look for cuobjdump / nvdisasm here first (repeatable)",
+    )
+    parser.add_argument(
+        "--row-batch",
+        type=int,
+        default=None,
+        help="rows a thread loads before it stores (ROPE_CUDA_ROW_BATCH of the build; default: "
+        "launch_plan.h's)",
     )
     parser.add_argument(
         "--source",
@@ -408,13 +485,20 @@ def main():
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=sorted) + "\n")
     if args.check:
-        problems = check(rows, markers)
+        row_batch = args.row_batch or default_row_batch()
+        if row_batch is None:
+            print("FAILED: no ROPE_CUDA_ROW_BATCH default in launch_plan.h; pass --row-batch")
+            return 1
+        problems = check(rows, markers, row_batch)
         if problems:
             print("\nFAILED:")
             for p in problems:
                 print(f"  {p}")
             return 1
-        print(f"\nPASSED: {len(rows)} kernels, no spills, every vector store 128 bits wide")
+        print(
+            f"\nPASSED: {len(rows)} kernels, no spills, every vector store 128 bits wide, "
+            f"a whole batch of loads in flight (kRowBatch {row_batch})"
+        )
     return 0
 
 

@@ -296,9 +296,9 @@ __device__ __forceinline__ void rotate_lane(const TensorPlan& t, const TablePlan
 #pragma unroll
     for (int u = 0; u < kRowBatch; ++u) {
       if (h + u < h_end) {
-        load_elems<kVector>(in + src[u] + a_feature, xa[u]);
+        load_elems<kVector>(in + src[u] + a_feature, xa[u]);  // sass: rotated load
         if constexpr (!kInterleaved) {
-          load_elems<kVector>(in + src[u] + b_feature, xb[u]);
+          load_elems<kVector>(in + src[u] + b_feature, xb[u]);  // sass: rotated load
         }
       }
     }
@@ -457,17 +457,35 @@ __device__ __forceinline__ void rope_thread(const TensorPlan& t, const TablePlan
 // Minimum resident blocks per SM, i.e. a register budget. The vector kernels hold kRowBatch
 // rows of 16 bytes (32 half split) in flight per thread: 3 blocks (<= 80 registers) interleaved,
 // 2 (<= 128) half split, which has more live registers. The scalar-only kernels need fewer.
-template <bool kInterleaved, bool kVectorKernel>
+//
+// Per architecture (the device pass of each arch sees its own __CUDA_ARCH__): sm_75 holds only
+// 1024 threads (4 blocks) per SM, and 3 blocks' 80-register cap spilled there (the fp64 and the
+// interleaved vector kernels, up to 32 STL/LDL): 2 on sm_75. On sm_100 the interleaved vector
+// kernels with float64 tables spilled 16 bytes at 80 registers: 2 for them there. Not timed on
+// those GPUs yet; scripts/gpu_check.sh's tuning step compares budgets where one is at hand.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+constexpr bool kSmallSm = true;
+#else
+constexpr bool kSmallSm = false;
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+constexpr bool kBlackwell = true;
+#else
+constexpr bool kBlackwell = false;
+#endif
+template <bool kInterleaved, bool kVectorKernel, bool kWideTables>
 constexpr int kMinBlocksPerSm = ROPE_CUDA_MIN_BLOCKS_PER_SM > 0 ? ROPE_CUDA_MIN_BLOCKS_PER_SM
+                                : kSmallSm                      ? 2
                                 : !kVectorKernel                ? 3
-                                : kInterleaved                  ? 3
-                                                                : 2;
+                                : kInterleaved ? (kBlackwell && kWideTables ? 2 : 3)
+                                               : 2;
 
 // __grid_constant__: the parameter block is read in place from constant memory even where the
 // code indexes its arrays with a runtime index (token dims), instead of being copied to local
 // memory first. Blocks [0, first_blocks) serve tensor[0], the rest tensor[1].
 template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel>
-__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm<kInterleaved, kVectorKernel>)
+__global__ void __launch_bounds__(
+    kBlockThreads, kMinBlocksPerSm<kInterleaved, kVectorKernel, (sizeof(table_t) > 4)>)
     rope_kernel(const __grid_constant__ KernelParams params) {
   const int64_t block = blockIdx.x;
   if (block < params.first_blocks) {

@@ -175,6 +175,40 @@ TEST(LaunchPlan, MisalignedKKeepsQOnTheVectorPath) {
   EXPECT_EQ(p.params.tensor[1].vec_copy_lanes, 0);
 }
 
+TEST(LaunchPlan, KernelVariantAndPathsFollowQAndKIndependently) {
+  // The vector kernel is chosen when *either* tensor can rotate on the vector path, and each
+  // tensor then takes its own path: a misaligned q (8 bytes into a vector) must not push k onto
+  // the scalar path, nor a misaligned k push q; with both misaligned, the scalar-only kernel.
+  // Scalar rotating lanes are one plane each: 64 per row of 128.
+  for (const bool interleaved : {true, false}) {
+    SCOPED_TRACE(interleaved ? "interleaved" : "half split");
+    const int64_t vector_lanes = interleaved ? 16 : 8;  // bf16: 8 features (4 or 8 planes) a lane
+    const RotationArgs aligned_q = bshd(2, 16, 8, 128);
+    const RotationArgs misaligned_q = bshd(2, 16, 8, 128, kBase + 8);
+    const RotationArgs aligned_k = bshd(2, 16, 2, 128, kBase << 2);
+    const RotationArgs misaligned_k = bshd(2, 16, 2, 128, (kBase << 2) + 8);
+
+    const LaunchPlan q_off = plan(misaligned_q, &aligned_k, kBf16, interleaved, {132, 3});
+    EXPECT_TRUE(q_off.vector_kernel);
+    EXPECT_FALSE(q_off.params.tensor[0].rot_vector);
+    EXPECT_EQ(q_off.params.tensor[0].rot_lanes, 64);
+    EXPECT_TRUE(q_off.params.tensor[1].rot_vector);
+    EXPECT_EQ(q_off.params.tensor[1].rot_lanes, vector_lanes);
+
+    const LaunchPlan k_off = plan(aligned_q, &misaligned_k, kBf16, interleaved, {132, 3});
+    EXPECT_TRUE(k_off.vector_kernel);
+    EXPECT_TRUE(k_off.params.tensor[0].rot_vector);
+    EXPECT_EQ(k_off.params.tensor[0].rot_lanes, vector_lanes);
+    EXPECT_FALSE(k_off.params.tensor[1].rot_vector);
+    EXPECT_EQ(k_off.params.tensor[1].rot_lanes, 64);
+
+    const LaunchPlan both_off = plan(misaligned_q, &misaligned_k, kBf16, interleaved, {132, 3});
+    EXPECT_FALSE(both_off.vector_kernel);
+    EXPECT_FALSE(both_off.params.tensor[0].rot_vector);
+    EXPECT_FALSE(both_off.params.tensor[1].rot_vector);
+  }
+}
+
 TEST(LaunchPlan, NeoxRotary96WithTail24IsVectorThroughout) {
   // fp16 half split, head_dim 120, rotary_dim 96: half 48 = 6 vectors of 8 planes; the tail
   // 24 starts at 96 (16-byte boundary): 3 vector copy lanes.

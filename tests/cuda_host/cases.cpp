@@ -292,7 +292,14 @@ Case make_case(uint64_t seed, int64_t index) {
       (c.op == Op::kApplyQK ? c.x.view.numel() > 0 || c.k.view.numel() > 0
                             : c.x.view.numel() > 0)) {
     // One position outside the tables: the kernel must assert (and write nothing for it).
-    const int64_t bad = pick<int64_t>(rng, {max_seq_len, max_seq_len + 7, -1, -1000});
+    // int64 positions also past 32 bits, where a position narrowed to 32 bits before the range
+    // check would wrap: 2^31 turns negative, 2^32 + p and -2^32 + p into p, in range.
+    const int64_t p = max_seq_len / 2;
+    const int64_t bad = pos_dtype == at::kLong && chance(rng, 0.6)
+                            ? pick<int64_t>(rng, {int64_t{1} << 31, (int64_t{1} << 32) + p,
+                                                  -(int64_t{1} << 32) + p, (int64_t{1} << 40) + p})
+                            : pick<int64_t>(rng, {max_seq_len, max_seq_len + 7, -1, -1000});
+    c.bad_position = bad;
     const int64_t flat = uniform(rng, 0, c.positions.view.numel() - 1);
     at::Tensor element = c.positions.view;
     int64_t rest = flat;
@@ -362,10 +369,10 @@ std::string Case::describe() const {
   }
   o << "\n  positions " << positions.view.scalar_type() << " " << shape_str(positions.view.sizes())
     << " strides " << shape_str(positions.view.strides()) << " [" << positions.layout << "]"
-    << (positions_in_range ? "" : " ONE OUT OF RANGE") << "\n  cos " << shape_str(cos.view.sizes())
-    << " strides " << shape_str(cos.view.strides()) << " [" << cos.layout << "], sin strides "
-    << shape_str(sin.view.strides()) << " [" << sin.layout << "]\n  device: ordinal "
-    << device.ordinal << ", " << device.num_sms << " SMs";
+    << (positions_in_range ? "" : " ONE OUT OF RANGE: " + std::to_string(bad_position))
+    << "\n  cos " << shape_str(cos.view.sizes()) << " strides " << shape_str(cos.view.strides())
+    << " [" << cos.layout << "], sin strides " << shape_str(sin.view.strides()) << " ["
+    << sin.layout << "]\n  device: ordinal " << device.ordinal << ", " << device.num_sms << " SMs";
   return o.str();
 }
 

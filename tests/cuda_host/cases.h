@@ -43,6 +43,7 @@ struct Case {
   Viewed sin;
   Viewed positions;
   bool positions_in_range = true;  // false: one position was set outside [0, max_seq_len)
+  int64_t bad_position = 0;        // that position
   Device device;
 
   std::string describe() const;

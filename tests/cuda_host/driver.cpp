@@ -27,10 +27,11 @@
 #include <vector>
 
 #include "access_tracker.h"
+#include "big_cases.h"
 #include "cases.h"
 #include "compare.h"
+#include "host_backend.h"
 #include "host_kernel.h"
-#include "op_bodies.h"
 
 // The driver links libtorch, which is not instrumented and keeps some allocations until exit:
 // leak reports would be about torch, not the kernel. Every other ASan / UBSan finding aborts.
@@ -39,64 +40,6 @@ extern "C" const char* __ubsan_default_options() { return "print_stacktrace=1:ha
 
 namespace rope_host {
 namespace {
-
-// What one case's launches saw, filled by HostCudaBackend.
-struct CaseContext {
-  Device device;
-  bool positions_in_range = true;
-  std::vector<std::string> problems;
-  std::vector<LaunchRecord> launches;
-  std::vector<rope::TableArgs> tables;
-};
-CaseContext* g_case = nullptr;
-
-Storage storage_of(c10::ScalarType dtype) {
-  switch (dtype) {
-    case c10::ScalarType::Double:
-      return Storage::kDouble;
-    case c10::ScalarType::Float:
-      return Storage::kFloat;
-    case c10::ScalarType::Half:
-      return Storage::kHalf;
-    case c10::ScalarType::BFloat16:
-      return Storage::kBFloat16;
-    default:
-      TORCH_CHECK(false, "cuda host run: unsupported dtype ", dtype);
-  }
-}
-
-// The CUDA backend's policy (rope_cuda.cu's CudaBackend) with the launch swapped for the host
-// run: no host-side range check of positions (the kernel asserts), one launch per call.
-struct HostCudaBackend {
-  static void check_positions(const char* /*op*/, const at::Tensor& /*positions*/,
-                              int64_t /*max_seq_len*/) {}
-  static void rotate(c10::ScalarType dtype, const rope::RotationArgs& args,
-                     const rope::TableArgs& tables, rope::RotationMode mode) {
-    launch(dtype, args, nullptr, tables, mode);
-  }
-  static void rotate_pair(c10::ScalarType dtype, const rope::RotationArgs& q,
-                          const rope::RotationArgs& k, const rope::TableArgs& tables,
-                          rope::RotationMode mode) {
-    launch(dtype, q, &k, tables, mode);
-  }
-
- private:
-  static void launch(c10::ScalarType dtype, const rope::RotationArgs& first,
-                     const rope::RotationArgs* second, const rope::TableArgs& tables,
-                     rope::RotationMode mode) {
-    const int storage_bytes = static_cast<int>(c10::elementSize(dtype));
-    AccessTracker tracker(first, second, tables, storage_bytes, tables.tables_are_double ? 8 : 4);
-    LaunchRecord record;
-    const int status = rope_host::rotate(storage_of(dtype), first, second, tables, mode,
-                                         g_case->device, &tracker, &record);
-    TORCH_CHECK(status == 0, "host launch of the CUDA kernel failed with cudaError_t ", status);
-    for (std::string& p : tracker.finish(g_case->positions_in_range)) {
-      g_case->problems.push_back("launch: " + p);
-    }
-    g_case->launches.push_back(record);
-    g_case->tables.push_back(tables);
-  }
-};
 
 // Coverage of the paths the kernel and its planning can take, counted over all launches. The
 // run fails when a path was never taken, so the generator cannot drift away from one unseen.
@@ -186,6 +129,7 @@ bool outside_unchanged(const at::Tensor& buffer_before, const at::Tensor& buffer
 
 struct Totals {
   int64_t cases = 0;
+  int64_t big_cases = 0;
   int64_t failures = 0;
   int64_t assert_cases = 0;
   int64_t launches = 0;
@@ -202,7 +146,12 @@ struct Totals {
 std::vector<std::string> run_case(const Case& c, const CpuVectorPath& cpu_path, Totals& totals) {
   CaseContext ctx;
   ctx.device = c.device;
+  // The caller's current device is another one: the op's guard must switch to x's and back.
+  ctx.start_device = (c.device.ordinal + 1 + static_cast<int>(c.index % 7)) % 68;
   ctx.positions_in_range = c.positions_in_range;
+  for (const Viewed* v : {&c.x, &c.k, &c.out, &c.cos, &c.sin, &c.positions}) {
+    ctx.place(v->buffer);
+  }
   std::vector<std::string>& problems = ctx.problems;
 
   // Snapshots of every buffer, to prove the inputs untouched afterwards.
@@ -239,35 +188,30 @@ std::vector<std::string> run_case(const Case& c, const CpuVectorPath& cpu_path, 
     problems.push_back("the CPU backend accepted an out-of-range position");
   }
 
-  // The host run of the CUDA kernel, through the same op bodies as the CUDA backend.
-  g_case = &ctx;
+  // The host run of the CUDA kernel, through the CUDA backend's own glue and op bodies.
   at::Tensor host_x;
   at::Tensor host_k;
   try {
     switch (c.op) {
       case Op::kApply:
-        host_x = rope::detail::apply_body<HostCudaBackend>(c.x.view, cos, sin, positions,
-                                                           c.interleaved, c.inverse);
+        host_x = host_apply(ctx, c.x.view, cos, sin, positions, c.interleaved, c.inverse);
         break;
       case Op::kApplyInPlace:
-        rope::detail::apply_inplace_body<HostCudaBackend>(c.x.view, cos, sin, positions,
-                                                          c.interleaved, c.inverse);
+        host_apply_(ctx, c.x.view, cos, sin, positions, c.interleaved, c.inverse);
         host_x = c.x.view;
         break;
       case Op::kApplyOut:
-        rope::detail::apply_out_body<HostCudaBackend>(c.x.view, cos, sin, positions, c.interleaved,
-                                                      c.inverse, c.out.view);
+        host_apply_out(ctx, c.x.view, cos, sin, positions, c.interleaved, c.inverse, c.out.view);
         host_x = c.out.view;
         break;
       case Op::kApplyQK:
-        std::tie(host_x, host_k) = rope::detail::apply_qk_body<HostCudaBackend>(
-            c.x.view, c.k.view, cos, sin, positions, c.interleaved, c.inverse);
+        std::tie(host_x, host_k) =
+            host_apply_qk(ctx, c.x.view, c.k.view, cos, sin, positions, c.interleaved, c.inverse);
         break;
     }
   } catch (const c10::Error& e) {
     problems.push_back(std::string("the host-run op raised: ") + e.what_without_backtrace());
   }
-  g_case = nullptr;
 
   // Inputs untouched; apply_ wrote only inside x.
   if (c.op == Op::kApplyInPlace) {
@@ -325,6 +269,9 @@ std::vector<std::string> run_case(const Case& c, const CpuVectorPath& cpu_path, 
     }
   }
   totals.coverage.hit("out-of-range position asserted", !c.positions_in_range);
+  totals.coverage.hit(
+      "out-of-range int64 position outside int32",
+      !c.positions_in_range && (c.bad_position > INT32_MAX || c.bad_position < INT32_MIN));
   totals.coverage.hit("out-of-range position with rotary_dim 0",
                       !c.positions_in_range && c.rotary_dim == 0);
   totals.coverage.hit("table-stride defect layout",
@@ -453,6 +400,28 @@ int main(int argc, char** argv) {
   }
 
   Totals totals;
+  if (opt.only < 0) {
+    // The fixed cases at sizes the random ones cannot reach (big_cases.h).
+    for (const BigCaseResult& r : run_big_cases(cpu_path, totals.tally)) {
+      ++totals.big_cases;
+      for (const auto& [device, kernel] : r.launches) {
+        if (device < 64) {
+          totals.cached_queries.emplace(device, kernel);
+        } else {
+          ++totals.uncached_queries;
+        }
+      }
+      if (!r.problems.empty()) {
+        ++totals.failures;
+        std::printf("FAILED fixed case: %s\n", r.name.c_str());
+        for (const std::string& p : r.problems) {
+          std::printf("    %s\n", p.c_str());
+        }
+      } else if (opt.verbose) {
+        std::printf("passed fixed case: %s\n", r.name.c_str());
+      }
+    }
+  }
   const int64_t first = opt.only >= 0 ? opt.only : 0;
   const int64_t last = opt.only >= 0 ? opt.only + 1 : opt.cases;
   for (int64_t i = first; i < last; ++i) {
@@ -478,7 +447,8 @@ int main(int argc, char** argv) {
 
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("\n%lld cases (", static_cast<long long>(totals.cases));
+  std::printf("\n%lld fixed cases (offsets past 2^31, grids of >= 65536 blocks), %lld cases (",
+              static_cast<long long>(totals.big_cases), static_cast<long long>(totals.cases));
   for (const auto& [op, n] : totals.by_op) {
     std::printf("%s %lld, ", op.c_str(), static_cast<long long>(n));
   }

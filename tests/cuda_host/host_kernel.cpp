@@ -125,7 +125,8 @@ int resident_blocks(const void* kernel, int device) {
 
 void install_hooks() {
   rope_shim::Hooks& h = rope_shim::hooks();
-  h.on_launch = [](void*, const void* kernel, dim3 grid, dim3 block, void** args) {
+  h.on_launch = [](void*, const void* kernel, dim3 grid, dim3 block, void** args,
+                   cudaStream_t stream) {
     if (g_record == nullptr) {
       return;
     }
@@ -134,6 +135,11 @@ void install_hooks() {
     g_record->params = *static_cast<const rope::cuda::KernelParams*>(args[0]);
     g_record->blocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
     g_record->block_threads = static_cast<int64_t>(block.x) * block.y * block.z;
+    g_record->grid[0] = grid.x;
+    g_record->grid[1] = grid.y;
+    g_record->grid[2] = grid.z;
+    g_record->stream = stream;
+    g_record->device = rope_shim::state().device;
     const Variant* v = variants().find(kernel);
     if (v == nullptr) {
       rope_shim::fail("launch of an unknown kernel", kernel);
@@ -153,17 +159,20 @@ void install_hooks() {
 
 template <typename scalar_t>
 int rotate_typed(const rope::RotationArgs& first, const rope::RotationArgs* second,
-                 const rope::TableArgs& tables, rope::RotationMode mode) {
+                 const rope::TableArgs& tables, rope::RotationMode mode, const void* stream) {
   return static_cast<int>(
-      rope::cuda::rotate<scalar_t>(first, second, tables, mode, g_device.num_sms, nullptr));
+      rope::cuda::rotate<scalar_t>(first, second, tables, mode, g_device.num_sms,
+                                   reinterpret_cast<cudaStream_t>(const_cast<void*>(stream))));
 }
 
 }  // namespace
 
 int rotate(Storage storage, const rope::RotationArgs& first, const rope::RotationArgs* second,
            const rope::TableArgs& tables, rope::RotationMode mode, const Device& device,
-           Observer* observer, LaunchRecord* record) {
+           Observer* observer, LaunchRecord* record, const LaunchOptions& options) {
   install_hooks();
+  rope_shim::hooks().only_blocks = options.only_blocks;
+  rope_shim::hooks().num_only_blocks = options.num_only_blocks;
   g_observer = observer;
   g_record = record;
   g_device = device;
@@ -175,20 +184,22 @@ int rotate(Storage storage, const rope::RotationArgs& first, const rope::Rotatio
   // The storage type of each dtype, as in rope_cuda.cu.
   switch (storage) {
     case Storage::kDouble:
-      status = rotate_typed<double>(first, second, tables, mode);
+      status = rotate_typed<double>(first, second, tables, mode, options.stream);
       break;
     case Storage::kFloat:
-      status = rotate_typed<float>(first, second, tables, mode);
+      status = rotate_typed<float>(first, second, tables, mode, options.stream);
       break;
     case Storage::kHalf:
-      status = rotate_typed<__half>(first, second, tables, mode);
+      status = rotate_typed<__half>(first, second, tables, mode, options.stream);
       break;
     case Storage::kBFloat16:
-      status = rotate_typed<__nv_bfloat16>(first, second, tables, mode);
+      status = rotate_typed<__nv_bfloat16>(first, second, tables, mode, options.stream);
       break;
   }
   g_observer = nullptr;
   g_record = nullptr;
+  rope_shim::hooks().only_blocks = nullptr;
+  rope_shim::hooks().num_only_blocks = 0;
   return status;
 }
 

@@ -41,13 +41,25 @@ struct LaunchRecord {
   int64_t block_threads = 0;
   bool vector_kernel = false;  // which kernel variant was launched
   int resident_blocks = 0;     // the occupancy answer for that variant on that device
+  int64_t grid[3] = {0, 0, 0};
+  const void* stream = nullptr;  // the stream handed to cudaLaunchKernel
+  int device = -1;               // the simulated current device at the launch
+};
+
+// How to launch: the stream the glue chose, and optionally a sample of the grid's blocks (see
+// rope_shim::Hooks::only_blocks): only those run, the launch is checked in full.
+struct LaunchOptions {
+  const void* stream = nullptr;
+  const int64_t* only_blocks = nullptr;
+  size_t num_only_blocks = 0;
 };
 
 // rope::cuda::rotate<scalar_t> of rope_kernel.cuh for `storage`: the real launch planning, then
 // the grid run serially on this thread. Returns the cudaError_t value (0: success).
+// `device.ordinal` becomes the simulated current device (cudaGetDevice) for the call.
 int rotate(Storage storage, const rope::RotationArgs& first, const rope::RotationArgs* second,
            const rope::TableArgs& tables, rope::RotationMode mode, const Device& device,
-           Observer* observer, LaunchRecord* record);
+           Observer* observer, LaunchRecord* record, const LaunchOptions& options = {});
 
 // How often the kernel header asked the (simulated) runtime for occupancy: once per device and
 // kernel variant, thanks to its cache.

@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: BSD-3-Clause
 """Mutation check of the host run of the CUDA kernel: plants realistic bugs, one at a time, in a
-copy of the kernel headers (csrc/cuda/rope_kernel.cuh, csrc/cuda/launch_plan.h), builds the host
-run against the copy and requires it to fail. A bug it misses is a hole in the tests.
+copy of the kernel headers (csrc/cuda/rope_kernel.cuh, csrc/cuda/launch_plan.h) and of the ops'
+glue (csrc/cuda/cuda_glue.h: device guard, stream), builds the host run against the copy and
+requires it to fail. A bug in launch_plan.h is also run against the launch-plan unit tests
+(tests/cpp/test_launch_plan.cpp, built against the copy): some plan bugs leave every result
+correct and only cost speed. A bug neither catches is a hole in the tests.
 
     python tests/cuda_host/mutation_check.py [--build-dir build] [--cases N] [--only NAME]
 
@@ -13,7 +16,7 @@ as "every mutant caught". Exit status 0 when every mutant was caught.
 """
 
 import argparse
-import shutil
+import os
 import subprocess
 import sys
 import time
@@ -21,11 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCES = {  # overlay path -> source; the overlay mirrors csrc/ so relative includes resolve
+# overlay path -> source. The kernel's overlay mirrors csrc/ so relative includes resolve; the
+# glue has an overlay of its own (mutant_overlay_glue), searched first only by the glue's
+# translation unit, which also includes csrc/'s kernel_args.h through the op bodies.
+SOURCES = {
     "cuda/rope_kernel.cuh": REPO / "csrc" / "cuda" / "rope_kernel.cuh",
     "cuda/launch_plan.h": REPO / "csrc" / "cuda" / "launch_plan.h",
     "kernel_args.h": REPO / "csrc" / "kernel_args.h",
 }
+GLUE_SOURCES = {"cuda/cuda_glue.h": REPO / "csrc" / "cuda" / "cuda_glue.h"}
 
 
 @dataclass
@@ -37,6 +44,9 @@ class Mutant:
     why: str
 
 
+# A mutant must not change the layout of a struct that the driver (built against csrc/) shares
+# with the mutated kernel build (KernelParams in LaunchRecord): that would be an ODR violation,
+# "caught" for the wrong reason. Narrow values where they are computed instead.
 MUTANTS = [
     Mutant(
         "inverse-sign",
@@ -164,13 +174,113 @@ MUTANTS = [
         "  p.scalar_copy_lanes = tail - p.vec_copy_lanes * v.elems - (tail > v.elems);",
         "one tail lane too few when the tail is longer than a vector",
     ),
+    # Element offsets past 2^31 (the fixed cases of big_cases.cpp: a 12 GiB KV cache).
+    Mutant(
+        "int32-token-out-offset",
+        "cuda/rope_kernel.cuh",
+        "  int64_t out_off = 0;\n",
+        "  int32_t out_off = 0;\n",
+        "out= into a KV cache past 2^31 elements: the token offset held in 32 bits",
+    ),
+    Mutant(
+        "int32-row-offsets",
+        "cuda/rope_kernel.cuh",
+        "  bool have_angles = false;\n  for (int64_t h = h_begin; h < h_end; h += kRowBatch) {\n"
+        "    int64_t src[kRowBatch];\n    int64_t dst[kRowBatch];",
+        "  bool have_angles = false;\n  for (int64_t h = h_begin; h < h_end; h += kRowBatch) {\n"
+        "    int src[kRowBatch];\n    int dst[kRowBatch];",
+        "the batch's row offsets held in 32 bits",
+    ),
+    Mutant(
+        "int32-shared-outer-stride",
+        "cuda/launch_plan.h",
+        "    p.shared_out_outer = g.out_strides[outer];",
+        "    p.shared_out_outer = static_cast<int32_t>(g.out_strides[outer]);",
+        "a stride of the parameter block narrowed to 32 bits",
+    ),
+    Mutant(
+        "int32-token-in-strides",
+        "cuda/launch_plan.h",
+        "    p.token_in_strides[n] = g.in_strides[d];",
+        "    p.token_in_strides[n] = static_cast<int32_t>(g.in_strides[d]);",
+        "the input's token strides narrowed to 32 bits",
+    ),
+    # Grids of >= 65536 blocks and past 2^31 threads (sampled launches of big_cases.cpp).
+    Mutant(
+        "grid-capped-at-65535",
+        "cuda/rope_kernel.cuh",
+        "dim3(static_cast<unsigned int>(plan.blocks))",
+        "dim3(static_cast<unsigned int>(plan.blocks < 65535 ? plan.blocks : 65535))",
+        "the grid capped at 65535 blocks, as for gridDim.y",
+    ),
+    Mutant(
+        "grid-in-y",
+        "cuda/rope_kernel.cuh",
+        "dim3(static_cast<unsigned int>(plan.blocks))",
+        "dim3(1, static_cast<unsigned int>(plan.blocks))",
+        "the blocks counted in gridDim.y (at most 65535)",
+    ),
+    Mutant(
+        "int32-block-index",
+        "cuda/rope_kernel.cuh",
+        "  const int64_t block = blockIdx.x;",
+        "  const int block = blockIdx.x;",
+        "block * 256 + threadIdx.x in 32 bits: wraps past 2^31 threads",
+    ),
+    # Device and stream (the glue, run with a simulated runtime).
+    Mutant(
+        "default-stream",
+        "cuda/cuda_glue.h",
+        "  const typename Runtime::Stream stream = Runtime::current_stream();",
+        "  const typename Runtime::Stream stream{};",
+        "the kernel launched on the legacy default stream",
+    ),
+    Mutant(
+        "no-device-guard",
+        "cuda/cuda_glue.h",
+        "  const typename Runtime::Guard guard(Runtime::device_of(x));\n"
+        "  return detail::apply_body",
+        "  return detail::apply_body",
+        "rope.apply without the device guard: runs on whatever device is current",
+    ),
+    Mutant(
+        "launch-drops-stream",
+        "cuda/rope_kernel.cuh",
+        "kernel_args, 0, stream);",
+        "kernel_args, 0, nullptr);",
+        "the launcher ignores the stream it was given",
+    ),
+    # Positions past 32 bits.
+    Mutant(
+        "position-narrowed-to-int32",
+        "cuda/rope_kernel.cuh",
+        "? static_cast<int64_t>(__ldg(static_cast<const long long*>(t.positions) + pos_off))",
+        "? static_cast<int32_t>(__ldg(static_cast<const long long*>(t.positions) + pos_off))",
+        "an int64 position narrowed before the range check: 2^32 + p passes as p",
+    ),
+    # The kernel variant must follow q and k independently (launch-plan tests only).
+    Mutant(
+        "vector-kernel-needs-both",
+        "cuda/launch_plan.h",
+        "    any = any || plan_paths(*second, sizes.storage, interleaved, true).rot_vector;",
+        "    any = any && plan_paths(*second, sizes.storage, interleaved, true).rot_vector;",
+        "a misaligned k pushes an aligned q onto the scalar kernel (correct, only slower)",
+    ),
 ]
 
 
 def write_overlay(overlay: Path, mutant=None):
-    if overlay.exists():
-        shutil.rmtree(overlay)
-    for rel, src in SOURCES.items():
+    write_sources(overlay, SOURCES, mutant)
+    write_sources(overlay.parent / (overlay.name + "_glue"), GLUE_SOURCES, mutant)
+
+
+def write_sources(overlay: Path, sources, mutant):
+    # Files are rewritten only when their text changes, so a mutant rebuilds only what includes
+    # the mutated file (the glue's translation unit includes torch and is slow to compile).
+    for stale in [p for p in overlay.rglob("*") if p.is_file()] if overlay.exists() else []:
+        if str(stale.relative_to(overlay)) not in sources:
+            stale.unlink()
+    for rel, src in sources.items():
         dst = overlay / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         text = src.read_text()
@@ -182,16 +292,41 @@ def write_overlay(overlay: Path, mutant=None):
                     f"{src} (expected once); update MUTANTS to the current code"
                 )
             text = text.replace(mutant.before, mutant.after)
-        dst.write_text(text)
+        if not dst.exists() or dst.read_text() != text:
+            dst.write_text(text)
+        if rel == "kernel_args.h" and text == src.read_text():
+            # Also reached through csrc/ (prepare.h) by the launch-plan tests: with the same
+            # mtime and content, GCC's #pragma once takes the copy for the same file.
+            os.utime(dst, ns=(src.stat().st_atime_ns, src.stat().st_mtime_ns))
 
 
-def build(build_dir: Path):
+def build(build_dir: Path, target="cuda_host_mutant"):
     result = subprocess.run(
-        ["cmake", "--build", str(build_dir), "--target", "cuda_host_mutant"],
+        ["cmake", "--build", str(build_dir), "--target", target],
         capture_output=True,
         text=True,
     )
     return result.returncode == 0, result.stdout + result.stderr
+
+
+def run_plan_tests(binary: Path, timeout: float):
+    """The launch-plan unit tests against the overlay; ("failed", first failure) or "passed"."""
+    try:
+        result = subprocess.run(
+            [str(binary), "--gtest_filter=LaunchPlan*", "--gtest_brief=1", "--gtest_color=no"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return "timeout", ""
+    out = result.stdout + result.stderr
+    if result.returncode == 0:
+        return "passed", out
+    lines = [
+        ln for ln in out.splitlines() if "Failure" in ln or "Expected" in ln or "Value of" in ln
+    ]
+    return "failed", "launch-plan tests: " + " | ".join(lines[:3])
 
 
 def run_host(binary: Path, cases: int, seed: int, timeout: float):
@@ -236,12 +371,13 @@ def main():
     parser.add_argument("--build-dir", default=str(REPO / "build"))
     parser.add_argument("--cases", type=int, default=600)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--only", help="run only the mutant of this name")
+    parser.add_argument("--only", help="run only the mutants of these names (comma-separated)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per run")
     args = parser.parse_args()
     build_dir = Path(args.build_dir)
     overlay = build_dir / "tests" / "cuda_host" / "mutant_overlay"
     binary = build_dir / "tests" / "cuda_host" / "cuda_host_mutant"
+    plan_binary = build_dir / "tests" / "cpp" / "rope_launch_plan_mutant"
     if not overlay.parent.is_dir():
         print(
             f"mutation check: {overlay.parent} does not exist; build with "
@@ -249,7 +385,11 @@ def main():
         )
         return 2
 
-    mutants = [m for m in MUTANTS if args.only in (None, m.name)]
+    only = set(args.only.split(",")) if args.only else None
+    mutants = [m for m in MUTANTS if only is None or m.name in only]
+    if only is not None and len(mutants) != len(only):
+        print(f"mutation check: no mutant named {sorted(only - {m.name for m in mutants})}")
+        return 2
     start = time.time()
     try:
         write_overlay(overlay)
@@ -264,6 +404,19 @@ def main():
             print("mutation check: the unmutated host run does not pass; fix that first")
             return 1
         print(f"unmutated: passed {args.cases} cases (seed {args.seed})")
+        plan_mutants = any(m.file == "cuda/launch_plan.h" for m in mutants)
+        if plan_mutants:
+            ok, log = build(build_dir, "rope_launch_plan_mutant")
+            if not ok:
+                print(log[-3000:])
+                print("mutation check: the unmutated launch-plan tests do not build")
+                return 1
+            status, out = run_plan_tests(plan_binary, args.timeout)
+            if status != "passed":
+                print(out[-3000:])
+                print("mutation check: the unmutated launch-plan tests do not pass")
+                return 1
+            print("unmutated: the launch-plan tests pass")
 
         survived = []
         for m in mutants:
@@ -275,12 +428,20 @@ def main():
                 print(f"mutant {m.name}: does not compile; a mutant must be a plausible program")
                 return 1
             status, out = run_host(binary, args.cases, args.seed, args.timeout)
-            caught = status != "passed"
-            if not caught:
-                survived.append(m)
             how = {"failed": first_failure(out), "timeout": "timed out", "passed": "NOT CAUGHT"}[
                 status
             ]
+            if status == "passed" and m.file == "cuda/launch_plan.h":
+                ok, log = build(build_dir, "rope_launch_plan_mutant")
+                if not ok:
+                    print(log[-3000:])
+                    print(f"mutant {m.name}: the launch-plan tests do not compile against it")
+                    return 1
+                status, how = run_plan_tests(plan_binary, args.timeout)
+                how = how if status == "failed" else "NOT CAUGHT (host run and plan tests)"
+            caught = status != "passed"
+            if not caught:
+                survived.append(m)
             print(
                 f"{'caught  ' if caught else 'SURVIVED'} {m.name:38s} {time.time() - t0:5.1f} s"
                 f"  ({m.why})\n         {how[:200]}"

@@ -69,3 +69,104 @@ def test_out_of_range_position_asserts_without_rotary_dims(op):
         "p = torch.tensor([0, 1, 8, 2], device='cuda')",
         f"torch_rope.{op}(x, cos, sin, p)",
     )
+
+
+def _free_gpu_bytes():
+    free, _ = torch.cuda.mem_get_info()
+    return free
+
+
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+def test_offsets_past_2_31_elements_in_a_kv_cache(interleaved):
+    # A bf16 KV cache (2, 2^21 + 1, 8, 128): 2^31 + 1024 elements per batch entry, 8 GiB in all, so
+    # every row of batch 1 lies past element 2^31. out= into its last slots, apply_ in place there
+    # and apply_qk with k read from there must all match the CPU; an index held in 32 bits
+    # corrupts them. (The host run checks the same past 2^32 without the memory: ctest -L
+    # cuda-host.)
+    b, s_max, h, d = 2, (1 << 21) + 1, 8, 128
+    need = b * s_max * h * d * 2
+    if _free_gpu_bytes() < need + (1 << 30):
+        pytest.skip(f"needs {need / 2**30:.1f} GiB of free GPU memory plus 1 GiB")
+    cache = torch.empty(b, s_max, h, d, dtype=torch.bfloat16, device="cuda")
+    assert cache.stride(0) > 2**31
+    cos, sin = make_tables(64, d, "cuda")
+    slots = cache[:, -3:]  # (2, 3, 8, 128), batch stride 2^31 + 1024
+    positions = torch.randint(0, 64, (b, 3, 1), device="cuda")
+    x = randn(b, 3, h, d, dtype=torch.bfloat16, device="cuda")
+    want = torch_rope.apply(x.cpu(), cos.cpu(), sin.cpu(), positions.cpu(), interleaved=interleaved)
+
+    slots.zero_()
+    torch_rope.apply(x, cos, sin, positions, interleaved=interleaved, out=slots)
+    torch.testing.assert_close(slots.cpu(), want, rtol=0, atol=0)
+
+    slots.copy_(x)
+    torch_rope.apply_(slots, cos, sin, positions, interleaved=interleaved)
+    torch.testing.assert_close(slots.cpu(), want, rtol=0, atol=0)
+
+    slots.copy_(x)
+    q = randn(b, 3, 2 * h, d, dtype=torch.bfloat16, device="cuda")
+    qo, ko = torch_rope.apply_qk(q, slots, cos, sin, positions, interleaved=interleaved)
+    torch.testing.assert_close(ko.cpu(), want, rtol=0, atol=0)
+    q_want = torch_rope.apply(
+        q.cpu(), cos.cpu(), sin.cpu(), positions.cpu(), interleaved=interleaved
+    )
+    torch.testing.assert_close(qo.cpu(), q_want, rtol=0, atol=0)
+    del cache, slots
+    torch.cuda.empty_cache()
+
+
+def test_grid_of_65536_blocks():
+    # (16, 8192, 64, 128) bf16 prefill: 2^24 threads of 8 rows, exactly 65,536 blocks (2 GiB).
+    # A grid in gridDim.y (at most 65,535) or capped there fails or leaves the last rows unwritten.
+    b, s, h, d = 16, 8192, 64, 128
+    if _free_gpu_bytes() < 3 * b * s * h * d * 2 + (1 << 30):
+        pytest.skip("needs 7 GiB of free GPU memory")
+    cos, sin = make_tables(s, d, "cuda")
+    x = randn(b, s, h, d, dtype=torch.bfloat16, device="cuda")
+    positions = torch.arange(s, device="cuda").view(s, 1)
+    out = torch_rope.apply(x, cos, sin, positions)
+    # The last block's rows and the first ones, against the CPU.
+    for sl in (slice(0, 1), slice(b - 1, b)):
+        want = torch_rope.apply(x[sl].cpu(), cos.cpu(), sin.cpu(), positions.cpu())
+        torch.testing.assert_close(out[sl].cpu(), want, rtol=0, atol=0)
+
+
+def test_first_call_inside_cuda_graph_capture():
+    # The first call of a process does one-time work (occupancy query per kernel, device
+    # properties); inside stream capture none of it may touch the legacy default stream or
+    # synchronize, and the kernel must be captured on the capturing (current) stream. Then the
+    # replay must compute what an eager call does. In a child process, so the call is the first.
+    import subprocess
+    import sys
+
+    from helpers import subprocess_env
+
+    script = """
+import torch, torch_rope
+cos, sin = torch_rope.rope_tables(10000.0, 128, 64, device='cuda')
+q = torch.randn(2, 16, 8, 128, device='cuda', dtype=torch.bfloat16)
+k = torch.randn(2, 16, 2, 128, device='cuda', dtype=torch.bfloat16)
+x = torch.randn(2, 16, 8, 128, device='cuda', dtype=torch.float16)[..., :100]
+positions = torch.randint(0, 64, (16, 1), device='cuda')
+inplace = q.clone()
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):
+    qo, ko = torch_rope.apply_qk(q, k, cos, sin, positions, interleaved=False)
+    xo = torch_rope.apply(x, cos[:, :32], sin[:, :32], positions)
+    torch_rope.apply_(inplace, cos, sin, positions)
+g.replay()
+torch.cuda.synchronize()
+wq, wk = torch_rope.apply_qk(q, k, cos, sin, positions, interleaved=False)
+assert torch.equal(qo, wq) and torch.equal(ko, wk)
+assert torch.equal(xo, torch_rope.apply(x, cos[:, :32], sin[:, :32], positions))
+assert torch.equal(inplace, torch_rope.apply(q, cos, sin, positions))
+print('GRAPH OK')
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "GRAPH OK" in result.stdout, result.stdout + result.stderr

@@ -72,8 +72,10 @@ namespace rope_shim {
 // What the host run wants to see of the launch. The host build of the kernel (host_kernel.cpp)
 // installs one; every hook is optional.
 struct Hooks {
-  // Before the first thread of a launch runs: the kernel, the grid and the kernel's arguments.
-  void (*on_launch)(void* ctx, const void* kernel, dim3 grid, dim3 block, void** args) = nullptr;
+  // Before the first thread of a launch runs: the kernel, the grid, the kernel's arguments and
+  // the stream it was launched on.
+  void (*on_launch)(void* ctx, const void* kernel, dim3 grid, dim3 block, void** args,
+                    cudaStream_t stream) = nullptr;
   // Every global load and store of x / out (ROPE_TRACE_*), and every __ldg (tables, positions).
   void (*on_load)(void* ctx, const void* p, size_t bytes, int64_t thread) = nullptr;
   void (*on_store)(void* ctx, const void* p, size_t bytes, int64_t thread) = nullptr;
@@ -83,6 +85,12 @@ struct Hooks {
                     int64_t thread) = nullptr;
   // cudaOccupancyMaxActiveBlocksPerMultiprocessor's answer for a kernel on a device.
   int (*resident_blocks)(void* ctx, int device, const void* kernel, int block_threads) = nullptr;
+  // A sampled launch: when not null, only these linear block indices (block-major, as
+  // thread_id() numbers them) run, in the order given; indices past the grid are ignored. The
+  // launch itself (limits, arguments, on_launch) is checked in full. This lets the host run
+  // launch grids of millions of blocks (>= 65536, or past 2^31 threads) at the cost of a few.
+  const int64_t* only_blocks = nullptr;
+  size_t num_only_blocks = 0;
   void* ctx = nullptr;
 };
 
@@ -186,23 +194,46 @@ inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Ke
 }
 
 namespace rope_shim {
+// Runs every thread of block (bx, by, bz).
 template <typename... P, size_t... I>
-void run_grid(void (*kernel)(P...), void** args, std::index_sequence<I...>) {
+void run_block(void (*kernel)(P...), void** args, uint3 block, std::index_sequence<I...>) {
   State& s = state();
   // Each thread gets its own copy of the arguments, as each device thread reads the parameter
   // block independently: no thread can pass anything to another through it.
+  for (unsigned int tz = 0; tz < s.block_dim.z; ++tz) {
+    for (unsigned int ty = 0; ty < s.block_dim.y; ++ty) {
+      for (unsigned int tx = 0; tx < s.block_dim.x; ++tx) {
+        s.block_idx = block;
+        s.thread_idx = {tx, ty, tz};
+        kernel(*static_cast<std::decay_t<P>*>(args[I])...);
+      }
+    }
+  }
+}
+
+template <typename... P, size_t... I>
+void run_grid(void (*kernel)(P...), void** args, std::index_sequence<I...> seq) {
+  State& s = state();
+  const Hooks& h = hooks();
+  if (h.only_blocks != nullptr) {
+    const int64_t gx = s.grid_dim.x;
+    const int64_t gy = s.grid_dim.y;
+    const int64_t total = gx * gy * s.grid_dim.z;
+    for (size_t i = 0; i < h.num_only_blocks; ++i) {
+      const int64_t b = h.only_blocks[i];
+      if (b >= 0 && b < total) {
+        run_block(kernel, args,
+                  uint3{static_cast<unsigned int>(b % gx), static_cast<unsigned int>(b / gx % gy),
+                        static_cast<unsigned int>(b / (gx * gy))},
+                  seq);
+      }
+    }
+    return;
+  }
   for (unsigned int bz = 0; bz < s.grid_dim.z; ++bz) {
     for (unsigned int by = 0; by < s.grid_dim.y; ++by) {
       for (unsigned int bx = 0; bx < s.grid_dim.x; ++bx) {
-        for (unsigned int tz = 0; tz < s.block_dim.z; ++tz) {
-          for (unsigned int ty = 0; ty < s.block_dim.y; ++ty) {
-            for (unsigned int tx = 0; tx < s.block_dim.x; ++tx) {
-              s.block_idx = {bx, by, bz};
-              s.thread_idx = {tx, ty, tz};
-              kernel(*static_cast<std::decay_t<P>*>(args[I])...);
-            }
-          }
-        }
+        run_block(kernel, args, uint3{bx, by, bz}, seq);
       }
     }
   }
@@ -213,7 +244,7 @@ void run_grid(void (*kernel)(P...), void** args, std::index_sequence<I...>) {
 // serially with the launch limits of sm_80 / sm_90.
 template <typename... P>
 inline cudaError_t cudaLaunchKernel(void (*kernel)(P...), dim3 grid, dim3 block, void** args,
-                                    size_t shared_mem = 0, cudaStream_t /*stream*/ = nullptr) {
+                                    size_t shared_mem = 0, cudaStream_t stream = nullptr) {
   if (shared_mem != 0) {
     return cudaErrorInvalidValue;  // dynamic shared memory: the serial launch would be unfaithful
   }
@@ -227,7 +258,7 @@ inline cudaError_t cudaLaunchKernel(void (*kernel)(P...), dim3 grid, dim3 block,
   s.block_dim = block;
   const rope_shim::Hooks& h = rope_shim::hooks();
   if (h.on_launch != nullptr) {
-    h.on_launch(h.ctx, reinterpret_cast<const void*>(kernel), grid, block, args);
+    h.on_launch(h.ctx, reinterpret_cast<const void*>(kernel), grid, block, args, stream);
   }
   rope_shim::run_grid(kernel, args, std::index_sequence_for<P...>{});
   return cudaSuccess;

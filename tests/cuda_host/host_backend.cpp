@@ -1,0 +1,170 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "host_backend.h"
+
+#include <c10/util/Exception.h>
+
+#include <optional>
+#include <sstream>
+
+#include "access_tracker.h"
+#include "cuda/cuda_glue.h"
+
+namespace rope_host {
+namespace {
+
+CaseContext* g_ctx = nullptr;
+// The simulated runtime's current device, as cudaSetDevice / c10::cuda::CUDAGuard would set it.
+int g_current_device = 0;
+
+Storage storage_of(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::ScalarType::Double:
+      return Storage::kDouble;
+    case c10::ScalarType::Float:
+      return Storage::kFloat;
+    case c10::ScalarType::Half:
+      return Storage::kHalf;
+    case c10::ScalarType::BFloat16:
+      return Storage::kBFloat16;
+    default:
+      TORCH_CHECK(false, "cuda host run: unsupported dtype ", dtype);
+  }
+}
+
+// The simulated CUDA runtime of cuda_glue.h.
+struct HostRuntime {
+  // c10::cuda::OptionalCUDAGuard: sets the device when given one, restores the previous on exit.
+  class Guard {
+   public:
+    explicit Guard(std::optional<c10::Device> device) : previous_(g_current_device) {
+      if (device.has_value()) {
+        g_current_device = device->index();
+      }
+    }
+    ~Guard() { g_current_device = previous_; }
+    Guard(const Guard&) = delete;
+    Guard& operator=(const Guard&) = delete;
+
+   private:
+    int previous_;
+  };
+  using Stream = const void*;
+
+  static std::optional<c10::Device> device_of(const at::Tensor& t) {
+    if (g_ctx != nullptr && t.defined() && t.has_storage() &&
+        g_ctx->on_device.count(t.storage().data()) > 0) {
+      return c10::Device(c10::DeviceType::CUDA,
+                         static_cast<c10::DeviceIndex>(g_ctx->device.ordinal));
+    }
+    return std::nullopt;
+  }
+  static Stream current_stream() { return current_stream_of(g_current_device); }
+  // Another device has another SM count: a plan sized for the wrong device shows in the record.
+  static int multiprocessor_count() {
+    return g_current_device == g_ctx->device.ordinal ? g_ctx->device.num_sms
+                                                     : 1 + g_current_device % 5;
+  }
+  static int launch(c10::ScalarType dtype, const rope::RotationArgs& first,
+                    const rope::RotationArgs* second, const rope::TableArgs& tables,
+                    rope::RotationMode mode, int num_sms, Stream stream) {
+    CaseContext& ctx = *g_ctx;
+    const int storage_bytes = static_cast<int>(c10::elementSize(dtype));
+    std::optional<AccessTracker> tracker;
+    Observer* observer = ctx.observer;
+    if (observer == nullptr) {
+      tracker.emplace(first, second, tables, storage_bytes, tables.tables_are_double ? 8 : 4);
+      observer = &*tracker;
+    }
+    LaunchOptions options = ctx.sample;
+    options.stream = stream;
+    LaunchRecord record;
+    const int status =
+        rope_host::rotate(storage_of(dtype), first, second, tables, mode,
+                          Device{g_current_device, num_sms}, observer, &record, options);
+    if (tracker.has_value()) {
+      for (std::string& p : tracker->finish(ctx.positions_in_range)) {
+        ctx.problems.push_back("launch: " + p);
+      }
+    }
+    if (record.launched) {
+      const void* want = current_stream_of(ctx.device.ordinal);
+      if (record.device != ctx.device.ordinal || record.stream != want) {
+        std::ostringstream m;
+        m << "launch on device " << record.device << ", stream " << record.stream
+          << "; expected x's device " << ctx.device.ordinal << " and its current stream " << want
+          << " (the caller's device was " << ctx.start_device << ")";
+        ctx.problems.push_back(m.str());
+      }
+    }
+    ctx.launches.push_back(record);
+    ctx.tables.push_back(tables);
+    return status;
+  }
+  static void check(int status) {
+    TORCH_CHECK(status == 0, "host launch of the CUDA kernel failed with cudaError_t ", status);
+  }
+};
+
+// Enters the call: the caller's device is current, not x's. Leaving checks it is again.
+class Enter {
+ public:
+  explicit Enter(CaseContext& ctx) : ctx_(ctx) {
+    g_ctx = &ctx;
+    g_current_device = ctx.start_device;
+  }
+  ~Enter() {
+    if (g_current_device != ctx_.start_device) {
+      ctx_.problems.push_back("the caller's device " + std::to_string(ctx_.start_device) +
+                              " is not current after the call (device " +
+                              std::to_string(g_current_device) + " is)");
+    }
+    g_ctx = nullptr;
+  }
+
+ private:
+  CaseContext& ctx_;
+};
+
+}  // namespace
+
+void CaseContext::place(const at::Tensor& t) {
+  if (t.defined() && t.has_storage()) {
+    on_device.insert(t.storage().data());
+  }
+}
+
+const void* current_stream_of(int device) {
+  // Distinct, non-null handles: the default (legacy) stream is nullptr.
+  return reinterpret_cast<const void*>(static_cast<uintptr_t>(0x5000 + 0x10 * device));
+}
+
+at::Tensor host_apply(CaseContext& ctx, const at::Tensor& x, const at::Tensor& cos,
+                      const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
+                      bool inverse) {
+  Enter enter(ctx);
+  return rope::cuda::glue::apply<HostRuntime>(x, cos, sin, positions, interleaved, inverse);
+}
+
+void host_apply_(CaseContext& ctx, const at::Tensor& x, const at::Tensor& cos,
+                 const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
+                 bool inverse) {
+  Enter enter(ctx);
+  rope::cuda::glue::apply_inplace<HostRuntime>(x, cos, sin, positions, interleaved, inverse);
+}
+
+void host_apply_out(CaseContext& ctx, const at::Tensor& x, const at::Tensor& cos,
+                    const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
+                    bool inverse, const at::Tensor& out) {
+  Enter enter(ctx);
+  rope::cuda::glue::apply_out<HostRuntime>(x, cos, sin, positions, interleaved, inverse, out);
+}
+
+std::tuple<at::Tensor, at::Tensor> host_apply_qk(CaseContext& ctx, const at::Tensor& q,
+                                                 const at::Tensor& k, const at::Tensor& cos,
+                                                 const at::Tensor& sin, const at::Tensor& positions,
+                                                 bool interleaved, bool inverse) {
+  Enter enter(ctx);
+  return rope::cuda::glue::apply_qk<HostRuntime>(q, k, cos, sin, positions, interleaved, inverse);
+}
+
+}  // namespace rope_host

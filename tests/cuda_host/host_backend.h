@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The CUDA ops of the host run: csrc/cuda/cuda_glue.h (device guard, stream, launch, error check,
+// the op bodies) instantiated with a simulated CUDA runtime, launching the host build of the
+// kernel (host_kernel.h). The simulated runtime has many devices, each with its own current
+// stream; a call starts with some *other* device current. Each launch must happen with x's device
+// current and on that device's current stream, and the caller's device must be current again
+// afterwards: that is what a dropped device guard or a launch on the default stream gets wrong,
+// and no other test without a GPU can see.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <tuple>
+#include <unordered_set>
+#include <vector>
+
+#include "host_kernel.h"
+#include "kernel_args.h"
+
+namespace rope_host {
+
+// One op call of the host run.
+struct CaseContext {
+  Device device;         // the simulated GPU the tensors of the call live on
+  int start_device = 0;  // the current device when the op is called; must differ from device's
+  bool positions_in_range = true;
+  // Tensors on `device`, by storage address; every other tensor is on the CPU for device_of.
+  std::unordered_set<const void*> on_device;
+  // Checks each launch's accesses with an AccessTracker, unless `observer` is given (the big
+  // cases, which check what they sample themselves).
+  Observer* observer = nullptr;
+  LaunchOptions sample;  // stream is ignored: the glue chooses it
+  std::vector<std::string> problems;
+  std::vector<LaunchRecord> launches;
+  std::vector<rope::TableArgs> tables;
+
+  // Puts t's storage (and so every view of it) on `device`.
+  void place(const at::Tensor& t);
+};
+
+// The stream the simulated runtime reports as current on `device` (never the default stream).
+const void* current_stream_of(int device);
+
+// The four CUDA ops through cuda_glue.h with the simulated runtime, for the call `ctx`.
+at::Tensor host_apply(CaseContext& ctx, const at::Tensor& x, const at::Tensor& cos,
+                      const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
+                      bool inverse);
+void host_apply_(CaseContext& ctx, const at::Tensor& x, const at::Tensor& cos,
+                 const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
+                 bool inverse);
+void host_apply_out(CaseContext& ctx, const at::Tensor& x, const at::Tensor& cos,
+                    const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
+                    bool inverse, const at::Tensor& out);
+std::tuple<at::Tensor, at::Tensor> host_apply_qk(CaseContext& ctx, const at::Tensor& q,
+                                                 const at::Tensor& k, const at::Tensor& cos,
+                                                 const at::Tensor& sin, const at::Tensor& positions,
+                                                 bool interleaved, bool inverse);
+
+}  // namespace rope_host

@@ -5,7 +5,7 @@ Every figure is a ratio of medians measured in one run with interleaved rounds (
 ``x.clone()`` of the same tensors for the out-of-place ops, ``x.mul_(1.0)`` for the in-place
 ``apply_``. Three parts:
 
-  targets  the measures of issue 12 (decode, in cache, prefill, apply_, out=), each with its
+  targets  the speed targets (decode, in cache, prefill, apply_, out=), each with its
            target ratio;
   sweep    time / clone against tensor size, prefill and decode, fp32 and bf16: torch_rope (both
            layouts), HF apply_rotary_pos_emb with gathered cos/sin, Meta's complex form,

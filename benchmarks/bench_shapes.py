@@ -2,7 +2,7 @@
 """CPU shape scan of torch_rope.apply: time / x.clone() across head dims, rotary dims, layouts,
 dtypes and two sizes, to show where the kernel is at the copy floor and where it is not.
 
-bench_rope.py measures the shapes of issue 12 (head_dim 128). This scan covers the others users
+bench_rope.py measures the target shapes (head_dim 128). This scan covers the others users
 have: head_dim 64 to 256, partial rotary, x as (B, S, H, D) with positions (S, 1), at S=512
 (0.5-8 MiB) and S=4096 (4-64 MiB). Every figure is a ratio of medians of interleaved rounds in
 one run (timing.py).

@@ -172,7 +172,7 @@ run_pytest_cuda() {
 run_fuzz() {
   have_python_module hypothesis || { skip "hypothesis not installed"; return 77; }
   ROPE_CUDA_FUZZ_EXAMPLES="$FUZZ_EXAMPLES" PYTHONPATH="$REPO/python" "$PY" -m pytest \
-    "$REPO/tests/python/test_cuda_fuzz.py" -q -ra -p no:cacheprovider
+    "$REPO/tests/python/kernels/test_cuda_fuzz.py" -q -ra -p no:cacheprovider
 }
 
 run_sanitizer() {
@@ -188,7 +188,7 @@ run_sanitizer() {
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 ROPE_CUDA_FUZZ_EXAMPLES=60 ROPE_CPU_FUZZ_EXAMPLES=1 \
   PYTHONPATH="$REPO/python" "$cs" --tool "$tool" --error-exitcode 3 "${filter[@]}" \
     "$PY" -m pytest -q -p no:cacheprovider -x \
-      "$REPO/tests/python/test_cuda.py" "$REPO/tests/python/test_cuda_fuzz.py" \
+      "$REPO/tests/python/kernels/test_cuda.py" "$REPO/tests/python/kernels/test_cuda_fuzz.py" \
       -k "not device_assert and not current_stream"
 }
 

@@ -18,7 +18,7 @@ struct Tolerance {
   double atol;
 };
 
-// The same numbers, and the same procedure, as TOLERANCES in tests/python/helpers.py: the library
+// The same numbers, and the same procedure, as TOLERANCES in tests/python/support/helpers.py: the library
 // computes in float32 (float64 for float64) and rounds once to the storage dtype, so it agrees
 // with the float64 oracle *rounded to that dtype* (see matches_oracle) within about one unit in
 // the last place.

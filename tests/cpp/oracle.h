@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The C++ suite's one oracle: plain loops in double over accessors. Nothing here calls the library,
 // so a bug in the kernels or the table builder cannot hide in the expected values. (The Python
-// suite's oracle is tests/python/references.py; the op matrix is tested there.)
+// suite's oracle is tests/python/support/references.py; the op matrix is tested there.)
 //
 // The math (DESIGN.md section 1): plane k of a row at position p turns by angle p * inv_freq[k],
 // inv_freq[k] = theta^(-2k / rotary_dim); interleaved pairs features (2k, 2k+1), half split pairs

@@ -130,7 +130,7 @@ MUTANTS = [
         "cuda/rope_kernel.cuh",
         "  if (t.rot_lanes == 0) {\n    int64_t pos;",
         "  if (false) {\n    int64_t pos;",
-        "rotary_dim == 0 skips the range check of positions (issue 9, item 6)",
+        "rotary_dim == 0 skips the range check of positions",
     ),
     Mutant(
         "int32-positions-read-as-int64",

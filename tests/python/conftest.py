@@ -10,10 +10,11 @@ import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REPO_PYTHON = os.path.normpath(os.path.join(_HERE, "..", "..", "python"))
+_SUPPORT = os.path.join(_HERE, "support")
 
-# The tests' own modules (references, helpers) import by bare name.
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
+# The tests' own modules (support/: references, helpers, samples, ...) import by bare name.
+if _SUPPORT not in sys.path:
+    sys.path.insert(0, _SUPPORT)
 
 # Run from a source checkout without PYTHONPATH=python: fall back to the in-tree package (built by
 # scripts/build.sh). An installed torch_rope, or one on PYTHONPATH, takes precedence.

@@ -91,17 +91,6 @@ def test_out_bumps_the_version_counter():
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
-def test_out_opcheck(device):
-    cos, sin = make_tables(MAX_SEQ_LEN, 16, device)
-    x = torch.randn(2, 5, 3, 24, device=device)
-    out = torch.empty(2, 8, 3, 24, device=device)[:, 1:6]
-    positions = torch.arange(5, device=device).view(5, 1)
-    torch.library.opcheck(
-        torch.ops.rope.apply.out, (x, cos, sin, positions), {"interleaved": False, "out": out}
-    )
-
-
-@pytest.mark.parametrize("device", cpu_and_cuda())
 def test_out_under_compile_fullgraph(device):
     torch._dynamo.reset()
     cos, sin = make_tables(MAX_SEQ_LEN, 16, device)

@@ -215,9 +215,8 @@ struct Builder {
 }  // namespace
 
 std::string rope_type_name(const RopeScaling& scaling) {
-  static const char* const names[] = {"default", "linear",   "dynamic",     "yarn",
-                                      "llama3",  "longrope", "proportional"};
-  static_assert(std::variant_size_v<RopeScaling> == sizeof(names) / sizeof(names[0]));
+  const auto& names = supported_rope_types();  // in RopeScaling's order (scaling_parameters.cpp)
+  TORCH_INTERNAL_ASSERT(names.size() == std::variant_size_v<RopeScaling>);
   return names[scaling.index()];
 }
 

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // torch_rope._C: the Python extension module. Loading it loads librope, whose static initialisers
 // register the rope:: ops with the dispatcher; the bindings here are the few non-op entry points:
-// the table builder (with its typed scaling variants) and build information.
+// the table builder (scaling variants parsed in C++), the module's rules, the typed fast path,
+// and build information.
 #include <torch/csrc/Exceptions.h>
 #include <torch/extension.h>
 #include <torch_rope/module.h>
@@ -14,80 +15,30 @@ namespace py = pybind11;
 
 namespace {
 
-// Each scaling variant is a small Python class with a keyword constructor; torch_rope/_scaling.py
-// turns transformers' rope_parameters dicts into them.
+// A parsed scaling variant, opaque to Python: torch_rope/_scaling.py coerces a transformers
+// rope_parameters dict to C++ values, and rope::rope_scaling_from_parameters (the one key table
+// per variant) builds the variant. No per-variant binding to keep in step.
+struct Scaling {
+  rope::RopeScaling value = rope::NoScaling{};
+};
+
 void bind_scaling(py::module_& m) {
-  py::class_<rope::NoScaling>(m, "NoScaling").def(py::init<>());
-  py::class_<rope::LinearScaling>(m, "LinearScaling")
-      .def(py::init([](double factor) { return rope::LinearScaling().factor(factor); }),
-           py::kw_only(), py::arg("factor"));
-  py::class_<rope::DynamicNTKScaling>(m, "DynamicNTKScaling")
-      .def(py::init(
-               [](double factor, int64_t max_position_embeddings, std::optional<int64_t> seq_len) {
-                 return rope::DynamicNTKScaling()
-                     .factor(factor)
-                     .max_position_embeddings(max_position_embeddings)
-                     .seq_len(seq_len);
-               }),
-           py::kw_only(), py::arg("factor"), py::arg("max_position_embeddings"),
-           py::arg("seq_len") = std::nullopt);
-  py::class_<rope::YarnScaling>(m, "YarnScaling")
-      .def(py::init([](std::optional<double> factor, int64_t original_max_position_embeddings,
-                       std::optional<int64_t> max_position_embeddings, double beta_fast,
-                       double beta_slow, std::optional<double> mscale,
-                       std::optional<double> mscale_all_dim, std::optional<double> attention_factor,
-                       bool truncate) {
-             return rope::YarnScaling()
-                 .factor(factor)
-                 .original_max_position_embeddings(original_max_position_embeddings)
-                 .max_position_embeddings(max_position_embeddings)
-                 .beta_fast(beta_fast)
-                 .beta_slow(beta_slow)
-                 .mscale(mscale)
-                 .mscale_all_dim(mscale_all_dim)
-                 .attention_factor(attention_factor)
-                 .truncate(truncate);
-           }),
-           py::kw_only(), py::arg("factor"), py::arg("original_max_position_embeddings"),
-           py::arg("max_position_embeddings") = std::nullopt, py::arg("beta_fast") = 32.0,
-           py::arg("beta_slow") = 1.0, py::arg("mscale") = std::nullopt,
-           py::arg("mscale_all_dim") = std::nullopt, py::arg("attention_factor") = std::nullopt,
-           py::arg("truncate") = true);
-  py::class_<rope::Llama3Scaling>(m, "Llama3Scaling")
-      .def(py::init([](double factor, double low_freq_factor, double high_freq_factor,
-                       int64_t original_max_position_embeddings) {
-             return rope::Llama3Scaling()
-                 .factor(factor)
-                 .low_freq_factor(low_freq_factor)
-                 .high_freq_factor(high_freq_factor)
-                 .original_max_position_embeddings(original_max_position_embeddings);
-           }),
-           py::kw_only(), py::arg("factor"), py::arg("low_freq_factor"),
-           py::arg("high_freq_factor"), py::arg("original_max_position_embeddings"));
-  py::class_<rope::LongRopeScaling>(m, "LongRopeScaling")
-      .def(py::init([](std::vector<double> short_factor, std::vector<double> long_factor,
-                       int64_t original_max_position_embeddings, std::optional<double> factor,
-                       std::optional<int64_t> max_position_embeddings,
-                       std::optional<double> attention_factor, std::optional<int64_t> seq_len) {
-             return rope::LongRopeScaling()
-                 .short_factor(std::move(short_factor))
-                 .long_factor(std::move(long_factor))
-                 .original_max_position_embeddings(original_max_position_embeddings)
-                 .factor(factor)
-                 .max_position_embeddings(max_position_embeddings)
-                 .attention_factor(attention_factor)
-                 .seq_len(seq_len);
-           }),
-           py::kw_only(), py::arg("short_factor"), py::arg("long_factor"),
-           py::arg("original_max_position_embeddings"), py::arg("factor") = std::nullopt,
-           py::arg("max_position_embeddings") = std::nullopt,
-           py::arg("attention_factor") = std::nullopt, py::arg("seq_len") = std::nullopt);
-  py::class_<rope::ProportionalScaling>(m, "ProportionalScaling")
-      .def(py::init([](double factor, double partial_rotary_factor) {
-             return rope::ProportionalScaling().factor(factor).partial_rotary_factor(
-                 partial_rotary_factor);
-           }),
-           py::kw_only(), py::arg("factor") = 1.0, py::arg("partial_rotary_factor") = 1.0);
+  py::class_<Scaling>(m, "Scaling")
+      .def(py::init<>())
+      .def_property_readonly("rope_type",
+                             [](const Scaling& s) { return rope::rope_type_name(s.value); })
+      .def("__repr__", [](const Scaling& s) {
+        return "<torch_rope._C.Scaling " + rope::rope_type_name(s.value) + ">";
+      });
+  m.def(
+      "parse_scaling",
+      [](const rope::RopeParameters& parameters, double theta) {
+        return Scaling{rope::rope_scaling_from_parameters(parameters, theta)};
+      },
+      py::arg("parameters"), py::arg("theta"),
+      "A rope_parameters dict (values already coerced) -> Scaling; see "
+      "rope::rope_scaling_from_parameters");
+  m.def("supported_rope_types", &rope::supported_rope_types);
 }
 
 }  // namespace
@@ -108,18 +59,19 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "rope_tables",
       [](double theta, int64_t rotary_dim, int64_t max_seq_len, std::optional<c10::Device> device,
-         const rope::RopeScaling& scaling, c10::ScalarType dtype) {
-        return rope::rope_tables(theta, rotary_dim, max_seq_len,
-                                 rope::TableOptions().scaling(scaling).dtype(dtype).device(device));
+         const Scaling& scaling, c10::ScalarType dtype) {
+        return rope::rope_tables(
+            theta, rotary_dim, max_seq_len,
+            rope::TableOptions().scaling(scaling.value).dtype(dtype).device(device));
       },
       py::arg("theta"), py::arg("rotary_dim"), py::arg("max_seq_len"),
-      py::arg("device") = std::nullopt, py::kw_only(),
-      py::arg("scaling") = rope::RopeScaling(rope::NoScaling{}), py::arg("dtype") = at::kFloat,
+      py::arg("device") = std::nullopt, py::kw_only(), py::arg("scaling") = Scaling{},
+      py::arg("dtype") = at::kFloat,
       "(cos, sin) tables of shape (max_seq_len, rotary_dim // 2); see rope::rope_tables");
   m.def(
       "rope_frequencies",
-      [](double theta, int64_t rotary_dim, const rope::RopeScaling& scaling, int64_t seq_len) {
-        const auto f = rope::rope_frequencies(theta, rotary_dim, scaling, seq_len);
+      [](double theta, int64_t rotary_dim, const Scaling& scaling, int64_t seq_len) {
+        const auto f = rope::rope_frequencies(theta, rotary_dim, scaling.value, seq_len);
         return std::make_tuple(f.inv_freq, f.attention_scaling);
       },
       py::arg("theta"), py::arg("rotary_dim"), py::arg("scaling"), py::arg("seq_len"),
@@ -130,10 +82,10 @@ PYBIND11_MODULE(_C, m) {
         "(cos, sin) tables from a ready inv_freq; see rope::rope_tables_from_inv_freq");
   m.def(
       "module_tables",
-      [](double theta, int64_t rotary_dim, int64_t max_seq_len, const rope::RopeScaling& scaling,
+      [](double theta, int64_t rotary_dim, int64_t max_seq_len, const Scaling& scaling,
          c10::ScalarType dtype, std::optional<c10::Device> device) {
-        auto t =
-            rope::detail::module_tables(theta, rotary_dim, max_seq_len, scaling, dtype, device);
+        auto t = rope::detail::module_tables(theta, rotary_dim, max_seq_len, scaling.value, dtype,
+                                             device);
         return std::make_tuple(t.cos, t.sin, t.long_offset, t.long_after);
       },
       py::arg("theta"), py::arg("rotary_dim"), py::arg("max_seq_len"), py::arg("scaling"),

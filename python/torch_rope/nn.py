@@ -19,7 +19,7 @@ from torch.nn.modules.module import (  # noqa: E402
 from . import _C
 from . import distributed as _distributed
 from ._dtensor_args import as_dtensors_like
-from ._scaling import _integer, _number, parse_scaling, rope_type_of
+from ._scaling import _integer, _number, parse_scaling
 from .ops import apply, eager_fast_path
 
 _jit_tracing = torch._C._get_tracing_state
@@ -260,7 +260,7 @@ class RotaryPositionalEmbedding(nn.Module):
             f"rotary_dim={self.rotary_dim}, interleaved={self.interleaved}"
         )
         if self.scaling is not None:
-            text += f", scaling={rope_type_of(self.scaling)!r}"
+            text += f", scaling={parse_scaling(self.scaling, self.theta).rope_type!r}"
         if self.dtype != torch.float32:
             text += f", dtype={self.dtype}"
         if self.seq_dim != -2:

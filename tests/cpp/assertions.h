@@ -18,10 +18,10 @@ struct Tolerance {
   double atol;
 };
 
-// The same numbers, and the same procedure, as TOLERANCES in tests/python/support/helpers.py: the library
-// computes in float32 (float64 for float64) and rounds once to the storage dtype, so it agrees
-// with the float64 oracle *rounded to that dtype* (see matches_oracle) within about one unit in
-// the last place.
+// The same numbers, and the same procedure, as TOLERANCES in tests/python/support/helpers.py: the
+// library computes in float32 (float64 for float64) and rounds once to the storage dtype, so it
+// agrees with the float64 oracle *rounded to that dtype* (see matches_oracle) within about one unit
+// in the last place.
 inline Tolerance tolerance_for(torch::Dtype dtype) {
   switch (dtype) {
     case torch::kDouble:

@@ -17,6 +17,7 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -98,6 +99,23 @@ using RopeScaling = std::variant<NoScaling, LinearScaling, DynamicNTKScaling, Ya
 
 // transformers' rope_type name of a variant ("default", "linear", "dynamic", ...).
 std::string rope_type_name(const RopeScaling& scaling);
+
+// A transformers rope_parameters dict ({"rope_type": "llama3", "factor": 8.0, ...}), as C++
+// values: numbers as int64 or double, flags as bool, per-plane factors as a vector, names as a
+// string. Two keys a transformers config keeps outside the dict are accepted too:
+// max_position_embeddings (read by dynamic, and by yarn and longrope when factor is absent) and
+// seq_len (the length dynamic and longrope are evaluated at; default: the table's max_seq_len).
+using RopeParameter = std::variant<bool, int64_t, double, std::vector<double>, std::string>;
+using RopeParameters = std::map<std::string, RopeParameter>;
+
+// The variant a rope_parameters dict describes, with transformers' keys and defaults: one key
+// table per variant (scaling_parameters.cpp), the only place a variant's keys are listed. Missing
+// required keys, unknown keys, values of the wrong type and a rope_theta that disagrees with
+// `theta` are c10::ValueError / c10::TypeError naming the key.
+RopeScaling rope_scaling_from_parameters(const RopeParameters& parameters, double theta);
+
+// The rope_type names rope_scaling_from_parameters accepts, in the order of RopeScaling.
+const std::vector<std::string>& supported_rope_types();
 
 // What a variant does to plain RoPE: float64 inv_freq of shape (rotary_dim / 2), and the factor
 // that multiplies cos and sin. Throws c10::ValueError naming a bad parameter.

@@ -9,6 +9,7 @@ HF's own bf16 error.
 """
 
 import copy
+import os
 import types
 
 import pytest
@@ -190,6 +191,7 @@ def test_patched_model_saved_whole_loads_patched_in_a_new_process(tmp_path):
     torch.save({"model": model, "logits": logits(model, ids, mask)}, tmp_path / "model.pt")
     code = (
         "import sys, torch, torch_rope, torch_rope.hf, hf_models\n"
+        f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
         "from test_hf import OpCounter, logits\n"
         f"saved = torch.load({str(tmp_path / 'model.pt')!r}, weights_only=False)\n"
         "model, ids, mask = saved['model'], *hf_models.batch()\n"

@@ -218,4 +218,50 @@ TEST(ErrorTypes, BadTableArgumentsAreValueErrors) {
                            {"dtype", "Half"}));
 }
 
+// rope_parameters as C++ users hold them (e.g. read from a config.json): the same key tables
+// the Python module uses.
+TEST(ScalingParameters, Llama3DictBuildsTheTypedOptions) {
+  const rope::RopeParameters llama3 = {{"rope_type", std::string("llama3")},
+                                       {"factor", 8.0},
+                                       {"low_freq_factor", int64_t{1}},
+                                       {"high_freq_factor", 4.0},
+                                       {"original_max_position_embeddings", 8192.0},
+                                       {"rope_theta", 500000.0}};
+  const auto scaling = rope::rope_scaling_from_parameters(llama3, 500000.0);
+  ASSERT_EQ(rope::rope_type_name(scaling), "llama3");
+  const auto& options = std::get<rope::Llama3Scaling>(scaling);
+  EXPECT_EQ(options.factor(), 8.0);
+  EXPECT_EQ(options.low_freq_factor(), 1.0);
+  EXPECT_EQ(options.original_max_position_embeddings(), 8192);
+  // The same tables as the typed options give.
+  const auto [cos_a, sin_a] =
+      rope::rope_tables(500000.0, 64, 32, rope::TableOptions().scaling(scaling));
+  const auto [cos_b, sin_b] = rope::rope_tables(
+      500000.0, 64, 32,
+      rope::TableOptions().scaling(
+          rope::Llama3Scaling().factor(8.0).low_freq_factor(1.0).high_freq_factor(4.0)));
+  EXPECT_TRUE(bitwise_equal(cos_a, cos_b) && bitwise_equal(sin_a, sin_b));
+}
+
+TEST(ScalingParameters, BadDictsNameTheKey) {
+  const auto parse = [](rope::RopeParameters p) {
+    return [p] { rope::rope_scaling_from_parameters(p, 10000.0); };
+  };
+  EXPECT_TRUE(
+      contains_all(error_message<c10::ValueError>(parse({{"rope_type", std::string("yarn")}})),
+                   {"rope_type 'yarn' needs original_max_position_embeddings"}));
+  EXPECT_TRUE(contains_all(
+      error_message<c10::ValueError>(
+          parse({{"rope_type", std::string("linear")}, {"factor", 2.0}, {"fctor", 3.0}})),
+      {"unexpected key(s) 'fctor'", "accepted:"}));
+  EXPECT_TRUE(contains_all(error_message<c10::TypeError>(
+                               parse({{"rope_type", std::string("linear")}, {"factor", true}})),
+                           {"scaling['factor'] must be a number, got bool"}));
+  EXPECT_TRUE(contains_all(
+      error_message<c10::ValueError>(parse({{"rope_type", std::string("ntk-by-parts")}})),
+      {"'ntk-by-parts' is not supported", "llama3", "longrope"}));
+  EXPECT_TRUE(contains_all(error_message<c10::ValueError>(parse({{"rope_theta", 5.0}})),
+                           {"rope_theta = 5 disagrees with theta = 10000"}));
+}
+
 }  // namespace

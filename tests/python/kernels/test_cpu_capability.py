@@ -14,12 +14,9 @@ library must fall back to what the CPU has); the numeric check runs only for cap
 has, and the others are skipped naming the missing /proc/cpuinfo flags.
 """
 
-import subprocess
-import sys
-
 import pytest
 import torch
-from helpers import cpu_flags, missing_cpu_flags, subprocess_env
+from helpers import cpu_flags, missing_cpu_flags, run_python
 
 CHECK_SCRIPT = r"""
 import sys
@@ -77,11 +74,8 @@ CAPABILITIES = ["default", "avx2", "avx512"]
 
 
 def _run_child(script, capability):
-    env = subprocess_env(
-        with_test_modules=True, ATEN_CPU_CAPABILITY=capability, OMP_NUM_THREADS="2"
-    )
-    return subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    return run_python(
+        script, with_test_modules=True, ATEN_CPU_CAPABILITY=capability, OMP_NUM_THREADS="2"
     )
 
 

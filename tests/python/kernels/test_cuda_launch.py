@@ -136,10 +136,7 @@ def test_first_call_inside_cuda_graph_capture():
     # properties); inside stream capture none of it may touch the legacy default stream or
     # synchronize, and the kernel must be captured on the capturing (current) stream. Then the
     # replay must compute what an eager call does. In a child process, so the call is the first.
-    import subprocess
-    import sys
-
-    from helpers import subprocess_env
+    from helpers import run_python
 
     script = """
 import torch, torch_rope
@@ -162,11 +159,5 @@ assert torch.equal(xo, torch_rope.apply(x, cos[:, :32], sin[:, :32], positions))
 assert torch.equal(inplace, torch_rope.apply(q, cos, sin, positions))
 print('GRAPH OK')
 """
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_python(script)
     assert "GRAPH OK" in result.stdout, result.stdout + result.stderr

@@ -203,10 +203,7 @@ def test_positions_that_do_not_fit_get_the_modules_rule(path):
 def test_integrations_are_attributes_loaded_on_first_use():
     # `import torch_rope; torch_rope.hf.patch(model)` must work, and a bare import must not pull
     # in transformers or torchtune.
-    import subprocess
-    import sys
-
-    from helpers import subprocess_env
+    from helpers import run_python
 
     script = (
         "import sys, torch_rope\n"
@@ -219,9 +216,7 @@ def test_integrations_are_attributes_loaded_on_first_use():
         "assert callable(torch_rope.hf.patch) and torch_rope.hf.__name__ == 'torch_rope.hf'\n"
         "print('ok')\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], env=subprocess_env(), capture_output=True, text=True
-    )
+    result = run_python(script)
     assert result.returncode == 0, result.stderr
     if "no transformers" in result.stdout:
         pytest.skip("transformers is not installed: checked only that the import stays lazy")

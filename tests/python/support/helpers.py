@@ -89,12 +89,25 @@ def subprocess_env(*, with_test_modules=False, **variables):
     return dict(os.environ, PYTHONPATH=os.pathsep.join(paths), **variables)
 
 
+def run_python(script, *, with_test_modules=False, timeout=300, **variables):
+    """Run ``script`` in a child interpreter that imports this process's torch_rope (see
+    subprocess_env); returns the CompletedProcess with text stdout and stderr."""
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        env=subprocess_env(with_test_modules=with_test_modules, **variables),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def assert_device_assert(setup, call):
     """``call`` (Python source, after ``setup``) must trip a CUDA device-side assert. Run in a
     child interpreter: a device assert leaves the CUDA context unusable for the rest of the
     process."""
-    import subprocess
-    import sys
 
     script = (
         "import torch, torch_rope\n"
@@ -106,13 +119,7 @@ def assert_device_assert(setup, call):
         "except Exception as e:\n"
         "    print('ERROR', type(e).__name__, e)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_python(script)
     assert "NO ERROR" not in result.stdout, "an out-of-range position went unnoticed"
     assert result.returncode != 0 or "ERROR" in result.stdout, result.stderr
 

@@ -96,9 +96,8 @@ void RotaryPositionalEmbeddingImpl::extend_tables(int64_t max_seq_len) {
 torch::Tensor RotaryPositionalEmbeddingImpl::forward(
     const torch::Tensor& x, const std::optional<torch::Tensor>& token_positions) {
   detail::check_module_input(x, d_k_, options_.seq_dim(), token_positions.has_value());
-  const auto positions = detail::long_rope_positions(
-      detail::module_positions(x, token_positions, options_.seq_dim()), long_offset_, long_after_);
-  return rope::apply(x, cos_, sin_, positions, options_.interleaved());
+  return detail::module_apply(x, token_positions, cos_, sin_, options_.seq_dim(),
+                              options_.interleaved(), long_offset_, long_after_);
 }
 
 void RotaryPositionalEmbeddingImpl::save(torch::serialize::OutputArchive& /*archive*/) const {}

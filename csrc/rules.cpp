@@ -4,6 +4,7 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/ops/arange.h>
 #include <c10/util/Exception.h>
+#include <torch_rope/ops.h>
 
 #include <cmath>
 #include <sstream>
@@ -85,19 +86,37 @@ at::Tensor module_positions(const at::Tensor& x, const std::optional<at::Tensor>
   if (positions.dim() <= 2) {
     for (int64_t i = 0; i < trailing; ++i) positions = positions.unsqueeze(-1);
   }
-  if (token_positions.has_value() && rank >= 0) {
-    // The op would name its own rule ((S, 1) for (B, S, H, D)), which is not how the module reads
-    // positions: state the module's.
-    TORCH_CHECK_VALUE(
-        at::is_expandable_to(positions.sizes(), x.sizes().slice(0, rank)), kModule,
-        ": token_positions of shape ", token_positions->sizes(), " do not fit x of shape ",
-        x.sizes(), " with seq_dim = ", seq_dim,
-        ". The module reads 1-D positions as (S,) along x's sequence axis (seq_dim), 2-D positions "
-        "as (B, S) with B on x's first axis, and positions of 3 or more dims as broadcastable to "
-        "x.shape[:-1]. For x laid out (B, S, H, D) construct the module with seq_dim=-3, "
-        "for (B, H, S, D) with seq_dim=-2");
-  }
   return positions;
+}
+
+void check_positions_fit(const at::Tensor& x, const at::Tensor& token_positions,
+                         const at::Tensor& positions, int64_t seq_dim) {
+  const int64_t rank = x.dim() - 1;
+  if (rank < 0) return;  // check_module_input has refused x already
+  TORCH_CHECK_VALUE(
+      at::is_expandable_to(positions.sizes(), x.sizes().slice(0, rank)), kModule,
+      ": token_positions of shape ", token_positions.sizes(), " do not fit x of shape ", x.sizes(),
+      " with seq_dim = ", seq_dim,
+      ". The module reads 1-D positions as (S,) along x's sequence axis (seq_dim), 2-D positions "
+      "as (B, S) with B on x's first axis, and positions of 3 or more dims as broadcastable to "
+      "x.shape[:-1]. For x laid out (B, S, H, D) construct the module with seq_dim=-3, "
+      "for (B, H, S, D) with seq_dim=-2");
+}
+
+at::Tensor module_apply(const at::Tensor& x, const std::optional<at::Tensor>& token_positions,
+                        const at::Tensor& cos, const at::Tensor& sin, int64_t seq_dim,
+                        bool interleaved, int64_t long_offset, int64_t long_after) {
+  const auto positions = module_positions(x, token_positions, seq_dim);
+  try {
+    return rope::apply(x, cos, sin, long_rope_positions(positions, long_offset, long_after),
+                       interleaved, /*inverse=*/false);
+  } catch (const c10::Error&) {
+    // Only a failed call pays for the module's own positions check: positions that do not fit x
+    // get the module's rule (the op's message would recommend the op's layouts); any other error
+    // is the op's.
+    if (token_positions.has_value()) check_positions_fit(x, *token_positions, positions, seq_dim);
+    throw;
+  }
 }
 
 at::Tensor long_rope_positions(const at::Tensor& positions, int64_t long_offset,

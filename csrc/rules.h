@@ -35,10 +35,20 @@ void check_module_input(const at::Tensor& x, int64_t d_k, int64_t seq_dim, bool 
 // The positions a module passes to rope::apply for x: token_positions aligned with x's sequence
 // axis `seq_dim` (a negative axis before the features). (S,) and (B, S) positions get the unit
 // dims the op's trailing broadcast needs (B on x's first axis, S on the sequence axis); 3-D and
-// larger positions are returned unchanged; nullopt means arange along the sequence axis. Positions
-// that then do not fit x get a ValueError stating this rule (not the op's).
+// larger positions are returned unchanged; nullopt means arange along the sequence axis.
 at::Tensor module_positions(const at::Tensor& x, const std::optional<at::Tensor>& token_positions,
                             int64_t seq_dim);
+
+// Aligned positions that do not fit x get a ValueError stating the module's rule (not the op's).
+void check_positions_fit(const at::Tensor& x, const at::Tensor& token_positions,
+                         const at::Tensor& positions, int64_t seq_dim);
+
+// A module's forward after check_module_input: module_positions, the LongRoPE switch, then
+// rope::apply through the dispatcher; check_positions_fit runs only when the op has failed, so
+// the decode path pays nothing for it. Shared by the C++ module and the Python eager fast path.
+at::Tensor module_apply(const at::Tensor& x, const std::optional<at::Tensor>& token_positions,
+                        const at::Tensor& cos, const at::Tensor& sin, int64_t seq_dim,
+                        bool interleaved, int64_t long_offset, int64_t long_after);
 
 // LongRoPE's switch, on the device (no host sync): the table rows for `positions` are the
 // positions themselves, or shifted by long_offset to the long-factor tables when the call's

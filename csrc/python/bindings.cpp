@@ -107,8 +107,16 @@ PYBIND11_MODULE(_C, m) {
   // module's traced path (tests/python).
   m.def("check_module_input", &rope::detail::check_module_input, py::arg("x"), py::arg("d_k"),
         py::arg("seq_dim"), py::arg("has_positions"));
-  m.def("module_positions", &rope::detail::module_positions, py::arg("x"),
-        py::arg("token_positions"), py::arg("seq_dim"));
+  m.def(
+      "module_positions",
+      [](const at::Tensor& x, const std::optional<at::Tensor>& token_positions, int64_t seq_dim) {
+        auto positions = rope::detail::module_positions(x, token_positions, seq_dim);
+        if (token_positions.has_value()) {
+          rope::detail::check_positions_fit(x, *token_positions, positions, seq_dim);
+        }
+        return positions;
+      },
+      py::arg("x"), py::arg("token_positions"), py::arg("seq_dim"));
   m.def("long_rope_positions", &rope::detail::long_rope_positions, py::arg("positions"),
         py::arg("long_offset"), py::arg("long_after"));
   // Typed entry points for the eager fast path of python/torch_rope/ops.py. They call the ops
@@ -133,14 +141,14 @@ PYBIND11_MODULE(_C, m) {
           return rope::apply_qk(q, k, cos, sin, positions, interleaved, inverse);
         });
   // The Python module's forward for plain tensors in eager mode (nn.py decides when): the C++
-  // module's checks and positions convention (csrc/rules.h), then rope.apply, in one call.
+  // module's forward (csrc/rules.h: its checks, positions convention, then rope.apply) in one call.
   m.def("_module_forward",
         [](const at::Tensor& x, const std::optional<at::Tensor>& positions, const at::Tensor& cos,
            const at::Tensor& sin, int64_t d_k, int64_t seq_dim, bool interleaved) {
           rope::detail::check_module_input(x, d_k, seq_dim, positions.has_value());
           py::gil_scoped_release no_gil;
-          return rope::apply(x, cos, sin, rope::detail::module_positions(x, positions, seq_dim),
-                             interleaved, /*inverse=*/false);
+          return rope::detail::module_apply(x, positions, cos, sin, seq_dim, interleaved,
+                                            /*long_offset=*/0, /*long_after=*/0);
         });
   m.def("compiled_with_cuda", &rope::compiled_with_cuda,
         "True when the library was built with its CUDA kernels");

@@ -27,7 +27,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
-#include <torch_rope/tables.h>  // rope_tables with scaling variants and dtypes
+#include <torch_rope/tables.h>  // rope_tables: the cos/sin tables the ops take
 
 #include <optional>
 #include <string>
@@ -57,15 +57,6 @@ std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tenso
                                             const at::Tensor& cos, const at::Tensor& sin,
                                             const at::Tensor& positions, bool interleaved = true,
                                             bool inverse = false);
-
-// Builds the (cos, sin) tables, each float32 of shape (max_seq_len, rotary_dim / 2), with
-// cos[p][k] = cos(p * theta^(-2k / rotary_dim)). Angles are computed in float64 and rounded once,
-// so long contexts keep full float32 accuracy. The one table builder the C++ and Python modules
-// share; torch_rope/tables.h has the scaling variants, float64 tables and a ready inv_freq.
-// Throws c10::ValueError if theta <= 0, rotary_dim is odd or < 2, or max_seq_len < 1.
-std::tuple<at::Tensor, at::Tensor> rope_tables(double theta, int64_t rotary_dim,
-                                               int64_t max_seq_len,
-                                               std::optional<c10::Device> device = std::nullopt);
 
 // True when this build of the library contains the CUDA kernels.
 bool compiled_with_cuda();

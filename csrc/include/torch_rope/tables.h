@@ -128,6 +128,14 @@ struct RopeFrequencies {
 RopeFrequencies rope_frequencies(double theta, int64_t rotary_dim, const RopeScaling& scaling,
                                  int64_t seq_len);
 
+// Plain tables, each float32 of shape (max_seq_len, rotary_dim / 2), with
+// cos[p][k] = cos(p * theta^(-2k / rotary_dim)). Angles are computed in float64 and rounded once,
+// so long contexts keep full float32 accuracy. The one table builder the C++ and Python modules
+// share. Throws c10::ValueError if theta <= 0, rotary_dim is odd or < 2, or max_seq_len < 1.
+std::tuple<at::Tensor, at::Tensor> rope_tables(double theta, int64_t rotary_dim,
+                                               int64_t max_seq_len,
+                                               std::optional<c10::Device> device = std::nullopt);
+
 // Keyword options of rope_tables.
 struct TableOptions {
   TORCH_ARG(RopeScaling, scaling) = NoScaling {};

@@ -8,7 +8,7 @@ memory, STL / LDL instructions), the resident blocks per SM those registers allo
 (and so the occupancy), and the widths of the global stores and loads. Accesses are attributed
 to source lines through the line info that the build keeps (-lineinfo): the lines of
 csrc/cuda/rope_kernel.cuh marked `// sass: vector store`, `// sass: vector load`,
-`// sass: rotated store` and `// sass: tail store`.
+`// sass: pair store`, `// sass: pair load`, `// sass: rotated store` and `// sass: tail store`.
 
     python scripts/sass_report.py [--check] [--markdown FILE] [--json FILE] [build/librope.so]
 
@@ -17,10 +17,15 @@ csrc/cuda/rope_kernel.cuh marked `// sass: vector store`, `// sass: vector load`
   - any store from the vector store (16 bytes of x) compiles to anything but STG.E.128, any
     load from the vector load to anything but LDG.E.128, or a vector variant has no 128-bit
     rotated store at all (the vector path optimised away);
+  - any store from the pair store (two 16-bit elements of x) compiles to anything but a 32-bit
+    STG.E, any load from the pair load to anything but a 32-bit LDG.E (not .U16, not merged),
+    a bf16 / fp16 variant (vector or scalar-only: both carry the paired path) has no paired
+    store or load, or a float / double variant has any;
   - any variant uses shared memory, barriers, shuffles or atomics: the host run of the kernel
     (tests/cuda_host) is faithful only without them;
   - a vector variant does not have a whole batch of 16-byte loads in flight before it stores:
     see "Loads in flight" below.
+    Likewise for the 32-bit loads of the paired path in every bf16 / fp16 variant.
 
 Loads in flight. A thread of a vector variant reads kRowBatch rows (ROPE_CUDA_ROW_BATCH, 4 by
 default; --row-batch) of 16 bytes, 32 half split, before it computes and stores any of them, so
@@ -60,7 +65,10 @@ MARKERS = {
     "tail": "// sass: tail store",
     "vector_load": "// sass: vector load",
     "rotated_load": "// sass: rotated load",
+    "pair": "// sass: pair store",
+    "pair_load": "// sass: pair load",
 }
+SIXTEEN_BIT = ("bf16", "fp16")
 # Per SM, from the CUDA C++ Programming Guide's table of compute capabilities: 64K 32-bit
 # registers everywhere, allocated per warp in units of 256; resident threads and blocks differ.
 REGISTERS_PER_SM = 65536
@@ -232,17 +240,18 @@ def width_of(opcode):
     return {"U16": "16", "S16": "16", "U8": "8", "S8": "8"}.get(m.group(1), m.group(1))
 
 
-def loads_in_flight(instructions, markers, kernel_file):
-    """Lengths of the runs of 128-bit x loads that end at a rotated 128-bit store (see above)."""
+def loads_in_flight(instructions, markers, kernel_file, width="128", store="vector"):
+    """Lengths of the runs of `width`-bit x loads that end at a rotated store from the `store`
+    marker (see above): 128-bit ones at a vector store, or 32-bit ones at a pair store."""
     runs = []
     pending = 0
     for opcode, chain in instructions:
         base = opcode.split(".")[0]
         lines = {ln for f, ln in chain if f == kernel_file}
-        if base == "LDG" and width_of(opcode) == "128" and lines & markers["rotated_load"]:
+        if base == "LDG" and width_of(opcode) == width and lines & markers["rotated_load"]:
             pending += 1
         elif base == "STG":
-            if pending and lines & markers["vector"] and lines & markers["rotated"]:
+            if pending and lines & markers[store] and lines & markers["rotated"]:
                 runs.append(pending)
             pending = 0
     # (No reset at EXIT: the disassembly drops predicates, and a predicated EXIT, the early
@@ -259,9 +268,10 @@ def analyse(cubin, arch, tools, markers):
     for mangled, instructions in functions.items():
         res = resources.get(mangled, {})
         name, info = describe(names[mangled])
-        stores = {"rotated_vector": {}, "tail_vector": {}, "scalar": {}, "other": {}}
+        stores = {"rotated_vector": {}, "tail_vector": {}, "pair": {}, "scalar": {}, "other": {}}
         loads = {}
         vector_loads = {}  # loads of x from the vector load (16 bytes)
+        pair_loads = {}  # loads of x from the pair load (4 bytes)
         counts = {"spill": 0, "forbidden": []}
         for opcode, chain in instructions:
             base = opcode.split(".")[0]
@@ -274,11 +284,15 @@ def analyse(cubin, arch, tools, markers):
                 loads[w] = loads.get(w, 0) + 1
                 if {ln for f, ln in chain if f == kernel_file} & markers["vector_load"]:
                     vector_loads[w] = vector_loads.get(w, 0) + 1
+                if {ln for f, ln in chain if f == kernel_file} & markers["pair_load"]:
+                    pair_loads[w] = pair_loads.get(w, 0) + 1
             if base != "STG":
                 continue
             lines = {ln for f, ln in chain if f == kernel_file}
             if lines & markers["vector"]:
                 kind = "rotated_vector" if lines & markers["rotated"] else "tail_vector"
+            elif lines & markers["pair"]:
+                kind = "pair"  # rotated or tail
             elif lines & (markers["rotated"] | markers["tail"]):
                 kind = "scalar"
             else:
@@ -288,6 +302,7 @@ def analyse(cubin, arch, tools, markers):
         registers = res.get("registers", 0)
         blocks = resident_blocks(registers, arch) if registers else None
         in_flight = loads_in_flight(instructions, markers, kernel_file)
+        pair_in_flight = loads_in_flight(instructions, markers, kernel_file, "32", "pair")
         rows.append(
             {
                 "arch": arch,
@@ -306,7 +321,9 @@ def analyse(cubin, arch, tools, markers):
                 "stores": stores,
                 "loads": loads,
                 "vector_loads": vector_loads,
+                "pair_loads": pair_loads,
                 "loads_in_flight": min(in_flight) if in_flight else None,
+                "pair_loads_in_flight": min(pair_in_flight) if pair_in_flight else None,
                 "forbidden": sorted(set(counts["forbidden"])),
             }
         )
@@ -325,10 +342,11 @@ def markdown(rows):
         out.append(f"#### {arch}\n")
         out.append(
             "| kernel (storage / tables / layout / variant) | regs | spills | blocks/SM "
-            "(occupancy) | rotated stores, vector | tail stores, vector | stores, scalar "
-            "path | other stores | global loads | x loads in flight |"
+            "(occupancy) | rotated stores, vector | tail stores, vector | paired stores / "
+            "loads | stores, scalar path | other stores | global loads | x loads in flight "
+            "(16-byte / paired) |"
         )
-        out.append("|---|---|---|---|---|---|---|---|---|---|")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in sorted((r for r in rows if r["arch"] == arch), key=lambda r: r["kernel"]):
             spills = (
                 f"{r['stack']}/{r['local']} B, {r['spill_instructions']} STL/LDL"
@@ -344,14 +362,18 @@ def markdown(rows):
             out.append(
                 f"| {r['kernel']} | {r['registers']} | {spills} | {occ} | "
                 f"{fmt_widths(s['rotated_vector'])} | {fmt_widths(s['tail_vector'])} | "
+                f"{fmt_widths(s['pair'])} / {fmt_widths(r['pair_loads'])} | "
                 f"{fmt_widths(s['scalar'])} | {fmt_widths(s['other'])} | "
-                f"{fmt_widths(r['loads'])} | {r['loads_in_flight'] or '-'} |"
+                f"{fmt_widths(r['loads'])} | {r['loads_in_flight'] or '-'} / "
+                f"{r['pair_loads_in_flight'] or '-'} |"
             )
         out.append("")
     out.append(
         'Widths in bits, as `count x width`. "other stores" are stores the line info '
-        'does not attribute to a marked line. "x loads in flight": the fewest 128-bit loads of '
-        "x issued before a rotated store (the rule of --check)."
+        'does not attribute to a marked line. "paired": the 4-byte accesses of two 16-bit '
+        'elements (bf16 / fp16 only). "x loads in flight": the fewest 128-bit loads of x issued '
+        "before a rotated 16-byte store (the rule of --check), and the fewest 32-bit ones before "
+        "a rotated paired store."
     )
     return "\n".join(out)
 
@@ -404,6 +426,25 @@ def check(rows, markers, row_batch):
                 f"{where}: vector loads of x narrower than 128 bits: {fmt_widths(narrow)}"
             )
         info = r["variant"]
+        narrow = {w: n for w, n in r["stores"]["pair"].items() if w != "32"}
+        narrow_loads = {w: n for w, n in r["pair_loads"].items() if w != "32"}
+        if narrow or narrow_loads:
+            problems.append(
+                f"{where}: paired accesses not 32 bits wide: stores {fmt_widths(narrow)}, "
+                f"loads {fmt_widths(narrow_loads)}"
+            )
+        if info is not None and info["storage"] in SIXTEEN_BIT:
+            if not r["stores"]["pair"].get("32") or not r["pair_loads"].get("32"):
+                problems.append(f"{where}: a 16-bit variant without 32-bit paired stores and loads")
+            want = row_batch * (1 if info["interleaved"] else 2)
+            got = r["pair_loads_in_flight"]
+            if got is None or got < want:
+                problems.append(
+                    f"{where}: {got or 0} 32-bit paired loads of x in flight before a rotated "
+                    f"paired store, expected the whole batch of {want} (kRowBatch {row_batch})"
+                )
+        elif info is not None and (r["stores"]["pair"] or r["pair_loads"]):
+            problems.append(f"{where}: a {info['storage']} variant with paired accesses")
         if info is not None and info["vector"] and not r["stores"]["rotated_vector"].get("128"):
             problems.append(f"{where}: a vector variant without a single 128-bit rotated store")
         if info is not None and not info["vector"] and r["stores"]["rotated_vector"]:
@@ -497,7 +538,8 @@ def main():
             return 1
         print(
             f"\nPASSED: {len(rows)} kernels, no spills, every vector store 128 bits wide, "
-            f"a whole batch of loads in flight (kRowBatch {row_batch})"
+            f"every paired access 32 bits wide, a whole batch of loads in flight "
+            f"(kRowBatch {row_batch})"
         )
     return 0
 

@@ -9,17 +9,33 @@
 // A *lane* is the part of one row a thread owns. A row's lanes are, in order:
 //   - rotating lanes, on the vector path 16 bytes of x per access (interleaved: whole (a, b)
 //     pairs; half split: 16 bytes from each half, i.e. the a's and the b's of the same planes),
-//     on the scalar path one plane;
+//     on the paired path 4 bytes per access (16-bit storage only; interleaved: one (a, b)
+//     plane; half split: two consecutive a's and the matching two b's), on the scalar path one
+//     plane, one element per access;
 //   - vector copy lanes (rows written out of place only): 16 bytes of the tail
 //     [rotary_dim, head_dim) each;
+//   - pair copy lanes (16-bit storage): 4 bytes (two elements) each of what the vector copy
+//     lanes leave;
 //   - scalar copy lanes: what is left of the tail, one element each.
 // A row with no lane at all (in place with rotary_dim == 0) still gets one lane that only range
 // checks its position, as the CPU backend does for every row.
 //
-// The paths are decided per tensor (q and k of apply_qk may differ) and per part: the rotated
-// part takes the vector path when rows and its run of features are 16-byte aligned, the tail
-// when it starts on a 16-byte boundary. So a misaligned k never pulls q off the vector path,
-// and an odd tail never pulls the rotated part off it.
+// Three access widths, decided per tensor (q and k of apply_qk may differ) and per part:
+//   - 16 bytes (Access::kVector): the rotated part when the rows and its run of features are
+//     16-byte aligned; the tail when, moreover, it starts on a 16-byte boundary.
+//   - 4 bytes (Access::kPair), bf16 / fp16 only: where 16 bytes do not hold but 4 do: rows
+//     4-byte aligned (both base pointers at an even element, every row stride even) and, for a
+//     half-split rotation, half = rotary_dim / 2 even (so the b's are 4-byte aligned too; an
+//     interleaved plane (2k, 2k+1) always is). The rest of the tail after any vector copy lanes
+//     starts at an even feature (rotary_dim and the vector width are even), so it is paired on
+//     4-byte aligned rows. Typical: a k slice of a fused qkv projection, or a storage offset of
+//     a few elements, which only 2-byte accesses could reach before.
+//   - one element (Access::kScalar): everything else (odd offsets or strides, an odd half split
+//     half), and the last element of an odd tail.
+// So a misaligned k never pulls q off a wider path, and an odd tail never pulls the rotated part
+// off one. The 16-byte rotation exists only in the vector kernel variant (wants_vector_kernel);
+// the paired and scalar paths exist in both variants, so the variant still follows only whether
+// q or k rotates 16 bytes at a time.
 //
 // The row dims (RowGeometry) are split into *token* dims, along which positions change, and up to
 // two *shared* dims whose position stride is 0 (heads; also batch when positions are (S,)). One
@@ -60,6 +76,19 @@ constexpr int kRowBatch = ROPE_CUDA_ROW_BATCH;
 constexpr int64_t kMaxRowsPerThread = ROPE_CUDA_MAX_ROWS_PER_THREAD;
 // Bytes moved by one access of the vector path: one 128-bit load or store.
 constexpr int64_t kVectorBytes = 16;
+// Bytes moved by one access of the paired path: one 32-bit load or store of two 16-bit elements.
+constexpr int64_t kPairBytes = 4;
+
+// The access width of a part of a row (see "How the work is cut").
+enum class Access : int32_t {
+  kScalar = 0,  // one element per access
+  kPair = 1,    // kPairBytes: two elements, bf16 / fp16 storage only
+  kVector = 2,  // kVectorBytes
+};
+
+constexpr int64_t access_bytes(Access a, int storage_bytes) {
+  return a == Access::kVector ? kVectorBytes : a == Access::kPair ? kPairBytes : storage_bytes;
+}
 
 static_assert(kRowBatch >= 1 && kMaxRowsPerThread >= 1, "rope: bad CUDA tuning knobs");
 
@@ -72,10 +101,11 @@ struct TensorPlan {
   void* out = nullptr;              // [..., head_dim], last dim stride 1; may alias `in`
   const void* positions = nullptr;  // int32 or int64, addressed through token_pos_strides
   int64_t num_threads = 0;          // threads this tensor needs; 0: nothing to do
-  int64_t lanes = 0;                // per row: rotating, then vector copy, then scalar copy lanes
+  int64_t lanes = 0;                // per row: rotating, then vector, pair and scalar copy lanes
   int64_t rot_lanes = 0;
   int64_t vec_copy_lanes = 0;     // tail lanes of kVectorBytes each, from feature rotary_dim on
-  int64_t scalar_copy_lanes = 0;  // tail lanes of one element each, after the vector ones
+  int64_t pair_copy_lanes = 0;    // tail lanes of kPairBytes each, after the vector ones
+  int64_t scalar_copy_lanes = 0;  // tail lanes of one element each, after the pair ones
   int64_t rotary_dim = 0;
   // Token dims, outermost first: walked once per thread by unravelling the token index.
   int64_t num_tokens = 1;
@@ -94,7 +124,7 @@ struct TensorPlan {
   int64_t shared_out_wrap = 0;
   int64_t rows_per_thread = 1;  // shared rows one thread walks (<= kMaxRowsPerThread)
   int32_t token_ndim = 0;
-  bool rot_vector = false;  // rotating lanes take the vector path (only in a vector kernel)
+  Access rot_access = Access::kScalar;  // of the rotating lanes; kVector only in a vector kernel
   bool positions_are_int64 = true;
 };
 
@@ -103,7 +133,10 @@ struct TablePlan {
   const void* sin = nullptr;
   int64_t max_seq_len = 0;
   int64_t stride = 0;
-  bool vector_loads = false;  // every vector lane's cos/sin slice is aligned for vector loads
+  // Every vector lane's cos/sin slice is aligned for vector loads. For 16-bit storage this also
+  // covers a half-split pair lane's two planes: its slice starts at an even plane and the piece
+  // behind this flag is >= 2 values.
+  bool vector_loads = false;
 };
 
 struct KernelParams {
@@ -129,15 +162,21 @@ struct ElementSizes {
   int table = 4;
 };
 
-// The shape of one lane of the vector path: 16 bytes of storage per access.
-struct VectorLane {
+// The shape of one lane of a path. The kernel's rotating lanes (RotLane) take theirs from here.
+struct LaneShape {
   int64_t elems;   // storage elements per access
   int64_t planes;  // planes one rotating lane turns: cos/sin values it keeps in registers
 };
 
-constexpr VectorLane vector_lane(int storage_bytes, bool interleaved) {
-  const int64_t elems = kVectorBytes / storage_bytes;
-  return {elems, interleaved ? elems / 2 : elems};
+// Interleaved, an access of `elems` holds elems / 2 whole planes (a scalar lane's one plane takes
+// two accesses); half split, one access holds `elems` a's and another the matching b's.
+constexpr LaneShape lane_shape(Access a, int storage_bytes, bool interleaved) {
+  const int64_t elems = access_bytes(a, storage_bytes) / storage_bytes;
+  return {elems, !interleaved ? elems : elems >= 2 ? elems / 2 : 1};
+}
+
+constexpr LaneShape vector_lane(int storage_bytes, bool interleaved) {
+  return lane_shape(Access::kVector, storage_bytes, interleaved);
 }
 
 // Table values one vector load covers for a lane of `planes` planes: at most 16 bytes.
@@ -148,9 +187,10 @@ constexpr int64_t table_piece(int table_bytes, int64_t planes) {
 
 // The paths and lanes of one tensor.
 struct TensorPaths {
-  bool rot_vector = false;
+  Access rot_access = Access::kScalar;
   int64_t rot_lanes = 0;
   int64_t vec_copy_lanes = 0;
+  int64_t pair_copy_lanes = 0;
   int64_t scalar_copy_lanes = 0;
   int64_t lanes = 0;  // sum of the above, or 1 (a position-check lane) when that is 0
 };
@@ -159,12 +199,12 @@ inline bool aligned_to(const void* p, int64_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
 }
 
-// Whether 16-byte accesses at feature offsets that are multiples of 16 bytes are aligned in every
-// row of `a`: both base pointers and every row stride that is ever stepped.
-inline bool rows_vector_aligned(const RotationArgs& a, int storage_bytes) {
-  const int64_t elems = kVectorBytes / storage_bytes;
-  if (!aligned_to(a.in, kVectorBytes) || !aligned_to(a.out, kVectorBytes)) {
-    return false;
+// Whether accesses of `bytes` (16 or 4) at feature offsets that are multiples of `bytes` are
+// aligned in every row of `a`: both base pointers and every row stride that is ever stepped.
+inline bool rows_aligned_to(const RotationArgs& a, int storage_bytes, int64_t bytes) {
+  const int64_t elems = bytes / storage_bytes;
+  if (elems < 2 || !aligned_to(a.in, bytes) || !aligned_to(a.out, bytes)) {
+    return false;  // (an access of `bytes` that is not several elements is no wider path)
   }
   for (int32_t d = 0; d < a.geometry.ndim; ++d) {
     if (a.geometry.in_strides[d] % elems != 0 || a.geometry.out_strides[d] % elems != 0) {
@@ -174,43 +214,59 @@ inline bool rows_vector_aligned(const RotationArgs& a, int storage_bytes) {
   return true;
 }
 
-// Decides the path of each part of `a`. `vector_kernel` says whether the kernel being launched
-// has the vector rotation at all; without it every rotating lane is scalar.
+// Decides the path of each part of `a` (see "How the work is cut"). `vector_kernel` says whether
+// the kernel being launched has the 16-byte rotation at all; without it a rotating lane is at
+// most paired.
 inline TensorPaths plan_paths(const RotationArgs& a, int storage_bytes, bool interleaved,
                               bool vector_kernel) {
   TensorPaths p;
   if (a.geometry.num_rows == 0) {
     return p;  // nothing is read or written
   }
-  const VectorLane v = vector_lane(storage_bytes, interleaved);
-  const bool rows_ok = rows_vector_aligned(a, storage_bytes);
+  const LaneShape v = lane_shape(Access::kVector, storage_bytes, interleaved);
+  const LaneShape w = lane_shape(Access::kPair, storage_bytes, interleaved);
+  const bool rows_vector = rows_aligned_to(a, storage_bytes, kVectorBytes);
+  // Only 16-bit storage has a paired path: for wider elements 4 bytes are at most one.
+  const bool rows_pair = storage_bytes == 2 && rows_aligned_to(a, storage_bytes, kPairBytes);
   const int64_t half = a.rotary_dim / 2;
   // Interleaved, a lane's run is its pairs; half split, the same planes' a's and b's, which start
-  // half apart, so half must be a whole number of vectors as well.
+  // half apart, so half must be a whole number of accesses as well.
   const int64_t run = interleaved ? a.rotary_dim : half;
-  p.rot_vector = vector_kernel && rows_ok && half > 0 && run % v.elems == 0;
-  p.rot_lanes = p.rot_vector ? half / v.planes : half;
+  if (half > 0 && vector_kernel && rows_vector && run % v.elems == 0) {
+    p.rot_access = Access::kVector;
+    p.rot_lanes = half / v.planes;
+  } else if (half > 0 && rows_pair && run % w.elems == 0) {
+    p.rot_access = Access::kPair;
+    p.rot_lanes = half / w.planes;
+  } else {
+    p.rot_access = Access::kScalar;
+    p.rot_lanes = half;
+  }
   const int64_t tail = a.copy_tail ? a.head_dim - a.rotary_dim : 0;
-  if (rows_ok && a.rotary_dim % v.elems == 0) {
+  if (rows_vector && a.rotary_dim % v.elems == 0) {
     p.vec_copy_lanes = tail / v.elems;
   }
-  p.scalar_copy_lanes = tail - p.vec_copy_lanes * v.elems;
-  p.lanes = p.rot_lanes + p.vec_copy_lanes + p.scalar_copy_lanes;
+  const int64_t rest = tail - p.vec_copy_lanes * v.elems;
+  if (rows_pair && (a.rotary_dim + p.vec_copy_lanes * v.elems) % w.elems == 0) {
+    p.pair_copy_lanes = rest / w.elems;
+  }
+  p.scalar_copy_lanes = rest - p.pair_copy_lanes * w.elems;
+  p.lanes = p.rot_lanes + p.vec_copy_lanes + p.pair_copy_lanes + p.scalar_copy_lanes;
   if (p.lanes == 0) {
     p.lanes = 1;  // nothing to write: one lane per row range-checks the position
   }
   return p;
 }
 
-// Which kernel variant a call needs: the vector one when any tensor rotates on the vector path.
-// The scalar-only variant has no vector rotation and fewer registers, so more threads resident.
+// Which kernel variant a call needs: the vector one when any tensor rotates on the 16-byte path.
+// The scalar-only variant has no 16-byte rotation and fewer registers, so more threads resident;
+// it keeps the paired and scalar rotations (a paired q or k does not need the vector variant).
 inline bool wants_vector_kernel(const RotationArgs& first, const RotationArgs* second,
                                 ElementSizes sizes, bool interleaved) {
-  bool any = plan_paths(first, sizes.storage, interleaved, true).rot_vector;
-  if (second != nullptr) {
-    any = any || plan_paths(*second, sizes.storage, interleaved, true).rot_vector;
-  }
-  return any;
+  const auto rotates_vectors = [&](const RotationArgs& a) {
+    return plan_paths(a, sizes.storage, interleaved, true).rot_access == Access::kVector;
+  };
+  return rotates_vectors(first) || (second != nullptr && rotates_vectors(*second));
 }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -231,8 +287,9 @@ inline TensorPlan plan_tensor(const RotationArgs& a, const TensorPaths& paths,
   p.lanes = paths.lanes;
   p.rot_lanes = paths.rot_lanes;
   p.vec_copy_lanes = paths.vec_copy_lanes;
+  p.pair_copy_lanes = paths.pair_copy_lanes;
   p.scalar_copy_lanes = paths.scalar_copy_lanes;
-  p.rot_vector = paths.rot_vector;
+  p.rot_access = paths.rot_access;
   p.rotary_dim = a.rotary_dim;
 
   // The two innermost dims along which positions broadcast become the shared dims; any further
@@ -326,7 +383,7 @@ inline LaunchPlan plan_launch(const RotationArgs& first, const RotationArgs* sec
   if (second != nullptr) {
     params.tensor[1] = plan_tensor(*second, paths[1], rows_per_thread);
   }
-  const VectorLane v = vector_lane(sizes.storage, mode.interleaved);
+  const LaneShape v = vector_lane(sizes.storage, mode.interleaved);
   const int64_t piece = table_piece(sizes.table, v.planes);
   params.tables.cos = tables.cos;
   params.tables.sin = tables.sin;

@@ -118,6 +118,26 @@ __device__ __forceinline__ void store_vector(T* p, const T (&src)[N]) {
   __stwb(reinterpret_cast<uint4*>(p), bits);  // sass: vector store
 }
 
+// Two 16-bit elements as one 32-bit access: the paired path, for rows that are 4-byte but not
+// 16-byte aligned (launch_plan.h). Stored through __stwb like the vector path, whose host shim
+// checks the alignment; the host run's trace hooks check every access's too.
+template <typename T>
+__device__ __forceinline__ void load_pair(const T* p, T* dst) {
+  static_assert(sizeof(T) * 2 == sizeof(unsigned int), "the paired path moves two 16-bit elements");
+  ROPE_TRACE_LOAD(p, sizeof(unsigned int));
+  const unsigned int bits = *reinterpret_cast<const unsigned int*>(p);  // sass: pair load
+  memcpy(dst, &bits, sizeof(bits));
+}
+
+template <typename T>
+__device__ __forceinline__ void store_pair(T* p, const T* src) {
+  static_assert(sizeof(T) * 2 == sizeof(unsigned int), "the paired path moves two 16-bit elements");
+  ROPE_TRACE_STORE(p, sizeof(unsigned int));
+  unsigned int bits;
+  memcpy(&bits, src, sizeof(bits));
+  __stwb(reinterpret_cast<unsigned int*>(p), bits);  // sass: pair store
+}
+
 template <typename T>
 __device__ __forceinline__ T load_scalar(const T* p) {
   ROPE_TRACE_LOAD(p, sizeof(T));
@@ -130,11 +150,18 @@ __device__ __forceinline__ void store_scalar(T* p, T v) {
   *p = v;
 }
 
-// N elements at p: one 128-bit access on the vector path, N scalar ones otherwise.
-template <bool kVector, typename T, int N>
+// N elements at p: one 128-bit access on the vector path, N / 2 32-bit ones on the paired path,
+// N scalar ones otherwise.
+template <Access kAccess, typename T, int N>
 __device__ __forceinline__ void load_elems(const T* p, T (&dst)[N]) {
-  if constexpr (kVector) {
+  if constexpr (kAccess == Access::kVector) {
     load_vector(p, dst);
+  } else if constexpr (kAccess == Access::kPair) {
+    static_assert(N % 2 == 0, "a paired access moves two elements");
+#pragma unroll
+    for (int j = 0; j < N; j += 2) {
+      load_pair(p + j, dst + j);
+    }
   } else {
 #pragma unroll
     for (int j = 0; j < N; ++j) {
@@ -143,10 +170,16 @@ __device__ __forceinline__ void load_elems(const T* p, T (&dst)[N]) {
   }
 }
 
-template <bool kVector, typename T, int N>
+template <Access kAccess, typename T, int N>
 __device__ __forceinline__ void store_elems(T* p, const T (&src)[N]) {
-  if constexpr (kVector) {
+  if constexpr (kAccess == Access::kVector) {
     store_vector(p, src);
+  } else if constexpr (kAccess == Access::kPair) {
+    static_assert(N % 2 == 0, "a paired access moves two elements");
+#pragma unroll
+    for (int j = 0; j < N; j += 2) {
+      store_pair(p + j, src + j);
+    }
   } else {
 #pragma unroll
     for (int j = 0; j < N; ++j) {
@@ -251,21 +284,26 @@ struct RowWalker {
   }
 };
 
-// The lane shape of a rotating lane: planes turned and contiguous elements per access.
-template <typename scalar_t, bool kInterleaved, bool kVector>
+// The shape of a rotating lane on path kAccess (launch_plan.h's lane_shape): planes turned and
+// contiguous elements per run.
+template <typename scalar_t, bool kInterleaved, Access kAccess>
 struct RotLane {
-  static constexpr int kVecElems = static_cast<int>(kVectorBytes / sizeof(scalar_t));
-  static constexpr int kPlanes = !kVector ? 1 : (kInterleaved ? kVecElems / 2 : kVecElems);
+  static constexpr int kPlanes = static_cast<int>(
+      lane_shape(kAccess, static_cast<int>(sizeof(scalar_t)), kInterleaved).planes);
   // Interleaved: one run of (a, b) pairs; half split: one run from each half.
   static constexpr int kElems = kInterleaved ? 2 * kPlanes : kPlanes;
 };
 
+// Whether storage type T has the paired path (two elements in 4 bytes).
+template <typename T>
+constexpr bool kHasPairs = sizeof(T) * 2 == kPairBytes;
+
 // Rotates one lane of rows [h_begin, h_end) of one token.
-template <typename scalar_t, typename table_t, bool kInterleaved, bool kVector>
+template <typename scalar_t, typename table_t, bool kInterleaved, Access kAccess>
 __device__ __forceinline__ void rotate_lane(const TensorPlan& t, const TablePlan& tb, bool inverse,
                                             int64_t lane, int64_t pos_off, RowWalker walker,
                                             int64_t h_begin, int64_t h_end) {
-  using Lane = RotLane<scalar_t, kInterleaved, kVector>;
+  using Lane = RotLane<scalar_t, kInterleaved, kAccess>;
   using acc_t = typename AccType<scalar_t>::type;
   constexpr int P = Lane::kPlanes;
   constexpr int E = Lane::kElems;
@@ -296,9 +334,9 @@ __device__ __forceinline__ void rotate_lane(const TensorPlan& t, const TablePlan
 #pragma unroll
     for (int u = 0; u < kRowBatch; ++u) {
       if (h + u < h_end) {
-        load_elems<kVector>(in + src[u] + a_feature, xa[u]);  // sass: rotated load
+        load_elems<kAccess>(in + src[u] + a_feature, xa[u]);  // sass: rotated load
         if constexpr (!kInterleaved) {
-          load_elems<kVector>(in + src[u] + b_feature, xb[u]);  // sass: rotated load
+          load_elems<kAccess>(in + src[u] + b_feature, xb[u]);  // sass: rotated load
         }
       }
     }
@@ -338,9 +376,9 @@ __device__ __forceinline__ void rotate_lane(const TensorPlan& t, const TablePlan
             yb[j] = from_acc<scalar_t>(rb);
           }
         }
-        store_elems<kVector>(out + dst[u] + a_feature, ya);  // sass: rotated store
+        store_elems<kAccess>(out + dst[u] + a_feature, ya);  // sass: rotated store
         if constexpr (!kInterleaved) {
-          store_elems<kVector>(out + dst[u] + b_feature, yb);  // sass: rotated store
+          store_elems<kAccess>(out + dst[u] + b_feature, yb);  // sass: rotated store
         }
       }
     }
@@ -348,11 +386,12 @@ __device__ __forceinline__ void rotate_lane(const TensorPlan& t, const TablePlan
 }
 
 // Copies E features from `feature` on of rows [h_begin, h_end) of one token: part of the tail
-// [rotary_dim, head_dim), 16 bytes per access on the vector path, one element otherwise.
-template <typename scalar_t, bool kVector>
+// [rotary_dim, head_dim), one access of kAccess's width (16 bytes, 4 bytes or one element).
+template <typename scalar_t, Access kAccess>
 __device__ __forceinline__ void copy_lane(const TensorPlan& t, int64_t feature, RowWalker walker,
                                           int64_t h_begin, int64_t h_end) {
-  constexpr int E = kVector ? static_cast<int>(kVectorBytes / sizeof(scalar_t)) : 1;
+  constexpr int E = static_cast<int>(access_bytes(kAccess, static_cast<int>(sizeof(scalar_t))) /
+                                     sizeof(scalar_t));
   const auto* in = static_cast<const scalar_t*>(t.in);
   auto* out = static_cast<scalar_t*>(t.out);
   for (int64_t h = h_begin; h < h_end; h += kRowBatch) {
@@ -368,13 +407,13 @@ __device__ __forceinline__ void copy_lane(const TensorPlan& t, int64_t feature, 
 #pragma unroll
     for (int u = 0; u < kRowBatch; ++u) {
       if (h + u < h_end) {
-        load_elems<kVector>(in + src[u] + feature, x[u]);
+        load_elems<kAccess>(in + src[u] + feature, x[u]);
       }
     }
 #pragma unroll
     for (int u = 0; u < kRowBatch; ++u) {
       if (h + u < h_end) {
-        store_elems<kVector>(out + dst[u] + feature, x[u]);  // sass: tail store
+        store_elems<kAccess>(out + dst[u] + feature, x[u]);  // sass: tail store
       }
     }
   }
@@ -421,14 +460,21 @@ __device__ __forceinline__ void rope_thread(const TensorPlan& t, const TablePlan
 
   if (lane < t.rot_lanes) {
     if constexpr (kVectorKernel) {
-      if (t.rot_vector) {
-        rotate_lane<scalar_t, table_t, kInterleaved, true>(t, tb, inverse, lane, pos_off, walker,
-                                                           h_begin, h_end);
+      if (t.rot_access == Access::kVector) {
+        rotate_lane<scalar_t, table_t, kInterleaved, Access::kVector>(t, tb, inverse, lane, pos_off,
+                                                                      walker, h_begin, h_end);
         return;
       }
     }
-    rotate_lane<scalar_t, table_t, kInterleaved, false>(t, tb, inverse, lane, pos_off, walker,
-                                                        h_begin, h_end);
+    if constexpr (kHasPairs<scalar_t>) {
+      if (t.rot_access == Access::kPair) {
+        rotate_lane<scalar_t, table_t, kInterleaved, Access::kPair>(t, tb, inverse, lane, pos_off,
+                                                                    walker, h_begin, h_end);
+        return;
+      }
+    }
+    rotate_lane<scalar_t, table_t, kInterleaved, Access::kScalar>(t, tb, inverse, lane, pos_off,
+                                                                  walker, h_begin, h_end);
     return;
   }
   // With no rotating lane nobody else reads this token's position; it must still be in range,
@@ -440,17 +486,29 @@ __device__ __forceinline__ void rope_thread(const TensorPlan& t, const TablePlan
     }
   }
   constexpr int64_t kVecElems = kVectorBytes / static_cast<int64_t>(sizeof(scalar_t));
+  constexpr int64_t kPairElems = 2;
   const int64_t copy = lane - t.rot_lanes;
   if (copy < t.vec_copy_lanes) {
-    copy_lane<scalar_t, true>(t, t.rotary_dim + copy * kVecElems, walker, h_begin, h_end);
+    copy_lane<scalar_t, Access::kVector>(t, t.rotary_dim + copy * kVecElems, walker, h_begin,
+                                         h_end);
     return;
+  }
+  // Pair copy lanes (16-bit storage only; none planned otherwise): two elements each.
+  const int64_t after_vectors = t.rotary_dim + t.vec_copy_lanes * kVecElems;
+  const int64_t pair_copy = copy - t.vec_copy_lanes;
+  if constexpr (kHasPairs<scalar_t>) {
+    if (pair_copy < t.pair_copy_lanes) {
+      copy_lane<scalar_t, Access::kPair>(t, after_vectors + pair_copy * kPairElems, walker, h_begin,
+                                         h_end);
+      return;
+    }
   }
   // Scalar copy lanes: the rest of the tail, one element each. A lane past them is the
   // position-check lane of a row that has nothing to write; its work ended above.
-  const int64_t scalar_copy = copy - t.vec_copy_lanes;
+  const int64_t scalar_copy = pair_copy - t.pair_copy_lanes;
   if (scalar_copy < t.scalar_copy_lanes) {
-    copy_lane<scalar_t, false>(t, t.rotary_dim + t.vec_copy_lanes * kVecElems + scalar_copy, walker,
-                               h_begin, h_end);
+    copy_lane<scalar_t, Access::kScalar>(
+        t, after_vectors + t.pair_copy_lanes * kPairElems + scalar_copy, walker, h_begin, h_end);
   }
 }
 

@@ -15,6 +15,7 @@ namespace {
 using rope::RotationArgs;
 using rope::RotationMode;
 using rope::TableArgs;
+using rope::cuda::Access;
 using rope::cuda::DeviceShape;
 using rope::cuda::ElementSizes;
 using rope::cuda::LaunchPlan;
@@ -86,7 +87,7 @@ TEST(LaunchPlan, PrefillBf16On132Sms) {
   const LaunchPlan p = plan(x, nullptr, kBf16, true, {132, 3});
   const auto& t = p.params.tensor[0];
   EXPECT_TRUE(p.vector_kernel);
-  EXPECT_TRUE(t.rot_vector);
+  EXPECT_EQ(t.rot_access, Access::kVector);
   EXPECT_EQ(t.rot_lanes, 16);
   EXPECT_EQ(t.lanes, 16);
   EXPECT_EQ(t.vec_copy_lanes + t.scalar_copy_lanes, 0);
@@ -137,7 +138,7 @@ TEST(LaunchPlan, LongContextPrefillHalfSplitOn132Sms) {
   // lanes > 8 waves -> 8 rows per thread; 32 heads -> 4 groups: 32768 * 8 * 4 threads.
   const RotationArgs x = bshd(1, 32768, 32, 128);
   const LaunchPlan p = plan(x, nullptr, kBf16, false, {132, 2});
-  EXPECT_TRUE(p.params.tensor[0].rot_vector);
+  EXPECT_EQ(p.params.tensor[0].rot_access, Access::kVector);
   EXPECT_EQ(p.params.tensor[0].rot_lanes, 8);
   EXPECT_EQ(p.params.tensor[0].rows_per_thread, 8);
   EXPECT_EQ(p.params.tensor[0].num_threads, 32768 * 8 * 4);
@@ -162,51 +163,150 @@ TEST(LaunchPlan, FewerResidentBlocksGiveMoreRowsPerThread) {
 // ---------------------------------------------------------------
 
 TEST(LaunchPlan, MisalignedKKeepsQOnTheVectorPath) {
-  // k starts 8 bytes into a 16-byte vector (a slice at an odd offset): only k goes scalar, and
-  // k's rotating lanes are then one plane each (64 of them).
+  // k starts 8 bytes into a 16-byte vector (a slice at an offset of 4 elements): only k leaves
+  // the vector path, for the paired one (4-byte accesses, one (a, b) plane each: 64 lanes).
   const RotationArgs q = bshd(2, 16, 8, 128);
   const RotationArgs k = bshd(2, 16, 2, 128, kBase + 8);
   const LaunchPlan p = plan(q, &k, kBf16, true, {132, 3});
   EXPECT_TRUE(p.vector_kernel);
-  EXPECT_TRUE(p.params.tensor[0].rot_vector);
+  EXPECT_EQ(p.params.tensor[0].rot_access, Access::kVector);
   EXPECT_EQ(p.params.tensor[0].rot_lanes, 16);
-  EXPECT_FALSE(p.params.tensor[1].rot_vector);
+  EXPECT_EQ(p.params.tensor[1].rot_access, Access::kPair);
   EXPECT_EQ(p.params.tensor[1].rot_lanes, 64);
   EXPECT_EQ(p.params.tensor[1].vec_copy_lanes, 0);
 }
 
 TEST(LaunchPlan, KernelVariantAndPathsFollowQAndKIndependently) {
-  // The vector kernel is chosen when *either* tensor can rotate on the vector path, and each
-  // tensor then takes its own path: a misaligned q (8 bytes into a vector) must not push k onto
-  // the scalar path, nor a misaligned k push q; with both misaligned, the scalar-only kernel.
-  // Scalar rotating lanes are one plane each: 64 per row of 128.
+  // Each of q and k takes its own access width from its own alignment: 16 bytes (+0), 4 bytes
+  // (+4 or +8 bytes: even element offsets) or 2 bytes (+2: an odd element offset), in all nine
+  // combinations and both layouts. The vector kernel is chosen when *either* rotates 16 bytes at
+  // a time; the paired path exists in both variants, so two paired tensors stay on the
+  // scalar-only kernel and stay paired there. bf16, head_dim 128, full rotary: a lane has
+  // 16 vector lanes interleaved (4 planes), 8 half split (8 planes); 64 paired lanes
+  // interleaved (1 plane), 32 half split (2 planes: two a's and the two b's); 64 scalar lanes.
+  struct Alignment {
+    uintptr_t offset;
+    Access access;
+  };
+  const Alignment alignments[] = {{0, Access::kVector},
+                                  {4, Access::kPair},
+                                  {8, Access::kPair},
+                                  {2, Access::kScalar},
+                                  {6, Access::kScalar}};
   for (const bool interleaved : {true, false}) {
     SCOPED_TRACE(interleaved ? "interleaved" : "half split");
-    const int64_t vector_lanes = interleaved ? 16 : 8;  // bf16: 8 features (4 or 8 planes) a lane
-    const RotationArgs aligned_q = bshd(2, 16, 8, 128);
-    const RotationArgs misaligned_q = bshd(2, 16, 8, 128, kBase + 8);
-    const RotationArgs aligned_k = bshd(2, 16, 2, 128, kBase << 2);
-    const RotationArgs misaligned_k = bshd(2, 16, 2, 128, (kBase << 2) + 8);
-
-    const LaunchPlan q_off = plan(misaligned_q, &aligned_k, kBf16, interleaved, {132, 3});
-    EXPECT_TRUE(q_off.vector_kernel);
-    EXPECT_FALSE(q_off.params.tensor[0].rot_vector);
-    EXPECT_EQ(q_off.params.tensor[0].rot_lanes, 64);
-    EXPECT_TRUE(q_off.params.tensor[1].rot_vector);
-    EXPECT_EQ(q_off.params.tensor[1].rot_lanes, vector_lanes);
-
-    const LaunchPlan k_off = plan(aligned_q, &misaligned_k, kBf16, interleaved, {132, 3});
-    EXPECT_TRUE(k_off.vector_kernel);
-    EXPECT_TRUE(k_off.params.tensor[0].rot_vector);
-    EXPECT_EQ(k_off.params.tensor[0].rot_lanes, vector_lanes);
-    EXPECT_FALSE(k_off.params.tensor[1].rot_vector);
-    EXPECT_EQ(k_off.params.tensor[1].rot_lanes, 64);
-
-    const LaunchPlan both_off = plan(misaligned_q, &misaligned_k, kBf16, interleaved, {132, 3});
-    EXPECT_FALSE(both_off.vector_kernel);
-    EXPECT_FALSE(both_off.params.tensor[0].rot_vector);
-    EXPECT_FALSE(both_off.params.tensor[1].rot_vector);
+    const auto lanes = [&](Access a) -> int64_t {
+      return a == Access::kVector ? (interleaved ? 16 : 8)
+             : a == Access::kPair ? (interleaved ? 64 : 32)
+                                  : 64;
+    };
+    for (const Alignment& qa : alignments) {
+      for (const Alignment& ka : alignments) {
+        SCOPED_TRACE("q +" + std::to_string(qa.offset) + " bytes, k +" + std::to_string(ka.offset) +
+                     " bytes");
+        const RotationArgs q = bshd(2, 16, 8, 128, kBase + qa.offset);
+        const RotationArgs k = bshd(2, 16, 2, 128, (kBase << 2) + ka.offset);
+        const LaunchPlan p = plan(q, &k, kBf16, interleaved, {132, 3});
+        EXPECT_EQ(p.vector_kernel, qa.access == Access::kVector || ka.access == Access::kVector);
+        EXPECT_EQ(p.params.tensor[0].rot_access, qa.access);
+        EXPECT_EQ(p.params.tensor[0].rot_lanes, lanes(qa.access));
+        EXPECT_EQ(p.params.tensor[1].rot_access, ka.access);
+        EXPECT_EQ(p.params.tensor[1].rot_lanes, lanes(ka.access));
+      }
+    }
   }
+}
+
+TEST(LaunchPlan, PairedPathNeedsBothPointersAndEveryStrideEven) {
+  // bf16 interleaved, rotary 64 of head_dim 100, rows 100 apart (200 bytes: 4-byte aligned,
+  // not 16): paired. The same with an output pointer 2 bytes off, or a row stride of 101 (odd:
+  // every other row 2-byte aligned only), is scalar throughout.
+  const RotationArgs even = tensor({6}, {100}, {1}, 100, 64);
+  EXPECT_EQ(plan_paths(even, kBf16.storage, true, true).rot_access, Access::kPair);
+  RotationArgs out_off = even;
+  out_off.out = address((kBase << 4) + 2);
+  const TensorPaths o = plan_paths(out_off, kBf16.storage, true, true);
+  EXPECT_EQ(o.rot_access, Access::kScalar);
+  EXPECT_EQ(o.pair_copy_lanes, 0);
+  EXPECT_EQ(o.scalar_copy_lanes, 36);
+  const RotationArgs odd = tensor({6}, {101}, {1}, 100, 64);
+  const TensorPaths d = plan_paths(odd, kBf16.storage, true, true);
+  EXPECT_EQ(d.rot_access, Access::kScalar);
+  EXPECT_EQ(d.rot_lanes, 32);
+  EXPECT_EQ(d.pair_copy_lanes, 0);
+  EXPECT_EQ(d.scalar_copy_lanes, 36);
+  // An input 4 bytes into a vector, written into an aligned output: paired (both are 4-byte
+  // aligned, not both 16).
+  const RotationArgs in_off = tensor({6}, {104}, {1}, 100, 64, kBase + 4);
+  EXPECT_EQ(plan_paths(in_off, kBf16.storage, true, true).rot_access, Access::kPair);
+}
+
+TEST(LaunchPlan, HalfSplitPairsNeedAnEvenHalf) {
+  // On 4-byte aligned bf16 rows (an offset of 2 elements), half split: rotary 36 has half 18, so
+  // the b's start 36 bytes after the a's, 4-byte aligned: 9 paired lanes of two planes. Rotary
+  // 34 has half 17: the b's are 2-byte aligned only, 17 scalar lanes. Interleaved, rotary 34 is
+  // paired (17 planes, each one 4-byte access). The tail is paired either way: it starts at an
+  // even feature of a 4-byte aligned row.
+  const RotationArgs r36 = tensor({5}, {40}, {1}, 40, 36, kBase + 4);
+  const TensorPaths hs36 = plan_paths(r36, kF16.storage, false, true);
+  EXPECT_EQ(hs36.rot_access, Access::kPair);
+  EXPECT_EQ(hs36.rot_lanes, 9);
+  EXPECT_EQ(hs36.pair_copy_lanes, 2);
+  EXPECT_EQ(hs36.scalar_copy_lanes, 0);
+  const RotationArgs r34 = tensor({5}, {40}, {1}, 40, 34, kBase + 4);
+  const TensorPaths hs34 = plan_paths(r34, kF16.storage, false, true);
+  EXPECT_EQ(hs34.rot_access, Access::kScalar);
+  EXPECT_EQ(hs34.rot_lanes, 17);
+  EXPECT_EQ(hs34.pair_copy_lanes, 3);
+  const TensorPaths il34 = plan_paths(r34, kF16.storage, true, true);
+  EXPECT_EQ(il34.rot_access, Access::kPair);
+  EXPECT_EQ(il34.rot_lanes, 17);
+  EXPECT_EQ(il34.pair_copy_lanes, 3);
+  EXPECT_EQ(il34.lanes, 20);
+}
+
+TEST(LaunchPlan, TailTakesVectorThenPairedThenScalarLanes) {
+  // One bf16 row (no stride is stepped) of 75 features, rotary 32 interleaved.
+  // Aligned: rotation 4 vector lanes; tail [32, 75) = 43: 5 vectors (40), then 1 pair, 1 single.
+  const RotationArgs aligned = tensor({1}, {75}, {1}, 75, 32);
+  const TensorPaths a = plan_paths(aligned, kBf16.storage, true, true);
+  EXPECT_EQ(a.rot_access, Access::kVector);
+  EXPECT_EQ(a.rot_lanes, 4);
+  EXPECT_EQ(a.vec_copy_lanes, 5);
+  EXPECT_EQ(a.pair_copy_lanes, 1);
+  EXPECT_EQ(a.scalar_copy_lanes, 1);
+  EXPECT_EQ(a.lanes, 11);
+  // 4 bytes off: rotation 16 paired lanes; tail 21 pairs and 1 single.
+  const RotationArgs four = tensor({1}, {75}, {1}, 75, 32, kBase + 4);
+  const TensorPaths f = plan_paths(four, kBf16.storage, true, true);
+  EXPECT_EQ(f.rot_access, Access::kPair);
+  EXPECT_EQ(f.rot_lanes, 16);
+  EXPECT_EQ(f.vec_copy_lanes, 0);
+  EXPECT_EQ(f.pair_copy_lanes, 21);
+  EXPECT_EQ(f.scalar_copy_lanes, 1);
+  // 2 bytes off: everything one element at a time.
+  const RotationArgs two = tensor({1}, {75}, {1}, 75, 32, kBase + 2);
+  const TensorPaths t = plan_paths(two, kBf16.storage, true, true);
+  EXPECT_EQ(t.rot_access, Access::kScalar);
+  EXPECT_EQ(t.rot_lanes, 16);
+  EXPECT_EQ(t.vec_copy_lanes + t.pair_copy_lanes, 0);
+  EXPECT_EQ(t.scalar_copy_lanes, 43);
+}
+
+TEST(LaunchPlan, OnlySixteenBitStorageIsPaired) {
+  // 4 bytes off a vector: a float row is 4-byte aligned but one float per 4 bytes is no pair, a
+  // double row 8-byte aligned; both are scalar. fp16 is paired like bf16.
+  const RotationArgs x = tensor({3}, {66}, {1}, 66, 64, kBase + 8);
+  for (const ElementSizes sizes : {kF32, kF64}) {
+    const TensorPaths paths = plan_paths(x, sizes.storage, true, true);
+    EXPECT_EQ(paths.rot_access, Access::kScalar);
+    EXPECT_EQ(paths.pair_copy_lanes, 0);
+    EXPECT_EQ(paths.scalar_copy_lanes, 2);
+  }
+  const TensorPaths h = plan_paths(x, kF16.storage, false, true);
+  EXPECT_EQ(h.rot_access, Access::kPair);
+  EXPECT_EQ(h.rot_lanes, 16);
+  EXPECT_EQ(h.pair_copy_lanes, 1);
 }
 
 TEST(LaunchPlan, NeoxRotary96WithTail24IsVectorThroughout) {
@@ -214,7 +314,7 @@ TEST(LaunchPlan, NeoxRotary96WithTail24IsVectorThroughout) {
   // 24 starts at 96 (16-byte boundary): 3 vector copy lanes.
   const RotationArgs x = tensor({4, 7}, {7 * 120, 120}, {0, 1}, 120, 96);
   const TensorPaths paths = plan_paths(x, kF16.storage, /*interleaved=*/false, true);
-  EXPECT_TRUE(paths.rot_vector);
+  EXPECT_EQ(paths.rot_access, Access::kVector);
   EXPECT_EQ(paths.rot_lanes, 6);
   EXPECT_EQ(paths.vec_copy_lanes, 3);
   EXPECT_EQ(paths.scalar_copy_lanes, 0);
@@ -223,65 +323,78 @@ TEST(LaunchPlan, NeoxRotary96WithTail24IsVectorThroughout) {
 
 TEST(LaunchPlan, OddTailDoesNotPullTheRotationOffTheVectorPath) {
   // bf16, head_dim 100, rotary 64 interleaved. A single row (no row stride is ever stepped): the
-  // rotation is 8 vector lanes; the tail 36 = 4 vectors + 4 single elements.
+  // rotation is 8 vector lanes; the tail 36 = 4 vectors + 2 pairs.
   const RotationArgs row = tensor({1}, {100}, {1}, 100, 64);
   const TensorPaths one = plan_paths(row, kBf16.storage, true, true);
-  EXPECT_TRUE(one.rot_vector);
+  EXPECT_EQ(one.rot_access, Access::kVector);
   EXPECT_EQ(one.rot_lanes, 8);
   EXPECT_EQ(one.vec_copy_lanes, 4);
-  EXPECT_EQ(one.scalar_copy_lanes, 4);
-  EXPECT_EQ(one.lanes, 16);
+  EXPECT_EQ(one.pair_copy_lanes, 2);
+  EXPECT_EQ(one.scalar_copy_lanes, 0);
+  EXPECT_EQ(one.lanes, 14);
   // In place, rows 104 apart (a slice of a padded buffer): the tail is not touched, the rotation
   // stays vector.
   const RotationArgs padded = tensor({3, 5}, {5 * 104, 104}, {0, 1}, 100, 64, kBase, true);
   const TensorPaths in_place = plan_paths(padded, kBf16.storage, true, true);
-  EXPECT_TRUE(in_place.rot_vector);
+  EXPECT_EQ(in_place.rot_access, Access::kVector);
   EXPECT_EQ(in_place.lanes, 8);
 }
 
 TEST(LaunchPlan, GptNeoxPartialRotaryKeepsTheTailOnTheVectorPath) {
   // GPT-NeoX-20B: head_dim 96, rotary_pct 0.25 -> rotary 24, half split, bf16. half = 12 is not
-  // a whole vector of 8, so the rotation is 12 one-plane lanes; the tail [24, 96) starts 48
-  // bytes in and is 9 vector lanes. Before per-part paths, the whole row went scalar.
+  // a whole vector of 8, so the rotation is paired: 6 lanes of two planes; the tail [24, 96)
+  // starts 48 bytes in and is 9 vector lanes. Before per-part paths, the whole row went scalar.
   const RotationArgs x = tensor({2, 16, 6}, {16 * 6 * 96, 6 * 96, 96}, {0, 1, 0}, 96, 24);
   const TensorPaths paths = plan_paths(x, kBf16.storage, false, true);
-  EXPECT_FALSE(paths.rot_vector);
-  EXPECT_EQ(paths.rot_lanes, 12);
+  EXPECT_EQ(paths.rot_access, Access::kPair);
+  EXPECT_EQ(paths.rot_lanes, 6);
   EXPECT_EQ(paths.vec_copy_lanes, 9);
   EXPECT_EQ(paths.scalar_copy_lanes, 0);
 }
 
 TEST(LaunchPlan, UnalignedHalfKeepsTheTailOnTheVectorPath) {
   // bf16 half split, rotary 72: the b's start 36 elements (72 bytes) after the a's, so the
-  // rotation is scalar (36 one-plane lanes), but the tail [72, 136) starts 144 bytes in: 8
-  // vector copy lanes.
+  // rotation is not 16-byte but paired (18 lanes of two planes), and the tail [72, 136) starts
+  // 144 bytes in: 8 vector copy lanes. No 16-byte rotation: the scalar-only kernel.
   const RotationArgs x = tensor({6}, {136}, {1}, 136, 72);
   const TensorPaths paths = plan_paths(x, kBf16.storage, false, true);
-  EXPECT_FALSE(paths.rot_vector);
-  EXPECT_EQ(paths.rot_lanes, 36);
+  EXPECT_EQ(paths.rot_access, Access::kPair);
+  EXPECT_EQ(paths.rot_lanes, 18);
   EXPECT_EQ(paths.vec_copy_lanes, 8);
   EXPECT_EQ(paths.scalar_copy_lanes, 0);
   EXPECT_FALSE(wants_vector_kernel(x, nullptr, kBf16, false));
 }
 
-TEST(LaunchPlan, UnalignedRowsAreScalarThroughout) {
-  // Contiguous bf16 rows of 100 elements: every other row starts 8 bytes off a 16-byte boundary.
+TEST(LaunchPlan, RowsFourByteAlignedArePairedThroughout) {
+  // Contiguous bf16 rows of 100 elements: every other row starts 8 bytes off a 16-byte boundary,
+  // but every row is 4-byte aligned: 32 paired rotating lanes (one plane each), and the tail 36
+  // is 18 paired lanes, none of them vector.
   const RotationArgs x = tensor({6}, {100}, {1}, 100, 64);
   const TensorPaths paths = plan_paths(x, kBf16.storage, true, true);
-  EXPECT_FALSE(paths.rot_vector);
+  EXPECT_EQ(paths.rot_access, Access::kPair);
   EXPECT_EQ(paths.rot_lanes, 32);
   EXPECT_EQ(paths.vec_copy_lanes, 0);
-  EXPECT_EQ(paths.scalar_copy_lanes, 36);
-  EXPECT_EQ(paths.lanes, 68);
+  EXPECT_EQ(paths.pair_copy_lanes, 18);
+  EXPECT_EQ(paths.scalar_copy_lanes, 0);
+  EXPECT_EQ(paths.lanes, 50);
+  EXPECT_FALSE(wants_vector_kernel(x, nullptr, kBf16, true));
 }
 
 TEST(LaunchPlan, ScalarKernelNeverPlansVectorRotation) {
+  // On the scalar-only kernel aligned rows rotate one element at a time (fp32), or paired
+  // (bf16: the paired path is in both variants); the tail keeps its vector lanes.
   const RotationArgs x = bshd(2, 8, 4, 64);
   const LaunchPlan p =
       plan_launch(x, nullptr, tables(32), RotationMode{true, false}, kF32, false, {132, 3});
   EXPECT_FALSE(p.vector_kernel);
-  EXPECT_FALSE(p.params.tensor[0].rot_vector);
+  EXPECT_EQ(p.params.tensor[0].rot_access, Access::kScalar);
   EXPECT_EQ(p.params.tensor[0].rot_lanes, 32);
+  const RotationArgs y = tensor({2, 8}, {8 * 80, 80}, {0, 1}, 80, 64);
+  const LaunchPlan b =
+      plan_launch(y, nullptr, tables(32), RotationMode{false, false}, kBf16, false, {132, 3});
+  EXPECT_EQ(b.params.tensor[0].rot_access, Access::kPair);
+  EXPECT_EQ(b.params.tensor[0].rot_lanes, 16);
+  EXPECT_EQ(b.params.tensor[0].vec_copy_lanes, 2);
 }
 
 TEST(LaunchPlan, DoubleStorageMovesOnePairPerVector) {
@@ -289,7 +402,7 @@ TEST(LaunchPlan, DoubleStorageMovesOnePairPerVector) {
   // lane has no table vector to load.
   const RotationArgs x = bshd(1, 4, 2, 64);
   const TensorPaths il = plan_paths(x, kF64.storage, true, true);
-  EXPECT_TRUE(il.rot_vector);
+  EXPECT_EQ(il.rot_access, Access::kVector);
   EXPECT_EQ(il.rot_lanes, 32);
   const TensorPaths hs = plan_paths(x, kF64.storage, false, true);
   EXPECT_EQ(hs.rot_lanes, 16);

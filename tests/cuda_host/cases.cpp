@@ -36,6 +36,11 @@ std::string shape_str(at::IntArrayRef s) {
 // Element strides for `sizes` in a random memory order, with random padding and offset; the
 // buffer holds the view plus a few guard elements. The last dim is innermost and dense in most
 // views (the kernel's own case); otherwise prepare.cpp copies it first.
+//
+// For 16-bit storage (`elem_bytes` 2) the offset and paddings are drawn so that the kernel's three
+// access widths all come often: rows 16-byte aligned, rows 4-byte but not 16-byte aligned (an even
+// offset or padding that is not a multiple of 8 elements: the paired path), and rows only 2-byte
+// aligned (an odd one).
 struct Layout {
   std::vector<int64_t> strides;
   int64_t offset = 0;
@@ -43,7 +48,9 @@ struct Layout {
   std::string desc;
 };
 
-Layout random_layout(Rng& rng, const std::vector<int64_t>& sizes, bool allow_expand) {
+Layout random_layout(Rng& rng, const std::vector<int64_t>& sizes, bool allow_expand,
+                     int elem_bytes = 0) {
+  const bool sixteen_bit = elem_bytes == 2;
   const int n = static_cast<int>(sizes.size());
   Layout l;
   l.strides.assign(n, 0);
@@ -68,7 +75,8 @@ Layout random_layout(Rng& rng, const std::vector<int64_t>& sizes, bool allow_exp
     const int d = order[i];
     int64_t pad = 0;
     if (i > 0 && chance(rng, 0.25)) {
-      pad = pick<int64_t>(rng, {1, 2, 3, 5, 8, 16, 24});
+      pad = sixteen_bit ? pick<int64_t>(rng, {1, 2, 4, 6, 8, 10, 16})
+                        : pick<int64_t>(rng, {1, 2, 3, 5, 8, 16, 24});
       desc << "pad" << pad << "@" << d << " ";
     }
     l.strides[d] = i == 0 ? step : extent + pad;
@@ -82,10 +90,12 @@ Layout random_layout(Rng& rng, const std::vector<int64_t>& sizes, bool allow_exp
     }
   }
   const double r = std::uniform_real_distribution<double>(0, 1)(rng);
-  if (r < 0.6) {
+  if (r < (sixteen_bit ? 0.45 : 0.6)) {
     l.offset = 0;
-  } else if (r < 0.8) {
+  } else if (r < (sixteen_bit ? 0.6 : 0.8)) {
     l.offset = 8 * uniform(rng, 1, 3);  // 16-byte aligned for every dtype
+  } else if (sixteen_bit && r < 0.85) {
+    l.offset = pick<int64_t>(rng, {2, 4, 6, 10, 12, 14, 18});  // 4-byte, not 16-byte aligned
   } else {
     l.offset = uniform(rng, 1, 7);
   }
@@ -114,7 +124,8 @@ at::Tensor random_values(at::Generator& gen, int64_t numel, at::ScalarType dtype
 
 Viewed random_view(Rng& rng, at::Generator& gen, const std::vector<int64_t>& sizes,
                    at::ScalarType dtype, bool allow_expand) {
-  const Layout l = random_layout(rng, sizes, allow_expand);
+  const Layout l =
+      random_layout(rng, sizes, allow_expand, static_cast<int>(c10::elementSize(dtype)));
   Viewed v;
   v.buffer = random_values(gen, l.buffer_numel, dtype);
   v.view = v.buffer.as_strided(sizes, l.strides, l.offset);
@@ -198,9 +209,10 @@ Case make_case(uint64_t seed, int64_t index) {
   c.inverse = chance(rng, 0.5);
 
   // head_dim and rotary_dim: the shapes models use, and odd ones that break alignment.
-  c.head_dim = chance(rng, 0.5)
-                   ? pick<int64_t>(rng, {8, 16, 24, 32, 48, 64, 80, 96, 112, 120, 128, 136, 160})
-                   : uniform(rng, 1, 72);
+  // (36, 52 and 100: even but not a multiple of 8, so 16-bit rows are 4-byte aligned only.)
+  c.head_dim = chance(rng, 0.5) ? pick<int64_t>(rng, {8, 16, 24, 32, 36, 48, 52, 64, 80, 96, 100,
+                                                      112, 120, 128, 136, 160})
+                                : uniform(rng, 1, 72);
   const double rot_r = std::uniform_real_distribution<double>(0, 1)(rng);
   const int64_t even_max = c.head_dim - c.head_dim % 2;
   if (rot_r < 0.5) {

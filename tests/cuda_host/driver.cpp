@@ -55,7 +55,10 @@ struct Coverage {
 };
 
 void count_launch(const LaunchRecord& r, const rope::TableArgs& tables, const at::Tensor& cos,
-                  Coverage& cov) {
+                  const Case& c, Coverage& cov) {
+  using rope::cuda::Access;
+  const bool interleaved = c.interleaved;
+  const bool sixteen_bit = c.dtype == at::kHalf || c.dtype == at::kBFloat16;
   if (!r.launched) {
     return;
   }
@@ -65,25 +68,48 @@ void count_launch(const LaunchRecord& r, const rope::TableArgs& tables, const at
   cov.hit("vector kernel", r.vector_kernel);
   cov.hit("scalar-only kernel", !r.vector_kernel);
   cov.hit("q/k in one launch", t0.num_threads > 0 && t1.num_threads > 0);
-  cov.hit("q/k on different rotation paths", t0.num_threads > 0 && t1.num_threads > 0 &&
-                                                 t0.rot_lanes > 0 && t1.rot_lanes > 0 &&
-                                                 t0.rot_vector != t1.rot_vector);
+  const bool both_rotate =
+      t0.num_threads > 0 && t1.num_threads > 0 && t0.rot_lanes > 0 && t1.rot_lanes > 0;
+  const auto q_k_paths = [&](Access x, Access y) {
+    return both_rotate && ((t0.rot_access == x && t1.rot_access == y) ||
+                           (t0.rot_access == y && t1.rot_access == x));
+  };
+  cov.hit("q/k rotations 16-byte and paired", q_k_paths(Access::kVector, Access::kPair));
+  cov.hit("q/k rotations 16-byte and scalar", q_k_paths(Access::kVector, Access::kScalar));
+  cov.hit("q/k rotations paired and scalar", q_k_paths(Access::kPair, Access::kScalar));
   bool any_vector = false;
+  bool any_pair = false;
   for (const rope::cuda::TensorPlan* t : {&t0, &t1}) {
     if (t->num_threads == 0) {
       continue;
     }
-    any_vector = any_vector || t->rot_vector;
-    cov.hit("rotation, vector path", t->rot_vector);
-    cov.hit("rotation, scalar path", t->rot_lanes > 0 && !t->rot_vector);
-    cov.hit("vector rotation with a vector tail", t->rot_vector && t->vec_copy_lanes > 0);
-    cov.hit("vector rotation with a scalar tail", t->rot_vector && t->scalar_copy_lanes > 0);
-    cov.hit("scalar rotation with a vector tail",
-            !t->rot_vector && t->rot_lanes > 0 && t->vec_copy_lanes > 0);
+    const bool vec = t->rot_lanes > 0 && t->rot_access == Access::kVector;
+    const bool pair = t->rot_lanes > 0 && t->rot_access == Access::kPair;
+    const bool scalar = t->rot_lanes > 0 && t->rot_access == Access::kScalar;
+    any_vector = any_vector || vec;
+    any_pair = any_pair || pair;
+    cov.hit("rotation, vector path", vec);
+    cov.hit("rotation, scalar path", scalar);
+    cov.hit("rotation, scalar path, 16-bit (2-byte rows)", scalar && sixteen_bit);
+    cov.hit("rotation, paired path, interleaved", pair && interleaved);
+    cov.hit("rotation, paired path, half split", pair && !interleaved);
+    cov.hit("rotation, paired path, vector kernel", pair && r.vector_kernel);
+    cov.hit("rotation, paired path, scalar-only kernel", pair && !r.vector_kernel);
+    cov.hit("vector rotation with a vector tail", vec && t->vec_copy_lanes > 0);
+    cov.hit("vector rotation with a pair tail", vec && t->pair_copy_lanes > 0);
+    cov.hit("vector rotation with a scalar tail", vec && t->scalar_copy_lanes > 0);
+    cov.hit("pair rotation with a vector tail", pair && t->vec_copy_lanes > 0);
+    cov.hit("pair rotation with a pair tail", pair && t->pair_copy_lanes > 0);
+    cov.hit("pair rotation with a scalar tail", pair && t->scalar_copy_lanes > 0);
+    cov.hit("scalar rotation with a vector tail", scalar && t->vec_copy_lanes > 0);
+    cov.hit("scalar rotation with a pair tail", scalar && t->pair_copy_lanes > 0);
+    cov.hit("vector, pair and scalar tail lanes in one row",
+            t->vec_copy_lanes > 0 && t->pair_copy_lanes > 0 && t->scalar_copy_lanes > 0);
     cov.hit("no rotating lane, copy lanes only",
-            t->rot_lanes == 0 && t->lanes > 0 && (t->vec_copy_lanes + t->scalar_copy_lanes) > 0);
-    cov.hit("position-check-only lane",
-            t->rot_lanes == 0 && t->vec_copy_lanes == 0 && t->scalar_copy_lanes == 0);
+            t->rot_lanes == 0 && t->lanes > 0 &&
+                (t->vec_copy_lanes + t->pair_copy_lanes + t->scalar_copy_lanes) > 0);
+    cov.hit("position-check-only lane", t->rot_lanes == 0 && t->vec_copy_lanes == 0 &&
+                                            t->pair_copy_lanes == 0 && t->scalar_copy_lanes == 0);
     cov.hit("several rows per thread", t->rows_per_thread > 1);
     cov.hit("uneven last row group",
             t->rows_per_thread > 1 && t->shared_rows % t->rows_per_thread != 0);
@@ -96,6 +122,8 @@ void count_launch(const LaunchRecord& r, const rope::TableArgs& tables, const at
   }
   cov.hit("table vector loads", any_vector && p.tables.vector_loads);
   cov.hit("table scalar loads on the vector path", any_vector && !p.tables.vector_loads);
+  cov.hit("table vector loads on the paired half-split path",
+          any_pair && !interleaved && p.tables.vector_loads);
   cov.hit("tables copied by prepare_tables", tables.cos != cos.const_data_ptr());
   cov.hit("several blocks", r.blocks > 1);
 }
@@ -261,7 +289,7 @@ std::vector<std::string> run_case(const Case& c, const CpuVectorPath& cpu_path, 
     ++totals.assert_cases;
   }
   for (size_t i = 0; i < ctx.launches.size(); ++i) {
-    count_launch(ctx.launches[i], ctx.tables[i], cos, totals.coverage);
+    count_launch(ctx.launches[i], ctx.tables[i], cos, c, totals.coverage);
     if (c.device.ordinal < 64) {
       totals.cached_queries.emplace(c.device.ordinal, ctx.launches[i].kernel);
     } else {

@@ -35,11 +35,14 @@ void on_device_assert(const char* cond, const char* /*file*/, int /*line*/) {
 namespace rope_host {
 namespace {
 
-// The trace hooks also check what the GPU would fault on: a 16-byte access must be 16-byte
-// aligned, a scalar one naturally aligned.
+// The trace hooks also check what the GPU would fault on: every access naturally aligned, i.e.
+// a 16-byte one 16-byte aligned, a 4-byte pair of 16-bit elements 4-byte aligned, a scalar one
+// aligned to its element.
 void check_aligned(const void* p, size_t bytes) {
   if (reinterpret_cast<uintptr_t>(p) % bytes != 0) {
-    rope_shim::fail(bytes == 16 ? "misaligned 16-byte global access" : "misaligned global access",
+    rope_shim::fail(bytes == 16  ? "misaligned 16-byte global access"
+                    : bytes == 4 ? "misaligned 4-byte global access"
+                                 : "misaligned global access",
                     p);
   }
 }

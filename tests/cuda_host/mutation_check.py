@@ -107,9 +107,9 @@ MUTANTS = [
     Mutant(
         "overlapping-tail-lane",
         "cuda/rope_kernel.cuh",
-        "copy_lane<scalar_t, false>(t, t.rotary_dim + t.vec_copy_lanes * kVecElems + scalar_copy,",
-        "copy_lane<scalar_t, false>(t, t.rotary_dim + t.vec_copy_lanes + scalar_copy,",
-        "scalar tail lanes start inside the vector ones (a forgotten * elements)",
+        "  const int64_t after_vectors = t.rotary_dim + t.vec_copy_lanes * kVecElems;",
+        "  const int64_t after_vectors = t.rotary_dim + t.vec_copy_lanes;",
+        "pair and scalar tail lanes start inside the vector ones (a forgotten * elements)",
     ),
     Mutant(
         "overlapping-rotating-lane",
@@ -170,9 +170,9 @@ MUTANTS = [
     Mutant(
         "tail-lanes-count",
         "cuda/launch_plan.h",
-        "  p.scalar_copy_lanes = tail - p.vec_copy_lanes * v.elems;",
-        "  p.scalar_copy_lanes = tail - p.vec_copy_lanes * v.elems - (tail > v.elems);",
-        "one tail lane too few when the tail is longer than a vector",
+        "  const int64_t rest = tail - p.vec_copy_lanes * v.elems;",
+        "  const int64_t rest = tail - p.vec_copy_lanes * v.elems - (tail > v.elems);",
+        "one tail element too few when the tail is longer than a vector",
     ),
     # Element offsets past 2^31 (the fixed cases of big_cases.cpp: a 12 GiB KV cache).
     Mutant(
@@ -262,9 +262,92 @@ MUTANTS = [
     Mutant(
         "vector-kernel-needs-both",
         "cuda/launch_plan.h",
-        "    any = any || plan_paths(*second, sizes.storage, interleaved, true).rot_vector;",
-        "    any = any && plan_paths(*second, sizes.storage, interleaved, true).rot_vector;",
+        "  return rotates_vectors(first) || (second != nullptr && rotates_vectors(*second));",
+        "  return rotates_vectors(first) && (second == nullptr || rotates_vectors(*second));",
         "a misaligned k pushes an aligned q onto the scalar kernel (correct, only slower)",
+    ),
+    # The paired path: two 16-bit elements per 4-byte access, for rows 4- but not 16-byte aligned.
+    Mutant(
+        "pair-on-2-byte-rows",
+        "cuda/launch_plan.h",
+        "  const bool rows_pair = storage_bytes == 2 && "
+        "rows_aligned_to(a, storage_bytes, kPairBytes);",
+        "  const bool rows_pair = storage_bytes == 2;",
+        "4-byte accesses on rows that are only 2-byte aligned",
+    ),
+    Mutant(
+        "pair-ignores-row-strides",
+        "cuda/launch_plan.h",
+        "  const bool rows_pair = storage_bytes == 2 && "
+        "rows_aligned_to(a, storage_bytes, kPairBytes);",
+        "  const bool rows_pair =\n"
+        "      storage_bytes == 2 && aligned_to(a.in, kPairBytes) && "
+        "aligned_to(a.out, kPairBytes);",
+        "pairs checked on the base pointers only: an odd row stride misaligns every other row",
+    ),
+    Mutant(
+        "pair-half-split-odd-half",
+        "cuda/launch_plan.h",
+        "  } else if (half > 0 && rows_pair && run % w.elems == 0) {",
+        "  } else if (half > 0 && rows_pair) {",
+        "half-split pairs with an odd half: the b's 2-byte aligned, the last plane in no lane",
+    ),
+    Mutant(
+        "pair-lanes-counted-in-elements",
+        "cuda/launch_plan.h",
+        "    p.rot_lanes = half / w.planes;",
+        "    p.rot_lanes = half / w.elems;",
+        "interleaved paired lanes counted per element: half of the planes get no lane",
+    ),
+    Mutant(
+        "pair-elements-swapped",
+        "cuda/rope_kernel.cuh",
+        "  const unsigned int bits = *reinterpret_cast<const unsigned int*>(p);  "
+        "// sass: pair load",
+        "  const unsigned int word = *reinterpret_cast<const unsigned int*>(p);\n"
+        "  const unsigned int bits = word << 16 | word >> 16;  // sass: pair load",
+        "the two halves of a 32-bit word unpacked in the wrong order (.x / .y of a bfloat162)",
+    ),
+    Mutant(
+        "pair-half-split-a-b-swapped",
+        "cuda/rope_kernel.cuh",
+        "        store_elems<kAccess>(out + dst[u] + a_feature, ya);  // sass: rotated store\n"
+        "        if constexpr (!kInterleaved) {\n"
+        "          store_elems<kAccess>(out + dst[u] + b_feature, yb);  // sass: rotated store",
+        "        constexpr bool kSwap = kAccess == Access::kPair && !kInterleaved;\n"
+        "        store_elems<kAccess>(out + dst[u] + (kSwap ? b_feature : a_feature), ya);\n"
+        "        if constexpr (!kInterleaved) {\n"
+        "          store_elems<kAccess>(out + dst[u] + (kSwap ? a_feature : b_feature), yb);",
+        "the half-split paired path writes the a's where the b's go and back",
+    ),
+    Mutant(
+        "pair-tail-lane-stride",
+        "cuda/rope_kernel.cuh",
+        "(t, after_vectors + pair_copy * kPairElems, walker,",
+        "(t, after_vectors + pair_copy, walker,",
+        "pair tail lanes step by one element: they overlap and every other one is misaligned",
+    ),
+    Mutant(
+        "missing-pair-tail-lane",
+        "cuda/rope_kernel.cuh",
+        "    if (pair_copy < t.pair_copy_lanes) {",
+        "    if (pair_copy + 1 < t.pair_copy_lanes) {",
+        "the last pair tail lane falls through to the scalar lanes",
+    ),
+    Mutant(
+        "pair-rotation-only-in-vector-kernel",
+        "cuda/rope_kernel.cuh",
+        "    if constexpr (kHasPairs<scalar_t>) {\n      if (t.rot_access == Access::kPair) {",
+        "    if constexpr (kVectorKernel && kHasPairs<scalar_t>) {\n"
+        "      if (t.rot_access == Access::kPair) {",
+        "the scalar-only kernel runs planned pair lanes as one-plane scalar lanes",
+    ),
+    Mutant(
+        "vector-kernel-for-pairs",
+        "cuda/launch_plan.h",
+        "    return plan_paths(a, sizes.storage, interleaved, true).rot_access == Access::kVector;",
+        "    return plan_paths(a, sizes.storage, interleaved, true).rot_access != Access::kScalar;",
+        "a paired tensor picks the vector kernel and its register budget (correct, only slower)",
     ),
 ]
 

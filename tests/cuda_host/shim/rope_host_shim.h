@@ -168,6 +168,14 @@ inline void __stwb(uint4* p, uint4 v) {
   }
   *p = v;
 }
+// st.global.wb.u32: one 4-byte store (the paired path's two 16-bit elements); on the device it
+// must be 4-byte aligned.
+inline void __stwb(unsigned int* p, unsigned int v) {
+  if (reinterpret_cast<uintptr_t>(p) % alignof(unsigned int) != 0) {
+    rope_shim::fail("misaligned 4-byte __stwb", p);
+  }
+  *p = v;
+}
 
 // ---- runtime API
 // ----------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// CUDA backend: registers rope.apply, rope.apply_ and rope.apply_qk for the CUDA dispatch key.
+// CUDA backend: registers rope.apply, rope.apply.out, rope.apply_ and rope.apply_qk for the CUDA
+// dispatch key.
 //
 // Thin glue, mirroring csrc/cpu/rope_cpu.cpp: the op bodies (checks, allocation, argument
 // preparation) are shared through op_bodies.h; the kernel and its launcher are rope_kernel.cuh,

@@ -6,7 +6,8 @@ Importing this package registers ``torch.ops.rope.apply`` (and its ``out=`` over
 ``torch.compile`` works.
 
 Integrations load on first use, so their libraries stay optional: ``torch_rope.hf`` (Hugging
-Face transformers) and ``torch_rope.torchtune`` work after a bare ``import torch_rope``.
+Face transformers), ``torch_rope.torchtune`` and ``torch_rope.compat`` (the inference engines'
+``rotary_embedding`` signature) work after a bare ``import torch_rope``.
 """
 
 from pathlib import Path as _Path
@@ -29,7 +30,7 @@ distributed.register_if_loaded()
 
 # Submodules loaded on first use as attributes (torch_rope.hf.patch(model) after a bare
 # `import torch_rope`), so that importing torch_rope never imports transformers or torchtune.
-_LAZY_SUBMODULES = ("hf", "torchtune")
+_LAZY_SUBMODULES = ("compat", "hf", "torchtune")
 
 
 def __getattr__(name):

@@ -17,6 +17,9 @@
 #include <torch/library.h>
 #include <torch_rope/ops.h>
 
+#include <optional>
+#include <vector>
+
 #include "validation.h"
 
 namespace rope::autograd {
@@ -46,10 +49,15 @@ void refuse_functorch_autodiff(const char* op, const char* python_api, const at:
 }
 
 void save_rotation(AutogradContext* ctx, const at::Tensor& cos, const at::Tensor& sin,
-                   const at::Tensor& positions, bool interleaved, bool inverse) {
+                   const at::Tensor& positions, bool interleaved, bool inverse,
+                   at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
   ctx->save_for_backward({cos, sin, positions});
   ctx->saved_data["interleaved"] = interleaved;
   ctx->saved_data["inverse"] = inverse;
+  if (mrope_section.has_value()) {
+    ctx->saved_data["mrope_section"] = mrope_section->vec();
+  }
+  ctx->saved_data["mrope_interleaved"] = mrope_interleaved;
 }
 
 // Rotates `grad` back; an undefined grad (output unused) stays undefined.
@@ -58,22 +66,31 @@ at::Tensor rotate_back(AutogradContext* ctx, const at::Tensor& grad) {
     return {};
   }
   const auto saved = ctx->get_saved_variables();
+  const auto section = ctx->saved_data.find("mrope_section");
+  std::optional<std::vector<int64_t>> mrope_section;
+  if (section != ctx->saved_data.end()) {
+    mrope_section = section->second.toIntVector();
+  }
   return rope::apply(grad, saved[0], saved[1], saved[2], ctx->saved_data["interleaved"].toBool(),
-                     !ctx->saved_data["inverse"].toBool());
+                     !ctx->saved_data["inverse"].toBool(),
+                     mrope_section ? at::OptionalIntArrayRef(*mrope_section) : std::nullopt,
+                     ctx->saved_data["mrope_interleaved"].toBool());
 }
 
 class RotateFunction : public torch::autograd::Function<RotateFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,
                             const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
-                            bool inverse) {
-    save_rotation(ctx, cos, sin, positions, interleaved, inverse);
+                            bool inverse, at::OptionalIntArrayRef mrope_section,
+                            bool mrope_interleaved) {
+    save_rotation(ctx, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved);
     at::AutoDispatchBelowADInplaceOrView guard;
-    return rope::apply(x, cos, sin, positions, interleaved, inverse);
+    return rope::apply(x, cos, sin, positions, interleaved, inverse, mrope_section,
+                       mrope_interleaved);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {rotate_back(ctx, grads[0]), {}, {}, {}, {}, {}};
+    return {rotate_back(ctx, grads[0]), {}, {}, {}, {}, {}, {}, {}};
   }
 };
 
@@ -81,10 +98,12 @@ class RotateQKFunction : public torch::autograd::Function<RotateQKFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& cos, const at::Tensor& sin,
-                               const at::Tensor& positions, bool interleaved, bool inverse) {
-    save_rotation(ctx, cos, sin, positions, interleaved, inverse);
+                               const at::Tensor& positions, bool interleaved, bool inverse,
+                               at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+    save_rotation(ctx, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved);
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [q_out, k_out] = rope::apply_qk(q, k, cos, sin, positions, interleaved, inverse);
+    auto [q_out, k_out] = rope::apply_qk(q, k, cos, sin, positions, interleaved, inverse,
+                                         mrope_section, mrope_interleaved);
     // GQA with only one of q, k trainable: the other output depends on nothing that needs a
     // gradient, so (as for native ops) it must not require one either.
     if (!q.requires_grad()) {
@@ -97,7 +116,7 @@ class RotateQKFunction : public torch::autograd::Function<RotateQKFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {rotate_back(ctx, grads[0]), rotate_back(ctx, grads[1]), {}, {}, {}, {}, {}};
+    return {rotate_back(ctx, grads[0]), rotate_back(ctx, grads[1]), {}, {}, {}, {}, {}, {}, {}};
   }
 };
 
@@ -106,50 +125,60 @@ class RotateQKFunction : public torch::autograd::Function<RotateQKFunction> {
 bool records_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
 
 at::Tensor apply_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                          const at::Tensor& positions, bool interleaved, bool inverse) {
+                          const at::Tensor& positions, bool interleaved, bool inverse,
+                          at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
   refuse_functorch_autodiff("rope.apply", "torch_rope.apply", x);
   const at::Tensor& x_tangent = x._fw_grad(kForwardLevel);
   if (x_tangent.defined()) {
     // Compute on the primal (a C++ autograd::Function has no jvp), then attach the tangent.
-    const at::Tensor out =
-        apply_autograd(x._fw_primal(kForwardLevel), cos, sin, positions, interleaved, inverse);
-    out._set_fw_grad(rope::apply(x_tangent, cos, sin, positions, interleaved, inverse),
+    const at::Tensor out = apply_autograd(x._fw_primal(kForwardLevel), cos, sin, positions,
+                                          interleaved, inverse, mrope_section, mrope_interleaved);
+    out._set_fw_grad(rope::apply(x_tangent, cos, sin, positions, interleaved, inverse,
+                                 mrope_section, mrope_interleaved),
                      kForwardLevel, /*is_inplace_op=*/false);
     return out;
   }
   if (!records_grad(x)) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    return rope::apply(x, cos, sin, positions, interleaved, inverse);
+    return rope::apply(x, cos, sin, positions, interleaved, inverse, mrope_section,
+                       mrope_interleaved);
   }
-  return RotateFunction::apply(x, cos, sin, positions, interleaved, inverse);
+  return RotateFunction::apply(x, cos, sin, positions, interleaved, inverse, mrope_section,
+                               mrope_interleaved);
 }
 
 std::tuple<at::Tensor, at::Tensor> apply_qk_autograd(const at::Tensor& q, const at::Tensor& k,
                                                      const at::Tensor& cos, const at::Tensor& sin,
                                                      const at::Tensor& positions, bool interleaved,
-                                                     bool inverse) {
+                                                     bool inverse,
+                                                     at::OptionalIntArrayRef mrope_section,
+                                                     bool mrope_interleaved) {
   refuse_functorch_autodiff("rope.apply_qk", "torch_rope.apply_qk", q, k);
   const at::Tensor& q_tangent = q._fw_grad(kForwardLevel);
   const at::Tensor& k_tangent = k._fw_grad(kForwardLevel);
   if (q_tangent.defined() || k_tangent.defined()) {
     auto [q_out, k_out] =
         apply_qk_autograd(q._fw_primal(kForwardLevel), k._fw_primal(kForwardLevel), cos, sin,
-                          positions, interleaved, inverse);
+                          positions, interleaved, inverse, mrope_section, mrope_interleaved);
     if (q_tangent.defined()) {
-      q_out._set_fw_grad(rope::apply(q_tangent, cos, sin, positions, interleaved, inverse),
+      q_out._set_fw_grad(rope::apply(q_tangent, cos, sin, positions, interleaved, inverse,
+                                     mrope_section, mrope_interleaved),
                          kForwardLevel, /*is_inplace_op=*/false);
     }
     if (k_tangent.defined()) {
-      k_out._set_fw_grad(rope::apply(k_tangent, cos, sin, positions, interleaved, inverse),
+      k_out._set_fw_grad(rope::apply(k_tangent, cos, sin, positions, interleaved, inverse,
+                                     mrope_section, mrope_interleaved),
                          kForwardLevel, /*is_inplace_op=*/false);
     }
     return {q_out, k_out};
   }
   if (!records_grad(q) && !records_grad(k)) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    return rope::apply_qk(q, k, cos, sin, positions, interleaved, inverse);
+    return rope::apply_qk(q, k, cos, sin, positions, interleaved, inverse, mrope_section,
+                          mrope_interleaved);
   }
-  auto out = RotateQKFunction::apply(q, k, cos, sin, positions, interleaved, inverse);
+  auto out = RotateQKFunction::apply(q, k, cos, sin, positions, interleaved, inverse, mrope_section,
+                                     mrope_interleaved);
   return {out[0], out[1]};
 }
 
@@ -158,18 +187,22 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_autograd(const at::Tensor& q, const 
 // in-place copy_ (rebasing x's history, and refusing leaves that require grad, as for any
 // in-place op).
 void apply_inplace_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                            const at::Tensor& positions, bool interleaved, bool inverse) {
+                            const at::Tensor& positions, bool interleaved, bool inverse,
+                            at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
   refuse_functorch_autodiff("rope.apply_", "torch_rope.apply_", x);
   const at::Tensor& x_tangent = x._fw_grad(kForwardLevel);
   if (x_tangent.defined()) {
     // Rotate the value through its primal view, then the tangent, as aten's in-place ops do.
-    apply_inplace_autograd(x._fw_primal(kForwardLevel), cos, sin, positions, interleaved, inverse);
+    apply_inplace_autograd(x._fw_primal(kForwardLevel), cos, sin, positions, interleaved, inverse,
+                           mrope_section, mrope_interleaved);
     if (at::has_internal_overlap(x_tangent) == at::MemOverlap::Yes) {
-      x._set_fw_grad(rope::apply(x_tangent, cos, sin, positions, interleaved, inverse),
+      x._set_fw_grad(rope::apply(x_tangent, cos, sin, positions, interleaved, inverse,
+                                 mrope_section, mrope_interleaved),
                      kForwardLevel, /*is_inplace_op=*/true);
     } else {
       at::Tensor tangent = x_tangent;
-      apply_inplace_autograd(tangent, cos, sin, positions, interleaved, inverse);
+      apply_inplace_autograd(tangent, cos, sin, positions, interleaved, inverse, mrope_section,
+                             mrope_interleaved);
     }
     return;
   }
@@ -182,19 +215,22 @@ void apply_inplace_autograd(const at::Tensor& x, const at::Tensor& cos, const at
     };
     if (!is_subclass(x) && !is_subclass(cos) && !is_subclass(sin) && !is_subclass(positions)) {
       constexpr const char* op = "rope.apply_";
-      detail::check_apply_inplace(op, x, cos, sin, positions);
+      const detail::MultiAxisArgs axes{mrope_section, mrope_interleaved};
+      detail::check_apply_inplace(op, x, cos, sin, positions, axes);
       if (x.numel() > 0 && x.device().is_cpu()) {
-        detail::check_positions_in_range(op, positions, cos.size(0));
+        detail::check_positions_in_range(op, positions, cos.size(0), axes);
       }
     }
-    const auto rotated = RotateFunction::apply(x, cos, sin, positions, interleaved, inverse);
+    const auto rotated = RotateFunction::apply(x, cos, sin, positions, interleaved, inverse,
+                                               mrope_section, mrope_interleaved);
     const_cast<at::Tensor&>(x).copy_(rotated);
     return;
   }
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     at::Tensor target = x;
-    rope::apply_(target, cos, sin, positions, interleaved, inverse);
+    rope::apply_(target, cos, sin, positions, interleaved, inverse, mrope_section,
+                 mrope_interleaved);
   }
   // We skipped the ADInplaceOrView key, whose job is to bump the version counter of mutated
   // inputs; do it here so saved-tensor checks see the write.
@@ -205,6 +241,7 @@ void apply_inplace_autograd(const at::Tensor& x, const at::Tensor& cos, const at
 // gradient would silently be lost.
 void apply_out_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                         const at::Tensor& positions, bool interleaved, bool inverse,
+                        at::OptionalIntArrayRef mrope_section, bool mrope_interleaved,
                         const at::Tensor& out) {
   const bool wants_grad =
       at::GradMode::is_enabled() &&
@@ -219,7 +256,8 @@ void apply_out_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Te
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     at::Tensor target = out;
-    rope::apply_out(target, x, cos, sin, positions, interleaved, inverse);
+    rope::apply_out(target, x, cos, sin, positions, interleaved, inverse, mrope_section,
+                    mrope_interleaved);
   }
   torch::autograd::increment_version(out);
 }

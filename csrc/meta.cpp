@@ -19,27 +19,35 @@ at::Tensor empty_like_contiguous(const at::Tensor& x) {
 }
 
 at::Tensor apply_meta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                      const at::Tensor& positions, bool /*interleaved*/, bool /*inverse*/) {
-  detail::check_apply("rope.apply", x, cos, sin, positions);
+                      const at::Tensor& positions, bool /*interleaved*/, bool /*inverse*/,
+                      at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+  detail::check_apply("rope.apply", x, cos, sin, positions, {mrope_section, mrope_interleaved});
   return empty_like_contiguous(x);
 }
 
 void apply_inplace_meta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                        const at::Tensor& positions, bool /*interleaved*/, bool /*inverse*/) {
-  detail::check_apply_inplace("rope.apply_", x, cos, sin, positions);
+                        const at::Tensor& positions, bool /*interleaved*/, bool /*inverse*/,
+                        at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+  detail::check_apply_inplace("rope.apply_", x, cos, sin, positions,
+                              {mrope_section, mrope_interleaved});
 }
 
 void apply_out_meta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                     const at::Tensor& positions, bool /*interleaved*/, bool /*inverse*/,
+                    at::OptionalIntArrayRef mrope_section, bool mrope_interleaved,
                     const at::Tensor& out) {
-  detail::check_apply_out("rope.apply.out", x, cos, sin, positions, out);
+  detail::check_apply_out("rope.apply.out", x, cos, sin, positions, out,
+                          {mrope_section, mrope_interleaved});
 }
 
 std::tuple<at::Tensor, at::Tensor> apply_qk_meta(const at::Tensor& q, const at::Tensor& k,
                                                  const at::Tensor& cos, const at::Tensor& sin,
                                                  const at::Tensor& positions, bool /*interleaved*/,
-                                                 bool /*inverse*/) {
-  detail::check_apply_qk("rope.apply_qk", q, k, cos, sin, positions);
+                                                 bool /*inverse*/,
+                                                 at::OptionalIntArrayRef mrope_section,
+                                                 bool mrope_interleaved) {
+  detail::check_apply_qk("rope.apply_qk", q, k, cos, sin, positions,
+                         {mrope_section, mrope_interleaved});
   return {empty_like_contiguous(q), empty_like_contiguous(k)};
 }
 

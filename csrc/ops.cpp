@@ -9,60 +9,69 @@
 TORCH_LIBRARY(rope, m) {
   m.def(
       "apply(Tensor x, Tensor cos, Tensor sin, Tensor positions, *, bool interleaved=True, "
-      "bool inverse=False) -> Tensor");
+      "bool inverse=False, int[]? mrope_section=None, bool mrope_interleaved=False) -> Tensor");
   m.def(
       "apply_(Tensor(a!) x, Tensor cos, Tensor sin, Tensor positions, *, bool interleaved=True, "
-      "bool inverse=False) -> ()");
+      "bool inverse=False, int[]? mrope_section=None, bool mrope_interleaved=False) -> ()");
   // out= returns nothing: a custom op may not return an alias of an input under torch.compile.
   m.def(
       "apply.out(Tensor x, Tensor cos, Tensor sin, Tensor positions, *, bool interleaved=True, "
-      "bool inverse=False, Tensor(a!) out) -> ()");
+      "bool inverse=False, int[]? mrope_section=None, bool mrope_interleaved=False, Tensor(a!) "
+      "out) "
+      "-> ()");
   m.def(
       "apply_qk(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor positions, *, "
-      "bool interleaved=True, bool inverse=False) -> (Tensor, Tensor)");
+      "bool interleaved=True, bool inverse=False, int[]? mrope_section=None, "
+      "bool mrope_interleaved=False) -> (Tensor, Tensor)");
 }
 
 namespace rope {
 
 at::Tensor apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                 const at::Tensor& positions, bool interleaved, bool inverse) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("rope::apply", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                         const at::Tensor&, bool, bool)>();
-  return op.call(x, cos, sin, positions, interleaved, inverse);
+                 const at::Tensor& positions, bool interleaved, bool inverse,
+                 at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("rope::apply", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const at::Tensor&, bool, bool, at::OptionalIntArrayRef, bool)>();
+  return op.call(x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved);
 }
 
 void apply_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-            const at::Tensor& positions, bool interleaved, bool inverse) {
+            const at::Tensor& positions, bool interleaved, bool inverse,
+            at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("rope::apply_", "")
                        .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                   const at::Tensor&, bool, bool)>();
-  op.call(x, cos, sin, positions, interleaved, inverse);
+                                   const at::Tensor&, bool, bool, at::OptionalIntArrayRef, bool)>();
+  op.call(x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved);
 }
 
 at::Tensor& apply_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& cos,
                       const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
-                      bool inverse) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("rope::apply", "out")
-                       .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                   const at::Tensor&, bool, bool, const at::Tensor&)>();
-  op.call(x, cos, sin, positions, interleaved, inverse, out);
+                      bool inverse, at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("rope::apply", "out")
+          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                      bool, bool, at::OptionalIntArrayRef, bool, const at::Tensor&)>();
+  op.call(x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved, out);
   return out;
 }
 
 std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tensor& k,
                                             const at::Tensor& cos, const at::Tensor& sin,
                                             const at::Tensor& positions, bool interleaved,
-                                            bool inverse) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("rope::apply_qk", "")
-                       .typed<std::tuple<at::Tensor, at::Tensor>(
-                           const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                           const at::Tensor&, const at::Tensor&, bool, bool)>();
-  return op.call(q, k, cos, sin, positions, interleaved, inverse);
+                                            bool inverse, at::OptionalIntArrayRef mrope_section,
+                                            bool mrope_interleaved) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("rope::apply_qk", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              const at::Tensor&, bool, bool, at::OptionalIntArrayRef, bool)>();
+  return op.call(q, k, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved);
 }
 
 }  // namespace rope

@@ -31,11 +31,12 @@ at::Tensor new_output(const at::Tensor& x) {
 // positions' strides as if expanded to `row_shape` (NumPy broadcasting, aligned right): 0 along
 // every broadcast dim. The same numbers positions.expand(row_shape).strides() gives, without
 // creating the view (a TensorImpl per call, which costs more than a decode-sized rotation).
-// check_rotated_input has already checked that positions broadcasts.
-void broadcast_strides(const at::Tensor& positions, at::IntArrayRef row_shape,
+// check_rotated_input has already checked that positions broadcasts. `pos_dims` is the number of
+// positions' dims that broadcast: all of them, or all but the trailing axis dim (multi-axis).
+void broadcast_strides(const at::Tensor& positions, int64_t pos_dims, at::IntArrayRef row_shape,
                        c10::SmallVector<int64_t, kMaxRowDims>& strides) {
   const int64_t n = static_cast<int64_t>(row_shape.size());
-  const int64_t lead = n - positions.dim();
+  const int64_t lead = n - pos_dims;
   strides.resize(n);
   for (int64_t d = 0; d < n; ++d) {
     const int64_t pd = d - lead;
@@ -118,7 +119,8 @@ RowGeometry make_row_geometry(at::IntArrayRef sizes, at::IntArrayRef in_strides,
   return g;
 }
 
-PreparedTables prepare_tables(const at::Tensor& cos, const at::Tensor& sin) {
+PreparedTables prepare_tables(const at::Tensor& cos, const at::Tensor& sin,
+                              const MultiAxisArgs& axes) {
   PreparedTables t;
   // The kernels index both tables with one row stride, so the tables are read in place only
   // when both have unit last stride (a size-1 last dim is never stepped) and the same row
@@ -137,6 +139,7 @@ PreparedTables prepare_tables(const at::Tensor& cos, const at::Tensor& sin) {
   t.args.tables_are_double = cos.scalar_type() == at::kDouble;
   t.args.max_seq_len = cos.size(0);
   t.args.table_stride = single_row ? cos.size(1) : t.cos.stride(0);
+  t.args.axes = axis_map(axes);
   return t;
 }
 
@@ -146,7 +149,7 @@ bool last_dim_contiguous(const at::Tensor& t) { return t.stride(-1) == 1 || t.si
 
 PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positions,
                                   int64_t rotary_dim, Destination destination,
-                                  const at::Tensor& out) {
+                                  const at::Tensor& out, const MultiAxisArgs& axes) {
   PreparedRotation p;
   const bool x_last_dim_contiguous = last_dim_contiguous(x);
   p.input = x_last_dim_contiguous ? c10::MaybeOwned<at::Tensor>::borrowed(x)
@@ -172,8 +175,11 @@ PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positio
   }
   p.positions = c10::MaybeOwned<at::Tensor>::borrowed(positions);
   const auto row_shape = x.sizes().slice(0, x.dim() - 1);
+  const bool multi_axis = axes.active();
+  const int64_t pos_dims = positions.dim() - (multi_axis ? 1 : 0);
   c10::SmallVector<int64_t, kMaxRowDims> pos_strides;
-  broadcast_strides(positions, row_shape, pos_strides);
+  broadcast_strides(positions, pos_dims, row_shape, pos_strides);
+  int64_t axis_stride = multi_axis && positions.size(-1) > 1 ? positions.stride(-1) : 0;
   const auto batch_strides = [&](const at::Tensor& t) { return t.strides().slice(0, x.dim() - 1); };
   RowGeometry geometry;
   if (!build_row_geometry(row_shape, batch_strides(*p.input), batch_strides(p.output), pos_strides,
@@ -182,7 +188,12 @@ PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positio
     // positions broadcast in alternating dims). Copy x, the broadcast positions and, where it is
     // the caller's, the output into contiguous tensors, which always merge into one row dim.
     p.input = c10::MaybeOwned<at::Tensor>::owned(x.contiguous());
-    p.positions = c10::MaybeOwned<at::Tensor>::owned(positions.expand(row_shape).contiguous());
+    c10::SmallVector<int64_t, kMaxRowDims + 1> expanded(row_shape.begin(), row_shape.end());
+    if (multi_axis) {
+      expanded.push_back(positions.size(-1));  // the axis dim stays innermost, stride 1
+      axis_stride = 1;
+    }
+    p.positions = c10::MaybeOwned<at::Tensor>::owned(positions.expand(expanded).contiguous());
     if (destination == Destination::kInPlace) {
       p.output = *p.input;
       p.write_back_to = p.input->is_same(x) ? at::Tensor() : x;
@@ -191,7 +202,7 @@ PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positio
       p.write_back_to = out;
     }
     geometry = make_row_geometry(row_shape, batch_strides(*p.input), batch_strides(p.output),
-                                 p.positions->strides());
+                                 p.positions->strides().slice(0, row_shape.size()));
   }
 
   auto& a = p.args;
@@ -204,6 +215,7 @@ PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positio
   // In place, the tail features already hold their values; everywhere else they are copied.
   a.copy_tail = destination != Destination::kInPlace;
   a.geometry = geometry;
+  a.axis_stride = axis_stride;
   return p;
 }
 

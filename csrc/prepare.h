@@ -9,6 +9,7 @@
 #include <cstddef>
 
 #include "kernel_args.h"
+#include "validation.h"
 
 namespace rope::detail {
 
@@ -42,7 +43,9 @@ struct PreparedTables {
 
 // Call after the checks of validation.h. Copies only when a table's last dim is not contiguous or
 // cos and sin have different row strides.
-PreparedTables prepare_tables(const at::Tensor& cos, const at::Tensor& sin);
+// `axes` (checked) becomes TableArgs::axes.
+PreparedTables prepare_tables(const at::Tensor& cos, const at::Tensor& sin,
+                              const MultiAxisArgs& axes = {});
 
 // Fresh CPU outputs of at least this many bytes get advise_huge_pages().
 constexpr size_t kHugePageAdviceBytes = size_t{4} << 20;
@@ -58,9 +61,11 @@ void advise_huge_pages(const at::Tensor& fresh);
 // layout (sliced from a fused qkv tensor, transposed heads) is read in place through its strides.
 // `out` is the caller's buffer for Destination::kOut and ignored otherwise; it is written in place
 // through its strides when its last dim is contiguous, else through a temporary.
+// With multi-axis positions (`axes` active), positions' last dim is the axis dim: its leading dims
+// broadcast to x.shape[:-1] and its axis stride becomes RotationArgs::axis_stride.
 PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positions,
                                   int64_t rotary_dim, Destination destination,
-                                  const at::Tensor& out = {});
+                                  const at::Tensor& out = {}, const MultiAxisArgs& axes = {});
 
 // Builds the row geometry of `sizes` for three stride sets, dropping size-1 dims and merging dims
 // that are contiguous in all three. Returns false (and leaves `g` unusable) when more than

@@ -53,9 +53,40 @@ void check_tables(const char* op, const at::Tensor& cos, const at::Tensor& sin) 
               dtype, " and sin ", sin.scalar_type());
 }
 
+// mrope_section and mrope_interleaved against the tables: what every multi-axis call needs before
+// positions are looked at.
+void check_multi_axis(const char* op, const at::Tensor& cos, const MultiAxisArgs& axes) {
+  if (!axes.active()) {
+    TORCH_CHECK(!axes.interleaved, op,
+                ": mrope_interleaved=True needs mrope_section (the planes per axis), got "
+                "mrope_section=None");
+    return;
+  }
+  const auto section = *axes.section;
+  const auto num_axes = static_cast<int64_t>(section.size());
+  TORCH_CHECK(num_axes >= 1 && num_axes <= kMaxAxes, op,
+              ": mrope_section must list the planes of 1 to ", kMaxAxes, " axes, got ", num_axes,
+              " entries: ", section);
+  int64_t planes = 0;
+  for (int64_t a = 0; a < num_axes; ++a) {
+    TORCH_CHECK(section[a] >= 0, op, ": mrope_section[", a, "] must be >= 0, got ", section[a],
+                " in mrope_section=", section);
+    planes += section[a];
+  }
+  TORCH_SYM_CHECK(cos.sym_size(1).sym_eq(planes), op,
+                  ": sum(mrope_section) must equal "
+                  "rotary_dim / 2 = cos.size(-1) = ",
+                  cos.sym_size(1), ", got sum(", section, ") = ", planes);
+  TORCH_CHECK(!axes.interleaved || num_axes == 3, op,
+              ": mrope_interleaved=True (Qwen3-VL) needs 3 axes (time, height, width), got "
+              "mrope_section=",
+              section, " with ", num_axes);
+}
+
 // One rotated input (x, q or k); `name` is the argument's name in the op's schema.
 void check_rotated_input(const char* op, const char* name, const at::Tensor& x,
-                         const at::Tensor& cos, const at::Tensor& positions) {
+                         const at::Tensor& cos, const at::Tensor& positions,
+                         const MultiAxisArgs& axes) {
   check_defined(op, name, x);
   check_defined(op, "positions", positions);
   check_same_device(op, name, x, "cos", cos);
@@ -74,8 +105,21 @@ void check_rotated_input(const char* op, const char* name, const at::Tensor& x,
   TORCH_CHECK(pos_dtype == at::kInt || pos_dtype == at::kLong, op,
               ": positions must be an integer tensor (int32 or int64), got ", pos_dtype);
   const auto row_shape = x.sym_sizes().slice(0, x.dim() - 1);
-  TORCH_CHECK(at::is_expandable_to(positions.sym_sizes(), row_shape), op, ": positions of shape ",
-              positions.sym_sizes(), " cannot be broadcast to ", name, ".shape[:-1] = ", row_shape,
+  auto pos_shape = positions.sym_sizes();
+  if (axes.active()) {
+    const auto num_axes = static_cast<int64_t>(axes.section->size());
+    TORCH_CHECK(positions.dim() >= 1, op,
+                ": positions must have a trailing axis dim of size len(mrope_section) = ", num_axes,
+                ", got a 0-dim tensor");
+    TORCH_SYM_CHECK(
+        positions.sym_size(-1).sym_eq(num_axes), op,
+        ": positions must have a trailing axis dim of size len(mrope_section) = ", num_axes,
+        " (positions[..., a] is axis a), got positions of shape ", positions.sym_sizes());
+    pos_shape = pos_shape.slice(0, positions.dim() - 1);
+  }
+  TORCH_CHECK(at::is_expandable_to(pos_shape, row_shape), op, ": positions",
+              axes.active() ? ".shape[:-1] (without the axis dim) " : " ", "of shape ", pos_shape,
+              " cannot be broadcast to ", name, ".shape[:-1] = ", row_shape,
               " (shapes align from the right; use e.g. (S,) for (B, H, S, D) or (S, 1) for "
               "(B, S, H, D); when ",
               name,
@@ -209,21 +253,24 @@ void check_no_shared_memory(
 }  // namespace
 
 void check_apply(const char* op, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                 const at::Tensor& positions) {
+                 const at::Tensor& positions, const MultiAxisArgs& axes) {
   check_tables(op, cos, sin);
-  check_rotated_input(op, "x", x, cos, positions);
+  check_multi_axis(op, cos, axes);
+  check_rotated_input(op, "x", x, cos, positions, axes);
 }
 
 void check_apply_inplace(const char* op, const at::Tensor& x, const at::Tensor& cos,
-                         const at::Tensor& sin, const at::Tensor& positions) {
-  check_apply(op, x, cos, sin, positions);
+                         const at::Tensor& sin, const at::Tensor& positions,
+                         const MultiAxisArgs& axes) {
+  check_apply(op, x, cos, sin, positions, axes);
   check_writable(op, "x", x);
   check_no_shared_memory(op, "x", x, {{"cos", &cos}, {"sin", &sin}, {"positions", &positions}});
 }
 
 void check_apply_out(const char* op, const at::Tensor& x, const at::Tensor& cos,
-                     const at::Tensor& sin, const at::Tensor& positions, const at::Tensor& out) {
-  check_apply(op, x, cos, sin, positions);
+                     const at::Tensor& sin, const at::Tensor& positions, const at::Tensor& out,
+                     const MultiAxisArgs& axes) {
+  check_apply(op, x, cos, sin, positions, axes);
   check_defined(op, "out", out);
   check_same_device(op, "out", out, "x", x);
   TORCH_CHECK(out.scalar_type() == x.scalar_type(), op, ": out must have x's dtype ",
@@ -236,10 +283,11 @@ void check_apply_out(const char* op, const at::Tensor& x, const at::Tensor& cos,
 }
 
 void check_apply_qk(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
-                    const at::Tensor& sin, const at::Tensor& positions) {
+                    const at::Tensor& sin, const at::Tensor& positions, const MultiAxisArgs& axes) {
   check_tables(op, cos, sin);
-  check_rotated_input(op, "q", q, cos, positions);
-  check_rotated_input(op, "k", k, cos, positions);
+  check_multi_axis(op, cos, axes);
+  check_rotated_input(op, "q", q, cos, positions, axes);
+  check_rotated_input(op, "k", k, cos, positions, axes);
   TORCH_CHECK(q.scalar_type() == k.scalar_type(), op, ": q and k must have the same dtype, got q ",
               q.scalar_type(), " and k ", k.scalar_type());
   TORCH_SYM_CHECK(q.sym_size(-1).sym_eq(k.sym_size(-1)), op,
@@ -247,7 +295,8 @@ void check_apply_qk(const char* op, const at::Tensor& q, const at::Tensor& k, co
                   " and k ", k.sym_size(-1));
 }
 
-void check_positions_in_range(const char* op, const at::Tensor& positions, int64_t max_seq_len) {
+void check_positions_in_range(const char* op, const at::Tensor& positions, int64_t max_seq_len,
+                              const MultiAxisArgs& axes) {
   TORCH_INTERNAL_ASSERT(positions.device().is_cpu(), op, ": host-side range check on ",
                         positions.device());
   // positions is usually tiny (S or B entries, before broadcasting): one scan beats a reduction
@@ -255,8 +304,16 @@ void check_positions_in_range(const char* op, const at::Tensor& positions, int64
   const at::Tensor p = positions.contiguous();
   auto scan = [&](const auto* data) {
     const int64_t n = p.numel();
+    const int64_t num_axes = axes.active() ? static_cast<int64_t>(axes.section->size()) : 0;
     for (int64_t i = 0; i < n; ++i) {
       const int64_t value = static_cast<int64_t>(data[i]);
+      if (num_axes > 0 && !(value >= 0 && value < max_seq_len)) {
+        TORCH_CHECK_INDEX(
+            false, op, ": positions of axis ", i % num_axes, " (positions[..., ", i % num_axes,
+            "]) must be in [0, max_seq_len) with max_seq_len = cos.size(0) = ", max_seq_len,
+            ", got ", value, " at flat index ", i,
+            " of positions (build longer tables or check the positions)");
+      }
       TORCH_CHECK_INDEX(value >= 0 && value < max_seq_len, op,
                         ": positions must be in [0, max_seq_len) with max_seq_len = cos.size(0) = ",
                         max_seq_len, ", got ", value, " at flat index ", i,
@@ -268,6 +325,20 @@ void check_positions_in_range(const char* op, const at::Tensor& positions, int64
   } else {
     scan(p.const_data_ptr<int32_t>());
   }
+}
+
+AxisMap axis_map(const MultiAxisArgs& axes) {
+  AxisMap m;
+  if (!axes.active()) {
+    return m;
+  }
+  const auto section = *axes.section;
+  m.num_axes = static_cast<int32_t>(section.size());
+  m.interleaved = axes.interleaved;
+  for (size_t a = 0; a < section.size(); ++a) {
+    m.sections[a] = section[a];
+  }
+  return m;
 }
 
 }  // namespace rope::detail

@@ -10,8 +10,9 @@ namespace rope::cpu {
 namespace {
 
 struct CpuBackend {
-  static void check_positions(const char* op, const at::Tensor& positions, int64_t max_seq_len) {
-    detail::check_positions_in_range(op, positions, max_seq_len);
+  static void check_positions(const char* op, const at::Tensor& positions, int64_t max_seq_len,
+                              const detail::MultiAxisArgs& axes) {
+    detail::check_positions_in_range(op, positions, max_seq_len, axes);
   }
   static void rotate(c10::ScalarType dtype, const RotationArgs& args, const TableArgs& tables,
                      RotationMode mode) {
@@ -24,26 +25,34 @@ struct CpuBackend {
 };
 
 at::Tensor apply_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     const at::Tensor& positions, bool interleaved, bool inverse) {
-  return detail::apply_body<CpuBackend>(x, cos, sin, positions, interleaved, inverse);
+                     const at::Tensor& positions, bool interleaved, bool inverse,
+                     at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+  return detail::apply_body<CpuBackend>(x, cos, sin, positions, interleaved, inverse,
+                                        {mrope_section, mrope_interleaved});
 }
 
 void apply_inplace_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                       const at::Tensor& positions, bool interleaved, bool inverse) {
-  detail::apply_inplace_body<CpuBackend>(x, cos, sin, positions, interleaved, inverse);
+                       const at::Tensor& positions, bool interleaved, bool inverse,
+                       at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+  detail::apply_inplace_body<CpuBackend>(x, cos, sin, positions, interleaved, inverse,
+                                         {mrope_section, mrope_interleaved});
 }
 
 void apply_out_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                    const at::Tensor& positions, bool interleaved, bool inverse,
+                   at::OptionalIntArrayRef mrope_section, bool mrope_interleaved,
                    const at::Tensor& out) {
-  detail::apply_out_body<CpuBackend>(x, cos, sin, positions, interleaved, inverse, out);
+  detail::apply_out_body<CpuBackend>(x, cos, sin, positions, interleaved, inverse,
+                                     {mrope_section, mrope_interleaved}, out);
 }
 
 std::tuple<at::Tensor, at::Tensor> apply_qk_cpu(const at::Tensor& q, const at::Tensor& k,
                                                 const at::Tensor& cos, const at::Tensor& sin,
                                                 const at::Tensor& positions, bool interleaved,
-                                                bool inverse) {
-  return detail::apply_qk_body<CpuBackend>(q, k, cos, sin, positions, interleaved, inverse);
+                                                bool inverse, at::OptionalIntArrayRef mrope_section,
+                                                bool mrope_interleaved) {
+  return detail::apply_qk_body<CpuBackend>(q, k, cos, sin, positions, interleaved, inverse,
+                                           {mrope_section, mrope_interleaved});
 }
 
 }  // namespace

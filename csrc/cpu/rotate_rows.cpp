@@ -18,6 +18,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "mixed_rows.h"
 #include "row_cursor.h"
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -239,9 +240,15 @@ constexpr int64_t kTileGroupBytes = int64_t{1} << 20;
 // heads (up to kTileGroupBytes of x) are then visited in tiles of kTilePositions positions across
 // those heads, so each table row comes from L1 for every head after the first. Rows are
 // independent (also in place), so the order is free.
-template <typename scalar_t, bool kInterleaved, bool kInverse, int64_t kHalf, typename pos_t>
-void rotate_rows_runs(const RotationArgs& args, const TableArgs& tables, int64_t row_begin,
+//
+// `angles` says which table row each row reads: OneAxisAngles (the row's position in `tables`)
+// or MixedRows (multi-axis positions: rows gathered once per tile position, or per run of rows
+// with equal positions, into a scratch table); see mixed_rows.h.
+template <typename scalar_t, bool kInterleaved, bool kInverse, int64_t kHalf, typename pos_t,
+          typename Angles>
+void rotate_rows_runs(const RotationArgs& args, Angles& angles, int64_t row_begin,
                       int64_t row_end) {
+  const TableArgs& tables = angles.tables();
   const auto* in = static_cast<const scalar_t*>(args.in);
   auto* out = static_cast<scalar_t*>(args.out);
   const auto* positions = static_cast<const pos_t*>(args.positions);
@@ -253,10 +260,11 @@ void rotate_rows_runs(const RotationArgs& args, const TableArgs& tables, int64_t
   const int64_t run_len = inner >= 0 ? g.row_sizes[inner] : 1;
   const bool tiled = kHasIntrinsics && inner >= 1 && pos_step != 0 &&
                      g.pos_strides[inner - 1] == 0 && run_len > kTilePositions;
-  const auto rows_of = [&](const scalar_t* x, scalar_t* y, const pos_t* p, int64_t n) {
+  const auto rows_of = [&](const scalar_t* x, scalar_t* y, const pos_t* p, int64_t n,
+                           bool in_tile) {
     for (int64_t i = 0; i < n; ++i, x += in_step, y += out_step, p += pos_step) {
-      rotate_row<scalar_t, kInterleaved, kInverse, kHalf>(x, y, static_cast<int64_t>(*p), args,
-                                                          tables);
+      const int64_t row = in_tile ? angles.tile_row(p, i) : angles.row(p);
+      rotate_row<scalar_t, kInterleaved, kInverse, kHalf>(x, y, row, args, tables);
     }
   };
   RowCursor cur(g, row_begin);
@@ -274,9 +282,10 @@ void rotate_rows_runs(const RotationArgs& args, const TableArgs& tables, int64_t
         const int64_t head_out = g.out_strides[inner - 1];
         for (int64_t s0 = 0; s0 < run_len; s0 += kTilePositions) {
           const int64_t n = std::min(kTilePositions, run_len - s0);
+          angles.gather_tile(p0 + s0 * pos_step, pos_step, n);
           for (int64_t h = 0; h < heads; ++h) {
             rows_of(x0 + h * head_in + s0 * in_step, y0 + h * head_out + s0 * out_step,
-                    p0 + s0 * pos_step, n);
+                    p0 + s0 * pos_step, n, /*in_tile=*/true);
           }
         }
         row += heads * run_len;
@@ -287,21 +296,42 @@ void rotate_rows_runs(const RotationArgs& args, const TableArgs& tables, int64_t
       }
     }
     const int64_t run = std::min(row_end - row, cur.rows_left_in_run());
-    rows_of(in + cur.in(), out + cur.out(), positions + cur.pos(), run);
+    rows_of(in + cur.in(), out + cur.out(), positions + cur.pos(), run, /*in_tile=*/false);
     row += run;
     cur.skip(run);
   }
+}
+
+template <typename scalar_t, bool kInterleaved, bool kInverse, int64_t kHalf, typename pos_t>
+void rotate_rows_positioned(const RotationArgs& args, const TableArgs& tables, int64_t row_begin,
+                            int64_t row_end) {
+  if (tables.axes.num_axes == 0) {
+    OneAxisAngles<pos_t> angles(tables);
+    return rotate_rows_runs<scalar_t, kInterleaved, kInverse, kHalf, pos_t>(args, angles, row_begin,
+                                                                            row_end);
+  }
+  // Multi-axis: the scratch table has the tables' element type (kHalf != 0 only with float).
+  if constexpr (kHalf == 0) {
+    if (tables.tables_are_double) {
+      MixedRows<double, pos_t> angles(args, tables, kTilePositions);
+      return rotate_rows_runs<scalar_t, kInterleaved, kInverse, kHalf, pos_t>(args, angles,
+                                                                              row_begin, row_end);
+    }
+  }
+  MixedRows<float, pos_t> angles(args, tables, kTilePositions);
+  rotate_rows_runs<scalar_t, kInterleaved, kInverse, kHalf, pos_t>(args, angles, row_begin,
+                                                                   row_end);
 }
 
 template <typename scalar_t, bool kInterleaved, bool kInverse, int64_t kHalf>
 void rotate_rows_typed(const RotationArgs& args, const TableArgs& tables, int64_t row_begin,
                        int64_t row_end) {
   if (args.positions_are_int64) {
-    rotate_rows_runs<scalar_t, kInterleaved, kInverse, kHalf, int64_t>(args, tables, row_begin,
-                                                                       row_end);
+    rotate_rows_positioned<scalar_t, kInterleaved, kInverse, kHalf, int64_t>(args, tables,
+                                                                             row_begin, row_end);
   } else {
-    rotate_rows_runs<scalar_t, kInterleaved, kInverse, kHalf, int32_t>(args, tables, row_begin,
-                                                                       row_end);
+    rotate_rows_positioned<scalar_t, kInterleaved, kInverse, kHalf, int32_t>(args, tables,
+                                                                             row_begin, row_end);
   }
 }
 

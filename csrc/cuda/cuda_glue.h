@@ -47,7 +47,7 @@ struct Backend {
   // The range of positions is checked inside the kernel (a device assert): a host-side check
   // would read positions back and synchronize with the device on every call.
   static void check_positions(const char* /*op*/, const at::Tensor& /*positions*/,
-                              int64_t /*max_seq_len*/) {}
+                              int64_t /*max_seq_len*/, const detail::MultiAxisArgs& /*axes*/) {}
   static void rotate(c10::ScalarType dtype, const RotationArgs& args, const TableArgs& tables,
                      RotationMode mode) {
     launch<Runtime>(dtype, args, nullptr, tables, mode);
@@ -63,32 +63,41 @@ struct Backend {
 // is on the GPU there is no guard to set, and the op body reports the device mismatch.
 template <typename Runtime>
 at::Tensor apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                 const at::Tensor& positions, bool interleaved, bool inverse) {
+                 const at::Tensor& positions, bool interleaved, bool inverse,
+                 at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
   const typename Runtime::Guard guard(Runtime::device_of(x));
-  return detail::apply_body<Backend<Runtime>>(x, cos, sin, positions, interleaved, inverse);
+  return detail::apply_body<Backend<Runtime>>(x, cos, sin, positions, interleaved, inverse,
+                                              {mrope_section, mrope_interleaved});
 }
 
 template <typename Runtime>
 void apply_inplace(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                   const at::Tensor& positions, bool interleaved, bool inverse) {
+                   const at::Tensor& positions, bool interleaved, bool inverse,
+                   at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
   const typename Runtime::Guard guard(Runtime::device_of(x));
-  detail::apply_inplace_body<Backend<Runtime>>(x, cos, sin, positions, interleaved, inverse);
+  detail::apply_inplace_body<Backend<Runtime>>(x, cos, sin, positions, interleaved, inverse,
+                                               {mrope_section, mrope_interleaved});
 }
 
 template <typename Runtime>
 void apply_out(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-               const at::Tensor& positions, bool interleaved, bool inverse, const at::Tensor& out) {
+               const at::Tensor& positions, bool interleaved, bool inverse,
+               at::OptionalIntArrayRef mrope_section, bool mrope_interleaved,
+               const at::Tensor& out) {
   const typename Runtime::Guard guard(Runtime::device_of(x));
-  detail::apply_out_body<Backend<Runtime>>(x, cos, sin, positions, interleaved, inverse, out);
+  detail::apply_out_body<Backend<Runtime>>(x, cos, sin, positions, interleaved, inverse,
+                                           {mrope_section, mrope_interleaved}, out);
 }
 
 template <typename Runtime>
 std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tensor& k,
                                             const at::Tensor& cos, const at::Tensor& sin,
                                             const at::Tensor& positions, bool interleaved,
-                                            bool inverse) {
+                                            bool inverse, at::OptionalIntArrayRef mrope_section,
+                                            bool mrope_interleaved) {
   const typename Runtime::Guard guard(Runtime::device_of(q));
-  return detail::apply_qk_body<Backend<Runtime>>(q, k, cos, sin, positions, interleaved, inverse);
+  return detail::apply_qk_body<Backend<Runtime>>(q, k, cos, sin, positions, interleaved, inverse,
+                                                 {mrope_section, mrope_interleaved});
 }
 
 }  // namespace rope::cuda::glue

@@ -142,21 +142,24 @@ at::Tensor host_apply(CaseContext& ctx, const at::Tensor& x, const at::Tensor& c
                       const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
                       bool inverse) {
   Enter enter(ctx);
-  return rope::cuda::glue::apply<HostRuntime>(x, cos, sin, positions, interleaved, inverse);
+  return rope::cuda::glue::apply<HostRuntime>(x, cos, sin, positions, interleaved, inverse,
+                                              std::nullopt, false);
 }
 
 void host_apply_(CaseContext& ctx, const at::Tensor& x, const at::Tensor& cos,
                  const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
                  bool inverse) {
   Enter enter(ctx);
-  rope::cuda::glue::apply_inplace<HostRuntime>(x, cos, sin, positions, interleaved, inverse);
+  rope::cuda::glue::apply_inplace<HostRuntime>(x, cos, sin, positions, interleaved, inverse,
+                                               std::nullopt, false);
 }
 
 void host_apply_out(CaseContext& ctx, const at::Tensor& x, const at::Tensor& cos,
                     const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
                     bool inverse, const at::Tensor& out) {
   Enter enter(ctx);
-  rope::cuda::glue::apply_out<HostRuntime>(x, cos, sin, positions, interleaved, inverse, out);
+  rope::cuda::glue::apply_out<HostRuntime>(x, cos, sin, positions, interleaved, inverse,
+                                           std::nullopt, false, out);
 }
 
 std::tuple<at::Tensor, at::Tensor> host_apply_qk(CaseContext& ctx, const at::Tensor& q,
@@ -164,7 +167,8 @@ std::tuple<at::Tensor, at::Tensor> host_apply_qk(CaseContext& ctx, const at::Ten
                                                  const at::Tensor& sin, const at::Tensor& positions,
                                                  bool interleaved, bool inverse) {
   Enter enter(ctx);
-  return rope::cuda::glue::apply_qk<HostRuntime>(q, k, cos, sin, positions, interleaved, inverse);
+  return rope::cuda::glue::apply_qk<HostRuntime>(q, k, cos, sin, positions, interleaved, inverse,
+                                                 std::nullopt, false);
 }
 
 }  // namespace rope_host

@@ -19,6 +19,14 @@
 //    interleaved = false: plane k is (k, k + rotary_dim/2) (rotate_half / GPT-NeoX / HF).
 //  - Plane k at position p turns by p * inv_freq[k]; inverse = true turns by the negative angle,
 //    which undoes the rotation and is its gradient.
+//  - Multi-axis positions (M-RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V; 2-D vision RoPE):
+//    with mrope_section = {s_0, ..., s_{A-1}} (planes per axis, adding up to rotary_dim / 2,
+//    at most 4 axes), positions has a trailing axis dim of size A: positions[..., a] is axis a,
+//    and positions.shape[:-1] broadcasts to x.shape[:-1]. Plane k turns by the position of its
+//    axis: mrope_interleaved = false gives contiguous runs (the first s_0 planes read axis 0, the
+//    next s_1 axis 1, ...); true (Qwen3-VL, A == 3) gives plane k axis 1 if k % 3 == 1 and
+//    k < 3 * s_1, axis 2 if k % 3 == 2 and k < 3 * s_2, else axis 0. The section layout and the
+//    pair layout (interleaved) are independent.
 //  - Math runs in float32 (float64 for float64 inputs), whatever the storage dtype.
 //  - Gradients flow to x (q, k) only; cos, sin and positions are not differentiable.
 //  - Errors are c10::Error with a message naming the argument, the expectation and the value;
@@ -37,26 +45,32 @@ namespace rope {
 
 // Returns x rotated by the angles of `positions`: a new contiguous tensor of x's shape and dtype.
 at::Tensor apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                 const at::Tensor& positions, bool interleaved = true, bool inverse = false);
+                 const at::Tensor& positions, bool interleaved = true, bool inverse = false,
+                 at::OptionalIntArrayRef mrope_section = std::nullopt,
+                 bool mrope_interleaved = false);
 
 // Rotates x in place (x must not have overlapping memory). All checks run before anything is
 // written. Differentiable only when x is not a leaf that requires grad, as any in-place op.
 void apply_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-            const at::Tensor& positions, bool interleaved = true, bool inverse = false);
+            const at::Tensor& positions, bool interleaved = true, bool inverse = false,
+            at::OptionalIntArrayRef mrope_section = std::nullopt, bool mrope_interleaved = false);
 
 // Writes x rotated into `out` (e.g. a KV-cache slot) and returns it. out must have x's shape,
 // dtype and device, may be strided, is never resized, and must not share memory with any input.
 // Not differentiable: throws when grad mode is on and an input requires grad, as aten's out= ops.
 at::Tensor& apply_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& cos,
                       const at::Tensor& sin, const at::Tensor& positions, bool interleaved = true,
-                      bool inverse = false);
+                      bool inverse = false, at::OptionalIntArrayRef mrope_section = std::nullopt,
+                      bool mrope_interleaved = false);
 
 // Rotates queries and keys together; q and k may have different head counts (GQA) and positions
 // broadcasts against q.shape[:-1] and k.shape[:-1] separately. On CUDA this is one kernel launch.
 std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tensor& k,
                                             const at::Tensor& cos, const at::Tensor& sin,
                                             const at::Tensor& positions, bool interleaved = true,
-                                            bool inverse = false);
+                                            bool inverse = false,
+                                            at::OptionalIntArrayRef mrope_section = std::nullopt,
+                                            bool mrope_interleaved = false);
 
 // True when this build of the library contains the CUDA kernels.
 bool compiled_with_cuda();

@@ -38,11 +38,13 @@ def _to_front(t, bdim):
     return t if bdim is None else t.movedim(bdim, 0)
 
 
-def _batched_positions(op, positions, pos_bdim, row_dims):
+def _batched_positions(op, positions, pos_bdim, row_dims, mrope_section=None):
+    """Batched positions (N, *p) as (N, 1, ..., 1, *p). With multi-axis positions the trailing
+    axis dim stays last and does not count against x's row dims."""
     if pos_bdim is None:
         return positions
     p = positions.movedim(pos_bdim, 0)
-    missing = row_dims - (p.dim() - 1)
+    missing = row_dims - (p.dim() - 1 - (mrope_section is not None))
     if missing < 0:
         raise RuntimeError(
             f"{op}: positions of shape {list(p.shape[1:])} (per vmapped example) cannot be "
@@ -66,9 +68,28 @@ def _per_example(info, in_dims, fn, *args):
     return results
 
 
-def _vmap_apply(info, in_dims, x, cos, sin, positions, *, interleaved=True, inverse=False):
-    x_bdim, cos_bdim, sin_bdim, pos_bdim = in_dims
+def _kw(interleaved, inverse, mrope_section, mrope_interleaved):
     kw = dict(interleaved=interleaved, inverse=inverse)
+    if mrope_section is not None or mrope_interleaved:
+        kw.update(mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)
+    return kw
+
+
+def _vmap_apply(
+    info,
+    in_dims,
+    x,
+    cos,
+    sin,
+    positions,
+    *,
+    interleaved=True,
+    inverse=False,
+    mrope_section=None,
+    mrope_interleaved=False,
+):
+    x_bdim, cos_bdim, sin_bdim, pos_bdim = in_dims
+    kw = _kw(interleaved, inverse, mrope_section, mrope_interleaved)
     if cos_bdim is not None or sin_bdim is not None:
         outs = _per_example(info, in_dims, lambda *a: _apply(*a, **kw), x, cos, sin, positions)
         return torch.stack(outs), 0
@@ -76,13 +97,25 @@ def _vmap_apply(info, in_dims, x, cos, sin, positions, *, interleaved=True, inve
         return _apply(x, cos, sin, positions, **kw), None
     row_dims = x.dim() - 1 - (x_bdim is not None)
     xb = _with_batch(x, x_bdim, info.batch_size)
-    pb = _batched_positions("rope.apply", positions, pos_bdim, row_dims)
+    pb = _batched_positions("rope.apply", positions, pos_bdim, row_dims, mrope_section)
     return _apply(xb, cos, sin, pb, **kw), 0
 
 
-def _vmap_apply_inplace(info, in_dims, x, cos, sin, positions, *, interleaved=True, inverse=False):
+def _vmap_apply_inplace(
+    info,
+    in_dims,
+    x,
+    cos,
+    sin,
+    positions,
+    *,
+    interleaved=True,
+    inverse=False,
+    mrope_section=None,
+    mrope_interleaved=False,
+):
     x_bdim, cos_bdim, sin_bdim, pos_bdim = in_dims
-    kw = dict(interleaved=interleaved, inverse=inverse)
+    kw = _kw(interleaved, inverse, mrope_section, mrope_interleaved)
     if x_bdim is None and (pos_bdim is not None or cos_bdim is not None or sin_bdim is not None):
         raise RuntimeError(
             "rope.apply_: vmap would write a different rotation of the same unbatched x for "
@@ -93,14 +126,27 @@ def _vmap_apply_inplace(info, in_dims, x, cos, sin, positions, *, interleaved=Tr
         return None, None
     row_dims = x.dim() - 1 - (x_bdim is not None)
     xb = _to_front(x, x_bdim)
-    pb = _batched_positions("rope.apply_", positions, pos_bdim, row_dims)
+    pb = _batched_positions("rope.apply_", positions, pos_bdim, row_dims, mrope_section)
     _apply_inplace(xb, cos, sin, pb, **kw)
     return None, None
 
 
-def _vmap_apply_qk(info, in_dims, q, k, cos, sin, positions, *, interleaved=True, inverse=False):
+def _vmap_apply_qk(
+    info,
+    in_dims,
+    q,
+    k,
+    cos,
+    sin,
+    positions,
+    *,
+    interleaved=True,
+    inverse=False,
+    mrope_section=None,
+    mrope_interleaved=False,
+):
     q_bdim, k_bdim, cos_bdim, sin_bdim, pos_bdim = in_dims
-    kw = dict(interleaved=interleaved, inverse=inverse)
+    kw = _kw(interleaved, inverse, mrope_section, mrope_interleaved)
     if cos_bdim is not None or sin_bdim is not None:
         pairs = _per_example(
             info, in_dims, lambda *a: _apply_qk(*a, **kw), q, k, cos, sin, positions
@@ -120,7 +166,7 @@ def _vmap_apply_qk(info, in_dims, q, k, cos, sin, positions, *, interleaved=True
         return (q_out, k_out), (0, 0)
     qb = _with_batch(q, q_bdim, info.batch_size)
     kb = _with_batch(k, k_bdim, info.batch_size)
-    pb = _batched_positions("rope.apply_qk", positions, pos_bdim, q_rows)
+    pb = _batched_positions("rope.apply_qk", positions, pos_bdim, q_rows, mrope_section)
     return _apply_qk(qb, kb, cos, sin, pb, **kw), (0, 0)
 
 
@@ -136,11 +182,14 @@ if hasattr(torch.library, "register_vmap"):
 
 
 def _save(ctx, inputs, first_rotated):
-    cos, sin, positions, interleaved, inverse = inputs[first_rotated:]
+    cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved = inputs[
+        first_rotated:
+    ]
     ctx.save_for_backward(cos, sin, positions)
     ctx.save_for_forward(cos, sin, positions)
     ctx.interleaved = interleaved
     ctx.inverse = inverse
+    ctx.mrope = (mrope_section, mrope_interleaved)
 
 
 def _rotate(ctx, t, *, back):
@@ -148,7 +197,7 @@ def _rotate(ctx, t, *, back):
     if t is None:
         return None
     cos, sin, positions = ctx.saved_tensors
-    return Rotate.apply(t, cos, sin, positions, ctx.interleaved, ctx.inverse != back)
+    return Rotate.apply(t, cos, sin, positions, ctx.interleaved, ctx.inverse != back, *ctx.mrope)
 
 
 class Rotate(torch.autograd.Function):
@@ -157,8 +206,9 @@ class Rotate(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x, cos, sin, positions, interleaved, inverse):
-        return _apply(x, cos, sin, positions, interleaved=interleaved, inverse=inverse)
+    def forward(x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved):
+        kw = _kw(interleaved, inverse, mrope_section, mrope_interleaved)
+        return _apply(x, cos, sin, positions, **kw)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -166,7 +216,7 @@ class Rotate(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _rotate(ctx, grad, back=True), None, None, None, None, None
+        return _rotate(ctx, grad, back=True), None, None, None, None, None, None, None
 
     @staticmethod
     def jvp(ctx, x_t, *_):
@@ -179,8 +229,9 @@ class RotateInplace(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x, cos, sin, positions, interleaved, inverse):
-        _apply_inplace(x, cos, sin, positions, interleaved=interleaved, inverse=inverse)
+    def forward(x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved):
+        kw = _kw(interleaved, inverse, mrope_section, mrope_interleaved)
+        _apply_inplace(x, cos, sin, positions, **kw)
         return x
 
     @staticmethod
@@ -190,14 +241,16 @@ class RotateInplace(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _rotate(ctx, grad, back=True), None, None, None, None, None
+        return _rotate(ctx, grad, back=True), None, None, None, None, None, None, None
 
     @staticmethod
     def jvp(ctx, x_t, *_):
         if x_t is None:
             return None
         cos, sin, positions = ctx.saved_tensors
-        return RotateInplace.apply(x_t, cos, sin, positions, ctx.interleaved, ctx.inverse)
+        return RotateInplace.apply(
+            x_t, cos, sin, positions, ctx.interleaved, ctx.inverse, *ctx.mrope
+        )
 
 
 class RotateQK(torch.autograd.Function):
@@ -206,8 +259,9 @@ class RotateQK(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(q, k, cos, sin, positions, interleaved, inverse):
-        return _apply_qk(q, k, cos, sin, positions, interleaved=interleaved, inverse=inverse)
+    def forward(q, k, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved):
+        kw = _kw(interleaved, inverse, mrope_section, mrope_interleaved)
+        return _apply_qk(q, k, cos, sin, positions, **kw)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -218,6 +272,8 @@ class RotateQK(torch.autograd.Function):
         return (
             _rotate(ctx, grad_q, back=True),
             _rotate(ctx, grad_k, back=True),
+            None,
+            None,
             None,
             None,
             None,

@@ -15,12 +15,20 @@ Shared conventions (see the README for the full contract):
 * ``interleaved=True`` rotates pairs ``(2k, 2k+1)`` (Meta Llama, GPT-J); ``False`` rotates
   ``(k, k + rotary_dim // 2)`` (HF ``rotate_half``, GPT-NeoX).
 * ``inverse=True`` rotates by the negative angle: undoes the rotation; it is also the gradient.
+* ``mrope_section`` (multi-axis positions, M-RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V, 2-D
+  vision RoPE): the number of planes that read each axis, adding up to ``rotary_dim // 2`` (at
+  most 4 axes). ``positions`` then has a trailing axis dim of size ``len(mrope_section)``
+  (``positions[..., a]`` is axis ``a``) and ``positions.shape[:-1]`` broadcasts to
+  ``x.shape[:-1]``. ``mrope_interleaved=False``: contiguous runs of planes per axis (Qwen2-VL);
+  ``True`` (Qwen3-VL, 3 axes): plane ``k`` reads axis 1 if ``k % 3 == 1 and k < 3 *
+  mrope_section[1]``, axis 2 if ``k % 3 == 2 and k < 3 * mrope_section[2]``, else axis 0. Both are
+  independent of ``interleaved`` (the pair layout).
 * Gradients flow to ``x``/``q``/``k`` only, never to ``cos``, ``sin`` or ``positions``.
 * ``torch.func`` (``grad``, ``vjp``, ``jvp``, ``vmap``, ``jacrev``, ``jacfwd``, ...) works through
   these functions; the raw ``torch.ops.rope.*`` support ``vmap`` only.
 """
 
-from typing import Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -72,11 +80,28 @@ _fast_apply_inplace = _C._apply_
 _fast_apply_qk = _C._apply_qk
 
 
-def _flags(interleaved: bool, inverse: bool) -> dict:
+def _flags(
+    interleaved: bool,
+    inverse: bool,
+    mrope_section: Optional[List[int]] = None,
+    mrope_interleaved: bool = False,
+) -> dict:
     """The keyword flags that differ from the schema's defaults (keywords cost per call)."""
-    if interleaved and not inverse:
-        return {}
-    return {"interleaved": interleaved, "inverse": inverse}
+    flags = {}
+    if not interleaved or inverse:
+        flags.update(interleaved=interleaved, inverse=inverse)
+    if mrope_section is not None or mrope_interleaved:
+        flags.update(mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)
+    return flags
+
+
+def _section(mrope_section: Optional[Sequence[int]]) -> Optional[List[int]]:
+    """mrope_section as the op's int[] (a list of Python ints), or None."""
+    if mrope_section is None:
+        return None
+    if isinstance(mrope_section, Tensor):
+        mrope_section = mrope_section.tolist()
+    return [int(s) for s in mrope_section]
 
 
 def apply(
@@ -87,6 +112,8 @@ def apply(
     *,
     interleaved: bool = True,
     inverse: bool = False,
+    mrope_section: Optional[Sequence[int]] = None,
+    mrope_interleaved: bool = False,
     out: Optional[Tensor] = None,
 ) -> Tensor:
     """Return ``x`` with its first ``rotary_dim`` features rotated by the positions' angles.
@@ -94,10 +121,13 @@ def apply(
     The result is a new contiguous tensor of ``x``'s shape and dtype (math in float32, float64
     for float64 inputs). With ``out=``, the result is written into ``out`` instead (e.g. a
     KV-cache slot: any strides, ``x``'s shape and dtype, never resized, sharing no memory with
-    an input) and ``out`` is returned; ``out=`` is not differentiable.
+    an input) and ``out`` is returned; ``out=`` is not differentiable. ``mrope_section`` and
+    ``mrope_interleaved``: multi-axis positions (see the module docstring).
     """
-    if out is None and eager_fast_path(x, cos, sin, positions):
+    if mrope_section is None and out is None and eager_fast_path(x, cos, sin, positions):
         return _fast_apply(x, cos, sin, positions, interleaved, inverse)
+    mrope_section = _section(mrope_section)
+    flags = _flags(interleaved, inverse, mrope_section, mrope_interleaved)
     if type(x) is not Tensor:  # a subclass such as DTensor
         _maybe_register_for(x)
     if out is not None:
@@ -112,13 +142,15 @@ def apply(
                     "rope.apply.out: functions with out=... arguments don't support automatic "
                     "differentiation, but one of the arguments requires grad"
                 )
-            out.copy_(_apply(x, cos, sin, positions, **_flags(interleaved, inverse)))
+            out.copy_(_apply(x, cos, sin, positions, **flags))
             return out
-        _apply_out(x, cos, sin, positions, out=out, **_flags(interleaved, inverse))
+        _apply_out(x, cos, sin, positions, out=out, **flags)
         return out
     if _functorch.transforms_active():
-        return _functorch.Rotate.apply(x, cos, sin, positions, interleaved, inverse)
-    return _apply(x, cos, sin, positions, **_flags(interleaved, inverse))
+        return _functorch.Rotate.apply(
+            x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved
+        )
+    return _apply(x, cos, sin, positions, **flags)
 
 
 def apply_(
@@ -129,16 +161,23 @@ def apply_(
     *,
     interleaved: bool = True,
     inverse: bool = False,
+    mrope_section: Optional[Sequence[int]] = None,
+    mrope_interleaved: bool = False,
 ) -> Tensor:
     """Rotate ``x`` in place and return it. Every check runs before anything is written."""
-    if eager_fast_path(x, cos, sin, positions):
+    if mrope_section is None and eager_fast_path(x, cos, sin, positions):
         _fast_apply_inplace(x, cos, sin, positions, interleaved, inverse)
         return x
+    mrope_section = _section(mrope_section)
     if type(x) is not Tensor:  # a subclass such as DTensor
         _maybe_register_for(x)
     if _functorch.transforms_active():
-        return _functorch.RotateInplace.apply(x, cos, sin, positions, interleaved, inverse)
-    _apply_inplace(x, cos, sin, positions, **_flags(interleaved, inverse))
+        return _functorch.RotateInplace.apply(
+            x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved
+        )
+    _apply_inplace(
+        x, cos, sin, positions, **_flags(interleaved, inverse, mrope_section, mrope_interleaved)
+    )
     return x
 
 
@@ -151,19 +190,26 @@ def apply_qk(
     *,
     interleaved: bool = True,
     inverse: bool = False,
+    mrope_section: Optional[Sequence[int]] = None,
+    mrope_interleaved: bool = False,
 ) -> Tuple[Tensor, Tensor]:
     """Rotate queries and keys together (one kernel launch on CUDA).
 
     ``q`` and ``k`` may have different head counts (GQA/MQA); ``positions`` is broadcast against
     ``q.shape[:-1]`` and ``k.shape[:-1]`` separately.
     """
-    if eager_fast_path(q, k, cos, sin, positions):
+    if mrope_section is None and eager_fast_path(q, k, cos, sin, positions):
         return _fast_apply_qk(q, k, cos, sin, positions, interleaved, inverse)
+    mrope_section = _section(mrope_section)
     if type(q) is not Tensor or type(k) is not Tensor:  # a subclass such as DTensor
         _maybe_register_for(q, k)
     if _functorch.transforms_active():
-        return _functorch.RotateQK.apply(q, k, cos, sin, positions, interleaved, inverse)
-    return _apply_qk(q, k, cos, sin, positions, **_flags(interleaved, inverse))
+        return _functorch.RotateQK.apply(
+            q, k, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved
+        )
+    return _apply_qk(
+        q, k, cos, sin, positions, **_flags(interleaved, inverse, mrope_section, mrope_interleaved)
+    )
 
 
 def rope_tables(

@@ -41,6 +41,45 @@ def test_samples_cover_every_op_and_dtype():
     assert len(set(names)) == len(names), "sample names must be unique"
 
 
+def test_multi_axis_samples_cover_every_op_and_layout():
+    samples = [s for s in sample_inputs("cpu", False) if s.mrope_section is not None]
+    assert {s.op for s in samples} == set(OPS)
+    assert {s.dtype for s in samples} == {
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+    }
+    # Both section layouts against both pair layouts, and each op meets every one of the four
+    # flags on both sides.
+    assert {(s.interleaved, s.mrope_interleaved) for s in samples} == {
+        (True, False),
+        (True, True),
+        (False, False),
+        (False, True),
+    }
+    for op in OPS:
+        mine = [s for s in samples if s.op == op]
+        assert {s.mrope_interleaved for s in mine} == {False, True}, op
+        assert {s.interleaved for s in mine} == {False, True}, op
+        assert {s.inverse for s in mine} == {False, True}, op
+    assert {len(s.mrope_section) for s in samples} == {1, 2, 3, 4}
+    assert {s.positions.dtype for s in samples} == {torch.int32, torch.int64}
+    assert any(0 in s.mrope_section for s in samples), "an axis with no planes"
+    assert any(2 * s.cos.size(-1) < s.inputs[0].size(-1) for s in samples), "partial rotary"
+    assert any(s.cos.dtype == torch.float64 and s.dtype != torch.float64 for s in samples)
+    assert any(not s.positions.is_contiguous() for s in samples), "axis-first positions"
+    assert any(s.inputs[0].stride(-1) != 1 for s in samples), "a last-dim-strided x"
+    # The documented positions shapes: (S, A), (B, 1, S, A), (B, S, 1, A), (T, 1, A).
+    shapes = {(s.inputs[0].dim(), tuple(s.positions.shape[:-1])) for s in samples}
+    assert (4, (3,)) in shapes, "(S, A) for (B, H, S, D)"
+    assert any(n == 3 and len(p) == 2 and p[1] == 1 for n, p in shapes), "(T, 1, A) packed"
+    assert any(s.positions.dim() == 4 and s.positions.size(1) == 1 for s in samples)
+    assert any(s.positions.dim() == 4 and s.positions.size(2) == 1 for s in samples)
+    for s in samples:
+        assert s.positions.size(-1) == len(s.mrope_section), s.name
+
+
 # ---- correctness ------------------------------------------------------------------------------
 
 

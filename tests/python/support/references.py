@@ -20,6 +20,13 @@ caller's own ``cos``/``sin`` tables, gathered at the positions, through the same
 latter is what tests with arbitrary (non-trigonometric) tables, float64 tables or fuzzed table
 layouts compare against: the tables' own values, so any table dtype compares tightly. This file is
 the suite's only Python oracle (tests/cpp/oracle.h is the C++ one).
+
+Multi-axis positions (M-RoPE: ``mrope_section=[s_0, ..., s_{A-1}]``): ``positions`` then has a
+trailing axis dim of size ``A`` and plane ``k`` turns by the position of its axis,
+:func:`mrope_axis_of_plane` (written out plane by plane from the rule, not vectorised the way a
+kernel would be). :func:`plane_positions` gathers each plane's position, ``row_shape + (half,)``,
+and both :func:`angles` and :func:`rope_with_tables` take it from there, so both routes (angles and
+the caller's tables, each through the complex and the rotate_half form) see multi-axis positions.
 """
 
 import torch
@@ -32,10 +39,65 @@ def inv_freq(rotary_dim: int, theta: float = 10000.0) -> Tensor:
     return torch.tensor(theta, dtype=torch.float64) ** (-2.0 * k / rotary_dim)
 
 
-def angles(positions: Tensor, row_shape, rotary_dim: int, theta: float = 10000.0) -> Tensor:
-    """float64 angles ``positions * inv_freq`` broadcast to ``row_shape + (rotary_dim // 2,)``."""
-    pos = torch.broadcast_to(positions.cpu().to(torch.float64), tuple(row_shape))
-    return pos.unsqueeze(-1) * inv_freq(rotary_dim, theta)
+def mrope_axis_of_plane(mrope_section, mrope_interleaved: bool = False) -> Tensor:
+    """The axis each plane reads (int64, ``sum(mrope_section)`` entries), from the rule itself.
+
+    ``mrope_interleaved=False``: contiguous runs, the first ``s_0`` planes axis 0, the next
+    ``s_1`` axis 1, and so on. ``True`` (Qwen3-VL, three axes): plane ``k`` is axis 1 when
+    ``k % 3 == 1 and k < 3 * s_1``, axis 2 when ``k % 3 == 2 and k < 3 * s_2``, else axis 0."""
+    section = [int(s) for s in mrope_section]
+    half = sum(section)
+    axis = []
+    for k in range(half):
+        if mrope_interleaved:
+            assert len(section) == 3, "interleaved M-RoPE has three axes"
+            if k % 3 == 1 and k < 3 * section[1]:
+                axis.append(1)
+            elif k % 3 == 2 and k < 3 * section[2]:
+                axis.append(2)
+            else:
+                axis.append(0)
+        else:
+            a, end = 0, section[0]
+            while k >= end:  # the run plane k falls in
+                a += 1
+                end += section[a]
+            axis.append(a)
+    return torch.tensor(axis, dtype=torch.int64)
+
+
+def plane_positions(
+    positions: Tensor, row_shape, half: int, mrope_section=None, mrope_interleaved: bool = False
+) -> Tensor:
+    """int64 position of every plane of every row, ``row_shape + (half,)``, on the CPU.
+
+    One axis: the row's position, the same for every plane. Multi-axis: ``positions[..., a]``
+    broadcast to ``row_shape``, for the axis ``a`` of each plane."""
+    pos = positions.cpu().to(torch.int64)
+    row_shape = tuple(row_shape)
+    if mrope_section is None:
+        pos = torch.broadcast_to(pos, row_shape)
+        return pos.unsqueeze(-1).expand(row_shape + (half,))
+    axis = mrope_axis_of_plane(mrope_section, mrope_interleaved)
+    assert axis.numel() == half, f"sum(mrope_section) = {axis.numel()}, rotary_dim/2 = {half}"
+    assert pos.dim() >= 1 and pos.size(-1) == len(mrope_section), "no trailing axis dim"
+    pos = torch.broadcast_to(pos, row_shape + (pos.size(-1),))
+    return pos[..., axis]  # plane k takes its axis' column
+
+
+def angles(
+    positions: Tensor,
+    row_shape,
+    rotary_dim: int,
+    theta: float = 10000.0,
+    *,
+    mrope_section=None,
+    mrope_interleaved: bool = False,
+) -> Tensor:
+    """float64 angles ``position * inv_freq`` as ``row_shape + (rotary_dim // 2,)``: each plane at
+    its own position (its axis' one with ``mrope_section``)."""
+    pos = plane_positions(positions, row_shape, rotary_dim // 2, mrope_section, mrope_interleaved)
+    return pos.to(torch.float64) * inv_freq(rotary_dim, theta)
 
 
 def tables(max_seq_len: int, rotary_dim: int, theta: float = 10000.0, dtype=torch.float32):
@@ -119,15 +181,20 @@ def rope_with_tables(
     *,
     interleaved: bool,
     inverse: bool = False,
+    mrope_section=None,
+    mrope_interleaved: bool = False,
 ) -> Tensor:
     """float64 oracle that rotates by the given tables' rows (any values, any strides), gathered
-    at ``positions`` broadcast to ``x.shape[:-1]``. Returns float64 on the CPU.
+    at ``positions`` broadcast to ``x.shape[:-1]`` (multi-axis: plane k's entry of the row at
+    its axis' position). Returns float64 on the CPU.
 
     The transpose of ``[[c, -s], [s, c]]`` is ``[[c, s], [-s, c]]`` for any c and s, so
     ``inverse=True`` (s negated) is the gradient even when the tables are not a rotation."""
-    pos = torch.broadcast_to(positions.cpu().to(torch.int64), tuple(x.shape[:-1]))
-    c = cos.detach().cpu().to(torch.float64)[pos]
-    s = sin.detach().cpu().to(torch.float64)[pos]
+    half = cos.size(-1)
+    pos = plane_positions(positions, x.shape[:-1], half, mrope_section, mrope_interleaved)
+    plane = torch.arange(half)
+    c = cos.detach().cpu().to(torch.float64)[pos, plane]
+    s = sin.detach().cpu().to(torch.float64)[pos, plane]
     if inverse:
         s = -s
     if interleaved:

@@ -6,7 +6,10 @@ the awkward strides callers hand over (slices of fused projections, transposes, 
 padded rows, expanded inputs and positions). ``sample_inputs(device, requires_grad)`` turns them
 into small :class:`Sample` calls of every op - ``apply``, ``apply_``, ``apply.out``,
 ``apply_qk`` - over every dtype, both pair layouts, forward and inverse, full and partial rotary,
-int32 and int64 positions, and trigonometric, float64 and arbitrary tables. Those samples feed
+int32 and int64 positions, and trigonometric, float64 and arbitrary tables; and the same again
+with multi-axis positions (``mrope_section``: both section layouts, one to four axes, an axis of
+no planes, positions with the axis dim last in memory or first, as HF's ``(3, B, S)``
+position_ids permuted). Those samples feed
 the correctness test (against references.py), gradcheck / gradgradcheck and the differentiated
 oracle, ``torch.library.opcheck`` and ``torch.compile`` (test_samples.py); test_apply.py crosses
 ``GEOMETRIES`` with dtypes, head_dims and both pair layouts.
@@ -185,6 +188,8 @@ class Sample:
     interleaved: bool = True
     inverse: bool = False
     out: Optional[Tensor] = None  # apply.out's buffer
+    mrope_section: Optional[Tuple[int, ...]] = None  # multi-axis positions (trailing axis dim)
+    mrope_interleaved: bool = False
 
     @property
     def overload(self):
@@ -205,7 +210,12 @@ class Sample:
 
     @property
     def kwargs(self) -> dict:
-        return dict(interleaved=self.interleaved, inverse=self.inverse)
+        kw = dict(interleaved=self.interleaved, inverse=self.inverse)
+        if self.mrope_section is not None:
+            kw.update(
+                mrope_section=list(self.mrope_section), mrope_interleaved=self.mrope_interleaved
+            )
+        return kw
 
     def op_args(self):
         """``(args, kwargs)`` of the raw op, as torch.library.opcheck takes them."""
@@ -344,6 +354,81 @@ def _qk_inputs(layout, hq, hk, D, dtype, device):
     )
 
 
+# ---- multi-axis positions (M-RoPE) -----------------------------------------------------------
+# The same geometries, with positions of one more, trailing, axis dim: (S, A) for (B, H, S, D),
+# (B, 1, S, A), (B, S, 1, A) and (S, 1, A) for (B, S, H, D), (T, 1, A) for packed (T, H, D), (A,)
+# for a single row. Axis 0 keeps the geometry's positions (0 and MAX_SEQ_LEN - 1 included), the
+# other axes are drawn on their own, so a plane reading the wrong axis shows.
+
+
+def multi_axis_positions(positions: Tensor, num_axes: int, dtype, axis_first: bool) -> Tensor:
+    """``positions`` (one axis) as ``positions.shape + (num_axes,)``. ``axis_first``: stored axis
+    by axis, ``(A, *shape)`` in memory and permuted (the axis dim has the largest stride), as
+    HF's ``(3, B, S)`` position_ids are when moved to the end."""
+    others = [
+        torch.randint(0, MAX_SEQ_LEN, positions.shape, device=positions.device)
+        for _ in range(num_axes - 1)
+    ]
+    axes = [positions.to(torch.int64)] + others
+    if axis_first:
+        p = torch.stack(axes, dim=0).to(dtype).movedim(0, -1)
+        assert positions.dim() == 0 or not p.is_contiguous()
+        return p
+    return torch.stack(axes, dim=-1).to(dtype)
+
+
+# (op, geometry, dtype, head_dim, rotary_dim, interleaved, inverse, tables, int32 positions,
+#  mrope_section, mrope_interleaved, axis_first)
+# Every op meets both section layouts and both pair layouts (all four pairs overall), every
+# dtype, inverse, partial rotary, int32, 1 to 4 axes; the float64 ones are the gradcheck set.
+_MROPE_PLAN = [
+    # apply
+    ("apply", "bhsd_S", torch.float64, 10, 8, True, False, "real", False, (1, 2, 1), False, False),
+    ("apply", "bhsd_B1S", torch.float64, 8, 8, False, True, "random", True, (2, 1, 1), True, True),
+    ("apply", "bshd_BS1", torch.float64, 8, 8, True, True, "random", False, (1, 1, 1, 1), False,
+     False),
+    ("apply", "packed_T1", torch.bfloat16, 24, 16, False, False, "real", True, (2, 3, 3), True,
+     False),
+    ("apply", "last_dim_strided", torch.float32, 16, 12, True, False, "float64", False, (3, 3),
+     False, True),
+    ("apply", "bshd_S1", torch.float16, 16, 16, True, True, "real", False, (2, 3, 3), True, False),
+    # apply_
+    ("apply_", "bhsd_BHS", torch.float64, 10, 6, False, False, "random", False, (1, 1, 1), True,
+     True),
+    ("apply_", "transposed_bshd", torch.float64, 8, 8, True, True, "real", True, (0, 2, 2), False,
+     False),
+    ("apply_", "decode_per_sequence", torch.float16, 16, 16, True, False, "float64", True,
+     (4, 2, 2), False, False),
+    ("apply_", "k_from_fused_qkv_bshd", torch.bfloat16, 16, 8, False, True, "real", False,
+     (2, 1, 1), True, False),
+    ("apply_", "odd_row_stride", torch.float32, 16, 16, True, False, "real", False, (8,), False,
+     False),
+    # apply.out
+    ("apply.out", "bshd_BS1", torch.float32, 24, 16, False, True, "random", True, (2, 3, 3), True,
+     True),
+    ("apply.out", "expanded", torch.float64, 10, 6, True, False, "real", False, (3,), False,
+     False),
+    ("apply.out", "scalar_position", torch.float16, 16, 12, True, True, "float64", False,
+     (2, 2, 2), True, False),
+    ("apply.out", "packed_T1", torch.bfloat16, 16, 16, False, False, "real", True, (3, 5), False,
+     False),
+]  # fmt: skip
+
+# apply_qk: (name, q heads, k heads, layout, dtype, head_dim, rotary_dim, interleaved, inverse,
+# tables, mrope_section, mrope_interleaved)
+_QK_MROPE_PLAN = [
+    ("gqa_bhsd", 4, 2, "bhsd", torch.float64, 8, 8, True, False, "real", (2, 1, 1), True),
+    ("mqa_bshd_fused", 4, 1, "bshd_fused", torch.float64, 10, 6, False, True, "random",
+     (1, 1, 1), False),
+    ("gqa_packed", 2, 1, "packed", torch.bfloat16, 16, 12, False, False, "real", (2, 2, 2), True),
+    ("bhsd", 2, 2, "bhsd", torch.float16, 16, 16, True, True, "float64", (4, 4), False),
+]  # fmt: skip
+
+
+def _mrope_id(section, mrope_interleaved):
+    return f"-mrope{'_'.join(map(str, section))}{'-il3' if mrope_interleaved else ''}"
+
+
 def sample_inputs(device, requires_grad: bool):
     """Every sample, built on ``device``. With ``requires_grad`` the rotated inputs are leaves
     that require grad, and apply.out (not differentiable) has no samples."""
@@ -387,6 +472,64 @@ def sample_inputs(device, requires_grad: bool):
         )
         samples.append(
             Sample(name, "apply_qk", (leaf(q), leaf(k)), cos, sin, positions, interleaved, inverse)
+        )
+    for i, row in enumerate(_MROPE_PLAN):
+        op, geometry, dtype, D, rotary_dim, interleaved, inverse, tables, int32 = row[:9]
+        section, mrope_interleaved, axis_first = row[9:]
+        if requires_grad and op == "apply.out":
+            continue
+        assert not (op == "apply_" and geometry in READ_ONLY_GEOMETRIES), "apply_ writes x"
+        assert sum(section) == rotary_dim // 2, row
+        x, positions = GEOMETRIES[geometry](D, dtype, device, b=2, h=2, s=3)
+        positions = multi_axis_positions(
+            positions, len(section), torch.int32 if int32 else torch.int64, axis_first
+        )
+        cos, sin = _tables(tables, rotary_dim, dtype, device)
+        name = (
+            f"{op}-{geometry}-{dtype_id(dtype)}-d{D}r{rotary_dim}-"
+            f"{'il' if interleaved else 'half'}{'-inv' if inverse else ''}-{tables}"
+            f"{'-int32' if int32 else ''}{_mrope_id(section, mrope_interleaved)}"
+            f"{'-axis_first' if axis_first else ''}"
+        )
+        samples.append(
+            Sample(
+                name,
+                op,
+                (leaf(x),),
+                cos,
+                sin,
+                positions,
+                interleaved,
+                inverse,
+                out=_out_buffer(x, i) if op == "apply.out" else None,
+                mrope_section=section,
+                mrope_interleaved=mrope_interleaved,
+            )
+        )
+    for row in _QK_MROPE_PLAN:
+        name, hq, hk, layout, dtype, D, rotary_dim, interleaved, inverse, tables = row[:10]
+        section, mrope_interleaved = row[10:]
+        q, k, positions = _qk_inputs(layout, hq, hk, D, dtype, device)
+        positions = multi_axis_positions(positions, len(section), torch.int64, False)
+        cos, sin = _tables(tables, rotary_dim, dtype, device)
+        name = (
+            f"apply_qk-{name}-{dtype_id(dtype)}-d{D}r{rotary_dim}-"
+            f"{'il' if interleaved else 'half'}{'-inv' if inverse else ''}-{tables}"
+            f"{_mrope_id(section, mrope_interleaved)}"
+        )
+        samples.append(
+            Sample(
+                name,
+                "apply_qk",
+                (leaf(q), leaf(k)),
+                cos,
+                sin,
+                positions,
+                interleaved,
+                inverse,
+                mrope_section=section,
+                mrope_interleaved=mrope_interleaved,
+            )
         )
     return samples
 

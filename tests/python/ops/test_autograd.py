@@ -160,3 +160,58 @@ def test_inference_mode(device):
         torch_rope.apply_(x, cos, sin, positions)
     assert torch.equal(x, out) and torch.equal(q, out) and torch.equal(k, out)
     assert not out.requires_grad
+
+
+# ---- multi-axis positions (mrope_section) ------------------------------------------------------
+
+MROPE = [
+    pytest.param(dict(mrope_section=[6, 10, 8], mrope_interleaved=False), id="sections"),
+    pytest.param(dict(mrope_section=[8, 8, 8], mrope_interleaved=True), id="interleaved3"),
+]
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("mrope", MROPE)
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_multi_axis_gradient_matches_differentiated_oracle(dtype, interleaved, mrope, device):
+    # (B, S, H, D) with (B, S, 1, 3) positions, partial rotary (48 of 80), every dtype.
+    rotary_dim = 48
+    cos, sin = make_tables(64, rotary_dim, device, table_dtype_for(dtype))
+    x = randn(2, 7, 3, 80, dtype=dtype, device=device).requires_grad_()
+    positions = torch.randint(0, 64, (2, 7, 1, 3), device=device)
+    weight = randn(2, 7, 3, 80, dtype=dtype, device=device)
+    kw = dict(interleaved=interleaved, **mrope)
+
+    out = torch_rope.apply(x, cos, sin, positions, **kw)
+    (out * weight).sum().backward()
+
+    x_ref = x.detach().cpu().double().requires_grad_()
+    ang = ref.angles(positions, x.shape[:-1], rotary_dim, **mrope)
+    want = ref.rope(x_ref, ang, interleaved=interleaved)
+    (want * weight.cpu().double()).sum().backward()
+
+    assert x.grad.dtype == dtype
+    torch.testing.assert_close(x.grad.cpu(), x_ref.grad.to(dtype), **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("mrope", MROPE)
+def test_multi_axis_double_backward_and_qk(mrope, device):
+    # grad_x <f(x), g> = R^T g, so d/dg <R^T g, h> = R h: the backward of the backward is the
+    # forward rotation, for both outputs of apply_qk (GQA) with multi-axis positions.
+    rotary_dim = 48
+    cos, sin = make_tables(64, rotary_dim, device, torch.float64)
+    q = randn(2, 4, 5, 64, dtype=torch.float64, device=device).requires_grad_()
+    k = randn(2, 2, 5, 64, dtype=torch.float64, device=device).requires_grad_()
+    positions = torch.randint(0, 64, (2, 1, 5, 3), device=device)
+    gq = randn(2, 4, 5, 64, dtype=torch.float64, device=device).requires_grad_()
+    gk = randn(2, 2, 5, 64, dtype=torch.float64, device=device).requires_grad_()
+    hq, hk = torch.randn_like(q), torch.randn_like(k)
+    oq, ok = torch_rope.apply_qk(q, k, cos, sin, positions, interleaved=False, **mrope)
+    dq, dk = torch.autograd.grad((oq, ok), (q, k), (gq, gk), create_graph=True)
+    ddq, ddk = torch.autograd.grad((dq * hq).sum() + (dk * hk).sum(), (gq, gk))
+    for dd, h in ((ddq, hq), (ddk, hk)):
+        ang = ref.angles(positions, h.shape[:-1], rotary_dim, **mrope)
+        want = ref.rope(h, ang, interleaved=False)
+        torch.testing.assert_close(dd.cpu(), want, rtol=1e-12, atol=1e-12)

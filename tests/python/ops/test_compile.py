@@ -107,3 +107,67 @@ def test_compile_reduce_overhead_cuda():
             positions = step + torch.arange(9, device="cuda")
             got = compiled(x, positions).clone()
             torch.testing.assert_close(got, block(x, positions), rtol=1e-5, atol=1e-5)
+
+
+# ---- multi-axis positions (mrope_section) ------------------------------------------------------
+
+
+class _MultiAxisRope(torch.nn.Module):
+    """q and k of a (B, S, H, D) block rotated with (B, S, 1, 3) positions (Qwen3-VL style)."""
+
+    def __init__(self, mrope_section, mrope_interleaved):
+        super().__init__()
+        cos, sin = make_tables(64, 2 * sum(mrope_section), "cpu")
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        self.kw = dict(
+            interleaved=False, mrope_section=mrope_section, mrope_interleaved=mrope_interleaved
+        )
+
+    def forward(self, q, k, positions):
+        q, k = torch_rope.apply_qk(q, k, self.cos, self.sin, positions, **self.kw)
+        v = torch_rope.apply(k, self.cos, self.sin, positions, inverse=True, **self.kw)
+        return q, k, v
+
+
+MROPE = [([2, 3, 3], False), ([2, 3, 3], True)]
+
+
+@pytest.mark.parametrize("mrope_section,mrope_interleaved", MROPE, ids=["sections", "il3"])
+def test_export_multi_axis(mrope_section, mrope_interleaved):
+    module = _MultiAxisRope(mrope_section, mrope_interleaved)
+    q, k = torch.randn(2, 7, 4, 24), torch.randn(2, 7, 2, 24)
+    positions = torch.randint(0, 64, (2, 7, 1, 3))
+    exported = torch.export.export(module, (q, k, positions))
+    for got, want in zip(exported.module()(q, k, positions), module(q, k, positions)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    calls = [n for n in exported.graph.nodes if n.op == "call_function"]
+    mrope_calls = [
+        n
+        for n in calls
+        if n.target in (torch.ops.rope.apply.default, torch.ops.rope.apply_qk.default)
+    ]
+    assert len(mrope_calls) == 2
+    for n in mrope_calls:  # the keywords reach the graph
+        assert list(n.kwargs["mrope_section"]) == mrope_section
+        assert n.kwargs.get("mrope_interleaved", False) == mrope_interleaved
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("mrope_section,mrope_interleaved", MROPE, ids=["sections", "il3"])
+def test_compile_multi_axis_backward_and_dynamic_shapes(mrope_section, mrope_interleaved, device):
+    torch._dynamo.reset()
+    module = _MultiAxisRope(mrope_section, mrope_interleaved).to(device)
+    compiled = torch.compile(module, backend="aot_eager", fullgraph=True, dynamic=True)
+    for seq in (5, 11):
+        q = torch.randn(2, seq, 4, 24, device=device, requires_grad=True)
+        k = torch.randn(2, seq, 2, 24, device=device, requires_grad=True)
+        positions = torch.randint(0, 64, (2, seq, 1, 3), device=device)
+        q_e, k_e = (t.detach().clone().requires_grad_() for t in (q, k))
+        got, want = compiled(q, k, positions), module(q_e, k_e, positions)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        sum(t.square().sum() for t in got).backward()
+        sum(t.square().sum() for t in want).backward()
+        torch.testing.assert_close(q.grad, q_e.grad, rtol=0, atol=0)
+        torch.testing.assert_close(k.grad, k_e.grad, rtol=0, atol=0)

@@ -14,7 +14,7 @@ A shrunk failure becomes a named regression test (test_regression_* in test_appl
 
 import math
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 import pytest
 import references as ref
@@ -61,6 +61,16 @@ class Case:
     bad_position: bool  # inject one out-of-range position (CPU): must raise, write nothing
     grad: bool
     seed: int
+    mrope_section: Optional[Tuple[int, ...]] = None  # multi-axis: pos_shape ends in the axis dim
+    mrope_interleaved: bool = False
+
+    @property
+    def mrope(self) -> dict:
+        if self.mrope_section is None:
+            return {}
+        return dict(
+            mrope_section=list(self.mrope_section), mrope_interleaved=self.mrope_interleaved
+        )
 
 
 @st.composite
@@ -189,10 +199,10 @@ def make_table(rows, half, layout, dtype, device, gen):
 # ---- the reference ---------------------------------------------------------------------------
 
 
-def reference(x, cos, sin, positions, *, interleaved, inverse):
+def reference(x, cos, sin, positions, *, interleaved, inverse, **mrope):
     """float64 rotation of x (on the CPU) by the given tables, gathered at the positions."""
     return ref.rope_with_tables(
-        x.detach(), cos, sin, positions, interleaved=interleaved, inverse=inverse
+        x.detach(), cos, sin, positions, interleaved=interleaved, inverse=inverse, **mrope
     )
 
 
@@ -211,8 +221,9 @@ def error_bound(x, cos, sin, positions, case, want):
     half = cos.shape[1]
     if half and x.numel():
         x64 = x.detach().cpu().to(torch.float64)
-        p = torch.broadcast_to(positions.cpu().long(), x64.shape[:-1])
-        mag = cos.cpu().double()[p].abs() + sin.cpu().double()[p].abs()
+        p = ref.plane_positions(positions, x64.shape[:-1], half, **case.mrope)
+        k = torch.arange(half)
+        mag = cos.cpu().double()[p, k].abs() + sin.cpu().double()[p, k].abs()
         ia, ib = _plane_indices(half, case.interleaved)
         plane = 4 * math_eps * (x64[..., ia].abs() + x64[..., ib].abs()) * mag
         bound[..., ia] += plane
@@ -237,7 +248,7 @@ def check_case(case: Case, device: str):
     else:
         bad = False
     pos = pos.to(device)
-    kw = dict(interleaved=case.interleaved, inverse=case.inverse)
+    kw = dict(interleaved=case.interleaved, inverse=case.inverse, **case.mrope)
     shape = case.rows + (case.head_dim,)
     x = make_with_layout(shape, case.x_layout, case.dtype, device, gen)
 
@@ -327,7 +338,9 @@ def _assert_rotated(out, x, cos, sin, pos, case, kw):
 
 
 def _assert_transpose(grad, g, cos, sin, pos, case):
-    want = reference(g, cos, sin, pos, interleaved=case.interleaved, inverse=not case.inverse)
+    want = reference(
+        g, cos, sin, pos, interleaved=case.interleaved, inverse=not case.inverse, **case.mrope
+    )
     bound = error_bound(g, cos, sin, pos, case, want)
     err = (grad.cpu().to(torch.float64) - want).abs()
     assert (err <= bound).all(), f"gradient is not the transpose ({case})"
@@ -345,4 +358,42 @@ def test_fuzz_against_float64_reference(case, device):
 @settings(max_examples=SLOW_EXAMPLES)
 @given(case=cases())
 def test_fuzz_against_float64_reference_many(case, device):
+    check_case(case, device)
+
+
+# ---- multi-axis positions (mrope_section) ------------------------------------------------------
+# The same geometry, then a section: 1 to 4 axes whose sizes (zeros allowed) add up to the drawn
+# rotary_dim / 2, either section layout (interleaved needs 3 axes), and positions with one more,
+# trailing, axis dim (stored transposed half the time: the axis dim not innermost).
+
+MROPE_FAST_EXAMPLES = 150
+MROPE_SLOW_EXAMPLES = 2000
+
+
+@st.composite
+def multi_axis_cases(draw):
+    case = draw(cases())
+    num_axes = draw(st.integers(1, 4))
+    cuts = sorted(
+        draw(st.lists(st.integers(0, case.half), min_size=num_axes - 1, max_size=num_axes - 1))
+    )
+    bounds = [0] + cuts + [case.half]
+    case.mrope_section = tuple(b - a for a, b in zip(bounds, bounds[1:]))
+    case.mrope_interleaved = num_axes == 3 and draw(st.booleans())
+    case.pos_shape = case.pos_shape + (num_axes,)
+    return case
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@settings(max_examples=MROPE_FAST_EXAMPLES)
+@given(case=multi_axis_cases())
+def test_fuzz_multi_axis_against_float64_reference(case, device):
+    check_case(case, device)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@settings(max_examples=MROPE_SLOW_EXAMPLES)
+@given(case=multi_axis_cases())
+def test_fuzz_multi_axis_against_float64_reference_many(case, device):
     check_case(case, device)

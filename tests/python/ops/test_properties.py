@@ -242,3 +242,92 @@ def test_no_head_dim_squared_memory(device):
         out = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved)
         want = ref.rope(x, ref.angles(positions, (2,), head_dim), interleaved=interleaved)
         torch.testing.assert_close(out.cpu(), want.float(), rtol=1e-5, atol=1e-5)
+
+
+# ---- multi-axis positions (mrope_section) ------------------------------------------------------
+
+MROPE = [
+    pytest.param(dict(mrope_section=[4, 6, 6], mrope_interleaved=False), id="sections"),
+    pytest.param(dict(mrope_section=[6, 5, 5], mrope_interleaved=True), id="interleaved3"),
+]
+
+
+@pytest.mark.parametrize("mrope", MROPE)
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+def test_multi_axis_oracle_equals_explicit_rotation_matrix(interleaved, mrope):
+    # Each plane turns by its own axis' position: the block-diagonal matrix of those angles.
+    head_dim, rotary_dim = 40, 32
+    x = torch.randn(4, head_dim, dtype=torch.float64)
+    positions = torch.tensor([[0, 0, 0], [1, 7, 100], [255, 3, 9], [12, 200, 4]])
+    ang = ref.angles(positions, (4,), rotary_dim, **mrope)
+    axis = ref.mrope_axis_of_plane(mrope["mrope_section"], mrope["mrope_interleaved"])
+    got = ref.rope(x, ang, interleaved=interleaved)
+    for row in range(4):
+        angle_row = positions[row, axis].double() * ref.inv_freq(rotary_dim)
+        m = ref.rope_matrix(angle_row, head_dim, interleaved=interleaved)
+        torch.testing.assert_close(got[row], m @ x[row], rtol=1e-13, atol=1e-13)
+
+
+def test_multi_axis_axis_rule_by_hand():
+    # Qwen2-VL (contiguous runs) and Qwen3-VL (interleaved) on small sections, written out.
+    assert ref.mrope_axis_of_plane([2, 1, 3]).tolist() == [0, 0, 1, 2, 2, 2]
+    assert ref.mrope_axis_of_plane([0, 2, 0, 1]).tolist() == [1, 1, 3]
+    assert ref.mrope_axis_of_plane([4, 2, 2], True).tolist() == [0, 1, 2, 0, 1, 2, 0, 0]
+    assert ref.mrope_axis_of_plane([2, 3, 1], True).tolist() == [0, 1, 2, 0, 1, 0]
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("mrope", MROPE)
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+def test_multi_axis_with_equal_axes_is_one_axis_rope(interleaved, mrope, device):
+    # Text tokens of Qwen2-VL: t = h = w. Any section then gives plain RoPE, bit for bit.
+    cos, sin = make_tables(MAX_SEQ_LEN, 32, device)
+    x = randn(2, 9, 3, 40, device=device)
+    positions = torch.randint(0, MAX_SEQ_LEN, (9, 1), device=device)
+    one = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved)
+    multi = torch_rope.apply(
+        x, cos, sin, positions.unsqueeze(-1).expand(9, 1, 3), interleaved=interleaved, **mrope
+    )
+    assert torch.equal(multi, one)
+
+
+def _multi_axis_scores(q, k, cos, sin, q_pos, k_pos, kw):
+    """(R_i q) . (R_j k) for each pair of (A,) positions (q_pos[n], k_pos[n])."""
+    n = q_pos.shape[0]
+    rq = torch_rope.apply(q.expand(n, -1), cos, sin, q_pos, **kw)
+    rk = torch_rope.apply(k.expand(n, -1), cos, sin, k_pos, **kw)
+    return (rq.double() * rk.double()).sum(-1)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("mrope", MROPE)
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize(
+    "dtype,tol", [(torch.float64, 1e-11), (torch.float32, 1e-4)], ids=["float64", "float32"]
+)
+def test_multi_axis_scores_depend_only_on_per_axis_differences(
+    dtype, tol, interleaved, mrope, device
+):
+    # q at (t, h, w), k at (t', h', w'): the score depends on (t - t', h - h', w - w') alone.
+    # Shifting every axis by its own amount leaves it; changing one axis' difference does not.
+    head_dim = 32
+    cos, sin = make_tables(MAX_SEQ_LEN, head_dim, device, table_dtype_for(dtype))
+    q = randn(1, head_dim, dtype=dtype, device=device)
+    k = randn(1, head_dim, dtype=dtype, device=device)
+    i = torch.tensor([[0, 0, 0], [3, 10, 4], [17, 2, 30], [40, 40, 1]], device=device)
+    j = torch.tensor([[0, 0, 0], [9, 1, 4], [17, 20, 3], [1, 60, 50]], device=device)
+    kw = dict(interleaved=interleaved, **mrope)
+
+    base = _multi_axis_scores(q, k, cos, sin, i, j, kw)
+    for shift in ([1, 0, 0], [0, 13, 0], [0, 0, 150], [5, 77, 31]):
+        s = torch.tensor(shift, device=device)
+        shifted = _multi_axis_scores(q, k, cos, sin, i + s, j + s, kw)
+        torch.testing.assert_close(shifted, base, rtol=tol, atol=tol * 8)
+
+    # Not vacuous: moving one axis of q alone changes the score, for every axis (by 100: the
+    # last axis of the contiguous section holds the lowest frequencies).
+    for axis in range(3):
+        s = torch.zeros(3, dtype=torch.long, device=device)
+        s[axis] = 100
+        moved = _multi_axis_scores(q, k, cos, sin, i + s, j, kw)
+        assert ((moved - base).abs() > 1e-3).all(), f"axis {axis} does not reach the score"

@@ -256,3 +256,188 @@ def test_forward_and_reverse_mode_together():
     torch.testing.assert_close(
         x.grad, rotate_ref(g, positions, interleaved=True, inverse=True), **TOL
     )
+
+
+# ---- multi-axis positions (mrope_section) ------------------------------------------------------
+# rotary_dim 8 (4 planes) out of HEAD_DIM: a contiguous and an interleaved section that send the
+# planes to different axes ([0, 1, 1, 2] and [0, 1, 2, 0]), so a dropped or flipped flag shows.
+MROPE_ROTARY_DIM = 8
+MROPE = [
+    pytest.param(dict(mrope_section=[1, 2, 1], mrope_interleaved=False), id="sections"),
+    pytest.param(dict(mrope_section=[2, 1, 1], mrope_interleaved=True), id="interleaved3"),
+]
+
+
+def mrope_tables(device):
+    return make_tables(MAX_SEQ_LEN, MROPE_ROTARY_DIM, device, torch.float64)
+
+
+def mrope_ref(x, positions, mrope, *, interleaved=True, inverse=False, **_):
+    return expected(
+        x, positions, MROPE_ROTARY_DIM, interleaved=interleaved, inverse=inverse, **mrope
+    ).to(x.device)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("mrope", MROPE)
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+def test_grad_vjp_jvp_of_apply_multi_axis(interleaved, mrope, device):
+    cos, sin = mrope_tables(device)
+    x, g, t = (rand(3, 4, HEAD_DIM, device=device) for _ in range(3))
+    positions = torch.randint(0, MAX_SEQ_LEN, (4, 3), device=device)  # (S, A)
+    kw = dict(interleaved=interleaved, **mrope)
+
+    def f(x):
+        return torch_rope.apply(x, cos, sin, positions, **kw)
+
+    got = grad(lambda x: (f(x) * g).sum())(x)
+    torch.testing.assert_close(got, mrope_ref(g, positions, mrope, **kw, inverse=True), **TOL)
+    out, pullback = vjp(f, x)
+    torch.testing.assert_close(out, mrope_ref(x, positions, mrope, **kw), **TOL)
+    torch.testing.assert_close(pullback(g)[0], got, **TOL)
+    out, tangent = jvp(f, (x,), (t,))
+    torch.testing.assert_close(tangent, mrope_ref(t, positions, mrope, **kw), **TOL)
+
+
+@pytest.mark.parametrize("mrope", MROPE)
+def test_jacobian_is_the_per_axis_rotation_matrix(mrope):
+    # One row at (t, h, w) = (13, 2, 29): plane k turns by the position of its own axis.
+    cos, sin = mrope_tables("cpu")
+    x = rand(HEAD_DIM)
+    position = torch.tensor([13, 2, 29])
+
+    def f(x):
+        return torch_rope.apply(x, cos, sin, position, **mrope)
+
+    axis = ref.mrope_axis_of_plane(mrope["mrope_section"], mrope["mrope_interleaved"])
+    angle = position[axis].double() * ref.inv_freq(MROPE_ROTARY_DIM)
+    want = ref.rope_matrix(angle, HEAD_DIM, interleaved=True)
+    torch.testing.assert_close(jacrev(f)(x), want, **TOL)
+    torch.testing.assert_close(jacfwd(f)(x), want, **TOL)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("mrope", MROPE)
+def test_apply_qk_and_apply_inplace_multi_axis_under_grad_and_jvp(mrope, device):
+    cos, sin = mrope_tables(device)
+    q, k = rand(2, 4, 5, HEAD_DIM, device=device), rand(2, 2, 5, HEAD_DIM, device=device)
+    gq, gk = rand(*q.shape, device=device), rand(*k.shape, device=device)
+    positions = torch.randint(0, MAX_SEQ_LEN, (2, 1, 5, 3), device=device)  # (B, 1, S, A)
+    kw = dict(interleaved=False, **mrope)
+
+    def f(q, k):
+        return torch_rope.apply_qk(q, k, cos, sin, positions, **kw)
+
+    dq, dk = grad(
+        lambda q, k: sum((o * g).sum() for o, g in zip(f(q, k), (gq, gk))), argnums=(0, 1)
+    )(q, k)
+    torch.testing.assert_close(dq, mrope_ref(gq, positions, mrope, **kw, inverse=True), **TOL)
+    torch.testing.assert_close(dk, mrope_ref(gk, positions, mrope, **kw, inverse=True), **TOL)
+    _, (tq, tk) = jvp(f, (q, k), (gq, gk))
+    torch.testing.assert_close(tq, mrope_ref(gq, positions, mrope, **kw), **TOL)
+    torch.testing.assert_close(tk, mrope_ref(gk, positions, mrope, **kw), **TOL)
+
+    def g_inplace(x):
+        return torch_rope.apply_(x * 1.0, cos, sin, positions, **kw)
+
+    got = grad(lambda x: (g_inplace(x) * gq).sum())(q)
+    torch.testing.assert_close(got, mrope_ref(gq, positions, mrope, **kw, inverse=True), **TOL)
+    out, tangent = jvp(g_inplace, (q,), (gq,))
+    torch.testing.assert_close(out, mrope_ref(q, positions, mrope, **kw), **TOL)
+    torch.testing.assert_close(tangent, mrope_ref(gq, positions, mrope, **kw), **TOL)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("mrope", MROPE)
+@pytest.mark.parametrize(
+    "batched,pos_bdim",
+    [("x", None), ("positions", 0), ("both", 0), ("both", 1), ("positions", 2)],
+    ids=["x", "positions", "both", "both_bdim1", "positions_bdim2"],
+)
+def test_vmap_of_the_api_multi_axis(batched, pos_bdim, mrope, device):
+    # A batch of 5 (3, 4, D) inputs with (4, A) positions each; the batch dim of positions is
+    # anywhere but the axis dim, which stays last.
+    cos, sin = mrope_tables(device)
+    x = rand(5, 3, 4, HEAD_DIM, device=device)
+    positions = torch.randint(0, MAX_SEQ_LEN, (5, 4, 3), device=device)
+    xs = x if batched in ("x", "both") else x[0]
+    ps = positions[0] if pos_bdim is None else positions.movedim(0, pos_bdim)
+    in_dims = (0 if batched in ("x", "both") else None, pos_bdim)
+
+    got = vmap(lambda x, p: torch_rope.apply(x, cos, sin, p, **mrope), in_dims=in_dims)(xs, ps)
+    assert got.shape == (5, 3, 4, HEAD_DIM)
+    for i in range(5):
+        xi = x[i] if in_dims[0] == 0 else xs
+        pi = positions[i] if pos_bdim is not None else ps
+        torch.testing.assert_close(got[i], mrope_ref(xi, pi, mrope), **TOL)
+
+
+@pytest.mark.parametrize("mrope", MROPE)
+def test_vmap_of_grad_per_example_multi_axis(mrope):
+    cos, sin = mrope_tables("cpu")
+    x, g = rand(6, 4, HEAD_DIM), rand(6, 4, HEAD_DIM)
+    positions = torch.randint(0, MAX_SEQ_LEN, (6, 4, 3))
+
+    def loss(x, g, p):
+        return (torch_rope.apply(x, cos, sin, p, **mrope) * g).sum()
+
+    got = vmap(grad(loss))(x, g, positions)
+    for i in range(6):
+        want = mrope_ref(g[i], positions[i], mrope, inverse=True)
+        torch.testing.assert_close(got[i], want, **TOL)
+
+
+@needs_torch("2.5", "torch.library.register_vmap")
+@pytest.mark.parametrize("mrope", MROPE)
+@pytest.mark.parametrize("op", ["apply", "apply_", "apply_qk"])
+def test_raw_ops_vmap_multi_axis_without_fallback_warning(op, mrope):
+    cos, sin = mrope_tables("cpu")
+    x = rand(4, 2, 3, HEAD_DIM)
+    positions = torch.randint(0, MAX_SEQ_LEN, (4, 3, 3))  # per example (S, A) for (H, S, D)
+
+    def f(x, p):
+        if op == "apply":
+            return torch.ops.rope.apply(x, cos, sin, p, **mrope)
+        if op == "apply_":
+            y = x.clone()
+            torch.ops.rope.apply_(y, cos, sin, p, **mrope)
+            return y
+        return torch.ops.rope.apply_qk(x, 2 * x[:1], cos, sin, p, **mrope)[0]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = vmap(f)(x, positions)
+        # positions batched on a middle dim (the axis dim stays last)
+        got_p = vmap(f, in_dims=(0, 1))(x, positions.movedim(0, 1))
+    for i in range(4):
+        torch.testing.assert_close(got[i], mrope_ref(x[i], positions[i], mrope), **TOL)
+        torch.testing.assert_close(got_p[i], mrope_ref(x[i], positions[i], mrope), **TOL)
+
+
+@pytest.mark.parametrize("mrope", MROPE)
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+def test_raw_ops_forward_mode_ad_multi_axis(interleaved, mrope):
+    cos, sin = mrope_tables("cpu")
+    x, t, t2 = rand(2, 5, HEAD_DIM), rand(2, 5, HEAD_DIM), rand(2, 5, HEAD_DIM)
+    positions = torch.randint(0, MAX_SEQ_LEN, (5, 3))
+    kw = dict(interleaved=interleaved, **mrope)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, t)
+        out = torch.ops.rope.apply(dual, cos, sin, positions, **kw)
+        torch.testing.assert_close(
+            fwAD.unpack_dual(out).tangent, mrope_ref(t, positions, mrope, **kw), **TOL
+        )
+        q, k = torch.ops.rope.apply_qk(
+            dual, fwAD.make_dual(x[:1], t2[:1]), cos, sin, positions, **kw
+        )
+        torch.testing.assert_close(
+            fwAD.unpack_dual(q).tangent, mrope_ref(t, positions, mrope, **kw), **TOL
+        )
+        torch.testing.assert_close(
+            fwAD.unpack_dual(k).tangent, mrope_ref(t2[:1], positions, mrope, **kw), **TOL
+        )
+        inplace = fwAD.make_dual(x.clone(), t.clone())
+        torch.ops.rope.apply_(inplace, cos, sin, positions, **kw)
+        primal, tangent = fwAD.unpack_dual(inplace)
+        torch.testing.assert_close(primal, mrope_ref(x, positions, mrope, **kw), **TOL)
+        torch.testing.assert_close(tangent, mrope_ref(t, positions, mrope, **kw), **TOL)

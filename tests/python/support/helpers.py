@@ -55,9 +55,26 @@ def make_tables(max_seq_len, rotary_dim, device, dtype=torch.float32, theta=1000
     return cos.to(device), sin.to(device)
 
 
-def expected(x, positions, rotary_dim, *, interleaved, inverse=False, theta=10000.0):
-    """The oracle's answer for ``x`` in float64 on the CPU."""
-    ang = ref.angles(positions, x.shape[:-1], rotary_dim, theta)
+def expected(
+    x,
+    positions,
+    rotary_dim,
+    *,
+    interleaved,
+    inverse=False,
+    theta=10000.0,
+    mrope_section=None,
+    mrope_interleaved=False,
+):
+    """The oracle's answer for ``x`` in float64 on the CPU (multi-axis with ``mrope_section``)."""
+    ang = ref.angles(
+        positions,
+        x.shape[:-1],
+        rotary_dim,
+        theta,
+        mrope_section=mrope_section,
+        mrope_interleaved=mrope_interleaved,
+    )
     return ref.rope(x, ang, interleaved=interleaved, inverse=inverse)
 
 

@@ -55,6 +55,8 @@ RotaryPositionalEmbeddingImpl::RotaryPositionalEmbeddingImpl(
       options_(options) {
   detail::check_module_arguments(theta, d_k, rotary_dim_, max_seq_len, options.dtype(),
                                  options.seq_dim());
+  detail::check_module_multi_axis(rotary_dim_, options.mrope_section(),
+                                  options.mrope_interleaved());
   if (device.has_value()) {
     TORCH_CHECK_VALUE(!options.device().has_value() || *options.device() == *device,
                       "RotaryPositionalEmbedding", ": device given twice, as ", *device,
@@ -96,8 +98,11 @@ void RotaryPositionalEmbeddingImpl::extend_tables(int64_t max_seq_len) {
 torch::Tensor RotaryPositionalEmbeddingImpl::forward(
     const torch::Tensor& x, const std::optional<torch::Tensor>& token_positions) {
   detail::check_module_input(x, d_k_, options_.seq_dim(), token_positions.has_value());
+  const auto& section = options_.mrope_section();
   return detail::module_apply(x, token_positions, cos_, sin_, options_.seq_dim(),
-                              options_.interleaved(), long_offset_, long_after_);
+                              options_.interleaved(), long_offset_, long_after_,
+                              section ? at::OptionalIntArrayRef(*section) : std::nullopt,
+                              options_.mrope_interleaved());
 }
 
 void RotaryPositionalEmbeddingImpl::save(torch::serialize::OutputArchive& /*archive*/) const {}
@@ -125,6 +130,10 @@ void RotaryPositionalEmbeddingImpl::pretty_print(std::ostream& stream) const {
   if (options_.scaling().index() != 0) stream << ", scaling=" << rope_type_name(options_.scaling());
   if (options_.dtype() != torch::kFloat) stream << ", dtype=" << options_.dtype();
   if (options_.seq_dim() != -2) stream << ", seq_dim=" << options_.seq_dim();
+  if (options_.mrope_section()) {
+    stream << ", mrope_section=" << c10::IntArrayRef(*options_.mrope_section());
+    if (options_.mrope_interleaved()) stream << ", mrope_interleaved=true";
+  }
   stream << ")";
 }
 

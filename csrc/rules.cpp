@@ -10,6 +10,8 @@
 #include <sstream>
 #include <string>
 
+#include "kernel_args.h"
+
 namespace rope::detail {
 namespace {
 
@@ -55,6 +57,35 @@ void check_module_arguments(double theta, int64_t d_k, int64_t rotary_dim, int64
                     seq_dim);
 }
 
+void check_module_multi_axis(int64_t rotary_dim,
+                             const std::optional<std::vector<int64_t>>& mrope_section,
+                             bool mrope_interleaved) {
+  if (!mrope_section.has_value()) {
+    TORCH_CHECK_VALUE(!mrope_interleaved, kModule,
+                      ": mrope_interleaved=True needs mrope_section (the planes per axis), got "
+                      "mrope_section=None");
+    return;
+  }
+  const auto& section = *mrope_section;
+  const auto num_axes = static_cast<int64_t>(section.size());
+  TORCH_CHECK_VALUE(num_axes >= 1 && num_axes <= kMaxAxes, kModule,
+                    ": mrope_section must list the planes of 1 to ", kMaxAxes, " axes, got ",
+                    num_axes, " entries: ", c10::IntArrayRef(section));
+  int64_t planes = 0;
+  for (int64_t a = 0; a < num_axes; ++a) {
+    TORCH_CHECK_VALUE(section[a] >= 0, kModule, ": mrope_section[", a, "] must be >= 0, got ",
+                      section[a], " in mrope_section=", c10::IntArrayRef(section));
+    planes += section[a];
+  }
+  TORCH_CHECK_VALUE(planes == rotary_dim / 2, kModule,
+                    ": sum(mrope_section) must equal rotary_dim / 2 = ", rotary_dim / 2,
+                    ", got sum(", c10::IntArrayRef(section), ") = ", planes);
+  TORCH_CHECK_VALUE(!mrope_interleaved || num_axes == 3, kModule,
+                    ": mrope_interleaved=True (Qwen3-VL) needs 3 axes (time, height, width), got "
+                    "mrope_section=",
+                    c10::IntArrayRef(section), " with ", num_axes);
+}
+
 void check_module_input(const at::Tensor& x, int64_t d_k, int64_t seq_dim, bool has_positions) {
   TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == d_k, kModule,
                     ": x.size(-1) must equal d_k = ", d_k, ", got x of shape ", shape_of(x));
@@ -64,16 +95,22 @@ void check_module_input(const at::Tensor& x, int64_t d_k, int64_t seq_dim, bool 
 }
 
 at::Tensor module_positions(const at::Tensor& x, const std::optional<at::Tensor>& token_positions,
-                            int64_t seq_dim) {
+                            int64_t seq_dim, int64_t num_axes) {
   // Dims of x.shape[:-1] after the sequence axis (the heads of [b, s, h, d]).
   const int64_t trailing = -seq_dim - 2;
   const int64_t rank = x.dim() - 1;
+  // Multi-axis positions keep their axis dim last; the rules below see the dims before it.
+  const int64_t axis_dims = num_axes > 0 ? 1 : 0;
   at::Tensor positions;
   if (token_positions.has_value()) {
     positions = *token_positions;
     TORCH_CHECK_VALUE(positions.defined(), kModule, ": token_positions is an ",
                       "undefined tensor; pass positions or nullopt");
-    if (positions.dim() == 2 && rank >= 2 + trailing) {
+    TORCH_CHECK_VALUE(
+        num_axes == 0 || (positions.dim() >= 1 && positions.size(-1) == num_axes), kModule,
+        ": token_positions must have a trailing axis dim of size len(mrope_section) = ", num_axes,
+        " (token_positions[..., a] is axis a), got token_positions of shape ", shape_of(positions));
+    if (positions.dim() - axis_dims == 2 && rank >= 2 + trailing) {
       // (B, S): B on x's first axis, S on its sequence axis.
       for (int64_t i = 0; i < rank - 2 - trailing; ++i) positions = positions.unsqueeze(1);
     }
@@ -82,19 +119,23 @@ at::Tensor module_positions(const at::Tensor& x, const std::optional<at::Tensor>
                       ": without token_positions, x needs a sequence axis at seq_dim = ", seq_dim,
                       ", got x of shape ", shape_of(x));
     positions = at::arange(x.size(seq_dim), at::TensorOptions(at::kLong).device(x.device()));
+    if (num_axes > 0) {
+      positions = positions.unsqueeze(-1).expand({positions.size(0), num_axes});
+    }
   }
-  if (positions.dim() <= 2) {
-    for (int64_t i = 0; i < trailing; ++i) positions = positions.unsqueeze(-1);
+  if (positions.dim() - axis_dims <= 2) {
+    for (int64_t i = 0; i < trailing; ++i) positions = positions.unsqueeze(-1 - axis_dims);
   }
   return positions;
 }
 
 void check_positions_fit(const at::Tensor& x, const at::Tensor& token_positions,
-                         const at::Tensor& positions, int64_t seq_dim) {
+                         const at::Tensor& positions, int64_t seq_dim, int64_t num_axes) {
   const int64_t rank = x.dim() - 1;
   if (rank < 0) return;  // check_module_input has refused x already
+  const auto row_sizes = positions.sizes().slice(0, positions.dim() - (num_axes > 0 ? 1 : 0));
   TORCH_CHECK_VALUE(
-      at::is_expandable_to(positions.sizes(), x.sizes().slice(0, rank)), kModule,
+      at::is_expandable_to(row_sizes, x.sizes().slice(0, rank)), kModule,
       ": token_positions of shape ", token_positions.sizes(), " do not fit x of shape ", x.sizes(),
       " with seq_dim = ", seq_dim,
       ". The module reads 1-D positions as (S,) along x's sequence axis (seq_dim), 2-D positions "
@@ -105,16 +146,21 @@ void check_positions_fit(const at::Tensor& x, const at::Tensor& token_positions,
 
 at::Tensor module_apply(const at::Tensor& x, const std::optional<at::Tensor>& token_positions,
                         const at::Tensor& cos, const at::Tensor& sin, int64_t seq_dim,
-                        bool interleaved, int64_t long_offset, int64_t long_after) {
-  const auto positions = module_positions(x, token_positions, seq_dim);
+                        bool interleaved, int64_t long_offset, int64_t long_after,
+                        at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+  const int64_t num_axes =
+      mrope_section.has_value() ? static_cast<int64_t>(mrope_section->size()) : 0;
+  const auto positions = module_positions(x, token_positions, seq_dim, num_axes);
   try {
     return rope::apply(x, cos, sin, long_rope_positions(positions, long_offset, long_after),
-                       interleaved, /*inverse=*/false);
+                       interleaved, /*inverse=*/false, mrope_section, mrope_interleaved);
   } catch (const c10::Error&) {
     // Only a failed call pays for the module's own positions check: positions that do not fit x
     // get the module's rule (the op's message would recommend the op's layouts); any other error
     // is the op's.
-    if (token_positions.has_value()) check_positions_fit(x, *token_positions, positions, seq_dim);
+    if (token_positions.has_value()) {
+      check_positions_fit(x, *token_positions, positions, seq_dim, num_axes);
+    }
     throw;
   }
 }

@@ -13,6 +13,7 @@
 #include <torch_rope/tables.h>
 
 #include <optional>
+#include <vector>
 
 namespace rope::detail {
 
@@ -29,6 +30,12 @@ void check_table_length(const char* who, int64_t max_seq_len, int64_t rotary_dim
 void check_module_arguments(double theta, int64_t d_k, int64_t rotary_dim, int64_t max_seq_len,
                             c10::ScalarType dtype, int64_t seq_dim);
 
+// A module's multi-axis options (M-RoPE): mrope_section lists 1 to kMaxAxes non-negative plane
+// counts adding up to rotary_dim / 2; mrope_interleaved needs a section of 3 axes.
+void check_module_multi_axis(int64_t rotary_dim,
+                             const std::optional<std::vector<int64_t>>& mrope_section,
+                             bool mrope_interleaved);
+
 // A forward's x: (..., d_k), with a sequence axis at seq_dim when positions are not given.
 void check_module_input(const at::Tensor& x, int64_t d_k, int64_t seq_dim, bool has_positions);
 
@@ -36,19 +43,24 @@ void check_module_input(const at::Tensor& x, int64_t d_k, int64_t seq_dim, bool 
 // axis `seq_dim` (a negative axis before the features). (S,) and (B, S) positions get the unit
 // dims the op's trailing broadcast needs (B on x's first axis, S on the sequence axis); 3-D and
 // larger positions are returned unchanged; nullopt means arange along the sequence axis.
+// Multi-axis modules (num_axes > 0) take token_positions with a trailing axis dim of that size:
+// the same rules apply to the dims before it, and nullopt gives every axis the arange (text
+// tokens, whose time, height and width positions are equal).
 at::Tensor module_positions(const at::Tensor& x, const std::optional<at::Tensor>& token_positions,
-                            int64_t seq_dim);
+                            int64_t seq_dim, int64_t num_axes = 0);
 
 // Aligned positions that do not fit x get a ValueError stating the module's rule (not the op's).
 void check_positions_fit(const at::Tensor& x, const at::Tensor& token_positions,
-                         const at::Tensor& positions, int64_t seq_dim);
+                         const at::Tensor& positions, int64_t seq_dim, int64_t num_axes = 0);
 
 // A module's forward after check_module_input: module_positions, the LongRoPE switch, then
 // rope::apply through the dispatcher; check_positions_fit runs only when the op has failed, so
 // the decode path pays nothing for it. Shared by the C++ module and the Python eager fast path.
 at::Tensor module_apply(const at::Tensor& x, const std::optional<at::Tensor>& token_positions,
                         const at::Tensor& cos, const at::Tensor& sin, int64_t seq_dim,
-                        bool interleaved, int64_t long_offset, int64_t long_after);
+                        bool interleaved, int64_t long_offset, int64_t long_after,
+                        at::OptionalIntArrayRef mrope_section = std::nullopt,
+                        bool mrope_interleaved = false);
 
 // LongRoPE's switch, on the device (no host sync): the table rows for `positions` are the
 // positions themselves, or shifted by long_offset to the long-factor tables when the call's

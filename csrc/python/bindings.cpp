@@ -109,14 +109,17 @@ PYBIND11_MODULE(_C, m) {
         py::arg("seq_dim"), py::arg("has_positions"));
   m.def(
       "module_positions",
-      [](const at::Tensor& x, const std::optional<at::Tensor>& token_positions, int64_t seq_dim) {
-        auto positions = rope::detail::module_positions(x, token_positions, seq_dim);
+      [](const at::Tensor& x, const std::optional<at::Tensor>& token_positions, int64_t seq_dim,
+         int64_t num_axes) {
+        auto positions = rope::detail::module_positions(x, token_positions, seq_dim, num_axes);
         if (token_positions.has_value()) {
-          rope::detail::check_positions_fit(x, *token_positions, positions, seq_dim);
+          rope::detail::check_positions_fit(x, *token_positions, positions, seq_dim, num_axes);
         }
         return positions;
       },
-      py::arg("x"), py::arg("token_positions"), py::arg("seq_dim"));
+      py::arg("x"), py::arg("token_positions"), py::arg("seq_dim"), py::arg("num_axes") = 0);
+  m.def("check_module_multi_axis", &rope::detail::check_module_multi_axis, py::arg("rotary_dim"),
+        py::arg("mrope_section"), py::arg("mrope_interleaved"));
   m.def("long_rope_positions", &rope::detail::long_rope_positions, py::arg("positions"),
         py::arg("long_offset"), py::arg("long_after"));
   // Typed entry points for the eager fast path of python/torch_rope/ops.py. They call the ops

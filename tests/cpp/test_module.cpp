@@ -142,6 +142,116 @@ INSTANTIATE_TEST_SUITE_P(Options, ModuleForward,
                                   rope_test::dtype_name(std::get<2>(info.param));
                          });
 
+// ---- multi-axis positions (M-RoPE)
+// ---------------------------------------------------------------
+
+// The axis plane k reads, written here from the two rules (not the library's axis_of_plane).
+int64_t test_axis_of_plane(const std::vector<int64_t>& section, bool mrope_interleaved, int64_t k) {
+  if (mrope_interleaved) {
+    if (k % 3 == 1 && k < 3 * section[1]) return 1;
+    if (k % 3 == 2 && k < 3 * section[2]) return 2;
+    return 0;
+  }
+  int64_t end = 0;
+  for (size_t a = 0; a < section.size(); ++a) {
+    end += section[a];
+    if (k < end) return static_cast<int64_t>(a);
+  }
+  return static_cast<int64_t>(section.size()) - 1;
+}
+
+// Plane k of a multi-axis rotation is plane k of the one-axis rotation by its axis' positions:
+// the oracle rotates x once per axis and takes each plane from its axis' result.
+torch::Tensor multi_axis_oracle(const torch::Tensor& x, const rope_test::Tables& t,
+                                const torch::Tensor& positions /* (..., A) */,
+                                const std::vector<int64_t>& section, bool interleaved,
+                                bool mrope_interleaved) {
+  const int64_t half = t.cos.size(1);
+  auto want = x.detach().to(torch::kDouble).clone();
+  for (int64_t a = 0; a < static_cast<int64_t>(section.size()); ++a) {
+    const auto by_axis = reference_rope(x, t.cos, t.sin, positions.select(-1, a), interleaved);
+    for (int64_t k = 0; k < half; ++k) {
+      if (test_axis_of_plane(section, mrope_interleaved, k) != a) continue;
+      for (const int64_t f : interleaved ? std::vector<int64_t>{2 * k, 2 * k + 1}
+                                         : std::vector<int64_t>{k, k + half}) {
+        want.select(-1, f).copy_(by_axis.select(-1, f));
+      }
+    }
+  }
+  return want;
+}
+
+// (pair layout, section layout): all four combinations, with partial rotary (24 of 32 features).
+class ModuleMultiAxis : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
+
+TEST_P(ModuleMultiAxis, EachPlaneTurnsByItsAxis) {
+  const auto [interleaved, mrope_interleaved] = GetParam();
+  const std::vector<int64_t> section =
+      mrope_interleaved ? std::vector<int64_t>{5, 4, 3} : std::vector<int64_t>{2, 6, 4};
+  torch::manual_seed(4);
+  RotaryPositionalEmbedding m(10000.0, 32, 64,
+                              Opts()
+                                  .rotary_dim(24)
+                                  .interleaved(interleaved)
+                                  .mrope_section(section)
+                                  .mrope_interleaved(mrope_interleaved));
+  const auto t = reference_tables(64, 24);
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kDouble}) {
+    const auto x = torch::randn({2, 3, 5, 32}).to(dtype);  // [b, h, s, d]
+    // (B, S, A): each sequence's three axes, shared by its heads.
+    const auto positions = torch::randint(0, 64, {2, 5, 3}, torch::kLong);
+    const auto got = m(x, positions);
+    EXPECT_EQ(got.scalar_type(), dtype);
+    EXPECT_TRUE(matches_oracle(got, multi_axis_oracle(x, t, positions.unsqueeze(1), section,
+                                                      interleaved, mrope_interleaved)));
+    // (S, A) positions serve every sequence; absent positions give every axis the arange, the
+    // one-axis rotation.
+    const auto shared = positions[0];
+    EXPECT_TRUE(bitwise_equal(m(x, shared), m(x, shared.unsqueeze(0).expand({2, 5, 3}))));
+    RotaryPositionalEmbedding one_axis(10000.0, 32, 64,
+                                       Opts().rotary_dim(24).interleaved(interleaved));
+    EXPECT_TRUE(bitwise_equal(m(x), one_axis(x)));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, ModuleMultiAxis, ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param) ? "gptj_pairs" : "half_split") +
+             (std::get<1>(info.param) ? "_mrope_interleaved" : "_mrope_contiguous");
+    });
+
+TEST(ModuleMultiAxisErrors, NameTheArgumentAndWhatCame) {
+  const auto make = [](std::vector<int64_t> section, bool mrope_interleaved) {
+    return [=] {
+      RotaryPositionalEmbedding(10000.0, 16, 32,
+                                Opts().mrope_section(section).mrope_interleaved(mrope_interleaved));
+    };
+  };
+  EXPECT_TRUE(contains_all(error_message<c10::ValueError>(make({2, 2, 2}, false)),
+                           {"sum(mrope_section) must equal rotary_dim / 2 = 8", "= 6"}));
+  EXPECT_TRUE(contains_all(error_message<c10::ValueError>(make({4, -1, 5}, false)),
+                           {"mrope_section[1] must be >= 0", "-1"}));
+  EXPECT_TRUE(contains_all(error_message<c10::ValueError>(make({4, 4}, true)),
+                           {"mrope_interleaved=True", "needs 3 axes"}));
+  EXPECT_TRUE(contains_all(error_message<c10::ValueError>([] {
+                             RotaryPositionalEmbedding(10000.0, 16, 32,
+                                                       Opts().mrope_interleaved(true));
+                           }),
+                           {"mrope_interleaved=True needs mrope_section"}));
+  RotaryPositionalEmbedding m(10000.0, 16, 32, Opts().mrope_section(std::vector<int64_t>{4, 4}));
+  const auto x = torch::randn({2, 5, 16});
+  // Positions without the axis dim, or with 3 axes for a 2-axis module.
+  EXPECT_TRUE(contains_all(error_message<c10::ValueError>([&] { m(x, torch::arange(5)); }),
+                           {"trailing axis dim of size len(mrope_section) = 2", "[5]"}));
+  EXPECT_TRUE(contains_all(
+      error_message<c10::ValueError>([&] { m(x, torch::zeros({5, 3}, torch::kLong)); }),
+      {"len(mrope_section) = 2", "[5, 3]"}));
+  std::ostringstream os;
+  os << *m;
+  EXPECT_TRUE(contains_all(os.str(), {"mrope_section=[4, 4]"}));
+}
+
 TEST(Module, DefaultPositionsForEveryRank) {
   torch::manual_seed(1);
   RotaryPositionalEmbedding m(10000.0, 16, 32);

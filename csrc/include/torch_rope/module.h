@@ -28,6 +28,7 @@
 
 #include <optional>
 #include <ostream>
+#include <vector>
 
 namespace rope {
 
@@ -50,6 +51,13 @@ struct RotaryPositionalEmbeddingOptions {
   // -3 for [b, s, h, d]. Default positions run along it, and (S,) or (B, S) positions are
   // aligned with it.
   TORCH_ARG(int64_t, seq_dim) = -2;
+  // Multi-axis positions (M-RoPE: Qwen2-VL, Qwen3-VL, GLM-4V; 2-D vision RoPE): the planes that
+  // read each axis, adding up to rotary_dim / 2 (see rope::apply). forward then takes
+  // token_positions with a trailing axis dim of this many axes; absent positions give every axis
+  // the arange.
+  TORCH_ARG(std::optional<std::vector<int64_t>>, mrope_section) = std::nullopt;
+  // Qwen3-VL's interleaved assignment of planes to 3 axes instead of contiguous runs.
+  TORCH_ARG(bool, mrope_interleaved) = false;
 };
 
 class RotaryPositionalEmbeddingImpl : public torch::nn::Cloneable<RotaryPositionalEmbeddingImpl> {
@@ -66,7 +74,8 @@ class RotaryPositionalEmbeddingImpl : public torch::nn::Cloneable<RotaryPosition
 
   // x: (..., d_k) with the sequence at seq_dim. token_positions: int32/int64; (S,) and (B, S) are
   // aligned with x's sequence (and first) axis, tensors of 3+ dims broadcast to x.shape[:-1]
-  // as the op does; absent means arange(x.size(seq_dim)) on x's device. Returns a new tensor of
+  // as the op does; absent means arange(x.size(seq_dim)) on x's device. With mrope_section,
+  // token_positions carry a trailing axis dim ((S, A), (B, S, A), ...). Returns a new tensor of
   // x's shape and dtype. Positions must be < max_seq_len (see extend_tables).
   torch::Tensor forward(const torch::Tensor& x,
                         const std::optional<torch::Tensor>& token_positions = std::nullopt);

@@ -2,7 +2,7 @@
 """``RotaryPositionalEmbedding``: the ``nn.Module`` form of :func:`torch_rope.apply`."""
 
 import copy
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -51,7 +51,8 @@ class RotaryPositionalEmbedding(nn.Module):
     The constructor is the CS336 signature plus keyword options::
 
         RotaryPositionalEmbedding(theta, d_k, max_seq_len, device=None, *, rotary_dim=None,
-                                  interleaved=True, scaling=None, dtype=torch.float32, seq_dim=-2)
+                                  interleaved=True, scaling=None, dtype=torch.float32, seq_dim=-2,
+                                  mrope_section=None, mrope_interleaved=False)
 
     Args:
         theta: base of the frequencies (10000 in most models).
@@ -70,6 +71,11 @@ class RotaryPositionalEmbedding(nn.Module):
             then accurate to the float64 rounding of the angle).
         seq_dim: the sequence axis of ``x`` counted from the end: ``-2`` for
             ``(..., seq_len, d_k)`` and ``[b, h, s, d]``, ``-3`` for ``[b, s, h, d]``.
+        mrope_section: multi-axis positions (M-RoPE: Qwen2-VL, Qwen3-VL, GLM-4V; 2-D vision
+            RoPE): the planes that read each axis, adding up to ``rotary_dim // 2``.
+            ``token_positions`` then carry a trailing axis dim (``(S, A)``, ``(B, S, A)``, ...;
+            ``None`` gives every axis the ``arange``). See :func:`torch_rope.apply`.
+        mrope_interleaved: Qwen3-VL's interleaved assignment of planes to 3 axes.
 
     The tables are buffers named ``cos`` and ``sin``, built once by the shared C++ builder. They
     are not persistent (absent from ``state_dict()``: they are derived from the arguments above),
@@ -92,6 +98,8 @@ class RotaryPositionalEmbedding(nn.Module):
         scaling: Optional[Mapping[str, Any]] = None,
         dtype: torch.dtype = torch.float32,
         seq_dim: int = -2,
+        mrope_section: Optional[Sequence[int]] = None,
+        mrope_interleaved: bool = False,
     ) -> None:
         super().__init__()
         _distributed.register_if_loaded()  # DTensor rules, if DTensor is already loaded
@@ -106,7 +114,16 @@ class RotaryPositionalEmbedding(nn.Module):
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
         seq_dim = _integer("seq_dim", seq_dim)
+        if mrope_section is not None:
+            mrope_section = [_integer("mrope_section[]", s) for s in mrope_section]
+        if not isinstance(mrope_interleaved, bool):
+            raise TypeError(
+                f"mrope_interleaved must be a bool, got {type(mrope_interleaved).__name__}"
+            )
         _C.check_module_arguments(theta, d_k, rotary_dim, max_seq_len, dtype, seq_dim)
+        _C.check_module_multi_axis(rotary_dim, mrope_section, mrope_interleaved)
+        self.mrope_section = mrope_section
+        self.mrope_interleaved = mrope_interleaved
         self.theta = theta
         self.d_k = d_k
         self.max_seq_len = max_seq_len
@@ -176,7 +193,12 @@ class RotaryPositionalEmbedding(nn.Module):
         # module.compile(), no tracing, no Dynamo, no functorch transform or __torch_function__
         # mode, and plain tensors, nn.Module.__call__ would only call forward, and forward would
         # take this same C++ call: go there at once. Anything else takes nn.Module's own path.
-        if kwargs or not self._plain_forward or "forward" in self.__dict__:
+        if (
+            kwargs
+            or not self._plain_forward
+            or "forward" in self.__dict__
+            or self.mrope_section is not None
+        ):
             return super().__call__(*args, **kwargs)
         if len(args) == 2:
             x, positions = args
@@ -214,8 +236,14 @@ class RotaryPositionalEmbedding(nn.Module):
         positions of 3 or more dims broadcast to ``x.shape[:-1]`` as the op does. Returns a new
         tensor of ``x``'s shape and dtype.
         """
-        if not self._long_offset and (
-            eager_fast_path(x) if token_positions is None else eager_fast_path(x, token_positions)
+        if (
+            not self._long_offset
+            and self.mrope_section is None
+            and (
+                eager_fast_path(x)
+                if token_positions is None
+                else eager_fast_path(x, token_positions)
+            )
         ):
             # Eager plain tensors (decode calls this twice per layer per token): the module's
             # checks, the positions' alignment and the rotation in one C++ call (csrc/rules.h).
@@ -236,11 +264,22 @@ class RotaryPositionalEmbedding(nn.Module):
             )
         # The path torch.compile and torch.func trace: the C++ rules above, mirrored.
         check_module_input(x, self.d_k, self.seq_dim, token_positions is not None)
-        positions = module_positions(x, token_positions, self.seq_dim)
+        num_axes = 0 if self.mrope_section is None else len(self.mrope_section)
+        positions = module_positions(x, token_positions, self.seq_dim, num_axes)
         positions = long_rope_positions(positions, self._long_offset, self._long_after)
         cos, sin = self._buffers["cos"], self._buffers["sin"]
         if type(x) is not Tensor:  # a DTensor x gets DTensor tables and positions, no communication
             cos, sin, positions = as_dtensors_like(x, cos, sin, positions)
+        if num_axes:
+            return apply(
+                x,
+                cos,
+                sin,
+                positions,
+                interleaved=self.interleaved,
+                mrope_section=self.mrope_section,
+                mrope_interleaved=self.mrope_interleaved,
+            )
         return apply(x, cos, sin, positions, interleaved=self.interleaved)
 
     def _apply(self, fn, recurse=True):
@@ -265,6 +304,10 @@ class RotaryPositionalEmbedding(nn.Module):
             text += f", dtype={self.dtype}"
         if self.seq_dim != -2:
             text += f", seq_dim={self.seq_dim}"
+        if self.mrope_section is not None:
+            text += f", mrope_section={self.mrope_section}"
+            if self.mrope_interleaved:
+                text += ", mrope_interleaved=True"
         return text
 
 
@@ -290,10 +333,14 @@ def check_module_input(x: Tensor, d_k: int, seq_dim: int, has_positions: bool) -
         )
 
 
-def module_positions(x: Tensor, token_positions: Optional[Tensor], seq_dim: int) -> Tensor:
-    """rope::detail::module_positions: the positions the module passes to rope.apply for x."""
+def module_positions(
+    x: Tensor, token_positions: Optional[Tensor], seq_dim: int, num_axes: int = 0
+) -> Tensor:
+    """rope::detail::module_positions: the positions the module passes to rope.apply for x.
+    Multi-axis modules (``num_axes > 0``) keep the trailing axis dim last."""
     trailing = -seq_dim - 2  # dims of x.shape[:-1] after the sequence axis
     rank = x.dim() - 1
+    axis_dims = 1 if num_axes else 0
     if token_positions is None:
         if rank < trailing + 1:
             raise ValueError(
@@ -301,18 +348,27 @@ def module_positions(x: Tensor, token_positions: Optional[Tensor], seq_dim: int)
                 f"{seq_dim}, got x of shape {list(x.shape)}"
             )
         positions = torch.arange(x.shape[seq_dim], device=x.device)
+        if num_axes:
+            positions = positions.unsqueeze(-1).expand(positions.shape[0], num_axes)
     else:
         positions = token_positions
-        if positions.dim() == 2 and rank >= 2 + trailing:
+        if num_axes and (positions.dim() < 1 or positions.shape[-1] != num_axes):
+            raise ValueError(
+                f"{_MODULE}: token_positions must have a trailing axis dim of size "
+                f"len(mrope_section) = {num_axes} (token_positions[..., a] is axis a), got "
+                f"token_positions of shape {list(positions.shape)}"
+            )
+        if positions.dim() - axis_dims == 2 and rank >= 2 + trailing:
             for _ in range(rank - 2 - trailing):  # (B, S): B on x's first axis
                 positions = positions.unsqueeze(1)
-    if positions.dim() <= 2:
+    if positions.dim() - axis_dims <= 2:
         for _ in range(trailing):
-            positions = positions.unsqueeze(-1)
+            positions = positions.unsqueeze(-1 - axis_dims)
     if token_positions is not None and rank >= 0:
         rows = x.shape[:-1]
-        fits = positions.dim() <= len(rows) and all(
-            p == 1 or p == r for p, r in zip(reversed(positions.shape), reversed(rows))
+        row_shape = positions.shape[: positions.dim() - axis_dims]
+        fits = len(row_shape) <= len(rows) and all(
+            p == 1 or p == r for p, r in zip(reversed(row_shape), reversed(rows))
         )
         if not fits:
             raise ValueError(

@@ -14,6 +14,9 @@ Per mesh dimension the rules offer:
 * A sharded ``head_dim`` is never offered (a rotation mixes features of one head), so DTensor
   redistributes ``x`` first: the only case that communicates.
 * ``apply_`` and ``apply.out`` never change the placement of the tensor they write.
+* Multi-axis positions (``mrope_section``): the trailing axis dim of ``positions`` aligns with
+  nothing in ``x``; it is never sharded (a positions DTensor sharded there is gathered), and the
+  dims before it follow ``x`` as above.
 
 Backward is ``rope::apply`` with ``inverse`` flipped (C++ autograd), so the same rules cover it.
 
@@ -61,9 +64,30 @@ def register_sharding_rules() -> None:
     register_sharding(ops.apply.default)(_apply_rule)
     register_sharding(ops.apply_.default)(_apply_inplace_rule)
     register_sharding(ops.apply_qk.default)(_apply_qk_rule)
+    for op in (ops.apply.default, ops.apply_.default, ops.apply_qk.default):
+        _key_on_mrope_section(op)
     if hasattr(ops.apply, "out"):
         _register_out_rule(ops.apply.out)
     _registered = True
+
+
+def _key_on_mrope_section(op) -> None:
+    """Make ``mrope_section`` part of DTensor's sharding cache key for ``op``.
+
+    register_sharding keys its cache on int kwargs only, and ``mrope_section`` (``int[]?``)
+    decides whether positions' last dim is the axis dim: the same shapes with and without it
+    can need different positions placements (x ``(B, S, 3, D)``, positions ``(S, 3)``)."""
+    if "mrope_section" not in _argument_names(op):
+        return
+    from torch.distributed.tensor import DTensor
+
+    infos = DTensor._op_dispatcher.sharding_propagator.op_to_schema_info
+    info = infos.get(op)
+    if info is None:
+        return
+    keys = list(info.static_kwargkey or [])
+    if "mrope_section" not in keys:
+        info.static_kwargkey = keys + ["mrope_section"]
 
 
 def maybe_register_for(*tensors) -> None:
@@ -103,23 +127,38 @@ def register_if_loaded() -> None:
 # dimension and picks the cheapest redistribution of the actual inputs.
 
 
-def _check_positions(op: str, name: str, x, positions) -> None:
-    """Positions must broadcast (trailing alignment) to the GLOBAL ``x.shape[:-1]``.
+def _row_shape(positions, mrope_section) -> Tuple[int, ...]:
+    """The dims of ``positions`` that align with ``x.shape[:-1]``: all of them, or all but the
+    trailing axis dim with multi-axis positions (``mrope_section``)."""
+    shape = tuple(positions.shape)
+    return shape if mrope_section is None else shape[:-1]
+
+
+def _check_positions(op: str, name: str, x, positions, mrope_section=None) -> None:
+    """Positions (without their axis dim, if multi-axis) must broadcast (trailing alignment) to
+    the GLOBAL ``x.shape[:-1]``.
 
     DTensor runs the op's fake kernel on the global shapes before any rule, and that check says
     the same; this one keeps the rules' dim mapping safe whatever the propagation order.
     """
     rows = tuple(x.shape[:-1])
-    pos = tuple(positions.shape)
-    if len(pos) <= len(rows) and all(
-        p == 1 or p == r for p, r in zip(reversed(pos), reversed(rows))
+    if mrope_section is not None and len(positions.shape) == 0:
+        pos = None
+    else:
+        pos = _row_shape(positions, mrope_section)
+    if pos is not None and (
+        len(pos) <= len(rows)
+        and all(p == 1 or p == r for p, r in zip(reversed(pos), reversed(rows)))
     ):
         return
+    what = "positions"
+    if mrope_section is not None:
+        what = "positions.shape[:-1] (without the axis dim)"
     raise ValueError(
-        f"{op}: {name} is a DTensor, so positions must be global and broadcastable to the "
-        f"global {name}.shape[:-1] = {list(rows)}; got positions of global shape {list(pos)}. "
-        "Pass the positions of the whole (unsharded) tensor, e.g. as a replicated DTensor; "
-        "the rule gives each rank its slice"
+        f"{op}: {name} is a DTensor, so positions must be global and {what} broadcastable to "
+        f"the global {name}.shape[:-1] = {list(rows)}; got positions of global shape "
+        f"{list(positions.shape)}. Pass the positions of the whole (unsharded) tensor, e.g. as "
+        "a replicated DTensor; the rule gives each rank its slice"
     )
 
 
@@ -129,7 +168,9 @@ def positions_placement(x_ndim: int, positions_shape: Sequence[int], x_dim: Opti
 
     positions dim ``j`` aligns with x dim ``x_ndim - 1 - len(positions_shape) + j`` (broadcasting
     to ``x.shape[:-1]``, aligned right). Sharded alike where positions vary along that dim;
-    replicated where they broadcast (size 1) or do not reach it.
+    replicated where they broadcast (size 1) or do not reach it. For multi-axis positions pass
+    ``positions.shape[:-1]``: the axis dim comes last, so ``Shard(j)`` means the same dim of the
+    full positions, and the axis dim itself is never sharded.
     """
     from torch.distributed.tensor import Replicate, Shard
 
@@ -153,36 +194,39 @@ def _x_choices(x_ndim: int, positions_shape: Sequence[int]) -> List[Tuple[object
     return choices
 
 
-def _apply_rule(x, cos, sin, positions, **_flags):
-    _check_positions("rope.apply", "x", x, positions)
+def _apply_rule(x, cos, sin, positions, *, mrope_section=None, **_flags):
+    _check_positions("rope.apply", "x", x, positions, mrope_section)
     from torch.distributed.tensor import Replicate
 
     r = Replicate()
-    return [([xp], [xp, r, r, pp]) for xp, pp in _x_choices(x.ndim, positions.shape)]
+    rows = _row_shape(positions, mrope_section)
+    return [([xp], [xp, r, r, pp]) for xp, pp in _x_choices(x.ndim, rows)]
 
 
-def _apply_inplace_rule(x, cos, sin, positions, **_flags):
+def _apply_inplace_rule(x, cos, sin, positions, *, mrope_section=None, **_flags):
     # Same choices; DTensor's in-place filter keeps only those where x keeps its placement, and
     # raises (naming the placement) when none does, e.g. for a sharded head_dim.
-    _check_positions("rope.apply_", "x", x, positions)
+    _check_positions("rope.apply_", "x", x, positions, mrope_section)
     from torch.distributed.tensor import Replicate
 
     r = Replicate()
-    return [([], [xp, r, r, pp]) for xp, pp in _x_choices(x.ndim, positions.shape)]
+    rows = _row_shape(positions, mrope_section)
+    return [([], [xp, r, r, pp]) for xp, pp in _x_choices(x.ndim, rows)]
 
 
-def _apply_qk_rule(q, k, cos, sin, positions, **_flags):
-    _check_positions("rope.apply_qk", "q", q, positions)
-    _check_positions("rope.apply_qk", "k", k, positions)
+def _apply_qk_rule(q, k, cos, sin, positions, *, mrope_section=None, **_flags):
+    _check_positions("rope.apply_qk", "q", q, positions, mrope_section)
+    _check_positions("rope.apply_qk", "k", k, positions, mrope_section)
     from torch.distributed.tensor import Replicate
 
     r = Replicate()
+    rows = _row_shape(positions, mrope_section)
     # q and k are placed independently (GQA: different head counts), but share one positions
     # tensor, so a pair is offered only when both need the same placement of positions.
     return [
         ([qp, kp], [qp, kp, r, r, qpp])
-        for qp, qpp in _x_choices(q.ndim, positions.shape)
-        for kp, kpp in _x_choices(k.ndim, positions.shape)
+        for qp, qpp in _x_choices(q.ndim, rows)
+        for kp, kpp in _x_choices(k.ndim, rows)
         if qpp == kpp
     ]
 
@@ -216,17 +260,25 @@ def _register_out_rule(op) -> None:
             return arg.strategies[0].output_spec if isinstance(arg, OpStrategy) else arg
 
         x, cos, sin, positions = (spec(a) for a in op_schema.args_schema[:4])
-        _check_positions("rope.apply.out", "x", x, positions)
+        mrope_section = op_schema.kwargs_schema.get("mrope_section")
+        _check_positions("rope.apply.out", "x", x, positions, mrope_section)
+        rows = _row_shape(positions, mrope_section)
         r = Replicate()
         # One entry for the output, then one per tensor input (args, then the out kwarg). DTensor
         # keeps only the combinations whose output placement equals out's current one (it never
         # redistributes kwargs), so out stays where it is and x moves to out's placement.
-        single_dim = [[xp, xp, r, r, pp, xp] for xp, pp in _x_choices(x.ndim, positions.shape)]
+        single_dim = [[xp, xp, r, r, pp, xp] for xp, pp in _x_choices(x.ndim, rows)]
         return expand_to_full_mesh_op_strategy(
             op_schema.get_mesh_from_args(), op_schema, single_dim, input_index=1
         )
 
-    # out's placement decides the strategy, so it must be part of DTensor's cache key.
+    # out's placement decides the strategy, so it must be part of DTensor's cache key; so does
+    # mrope_section (whether positions' last dim is the axis dim).
+    keys = ["out"] + (["mrope_section"] if "mrope_section" in _argument_names(op) else [])
     DTensor._op_dispatcher.sharding_propagator.register_op_strategy(
-        op, strategy, RuntimeSchemaInfo(static_kwargkey=["out"])
+        op, strategy, RuntimeSchemaInfo(static_kwargkey=keys)
     )
+
+
+def _argument_names(op):
+    return {a.name for a in op._schema.arguments}

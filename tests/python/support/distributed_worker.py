@@ -305,6 +305,115 @@ def apply_qk_gqa(mesh):
             close(full(kd.grad), rgk, what + " k backward", rtol=0, atol=1e-12)
 
 
+# Multi-axis positions: (name, x shape, positions shapes), each ending in the axis dim (3).
+MULTI_AXIS_SHAPES = [
+    ("BHSD", (3, 5, 7, 8), [(7, 3), (3, 1, 7, 3)]),
+    ("BSHD", (3, 7, 5, 8), [(3, 7, 1, 3)]),
+    ("THD", (9, 5, 8), [(9, 1, 3)]),
+]
+
+
+@check()
+def apply_multi_axis(mesh):
+    """mrope_section: the positions' trailing axis dim aligns with nothing in x and is never
+    sharded. Every x placement, positions replicated, sharded like x, or sharded on the axis
+    dim (gathered); apply forward and backward, apply_qk (GQA), apply_ and out=."""
+    import torch_rope
+
+    d = dt()
+    R = d.Replicate()
+    max_len = 40
+    cos, sin = torch_rope.rope_tables(10000.0, 8, max_len)  # 4 planes
+    for i, (name, shape, pos_shapes) in enumerate(MULTI_AXIS_SHAPES):
+        kw = dict(
+            interleaved=i != 1,
+            mrope_section=[2, 1, 1] if i != 1 else [1, 2, 1],
+            mrope_interleaved=i != 1,
+        )
+        for pos_shape in pos_shapes:
+            x = torch.randn(shape, dtype=torch.float64)
+            g = torch.randn(shape, dtype=torch.float64)
+            pos = torch.randint(0, max_len, pos_shape)
+            (ref,), (ref_grad,) = rotate_and_grad(
+                lambda x: torch_rope.apply(x, cos, sin, pos, **kw), [x], [g]
+            )
+            for xp in placements_of(len(shape)):
+                variants = [replicated(pos, mesh), place(pos, mesh, d.Shard(len(pos_shape) - 1))]
+                if isinstance(xp, d.Shard) and xp.dim < len(shape) - 1:
+                    j = positions_dim_for(len(shape), pos_shape[:-1], xp.dim)
+                    if j is not None:
+                        variants.append(place(pos, mesh, d.Shard(j)))
+                for pos_d in variants:
+                    what = (
+                        f"mrope {name} x{list(shape)} {xp} positions{list(pos_shape)} "
+                        f"{pos_d.placements}"
+                    )
+                    xd = place(x, mesh, xp).detach().requires_grad_()
+                    out = torch.ops.rope.apply(
+                        xd, replicated(cos, mesh), replicated(sin, mesh), pos_d, **kw
+                    )
+                    close(out.full_tensor(), ref, what + " forward", rtol=0, atol=1e-12)
+                    if isinstance(xp, (d.Shard, d.Partial)) and not (
+                        isinstance(xp, d.Shard) and xp.dim == len(shape) - 1
+                    ):
+                        assert out.placements == (xp,), f"{what}: output {out.placements}"
+                    (out.redistribute(mesh, [R]).to_local() * g).sum().backward()
+                    close(full(xd.grad), ref_grad, what + " backward", rtol=0, atol=1e-12)
+
+    # apply_qk with GQA (4 query heads, 2 key heads), (B, 1, S, A) positions.
+    q = torch.randn(2, 4, 7, 8, dtype=torch.float64)
+    k = torch.randn(2, 2, 7, 8, dtype=torch.float64)
+    pos = torch.randint(0, max_len, (2, 1, 7, 3))
+    kw = dict(mrope_section=[1, 2, 1], mrope_interleaved=False, interleaved=False)
+    rq, rk = torch_rope.apply_qk(q, k, cos, sin, pos, **kw)
+    for qp, kp in [(R, R), (d.Shard(0), d.Shard(0)), (d.Shard(1), d.Shard(1)), (d.Shard(2), R)]:
+        what = f"mrope apply_qk q {qp} k {kp}"
+        oq, ok = torch.ops.rope.apply_qk(
+            place(q, mesh, qp),
+            place(k, mesh, kp),
+            replicated(cos, mesh),
+            replicated(sin, mesh),
+            replicated(pos, mesh),
+            **kw,
+        )
+        close(oq.full_tensor(), rq, what + " q", rtol=0, atol=1e-12)
+        close(ok.full_tensor(), rk, what + " k", rtol=0, atol=1e-12)
+
+    # apply_ keeps x's placement and storage; out= keeps out's.
+    x = torch.randn(3, 5, 7, 8, dtype=torch.float64)
+    pos = torch.randint(0, max_len, (3, 1, 7, 3))
+    kw = dict(mrope_section=[2, 1, 1], mrope_interleaved=True, inverse=True)
+    ref = torch_rope.apply(x, cos, sin, pos, **kw)
+    for xp in [R, d.Shard(0), d.Shard(2), d.Partial("sum")]:
+        xd = place(x, mesh, xp)
+        storage = xd.to_local().data_ptr()
+        torch_rope.apply_(
+            xd, replicated(cos, mesh), replicated(sin, mesh), replicated(pos, mesh), **kw
+        )
+        assert xd.placements == (xp,) and xd.to_local().data_ptr() == storage, f"apply_ {xp}"
+        close(xd.full_tensor(), ref, f"mrope apply_ {xp}", rtol=0, atol=1e-12)
+        out = place(torch.zeros_like(x), mesh, xp if not isinstance(xp, d.Partial) else R)
+        result = torch_rope.apply(
+            place(x, mesh, xp), replicated(cos, mesh), replicated(sin, mesh),
+            replicated(pos, mesh), out=out, **kw,
+        )  # fmt: skip
+        assert result is out
+        close(out.full_tensor(), ref, f"mrope out= {xp}", rtol=0, atol=1e-12)
+
+    # Same global shapes, with and without mrope_section: x (B, 3, 3, D) sharded on dim 1 needs
+    # positions (3, 3) sharded on dim 0 when one-axis (they align with (S, H)), replicated when
+    # multi-axis ((3,) aligns with H). A cache keyed without mrope_section reuses the first.
+    x = torch.randn(2, 3, 3, 8, dtype=torch.float64)
+    pos = torch.randint(0, max_len, (3, 3))
+    for kw in (dict(), dict(mrope_section=[2, 1, 1]), dict()):
+        got = torch.ops.rope.apply(
+            place(x, mesh, d.Shard(1)), replicated(cos, mesh), replicated(sin, mesh),
+            replicated(pos, mesh), **kw,
+        )  # fmt: skip
+        close(got.full_tensor(), torch_rope.apply(x, cos, sin, pos, **kw), f"cache key {kw}",
+              rtol=0, atol=1e-12)  # fmt: skip
+
+
 @check()
 def apply_inplace(mesh):
     """rope::apply_ keeps x's placement and local storage; refuses what would need to move x."""

@@ -32,16 +32,35 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ._scaling import rope_frequencies
+from ._scaling import rope_frequencies, rope_tables_from_inv_freq
 from .nn import RotaryPositionalEmbedding, long_rope_positions
 from .ops import apply_qk
 
 __all__ = ["apply_rotary_pos_emb", "patch", "unpatch", "is_patched", "SUPPORTED_MODEL_TYPES"]
 
+#: Vision-language models: a text tower with multi-axis positions (M-RoPE: ``position_ids`` of
+#: shape ``(3, B, S)``, temporal/height/width) and a vision tower with 2-D (row, column) RoPE.
+#: Per model type: the text tower's pair layout (torch_rope's ``interleaved``: GLM-4V's text
+#: rotates GPT-J pairs, the others ``rotate_half``) and how its planes are dealt to the three axes
+#: (``mrope_interleaved``: Qwen3-VL's interleaved rule; the others contiguous runs of
+#: ``mrope_section``). The vision towers all rotate ``rotate_half`` over the whole head, the first
+#: half of the planes by the row and the second half by the column, each half with its own
+#: frequencies ``theta^(-2j/(head_dim/2))``.
+_VLM_TYPES: Dict[str, Tuple[bool, bool]] = {
+    "qwen2_vl": (False, False),
+    "qwen2_5_vl": (False, False),
+    "qwen3_vl": (False, True),
+    "qwen3_vl_moe": (False, True),
+    "glm4v": (True, False),
+    "glm4v_moe": (False, False),
+}
+
 #: transformers model types that :func:`patch` knows: each was checked against the unpatched model
-#: (fp32 logits, greedy generation with a KV cache) by this project's tests. They all rotate with
-#: ``rotate_half`` (torch_rope's ``interleaved=False``) through a module-level
-#: ``apply_rotary_pos_emb(q, k, cos, sin)`` called from the attention's forward.
+#: (fp32 logits, greedy generation with a KV cache) by this project's tests. The text models all
+#: rotate with ``rotate_half`` (torch_rope's ``interleaved=False``) through a module-level
+#: ``apply_rotary_pos_emb(q, k, cos, sin)`` called from the attention's forward; the
+#: vision-language models (the last ones) also rotate their vision tower's q/k, through
+#: ``apply_rotary_pos_emb_vision``.
 SUPPORTED_MODEL_TYPES = (
     "llama",
     "mistral",
@@ -66,9 +85,11 @@ SUPPORTED_MODEL_TYPES = (
     "exaone4",
     "seed_oss",
     "apertus",
+    *_VLM_TYPES,
 )
 
 _HF_NAME = "apply_rotary_pos_emb"
+_HF_VISION_NAME = "apply_rotary_pos_emb_vision"
 _ONE_TYPE = "all"  # the table key of a model whose layers share one RoPE
 _PATCH_ATTR = "_torch_rope_patch"
 
@@ -136,22 +157,28 @@ def _model_type(model: nn.Module) -> str:
     return config.model_type
 
 
-def _rotary_modules(model: nn.Module) -> List[nn.Module]:
+def _is_vision_rotary(module: nn.Module) -> bool:
+    return type(module).__name__.endswith("VisionRotaryEmbedding")
+
+
+def _rotary_modules(model: nn.Module, vision: bool = False) -> List[nn.Module]:
+    """The text rotary modules of ``model`` (``vision``: its vision towers' rotary modules)."""
     found = []
     for module in model.modules():
         if (
             type(module).__name__.endswith("RotaryEmbedding")
             and hasattr(module, "config")
             and (hasattr(module, "inv_freq") or hasattr(module, "layer_types"))
+            and _is_vision_rotary(module) == vision
         ):
             found.append(module)
     return found
 
 
-def _calls_hf_apply(module: nn.Module) -> bool:
+def _calls_hf_apply(module: nn.Module, name: str = _HF_NAME) -> bool:
     forward = getattr(type(module), "forward", None)
     code = getattr(forward, "__code__", None)
-    return code is not None and _HF_NAME in code.co_names and _HF_NAME in forward.__globals__
+    return code is not None and name in code.co_names and name in forward.__globals__
 
 
 def _layer_types(rotary: nn.Module) -> Optional[List[str]]:
@@ -164,7 +191,13 @@ def _layer_types(rotary: nn.Module) -> Optional[List[str]]:
 
 def _scaling_dict(params: Dict[str, Any], config) -> Dict[str, Any]:
     """config.rope_parameters (one layer type's) -> the dict RotaryPositionalEmbedding takes."""
-    scaling = {k: v for k, v in params.items() if v is not None}
+    # mrope_section / mrope_interleaved say which position axis each plane reads, not how the
+    # frequencies are made: they go to the op, not to the table builder.
+    scaling = {
+        k: v
+        for k, v in params.items()
+        if v is not None and k not in ("mrope_section", "mrope_interleaved")
+    }
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type in ("dynamic", "yarn", "longrope"):
         # The pretraining length these variants read from the config, outside the dict.
@@ -190,14 +223,22 @@ def _make_tables(
         scaling["seq_len"] = seq_len
     theta = float(params["rope_theta"])
     device = _device_of(rotary, key)
-    return RotaryPositionalEmbedding(
+    interleaved, mrope_section, mrope_interleaved = getattr(
+        rotary, "_torch_rope_axes", (False, None, False)
+    )
+    tables = RotaryPositionalEmbedding(
         theta,
         rotary_dim,
         max(max_seq_len, seq_len or 0),
         device,
-        interleaved=False,
+        interleaved=interleaved,
         scaling=scaling,
     )
+    # Multi-axis positions: read by the patched layers (_apply_with_tables), never by the module's
+    # own forward, which patch does not call.
+    tables.mrope_section = mrope_section
+    tables.mrope_interleaved = mrope_interleaved
+    return tables
 
 
 def _device_of(rotary: nn.Module, key: str) -> torch.device:
@@ -234,6 +275,10 @@ def _patched_rotary_forward(self, x: Tensor, position_ids: Tensor, layer_type=No
     if dynamic is not None:
         _dynamic_update(self, key, dynamic, position_ids)
         tables = self.torch_rope[key]
+    if getattr(tables, "mrope_section", None) is not None:
+        # M-RoPE: HF's (A, B, S) position ids (or (B, S), the same position on every axis, as
+        # HF's own expand makes them) become torch_rope's (B, S, A), axis dim last.
+        position_ids = position_ids.expand(len(tables.mrope_section), -1, -1).movedim(0, -1)
     return long_rope_positions(position_ids, tables.long_offset, tables.long_after), tables
 
 
@@ -259,33 +304,76 @@ def _seq_major(x: Tensor) -> bool:
     return x.dim() == 4 and x.stride(1) < x.stride(2)
 
 
-def _rotate_qk(q, k, cos_table, sin_table, positions, unsqueeze_dim, interleaved):
-    """apply_qk at ``positions`` (B, S), for q/k laid out as transformers' attention has them.
+def _rotate_qk(
+    q,
+    k,
+    cos_table,
+    sin_table,
+    positions,
+    unsqueeze_dim,
+    interleaved,
+    mrope_section=None,
+    mrope_interleaved=False,
+):
+    """apply_qk at ``positions`` (B, S), or (B, S, A) with ``mrope_section`` (A position axes),
+    for q/k laid out as transformers' attention has them.
 
     HF's q and k are (B, H, S, D) views of (B, S, H, D) projections. Rotating the (B, S, H, D)
-    views (positions (B, S, 1)) walks memory in order, which the CPU kernel does 2-5x faster than
-    the transposed order; the results are handed back as (B, H, S, D) views, as HF's are.
+    views (positions (B, S, 1[, A])) walks memory in order, which the CPU kernel does 2-5x faster
+    than the transposed order; the results are handed back as (B, H, S, D) views, as HF's are.
     """
-    if unsqueeze_dim == 1 and positions.dim() == 2 and _seq_major(q) and _seq_major(k):
+    flags = {"interleaved": interleaved}
+    if mrope_section is not None:
+        flags.update(mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)
+    batch_dims = positions.dim() - (mrope_section is not None)
+    if unsqueeze_dim == 1 and batch_dims == 2 and _seq_major(q) and _seq_major(k):
         q_out, k_out = apply_qk(
             q.transpose(1, 2),
             k.transpose(1, 2),
             cos_table,
             sin_table,
-            positions.unsqueeze(-1),
-            interleaved=interleaved,
+            positions.unsqueeze(2),
+            **flags,
         )
         return q_out.transpose(1, 2), k_out.transpose(1, 2)
-    return apply_qk(
-        q, k, cos_table, sin_table, positions.unsqueeze(unsqueeze_dim), interleaved=interleaved
-    )
+    return apply_qk(q, k, cos_table, sin_table, positions.unsqueeze(unsqueeze_dim), **flags)
 
 
 def _apply_with_tables(q, k, cos, sin, unsqueeze_dim=1):
     """What a patched attention layer calls as apply_rotary_pos_emb: ``cos`` holds the positions
-    (B, S) and ``sin`` the torch_rope tables module, as the patched rotary module returned them."""
+    (B, S) (M-RoPE: (B, S, 3)) and ``sin`` the torch_rope tables module, as the patched rotary
+    module returned them."""
     positions, tables = cos, sin
-    return _rotate_qk(q, k, tables.cos, tables.sin, positions, unsqueeze_dim, tables.interleaved)
+    return _rotate_qk(
+        q,
+        k,
+        tables.cos,
+        tables.sin,
+        positions,
+        unsqueeze_dim,
+        tables.interleaved,
+        getattr(tables, "mrope_section", None),
+        getattr(tables, "mrope_interleaved", False),
+    )
+
+
+def _apply_vision_with_tables(q, k, cos, sin):
+    """What a patched vision attention layer calls as apply_rotary_pos_emb_vision: q and k are
+    (N, H, D) (N patches of all images packed), ``cos`` the patches' (N, 2) (row, column)
+    positions and ``sin`` the vision tables (put there by
+    :func:`_patched_vision_attention_forward`). HF rotates in float32 and returns q's and
+    k's dtypes; so does the op."""
+    positions, tables = cos, sin
+    return apply_qk(
+        q,
+        k,
+        tables.cos,
+        tables.sin,
+        positions.unsqueeze(-2),
+        interleaved=tables.interleaved,
+        mrope_section=tables.mrope_section,
+        mrope_interleaved=tables.mrope_interleaved,
+    )
 
 
 # One patched copy of each transformers modeling module's globals, registered as a module of its
@@ -312,6 +400,8 @@ def _patched_namespace(original_globals: Dict[str, Any], refresh: bool) -> Dict[
         module.__dict__.update(original_globals)
         module.__dict__["__name__"] = name
         module.__dict__[_HF_NAME] = _apply_with_tables
+        if _HF_VISION_NAME in original_globals:
+            module.__dict__[_HF_VISION_NAME] = _apply_vision_with_tables
     return module.__dict__
 
 
@@ -345,11 +435,87 @@ def _patched_attention_forward(attention: nn.Module, *args, **kwargs):
     return _rebuilt_forward(type(attention))(attention, *args, **kwargs)
 
 
-def _bind(function, module: nn.Module):
+class _AxialTables(nn.Module):
+    """A vision tower's 2-D RoPE tables: ``cos[p, k] = cos(p * inv_freq[k mod n])`` for the
+    ``2 n`` planes (n per axis; the frequencies restart on each axis), built in float64 and
+    stored float32 as non-persistent buffers that keep their dtype when the model is cast.
+    Planes ``[0, n)`` turn by the row, ``[n, 2n)`` by the column (``mrope_section = [n, n]``)."""
+
+    interleaved = False
+    mrope_interleaved = False
+
+    def __init__(self, inv_freq: Tensor, axes: int, max_seq_len: int, device) -> None:
+        super().__init__()
+        n = inv_freq.numel()
+        self.mrope_section = [n] * axes
+        self.rotary_dim = 2 * n * axes
+        self.max_seq_len = max_seq_len
+        cos, sin = rope_tables_from_inv_freq(inv_freq.repeat(axes), max_seq_len, device)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        # As RotaryPositionalEmbedding: follow device moves, not dtype casts.
+        tables = {"cos": self.cos, "sin": self.sin}
+        super()._apply(fn, recurse)
+        for name, original in tables.items():
+            moved = self._buffers[name]
+            if moved.dtype != original.dtype:
+                self._buffers[name] = original.to(device=moved.device)
+        return self
+
+    def extra_repr(self) -> str:
+        return f"max_seq_len={self.max_seq_len}, mrope_section={self.mrope_section}"
+
+
+def _vision_tables(rotary: nn.Module, head_dim: int, max_seq_len: int) -> _AxialTables:
+    """The vision rotary module's tables, after checking that its frequencies are the axial ones
+    this builds (theta^(-2j/(head_dim/2)) per axis, no attention factor)."""
+    config = rotary.config
+    params = getattr(config, "rope_parameters", None) or {}
+    refusal = (
+        f"torch_rope.hf.patch: {type(rotary).__name__} is not the axial 2-D RoPE patch knows "
+        f"(rope_parameters {params}); not patching"
+    )
+    init = getattr(type(rotary), "compute_axial_rope_parameters", None)
+    if params.get("rope_type") != "axial" or init is None:
+        raise NotImplementedError(refusal)
+    hf_inv_freq, hf_scaling = init(config, device=torch.device("cpu"))
+    n = hf_inv_freq.numel()
+    theta = float(params["rope_theta"])
+    ours = theta ** (-torch.arange(0, 2 * n, 2, dtype=torch.float64) / (2 * n))
+    if not (
+        4 * n == head_dim
+        and float(hf_scaling) == 1.0
+        and torch.allclose(ours.float(), hf_inv_freq.float(), rtol=1e-5, atol=0)
+    ):
+        raise NotImplementedError(refusal)
+    return _AxialTables(ours, 2, max_seq_len, rotary.inv_freq.device)
+
+
+def _patched_vision_rotary_forward(self, x: Tensor, position_ids: Tensor):
+    """The vision rotary module's forward once patched: the (N, 2) positions in both slots (the
+    model may reorder both the same way, as Qwen2.5-VL's window attention does); the attention
+    layers get the tables from :func:`_patched_vision_attention_forward`."""
+    return position_ids, position_ids
+
+
+def _patched_vision_attention_forward(attention: nn.Module, rotary: nn.Module, *args, **kwargs):
+    embeddings = kwargs.get("position_embeddings")
+    if embeddings is not None:
+        kwargs["position_embeddings"] = (embeddings[0], rotary.torch_rope)
+    else:
+        index = type(attention).forward.__code__.co_varnames.index("position_embeddings") - 1
+        if index < len(args) and args[index] is not None:
+            args = args[:index] + ((args[index][0], rotary.torch_rope),) + args[index + 1 :]
+    return _rebuilt_forward(type(attention))(attention, *args, **kwargs)
+
+
+def _bind(function, module: nn.Module, *more):
     """``function`` bound to this one module. A partial of a module-level function, not a bound
     method: a bound method pickles as ``getattr(module, name)``, which torch.load cannot resolve,
     while the partial pickles by reference, so a patched model saved whole loads patched."""
-    return functools.partial(function, module)
+    return functools.partial(function, module, *more)
 
 
 def _self_check(rotary, key, attention) -> None:
@@ -371,8 +537,25 @@ def _self_check(rotary, key, attention) -> None:
     hidden = torch.randn(1, length, config.hidden_size, generator=generator)
     hidden = hidden.to(device=device, dtype=dtype)
     position_ids = torch.arange(length, device=device).unsqueeze(0)
-    cos = tables.cos[position_ids].repeat(1, 1, 2).to(dtype)
-    sin = tables.sin[position_ids].repeat(1, 1, 2).to(dtype)
+    section = getattr(tables, "mrope_section", None)
+    if section is None:
+        cos = tables.cos[position_ids].repeat(1, 1, 2).to(dtype)
+        sin = tables.sin[position_ids].repeat(1, 1, 2).to(dtype)
+    else:
+        # Three axes that differ everywhere, dealt to the planes by HF's own recomposition
+        # (contiguous or interleaved, rotate_half or GPT-J halves) of our tables' rows.
+        steps = torch.arange(length, device=device)
+        axes = torch.stack([steps, steps // 2 + 1, (steps * 5 + 3) % length][: len(section)])
+        axes = axes.unsqueeze(1)  # HF's (A, B, S)
+        recompose = getattr(type(rotary), "recomposition_frequencies", None)
+        if recompose is None:
+            raise NotImplementedError(
+                f"torch_rope.hf.patch: {type(rotary).__name__} has no recomposition_frequencies "
+                "to check the multi-axis positions against; not patching"
+            )
+        cos = recompose(rotary, tables.cos[axes].clone()).to(dtype)
+        sin = recompose(rotary, tables.sin[axes].clone()).to(dtype)
+        position_ids = axes.movedim(0, -1)  # what the patched rotary module hands on
     refusal = (
         f"torch_rope.hf.patch: a patched {type(attention).__name__} disagrees with the unpatched "
         "one on a probe input (it rotates q/k differently from torch_rope's half-split RoPE); "
@@ -391,15 +574,96 @@ def _self_check(rotary, key, attention) -> None:
             )[0]
         except Exception as error:  # e.g. a layer that slices or reshapes cos/sin itself
             raise NotImplementedError(refusal) from error
+    if not _close(want, got, dtype):
+        raise NotImplementedError(refusal)
+
+
+def _close(want: Tensor, got: Tensor, dtype: torch.dtype) -> bool:
     # float32: the two rotations differ by float32 rounding; 16-bit models also round q and k to
     # their dtype at different points.
     tol = 1e-4 if dtype in (torch.float32, torch.float64) else 5e-2
     scale = want.abs().max().item() or 1.0
-    if want.shape != got.shape or (want - got).abs().max().item() > tol * scale:
+    return want.shape == got.shape and (want - got).abs().max().item() <= tol * scale
+
+
+def _self_check_vision(rotary: nn.Module, attention: nn.Module) -> None:
+    """_self_check for a vision attention layer: one forward unpatched, with HF's (N, head_dim)
+    cos/sin recomposed by the vision rotary module from our tables' rows at (row, column)
+    probe positions, and one patched, with the positions and the tables."""
+    tables = rotary.torch_rope
+    device = tables.cos.device
+    if device.type == "meta":
+        return
+    refusal = (
+        f"torch_rope.hf.patch: a patched {type(attention).__name__} disagrees with the unpatched "
+        "one on a probe input (it rotates q/k differently from torch_rope's 2-D RoPE); not "
+        "patching this model"
+    )
+    weight = next((p for p in attention.parameters() if p.dim() == 2), None)
+    recompose = getattr(type(rotary), "recomposition_frequencies", None)
+    if weight is None or recompose is None:
+        raise NotImplementedError(refusal)
+    dtype, length = weight.dtype, 12
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    hidden = torch.randn(length, weight.size(1), generator=generator)
+    hidden = hidden.to(device=device, dtype=dtype)
+    steps = torch.arange(length, device=device)
+    positions = torch.stack([steps // 3, (steps * 5 + 1) % 7], dim=-1)  # (N, 2): row, column
+    n = tables.mrope_section[0]
+    # HF's vision rotary makes freqs (N, 2, n) and recomposes them to (N, 4n).
+    cos = torch.stack([tables.cos[positions[:, a], a * n : (a + 1) * n] for a in (0, 1)], 1)
+    sin = torch.stack([tables.sin[positions[:, a], a * n : (a + 1) * n] for a in (0, 1)], 1)
+    cu_seqlens = torch.tensor([0, length], device=device, dtype=torch.int32)
+    with torch.no_grad():
+        try:
+            want = type(attention).forward(
+                attention,
+                hidden,
+                cu_seqlens=cu_seqlens,
+                position_embeddings=(recompose(rotary, cos), recompose(rotary, sin)),
+            )
+            got = _patched_vision_attention_forward(
+                attention, rotary, hidden, cu_seqlens=cu_seqlens, position_embeddings=(positions,)
+            )
+        except Exception as error:
+            raise NotImplementedError(refusal) from error
+    if not _close(want, got, dtype):
         raise NotImplementedError(refusal)
 
 
-def patch(model: nn.Module, *, max_seq_len: Optional[int] = None) -> nn.Module:
+def _patch_vision(model: nn.Module, model_type: str, record: "_Patch", rows: int) -> None:
+    """Put torch_rope under the vision tower of a vision-language model (its 2-D RoPE)."""
+    rotaries = _rotary_modules(model, vision=True)
+    attentions = [m for m in model.modules() if _calls_hf_apply(m, _HF_VISION_NAME)]
+    if len(rotaries) != 1 or not attentions:
+        raise NotImplementedError(
+            f"torch_rope.hf.patch: expected one vision rotary embedding module and vision "
+            f"attention layers that call {_HF_VISION_NAME}, found {len(rotaries)} rotary "
+            f"module(s) and {len(attentions)} such layer(s) in this {model_type} model"
+        )
+    rotary = rotaries[0]
+    head_dims = {getattr(a, "head_dim", None) for a in attentions}
+    if len(head_dims) != 1 or None in head_dims:
+        raise NotImplementedError(
+            f"torch_rope.hf.patch: the vision attention layers of this {model_type} model have "
+            f"head dims {head_dims}; not patching"
+        )
+    rotary.torch_rope = _vision_tables(rotary, head_dims.pop(), rows)
+    record.rotary.append(rotary)
+    checked = set()
+    for attention in attentions:
+        if type(attention) not in checked:
+            _rebuilt_forward(type(attention), refresh=True)
+            _self_check_vision(rotary, attention)
+            checked.add(type(attention))
+        attention.forward = _bind(_patched_vision_attention_forward, attention, rotary)
+        record.attention.append(attention)
+    rotary.forward = _bind(_patched_vision_rotary_forward, rotary)
+
+
+def patch(
+    model: nn.Module, *, max_seq_len: Optional[int] = None, max_vision_positions: int = 4096
+) -> nn.Module:
     """Make every attention layer of a loaded transformers model use torch_rope. Returns ``model``.
 
     * Tables come from torch_rope's float64 builder, from ``config.rope_parameters`` (older
@@ -413,12 +677,18 @@ def patch(model: nn.Module, *, max_seq_len: Optional[int] = None) -> nn.Module:
     * ``dynamic`` recomputes the frequencies when a sequence outgrows the cached length, as
       transformers does (with the same host sync); ``longrope`` switches between its short and
       long factors on the device, without a sync.
+    * Vision-language models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V and their MoE variants): the
+      text tower's (3, B, S) temporal/height/width position ids reach ``apply_qk`` as (B, 1, S, 3)
+      multi-axis positions with the model's ``mrope_section`` (and Qwen3-VL's interleaved rule);
+      each vision block rotates its patches' q/k with one ``apply_qk`` at their (row, column)
+      positions (``mrope_section = [n, n]``), with tables of ``max_vision_positions`` rows.
     * Only this model is changed: new forwards are bound to its modules, not to their classes.
       :func:`unpatch` restores them. The model stays compilable with ``torch.compile``, and a
       patched model saved whole (``torch.save(model)``) loads patched.
 
     ``max_seq_len`` is the number of positions the tables cover (default
-    ``config.max_position_embeddings``); a position past it raises an ``IndexError``.
+    ``config.max_position_embeddings``); a position past it raises an ``IndexError``, as does a
+    vision patch row or column past ``max_vision_positions``.
 
     Raises ``NotImplementedError`` for a model type not in :data:`SUPPORTED_MODEL_TYPES`, or whose
     layers do not match what patch expects, rather than patching it wrongly.
@@ -443,37 +713,53 @@ def patch(model: nn.Module, *, max_seq_len: Optional[int] = None) -> nn.Module:
     config = rotary.config
     keys = _layer_types(rotary) or [_ONE_TYPE]
     rows = config.max_position_embeddings if max_seq_len is None else max_seq_len
-
-    tables = nn.ModuleDict()
-    dynamic: Dict[str, _DynamicState] = {}
-    for key in keys:
-        params = config.rope_parameters if key == _ONE_TYPE else config.rope_parameters[key]
-        rope_type = params.get("rope_type", params.get("type", "default"))
-        hf_inv_freq, hf_scaling = _hf_frequencies(rotary, key, rope_type)
-        rotary_dim = 2 * hf_inv_freq.numel()
-        seq_len = None
-        if rope_type == "dynamic":
-            dynamic[key] = _DynamicState(config.max_position_embeddings)
-            seq_len = config.max_position_embeddings
-        tables[key] = _make_tables(rotary, key, rotary_dim, rows, seq_len=seq_len)
-        # Our float64 frequencies must round to transformers' float32 ones.
-        ours, ours_scaling = rope_frequencies(
-            tables[key].theta, rotary_dim, scaling=tables[key].scaling, seq_len=1
-        )
-        if not (
-            torch.allclose(ours.float(), hf_inv_freq, rtol=1e-5, atol=0)
-            and abs(ours_scaling - hf_scaling) <= 1e-6 * hf_scaling
-        ):
+    axes = None
+    if model_type in _VLM_TYPES:
+        interleaved, mrope_interleaved = _VLM_TYPES[model_type]
+        section = getattr(rotary, "mrope_section", None)
+        if keys != [_ONE_TYPE] or section is None or len(section) != 3:
             raise NotImplementedError(
-                f"torch_rope.hf.patch: the frequencies built from config.rope_parameters "
-                f"({params}) do not match transformers' own for this model; not patching"
+                f"torch_rope.hf.patch: expected the {model_type} text rotary module to have a "
+                f"3-axis mrope_section, found {section!r}; not patching"
             )
+        axes = (interleaved, [int(s) for s in section], mrope_interleaved)
 
     record = _Patch()
-    rotary.torch_rope = tables
-    rotary._torch_rope_dynamic = dynamic
     try:
+        if axes is not None:
+            rotary._torch_rope_axes = axes
         record.rotary.append(rotary)
+        tables = nn.ModuleDict()
+        dynamic: Dict[str, _DynamicState] = {}
+        for key in keys:
+            params = config.rope_parameters if key == _ONE_TYPE else config.rope_parameters[key]
+            rope_type = params.get("rope_type", params.get("type", "default"))
+            hf_inv_freq, hf_scaling = _hf_frequencies(rotary, key, rope_type)
+            rotary_dim = 2 * hf_inv_freq.numel()
+            seq_len = None
+            if rope_type == "dynamic":
+                dynamic[key] = _DynamicState(config.max_position_embeddings)
+                seq_len = config.max_position_embeddings
+            tables[key] = _make_tables(rotary, key, rotary_dim, rows, seq_len=seq_len)
+            # Our float64 frequencies must round to transformers' float32 ones.
+            ours, ours_scaling = rope_frequencies(
+                tables[key].theta, rotary_dim, scaling=tables[key].scaling, seq_len=1
+            )
+            if not (
+                torch.allclose(ours.float(), hf_inv_freq, rtol=1e-5, atol=0)
+                and abs(ours_scaling - hf_scaling) <= 1e-6 * hf_scaling
+            ):
+                raise NotImplementedError(
+                    f"torch_rope.hf.patch: the frequencies built from config.rope_parameters "
+                    f"({params}) do not match transformers' own for this model; not patching"
+                )
+        if axes is not None and sum(axes[1]) != tables[_ONE_TYPE].rotary_dim // 2:
+            raise NotImplementedError(
+                f"torch_rope.hf.patch: mrope_section {axes[1]} does not cover the "
+                f"{tables[_ONE_TYPE].rotary_dim // 2} rotary planes of this {model_type} model"
+            )
+        rotary.torch_rope = tables
+        rotary._torch_rope_dynamic = dynamic
         checked = set()
         for attention in attentions:
             if type(attention) not in checked:
@@ -484,6 +770,8 @@ def patch(model: nn.Module, *, max_seq_len: Optional[int] = None) -> nn.Module:
             attention.forward = _bind(_patched_attention_forward, attention)
             record.attention.append(attention)
         rotary.forward = _bind(_patched_rotary_forward, rotary)
+        if model_type in _VLM_TYPES:
+            _patch_vision(model, model_type, record, max_vision_positions)
     except BaseException:
         _undo(record)
         raise
@@ -496,7 +784,7 @@ def _undo(record: _Patch) -> None:
     for module in record.attention + record.rotary:
         module.__dict__.pop("forward", None)
     for rotary in record.rotary:
-        for name in ("torch_rope", "_torch_rope_dynamic"):
+        for name in ("torch_rope", "_torch_rope_dynamic", "_torch_rope_axes"):
             if hasattr(rotary, name):
                 delattr(rotary, name)
 

@@ -223,7 +223,9 @@ def test_patch_twice_is_a_no_op_and_unpatch_of_unpatched_too():
 
 
 def test_every_supported_model_type_is_tested_here():
+    """Here, or in test_hf_vlm.py for the vision-language models."""
     tested = {hf_models.config(n).model_type for n in FAST + SLOW}
+    tested |= {hf_models.vlm_config(n).model_type for n in hf_models.VLM}
     assert set(torch_rope.hf.SUPPORTED_MODEL_TYPES) == tested
 
 

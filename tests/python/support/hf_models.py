@@ -164,3 +164,158 @@ def batch(vocab=256, length=12, pad=3, seed=1):
     ids[1, :pad] = 0
     mask[1, :pad] = 0
     return ids, mask
+
+
+# ---- vision-language models ------------------------------------------------------------------
+
+#: The vision-language model types, each built tiny with a 2-layer text tower (head_dim 32: 16
+#: rotary planes, so the sections below deal them to three axes as the real checkpoints do) and
+#: a 2-block vision tower (head_dim 16, patches of 4x4 pixels).
+VLM = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm4v_moe")
+IMAGE, VIDEO, VISION_START, VISION_END = 250, 251, 252, 253
+_VLM_TEXT = dict(
+    vocab_size=256,
+    hidden_size=128,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=None,
+)
+# initializer_range: with the default 0.02 the random q and k are so small that attention is
+# nearly uniform and the vision RoPE barely moves anything; 0.2 makes it count.
+_VISION = dict(
+    depth=2,
+    num_heads=2,
+    patch_size=4,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    initializer_range=0.2,
+)
+_TOKENS = dict(image_token_id=IMAGE, video_token_id=VIDEO)
+
+
+def vlm_config(name):
+    """The transformers config of one tiny vision-language test model (a name of :data:`VLM`)."""
+    import transformers as tf
+
+    if name in ("qwen2_vl", "qwen2_5_vl"):
+        # Contiguous sections, as Qwen2-VL's [16, 24, 24] of 64 planes.
+        text = dict(
+            _VLM_TEXT,
+            rope_parameters=dict(rope_type="default", rope_theta=1e6, mrope_section=[4, 6, 6]),
+        )
+        if name == "qwen2_vl":
+            vision = dict(_VISION, embed_dim=32, hidden_size=128, mlp_ratio=2)
+            cls = tf.Qwen2VLConfig
+        else:  # window attention in block 0, full attention in block 1
+            vision = dict(
+                _VISION,
+                hidden_size=32,
+                intermediate_size=64,
+                out_hidden_size=128,
+                window_size=16,
+                fullatt_block_indexes=[1],
+            )
+            cls = tf.Qwen2_5_VLConfig
+        tokens = dict(_TOKENS, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
+        return cls(text_config=text, vision_config=vision, **tokens)
+    if name in ("qwen3_vl", "qwen3_vl_moe"):
+        # Qwen3-VL's interleaved rule, sections as its [24, 20, 20] of 64 planes.
+        text = dict(
+            _VLM_TEXT,
+            head_dim=32,
+            rope_parameters=dict(
+                rope_type="default", rope_theta=5e6, mrope_section=[6, 5, 5], mrope_interleaved=True
+            ),
+        )
+        vision = dict(
+            _VISION,
+            hidden_size=32,
+            intermediate_size=64,
+            out_hidden_size=128,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0],
+        )
+        cls = tf.Qwen3VLConfig
+        if name == "qwen3_vl_moe":
+            text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+            cls = tf.Qwen3VLMoeConfig
+        tokens = dict(_TOKENS, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
+        return cls(text_config=text, vision_config=vision, **tokens)
+    if name in ("glm4v", "glm4v_moe"):
+        # Partial rotary (half the head), sections as GLM-4.1V's [8, 12, 12] of 32 planes.
+        text = dict(
+            _VLM_TEXT,
+            rope_parameters=dict(
+                rope_type="default",
+                rope_theta=1e4,
+                mrope_section=[2, 3, 3],
+                partial_rotary_factor=0.5,
+            ),
+        )
+        vision = dict(
+            _VISION, hidden_size=32, intermediate_size=64, out_hidden_size=128, image_size=32
+        )
+        cls = tf.Glm4vConfig
+        if name == "glm4v_moe":
+            text.update(
+                n_routed_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                first_k_dense_replace=1,
+            )
+            cls = tf.Glm4vMoeConfig
+        tokens = dict(
+            _TOKENS,
+            image_start_token_id=VISION_START,
+            image_end_token_id=VISION_END,
+            video_start_token_id=248,
+            video_end_token_id=249,
+        )
+        return cls(text_config=text, vision_config=vision, **tokens)
+    raise KeyError(name)
+
+
+def build_vlm(name, seed=0):
+    """A fresh random-weight vision-language model in eval mode (fp32, eager attention)."""
+    from transformers import AutoModelForImageTextToText
+
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(vlm_config(name), attn_implementation="eager")
+    return model.eval()
+
+
+def vlm_batch(config, seed=1, pad=2):
+    """Model inputs with one image per row: ``input_ids`` (text, the image's placeholder tokens,
+    text; the second row left-padded by ``pad``), ``attention_mask``, ``pixel_values``,
+    ``image_grid_thw`` and ``mm_token_type_ids``.
+
+    The first image is 4x6 patches (2x3 tokens after the 2x2 merge), the second 6x4: the text
+    tower's three position axes (temporal, height, width) differ over the image tokens, and so do
+    the vision tower's rows and columns."""
+    g = torch.Generator().manual_seed(seed)
+    patch = config.vision_config.patch_size
+    grids = torch.tensor([[1, 4, 6], [1, 6, 4]])
+    merge = config.vision_config.spatial_merge_size
+    n_image = [int(t * h * w) // merge**2 for t, h, w in grids.tolist()]
+    rows = []
+    for i, n in enumerate(n_image):
+        text = torch.randint(2, 240, (5 + pad * (1 - i),), generator=g).tolist()
+        rows.append(
+            [0] * (pad * i) + text[:3] + [VISION_START] + [IMAGE] * n + [VISION_END] + text[3:]
+        )
+    ids = torch.tensor(rows)
+    mask = (ids != 0).long()
+    channels = config.vision_config.in_channels * config.vision_config.temporal_patch_size
+    pixels = torch.randn(int(grids.prod(-1).sum()), channels * patch * patch, generator=g)
+    return dict(
+        input_ids=ids,
+        attention_mask=mask,
+        pixel_values=pixels,
+        image_grid_thw=grids,
+        mm_token_type_ids=(ids == IMAGE).int(),
+    )

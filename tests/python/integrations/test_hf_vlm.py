@@ -1,0 +1,214 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""torch_rope.hf.patch on vision-language models: the text tower's multi-axis (M-RoPE) positions
+and the vision tower's 2-D RoPE, on tiny random-weight models run with an image.
+
+Each model gets one image per row (4x6 and 6x4 patches, the second row left-padded), so the text
+tower's temporal/height/width position axes differ over the image tokens and the vision tower's
+rows and columns differ. For each type: fp32 logits of the patched model match the unpatched
+one, greedy generation with a KV cache gives the same tokens, rope::apply_qk runs exactly once in
+every text decoder layer and every vision block (and HF's cos/sin never run), the wrong plane to
+axis assignment or swapped vision axes move the logits, and in bf16 the patched model is no
+further from the fp32 logits than 1.5x HF's own bf16 model.
+"""
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+
+import hf_models  # noqa: E402
+from test_hf import OpCounter, rel_err  # noqa: E402
+
+import torch_rope  # noqa: E402
+import torch_rope.hf  # noqa: E402
+
+FAST = ["qwen3_vl"]
+ALL = [pytest.param(n) for n in FAST] + [
+    pytest.param(n, marks=pytest.mark.slow) for n in hf_models.VLM if n not in FAST
+]
+OP = "rope.apply_qk"
+
+
+def logits(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).logits
+
+
+def vision_states(model, inputs):
+    """The vision tower's last hidden states (before the merger): what its RoPE moves most."""
+    with torch.no_grad():
+        out = model.model.visual(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"])
+    return out.last_hidden_state
+
+
+def generate(model, inputs, new_tokens=4):
+    with torch.no_grad():
+        return model.generate(
+            **inputs, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, use_cache=True
+        )
+
+
+def towers(model):
+    """(text attention layers, vision attention layers) of a tiny VLM."""
+    text = [layer.self_attn for layer in model.model.language_model.layers]
+    vision = [block.attn for block in model.model.visual.blocks]
+    return text, vision
+
+
+class PerLayer:
+    """rope::apply_qk calls made inside each of ``layers``, per forward, counted by OpCounter."""
+
+    def __init__(self, counter, layers):
+        self.calls = {id(layer): [] for layer in layers}
+        self.handles = []
+        for layer in layers:
+            self.handles.append(layer.register_forward_pre_hook(self._before))
+            self.handles.append(layer.register_forward_hook(self._after))
+        self.counter, self._start = counter, {}
+
+    def _before(self, layer, args):
+        self._start[id(layer)] = self.counter.counts.get(OP, 0)
+
+    def _after(self, layer, args, output):
+        self.calls[id(layer)].append(self.counter.counts.get(OP, 0) - self._start[id(layer)])
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_patched_vlm_matches_unpatched(name):
+    reference = hf_models.build_vlm(name)
+    model = copy.deepcopy(reference)
+    inputs = hf_models.vlm_batch(reference.config)
+    # The image tokens' three axes really differ (HF's own position ids of this batch).
+    axes, _ = reference.model.get_rope_index(
+        inputs["input_ids"],
+        mm_token_type_ids=inputs["mm_token_type_ids"],
+        image_grid_thw=inputs["image_grid_thw"],
+        attention_mask=inputs["attention_mask"],
+    )
+    image = inputs["input_ids"] == hf_models.IMAGE
+    assert not torch.equal(axes[1][image], axes[2][image])
+    assert not torch.equal(axes[0][image], axes[1][image])
+    want = logits(reference, inputs)
+    want_vision = vision_states(reference, inputs)
+
+    assert torch_rope.hf.patch(model) is model
+    assert model.state_dict().keys() == reference.state_dict().keys()
+    text, vision = towers(model)
+    with OpCounter() as counter, PerLayer(counter, text + vision) as per_layer:
+        got = logits(model, inputs)
+    # One apply_qk in every text decoder layer and in every vision block; HF's rotary modules
+    # (text and vision) computed no cos/sin.
+    assert all(calls == [1] for calls in per_layer.calls.values()), per_layer.calls
+    assert counter.counts[OP] == len(text) + len(vision)
+    assert counter.counts.get("aten.cos", 0) == 0 and counter.counts.get("aten.sin", 0) == 0
+    assert rel_err(got, want) <= 1e-5, rel_err(got, want)
+    got_vision = vision_states(model, inputs)
+    assert rel_err(got_vision, want_vision) <= 1e-5, rel_err(got_vision, want_vision)
+
+    # Greedy generation with a KV cache (the image in the prompt, a left-padded row): same tokens.
+    want_tokens = generate(reference, inputs)
+    with OpCounter() as counter, PerLayer(counter, text + vision) as per_layer:
+        got_tokens = generate(model, inputs)
+    assert torch.equal(got_tokens, want_tokens), (got_tokens, want_tokens)
+    # The prompt and then each new token but the last, in every text layer; the image once.
+    assert all(per_layer.calls[id(layer)] == [1] * 4 for layer in text), per_layer.calls
+    assert all(per_layer.calls[id(layer)] == [1] for layer in vision), per_layer.calls
+
+    with OpCounter() as counter:
+        logits(reference, inputs)
+    assert counter.counts.get(OP, 0) == 0
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_wrong_axes_move_the_logits(name):
+    """Negative controls: the other plane-to-axis rule in the text tower, and the vision tower's
+    rows and columns swapped, must each move the logits."""
+    model = torch_rope.hf.patch(hf_models.build_vlm(name))
+    inputs = hf_models.vlm_batch(model.config)
+    right = logits(model, inputs)
+    tables = model.model.language_model.rotary_emb.torch_rope["all"]
+    tables.mrope_interleaved = not tables.mrope_interleaved
+    assert rel_err(logits(model, inputs), right) > 1e-3
+    tables.mrope_interleaved = not tables.mrope_interleaved
+    assert torch.equal(logits(model, inputs), right)
+
+    right_vision = vision_states(model, inputs)
+    rotary = model.model.visual.rotary_pos_emb
+    patched = rotary.forward
+    rotary.forward = lambda x, position_ids: patched(x, position_ids.flip(-1))
+    assert rel_err(vision_states(model, inputs), right_vision) > 1e-3
+    assert rel_err(logits(model, inputs), right) > 1e-5  # the fp32 tolerance of the match test
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_vlm_bfloat16_error_within_hf_own(name):
+    """In bf16 the patched model is at most 1.5x as far from the fp32 logits as HF's bf16 is."""
+    fp32 = hf_models.build_vlm(name)
+    inputs = hf_models.vlm_batch(fp32.config)
+    want = logits(fp32, inputs).double()
+    hf_bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
+    ours_bf16 = torch_rope.hf.patch(copy.deepcopy(fp32)).to(torch.bfloat16)
+    assert ours_bf16.model.language_model.rotary_emb.torch_rope["all"].cos.dtype == torch.float32
+    assert ours_bf16.model.visual.rotary_pos_emb.torch_rope.cos.dtype == torch.float32
+    bf16_inputs = dict(inputs, pixel_values=inputs["pixel_values"].to(torch.bfloat16))
+    hf_err = (logits(hf_bf16, bf16_inputs).double() - want).abs().max().item()
+    our_err = (logits(ours_bf16, bf16_inputs).double() - want).abs().max().item()
+    assert our_err <= 1.5 * hf_err, (our_err, hf_err)
+
+
+def test_unpatch_restores_a_vlm_exactly():
+    model = hf_models.build_vlm("qwen3_vl")
+    inputs = hf_models.vlm_batch(model.config)
+    want = logits(model, inputs)
+    torch_rope.hf.patch(model)
+    assert hasattr(model.model.visual.rotary_pos_emb, "torch_rope")
+    torch_rope.hf.unpatch(model)
+    assert not torch_rope.hf.is_patched(model)
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert not any(
+        hasattr(m, "torch_rope") or hasattr(m, "_torch_rope_axes") for m in model.modules()
+    )
+    with OpCounter() as counter:
+        got = logits(model, inputs)
+    assert counter.counts.get(OP, 0) == 0
+    assert torch.equal(got, want)
+
+
+def test_vision_self_check_refuses_a_different_vision_rotation(monkeypatch):
+    """If a vision tower rotated differently (here: GPT-J pairs), patch refuses the whole model
+    and leaves it untouched, text tower included."""
+    model = hf_models.build_vlm("qwen2_vl")
+    module_globals = type(model.model.visual.blocks[0].attn).forward.__globals__
+
+    def pairs_apply(q, k, cos, sin):
+        def rot(x):
+            x1, x2 = x[..., ::2], x[..., 1::2]
+            c, s = cos.unsqueeze(-2)[..., ::2], sin.unsqueeze(-2)[..., ::2]
+            return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).flatten(-2)
+
+        return rot(q), rot(k)
+
+    monkeypatch.setitem(module_globals, "apply_rotary_pos_emb_vision", pairs_apply)
+    with pytest.raises(NotImplementedError, match="2-D RoPE"):
+        torch_rope.hf.patch(model)
+    assert not torch_rope.hf.is_patched(model)
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert not any(hasattr(m, "torch_rope") for m in model.modules())
+
+
+def test_vlm_type_not_yet_supported_is_refused_by_name():
+    config = transformers.AutoConfig.for_model("qwen2_5_omni")
+    assert config.model_type not in torch_rope.hf.SUPPORTED_MODEL_TYPES
+    model = torch.nn.Module()
+    model.config = config
+    with pytest.raises(NotImplementedError, match=r"model type 'qwen2_5_omni' is not supported"):
+        torch_rope.hf.patch(model)

@@ -19,6 +19,7 @@ from . import (
     _C,  # noqa: F401  (loads librope: registers the ops with the dispatcher)
     distributed,  # cheap: imports torch.distributed.tensor only when registering
     eager,
+    vision,
 )
 from ._scaling import rope_frequencies, rope_tables_from_inv_freq
 from ._version import __version__
@@ -75,4 +76,5 @@ __all__ = [
     "rope_frequencies",
     "rope_tables",
     "rope_tables_from_inv_freq",
+    "vision",
 ]

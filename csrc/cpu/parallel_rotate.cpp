@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "kernel_choice.h"
+#include "shared_angles.h"
 
 namespace rope::cpu {
 namespace {
@@ -23,6 +24,9 @@ int64_t grain_rows(int64_t head_dim) {
 
 void rotate(c10::ScalarType dtype, const RotationArgs& args, const TableArgs& tables,
             RotationMode mode) {
+  if (const auto shared = share_angles(args, tables)) {  // multi-axis positions shared by heads
+    return rotate(dtype, shared->args, shared->tables, mode);
+  }
   const RotateRowsFn rotate_rows = row_kernel();
   at::parallel_for(
       0, args.geometry.num_rows, grain_rows(args.head_dim),
@@ -31,6 +35,14 @@ void rotate(c10::ScalarType dtype, const RotationArgs& args, const TableArgs& ta
 
 void rotate_pair(c10::ScalarType dtype, const RotationArgs& q, const RotationArgs& k,
                  const TableArgs& tables, RotationMode mode) {
+  // Multi-axis positions shared by heads: q and k get their own compact tables (their geometries,
+  // hence the rows that share a position, differ with GQA).
+  const auto q_shared = share_angles(q, tables);
+  const auto k_shared = share_angles(k, tables);
+  const RotationArgs& q_args = q_shared ? q_shared->args : q;
+  const TableArgs& q_tables = q_shared ? q_shared->tables : tables;
+  const RotationArgs& k_args = k_shared ? k_shared->args : k;
+  const TableArgs& k_tables = k_shared ? k_shared->tables : tables;
   // One parallel region over q's rows followed by k's: for decode-sized inputs the thread
   // wake-up of a second region costs as much as the rotation itself.
   const RotateRowsFn rotate_rows = row_kernel();
@@ -38,10 +50,10 @@ void rotate_pair(c10::ScalarType dtype, const RotationArgs& q, const RotationArg
   const int64_t total = q_rows + k.geometry.num_rows;
   at::parallel_for(0, total, grain_rows(q.head_dim), [&](int64_t begin, int64_t end) {
     if (begin < q_rows) {
-      rotate_rows(dtype, q, tables, mode, begin, std::min(end, q_rows));
+      rotate_rows(dtype, q_args, q_tables, mode, begin, std::min(end, q_rows));
     }
     if (end > q_rows) {
-      rotate_rows(dtype, k, tables, mode, std::max(begin, q_rows) - q_rows, end - q_rows);
+      rotate_rows(dtype, k_args, k_tables, mode, std::max(begin, q_rows) - q_rows, end - q_rows);
     }
   });
 }

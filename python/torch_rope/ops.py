@@ -124,7 +124,12 @@ def apply(
     an input) and ``out`` is returned; ``out=`` is not differentiable. ``mrope_section`` and
     ``mrope_interleaved``: multi-axis positions (see the module docstring).
     """
-    if mrope_section is None and out is None and eager_fast_path(x, cos, sin, positions):
+    if (
+        mrope_section is None
+        and not mrope_interleaved
+        and out is None
+        and eager_fast_path(x, cos, sin, positions)
+    ):
         return _fast_apply(x, cos, sin, positions, interleaved, inverse)
     mrope_section = _section(mrope_section)
     flags = _flags(interleaved, inverse, mrope_section, mrope_interleaved)
@@ -165,7 +170,7 @@ def apply_(
     mrope_interleaved: bool = False,
 ) -> Tensor:
     """Rotate ``x`` in place and return it. Every check runs before anything is written."""
-    if mrope_section is None and eager_fast_path(x, cos, sin, positions):
+    if mrope_section is None and not mrope_interleaved and eager_fast_path(x, cos, sin, positions):
         _fast_apply_inplace(x, cos, sin, positions, interleaved, inverse)
         return x
     mrope_section = _section(mrope_section)
@@ -198,7 +203,12 @@ def apply_qk(
     ``q`` and ``k`` may have different head counts (GQA/MQA); ``positions`` is broadcast against
     ``q.shape[:-1]`` and ``k.shape[:-1]`` separately.
     """
-    if mrope_section is None and eager_fast_path(q, k, cos, sin, positions):
+    # mrope_interleaved=True alone is an error, which only the ops' own checks report.
+    if (
+        mrope_section is None
+        and not mrope_interleaved
+        and eager_fast_path(q, k, cos, sin, positions)
+    ):
         return _fast_apply_qk(q, k, cos, sin, positions, interleaved, inverse)
     mrope_section = _section(mrope_section)
     if type(q) is not Tensor or type(k) is not Tensor:  # a subclass such as DTensor

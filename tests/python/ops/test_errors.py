@@ -67,7 +67,6 @@ class Bad:
     needs_data: bool = False  # a value check: CPU only (meta has no data, CUDA asserts)
     needs_memory: bool = False  # a memory-overlap check: not on meta (no memory)
     devices: Tuple[str, ...] = field(default=("cpu", "meta", "cuda"))
-    known_bug: Tuple[str, ...] = ()  # ops where the check is known to be skipped (strict xfail)
 
 
 X_OPS = tuple(OPS)
@@ -367,7 +366,6 @@ MULTI_AXIS_BAD_INPUTS = {
         r"mrope_interleaved=True needs mrope_section \(the planes per axis\), got "
         r"mrope_section=None",
         SHARED_OPS,
-        known_bug=("apply", "apply_", "apply_qk:q"),
     ),
     "mrope_positions_without_axis_dim": Bad(
         _multi_axis(positions=lambda d: torch.arange(5, device=d)),
@@ -496,23 +494,12 @@ def _out_over_table(a):
     return a, buf.view(2, 3, 5, HEAD_DIM)
 
 
-# torch_rope.apply / apply_ / apply_qk take the typed C++ fast path whenever mrope_section is None
-# (python/torch_rope/ops.py), and that path drops mrope_interleaved, so mrope_interleaved=True
-# without a section is accepted and ignored there; the raw ops and out= refuse it
-# (test_raw_ops_refuse_mrope_interleaved_without_section).
-_FAST_PATH_DROPS_MROPE_INTERLEAVED = pytest.mark.xfail(
-    strict=True,
-    reason="ops.py's eager fast path (mrope_section None) ignores mrope_interleaved=True",
-)
-
-
 def _params(device):
     return [
         pytest.param(
             name,
             op,
             id=f"{name}-{op}",
-            marks=[_FAST_PATH_DROPS_MROPE_INTERLEAVED] if op in bad.known_bug else [],
         )
         for name, bad in BAD_INPUTS.items()
         for op in bad.ops

@@ -6,8 +6,9 @@ Importing this package registers ``torch.ops.rope.apply`` (and its ``out=`` over
 ``torch.compile`` works.
 
 Integrations load on first use, so their libraries stay optional: ``torch_rope.hf`` (Hugging
-Face transformers), ``torch_rope.torchtune`` and ``torch_rope.compat`` (the inference engines'
-``rotary_embedding`` signature) work after a bare ``import torch_rope``.
+Face transformers), ``torch_rope.hf_kernel`` (a layer for transformers' kernel hook),
+``torch_rope.torchtune`` and ``torch_rope.compat`` (the inference engines' ``rotary_embedding``
+signature) work after a bare ``import torch_rope``.
 """
 
 from pathlib import Path as _Path
@@ -30,8 +31,9 @@ distributed.register_if_loaded()
 
 
 # Submodules loaded on first use as attributes (torch_rope.hf.patch(model) after a bare
-# `import torch_rope`), so that importing torch_rope never imports transformers or torchtune.
-_LAZY_SUBMODULES = ("compat", "hf", "torchtune")
+# `import torch_rope`), so that importing torch_rope never imports transformers, kernels or
+# torchtune.
+_LAZY_SUBMODULES = ("compat", "hf", "hf_kernel", "torchtune")
 
 
 def __getattr__(name):

@@ -103,6 +103,17 @@ std::optional<SharedAngles> share_angles(const RotationArgs& args, const TableAr
   if (distinct * kMinRowsPerPosition > g.num_rows) {
     return std::nullopt;
   }
+  // Consecutive rows sharing a position (x (B, S, H, D) with positions (B, S, 1, A), decode's
+  // (B, H, 1, D) with (B, 1, 1, A)): the row kernel's gather already runs once per run of them
+  // (MixedRows::row caches the last one), so a compact table would only add an allocation.
+  for (int32_t d = g.ndim - 1; d >= 0; --d) {
+    if (g.row_sizes[d] > 1) {
+      if (g.pos_strides[d] == 0) {
+        return std::nullopt;
+      }
+      break;
+    }
+  }
 
   SharedAngles shared{args, tables, {}};
   const int64_t table_bytes = tables.tables_are_double ? 8 : 4;

@@ -29,8 +29,9 @@ struct SharedAngles {
   at::Tensor storage;
 };
 
-// nullopt when the positions are one-axis, or when too few rows share each position for the
-// gather to pay (the row kernel's own per-row gather, mixed_rows.h, is then the cheaper one).
+// nullopt when the positions are one-axis, when too few rows share each position for the gather
+// to pay, or when the rows that share a position are consecutive: the row kernel's own gather
+// (mixed_rows.h) is then the cheaper one.
 // Positions must already be range-checked.
 std::optional<SharedAngles> share_angles(const RotationArgs& args, const TableArgs& tables);
 

@@ -127,22 +127,47 @@ PYBIND11_MODULE(_C, m) {
   // modes), minus the boxed call's argument parsing. ops.py uses them only for plain tensors,
   // outside torch.compile, functorch transforms and __torch_function__ modes. The GIL is
   // released around the op, as in torch's own bindings.
-  m.def("_apply", [](const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     const at::Tensor& positions, bool interleaved, bool inverse) {
-    py::gil_scoped_release no_gil;
-    return rope::apply(x, cos, sin, positions, interleaved, inverse);
-  });
-  m.def("_apply_", [](at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                      const at::Tensor& positions, bool interleaved, bool inverse) {
-    py::gil_scoped_release no_gil;
-    rope::apply_(x, cos, sin, positions, interleaved, inverse);
-  });
-  m.def("_apply_qk",
-        [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
-           const at::Tensor& positions, bool interleaved, bool inverse) {
-          py::gil_scoped_release no_gil;
-          return rope::apply_qk(q, k, cos, sin, positions, interleaved, inverse);
-        });
+  // Multi-axis sections come as a list of ints (None for one-axis positions).
+  using Section = std::optional<std::vector<int64_t>>;
+  const auto section_ref = [](const Section& s) {
+    return s ? at::OptionalIntArrayRef(*s) : at::OptionalIntArrayRef(std::nullopt);
+  };
+  m.def(
+      "_apply",
+      [section_ref](const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                    const at::Tensor& positions, bool interleaved, bool inverse,
+                    const Section& mrope_section, bool mrope_interleaved) {
+        py::gil_scoped_release no_gil;
+        return rope::apply(x, cos, sin, positions, interleaved, inverse, section_ref(mrope_section),
+                           mrope_interleaved);
+      },
+      py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("positions"), py::arg("interleaved"),
+      py::arg("inverse"), py::arg("mrope_section") = py::none(),
+      py::arg("mrope_interleaved") = false);
+  m.def(
+      "_apply_",
+      [section_ref](at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                    const at::Tensor& positions, bool interleaved, bool inverse,
+                    const Section& mrope_section, bool mrope_interleaved) {
+        py::gil_scoped_release no_gil;
+        rope::apply_(x, cos, sin, positions, interleaved, inverse, section_ref(mrope_section),
+                     mrope_interleaved);
+      },
+      py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("positions"), py::arg("interleaved"),
+      py::arg("inverse"), py::arg("mrope_section") = py::none(),
+      py::arg("mrope_interleaved") = false);
+  m.def(
+      "_apply_qk",
+      [section_ref](const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                    const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
+                    bool inverse, const Section& mrope_section, bool mrope_interleaved) {
+        py::gil_scoped_release no_gil;
+        return rope::apply_qk(q, k, cos, sin, positions, interleaved, inverse,
+                              section_ref(mrope_section), mrope_interleaved);
+      },
+      py::arg("q"), py::arg("k"), py::arg("cos"), py::arg("sin"), py::arg("positions"),
+      py::arg("interleaved"), py::arg("inverse"), py::arg("mrope_section") = py::none(),
+      py::arg("mrope_interleaved") = false);
   // The Python module's forward for plain tensors in eager mode (nn.py decides when): the C++
   // module's forward (csrc/rules.h: its checks, positions convention, then rope.apply) in one call.
   m.def("_module_forward",

@@ -95,6 +95,14 @@ def _flags(
     return flags
 
 
+def _typed_section(mrope_section) -> bool:
+    """Whether the typed entry points take this mrope_section as it is: None, or a list or tuple
+    of Python ints (anything else, a tensor or numpy ints, goes through :func:`_section`)."""
+    return mrope_section is None or (
+        type(mrope_section) in (list, tuple) and all(type(s) is int for s in mrope_section)
+    )
+
+
 def _section(mrope_section: Optional[Sequence[int]]) -> Optional[List[int]]:
     """mrope_section as the op's int[] (a list of Python ints), or None."""
     if mrope_section is None:
@@ -124,13 +132,12 @@ def apply(
     an input) and ``out`` is returned; ``out=`` is not differentiable. ``mrope_section`` and
     ``mrope_interleaved``: multi-axis positions (see the module docstring).
     """
-    if (
-        mrope_section is None
-        and not mrope_interleaved
-        and out is None
-        and eager_fast_path(x, cos, sin, positions)
-    ):
-        return _fast_apply(x, cos, sin, positions, interleaved, inverse)
+    if out is None and _typed_section(mrope_section) and eager_fast_path(x, cos, sin, positions):
+        if mrope_section is None and not mrope_interleaved:
+            return _fast_apply(x, cos, sin, positions, interleaved, inverse)
+        return _fast_apply(
+            x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved
+        )
     mrope_section = _section(mrope_section)
     flags = _flags(interleaved, inverse, mrope_section, mrope_interleaved)
     if type(x) is not Tensor:  # a subclass such as DTensor
@@ -170,8 +177,13 @@ def apply_(
     mrope_interleaved: bool = False,
 ) -> Tensor:
     """Rotate ``x`` in place and return it. Every check runs before anything is written."""
-    if mrope_section is None and not mrope_interleaved and eager_fast_path(x, cos, sin, positions):
-        _fast_apply_inplace(x, cos, sin, positions, interleaved, inverse)
+    if _typed_section(mrope_section) and eager_fast_path(x, cos, sin, positions):
+        if mrope_section is None and not mrope_interleaved:
+            _fast_apply_inplace(x, cos, sin, positions, interleaved, inverse)
+        else:
+            _fast_apply_inplace(
+                x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved
+            )
         return x
     mrope_section = _section(mrope_section)
     if type(x) is not Tensor:  # a subclass such as DTensor
@@ -203,13 +215,12 @@ def apply_qk(
     ``q`` and ``k`` may have different head counts (GQA/MQA); ``positions`` is broadcast against
     ``q.shape[:-1]`` and ``k.shape[:-1]`` separately.
     """
-    # mrope_interleaved=True alone is an error, which only the ops' own checks report.
-    if (
-        mrope_section is None
-        and not mrope_interleaved
-        and eager_fast_path(q, k, cos, sin, positions)
-    ):
-        return _fast_apply_qk(q, k, cos, sin, positions, interleaved, inverse)
+    if _typed_section(mrope_section) and eager_fast_path(q, k, cos, sin, positions):
+        if mrope_section is None and not mrope_interleaved:
+            return _fast_apply_qk(q, k, cos, sin, positions, interleaved, inverse)
+        return _fast_apply_qk(
+            q, k, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved
+        )
     mrope_section = _section(mrope_section)
     if type(q) is not Tensor or type(k) is not Tensor:  # a subclass such as DTensor
         _maybe_register_for(q, k)

@@ -396,8 +396,12 @@ struct RotLane {
 template <typename T>
 constexpr bool kHasPairs = sizeof(T) * 2 == kPairBytes;
 
-// Rotates one lane of rows [h_begin, h_end) of one token.
-template <typename scalar_t, typename table_t, bool kInterleaved, Access kAccess>
+// Rotates one lane of rows [h_begin, h_end) of one token. kMultiAxis: the token's position has
+// several axes (TablePlan::axes); its angles are gathered before any x is loaded, since gathering
+// from up to kMaxAxes table rows with a batch of x in registers spilled the vector kernels at
+// their register budgets. One-axis positions (kMultiAxis false) load theirs after the first x
+// loads, so their latency overlaps those loads.
+template <typename scalar_t, typename table_t, bool kInterleaved, Access kAccess, bool kMultiAxis>
 __device__ __forceinline__ void rotate_lane(const TensorPlan& t, const TablePlan& tb, bool inverse,
                                             int64_t lane, int64_t pos_off, RowWalker walker,
                                             int64_t h_begin, int64_t h_end) {
@@ -416,11 +420,7 @@ __device__ __forceinline__ void rotate_lane(const TensorPlan& t, const TablePlan
   acc_t c[P];
   acc_t s[P];
   bool have_angles = false;
-  // Multi-axis positions, behind a branch uniform over the launch: their angles come before any
-  // x is loaded. Gathering from up to kMaxAxes table rows while a batch of x is in registers
-  // spilled the vector kernels at their register budgets; here it costs the loop no register,
-  // and the one-axis path below is the code it was.
-  if (tb.axes.num_axes != 0) {
+  if constexpr (kMultiAxis) {
     if (!load_axis_angles<P, table_t>(t, tb, pos_off, lane * P, c, s)) {
       return;
     }
@@ -496,6 +496,22 @@ __device__ __forceinline__ void rotate_lane(const TensorPlan& t, const TablePlan
         }
       }
     }
+  }
+}
+
+// rotate_lane for one-axis or multi-axis positions, behind a branch uniform over the launch: the
+// one-axis instance is the code it was before multi-axis positions existed (same registers, same
+// schedule), the multi-axis one a copy of it with the angles gathered up front.
+template <typename scalar_t, typename table_t, bool kInterleaved, Access kAccess>
+__device__ __forceinline__ void rotate_lane_of(const TensorPlan& t, const TablePlan& tb,
+                                               bool inverse, int64_t lane, int64_t pos_off,
+                                               RowWalker walker, int64_t h_begin, int64_t h_end) {
+  if (tb.axes.num_axes == 0) {
+    rotate_lane<scalar_t, table_t, kInterleaved, kAccess, false>(t, tb, inverse, lane, pos_off,
+                                                                 walker, h_begin, h_end);
+  } else {
+    rotate_lane<scalar_t, table_t, kInterleaved, kAccess, true>(t, tb, inverse, lane, pos_off,
+                                                                walker, h_begin, h_end);
   }
 }
 
@@ -575,20 +591,20 @@ __device__ __forceinline__ void rope_thread(const TensorPlan& t, const TablePlan
   if (lane < t.rot_lanes) {
     if constexpr (kVectorKernel) {
       if (t.rot_access == Access::kVector) {
-        rotate_lane<scalar_t, table_t, kInterleaved, Access::kVector>(t, tb, inverse, lane, pos_off,
-                                                                      walker, h_begin, h_end);
+        rotate_lane_of<scalar_t, table_t, kInterleaved, Access::kVector>(
+            t, tb, inverse, lane, pos_off, walker, h_begin, h_end);
         return;
       }
     }
     if constexpr (kHasPairs<scalar_t>) {
       if (t.rot_access == Access::kPair) {
-        rotate_lane<scalar_t, table_t, kInterleaved, Access::kPair>(t, tb, inverse, lane, pos_off,
-                                                                    walker, h_begin, h_end);
+        rotate_lane_of<scalar_t, table_t, kInterleaved, Access::kPair>(
+            t, tb, inverse, lane, pos_off, walker, h_begin, h_end);
         return;
       }
     }
-    rotate_lane<scalar_t, table_t, kInterleaved, Access::kScalar>(t, tb, inverse, lane, pos_off,
-                                                                  walker, h_begin, h_end);
+    rotate_lane_of<scalar_t, table_t, kInterleaved, Access::kScalar>(t, tb, inverse, lane, pos_off,
+                                                                     walker, h_begin, h_end);
     return;
   }
   // With no rotating lane nobody else reads this token's position; it must still be in range,

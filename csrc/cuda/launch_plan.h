@@ -41,7 +41,9 @@
 // two *shared* dims whose position stride is 0 (heads; also batch when positions are (S,)). One
 // thread owns one lane of one token over up to kMaxRowsPerThread consecutive shared rows: it
 // reads the position and that lane's cos/sin once, keeps them in registers and walks the rows
-// that share them. When nothing broadcasts, every row is its own token and a thread does one row.
+// that share them. A multi-axis position (M-RoPE) is read once too, every axis of it, and each
+// plane's cos/sin comes from the table row of its axis (TablePlan::axes). When nothing
+// broadcasts, every row is its own token and a thread does one row.
 //
 // Thread w of a tensor decodes as w = (row_group * num_tokens + token) * lanes + lane: lanes are
 // fastest, so a warp reads whole rows (several consecutive tokens' rows when head_dim is small)
@@ -124,6 +126,9 @@ struct TensorPlan {
   int64_t shared_out_wrap = 0;
   int64_t rows_per_thread = 1;  // shared rows one thread walks (<= kMaxRowsPerThread)
   int32_t token_ndim = 0;
+  // Multi-axis positions (TablePlan::axes.num_axes > 0): elements between axis a and a + 1 of
+  // one token's positions, which sit at positions + pos_off + a * axis_stride.
+  int64_t axis_stride = 0;
   Access rot_access = Access::kScalar;  // of the rotating lanes; kVector only in a vector kernel
   bool positions_are_int64 = true;
 };
@@ -135,8 +140,13 @@ struct TablePlan {
   int64_t stride = 0;
   // Every vector lane's cos/sin slice is aligned for vector loads. For 16-bit storage this also
   // covers a half-split pair lane's two planes: its slice starts at an even plane and the piece
-  // behind this flag is >= 2 values.
+  // behind this flag is >= 2 values. Multi-axis positions keep the column of each plane, so the
+  // slices are those of one-axis ones; the kernel vector-loads a lane's slice only when all its
+  // planes read one axis (one table row), and loads plane by plane otherwise.
   bool vector_loads = false;
+  // Which axis of a multi-axis position each plane reads; num_axes == 0 for one-axis positions,
+  // whose path in the kernel is the one-axis code behind a uniform branch.
+  AxisMap axes;
 };
 
 struct KernelParams {
@@ -291,6 +301,7 @@ inline TensorPlan plan_tensor(const RotationArgs& a, const TensorPaths& paths,
   p.scalar_copy_lanes = paths.scalar_copy_lanes;
   p.rot_access = paths.rot_access;
   p.rotary_dim = a.rotary_dim;
+  p.axis_stride = a.axis_stride;
 
   // The two innermost dims along which positions broadcast become the shared dims; any further
   // broadcast dims stay token dims (correct, just without reuse along them).
@@ -389,6 +400,7 @@ inline LaunchPlan plan_launch(const RotationArgs& first, const RotationArgs* sec
   params.tables.sin = tables.sin;
   params.tables.max_seq_len = tables.max_seq_len;
   params.tables.stride = tables.table_stride;
+  params.tables.axes = tables.axes;
   // A vector lane's slice starts at a multiple of `planes`, which is a multiple of `piece`.
   params.tables.vector_loads = piece > 1 && aligned_to(tables.cos, piece * sizes.table) &&
                                aligned_to(tables.sin, piece * sizes.table) &&

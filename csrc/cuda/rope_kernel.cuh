@@ -10,7 +10,9 @@
 // It computes exactly the function of the CPU kernel (csrc/cpu/rotate_rows.cpp): plane k is
 // (2k, 2k+1) interleaved or (k, k + rotary_dim/2) half split; x'_a = a cos - b sin,
 // x'_b = a sin + b cos; `inverse` negates sin; features [rotary_dim, head_dim) are copied when
-// the output is a new tensor; math in float (double for double storage).
+// the output is a new tensor; math in float (double for double storage). With multi-axis
+// positions (M-RoPE, TableArgs::axes), plane k takes the table row of axis axis_of_plane(k) of
+// its token's position.
 //
 // This header is also compiled as host C++ by tests/cuda_host, with shims for the CUDA built-ins
 // and a launch that runs every (block, thread) one after the other, under ASan and UBSan. That is
@@ -256,15 +258,111 @@ __device__ __forceinline__ QuotRem div_rem(int64_t n, int64_t d) {
   return {q, n - q * d};
 }
 
-// The position of a token, range-checked. False (after the assert, which may be compiled out)
-// when it is outside the tables: the caller then writes nothing rather than read past them.
-__device__ __forceinline__ bool load_position(const TensorPlan& t, const TablePlan& tb,
-                                              int64_t pos_off, int64_t& pos) {
-  pos = t.positions_are_int64
-            ? static_cast<int64_t>(__ldg(static_cast<const long long*>(t.positions) + pos_off))
-            : static_cast<int64_t>(__ldg(static_cast<const int*>(t.positions) + pos_off));
+// The position at pos_off, widened to int64 before any check.
+__device__ __forceinline__ int64_t read_position(const TensorPlan& t, int64_t pos_off) {
+  return t.positions_are_int64
+             ? static_cast<int64_t>(__ldg(static_cast<const long long*>(t.positions) + pos_off))
+             : static_cast<int64_t>(__ldg(static_cast<const int*>(t.positions) + pos_off));
+}
+
+// False (after the assert, which may be compiled out) when a position is outside the tables:
+// the caller then writes nothing rather than read past them.
+__device__ __forceinline__ bool position_in_range(const TablePlan& tb, int64_t pos) {
   ROPE_DEVICE_ASSERT(pos >= 0 && pos < tb.max_seq_len);
   return pos >= 0 && pos < tb.max_seq_len;
+}
+
+// The position of a token, range-checked.
+__device__ __forceinline__ bool load_position(const TensorPlan& t, const TablePlan& tb,
+                                              int64_t pos_off, int64_t& pos) {
+  pos = read_position(t, pos_off);
+  return position_in_range(tb, pos);
+}
+
+// ---- multi-axis positions (M-RoPE) -------------------------------------------------------------
+
+// The axis plane k reads: axis_of_plane of kernel_args.h, written without its loop (the ends of
+// the contiguous sections only grow, so the axis is the number of ends k has reached, counted
+// over the first num_axes - 1 axes). Interleaved (Qwen3-VL, 3 axes): k % 3 picks axis 1 or 2
+// while k < 3 * sections[1] or 3 * sections[2], else axis 0.
+__device__ __forceinline__ int32_t plane_axis(const AxisMap& m, int64_t k) {
+  if (m.interleaved) {
+    const int64_t r = k % 3;
+    return r == 1 && k < 3 * m.sections[1] ? 1 : r == 2 && k < 3 * m.sections[2] ? 2 : 0;
+  }
+  int32_t axis = 0;
+  int64_t end = 0;
+#pragma unroll
+  for (int a = 0; a + 1 < kMaxAxes; ++a) {
+    end += m.sections[a];
+    axis += a + 1 < m.num_axes && k >= end ? 1 : 0;
+  }
+  return axis;
+}
+
+// v[a] for a run-time a < kMaxAxes, by selects: indexing a register array at a run-time index
+// would put it in local memory.
+__device__ __forceinline__ int64_t pick_axis(const int64_t (&v)[kMaxAxes], int32_t a) {
+  int64_t r = v[0];
+#pragma unroll
+  for (int i = 1; i < kMaxAxes; ++i) {
+    r = a == i ? v[i] : r;
+  }
+  return r;
+}
+
+// The table row offsets (position * stride) of every axis of a token's multi-axis position,
+// each position loaded once and range-checked. False when any is outside the tables; rows[a]
+// is 0 for a >= num_axes.
+__device__ __forceinline__ bool load_axis_rows(const TensorPlan& t, const TablePlan& tb,
+                                               int64_t pos_off, int64_t (&rows)[kMaxAxes]) {
+  bool in_range = true;
+#pragma unroll
+  for (int a = 0; a < kMaxAxes; ++a) {
+    rows[a] = 0;
+    if (a < tb.axes.num_axes) {
+      const int64_t pos = read_position(t, pos_off + a * t.axis_stride);
+      in_range = position_in_range(tb, pos) && in_range;
+      rows[a] = pos * tb.stride;
+    }
+  }
+  return in_range;
+}
+
+// The cos and sin of planes [k0, k0 + P) of a multi-axis position: each plane from the table row
+// of its axis, in its own column. A lane whose planes all read one axis loads its slice of that
+// row like a one-axis lane (vector loads where the plan allows them); a lane across a section
+// boundary, or of the interleaved layout, loads plane by plane.
+template <int P, typename table_t, typename acc_t>
+__device__ __forceinline__ bool load_axis_angles(const TensorPlan& t, const TablePlan& tb,
+                                                 int64_t pos_off, int64_t k0, acc_t (&c)[P],
+                                                 acc_t (&s)[P]) {
+  int64_t rows[kMaxAxes];
+  if (!load_axis_rows(t, tb, pos_off, rows)) {
+    return false;
+  }
+  const auto* cos = static_cast<const table_t*>(tb.cos);
+  const auto* sin = static_cast<const table_t*>(tb.sin);
+  int32_t axis[P];
+  bool one_axis = true;
+#pragma unroll
+  for (int j = 0; j < P; ++j) {
+    axis[j] = plane_axis(tb.axes, k0 + j);
+    one_axis = one_axis && axis[j] == axis[0];
+  }
+  if (one_axis) {
+    const int64_t row = pick_axis(rows, axis[0]) + k0;
+    load_table<P>(cos + row, tb.vector_loads, c);
+    load_table<P>(sin + row, tb.vector_loads, s);
+    return true;
+  }
+#pragma unroll
+  for (int j = 0; j < P; ++j) {
+    const int64_t at = pick_axis(rows, axis[j]) + k0 + j;
+    c[j] = static_cast<acc_t>(__ldg(cos + at));
+    s[j] = static_cast<acc_t>(__ldg(sin + at));
+  }
+  return true;
 }
 
 // Offsets of the current shared row of a thread; stepping is additions only.
@@ -298,8 +396,12 @@ struct RotLane {
 template <typename T>
 constexpr bool kHasPairs = sizeof(T) * 2 == kPairBytes;
 
-// Rotates one lane of rows [h_begin, h_end) of one token.
-template <typename scalar_t, typename table_t, bool kInterleaved, Access kAccess>
+// Rotates one lane of rows [h_begin, h_end) of one token. kMultiAxis: the token's position has
+// several axes (TablePlan::axes); its angles are gathered before any x is loaded, since gathering
+// from up to kMaxAxes table rows with a batch of x in registers spilled the vector kernels at
+// their register budgets. One-axis positions (kMultiAxis false) load theirs after the first x
+// loads, so their latency overlaps those loads.
+template <typename scalar_t, typename table_t, bool kInterleaved, Access kAccess, bool kMultiAxis>
 __device__ __forceinline__ void rotate_lane(const TensorPlan& t, const TablePlan& tb, bool inverse,
                                             int64_t lane, int64_t pos_off, RowWalker walker,
                                             int64_t h_begin, int64_t h_end) {
@@ -318,6 +420,18 @@ __device__ __forceinline__ void rotate_lane(const TensorPlan& t, const TablePlan
   acc_t c[P];
   acc_t s[P];
   bool have_angles = false;
+  if constexpr (kMultiAxis) {
+    if (!load_axis_angles<P, table_t>(t, tb, pos_off, lane * P, c, s)) {
+      return;
+    }
+    if (inverse) {
+#pragma unroll
+      for (int j = 0; j < P; ++j) {
+        s[j] = -s[j];
+      }
+    }
+    have_angles = true;
+  }
   for (int64_t h = h_begin; h < h_end; h += kRowBatch) {
     int64_t src[kRowBatch];
     int64_t dst[kRowBatch];
@@ -382,6 +496,22 @@ __device__ __forceinline__ void rotate_lane(const TensorPlan& t, const TablePlan
         }
       }
     }
+  }
+}
+
+// rotate_lane for one-axis or multi-axis positions, behind a branch uniform over the launch: the
+// one-axis instance is the code it was before multi-axis positions existed (same registers, same
+// schedule), the multi-axis one a copy of it with the angles gathered up front.
+template <typename scalar_t, typename table_t, bool kInterleaved, Access kAccess>
+__device__ __forceinline__ void rotate_lane_of(const TensorPlan& t, const TablePlan& tb,
+                                               bool inverse, int64_t lane, int64_t pos_off,
+                                               RowWalker walker, int64_t h_begin, int64_t h_end) {
+  if (tb.axes.num_axes == 0) {
+    rotate_lane<scalar_t, table_t, kInterleaved, kAccess, false>(t, tb, inverse, lane, pos_off,
+                                                                 walker, h_begin, h_end);
+  } else {
+    rotate_lane<scalar_t, table_t, kInterleaved, kAccess, true>(t, tb, inverse, lane, pos_off,
+                                                                walker, h_begin, h_end);
   }
 }
 
@@ -461,28 +591,35 @@ __device__ __forceinline__ void rope_thread(const TensorPlan& t, const TablePlan
   if (lane < t.rot_lanes) {
     if constexpr (kVectorKernel) {
       if (t.rot_access == Access::kVector) {
-        rotate_lane<scalar_t, table_t, kInterleaved, Access::kVector>(t, tb, inverse, lane, pos_off,
-                                                                      walker, h_begin, h_end);
+        rotate_lane_of<scalar_t, table_t, kInterleaved, Access::kVector>(
+            t, tb, inverse, lane, pos_off, walker, h_begin, h_end);
         return;
       }
     }
     if constexpr (kHasPairs<scalar_t>) {
       if (t.rot_access == Access::kPair) {
-        rotate_lane<scalar_t, table_t, kInterleaved, Access::kPair>(t, tb, inverse, lane, pos_off,
-                                                                    walker, h_begin, h_end);
+        rotate_lane_of<scalar_t, table_t, kInterleaved, Access::kPair>(
+            t, tb, inverse, lane, pos_off, walker, h_begin, h_end);
         return;
       }
     }
-    rotate_lane<scalar_t, table_t, kInterleaved, Access::kScalar>(t, tb, inverse, lane, pos_off,
-                                                                  walker, h_begin, h_end);
+    rotate_lane_of<scalar_t, table_t, kInterleaved, Access::kScalar>(t, tb, inverse, lane, pos_off,
+                                                                     walker, h_begin, h_end);
     return;
   }
   // With no rotating lane nobody else reads this token's position; it must still be in range,
-  // as on the CPU. Only then is anything written.
+  // as on the CPU (every axis of a multi-axis one). Only then is anything written.
   if (t.rot_lanes == 0) {
-    int64_t pos;
-    if (!load_position(t, tb, pos_off, pos)) {
-      return;
+    if (tb.axes.num_axes == 0) {
+      int64_t pos;
+      if (!load_position(t, tb, pos_off, pos)) {
+        return;
+      }
+    } else {
+      int64_t rows[kMaxAxes];
+      if (!load_axis_rows(t, tb, pos_off, rows)) {
+        return;
+      }
     }
   }
   constexpr int64_t kVecElems = kVectorBytes / static_cast<int64_t>(sizeof(scalar_t));

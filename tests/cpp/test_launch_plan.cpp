@@ -421,6 +421,54 @@ TEST(LaunchPlan, TableVectorLoadsNeedAlignedRows) {
   EXPECT_FALSE(plan(x, nullptr, kBf16, true, {132, 3}, &t).params.tables.vector_loads);
 }
 
+// ---- multi-axis positions (M-RoPE) ------------------------------------------------------------
+
+TEST(LaunchPlan, MultiAxisPositionsKeepTheOneAxisPlanAndCarryTheAxes) {
+  // Qwen2-VL prefill: (S, H, D) bf16 with positions (S, 3) built as (3, S) and moved to (S, 3),
+  // so the axis stride is S. The axes change which table row each plane reads, not the columns:
+  // lanes, paths, the walk and the table vector loads are those of one-axis positions; the plan
+  // only hands the AxisMap and the axis stride to the kernel.
+  const int64_t s = 1024;
+  RotationArgs x = tensor({s, 16}, {16 * 128, 128}, {1, 0}, 128, 128);
+  const LaunchPlan one_axis = plan(x, nullptr, kBf16, true, {132, 3});
+  x.axis_stride = s;
+  TableArgs t = tables(64);
+  t.axes.num_axes = 3;
+  t.axes.sections[0] = 16;
+  t.axes.sections[1] = 24;
+  t.axes.sections[2] = 24;
+  const LaunchPlan p = plan(x, nullptr, kBf16, true, {132, 3}, &t);
+  const auto& m = p.params.tables.axes;
+  EXPECT_EQ(m.num_axes, 3);
+  EXPECT_FALSE(m.interleaved);
+  EXPECT_EQ(m.sections[0], 16);
+  EXPECT_EQ(m.sections[1], 24);
+  EXPECT_EQ(m.sections[2], 24);
+  EXPECT_EQ(p.params.tensor[0].axis_stride, s);
+  EXPECT_EQ(one_axis.params.tables.axes.num_axes, 0);
+  EXPECT_EQ(one_axis.params.tensor[0].axis_stride, 0);
+  // Everything else as for one axis.
+  const auto& a = p.params.tensor[0];
+  const auto& b = one_axis.params.tensor[0];
+  EXPECT_EQ(a.rot_access, Access::kVector);
+  EXPECT_EQ(a.rot_access, b.rot_access);
+  EXPECT_EQ(a.rot_lanes, b.rot_lanes);
+  EXPECT_EQ(a.lanes, b.lanes);
+  EXPECT_EQ(a.rows_per_thread, b.rows_per_thread);
+  EXPECT_EQ(a.num_threads, b.num_threads);
+  EXPECT_EQ(p.blocks, one_axis.blocks);
+  EXPECT_TRUE(p.params.tables.vector_loads);
+  EXPECT_EQ(p.params.tables.vector_loads, one_axis.params.tables.vector_loads);
+
+  // apply_qk: both tensors carry their axis stride (k's positions are q's).
+  RotationArgs k = tensor({s, 2}, {2 * 128, 128}, {1, 0}, 128, 128, kBase << 2);
+  k.axis_stride = s;
+  const LaunchPlan qk = plan(x, &k, kBf16, true, {132, 3}, &t);
+  EXPECT_EQ(qk.params.tensor[0].axis_stride, s);
+  EXPECT_EQ(qk.params.tensor[1].axis_stride, s);
+  EXPECT_EQ(qk.params.tables.axes.num_axes, 3);
+}
+
 // ---- rotary_dim 0: positions are still range-checked
 // ---------------------------------------------
 

@@ -43,9 +43,9 @@ uintptr_t address(const void* base, int64_t element, int64_t bytes) {
 AccessTracker::AccessTracker(const rope::RotationArgs& first, const rope::RotationArgs* second,
                              const rope::TableArgs& tables, int storage_bytes, int table_bytes)
     : storage_bytes_(storage_bytes) {
-  add_tensor(first);
+  add_tensor(first, tables);
   if (second != nullptr) {
-    add_tensor(*second);
+    add_tensor(*second, tables);
   }
   const int64_t half = first.rotary_dim / 2;
   for (int64_t row = 0; row < tables.max_seq_len; ++row) {
@@ -60,12 +60,21 @@ AccessTracker::AccessTracker(const rope::RotationArgs& first, const rope::Rotati
   }
 }
 
-void AccessTracker::add_tensor(const rope::RotationArgs& a) {
+void AccessTracker::add_tensor(const rope::RotationArgs& a, const rope::TableArgs& tables) {
   const int64_t pos_bytes = a.positions_are_int64 ? 8 : 4;
+  // One-axis positions are one axis here; a multi-axis row reads axis j at pos + j * axis_stride.
+  const int64_t num_axes = tables.axes.num_axes > 0 ? tables.axes.num_axes : 1;
   for_each_row(a.geometry, [&](int64_t in, int64_t out, int64_t pos) {
-    const uintptr_t p = address(a.positions, pos, pos_bytes);
-    for (int64_t u = 0; u < pos_bytes; u += 4) {
-      ldg_ok_.insert(p + u);
+    bool bad_row = false;
+    for (int64_t axis = 0; axis < num_axes; ++axis) {
+      const int64_t at = pos + axis * a.axis_stride;
+      const uintptr_t p = address(a.positions, at, pos_bytes);
+      for (int64_t u = 0; u < pos_bytes; u += 4) {
+        ldg_ok_.insert(p + u);
+      }
+      const int64_t value = a.positions_are_int64 ? static_cast<const int64_t*>(a.positions)[at]
+                                                  : static_cast<const int32_t*>(a.positions)[at];
+      bad_row = bad_row || value < 0 || value >= tables.max_seq_len;
     }
     for (int64_t f = 0; f < a.head_dim; ++f) {
       cells_[address(a.in, in + f, storage_bytes_)].readable = true;
@@ -79,6 +88,8 @@ void AccessTracker::add_tensor(const rope::RotationArgs& a) {
       if (c.expected < 1) {
         c.expected = written ? 1 : 0;
       }
+      c.bad_rotated = c.bad_rotated || (bad_row && f < a.rotary_dim);
+      c.bad_tail = c.bad_tail || (bad_row && f >= a.rotary_dim);
     }
   });
 }
@@ -149,10 +160,18 @@ void AccessTracker::device_assert(const char* cond, int64_t thread) { ++asserts_
 std::vector<std::string> AccessTracker::finish(bool positions_in_range) const {
   std::vector<std::string> problems = problems_;
   int64_t wrong_counts = 0;
+  int64_t bad_writes = 0;
   int64_t races = 0;
   std::ostringstream first;
+  std::ostringstream first_bad;
   for (const auto& [addr, c] : cells_) {
-    if (positions_in_range && c.expected >= 0 && c.writes != c.expected) {
+    if (c.expected >= 0 && c.bad_rotated && c.writes != 0) {
+      if (bad_writes++ == 0) {
+        first_bad << "element " << reinterpret_cast<const void*>(addr) << " written " << c.writes
+                  << " times";
+      }
+    } else if (c.expected >= 0 && !c.bad_rotated &&
+               (c.bad_tail ? c.writes > c.expected : c.writes != c.expected)) {
       if (wrong_counts++ == 0) {
         first << "element " << reinterpret_cast<const void*>(addr) << " written " << c.writes
               << " times, expected " << static_cast<int>(c.expected);
@@ -165,6 +184,10 @@ std::vector<std::string> AccessTracker::finish(bool positions_in_range) const {
   if (wrong_counts > 0) {
     problems.push_back(std::to_string(wrong_counts) + " output elements not written exactly " +
                        "as expected; first: " + first.str());
+  }
+  if (bad_writes > 0) {
+    problems.push_back(std::to_string(bad_writes) + " rotated output elements of rows at an " +
+                       "out-of-range position were written; first: " + first_bad.str());
   }
   if (races > 0) {
     problems.push_back(std::to_string(races) +

@@ -4,7 +4,10 @@
 //   - every element of the output view was written by exactly one thread, and nothing else was;
 //   - every x load stayed inside the input view, every __ldg inside the tables or positions;
 //   - no element written in place was read by another thread (a race the serial launch hides);
-//   - the device asserts fired exactly when a position was out of range.
+//   - the device asserts fired exactly when a position was out of range;
+//   - with a position out of range (any axis of a multi-axis one), nothing of the rotated part
+//     of its rows was written, and every other row was written as usual.
+// Positions may be read (__ldg) at every axis of every row's position, nowhere else.
 // The views come from the kernel arguments (RotationArgs, TableArgs) that prepare.cpp built, so
 // this checks the kernel and its launch planning; the driver checks the arguments themselves by
 // comparing values and guard bands.
@@ -32,24 +35,27 @@ class AccessTracker final : public Observer {
   void ldg(const void* p, size_t bytes, int64_t thread) override;
   void device_assert(const char* cond, int64_t thread) override;
 
-  // Problems found, empty when the launch was clean. With `positions_in_range` false the write
-  // counts are not checked (rows at a bad position are legitimately left unwritten) but every
-  // other rule is, and at least one assert must have fired.
+  // Problems found, empty when the launch was clean. With `positions_in_range` false, rows at a
+  // bad position must have no rotated feature written (their tail may be copied or not: copy
+  // lanes of a rotating row do not read the position), every other row is held to the usual
+  // counts, and at least one assert must have fired.
   std::vector<std::string> finish(bool positions_in_range) const;
 
   int64_t asserts() const { return asserts_; }
 
  private:
   struct Cell {
-    bool readable = false;  // inside an input view
-    int8_t expected = -1;   // writes expected: -1 not in an output view, else 0 or 1
+    bool readable = false;     // inside an input view
+    int8_t expected = -1;      // writes expected: -1 not in an output view, else 0 or 1
+    bool bad_rotated = false;  // rotated feature of a row whose position is out of range: unwritten
+    bool bad_tail = false;     // tail feature of such a row: written at most `expected` times
     int32_t writes = 0;
     int64_t writer = -1;
     int64_t reader = -1;
     bool many_readers = false;
   };
 
-  void add_tensor(const rope::RotationArgs& a);
+  void add_tensor(const rope::RotationArgs& a, const rope::TableArgs& tables);
   Cell* cell(const void* p);
   void note(std::string problem);
 

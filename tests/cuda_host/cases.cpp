@@ -168,6 +168,47 @@ Viewed table_view(Rng& rng, at::Generator& gen, const at::Tensor& values, at::Sc
   return v;
 }
 
+// mrope_section for `half` planes over `num_axes` axes: cut points over [0, half], either anywhere
+// (lanes then often straddle a section boundary) or on multiples of 4 or 8 planes (lanes mostly
+// within one section, so the kernel's vector table loads apply), sometimes two of them equal or
+// at an end (a zero-sized section), or an even split.
+std::vector<int64_t> random_sections(Rng& rng, int64_t half, int64_t num_axes, std::string& desc) {
+  std::vector<int64_t> cuts;
+  const double r = std::uniform_real_distribution<double>(0, 1)(rng);
+  if (r < 0.2) {
+    desc = "even";
+    for (int64_t a = 1; a < num_axes; ++a) {
+      cuts.push_back(half * a / num_axes);
+    }
+  } else if (r < 0.55) {
+    const int64_t g = pick<int64_t>(rng, {4, 8});
+    desc = "multiples of " + std::to_string(g);
+    for (int64_t a = 1; a < num_axes; ++a) {
+      cuts.push_back(std::min(half, g * uniform(rng, 0, half / g + 1)));
+    }
+  } else {
+    desc = "random";
+    for (int64_t a = 1; a < num_axes; ++a) {
+      cuts.push_back(uniform(rng, 0, half));
+    }
+  }
+  if (num_axes > 1 && chance(rng, 0.25)) {
+    // A zero-sized section: a cut on its neighbour or on an end.
+    const auto i = static_cast<size_t>(uniform(rng, 0, num_axes - 2));
+    cuts[i] = chance(rng, 0.5) ? (chance(rng, 0.5) ? 0 : half) : cuts[(i + 1) % cuts.size()];
+    desc += ", a zero-sized section";
+  }
+  std::sort(cuts.begin(), cuts.end());
+  std::vector<int64_t> sections;
+  int64_t prev = 0;
+  for (const int64_t c : cuts) {
+    sections.push_back(c - prev);
+    prev = c;
+  }
+  sections.push_back(half - prev);
+  return sections;
+}
+
 int64_t numel_of(const std::vector<int64_t>& s) {
   int64_t n = 1;
   for (const int64_t v : s) {
@@ -223,6 +264,18 @@ Case make_case(uint64_t seed, int64_t index) {
     c.rotary_dim = 0;
   } else {
     c.rotary_dim = 2 * uniform(rng, 0, even_max / 2);
+  }
+  // Multi-axis positions (M-RoPE) in a share of the cases, drawn from a generator of their own
+  // so that the one-axis cases stay what they were: 1 to kMaxAxes axes in contiguous sections,
+  // or the interleaved layout of Qwen3-VL (3 axes). More often than one-axis ones they get a
+  // position out of range, then often with rotary_dim 0: rows without a rotating lane must
+  // range-check every axis too.
+  Rng axis_rng(seed * 0xd1b54a32d192ed03ull + static_cast<uint64_t>(index) * 0x2545f4914f6cdd1dull +
+               1);
+  const bool multi_axis = chance(axis_rng, 0.3);
+  const bool multi_axis_bad = multi_axis && chance(axis_rng, 0.1);
+  if (multi_axis && chance(axis_rng, multi_axis_bad ? 0.3 : 0.05)) {
+    c.rotary_dim = 0;
   }
   const int64_t half = c.rotary_dim / 2;
 
@@ -291,16 +344,38 @@ Case make_case(uint64_t seed, int64_t index) {
     }
   }
 
-  // Positions: int32 or int64, any strides (expanded too), values in [0, max_seq_len).
+  if (multi_axis) {
+    c.mrope_interleaved = chance(axis_rng, 0.3);
+    const int64_t axes = c.mrope_interleaved ? 3 : uniform(axis_rng, 1, rope::kMaxAxes);
+    c.mrope_section = random_sections(axis_rng, half, axes, c.sections_layout);
+  }
+  const int64_t num_axes = c.num_axes();
+
+  // Positions: int32 or int64, any strides (expanded too), values in [0, max_seq_len). Multi-axis
+  // ones have the axis dim last, in any layout too; sometimes built as (A, ...) and moved to
+  // (..., A), as a caller holding one tensor per axis would (the axis stride is then the largest).
   const at::ScalarType pos_dtype = chance(rng, 0.5) ? at::kLong : at::kInt;
   {
-    const Layout l = random_layout(rng, pos_sizes, true);
+    std::vector<int64_t> sizes = pos_sizes;
+    const bool axes_first = num_axes > 0 && chance(axis_rng, 0.3);
+    if (axes_first) {
+      sizes.insert(sizes.begin(), num_axes);
+    } else if (num_axes > 0) {
+      sizes.push_back(num_axes);
+    }
+    const Layout l = random_layout(rng, sizes, true);
     c.positions.buffer =
         at::randint(0, max_seq_len, {l.buffer_numel}, gen, at::TensorOptions().dtype(pos_dtype));
-    c.positions.view = c.positions.buffer.as_strided(pos_sizes, l.strides, l.offset);
+    c.positions.view = c.positions.buffer.as_strided(sizes, l.strides, l.offset);
     c.positions.layout = l.desc;
+    if (axes_first) {
+      c.positions.view = c.positions.view.movedim(0, -1);
+      c.positions.layout = "axes-first moved last, " + l.desc;
+    }
   }
-  if (chance(rng, 0.06) && c.positions.view.numel() > 0 &&
+  // (More often with multi-axis positions, whose range check covers every axis.)
+  const bool out_of_range = chance(rng, 0.06) || multi_axis_bad;
+  if (out_of_range && c.positions.view.numel() > 0 &&
       (c.op == Op::kApplyQK ? c.x.view.numel() > 0 || c.k.view.numel() > 0
                             : c.x.view.numel() > 0)) {
     // One position outside the tables: the kernel must assert (and write nothing for it).
@@ -318,6 +393,11 @@ Case make_case(uint64_t seed, int64_t index) {
     for (int i = static_cast<int>(pos_sizes.size()) - 1; i >= 0; --i) {
       element = element.select(i, rest % pos_sizes[i]);
       rest /= pos_sizes[i];
+    }
+    if (num_axes > 0) {
+      // Mostly on an axis other than 0, which a range check of axis 0 alone would miss.
+      c.bad_axis = num_axes > 1 && chance(axis_rng, 0.75) ? uniform(axis_rng, 1, num_axes - 1) : 0;
+      element = element.select(0, c.bad_axis);
     }
     element.fill_(bad);
     c.positions_in_range = false;
@@ -382,7 +462,13 @@ std::string Case::describe() const {
   o << "\n  positions " << positions.view.scalar_type() << " " << shape_str(positions.view.sizes())
     << " strides " << shape_str(positions.view.strides()) << " [" << positions.layout << "]"
     << (positions_in_range ? "" : " ONE OUT OF RANGE: " + std::to_string(bad_position))
-    << "\n  cos " << shape_str(cos.view.sizes()) << " strides " << shape_str(cos.view.strides())
+    << (positions_in_range || mrope_section.empty() ? "" : " on axis " + std::to_string(bad_axis));
+  if (!mrope_section.empty()) {
+    o << "\n  mrope_section " << shape_str(mrope_section)
+      << (mrope_interleaved ? " interleaved (Qwen3-VL)" : " contiguous") << " [" << sections_layout
+      << "]";
+  }
+  o << "\n  cos " << shape_str(cos.view.sizes()) << " strides " << shape_str(cos.view.strides())
     << " [" << cos.layout << "], sin strides " << shape_str(sin.view.strides()) << " ["
     << sin.layout << "]\n  device: ordinal " << device.ordinal << ", " << device.num_sms << " SMs";
   return o.str();

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "host_kernel.h"
 
@@ -42,8 +43,20 @@ struct Case {
   Viewed cos;
   Viewed sin;
   Viewed positions;
+  // Multi-axis positions (M-RoPE): planes per axis, empty for one-axis positions. positions then
+  // has a trailing axis dim of mrope_section.size() entries.
+  std::vector<int64_t> mrope_section;
+  bool mrope_interleaved = false;  // the Qwen3-VL layout (3 axes)
+  std::string sections_layout;     // how mrope_section was drawn
   bool positions_in_range = true;  // false: one position was set outside [0, max_seq_len)
   int64_t bad_position = 0;        // that position
+  int64_t bad_axis = 0;            // its axis (multi-axis positions)
+
+  int64_t num_axes() const { return static_cast<int64_t>(mrope_section.size()); }
+  // What the ops take for mrope_section.
+  at::OptionalIntArrayRef section_arg() const {
+    return mrope_section.empty() ? at::OptionalIntArrayRef() : at::IntArrayRef(mrope_section);
+  }
   Device device;
 
   std::string describe() const;

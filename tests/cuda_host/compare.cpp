@@ -43,6 +43,36 @@ uint64_t bits_at(const at::Tensor& contiguous, int64_t i) {
   return v;
 }
 
+// The axis each of `half` planes reads, from the definition of M-RoPE. Contiguous sections
+// (Qwen2-VL): axis 0 owns the first sections[0] planes, axis 1 the next sections[1], and so on.
+// Interleaved (Qwen3-VL, three axes t, h, w): the planes cycle t, h, w, ...; the j-th plane of
+// the h slot (k = 3j + 1) reads h while j < sections[1], the j-th of the w slot (k = 3j + 2) reads
+// w while j < sections[2]; every other plane reads t. One-axis positions: all zero.
+std::vector<int64_t> reference_plane_axes(int64_t half, const std::vector<int64_t>& sections,
+                                          bool mrope_interleaved) {
+  std::vector<int64_t> axes(static_cast<size_t>(half), 0);
+  if (sections.empty()) {
+    return axes;
+  }
+  if (mrope_interleaved) {
+    for (int64_t j = 0; 3 * j < half; ++j) {
+      for (int64_t slot = 1; slot <= 2; ++slot) {
+        if (3 * j + slot < half && j < sections[static_cast<size_t>(slot)]) {
+          axes[static_cast<size_t>(3 * j + slot)] = slot;
+        }
+      }
+    }
+    return axes;
+  }
+  size_t k = 0;
+  for (size_t a = 0; a < sections.size(); ++a) {
+    for (int64_t n = 0; n < sections[a] && k < axes.size(); ++n) {
+      axes[k++] = static_cast<int64_t>(a);
+    }
+  }
+  return axes;
+}
+
 }  // namespace
 
 CpuVectorPath cpu_vector_path() {
@@ -62,7 +92,8 @@ void compare_rotation(const char* name, const at::Tensor& got, const at::Tensor&
                       const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                       const at::Tensor& positions, bool interleaved, bool inverse,
                       const CpuVectorPath& cpu_path, Tally& tally,
-                      std::vector<std::string>& problems) {
+                      std::vector<std::string>& problems, const std::vector<int64_t>& mrope_section,
+                      bool mrope_interleaved) {
   size_t reported = 0;
   const auto report = [&](const std::string& m) {
     if (reported++ < kMaxProblemsPerCall) {
@@ -91,8 +122,20 @@ void compare_rotation(const char* name, const at::Tensor& got, const at::Tensor&
   const at::Tensor gd = gs.to(at::kDouble);
   const at::Tensor cs = cpu.contiguous();
   const at::Tensor cd = cs.to(at::kDouble);
+  // Positions per row, [rows, num_axes]: one-axis positions as one axis.
+  const int64_t num_axes = mrope_section.empty() ? 1 : static_cast<int64_t>(mrope_section.size());
+  std::vector<int64_t> pos_shape(x.sizes().begin(), x.sizes().end() - 1);
+  at::Tensor pos_rows = positions;
+  if (!mrope_section.empty()) {
+    pos_shape.push_back(num_axes);
+  } else {
+    pos_rows = positions.unsqueeze(-1);
+    pos_shape.push_back(1);
+  }
   const at::Tensor pos =
-      positions.expand(x.sizes().slice(0, x.dim() - 1)).contiguous().to(at::kLong).reshape({rows});
+      pos_rows.expand(pos_shape).contiguous().to(at::kLong).reshape({rows, num_axes});
+  const std::vector<int64_t> plane_axis =
+      reference_plane_axes(cos.size(1), mrope_section, mrope_interleaved);
   const at::Tensor cosd = cos.to(at::kDouble).contiguous();
   const at::Tensor sind = sin.to(at::kDouble).contiguous();
   const double* xv = xd.const_data_ptr<double>();
@@ -123,8 +166,8 @@ void compare_rotation(const char* name, const at::Tensor& got, const at::Tensor&
       }
       ++tally.exact;
     }
-    const int64_t p = pv[r];
     for (int64_t k = 0; k < half; ++k) {
+      const int64_t p = pv[r * num_axes + plane_axis[static_cast<size_t>(k)]];
       const int64_t ia = interleaved ? 2 * k : k;
       const int64_t ib = interleaved ? 2 * k + 1 : k + half;
       const long double a = xv[row + ia];
@@ -150,9 +193,10 @@ void compare_rotation(const char* name, const at::Tensor& got, const at::Tensor&
         if (!(err <= bound)) {
           std::ostringstream m;
           m.precision(10);
-          m << "row " << r << " feature " << idx[side] << " (plane " << k << ", position " << p
-            << "): got " << gv[i] << ", reference " << static_cast<double>(ref) << ", error " << err
-            << " > bound " << bound;
+          m << "row " << r << " feature " << idx[side] << " (plane " << k << ", axis "
+            << plane_axis[static_cast<size_t>(k)] << ", position " << p << "): got " << gv[i]
+            << ", reference " << static_cast<double>(ref) << ", error " << err << " > bound "
+            << bound;
           report(m.str());
         }
         if (k < exact_planes) {

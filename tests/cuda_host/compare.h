@@ -32,11 +32,15 @@ struct Tally {
 
 // Checks `got` (the host run's result for input `x`) against the reference and against `cpu`
 // (the CPU backend's result for the same call). `x` is the input before the call. Appends
-// problems, at most a few per call.
+// problems, at most a few per call. A non-empty `mrope_section` makes the positions multi-axis
+// (a trailing axis dim of that many entries): the reference then gathers each plane's position
+// by its axis, by a rule written here from the definition (not kernel_args.h's axis_of_plane).
 void compare_rotation(const char* name, const at::Tensor& got, const at::Tensor& cpu,
                       const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                       const at::Tensor& positions, bool interleaved, bool inverse,
                       const CpuVectorPath& cpu_path, Tally& tally,
-                      std::vector<std::string>& problems);
+                      std::vector<std::string>& problems,
+                      const std::vector<int64_t>& mrope_section = {},
+                      bool mrope_interleaved = false);
 
 }  // namespace rope_host

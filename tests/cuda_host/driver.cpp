@@ -14,6 +14,7 @@
 #include <c10/util/Exception.h>
 #include <torch_rope/ops.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -53,6 +54,43 @@ struct Coverage {
     }
   }
 };
+
+// The multi-axis paths of one launch: rotating lanes whose planes all read one axis (vector
+// table loads where the plan allows them) or read several (plane-by-plane loads), rows that only
+// check or copy, the axis strides, shared rows.
+void count_multi_axis_launch(const LaunchRecord& r, const Case& c, Coverage& cov) {
+  const rope::cuda::KernelParams& p = r.params;
+  const int storage = static_cast<int>(c10::elementSize(c.dtype));
+  bool one_axis_vector_tables = false;
+  bool across_axes = false;
+  for (const rope::cuda::TensorPlan* t : {&p.tensor[0], &p.tensor[1]}) {
+    if (t->num_threads == 0) {
+      continue;
+    }
+    const int64_t planes = rope::cuda::lane_shape(t->rot_access, storage, c.interleaved).planes;
+    for (int64_t lane = 0; lane < t->rot_lanes; ++lane) {
+      bool same = true;
+      for (int64_t j = 1; j < planes; ++j) {
+        same = same && rope::axis_of_plane(p.tables.axes, lane * planes + j) ==
+                           rope::axis_of_plane(p.tables.axes, lane * planes);
+      }
+      one_axis_vector_tables =
+          one_axis_vector_tables || (same && planes > 1 && p.tables.vector_loads);
+      across_axes = across_axes || !same;
+    }
+    cov.hit("multi-axis: rows that only check or copy (no rotating lane)", t->rot_lanes == 0);
+    cov.hit("multi-axis: axis stride > 1 (not the innermost dim)", t->axis_stride > 1);
+    cov.hit("multi-axis: several shared rows per token", t->shared_rows > 1);
+    cov.hit("multi-axis: vector rotation",
+            t->rot_lanes > 0 && t->rot_access == rope::cuda::Access::kVector);
+    cov.hit("multi-axis: paired rotation",
+            t->rot_lanes > 0 && t->rot_access == rope::cuda::Access::kPair);
+  }
+  cov.hit("multi-axis: a lane on one axis with vector table loads", one_axis_vector_tables);
+  cov.hit("multi-axis: a lane across axes (plane-by-plane table loads)", across_axes);
+  cov.hit("multi-axis: q/k in one launch",
+          p.tensor[0].num_threads > 0 && p.tensor[1].num_threads > 0);
+}
 
 void count_launch(const LaunchRecord& r, const rope::TableArgs& tables, const at::Tensor& cos,
                   const Case& c, Coverage& cov) {
@@ -120,12 +158,50 @@ void count_launch(const LaunchRecord& r, const rope::TableArgs& tables, const at
     cov.hit("out of place", t->in != t->out);
     cov.hit("in place", t->in == t->out);
   }
+  if (c.num_axes() > 0) {
+    count_multi_axis_launch(r, c, cov);
+  }
   cov.hit("table vector loads", any_vector && p.tables.vector_loads);
   cov.hit("table scalar loads on the vector path", any_vector && !p.tables.vector_loads);
   cov.hit("table vector loads on the paired half-split path",
           any_pair && !interleaved && p.tables.vector_loads);
   cov.hit("tables copied by prepare_tables", tables.cos != cos.const_data_ptr());
   cov.hit("several blocks", r.blocks > 1);
+}
+
+// The multi-axis cases: every number of axes, both section layouts, zero-sized sections, partial
+// rotation, every dtype, pair layout and op, positions built axis-first, and a position out of
+// range on an axis other than 0.
+void count_multi_axis_case(const Case& c, Coverage& cov) {
+  const int64_t n = c.num_axes();
+  for (int64_t a = 1; a <= rope::kMaxAxes; ++a) {
+    cov.hit("multi-axis: " + std::to_string(a) + " axes", n == a);
+  }
+  if (n == 0) {
+    return;
+  }
+  cov.hit("multi-axis: interleaved sections (Qwen3-VL)", c.mrope_interleaved);
+  cov.hit("multi-axis: contiguous sections, >= 3 axes", !c.mrope_interleaved && n >= 3);
+  cov.hit("multi-axis: a zero-sized section",
+          n > 1 && std::find(c.mrope_section.begin(), c.mrope_section.end(), 0) !=
+                       c.mrope_section.end());
+  cov.hit("multi-axis: partial rotation", c.rotary_dim > 0 && c.rotary_dim < c.head_dim);
+  cov.hit("multi-axis: interleaved pairs", c.interleaved);
+  cov.hit("multi-axis: half-split pairs", !c.interleaved);
+  cov.hit("multi-axis: inverse", c.inverse);
+  cov.hit("multi-axis: float64 tables", c.table_dtype == at::kDouble);
+  for (const at::ScalarType t : {at::kDouble, at::kFloat, at::kHalf, at::kBFloat16}) {
+    cov.hit(std::string("multi-axis: dtype ") + c10::toString(t), c.dtype == t);
+  }
+  for (const Op op : {Op::kApply, Op::kApplyInPlace, Op::kApplyOut, Op::kApplyQK}) {
+    cov.hit(std::string("multi-axis: op ") + op_name(op), c.op == op);
+  }
+  cov.hit("multi-axis: int32 positions", c.positions.view.scalar_type() == at::kInt);
+  cov.hit("multi-axis: positions built (A, ...) and moved to (..., A)",
+          c.positions.layout.rfind("axes-first", 0) == 0);
+  cov.hit("multi-axis: out-of-range position on axis 0", !c.positions_in_range && c.bad_axis == 0);
+  cov.hit("multi-axis: out-of-range position on another axis",
+          !c.positions_in_range && c.bad_axis > 0 && c.positions.view.stride(-1) != 0);
 }
 
 // Bitwise equality of two tensors of one dtype and shape.
@@ -161,6 +237,7 @@ struct Totals {
   int64_t failures = 0;
   int64_t assert_cases = 0;
   int64_t launches = 0;
+  std::map<int64_t, int64_t> by_axes;  // multi-axis cases by number of axes
   std::map<std::string, int64_t> by_op;
   Tally tally;
   Coverage coverage;
@@ -202,9 +279,11 @@ std::vector<std::string> run_case(const Case& c, const CpuVectorPath& cpu_path, 
   try {
     if (c.op == Op::kApplyQK) {
       std::tie(cpu_x, cpu_k) =
-          rope::apply_qk(c.x.view, c.k.view, cos, sin, positions, c.interleaved, c.inverse);
+          rope::apply_qk(c.x.view, c.k.view, cos, sin, positions, c.interleaved, c.inverse,
+                         c.section_arg(), c.mrope_interleaved);
     } else {
-      cpu_x = rope::apply(c.x.view, cos, sin, positions, c.interleaved, c.inverse);
+      cpu_x = rope::apply(c.x.view, cos, sin, positions, c.interleaved, c.inverse, c.section_arg(),
+                          c.mrope_interleaved);
     }
   } catch (const c10::IndexError&) {
     cpu_rejected = true;
@@ -222,19 +301,23 @@ std::vector<std::string> run_case(const Case& c, const CpuVectorPath& cpu_path, 
   try {
     switch (c.op) {
       case Op::kApply:
-        host_x = host_apply(ctx, c.x.view, cos, sin, positions, c.interleaved, c.inverse);
+        host_x = host_apply(ctx, c.x.view, cos, sin, positions, c.interleaved, c.inverse,
+                            c.section_arg(), c.mrope_interleaved);
         break;
       case Op::kApplyInPlace:
-        host_apply_(ctx, c.x.view, cos, sin, positions, c.interleaved, c.inverse);
+        host_apply_(ctx, c.x.view, cos, sin, positions, c.interleaved, c.inverse, c.section_arg(),
+                    c.mrope_interleaved);
         host_x = c.x.view;
         break;
       case Op::kApplyOut:
-        host_apply_out(ctx, c.x.view, cos, sin, positions, c.interleaved, c.inverse, c.out.view);
+        host_apply_out(ctx, c.x.view, cos, sin, positions, c.interleaved, c.inverse, c.out.view,
+                       c.section_arg(), c.mrope_interleaved);
         host_x = c.out.view;
         break;
       case Op::kApplyQK:
         std::tie(host_x, host_k) =
-            host_apply_qk(ctx, c.x.view, c.k.view, cos, sin, positions, c.interleaved, c.inverse);
+            host_apply_qk(ctx, c.x.view, c.k.view, cos, sin, positions, c.interleaved, c.inverse,
+                          c.section_arg(), c.mrope_interleaved);
         break;
     }
   } catch (const c10::Error& e) {
@@ -270,10 +353,11 @@ std::vector<std::string> run_case(const Case& c, const CpuVectorPath& cpu_path, 
   // Values, when every position was valid (otherwise the CPU raised and the kernel asserted).
   if (c.positions_in_range && problems.empty()) {
     compare_rotation(c.op == Op::kApplyQK ? "q" : "x", host_x, cpu_x, x_before, cos, sin, positions,
-                     c.interleaved, c.inverse, cpu_path, totals.tally, problems);
+                     c.interleaved, c.inverse, cpu_path, totals.tally, problems, c.mrope_section,
+                     c.mrope_interleaved);
     if (c.op == Op::kApplyQK) {
       compare_rotation("k", host_k, cpu_k, k_before, cos, sin, positions, c.interleaved, c.inverse,
-                       cpu_path, totals.tally, problems);
+                       cpu_path, totals.tally, problems, c.mrope_section, c.mrope_interleaved);
     }
     if (c.op == Op::kApply || c.op == Op::kApplyQK) {  // new tensors; out= keeps out's strides
       if (host_x.defined() && !host_x.is_contiguous()) {
@@ -296,6 +380,10 @@ std::vector<std::string> run_case(const Case& c, const CpuVectorPath& cpu_path, 
       ++totals.uncached_queries;
     }
   }
+  if (c.num_axes() > 0) {
+    ++totals.by_axes[c.num_axes()];
+  }
+  count_multi_axis_case(c, totals.coverage);
   totals.coverage.hit("out-of-range position asserted", !c.positions_in_range);
   totals.coverage.hit(
       "out-of-range int64 position outside int32",
@@ -483,6 +571,16 @@ int main(int argc, char** argv) {
   std::printf("%lld with an out-of-range position), %lld launches, %.1f s\n",
               static_cast<long long>(totals.assert_cases), static_cast<long long>(totals.launches),
               seconds);
+  int64_t multi_axis = 0;
+  for (const auto& [axes, n] : totals.by_axes) {
+    multi_axis += n;
+  }
+  std::printf("multi-axis (M-RoPE) cases: %lld (", static_cast<long long>(multi_axis));
+  for (const auto& [axes, n] : totals.by_axes) {
+    std::printf("%s%lld axes: %lld", axes == totals.by_axes.begin()->first ? "" : ", ",
+                static_cast<long long>(axes), static_cast<long long>(n));
+  }
+  std::printf(")\n");
   std::printf(
       "elements: %lld bit-exact vs CPU and input, %lld within the bound; worst error "
       "%.3f of the bound\n",

@@ -140,35 +140,38 @@ const void* current_stream_of(int device) {
 
 at::Tensor host_apply(CaseContext& ctx, const at::Tensor& x, const at::Tensor& cos,
                       const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
-                      bool inverse) {
+                      bool inverse, at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
   Enter enter(ctx);
   return rope::cuda::glue::apply<HostRuntime>(x, cos, sin, positions, interleaved, inverse,
-                                              std::nullopt, false);
+                                              mrope_section, mrope_interleaved);
 }
 
 void host_apply_(CaseContext& ctx, const at::Tensor& x, const at::Tensor& cos,
-                 const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
-                 bool inverse) {
+                 const at::Tensor& sin, const at::Tensor& positions, bool interleaved, bool inverse,
+                 at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
   Enter enter(ctx);
   rope::cuda::glue::apply_inplace<HostRuntime>(x, cos, sin, positions, interleaved, inverse,
-                                               std::nullopt, false);
+                                               mrope_section, mrope_interleaved);
 }
 
 void host_apply_out(CaseContext& ctx, const at::Tensor& x, const at::Tensor& cos,
                     const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
-                    bool inverse, const at::Tensor& out) {
+                    bool inverse, const at::Tensor& out, at::OptionalIntArrayRef mrope_section,
+                    bool mrope_interleaved) {
   Enter enter(ctx);
   rope::cuda::glue::apply_out<HostRuntime>(x, cos, sin, positions, interleaved, inverse,
-                                           std::nullopt, false, out);
+                                           mrope_section, mrope_interleaved, out);
 }
 
 std::tuple<at::Tensor, at::Tensor> host_apply_qk(CaseContext& ctx, const at::Tensor& q,
                                                  const at::Tensor& k, const at::Tensor& cos,
                                                  const at::Tensor& sin, const at::Tensor& positions,
-                                                 bool interleaved, bool inverse) {
+                                                 bool interleaved, bool inverse,
+                                                 at::OptionalIntArrayRef mrope_section,
+                                                 bool mrope_interleaved) {
   Enter enter(ctx);
   return rope::cuda::glue::apply_qk<HostRuntime>(q, k, cos, sin, positions, interleaved, inverse,
-                                                 std::nullopt, false);
+                                                 mrope_section, mrope_interleaved);
 }
 
 }  // namespace rope_host

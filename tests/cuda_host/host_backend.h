@@ -10,6 +10,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
 #include <tuple>
 #include <unordered_set>
@@ -42,19 +43,24 @@ struct CaseContext {
 // The stream the simulated runtime reports as current on `device` (never the default stream).
 const void* current_stream_of(int device);
 
-// The four CUDA ops through cuda_glue.h with the simulated runtime, for the call `ctx`.
+// The four CUDA ops through cuda_glue.h with the simulated runtime, for the call `ctx`; a
+// non-empty `mrope_section` makes the positions multi-axis (M-RoPE).
 at::Tensor host_apply(CaseContext& ctx, const at::Tensor& x, const at::Tensor& cos,
                       const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
-                      bool inverse);
+                      bool inverse, at::OptionalIntArrayRef mrope_section = std::nullopt,
+                      bool mrope_interleaved = false);
 void host_apply_(CaseContext& ctx, const at::Tensor& x, const at::Tensor& cos,
-                 const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
-                 bool inverse);
+                 const at::Tensor& sin, const at::Tensor& positions, bool interleaved, bool inverse,
+                 at::OptionalIntArrayRef mrope_section = std::nullopt,
+                 bool mrope_interleaved = false);
 void host_apply_out(CaseContext& ctx, const at::Tensor& x, const at::Tensor& cos,
                     const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
-                    bool inverse, const at::Tensor& out);
-std::tuple<at::Tensor, at::Tensor> host_apply_qk(CaseContext& ctx, const at::Tensor& q,
-                                                 const at::Tensor& k, const at::Tensor& cos,
-                                                 const at::Tensor& sin, const at::Tensor& positions,
-                                                 bool interleaved, bool inverse);
+                    bool inverse, const at::Tensor& out,
+                    at::OptionalIntArrayRef mrope_section = std::nullopt,
+                    bool mrope_interleaved = false);
+std::tuple<at::Tensor, at::Tensor> host_apply_qk(
+    CaseContext& ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+    const at::Tensor& sin, const at::Tensor& positions, bool interleaved, bool inverse,
+    at::OptionalIntArrayRef mrope_section = std::nullopt, bool mrope_interleaved = false);
 
 }  // namespace rope_host

@@ -128,15 +128,15 @@ MUTANTS = [
     Mutant(
         "no-position-check-without-rotation",
         "cuda/rope_kernel.cuh",
-        "  if (t.rot_lanes == 0) {\n    int64_t pos;",
-        "  if (false) {\n    int64_t pos;",
+        "  if (t.rot_lanes == 0) {\n    if (tb.axes.num_axes == 0) {",
+        "  if (false) {\n    if (tb.axes.num_axes == 0) {",
         "rotary_dim == 0 skips the range check of positions",
     ),
     Mutant(
         "int32-positions-read-as-int64",
         "cuda/rope_kernel.cuh",
-        "  pos = t.positions_are_int64\n",
-        "  pos = !t.positions_are_int64\n",
+        "  return t.positions_are_int64\n",
+        "  return !t.positions_are_int64\n",
         "positions read with the wrong width",
     ),
     Mutant(
@@ -185,9 +185,9 @@ MUTANTS = [
     Mutant(
         "int32-row-offsets",
         "cuda/rope_kernel.cuh",
-        "  bool have_angles = false;\n  for (int64_t h = h_begin; h < h_end; h += kRowBatch) {\n"
+        "    have_angles = true;\n  }\n  for (int64_t h = h_begin; h < h_end; h += kRowBatch) {\n"
         "    int64_t src[kRowBatch];\n    int64_t dst[kRowBatch];",
-        "  bool have_angles = false;\n  for (int64_t h = h_begin; h < h_end; h += kRowBatch) {\n"
+        "    have_angles = true;\n  }\n  for (int64_t h = h_begin; h < h_end; h += kRowBatch) {\n"
         "    int src[kRowBatch];\n    int dst[kRowBatch];",
         "the batch's row offsets held in 32 bits",
     ),
@@ -348,6 +348,92 @@ MUTANTS = [
         "    return plan_paths(a, sizes.storage, interleaved, true).rot_access == Access::kVector;",
         "    return plan_paths(a, sizes.storage, interleaved, true).rot_access != Access::kScalar;",
         "a paired tensor picks the vector kernel and its register budget (correct, only slower)",
+    ),
+    # Multi-axis positions (M-RoPE): which axis each plane reads, where the axes' positions are,
+    # their range checks, and when a lane's cos/sin may be one vector load.
+    Mutant(
+        "axis-map-ignored",
+        "cuda/rope_kernel.cuh",
+        "  if (tb.axes.num_axes == 0) {\n    rotate_lane<",
+        "  if (true) {\n    rotate_lane<",
+        "the defect this path fixed: every plane of a multi-axis position reads axis 0",
+    ),
+    Mutant(
+        "every-plane-picks-axis-0",
+        "cuda/rope_kernel.cuh",
+        "    r = a == i ? v[i] : r;",
+        "    r = a == i ? v[0] : r;",
+        "every axis loaded and checked, but each plane takes axis 0's table row",
+    ),
+    Mutant(
+        "section-boundary-off-by-one",
+        "cuda/rope_kernel.cuh",
+        "    axis += a + 1 < m.num_axes && k >= end ? 1 : 0;",
+        "    axis += a + 1 < m.num_axes && k > end ? 1 : 0;",
+        "the first plane of each contiguous section reads the previous axis",
+    ),
+    Mutant(
+        "interleaved-ignores-section-limit",
+        "cuda/rope_kernel.cuh",
+        "    return r == 1 && k < 3 * m.sections[1] ? 1 : r == 2 && k < 3 * m.sections[2] ? 2 : 0;",
+        "    return r == 1 ? 1 : r == 2 ? 2 : 0;",
+        "Qwen3-VL: planes k % 3 == 1, 2 read h, w past 3 * sections[1], 3 * sections[2] too",
+    ),
+    Mutant(
+        "interleaved-read-as-contiguous",
+        "cuda/rope_kernel.cuh",
+        "  if (m.interleaved) {\n    const int64_t r = k % 3;",
+        "  if (false) {\n    const int64_t r = k % 3;",
+        "mrope_interleaved dropped: Qwen3-VL sections taken as contiguous runs",
+    ),
+    Mutant(
+        "axis-stride-assumed-1",
+        "cuda/rope_kernel.cuh",
+        "read_position(t, pos_off + a * t.axis_stride)",
+        "read_position(t, pos_off + a)",
+        "the axis dim taken as dense and innermost: positions moved from (A, ...) read wrongly",
+    ),
+    Mutant(
+        "axis-stride-not-planned",
+        "cuda/launch_plan.h",
+        "  p.axis_stride = a.axis_stride;\n",
+        "",
+        "the plan drops the axis stride: every axis reads axis 0's entry",
+    ),
+    Mutant(
+        "axis-map-not-planned",
+        "cuda/launch_plan.h",
+        "  params.tables.axes = tables.axes;\n",
+        "",
+        "the plan drops the AxisMap: every multi-axis call runs as a one-axis one",
+    ),
+    Mutant(
+        "range-check-axis-0-only",
+        "cuda/rope_kernel.cuh",
+        "      in_range = position_in_range(tb, pos) && in_range;",
+        "      in_range = (a > 0 || position_in_range(tb, pos)) && in_range;",
+        "only axis 0 of a multi-axis position is range-checked: a bad axis 1 reads past the tables",
+    ),
+    Mutant(
+        "vector-table-load-across-axes",
+        "cuda/rope_kernel.cuh",
+        "    one_axis = one_axis && axis[j] == axis[0];",
+        "    one_axis = one_axis && (axis[j] == axis[0] || tb.vector_loads);",
+        "a lane across a section boundary loads its cos/sin as one vector from one axis's row",
+    ),
+    Mutant(
+        "lane-axis-from-first-plane",
+        "cuda/rope_kernel.cuh",
+        "    const int64_t at = pick_axis(rows, axis[j]) + k0 + j;",
+        "    const int64_t at = pick_axis(rows, axis[0]) + k0 + j;",
+        "plane-by-plane loads, all from the row of the lane's first plane's axis",
+    ),
+    Mutant(
+        "multi-axis-copy-rows-check-axis-0",
+        "cuda/rope_kernel.cuh",
+        "    if (tb.axes.num_axes == 0) {\n      int64_t pos;",
+        "    if (true) {\n      int64_t pos;",
+        "rows with no rotating lane range-check only axis 0 of a multi-axis position",
     ),
 ]
 

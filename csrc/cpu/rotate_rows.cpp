@@ -262,6 +262,18 @@ void rotate_rows_runs(const RotationArgs& args, Angles& angles, int64_t row_begi
                      g.pos_strides[inner - 1] == 0 && run_len > kTilePositions;
   const auto rows_of = [&](const scalar_t* x, scalar_t* y, const pos_t* p, int64_t n,
                            bool in_tile) {
+    if constexpr (!std::is_same_v<Angles, OneAxisAngles<pos_t>>) {
+      if (!in_tile && pos_step == 0) {
+        // Multi-axis, one position for the whole run (the heads of a decode token): its angles
+        // once, not a comparison of every axis per row. (The one-axis loop stays as it was: the
+        // same hoist there measured 10% slower on fp32 decode.)
+        const int64_t row = angles.row(p);
+        for (int64_t i = 0; i < n; ++i, x += in_step, y += out_step) {
+          rotate_row<scalar_t, kInterleaved, kInverse, kHalf>(x, y, row, args, tables);
+        }
+        return;
+      }
+    }
     for (int64_t i = 0; i < n; ++i, x += in_step, y += out_step, p += pos_step) {
       const int64_t row = in_tile ? angles.tile_row(p, i) : angles.row(p);
       rotate_row<scalar_t, kInterleaved, kInverse, kHalf>(x, y, row, args, tables);

@@ -89,6 +89,9 @@ SUPPORTED_MODEL_TYPES = (
 )
 
 _HF_NAME = "apply_rotary_pos_emb"
+# DeepSeek's MLA (and the models built on it) rotate GPT-J pairs through a function of its own;
+# a patched layer calls our function under either name, with the pair layout the self-check found.
+_HF_NAMES = (_HF_NAME, "apply_rotary_pos_emb_interleave")
 _HF_VISION_NAME = "apply_rotary_pos_emb_vision"
 _ONE_TYPE = "all"  # the table key of a model whose layers share one RoPE
 _PATCH_ATTR = "_torch_rope_patch"
@@ -175,10 +178,12 @@ def _rotary_modules(model: nn.Module, vision: bool = False) -> List[nn.Module]:
     return found
 
 
-def _calls_hf_apply(module: nn.Module, name: str = _HF_NAME) -> bool:
+def _calls_hf_apply(module: nn.Module, names: Tuple[str, ...] = _HF_NAMES) -> bool:
     forward = getattr(type(module), "forward", None)
     code = getattr(forward, "__code__", None)
-    return code is not None and name in code.co_names and name in forward.__globals__
+    return code is not None and any(
+        name in code.co_names and name in forward.__globals__ for name in names
+    )
 
 
 def _layer_types(rotary: nn.Module) -> Optional[List[str]]:
@@ -399,7 +404,9 @@ def _patched_namespace(original_globals: Dict[str, Any], refresh: bool) -> Dict[
         module.__dict__.clear()
         module.__dict__.update(original_globals)
         module.__dict__["__name__"] = name
-        module.__dict__[_HF_NAME] = _apply_with_tables
+        for hf_name in _HF_NAMES:
+            if hf_name in original_globals:
+                module.__dict__[hf_name] = _apply_with_tables
         if _HF_VISION_NAME in original_globals:
             module.__dict__[_HF_VISION_NAME] = _apply_vision_with_tables
     return module.__dict__
@@ -521,10 +528,13 @@ def _bind(function, module: nn.Module, *more):
 def _self_check(rotary, key, attention) -> None:
     """Refuse to patch when a patched attention layer disagrees with the unpatched one.
 
-    One forward of the layer each way on a probe input: the unpatched forward gets HF's gathered
-    (B, S, R) cos/sin with duplicated halves, made from our own tables (so this checks how the
-    layer uses them: slices, casts, layout, partial rotary; the frequencies are checked apart),
-    the patched one gets the positions and the tables, as the patched rotary module returns them.
+    One forward of the layer each way on a probe input: the unpatched forward gets the cos/sin
+    of the model's own (unpatched) rotary module, as the model would hand them over, so this
+    checks everything between them and the rotated q/k: frequencies, their layout (rotate_half's
+    duplicated halves or GPT-J's repeated pairs), slices, casts, partial rotary, MLA's rotary
+    slice of each head. The patched one gets the positions and the tables, as the patched rotary
+    module returns them. Multi-axis (M-RoPE) models get HF's recomposition of our own tables'
+    rows instead, at three position axes that differ.
     """
     device = _device_of(rotary, key)
     if device.type == "meta":
@@ -539,8 +549,7 @@ def _self_check(rotary, key, attention) -> None:
     position_ids = torch.arange(length, device=device).unsqueeze(0)
     section = getattr(tables, "mrope_section", None)
     if section is None:
-        cos = tables.cos[position_ids].repeat(1, 1, 2).to(dtype)
-        sin = tables.sin[position_ids].repeat(1, 1, 2).to(dtype)
+        cos, sin = _hf_cos_sin(rotary, key, hidden, position_ids)
     else:
         # Three axes that differ everywhere, dealt to the planes by HF's own recomposition
         # (contiguous or interleaved, rotate_half or GPT-J halves) of our tables' rows.
@@ -556,9 +565,10 @@ def _self_check(rotary, key, attention) -> None:
         cos = recompose(rotary, tables.cos[axes].clone()).to(dtype)
         sin = recompose(rotary, tables.sin[axes].clone()).to(dtype)
         position_ids = axes.movedim(0, -1)  # what the patched rotary module hands on
+    layout = "GPT-J pairs" if tables.interleaved else "rotate_half"
     refusal = (
         f"torch_rope.hf.patch: a patched {type(attention).__name__} disagrees with the unpatched "
-        "one on a probe input (it rotates q/k differently from torch_rope's half-split RoPE); "
+        f"one on a probe input (it rotates q/k differently from torch_rope's {layout} RoPE); "
         "not patching this model"
     )
     with torch.no_grad():
@@ -576,6 +586,34 @@ def _self_check(rotary, key, attention) -> None:
             raise NotImplementedError(refusal) from error
     if not _close(want, got, dtype):
         raise NotImplementedError(refusal)
+
+
+def _hf_cos_sin(rotary: nn.Module, key: str, hidden: Tensor, position_ids: Tensor):
+    """The cos/sin the unpatched rotary module hands the attention layers at ``position_ids``."""
+    forward = type(rotary).forward
+    with torch.no_grad():
+        if key == _ONE_TYPE:
+            return forward(rotary, hidden, position_ids)
+        return forward(rotary, hidden, position_ids, layer_type=key)
+
+
+def _check_layout(rotary, keys, attentions, layouts: Tuple[bool, ...]) -> None:
+    """Find the pair layout the attention layers rotate with and set it on the tables: the first
+    of ``layouts`` (torch_rope's ``interleaved``) with which every attention class passes the
+    self-check. rotate_half models pass with ``False``; GPT-J-pair models (Cohere, GLM, DeepSeek's
+    MLA with ``rope_interleave``) with ``True``. None passes: the first refusal is raised."""
+    first_refusal = None
+    for interleaved in layouts:
+        for key in keys:
+            rotary.torch_rope[key].interleaved = interleaved
+        try:
+            for attention in {type(a): a for a in attentions}.values():  # one of each class
+                for key in keys:
+                    _self_check(rotary, key, attention)
+            return
+        except NotImplementedError as refusal:
+            first_refusal = first_refusal or refusal
+    raise first_refusal
 
 
 def _close(want: Tensor, got: Tensor, dtype: torch.dtype) -> bool:
@@ -634,7 +672,7 @@ def _self_check_vision(rotary: nn.Module, attention: nn.Module) -> None:
 def _patch_vision(model: nn.Module, model_type: str, record: "_Patch", rows: int) -> None:
     """Put torch_rope under the vision tower of a vision-language model (its 2-D RoPE)."""
     rotaries = _rotary_modules(model, vision=True)
-    attentions = [m for m in model.modules() if _calls_hf_apply(m, _HF_VISION_NAME)]
+    attentions = [m for m in model.modules() if _calls_hf_apply(m, (_HF_VISION_NAME,))]
     if len(rotaries) != 1 or not attentions:
         raise NotImplementedError(
             f"torch_rope.hf.patch: expected one vision rotary embedding module and vision "
@@ -760,13 +798,11 @@ def patch(
             )
         rotary.torch_rope = tables
         rotary._torch_rope_dynamic = dynamic
-        checked = set()
+        for attention_class in {type(a) for a in attentions}:
+            _rebuilt_forward(attention_class, refresh=True)
+        # A vision-language text tower's layout is known; a text model's is found by the check.
+        _check_layout(rotary, keys, attentions, (axes[0],) if axes else (False, True))
         for attention in attentions:
-            if type(attention) not in checked:
-                _rebuilt_forward(type(attention), refresh=True)
-                for key in keys:
-                    _self_check(rotary, key, attention)
-                checked.add(type(attention))
             attention.forward = _bind(_patched_attention_forward, attention)
             record.attention.append(attention)
         rotary.forward = _bind(_patched_rotary_forward, rotary)

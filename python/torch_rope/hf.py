@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from ._scaling import rope_frequencies, rope_tables_from_inv_freq
 from .nn import RotaryPositionalEmbedding, long_rope_positions
-from .ops import apply_qk
+from .ops import apply, apply_qk
 
 __all__ = ["apply_rotary_pos_emb", "patch", "unpatch", "is_patched", "SUPPORTED_MODEL_TYPES"]
 
@@ -56,11 +56,12 @@ _VLM_TYPES: Dict[str, Tuple[bool, bool]] = {
 }
 
 #: transformers model types that :func:`patch` knows: each was checked against the unpatched model
-#: (fp32 logits, greedy generation with a KV cache) by this project's tests. The text models all
-#: rotate with ``rotate_half`` (torch_rope's ``interleaved=False``) through a module-level
-#: ``apply_rotary_pos_emb(q, k, cos, sin)`` called from the attention's forward; the
-#: vision-language models (the last ones) also rotate their vision tower's q/k, through
-#: ``apply_rotary_pos_emb_vision``.
+#: (fp32 logits, greedy generation with a KV cache, bf16 error) by this project's tests. The text
+#: models rotate through a module-level ``apply_rotary_pos_emb(q, k, cos, sin)`` (Gemma 4: one
+#: tensor a call; DeepSeek-style MLA: ``apply_rotary_pos_emb_interleave``, on each head's rotary
+#: slice) called from the attention's forward, with ``rotate_half`` or GPT-J pairs (the
+#: self-check finds which); the vision-language models (:data:`_VLM_TYPES`) also rotate their
+#: vision tower's q/k, through ``apply_rotary_pos_emb_vision``.
 SUPPORTED_MODEL_TYPES = (
     "llama",
     "mistral",
@@ -85,8 +86,158 @@ SUPPORTED_MODEL_TYPES = (
     "exaone4",
     "seed_oss",
     "apertus",
+    # Built tiny from their default configs (tests/python/support/hf_models.py, TINY).
+    "afmoe",
+    "aria_text",
+    "axk1",
+    "beam",
+    "bitnet",
+    "cohere",
+    "cohere2",
+    "cohere2_moe",
+    "cwm",
+    "deepseek_v3",
+    "diffllama",
+    "doge",
+    "ernie4_5",
+    "ernie4_5_moe",
+    "exaone_moe",
+    "falcon",
+    "falcon_h1",
+    "flex_olmo",
+    "flint",
+    "gemma3",
+    "gemma4",
+    "gemma4_text",
+    "gemma4_unified",
+    "gemma4_unified_text",
+    "glm",
+    "glm4",
+    "glm4_moe",
+    "glm4_moe_lite",
+    "gpt_neox_japanese",
+    "gpt_oss",
+    "granitemoeshared",
+    "helium",
+    "hy_v3",
+    "hyperclovax",
+    "internlm3",
+    "iquestcoder",
+    "jais2",
+    "jetmoe",
+    "kolibri1",
+    "laguna",
+    "lfm2",
+    "lfm3",
+    "longcat_flash",
+    "mellum",
+    "minicpm3",
+    "minimax_m2",
+    "minimax_m3_vl_text",
+    "olmo_hybrid",
+    "olmoe",
+    "persimmon",
+    "phi",
+    "phi4_multimodal",
+    "phimoe",
+    "qwen3_next",
+    "solar_open",
+    "stablelm",
+    "youtu",
     *_VLM_TYPES,
 )
+
+# Why patch refuses each of the other rotary model types: one reason per family.
+_GPTJ_BUFFER = (
+    "GPT-J style: each attention layer gathers sin/cos from its own embed_positions buffer and "
+    "rotates q and k apart (rotate_every_two); there is no rotary module to hand it positions"
+)
+_COMPLEX = (
+    "rotates through complex-number frequencies (apply_rotary_emb with freqs_cis), not "
+    "apply_rotary_pos_emb"
+)
+_OTHER_ROTARY = (
+    "its rotary module is not a transformers RotaryEmbedding (with a config and inv_freq) that "
+    "patch can hand positions from"
+)
+_SEVERAL_ROTARY = (
+    "several rotary embedding modules (per attention kind or sub-model); patch hands positions "
+    "from exactly one"
+)
+_DSA_INDEXER = (
+    "its sparse-attention indexer (DSA) rotates its own q/k through the same function inside "
+    "the attention layer; the self-check refuses it"
+)
+_MROPE_TEXT = (
+    "3-axis (M-RoPE) position ids in its text model; patch handles multi-axis positions only "
+    "for the vision-language types"
+)
+_UNTESTED_BUILD = (
+    "not tested: the tests' generic tiny config of this type does not build or run (its "
+    "default config needs sizes shrunk by hand)"
+)
+_UNTESTED_HYBRID = (
+    "not tested: hybrid model whose generic tiny config keeps no attention layer (or no rotary "
+    "module) among its two layers"
+)
+_UNTESTED_WEAK = (
+    "not tested: in the tests' tiny model the logits barely depend on RoPE (the wrong pair "
+    "layout moves them by less than 1e-3), so matching them would prove too little"
+)
+
+#: The other rotary causal-LM model types of transformers 5.23 (as the tests'
+#: ``hf_models.rotary_model_types()`` finds them), each with why :func:`patch` refuses it.
+_REFUSED: Dict[str, str] = {
+    **dict.fromkeys(("gptj", "codegen"), _GPTJ_BUFFER),
+    **dict.fromkeys(("deepseek_v2", "llama4", "llama4_text"), _COMPLEX),
+    "roformer": "sinusoidal positions applied by a method of its self-attention",
+    **dict.fromkeys(("recurrent_gemma", "zamba2"), _OTHER_ROTARY),
+    "inkling2_text": "its text model has no rotary embedding; only its vision tower rotates",
+    **dict.fromkeys(
+        ("blt", "deepseek_v4", "granite_swa", "granitemoe_swa", "moshi"), _SEVERAL_ROTARY
+    ),
+    **dict.fromkeys(
+        ("axk2", "deepseek_v32", "dots3_note_text", "glm_moe_dsa", "hy_v4"), _DSA_INDEXER
+    ),
+    "nanochat": (
+        "rotates by minus the angle (its rotate_half returns (x2, -x1)); the self-check refuses it"
+    ),
+    **dict.fromkeys(("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"), _MROPE_TEXT),
+    "emu3": "its causal LM is a text model of another type (emu3_text_model); not tested",
+    "mllama": "its causal LM is a text model of another type (mllama_text_model); not tested",
+    "ministral3": (
+        "its yarn parameters carry llama_4_scaling_beta, which torch_rope's table builder does "
+        "not take"
+    ),
+    "mimo_v2_flash": (
+        "not tested: its partial_rotary_factor (0.334) gives an odd rotary width on the tests' "
+        "tiny head, so its tiny model cannot be built generically"
+    ),
+    **dict.fromkeys(("minimax", "modernbert-decoder", "vaultgemma"), _UNTESTED_WEAK),
+    **dict.fromkeys(
+        ("bamba", "jamba", "granitemoehybrid", "nemotron_h", "bailing_hybrid"), _UNTESTED_HYBRID
+    ),
+    **dict.fromkeys(
+        (
+            "cohere_compass_text",
+            "dbrx",
+            "dots1",
+            "dots3_note",
+            "gemma3n",
+            "gemma3n_text",
+            "hrm_text",
+            "hunyuan_v1_dense",
+            "hunyuan_v1_moe",
+            "lfm2_moe",
+            "ministral",
+            "nemotron",
+            "qwen4_exp",
+            "qwen4_exp_text",
+            "zaya",
+        ),
+        _UNTESTED_BUILD,
+    ),
+}
 
 _HF_NAME = "apply_rotary_pos_emb"
 # DeepSeek's MLA (and the models built on it) rotate GPT-J pairs through a function of its own;
@@ -344,10 +495,13 @@ def _rotate_qk(
     return apply_qk(q, k, cos_table, sin_table, positions.unsqueeze(unsqueeze_dim), **flags)
 
 
-def _apply_with_tables(q, k, cos, sin, unsqueeze_dim=1):
+def _apply_with_tables(q, k, cos, sin=None, unsqueeze_dim=1):
     """What a patched attention layer calls as apply_rotary_pos_emb: ``cos`` holds the positions
     (B, S) (M-RoPE: (B, S, 3)) and ``sin`` the torch_rope tables module, as the patched rotary
-    module returned them."""
+    module returned them. Gemma 4 rotates one tensor per call, ``(x, cos, sin, unsqueeze_dim)``:
+    there the positions arrive as ``k`` and the tables as ``cos``."""
+    if sin is None and isinstance(cos, nn.Module):
+        return _rotate_one(q, k, cos, unsqueeze_dim)
     positions, tables = cos, sin
     return _rotate_qk(
         q,
@@ -359,6 +513,17 @@ def _apply_with_tables(q, k, cos, sin, unsqueeze_dim=1):
         tables.interleaved,
         getattr(tables, "mrope_section", None),
         getattr(tables, "mrope_interleaved", False),
+    )
+
+
+def _rotate_one(x: Tensor, positions: Tensor, tables: nn.Module, unsqueeze_dim: int) -> Tensor:
+    """One tensor (B, H, S, D) or (B, S, H, D) rotated at ``positions`` (B, S)."""
+    return apply(
+        x,
+        tables.cos,
+        tables.sin,
+        positions.unsqueeze(unsqueeze_dim),
+        interleaved=tables.interleaved,
     )
 
 
@@ -571,21 +736,41 @@ def _self_check(rotary, key, attention) -> None:
         f"one on a probe input (it rotates q/k differently from torch_rope's {layout} RoPE); "
         "not patching this model"
     )
+    other = dict(_other_required_arguments(attention), attention_mask=None)
     with torch.no_grad():
         try:
-            want = type(attention).forward(
-                attention, hidden_states=hidden, position_embeddings=(cos, sin), attention_mask=None
-            )[0]
+            try:
+                want = type(attention).forward(
+                    attention, hidden_states=hidden, position_embeddings=(cos, sin), **other
+                )[0]
+            except TypeError:
+                # A layer that adds its mask unconditionally (Falcon): a mask that masks nothing.
+                other["attention_mask"] = hidden.new_zeros(1, 1, length, length)
+                want = type(attention).forward(
+                    attention, hidden_states=hidden, position_embeddings=(cos, sin), **other
+                )[0]
             got = _patched_attention_forward(
                 attention,
                 hidden_states=hidden,
                 position_embeddings=(position_ids, tables),
-                attention_mask=None,
+                **other,
             )[0]
         except Exception as error:  # e.g. a layer that slices or reshapes cos/sin itself
             raise NotImplementedError(refusal) from error
     if not _close(want, got, dtype):
         raise NotImplementedError(refusal)
+
+
+def _other_required_arguments(attention: nn.Module) -> Dict[str, None]:
+    """None for each argument the attention's forward requires beyond those the probe gives:
+    what a model passes there when it uses RoPE (Falcon's ``alibi``). A layer that needs more
+    fails the probe and is refused."""
+    code = type(attention).forward.__code__
+    defaults = type(attention).forward.__defaults__ or ()
+    names = code.co_varnames[1 : code.co_argcount]  # after self
+    required = names[: len(names) - len(defaults)]
+    given = ("hidden_states", "position_embeddings", "attention_mask")
+    return {name: None for name in required if name not in given}
 
 
 def _hf_cos_sin(rotary: nn.Module, key: str, hidden: Tensor, position_ids: Tensor):
@@ -599,15 +784,19 @@ def _hf_cos_sin(rotary: nn.Module, key: str, hidden: Tensor, position_ids: Tenso
 
 def _check_layout(rotary, keys, attentions, layouts: Tuple[bool, ...]) -> None:
     """Find the pair layout the attention layers rotate with and set it on the tables: the first
-    of ``layouts`` (torch_rope's ``interleaved``) with which every attention class passes the
+    of ``layouts`` (torch_rope's ``interleaved``) with which every attention layer passes the
     self-check. rotate_half models pass with ``False``; GPT-J-pair models (Cohere, GLM, DeepSeek's
-    MLA with ``rope_interleave``) with ``True``. None passes: the first refusal is raised."""
+    MLA with ``rope_interleave``) with ``True``. None passes: the first refusal is raised.
+
+    Every layer is checked, not one per class: layers of one class differ (Cohere 2's full
+    layers skip RoPE, its sliding ones rotate), and a layer that does not rotate passes with
+    either layout, so checking it alone could pick the wrong one."""
     first_refusal = None
     for interleaved in layouts:
         for key in keys:
             rotary.torch_rope[key].interleaved = interleaved
         try:
-            for attention in {type(a): a for a in attentions}.values():  # one of each class
+            for attention in attentions:
                 for key in keys:
                     _self_check(rotary, key, attention)
             return
@@ -733,9 +922,10 @@ def patch(
     """
     model_type = _model_type(model)
     if model_type not in SUPPORTED_MODEL_TYPES:
+        reason = _REFUSED.get(model_type, "not one of the model types this project tests")
         raise NotImplementedError(
-            f"torch_rope.hf.patch: model type {model_type!r} is not supported (supported: "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)})"
+            f"torch_rope.hf.patch: model type {model_type!r} is not supported: {reason} "
+            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
         )
     if is_patched(model):
         return model

@@ -10,6 +10,7 @@ HF's own bf16 error.
 
 import copy
 import os
+import re
 import types
 
 import pytest
@@ -46,6 +47,7 @@ SLOW = [
     "granite",
     "starcoder2",
     *hf_models.GENERIC,
+    *(f"tiny:{model_type}" for model_type in hf_models.TINY),
 ]
 ALL = [pytest.param(n) for n in FAST] + [pytest.param(n, marks=pytest.mark.slow) for n in SLOW]
 
@@ -134,6 +136,11 @@ def per_layer(model, names, read, ids, mask):
     return out, grown
 
 
+def rope_calls(counter):
+    """torch_rope rotations an OpCounter saw: q and k together, or one tensor a call (Gemma 4)."""
+    return counter.counts.get("rope.apply_qk", 0) + counter.counts.get("rope.apply", 0)
+
+
 def patched_layer_names(model):
     patched = {id(m) for m in model._torch_rope_patch.attention}
     return [name for name, m in model.named_modules() if id(m) in patched]
@@ -155,11 +162,9 @@ def test_patched_model_matches_unpatched(name, monkeypatch):
     hf_rotations = HFRotations(monkeypatch, reference)
     want, hf_calls = per_layer(reference, layers, lambda: hf_rotations.calls, ids, mask)
     with OpCounter() as counter:
-        got, our_calls = per_layer(
-            model, layers, lambda: counter.counts.get("rope.apply_qk", 0), ids, mask
-        )
+        got, our_calls = per_layer(model, layers, lambda: rope_calls(counter), ids, mask)
     assert our_calls == hf_calls and sum(hf_calls.values()) > 0, (our_calls, hf_calls)
-    assert counter.counts.get("rope.apply_qk", 0) == sum(hf_calls.values())
+    assert rope_calls(counter) == sum(hf_calls.values())
     assert counter.counts.get("aten.cos", 0) == 0 and counter.counts.get("aten.sin", 0) == 0
     assert rel_err(got, want) <= 1e-5, rel_err(got, want)
 
@@ -167,7 +172,7 @@ def test_patched_model_matches_unpatched(name, monkeypatch):
     want_tokens = generate(reference, ids, mask)
     with OpCounter() as counter:
         got_tokens = generate(model, ids, mask)
-    assert counter.counts.get("rope.apply_qk", 0) >= 12 * sum(hf_calls.values())
+    assert rope_calls(counter) >= 12 * sum(hf_calls.values())
     assert torch.equal(got_tokens, want_tokens), (got_tokens, want_tokens)
 
     # The unpatched reference never touched our op.
@@ -291,10 +296,33 @@ def test_unknown_architecture_is_refused():
         vocab_size=64, n_embd=32, n_layer=1, n_head=2, rotary_dim=8, n_positions=32
     )
     model = transformers.AutoModelForCausalLM.from_config(config)
-    with pytest.raises(NotImplementedError, match=r"model type 'gptj' is not supported"):
+    reason = re.escape(torch_rope.hf._REFUSED["gptj"])
+    with pytest.raises(NotImplementedError, match=rf"model type 'gptj' is not supported: {reason}"):
         torch_rope.hf.patch(model)
     assert not torch_rope.hf.is_patched(model)
     assert all("forward" not in vars(m) for m in model.modules())
+
+
+def test_every_rotary_model_type_is_supported_or_refused_with_a_reason():
+    """Every causal-LM model type of this transformers whose modeling code uses RoPE is either
+    supported (and tested here) or refused by name with a reason; none is left unaccounted."""
+    found = set(hf_models.rotary_model_types())
+    supported, refused = set(torch_rope.hf.SUPPORTED_MODEL_TYPES), torch_rope.hf._REFUSED
+    assert not found - supported - set(refused), sorted(found - supported - set(refused))
+    assert not supported & set(refused)
+    assert set(refused) <= found, sorted(set(refused) - found)  # no stale refusal
+    assert all(reason.strip() for reason in refused.values())
+
+
+def test_docs_list_every_rotary_model_type_with_its_status():
+    """docs/hf_models.md's table says what hf.py does, type by type."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "hf_models.md")
+    with open(path, encoding="utf-8") as f:
+        rows = re.findall(r"^\| `([\w-]+)` \| (supported|refused) \| (.*?) \|$", f.read(), re.M)
+    table = {t: (status, reason) for t, status, reason in rows}
+    want = {t: ("supported", "") for t in torch_rope.hf.SUPPORTED_MODEL_TYPES}
+    want.update((t, ("refused", r)) for t, r in torch_rope.hf._REFUSED.items())
+    assert table == want
 
 
 def test_not_a_transformers_model_is_refused():

@@ -60,7 +60,8 @@ LLAMA_SCALINGS = {
 
 
 def config(name):
-    """The transformers config of one test model (``'llama'``, ``'llama-yarn'``, ``'phi3'``...)."""
+    """The transformers config of one test model (``'llama'``, ``'llama-yarn'``, ``'phi3'``..., or
+    ``'tiny:<model type>'`` for a model type of :data:`TINY`)."""
     import transformers as tf
 
     if name == "llama" or name.startswith("llama-"):
@@ -140,11 +141,74 @@ def config(name):
         return tf.Starcoder2Config(**COMMON, sliding_window=8)
     if name in GENERIC:
         return tf.AutoConfig.for_model(name, **COMMON)
-    return tiny_config(name)
+    if name.startswith("tiny:"):  # a model type of TINY (gemma3 is also a hand-built name)
+        return tiny_config(name[len("tiny:") :])
+    raise KeyError(name)
 
 
 #: Llama-like model types whose default config needs nothing beyond COMMON.
 GENERIC = ("olmo", "olmo3", "smollm3", "arcee", "exaone4", "granitemoe", "seed_oss", "apertus")
+
+#: Model types built by :func:`tiny_config` from transformers' default config, shrunk.
+TINY = (
+    "afmoe",
+    "aria_text",
+    "axk1",
+    "beam",
+    "bitnet",
+    "cohere",
+    "cohere2",
+    "cohere2_moe",
+    "cwm",
+    "deepseek_v3",
+    "diffllama",
+    "doge",
+    "ernie4_5",
+    "ernie4_5_moe",
+    "exaone_moe",
+    "falcon",
+    "falcon_h1",
+    "flex_olmo",
+    "flint",
+    "gemma3",
+    "gemma4",
+    "gemma4_text",
+    "gemma4_unified",
+    "gemma4_unified_text",
+    "glm",
+    "glm4",
+    "glm4_moe",
+    "glm4_moe_lite",
+    "gpt_neox_japanese",
+    "gpt_oss",
+    "granitemoeshared",
+    "helium",
+    "hy_v3",
+    "hyperclovax",
+    "internlm3",
+    "iquestcoder",
+    "jais2",
+    "jetmoe",
+    "kolibri1",
+    "laguna",
+    "lfm2",
+    "lfm3",
+    "longcat_flash",
+    "mellum",
+    "minicpm3",
+    "minimax_m2",
+    "minimax_m3_vl_text",
+    "olmo_hybrid",
+    "olmoe",
+    "persimmon",
+    "phi",
+    "phi4_multimodal",
+    "phimoe",
+    "qwen3_next",
+    "solar_open",
+    "stablelm",
+    "youtu",
+)
 
 
 def build(name, seed=0):
@@ -183,8 +247,11 @@ _TINY = {
     **dict.fromkeys(("v_head_dim",), HEAD_DIM),
     # SSM layers of the hybrid models.
     **dict.fromkeys(("mamba_d_state", "ssm_state_size", "mamba_dt_rank", "time_step_rank"), 8),
-    **dict.fromkeys(("mamba_n_heads", "mamba_n_groups", "n_groups"), 2),
+    # mamba_n_heads * mamba_d_head = mamba_expand (2) * hidden_size, as the configs require.
+    **dict.fromkeys(("mamba_n_heads",), 8),
+    **dict.fromkeys(("mamba_n_groups", "n_groups"), 2),
     **dict.fromkeys(("mamba_d_head", "mamba_head_dim"), 16),
+    **dict.fromkeys(("mamba_d_ssm",), 128),
     **dict.fromkeys(("linear_num_key_heads", "linear_num_value_heads"), 2),
     **dict.fromkeys(("linear_key_head_dim", "linear_value_head_dim"), 16),
 }
@@ -197,6 +264,8 @@ def _tiny_value(key, value):
         return value
     if key in _TINY:
         return _TINY[key]
+    if key.startswith("vocab_size"):
+        return 256
     if "intermediate_size" in key or "ffn_hidden_size" in key or key in ("n_inner", "ffn_dim"):
         # Expert MLPs smaller than the dense one, as in the real MoE checkpoints.
         return 32 if ("moe" in key or "expert" in key) else 128
@@ -227,7 +296,19 @@ def _shrink(fields):
             value = [value[i] for i in picks]
         elif isinstance(value, dict) and "model_type" in value:
             value = _shrink(value)
+        elif key == "per_layer_config" and picks:
+            # Gemma 4's overrides keyed by layer index ("05"): those of the kept layers, renumbered.
+            kept = {int(i): v for i, v in value.items() if int(i) in picks}
+            value = {f"{picks.index(i):02d}": _shrink(v) for i, v in kept.items()}
         tiny[key] = _tiny_value(key, value)
+    tiny.update((k, v) for k, v in _SPECIAL_TOKENS.items() if k in fields)  # within the vocab
+    if "qk_rope_head_dim" in tiny:
+        # MLA: the config names its rotary slice head_dim too (the rotary module reads that), and
+        # every head has its own keys (no GQA grouping of the expanded latent).
+        if fields.get("head_dim") == fields["qk_rope_head_dim"]:
+            tiny["head_dim"] = tiny["qk_rope_head_dim"]
+        if fields.get("num_key_value_heads") == fields.get("num_attention_heads"):
+            tiny["num_key_value_heads"] = tiny["num_attention_heads"]
     return tiny
 
 
@@ -243,8 +324,7 @@ def tiny_config(model_type):
         if k not in ("model_type", "transformers_version", "architectures", "id2label", "label2id")
         and v is not None
     }
-    tiny = _shrink(fields)
-    tiny.update((k, v) for k, v in _SPECIAL_TOKENS.items() if k in fields or k == "pad_token_id")
+    tiny = dict(_shrink(fields), pad_token_id=0)
     return AutoConfig.for_model(model_type, **tiny)
 
 

@@ -144,6 +144,10 @@ SUPPORTED_MODEL_TYPES = (
     "solar_open",
     "stablelm",
     "youtu",
+    "bamba",
+    "minimax",
+    "modernbert-decoder",
+    "vaultgemma",
     *_VLM_TYPES,
 )
 
@@ -180,10 +184,6 @@ _UNTESTED_HYBRID = (
     "not tested: hybrid model whose generic tiny config keeps no attention layer (or no rotary "
     "module) among its two layers"
 )
-_UNTESTED_WEAK = (
-    "not tested: in the tests' tiny model the logits barely depend on RoPE (the wrong pair "
-    "layout moves them by less than 1e-3), so matching them would prove too little"
-)
 
 #: The other rotary causal-LM model types of transformers 5.23 (as the tests'
 #: ``hf_models.rotary_model_types()`` finds them), each with why :func:`patch` refuses it.
@@ -213,10 +213,8 @@ _REFUSED: Dict[str, str] = {
         "not tested: its partial_rotary_factor (0.334) gives an odd rotary width on the tests' "
         "tiny head, so its tiny model cannot be built generically"
     ),
-    **dict.fromkeys(("minimax", "modernbert-decoder", "vaultgemma"), _UNTESTED_WEAK),
-    **dict.fromkeys(
-        ("bamba", "jamba", "granitemoehybrid", "nemotron_h", "bailing_hybrid"), _UNTESTED_HYBRID
-    ),
+    "jamba": "its modeling file defines the RoPE helpers, but its attention layers use no RoPE",
+    **dict.fromkeys(("granitemoehybrid", "nemotron_h", "bailing_hybrid"), _UNTESTED_HYBRID),
     **dict.fromkeys(
         (
             "cohere_compass_text",

@@ -25,8 +25,9 @@ from helpers import subprocess_env  # noqa: E402
 import torch_rope  # noqa: E402
 import torch_rope.hf  # noqa: E402
 
-# A fast subset runs on every test run; the rest (about 2-4 s each) is marked slow.
-FAST = ["llama", "gpt_neox", "gemma3"]
+# A fast subset runs on every test run; the rest (about 2-4 s each) is marked slow. Cohere 2:
+# GPT-J pairs in its sliding layers, no RoPE in its full ones; DeepSeek-V3: MLA's rotary slice.
+FAST = ["llama", "gpt_neox", "gemma3", "tiny:cohere2", "tiny:deepseek_v3"]
 SLOW = [
     "llama-linear",
     "llama-dynamic",
@@ -47,7 +48,7 @@ SLOW = [
     "granite",
     "starcoder2",
     *hf_models.GENERIC,
-    *(f"tiny:{model_type}" for model_type in hf_models.TINY),
+    *(f"tiny:{t}" for t in hf_models.TINY if f"tiny:{t}" not in FAST),
 ]
 ALL = [pytest.param(n) for n in FAST] + [pytest.param(n, marks=pytest.mark.slow) for n in SLOW]
 

@@ -208,6 +208,10 @@ TINY = (
     "solar_open",
     "stablelm",
     "youtu",
+    "bamba",
+    "minimax",
+    "modernbert-decoder",
+    "vaultgemma",
 )
 
 
@@ -237,8 +241,9 @@ _TINY = {
     # Shorter than the test prompt plus its generation, so the window really slides.
     **dict.fromkeys(("sliding_window", "attention_window", "sliding_window_size"), 8),
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
-    **dict.fromkeys(("num_experts_per_tok", "moe_top_k", "top_k", "moe_k"), 2),
+    **dict.fromkeys(("num_experts_per_tok", "moe_top_k", "moe_topk", "top_k", "moe_k"), 2),
     **dict.fromkeys(("n_group", "topk_group", "n_shared_experts", "first_k_dense_replace"), 1),
+    **dict.fromkeys(("zero_expert_num",), 2),  # LongCat-Flash's identity experts
     # GPT-J style: rotary over half the head.
     **dict.fromkeys(("rotary_dim", "rotary_emb_dim"), HEAD_DIM // 2),
     # MLA: q/kv compressed to 32, each head 8 nope + 8 rope features, values 16.
@@ -277,6 +282,8 @@ def _layer_picks(fields, n_layers):
     per-layer list (a full layer after a sliding one, a NoPE layer after a RoPE one), so that the
     tiny model still has both kinds."""
     per_layer = [v for v in fields.values() if isinstance(v, list) and len(v) == n_layers]
+    if len(set(map(str, fields.get("layer_types") or []))) > 1:
+        per_layer = [fields["layer_types"]]  # the attention kinds matter more than the MLP kinds
     for j in range(1, n_layers):
         if any(v[j] != v[0] for v in per_layer):
             return [0, j]
@@ -312,6 +319,17 @@ def _shrink(fields):
     return tiny
 
 
+# The few types the generic shrink does not make testable. Bamba says where its attention layer
+# is by index (two layers: one SSM, one attention). In the others the tiny random model's logits
+# hardly depend on RoPE with the default initializer_range (0.02: q and k so small that attention
+# is nearly uniform), so the wrong-layout control could not tell; 0.2 makes RoPE count, as for
+# the vision-language models below.
+_TINY_OVERRIDES = {
+    "bamba": dict(attn_layer_indices=[1]),
+    **dict.fromkeys(("minimax", "modernbert-decoder", "vaultgemma"), dict(initializer_range=0.2)),
+}
+
+
 def tiny_config(model_type):
     """transformers' default config of ``model_type`` with its own size fields shrunk
     (:data:`_TINY`), built again through the config class so its derived fields follow."""
@@ -324,7 +342,7 @@ def tiny_config(model_type):
         if k not in ("model_type", "transformers_version", "architectures", "id2label", "label2id")
         and v is not None
     }
-    tiny = dict(_shrink(fields), pad_token_id=0)
+    tiny = dict(_shrink(fields), pad_token_id=0, **_TINY_OVERRIDES.get(model_type, {}))
     return AutoConfig.for_model(model_type, **tiny)
 
 

@@ -90,6 +90,7 @@ SUPPORTED_MODEL_TYPES = (
     "afmoe",
     "aria_text",
     "axk1",
+    "bamba",
     "beam",
     "bitnet",
     "cohere",
@@ -132,8 +133,10 @@ SUPPORTED_MODEL_TYPES = (
     "longcat_flash",
     "mellum",
     "minicpm3",
+    "minimax",
     "minimax_m2",
     "minimax_m3_vl_text",
+    "modernbert-decoder",
     "olmo_hybrid",
     "olmoe",
     "persimmon",
@@ -143,11 +146,8 @@ SUPPORTED_MODEL_TYPES = (
     "qwen3_next",
     "solar_open",
     "stablelm",
-    "youtu",
-    "bamba",
-    "minimax",
-    "modernbert-decoder",
     "vaultgemma",
+    "youtu",
     *_VLM_TYPES,
 )
 
@@ -214,9 +214,10 @@ _REFUSED: Dict[str, str] = {
         "tiny head, so its tiny model cannot be built generically"
     ),
     "jamba": "its modeling file defines the RoPE helpers, but its attention layers use no RoPE",
-    **dict.fromkeys(("granitemoehybrid", "nemotron_h", "bailing_hybrid"), _UNTESTED_HYBRID),
+    **dict.fromkeys(("granitemoehybrid", "nemotron_h"), _UNTESTED_HYBRID),
     **dict.fromkeys(
         (
+            "bailing_hybrid",
             "cohere_compass_text",
             "dbrx",
             "dots1",

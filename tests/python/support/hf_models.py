@@ -154,6 +154,7 @@ TINY = (
     "afmoe",
     "aria_text",
     "axk1",
+    "bamba",
     "beam",
     "bitnet",
     "cohere",
@@ -196,8 +197,10 @@ TINY = (
     "longcat_flash",
     "mellum",
     "minicpm3",
+    "minimax",
     "minimax_m2",
     "minimax_m3_vl_text",
+    "modernbert-decoder",
     "olmo_hybrid",
     "olmoe",
     "persimmon",
@@ -207,11 +210,8 @@ TINY = (
     "qwen3_next",
     "solar_open",
     "stablelm",
-    "youtu",
-    "bamba",
-    "minimax",
-    "modernbert-decoder",
     "vaultgemma",
+    "youtu",
 )
 
 

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from ._scaling import rope_frequencies, rope_tables_from_inv_freq
 from .nn import RotaryPositionalEmbedding, long_rope_positions
-from .ops import apply_qk
+from .ops import apply, apply_qk
 
 __all__ = ["apply_rotary_pos_emb", "patch", "unpatch", "is_patched", "SUPPORTED_MODEL_TYPES"]
 
@@ -56,11 +56,12 @@ _VLM_TYPES: Dict[str, Tuple[bool, bool]] = {
 }
 
 #: transformers model types that :func:`patch` knows: each was checked against the unpatched model
-#: (fp32 logits, greedy generation with a KV cache) by this project's tests. The text models all
-#: rotate with ``rotate_half`` (torch_rope's ``interleaved=False``) through a module-level
-#: ``apply_rotary_pos_emb(q, k, cos, sin)`` called from the attention's forward; the
-#: vision-language models (the last ones) also rotate their vision tower's q/k, through
-#: ``apply_rotary_pos_emb_vision``.
+#: (fp32 logits, greedy generation with a KV cache, bf16 error) by this project's tests. The text
+#: models rotate through a module-level ``apply_rotary_pos_emb(q, k, cos, sin)`` (Gemma 4: one
+#: tensor a call; DeepSeek-style MLA: ``apply_rotary_pos_emb_interleave``, on each head's rotary
+#: slice) called from the attention's forward, with ``rotate_half`` or GPT-J pairs (the
+#: self-check finds which); the vision-language models (:data:`_VLM_TYPES`) also rotate their
+#: vision tower's q/k, through ``apply_rotary_pos_emb_vision``.
 SUPPORTED_MODEL_TYPES = (
     "llama",
     "mistral",
@@ -85,10 +86,162 @@ SUPPORTED_MODEL_TYPES = (
     "exaone4",
     "seed_oss",
     "apertus",
+    # Built tiny from their default configs (tests/python/support/hf_models.py, TINY).
+    "afmoe",
+    "aria_text",
+    "axk1",
+    "bamba",
+    "beam",
+    "bitnet",
+    "cohere",
+    "cohere2",
+    "cohere2_moe",
+    "cwm",
+    "deepseek_v3",
+    "diffllama",
+    "doge",
+    "ernie4_5",
+    "ernie4_5_moe",
+    "exaone_moe",
+    "falcon",
+    "falcon_h1",
+    "flex_olmo",
+    "flint",
+    "gemma3",
+    "gemma4",
+    "gemma4_text",
+    "gemma4_unified",
+    "gemma4_unified_text",
+    "glm",
+    "glm4",
+    "glm4_moe",
+    "glm4_moe_lite",
+    "gpt_neox_japanese",
+    "gpt_oss",
+    "granitemoeshared",
+    "helium",
+    "hy_v3",
+    "hyperclovax",
+    "internlm3",
+    "iquestcoder",
+    "jais2",
+    "jetmoe",
+    "kolibri1",
+    "laguna",
+    "lfm2",
+    "lfm3",
+    "longcat_flash",
+    "mellum",
+    "minicpm3",
+    "minimax",
+    "minimax_m2",
+    "minimax_m3_vl_text",
+    "modernbert-decoder",
+    "olmo_hybrid",
+    "olmoe",
+    "persimmon",
+    "phi",
+    "phi4_multimodal",
+    "phimoe",
+    "qwen3_next",
+    "solar_open",
+    "stablelm",
+    "vaultgemma",
+    "youtu",
     *_VLM_TYPES,
 )
 
+# Why patch refuses each of the other rotary model types: one reason per family.
+_GPTJ_BUFFER = (
+    "GPT-J style: each attention layer gathers sin/cos from its own embed_positions buffer and "
+    "rotates q and k apart (rotate_every_two); there is no rotary module to hand it positions"
+)
+_COMPLEX = (
+    "rotates through complex-number frequencies (apply_rotary_emb with freqs_cis), not "
+    "apply_rotary_pos_emb"
+)
+_OTHER_ROTARY = (
+    "its rotary module is not a transformers RotaryEmbedding (with a config and inv_freq) that "
+    "patch can hand positions from"
+)
+_SEVERAL_ROTARY = (
+    "several rotary embedding modules (per attention kind or sub-model); patch hands positions "
+    "from exactly one"
+)
+_DSA_INDEXER = (
+    "its sparse-attention indexer (DSA) rotates its own q/k through the same function inside "
+    "the attention layer; the self-check refuses it"
+)
+_MROPE_TEXT = (
+    "3-axis (M-RoPE) position ids in its text model; patch handles multi-axis positions only "
+    "for the vision-language types"
+)
+_UNTESTED_BUILD = (
+    "not tested: the tests' generic tiny config of this type does not build or run (its "
+    "default config needs sizes shrunk by hand)"
+)
+_UNTESTED_HYBRID = (
+    "not tested: hybrid model whose generic tiny config keeps no attention layer (or no rotary "
+    "module) among its two layers"
+)
+
+#: The other rotary causal-LM model types of transformers 5.23 (as the tests'
+#: ``hf_models.rotary_model_types()`` finds them), each with why :func:`patch` refuses it.
+_REFUSED: Dict[str, str] = {
+    **dict.fromkeys(("gptj", "codegen"), _GPTJ_BUFFER),
+    **dict.fromkeys(("deepseek_v2", "llama4", "llama4_text"), _COMPLEX),
+    "roformer": "sinusoidal positions applied by a method of its self-attention",
+    **dict.fromkeys(("recurrent_gemma", "zamba2"), _OTHER_ROTARY),
+    "inkling2_text": "its text model has no rotary embedding; only its vision tower rotates",
+    **dict.fromkeys(
+        ("blt", "deepseek_v4", "granite_swa", "granitemoe_swa", "moshi"), _SEVERAL_ROTARY
+    ),
+    **dict.fromkeys(
+        ("axk2", "deepseek_v32", "dots3_note_text", "glm_moe_dsa", "hy_v4"), _DSA_INDEXER
+    ),
+    "nanochat": (
+        "rotates by minus the angle (its rotate_half returns (x2, -x1)); the self-check refuses it"
+    ),
+    **dict.fromkeys(("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"), _MROPE_TEXT),
+    "emu3": "its causal LM is a text model of another type (emu3_text_model); not tested",
+    "mllama": "its causal LM is a text model of another type (mllama_text_model); not tested",
+    "ministral3": (
+        "its yarn parameters carry llama_4_scaling_beta, which torch_rope's table builder does "
+        "not take"
+    ),
+    "mimo_v2_flash": (
+        "not tested: its partial_rotary_factor (0.334) gives an odd rotary width on the tests' "
+        "tiny head, so its tiny model cannot be built generically"
+    ),
+    "jamba": "its modeling file defines the RoPE helpers, but its attention layers use no RoPE",
+    **dict.fromkeys(("granitemoehybrid", "nemotron_h"), _UNTESTED_HYBRID),
+    **dict.fromkeys(
+        (
+            "bailing_hybrid",
+            "cohere_compass_text",
+            "dbrx",
+            "dots1",
+            "dots3_note",
+            "gemma3n",
+            "gemma3n_text",
+            "hrm_text",
+            "hunyuan_v1_dense",
+            "hunyuan_v1_moe",
+            "lfm2_moe",
+            "ministral",
+            "nemotron",
+            "qwen4_exp",
+            "qwen4_exp_text",
+            "zaya",
+        ),
+        _UNTESTED_BUILD,
+    ),
+}
+
 _HF_NAME = "apply_rotary_pos_emb"
+# DeepSeek's MLA (and the models built on it) rotate GPT-J pairs through a function of its own;
+# a patched layer calls our function under either name, with the pair layout the self-check found.
+_HF_NAMES = (_HF_NAME, "apply_rotary_pos_emb_interleave")
 _HF_VISION_NAME = "apply_rotary_pos_emb_vision"
 _ONE_TYPE = "all"  # the table key of a model whose layers share one RoPE
 _PATCH_ATTR = "_torch_rope_patch"
@@ -175,10 +328,12 @@ def _rotary_modules(model: nn.Module, vision: bool = False) -> List[nn.Module]:
     return found
 
 
-def _calls_hf_apply(module: nn.Module, name: str = _HF_NAME) -> bool:
+def _calls_hf_apply(module: nn.Module, names: Tuple[str, ...] = _HF_NAMES) -> bool:
     forward = getattr(type(module), "forward", None)
     code = getattr(forward, "__code__", None)
-    return code is not None and name in code.co_names and name in forward.__globals__
+    return code is not None and any(
+        name in code.co_names and name in forward.__globals__ for name in names
+    )
 
 
 def _layer_types(rotary: nn.Module) -> Optional[List[str]]:
@@ -339,10 +494,13 @@ def _rotate_qk(
     return apply_qk(q, k, cos_table, sin_table, positions.unsqueeze(unsqueeze_dim), **flags)
 
 
-def _apply_with_tables(q, k, cos, sin, unsqueeze_dim=1):
+def _apply_with_tables(q, k, cos, sin=None, unsqueeze_dim=1):
     """What a patched attention layer calls as apply_rotary_pos_emb: ``cos`` holds the positions
     (B, S) (M-RoPE: (B, S, 3)) and ``sin`` the torch_rope tables module, as the patched rotary
-    module returned them."""
+    module returned them. Gemma 4 rotates one tensor per call, ``(x, cos, sin, unsqueeze_dim)``:
+    there the positions arrive as ``k`` and the tables as ``cos``."""
+    if sin is None and isinstance(cos, nn.Module):
+        return _rotate_one(q, k, cos, unsqueeze_dim)
     positions, tables = cos, sin
     return _rotate_qk(
         q,
@@ -354,6 +512,17 @@ def _apply_with_tables(q, k, cos, sin, unsqueeze_dim=1):
         tables.interleaved,
         getattr(tables, "mrope_section", None),
         getattr(tables, "mrope_interleaved", False),
+    )
+
+
+def _rotate_one(x: Tensor, positions: Tensor, tables: nn.Module, unsqueeze_dim: int) -> Tensor:
+    """One tensor (B, H, S, D) or (B, S, H, D) rotated at ``positions`` (B, S)."""
+    return apply(
+        x,
+        tables.cos,
+        tables.sin,
+        positions.unsqueeze(unsqueeze_dim),
+        interleaved=tables.interleaved,
     )
 
 
@@ -399,7 +568,9 @@ def _patched_namespace(original_globals: Dict[str, Any], refresh: bool) -> Dict[
         module.__dict__.clear()
         module.__dict__.update(original_globals)
         module.__dict__["__name__"] = name
-        module.__dict__[_HF_NAME] = _apply_with_tables
+        for hf_name in _HF_NAMES:
+            if hf_name in original_globals:
+                module.__dict__[hf_name] = _apply_with_tables
         if _HF_VISION_NAME in original_globals:
             module.__dict__[_HF_VISION_NAME] = _apply_vision_with_tables
     return module.__dict__
@@ -521,10 +692,13 @@ def _bind(function, module: nn.Module, *more):
 def _self_check(rotary, key, attention) -> None:
     """Refuse to patch when a patched attention layer disagrees with the unpatched one.
 
-    One forward of the layer each way on a probe input: the unpatched forward gets HF's gathered
-    (B, S, R) cos/sin with duplicated halves, made from our own tables (so this checks how the
-    layer uses them: slices, casts, layout, partial rotary; the frequencies are checked apart),
-    the patched one gets the positions and the tables, as the patched rotary module returns them.
+    One forward of the layer each way on a probe input: the unpatched forward gets the cos/sin
+    of the model's own (unpatched) rotary module, as the model would hand them over, so this
+    checks everything between them and the rotated q/k: frequencies, their layout (rotate_half's
+    duplicated halves or GPT-J's repeated pairs), slices, casts, partial rotary, MLA's rotary
+    slice of each head. The patched one gets the positions and the tables, as the patched rotary
+    module returns them. Multi-axis (M-RoPE) models get HF's recomposition of our own tables'
+    rows instead, at three position axes that differ.
     """
     device = _device_of(rotary, key)
     if device.type == "meta":
@@ -539,8 +713,7 @@ def _self_check(rotary, key, attention) -> None:
     position_ids = torch.arange(length, device=device).unsqueeze(0)
     section = getattr(tables, "mrope_section", None)
     if section is None:
-        cos = tables.cos[position_ids].repeat(1, 1, 2).to(dtype)
-        sin = tables.sin[position_ids].repeat(1, 1, 2).to(dtype)
+        cos, sin = _hf_cos_sin(rotary, key, hidden, position_ids)
     else:
         # Three axes that differ everywhere, dealt to the planes by HF's own recomposition
         # (contiguous or interleaved, rotate_half or GPT-J halves) of our tables' rows.
@@ -556,26 +729,79 @@ def _self_check(rotary, key, attention) -> None:
         cos = recompose(rotary, tables.cos[axes].clone()).to(dtype)
         sin = recompose(rotary, tables.sin[axes].clone()).to(dtype)
         position_ids = axes.movedim(0, -1)  # what the patched rotary module hands on
+    layout = "GPT-J pairs" if tables.interleaved else "rotate_half"
     refusal = (
         f"torch_rope.hf.patch: a patched {type(attention).__name__} disagrees with the unpatched "
-        "one on a probe input (it rotates q/k differently from torch_rope's half-split RoPE); "
+        f"one on a probe input (it rotates q/k differently from torch_rope's {layout} RoPE); "
         "not patching this model"
     )
+    other = dict(_other_required_arguments(attention), attention_mask=None)
     with torch.no_grad():
         try:
-            want = type(attention).forward(
-                attention, hidden_states=hidden, position_embeddings=(cos, sin), attention_mask=None
-            )[0]
+            try:
+                want = type(attention).forward(
+                    attention, hidden_states=hidden, position_embeddings=(cos, sin), **other
+                )[0]
+            except TypeError:
+                # A layer that adds its mask unconditionally (Falcon): a mask that masks nothing.
+                other["attention_mask"] = hidden.new_zeros(1, 1, length, length)
+                want = type(attention).forward(
+                    attention, hidden_states=hidden, position_embeddings=(cos, sin), **other
+                )[0]
             got = _patched_attention_forward(
                 attention,
                 hidden_states=hidden,
                 position_embeddings=(position_ids, tables),
-                attention_mask=None,
+                **other,
             )[0]
         except Exception as error:  # e.g. a layer that slices or reshapes cos/sin itself
             raise NotImplementedError(refusal) from error
     if not _close(want, got, dtype):
         raise NotImplementedError(refusal)
+
+
+def _other_required_arguments(attention: nn.Module) -> Dict[str, None]:
+    """None for each argument the attention's forward requires beyond those the probe gives:
+    what a model passes there when it uses RoPE (Falcon's ``alibi``). A layer that needs more
+    fails the probe and is refused."""
+    code = type(attention).forward.__code__
+    defaults = type(attention).forward.__defaults__ or ()
+    names = code.co_varnames[1 : code.co_argcount]  # after self
+    required = names[: len(names) - len(defaults)]
+    given = ("hidden_states", "position_embeddings", "attention_mask")
+    return {name: None for name in required if name not in given}
+
+
+def _hf_cos_sin(rotary: nn.Module, key: str, hidden: Tensor, position_ids: Tensor):
+    """The cos/sin the unpatched rotary module hands the attention layers at ``position_ids``."""
+    forward = type(rotary).forward
+    with torch.no_grad():
+        if key == _ONE_TYPE:
+            return forward(rotary, hidden, position_ids)
+        return forward(rotary, hidden, position_ids, layer_type=key)
+
+
+def _check_layout(rotary, keys, attentions, layouts: Tuple[bool, ...]) -> None:
+    """Find the pair layout the attention layers rotate with and set it on the tables: the first
+    of ``layouts`` (torch_rope's ``interleaved``) with which every attention layer passes the
+    self-check. rotate_half models pass with ``False``; GPT-J-pair models (Cohere, GLM, DeepSeek's
+    MLA with ``rope_interleave``) with ``True``. None passes: the first refusal is raised.
+
+    Every layer is checked, not one per class: layers of one class differ (Cohere 2's full
+    layers skip RoPE, its sliding ones rotate), and a layer that does not rotate passes with
+    either layout, so checking it alone could pick the wrong one."""
+    first_refusal = None
+    for interleaved in layouts:
+        for key in keys:
+            rotary.torch_rope[key].interleaved = interleaved
+        try:
+            for attention in attentions:
+                for key in keys:
+                    _self_check(rotary, key, attention)
+            return
+        except NotImplementedError as refusal:
+            first_refusal = first_refusal or refusal
+    raise first_refusal
 
 
 def _close(want: Tensor, got: Tensor, dtype: torch.dtype) -> bool:
@@ -634,7 +860,7 @@ def _self_check_vision(rotary: nn.Module, attention: nn.Module) -> None:
 def _patch_vision(model: nn.Module, model_type: str, record: "_Patch", rows: int) -> None:
     """Put torch_rope under the vision tower of a vision-language model (its 2-D RoPE)."""
     rotaries = _rotary_modules(model, vision=True)
-    attentions = [m for m in model.modules() if _calls_hf_apply(m, _HF_VISION_NAME)]
+    attentions = [m for m in model.modules() if _calls_hf_apply(m, (_HF_VISION_NAME,))]
     if len(rotaries) != 1 or not attentions:
         raise NotImplementedError(
             f"torch_rope.hf.patch: expected one vision rotary embedding module and vision "
@@ -695,9 +921,10 @@ def patch(
     """
     model_type = _model_type(model)
     if model_type not in SUPPORTED_MODEL_TYPES:
+        reason = _REFUSED.get(model_type, "not one of the model types this project tests")
         raise NotImplementedError(
-            f"torch_rope.hf.patch: model type {model_type!r} is not supported (supported: "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)})"
+            f"torch_rope.hf.patch: model type {model_type!r} is not supported: {reason} "
+            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
         )
     if is_patched(model):
         return model
@@ -760,13 +987,11 @@ def patch(
             )
         rotary.torch_rope = tables
         rotary._torch_rope_dynamic = dynamic
-        checked = set()
+        for attention_class in {type(a) for a in attentions}:
+            _rebuilt_forward(attention_class, refresh=True)
+        # A vision-language text tower's layout is known; a text model's is found by the check.
+        _check_layout(rotary, keys, attentions, (axes[0],) if axes else (False, True))
         for attention in attentions:
-            if type(attention) not in checked:
-                _rebuilt_forward(type(attention), refresh=True)
-                for key in keys:
-                    _self_check(rotary, key, attention)
-                checked.add(type(attention))
             attention.forward = _bind(_patched_attention_forward, attention)
             record.attention.append(attention)
         rotary.forward = _bind(_patched_rotary_forward, rotary)

@@ -10,6 +10,7 @@ HF's own bf16 error.
 
 import copy
 import os
+import re
 import types
 
 import pytest
@@ -24,8 +25,9 @@ from helpers import subprocess_env  # noqa: E402
 import torch_rope  # noqa: E402
 import torch_rope.hf  # noqa: E402
 
-# A fast subset runs on every test run; the rest (about 2-4 s each) is marked slow.
-FAST = ["llama", "gpt_neox", "gemma3"]
+# A fast subset runs on every test run; the rest (about 2-4 s each) is marked slow. Cohere 2:
+# GPT-J pairs in its sliding layers, no RoPE in its full ones; DeepSeek-V3: MLA's rotary slice.
+FAST = ["llama", "gpt_neox", "gemma3", "tiny:cohere2", "tiny:deepseek_v3"]
 SLOW = [
     "llama-linear",
     "llama-dynamic",
@@ -46,6 +48,7 @@ SLOW = [
     "granite",
     "starcoder2",
     *hf_models.GENERIC,
+    *(f"tiny:{t}" for t in hf_models.TINY if f"tiny:{t}" not in FAST),
 ]
 ALL = [pytest.param(n) for n in FAST] + [pytest.param(n, marks=pytest.mark.slow) for n in SLOW]
 
@@ -88,21 +91,81 @@ def n_attention_layers(model):
     return model.config.get_text_config().num_hidden_layers
 
 
+class HFRotations:
+    """Counts the calls of transformers' own rotation functions (apply_rotary_pos_emb and its
+    GPT-J-pair twin), in every modeling module that ``model``'s modules come from: how many
+    times the unpatched model rotates q/k."""
+
+    def __init__(self, monkeypatch, model):
+        self.calls = 0
+        for module in model.modules():
+            module_globals = getattr(type(module).forward, "__globals__", {})
+            for name in ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave"):
+                function = module_globals.get(name)
+                if callable(function) and not hasattr(function, "counted"):
+                    monkeypatch.setitem(module_globals, name, self._counting(function))
+
+    def _counting(self, function):
+        def counting(*args, **kwargs):
+            self.calls += 1
+            return function(*args, **kwargs)
+
+        counting.counted = True
+        return counting
+
+
+def per_layer(model, names, read, ids, mask):
+    """One forward of ``model``: its logits and, for each named submodule, how much ``read()``
+    grew while that submodule ran."""
+    modules = dict(model.named_modules())
+    grown, start, handles = dict.fromkeys(names, 0), {}, []
+    for name in names:
+
+        def before(module, args, name=name):
+            start[name] = read()
+
+        def after(module, args, output, name=name):
+            grown[name] += read() - start[name]
+
+        handles.append(modules[name].register_forward_pre_hook(before))
+        handles.append(modules[name].register_forward_hook(after))
+    try:
+        out = logits(model, ids, mask)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return out, grown
+
+
+def rope_calls(counter):
+    """torch_rope rotations an OpCounter saw: q and k together, or one tensor a call (Gemma 4)."""
+    return counter.counts.get("rope.apply_qk", 0) + counter.counts.get("rope.apply", 0)
+
+
+def patched_layer_names(model):
+    patched = {id(m) for m in model._torch_rope_patch.attention}
+    return [name for name, m in model.named_modules() if id(m) in patched]
+
+
 @pytest.mark.parametrize("name", ALL)
-def test_patched_model_matches_unpatched(name):
+def test_patched_model_matches_unpatched(name, monkeypatch):
     reference = hf_models.build(name)
     model = copy.deepcopy(reference)
     ids, mask = hf_models.batch()
-    want = logits(reference, ids, mask)
 
     assert torch_rope.hf.patch(model) is model
     assert torch_rope.hf.is_patched(model) and not torch_rope.hf.is_patched(reference)
     assert model.state_dict().keys() == reference.state_dict().keys()
 
+    # Each patched layer calls rope::apply_qk exactly as often as the unpatched one rotates (once;
+    # never in a NoPE layer), some layer rotates, and HF's rotary never computed cos/sin.
+    layers = patched_layer_names(model)
+    hf_rotations = HFRotations(monkeypatch, reference)
+    want, hf_calls = per_layer(reference, layers, lambda: hf_rotations.calls, ids, mask)
     with OpCounter() as counter:
-        got = logits(model, ids, mask)
-    # One rope::apply_qk per attention layer, and HF's rotary never computed cos/sin.
-    assert counter.counts.get("rope.apply_qk", 0) == n_attention_layers(model)
+        got, our_calls = per_layer(model, layers, lambda: rope_calls(counter), ids, mask)
+    assert our_calls == hf_calls and sum(hf_calls.values()) > 0, (our_calls, hf_calls)
+    assert rope_calls(counter) == sum(hf_calls.values())
     assert counter.counts.get("aten.cos", 0) == 0 and counter.counts.get("aten.sin", 0) == 0
     assert rel_err(got, want) <= 1e-5, rel_err(got, want)
 
@@ -110,7 +173,7 @@ def test_patched_model_matches_unpatched(name):
     want_tokens = generate(reference, ids, mask)
     with OpCounter() as counter:
         got_tokens = generate(model, ids, mask)
-    assert counter.counts.get("rope.apply_qk", 0) >= 12 * n_attention_layers(model)
+    assert rope_calls(counter) >= 12 * sum(hf_calls.values())
     assert torch.equal(got_tokens, want_tokens), (got_tokens, want_tokens)
 
     # The unpatched reference never touched our op.
@@ -121,13 +184,13 @@ def test_patched_model_matches_unpatched(name):
 
 @pytest.mark.parametrize("name", ALL)
 def test_wrong_layout_moves_the_logits(name):
-    """Negative control: the same patch with the interleaved layout must be visibly wrong."""
+    """Negative control: the same patch with the other pair layout must be visibly wrong."""
     model = torch_rope.hf.patch(hf_models.build(name))
     ids, mask = hf_models.batch()
     right = logits(model, ids, mask)
     for rotary in (m for m in model.modules() if hasattr(m, "torch_rope")):
         for tables in rotary.torch_rope.values():
-            tables.interleaved = True
+            tables.interleaved = not tables.interleaved
     wrong = logits(model, ids, mask)
     assert rel_err(wrong, right) > 1e-3
 
@@ -234,10 +297,33 @@ def test_unknown_architecture_is_refused():
         vocab_size=64, n_embd=32, n_layer=1, n_head=2, rotary_dim=8, n_positions=32
     )
     model = transformers.AutoModelForCausalLM.from_config(config)
-    with pytest.raises(NotImplementedError, match=r"model type 'gptj' is not supported"):
+    reason = re.escape(torch_rope.hf._REFUSED["gptj"])
+    with pytest.raises(NotImplementedError, match=rf"model type 'gptj' is not supported: {reason}"):
         torch_rope.hf.patch(model)
     assert not torch_rope.hf.is_patched(model)
     assert all("forward" not in vars(m) for m in model.modules())
+
+
+def test_every_rotary_model_type_is_supported_or_refused_with_a_reason():
+    """Every causal-LM model type of this transformers whose modeling code uses RoPE is either
+    supported (and tested here) or refused by name with a reason; none is left unaccounted."""
+    found = set(hf_models.rotary_model_types())
+    supported, refused = set(torch_rope.hf.SUPPORTED_MODEL_TYPES), torch_rope.hf._REFUSED
+    assert not found - supported - set(refused), sorted(found - supported - set(refused))
+    assert not supported & set(refused)
+    assert set(refused) <= found, sorted(set(refused) - found)  # no stale refusal
+    assert all(reason.strip() for reason in refused.values())
+
+
+def test_docs_list_every_rotary_model_type_with_its_status():
+    """docs/hf_models.md's table says what hf.py does, type by type."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "hf_models.md")
+    with open(path, encoding="utf-8") as f:
+        rows = re.findall(r"^\| `([\w-]+)` \| (supported|refused) \| (.*?) \|$", f.read(), re.M)
+    table = {t: (status, reason) for t, status, reason in rows}
+    want = {t: ("supported", "") for t in torch_rope.hf.SUPPORTED_MODEL_TYPES}
+    want.update((t, ("refused", r)) for t, r in torch_rope.hf._REFUSED.items())
+    assert table == want
 
 
 def test_not_a_transformers_model_is_refused():

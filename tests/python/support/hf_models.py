@@ -60,7 +60,8 @@ LLAMA_SCALINGS = {
 
 
 def config(name):
-    """The transformers config of one test model (``'llama'``, ``'llama-yarn'``, ``'phi3'``...)."""
+    """The transformers config of one test model (``'llama'``, ``'llama-yarn'``, ``'phi3'``..., or
+    ``'tiny:<model type>'`` for a model type of :data:`TINY`)."""
     import transformers as tf
 
     if name == "llama" or name.startswith("llama-"):
@@ -140,11 +141,78 @@ def config(name):
         return tf.Starcoder2Config(**COMMON, sliding_window=8)
     if name in GENERIC:
         return tf.AutoConfig.for_model(name, **COMMON)
+    if name.startswith("tiny:"):  # a model type of TINY (gemma3 is also a hand-built name)
+        return tiny_config(name[len("tiny:") :])
     raise KeyError(name)
 
 
 #: Llama-like model types whose default config needs nothing beyond COMMON.
 GENERIC = ("olmo", "olmo3", "smollm3", "arcee", "exaone4", "granitemoe", "seed_oss", "apertus")
+
+#: Model types built by :func:`tiny_config` from transformers' default config, shrunk.
+TINY = (
+    "afmoe",
+    "aria_text",
+    "axk1",
+    "bamba",
+    "beam",
+    "bitnet",
+    "cohere",
+    "cohere2",
+    "cohere2_moe",
+    "cwm",
+    "deepseek_v3",
+    "diffllama",
+    "doge",
+    "ernie4_5",
+    "ernie4_5_moe",
+    "exaone_moe",
+    "falcon",
+    "falcon_h1",
+    "flex_olmo",
+    "flint",
+    "gemma3",
+    "gemma4",
+    "gemma4_text",
+    "gemma4_unified",
+    "gemma4_unified_text",
+    "glm",
+    "glm4",
+    "glm4_moe",
+    "glm4_moe_lite",
+    "gpt_neox_japanese",
+    "gpt_oss",
+    "granitemoeshared",
+    "helium",
+    "hy_v3",
+    "hyperclovax",
+    "internlm3",
+    "iquestcoder",
+    "jais2",
+    "jetmoe",
+    "kolibri1",
+    "laguna",
+    "lfm2",
+    "lfm3",
+    "longcat_flash",
+    "mellum",
+    "minicpm3",
+    "minimax",
+    "minimax_m2",
+    "minimax_m3_vl_text",
+    "modernbert-decoder",
+    "olmo_hybrid",
+    "olmoe",
+    "persimmon",
+    "phi",
+    "phi4_multimodal",
+    "phimoe",
+    "qwen3_next",
+    "solar_open",
+    "stablelm",
+    "vaultgemma",
+    "youtu",
+)
 
 
 def build(name, seed=0):
@@ -152,8 +220,130 @@ def build(name, seed=0):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config(name), attn_implementation="eager")
+    model = AutoModelForCausalLM.from_config(
+        config(name), attn_implementation="eager", dtype=torch.float32
+    )
     return model.eval()
+
+
+# ---- any model type, shrunk from its default config ------------------------------------------
+
+# The size fields of transformers' configs, under the names they use, and the tiny value each
+# gets: the same model as COMMON (hidden 64, 4 heads of 16, 2 kv heads, 2 layers, vocab 256).
+_TINY = {
+    **dict.fromkeys(("hidden_size", "n_embd", "d_model", "embed_dim"), 64),
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "n_layers", "num_layers"), 2),
+    **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "num_heads"), 4),
+    **dict.fromkeys(("num_key_value_heads", "num_kv_heads", "kv_n_heads", "n_kv_heads"), 2),
+    **dict.fromkeys(("head_dim", "attention_head_dim", "qk_head_dim"), HEAD_DIM),
+    **dict.fromkeys(("vocab_size",), 256),
+    **dict.fromkeys(("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"), 64),
+    # Shorter than the test prompt plus its generation, so the window really slides.
+    **dict.fromkeys(("sliding_window", "attention_window", "sliding_window_size"), 8),
+    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
+    **dict.fromkeys(("num_experts_per_tok", "moe_top_k", "moe_topk", "top_k", "moe_k"), 2),
+    **dict.fromkeys(("n_group", "topk_group", "n_shared_experts", "first_k_dense_replace"), 1),
+    **dict.fromkeys(("zero_expert_num",), 2),  # LongCat-Flash's identity experts
+    # GPT-J style: rotary over half the head.
+    **dict.fromkeys(("rotary_dim", "rotary_emb_dim"), HEAD_DIM // 2),
+    # MLA: q/kv compressed to 32, each head 8 nope + 8 rope features, values 16.
+    **dict.fromkeys(("q_lora_rank", "kv_lora_rank"), 32),
+    **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim"), HEAD_DIM // 2),
+    **dict.fromkeys(("v_head_dim",), HEAD_DIM),
+    # SSM layers of the hybrid models.
+    **dict.fromkeys(("mamba_d_state", "ssm_state_size", "mamba_dt_rank", "time_step_rank"), 8),
+    # mamba_n_heads * mamba_d_head = mamba_expand (2) * hidden_size, as the configs require.
+    **dict.fromkeys(("mamba_n_heads",), 8),
+    **dict.fromkeys(("mamba_n_groups", "n_groups"), 2),
+    **dict.fromkeys(("mamba_d_head", "mamba_head_dim"), 16),
+    **dict.fromkeys(("mamba_d_ssm",), 128),
+    **dict.fromkeys(("linear_num_key_heads", "linear_num_value_heads"), 2),
+    **dict.fromkeys(("linear_key_head_dim", "linear_value_head_dim"), 16),
+}
+_SPECIAL_TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=None)
+
+
+def _tiny_value(key, value):
+    """The tiny value of one config field, or ``value`` when it is not a size."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return value
+    if key in _TINY:
+        return _TINY[key]
+    if key.startswith("vocab_size"):
+        return 256
+    if "intermediate_size" in key or "ffn_hidden_size" in key or key in ("n_inner", "ffn_dim"):
+        # Expert MLPs smaller than the dense one, as in the real MoE checkpoints.
+        return 32 if ("moe" in key or "expert" in key) else 128
+    return value
+
+
+def _layer_picks(fields, n_layers):
+    """Two layers to keep of ``n_layers``: the first, and the first that differs from it in some
+    per-layer list (a full layer after a sliding one, a NoPE layer after a RoPE one), so that the
+    tiny model still has both kinds."""
+    per_layer = [v for v in fields.values() if isinstance(v, list) and len(v) == n_layers]
+    if len(set(map(str, fields.get("layer_types") or []))) > 1:
+        per_layer = [fields["layer_types"]]  # the attention kinds matter more than the MLP kinds
+    for j in range(1, n_layers):
+        if any(v[j] != v[0] for v in per_layer):
+            return [0, j]
+    return [0, 1]
+
+
+def _shrink(fields):
+    """A config's to_dict() made tiny: sizes replaced, per-layer lists cut to the two layers
+    :func:`_layer_picks` keeps, nested config dicts (but not rope_parameters) shrunk alike."""
+    n_layers = next(
+        (fields[k] for k in ("num_hidden_layers", "n_layer", "n_layers") if k in fields), None
+    )
+    picks = _layer_picks(fields, n_layers) if isinstance(n_layers, int) and n_layers > 2 else None
+    tiny = {}
+    for key, value in fields.items():
+        if picks and isinstance(value, list) and len(value) == n_layers:
+            value = [value[i] for i in picks]
+        elif isinstance(value, dict) and "model_type" in value:
+            value = _shrink(value)
+        elif key == "per_layer_config" and picks:
+            # Gemma 4's overrides keyed by layer index ("05"): those of the kept layers, renumbered.
+            kept = {int(i): v for i, v in value.items() if int(i) in picks}
+            value = {f"{picks.index(i):02d}": _shrink(v) for i, v in kept.items()}
+        tiny[key] = _tiny_value(key, value)
+    tiny.update((k, v) for k, v in _SPECIAL_TOKENS.items() if k in fields)  # within the vocab
+    if "qk_rope_head_dim" in tiny:
+        # MLA: the config names its rotary slice head_dim too (the rotary module reads that), and
+        # every head has its own keys (no GQA grouping of the expanded latent).
+        if fields.get("head_dim") == fields["qk_rope_head_dim"]:
+            tiny["head_dim"] = tiny["qk_rope_head_dim"]
+        if fields.get("num_key_value_heads") == fields.get("num_attention_heads"):
+            tiny["num_key_value_heads"] = tiny["num_attention_heads"]
+    return tiny
+
+
+# The few types the generic shrink does not make testable. Bamba says where its attention layer
+# is by index (two layers: one SSM, one attention). In the others the tiny random model's logits
+# hardly depend on RoPE with the default initializer_range (0.02: q and k so small that attention
+# is nearly uniform), so the wrong-layout control could not tell; 0.2 makes RoPE count, as for
+# the vision-language models below.
+_TINY_OVERRIDES = {
+    "bamba": dict(attn_layer_indices=[1]),
+    **dict.fromkeys(("minimax", "modernbert-decoder", "vaultgemma"), dict(initializer_range=0.2)),
+}
+
+
+def tiny_config(model_type):
+    """transformers' default config of ``model_type`` with its own size fields shrunk
+    (:data:`_TINY`), built again through the config class so its derived fields follow."""
+    from transformers import AutoConfig
+
+    default = AutoConfig.for_model(model_type)
+    fields = {
+        k: v
+        for k, v in default.to_dict().items()
+        if k not in ("model_type", "transformers_version", "architectures", "id2label", "label2id")
+        and v is not None
+    }
+    tiny = dict(_shrink(fields), pad_token_id=0, **_TINY_OVERRIDES.get(model_type, {}))
+    return AutoConfig.for_model(model_type, **tiny)
 
 
 def batch(vocab=256, length=12, pad=3, seed=1):
@@ -164,6 +354,37 @@ def batch(vocab=256, length=12, pad=3, seed=1):
     ids[1, :pad] = 0
     mask[1, :pad] = 0
     return ids, mask
+
+
+# ---- which transformers models use RoPE ------------------------------------------------------
+
+# What a modeling module that rotates q/k with RoPE defines or calls.
+_ROTARY_MARKERS = ("apply_rotary_pos_emb", "rotate_half", "rotate_every_two", "RotaryEmbedding")
+
+
+def rotary_model_types():
+    """The causal-LM model types of the installed transformers whose modeling module uses RoPE.
+
+    Read from the source (no model module imported): each type's causal-LM class is found in
+    the modeling file that defines it, and that file must name one of :data:`_ROTARY_MARKERS`."""
+    import glob
+    import re
+
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    defined_in = {}  # class name -> its modeling file's source
+    root = os.path.join(os.path.dirname(transformers.__file__), "models")
+    for path in sorted(glob.glob(os.path.join(root, "*", "modeling_*.py"))):
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+        for name in re.findall(r"^class (\w+)\(", source, flags=re.MULTILINE):
+            defined_in.setdefault(name, source)
+    return sorted(
+        model_type
+        for model_type, class_name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()
+        if any(m in defined_in.get(class_name, "") for m in _ROTARY_MARKERS)
+    )
 
 
 # ---- vision-language models ------------------------------------------------------------------

@@ -16,11 +16,11 @@ Two entry points, both thin layers over :func:`torch_rope.apply_qk`:
 
 transformers is imported lazily, only by :func:`patch`; ``import torch_rope.hf`` never needs it.
 
-Why not transformers' own ``use_kernel_func_from_hub("rotary_pos_emb")`` hook: it swaps the
-function for every model of the process (patch changes one model and can be undone), it goes
-through the ``kernels`` package's hub mapping (GPU-only kernels, fetched from the Hub, which this
-project's machines cannot reach), and it keeps the gathered-cos/sin signature, so the rotary
-module would still gather (and, for a bf16 model, round) its tables on every call. patch instead
+Why patch does not go through transformers' own ``rotary_pos_emb`` kernel hook: the hook swaps
+the function for every model of an architecture in the process (patch changes one model and can
+be undone), and it keeps the gathered-cos/sin signature, so the rotary module would still gather
+(and, for a bf16 model, round) its tables on every call. (For users who want the hook anyway,
+:mod:`torch_rope.hf_kernel` is a layer for it.) patch instead
 hands the attention layers positions and float32 tables built in float64.
 """
 

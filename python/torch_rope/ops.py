@@ -132,7 +132,11 @@ def apply(
     an input) and ``out`` is returned; ``out=`` is not differentiable. ``mrope_section`` and
     ``mrope_interleaved``: multi-axis positions (see the module docstring).
     """
-    if out is None and _typed_section(mrope_section) and eager_fast_path(x, cos, sin, positions):
+    if (
+        out is None
+        and (mrope_section is None or _typed_section(mrope_section))
+        and eager_fast_path(x, cos, sin, positions)
+    ):
         if mrope_section is None and not mrope_interleaved:
             return _fast_apply(x, cos, sin, positions, interleaved, inverse)
         return _fast_apply(
@@ -177,7 +181,9 @@ def apply_(
     mrope_interleaved: bool = False,
 ) -> Tensor:
     """Rotate ``x`` in place and return it. Every check runs before anything is written."""
-    if _typed_section(mrope_section) and eager_fast_path(x, cos, sin, positions):
+    if (mrope_section is None or _typed_section(mrope_section)) and eager_fast_path(
+        x, cos, sin, positions
+    ):
         if mrope_section is None and not mrope_interleaved:
             _fast_apply_inplace(x, cos, sin, positions, interleaved, inverse)
         else:
@@ -215,7 +221,9 @@ def apply_qk(
     ``q`` and ``k`` may have different head counts (GQA/MQA); ``positions`` is broadcast against
     ``q.shape[:-1]`` and ``k.shape[:-1]`` separately.
     """
-    if _typed_section(mrope_section) and eager_fast_path(q, k, cos, sin, positions):
+    if (mrope_section is None or _typed_section(mrope_section)) and eager_fast_path(
+        q, k, cos, sin, positions
+    ):
         if mrope_section is None and not mrope_interleaved:
             return _fast_apply_qk(q, k, cos, sin, positions, interleaved, inverse)
         return _fast_apply_qk(

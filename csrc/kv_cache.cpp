@@ -3,6 +3,7 @@
 
 #include <c10/core/SymBool.h>
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
 
 #include <algorithm>
 #include <utility>
@@ -101,6 +102,30 @@ CacheArgs cache_args(const at::Tensor& cache, const std::optional<at::Tensor>& s
   return c;
 }
 
+// The bytes a tensor with memory can touch, as absolute addresses [lo, hi]; empty (never meets)
+// for meta tensors (no memory, maybe symbolic shapes), tensors without storage and empty ones.
+struct Span {
+  uintptr_t lo = 1;
+  uintptr_t hi = 0;
+  bool meets(const Span& o) const { return lo <= hi && o.lo <= o.hi && lo <= o.hi && o.lo <= hi; }
+};
+
+Span span_of(const at::Tensor& t) {
+  if (t.is_meta() || !t.has_storage() || t.numel() == 0) {
+    return {};
+  }
+  int64_t lo = 0;
+  int64_t hi = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t reach = (t.size(d) - 1) * t.stride(d);
+    (reach < 0 ? lo : hi) += reach;
+  }
+  const auto item = static_cast<int64_t>(t.element_size());
+  const auto base = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+  return {base + static_cast<uintptr_t>(lo * item),
+          base + static_cast<uintptr_t>(hi * item + item - 1)};
+}
+
 c10::MaybeOwned<at::Tensor> unit_last_stride(const at::Tensor& t) {
   return t.size(-1) <= 1 || t.stride(-1) == 1 ? c10::MaybeOwned<at::Tensor>::borrowed(t)
                                               : c10::MaybeOwned<at::Tensor>::owned(t.contiguous());
@@ -175,13 +200,21 @@ void check_apply_qk_cache(const char* op, const KvCacheInputs& in) {
   if (in.v_scale.has_value() && in.v_scale->defined()) {
     reads.emplace_back("v_scale", &*in.v_scale);
   }
+  // A decode call is a few microseconds, and a storage alias test per pair costs a library call:
+  // compare absolute address ranges first, and run the full check (and its message) only for
+  // pairs whose ranges meet.
+  const Span k_span = span_of(in.k_cache);
+  const Span v_span = has_v ? span_of(*in.v_cache) : Span{};
   for (const auto& [name, t] : reads) {
-    check_disjoint(op, "k_cache", in.k_cache, name, *t);
-    if (has_v) {
+    const Span r = span_of(*t);
+    if (k_span.meets(r)) {
+      check_disjoint(op, "k_cache", in.k_cache, name, *t);
+    }
+    if (v_span.meets(r)) {
       check_disjoint(op, "v_cache", *in.v_cache, name, *t);
     }
   }
-  if (has_v) {
+  if (k_span.meets(v_span)) {
     check_disjoint(op, "k_cache", in.k_cache, "v_cache", *in.v_cache);
   }
 }
@@ -196,7 +229,7 @@ void check_slots_on_host(const char* op, const at::Tensor& slot_mapping, int64_t
   const at::Tensor s = slot_mapping.contiguous();
   const int64_t* data = s.const_data_ptr<int64_t>();
   const int64_t n = s.numel();
-  std::vector<std::pair<int64_t, int64_t>> used;  // (slot, token)
+  c10::SmallVector<std::pair<int64_t, int64_t>, 64> used;  // (slot, token)
   used.reserve(n);
   for (int64_t i = 0; i < n; ++i) {
     TORCH_CHECK_INDEX(data[i] < num_slots, op, ": slot_mapping must be < the caches' slot count ",

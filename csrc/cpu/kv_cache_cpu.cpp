@@ -107,18 +107,20 @@ void write_tokens(const KvCacheArgs& a, const TableArgs& tables, RotationMode mo
         rotate_rows(acc_dtype, token_rows(a, scratch.data(), D, scratch.data(), D, t), tables, mode,
                     0, a.kv_heads);
       }
+      const int64_t k_row0 = cache_row(kc, slot, 0);
       for (int64_t h = 0; h < a.kv_heads; ++h) {
         quantize_row<acc_t>(scratch.data() + h * D,
-                            at_offset<uint8_t>(kc.data, cache_row(kc, slot, h)), D, k_scale,
+                            at_offset<uint8_t>(kc.data, k_row0 + h * kc.head_stride), D, k_scale,
                             kc.format);
       }
     }
     if (a.v == nullptr) {
       continue;
     }
+    const int64_t v_row0 = cache_row(vc, slot, 0);  // one division per token, not per head
     for (int64_t h = 0; h < a.kv_heads; ++h) {
       const scalar_t* v = at_offset<scalar_t>(a.v, t * a.v_token_stride + h * a.v_head_stride);
-      const int64_t row = cache_row(vc, slot, h);
+      const int64_t row = v_row0 + h * vc.head_stride;
       if (vc.format == CacheFormat::kSame) {
         std::memcpy(at_offset<scalar_t>(vc.data, row), v, sizeof(scalar_t) * a.v_dim);
       } else {

@@ -269,8 +269,10 @@ def apply_qk_cache(
     Python float or a one-element float32 tensor on the cache's device, stored as
     ``(value / scale).clamp(-max, max).to(fp8)``. Not differentiable. See docs/api.md.
     """
-    k_scale = _cache_scale("k_scale", k_scale, k_cache)
-    v_scale = _cache_scale("v_scale", v_scale, v_cache)
+    if k_scale is not None and type(k_scale) is not Tensor:
+        k_scale = _cache_scale("k_scale", k_scale, k_cache)
+    if v_scale is not None and type(v_scale) is not Tensor:
+        v_scale = _cache_scale("v_scale", v_scale, v_cache)
     if (
         eager_fast_path(q, k, cos, sin, positions)
         and type(k_cache) is Tensor

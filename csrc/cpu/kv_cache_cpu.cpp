@@ -104,8 +104,9 @@ void write_tokens(const KvCacheArgs& a, const TableArgs& tables, RotationMode mo
             dst[i] = static_cast<acc_t>(row[i]);
           }
         }
-        rotate_rows(acc_dtype, token_rows(a, scratch.data(), D, scratch.data(), D, t), tables, mode,
-                    0, a.kv_heads);
+        RotationArgs in_place = token_rows(a, scratch.data(), D, scratch.data(), D, t);
+        in_place.copy_tail = false;  // the tail is already there (memcpy onto itself is UB)
+        rotate_rows(acc_dtype, in_place, tables, mode, 0, a.kv_heads);
       }
       const int64_t k_row0 = cache_row(kc, slot, 0);
       for (int64_t h = 0; h < a.kv_heads; ++h) {

@@ -230,8 +230,10 @@ _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 def _cache_scale(name: str, scale, cache: Optional[Tensor]) -> Optional[Tensor]:
     """A Python-number scale as the op's one-element float32 tensor on the cache's device; for a
     16/32-bit cache, 1 means no scale and anything else is an error."""
-    if scale is None or isinstance(scale, Tensor) or cache is None:
+    if scale is None or isinstance(scale, Tensor):
         return scale
+    if cache is None:
+        raise ValueError(f"rope.apply_qk_cache: {name} given without its cache (None)")
     if cache.dtype not in _FP8:
         if float(scale) != 1.0:
             raise ValueError(

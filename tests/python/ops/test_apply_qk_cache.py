@@ -347,6 +347,9 @@ def test_scale_forms(device):
         call(c, k_scale=2.0)
     with pytest.raises(RuntimeError, match="v_scale applies to float8 caches only"):
         call(c, v_scale=torch.tensor(1.0, device=device))
+    c = make_call(device, with_v=False)
+    with pytest.raises(ValueError, match="v_scale given without its cache"):
+        call(c, v_scale=0.5)
 
 
 # ---- bad input ----------------------------------------------------------------------------------
@@ -514,6 +517,29 @@ def test_opcheck(fp8, device):
     torch.library.opcheck(
         torch.ops.rope.apply_qk_cache.default, args, kw, **({"test_utils": utils} if fp8 else {})
     )
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+def test_compile_with_tensor_scales(device):
+    # Scales as graph inputs: one graph for any scale value (no recompile per value).
+    import torch._dynamo
+    import torch._dynamo.testing
+
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounter()
+
+    @torch.compile(fullgraph=True, backend=counter)
+    def step(c, scale):
+        return call(c, k_scale=scale, v_scale=scale)
+
+    for value in (0.5, 0.25):
+        c = make_call(device, torch.bfloat16, torch.float8_e4m3fn)
+        eager = dict(c, k_cache=c["k_cache"].clone(), v_cache=c["v_cache"].clone())
+        scale = torch.tensor(value, device=device)
+        assert torch.equal(step(c, scale), call(eager, k_scale=scale, v_scale=scale))
+        assert same_bits(c["k_cache"], eager["k_cache"])
+        assert same_bits(c["v_cache"], eager["v_cache"])
+    assert counter.frame_count == 1
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())

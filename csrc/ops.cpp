@@ -23,6 +23,11 @@ TORCH_LIBRARY(rope, m) {
       "apply_qk(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor positions, *, "
       "bool interleaved=True, bool inverse=False, int[]? mrope_section=None, "
       "bool mrope_interleaved=False) -> (Tensor, Tensor)");
+  // Rotates q and k, writes the rotated k and v into cache rows (csrc/kv_cache.h); returns q.
+  m.def(
+      "apply_qk_cache(Tensor q, Tensor k, Tensor? v, Tensor cos, Tensor sin, Tensor positions, "
+      "Tensor(a!) k_cache, Tensor(b!)? v_cache, Tensor slot_mapping, *, bool interleaved=True, "
+      "Tensor? k_scale=None, Tensor? v_scale=None) -> Tensor");
 }
 
 namespace rope {

@@ -327,6 +327,15 @@ void check_positions_in_range(const char* op, const at::Tensor& positions, int64
   }
 }
 
+void check_writable_arg(const char* op, const char* name, const at::Tensor& t) {
+  check_writable(op, name, t);
+}
+
+void check_disjoint(const char* op, const char* written_name, const at::Tensor& written,
+                    const char* other_name, const at::Tensor& other) {
+  check_no_shared_memory(op, written_name, written, {{other_name, &other}});
+}
+
 AxisMap axis_map(const MultiAxisArgs& axes) {
   AxisMap m;
   if (!axes.active()) {

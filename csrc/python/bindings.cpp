@@ -168,6 +168,16 @@ PYBIND11_MODULE(_C, m) {
       py::arg("q"), py::arg("k"), py::arg("cos"), py::arg("sin"), py::arg("positions"),
       py::arg("interleaved"), py::arg("inverse"), py::arg("mrope_section") = py::none(),
       py::arg("mrope_interleaved") = false);
+  m.def("_apply_qk_cache",
+        [](const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& v,
+           const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,
+           at::Tensor& k_cache, const std::optional<at::Tensor>& v_cache,
+           const at::Tensor& slot_mapping, bool interleaved,
+           const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
+          py::gil_scoped_release no_gil;
+          return rope::apply_qk_cache(q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping,
+                                      interleaved, k_scale, v_scale);
+        });
   // The Python module's forward for plain tensors in eager mode (nn.py decides when): the C++
   // module's forward (csrc/rules.h: its checks, positions convention, then rope.apply) in one call.
   m.def("_module_forward",

@@ -25,7 +25,13 @@ from . import (
 from ._scaling import rope_frequencies, rope_tables_from_inv_freq
 from ._version import __version__
 from .nn import RotaryPositionalEmbedding
-from .ops import apply, apply_, apply_qk, rope_tables
+from .ops import (
+    apply,
+    apply_,
+    apply_qk,
+    apply_qk_cache,  # RoPE into a KV cache
+    rope_tables,
+)
 
 distributed.register_if_loaded()
 
@@ -71,6 +77,7 @@ __all__ = [
     "apply",
     "apply_",
     "apply_qk",
+    "apply_qk_cache",
     "cmake_prefix_path",
     "compiled_with_cuda",
     "distributed",

@@ -31,7 +31,12 @@ SOURCES = {
     "cuda/rope_kernel.cuh": REPO / "csrc" / "cuda" / "rope_kernel.cuh",
     "cuda/launch_plan.h": REPO / "csrc" / "cuda" / "launch_plan.h",
     "kernel_args.h": REPO / "csrc" / "kernel_args.h",
+    # rope.apply_qk_cache: its kernel and the shared arguments / fp8 quantization.
+    "cuda/kv_cache_kernel.cuh": REPO / "csrc" / "cuda" / "kv_cache_kernel.cuh",
+    "kv_cache_args.h": REPO / "csrc" / "kv_cache_args.h",
 }
+# Mutants of these files are run against the apply_qk_cache host run (kv_cache_host.cpp).
+KV_FILES = {"cuda/kv_cache_kernel.cuh", "kv_cache_args.h"}
 GLUE_SOURCES = {"cuda/cuda_glue.h": REPO / "csrc" / "cuda" / "cuda_glue.h"}
 
 
@@ -435,6 +440,63 @@ MUTANTS = [
         "    if (true) {\n      int64_t pos;",
         "rows with no rotating lane range-check only axis 0 of a multi-axis position",
     ),
+    # rope.apply_qk_cache (csrc/cuda/kv_cache_kernel.cuh, csrc/kv_cache_args.h)
+    Mutant(
+        "kv-padding-not-skipped",
+        "cuda/kv_cache_kernel.cuh",
+        "  if (slot < 0) {\n    return false;  // padding",
+        "  if (slot < -1000) {\n    return false;  // padding",
+        "a negative slot (padding) is written as a row",
+    ),
+    Mutant(
+        "kv-block-offset-swapped",
+        "kv_cache_args.h",
+        "  return block * c.block_stride + offset * c.offset_stride + head * c.head_stride;",
+        "  return offset * c.block_stride + block * c.offset_stride + head * c.head_stride;",
+        "paged slot: block and offset strides swapped",
+    ),
+    Mutant(
+        "kv-scale-multiplied",
+        "kv_cache_args.h",
+        "    return fp8_e4m3_from_float(saturate(value / scale, kFp8E4M3Max));",
+        "    return fp8_e4m3_from_float(saturate(value * scale, kFp8E4M3Max));",
+        "fp8 e4m3: the scale multiplies instead of dividing",
+    ),
+    Mutant(
+        "kv-no-saturation",
+        "kv_cache_args.h",
+        "  return x > max ? max : (x < -max ? -max : x);  // NaN compares false: stays NaN",
+        "  (void)max;\n  return x;",
+        "fp8 overflow not clamped (e5m2 turns it into inf)",
+    ),
+    Mutant(
+        "kv-v-not-copied",
+        "cuda/kv_cache_kernel.cuh",
+        "  store<scalar_t>(out, feature.rem, widen(in[feature.rem]), vc.format, vc.scale);",
+        "  (void)out;",
+        "v never reaches the v cache",
+    ),
+    Mutant(
+        "kv-half-split-pairs",
+        "cuda/kv_cache_kernel.cuh",
+        "  const int64_t ib = p.interleaved ? 2 * u + 1 : u + planes;",
+        "  const int64_t ib = p.interleaved ? 2 * u + 1 : 2 * u + 1;",
+        "half-split rotates the interleaved pairs' partner",
+    ),
+    Mutant(
+        "kv-tail-half-missing",
+        "cuda/kv_cache_kernel.cuh",
+        "  p.units = a.rotary_dim / 2 + (a.head_dim - a.rotary_dim);",
+        "  p.units = a.rotary_dim / 2 + (a.head_dim - a.rotary_dim) / 2;",
+        "half of the pass-through features never copied",
+    ),
+    Mutant(
+        "kv-slot-range-unchecked",
+        "cuda/kv_cache_kernel.cuh",
+        "  return slot < c.num_slots;",
+        "  return true;",
+        "a slot past the cache still writes (after the assert)",
+    ),
 ]
 
 
@@ -546,6 +608,7 @@ def main():
     build_dir = Path(args.build_dir)
     overlay = build_dir / "tests" / "cuda_host" / "mutant_overlay"
     binary = build_dir / "tests" / "cuda_host" / "cuda_host_mutant"
+    kv_binary = build_dir / "tests" / "cuda_host" / "cuda_host_kv_cache_mutant"
     plan_binary = build_dir / "tests" / "cpp" / "rope_launch_plan_mutant"
     if not overlay.parent.is_dir():
         print(
@@ -562,17 +625,22 @@ def main():
     start = time.time()
     try:
         write_overlay(overlay)
-        ok, log = build(build_dir)
-        if not ok:
-            print(log)
-            print("mutation check: the unmutated host run does not build")
-            return 1
-        status, out = run_host(binary, args.cases, args.seed, args.timeout)
-        if status != "passed":
-            print(out[-4000:])
-            print("mutation check: the unmutated host run does not pass; fix that first")
-            return 1
-        print(f"unmutated: passed {args.cases} cases (seed {args.seed})")
+        runs = [("cuda_host_mutant", binary)] * any(m.file not in KV_FILES for m in mutants)
+        runs += [("cuda_host_kv_cache_mutant", kv_binary)] * any(
+            m.file in KV_FILES for m in mutants
+        )
+        for target, run_binary in runs:
+            ok, log = build(build_dir, target)
+            if not ok:
+                print(log)
+                print(f"mutation check: the unmutated host run ({target}) does not build")
+                return 1
+            status, out = run_host(run_binary, args.cases, args.seed, args.timeout)
+            if status != "passed":
+                print(out[-4000:])
+                print(f"mutation check: the unmutated host run ({target}) does not pass")
+                return 1
+            print(f"unmutated: {target} passed {args.cases} cases (seed {args.seed})")
         plan_mutants = any(m.file == "cuda/launch_plan.h" for m in mutants)
         if plan_mutants:
             ok, log = build(build_dir, "rope_launch_plan_mutant")
@@ -591,12 +659,13 @@ def main():
         for m in mutants:
             t0 = time.time()
             write_overlay(overlay, m)
-            ok, log = build(build_dir)
+            kv = m.file in KV_FILES
+            ok, log = build(build_dir, "cuda_host_kv_cache_mutant" if kv else "cuda_host_mutant")
             if not ok:
                 print(log[-3000:])
                 print(f"mutant {m.name}: does not compile; a mutant must be a plausible program")
                 return 1
-            status, out = run_host(binary, args.cases, args.seed, args.timeout)
+            status, out = run_host(kv_binary if kv else binary, args.cases, args.seed, args.timeout)
             how = {"failed": first_failure(out), "timeout": "timed out", "passed": "NOT CAUGHT"}[
                 status
             ]

@@ -72,6 +72,23 @@ std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tenso
                                             at::OptionalIntArrayRef mrope_section = std::nullopt,
                                             bool mrope_interleaved = false);
 
+// Rotates q and k as apply_qk and writes the rotated k, and v, into row slot_mapping[t] of
+// k_cache / v_cache; returns the rotated q (a new tensor). q (T, Hq, D), k (T, Hkv, D), v
+// (T, Hkv, Dv) or nullopt (then v_cache too); caches (num_slots, H, D) or paged (num_blocks,
+// block_size, H, D), slot s = (s / block_size, s % block_size); slot_mapping int64 (T,), a
+// negative slot skips the token's cache writes. A cache has its source's dtype, or is float8
+// (e4m3fn, e5m2) with a float32 one-element scale on its device: stored =
+// (value / scale).clamp(-max, max) rounded to fp8, bit for bit as torch. Bad input (slot out of
+// range or repeated: CPU error, CUDA device assert / unspecified) writes nothing. Not
+// differentiable. See docs/api.md, "RoPE into a KV cache".
+at::Tensor apply_qk_cache(const at::Tensor& q, const at::Tensor& k,
+                          const std::optional<at::Tensor>& v, const at::Tensor& cos,
+                          const at::Tensor& sin, const at::Tensor& positions, at::Tensor& k_cache,
+                          const std::optional<at::Tensor>& v_cache, const at::Tensor& slot_mapping,
+                          bool interleaved = true,
+                          const std::optional<at::Tensor>& k_scale = std::nullopt,
+                          const std::optional<at::Tensor>& v_scale = std::nullopt);
+
 // True when this build of the library contains the CUDA kernels.
 bool compiled_with_cuda();
 

@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// A torch-free description of one rope.apply_qk_cache call (rotate q and k, write the rotated k
+// and a copy of v into rows of a KV cache), and the fp8 quantization the caches use. Shared by
+// the CPU kernel (csrc/cpu/kv_cache_cpu.cpp), the CUDA kernel (csrc/cuda/kv_cache_kernel.cuh)
+// and its host run (tests/cuda_host), so nothing here includes torch.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernel_args.h"  // ROPE_HOST_DEVICE, TableArgs
+
+namespace rope {
+
+// How a cache stores a value.
+enum class CacheFormat : int32_t {
+  kSame = 0,     // the source's dtype (k's or v's): the value rounded once
+  kFp8E4M3 = 1,  // float8_e4m3fn: saturate(value / scale), rounded to nearest even
+  kFp8E5M2 = 2,  // float8_e5m2: the same with e5m2's range
+};
+
+// One cache: (num_slots, H, D) or paged (num_blocks, block_size, H, D), any strides with a unit
+// last stride. Slot s is row (s / block_size, s % block_size); a flat cache has block_size 1 and
+// offset_stride 0.
+struct CacheArgs {
+  void* data = nullptr;
+  CacheFormat format = CacheFormat::kSame;
+  int64_t num_slots = 0;
+  int64_t block_size = 1;
+  int64_t block_stride = 0;  // elements
+  int64_t offset_stride = 0;
+  int64_t head_stride = 0;
+  const float* scale = nullptr;  // fp8 only: one float32 on the cache's device
+};
+
+// Element offset of (slot, head) in a cache, for 0 <= slot < num_slots.
+ROPE_HOST_DEVICE inline int64_t cache_row(const CacheArgs& c, int64_t slot, int64_t head) {
+  const int64_t block = slot / c.block_size;
+  const int64_t offset = slot - block * c.block_size;
+  return block * c.block_stride + offset * c.offset_stride + head * c.head_stride;
+}
+
+// Everything the kernels need. q, k, v are (T, H, D) with unit last stride; q_out is a fresh
+// contiguous (T, Hq, D). positions are read through broadcast strides (0 where broadcast), one
+// set for q's (T, Hq) rows and one for k's (T, Hkv) rows. v == nullptr: no v, no v cache.
+struct KvCacheArgs {
+  int64_t num_tokens = 0;
+  int64_t q_heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t rotary_dim = 0;
+  int64_t v_dim = 0;
+  const void* q = nullptr;
+  int64_t q_token_stride = 0;
+  int64_t q_head_stride = 0;
+  void* q_out = nullptr;
+  const void* k = nullptr;
+  int64_t k_token_stride = 0;
+  int64_t k_head_stride = 0;
+  const void* v = nullptr;
+  int64_t v_token_stride = 0;
+  int64_t v_head_stride = 0;
+  const void* positions = nullptr;
+  bool positions_are_int64 = true;
+  int64_t q_pos_token_stride = 0;
+  int64_t q_pos_head_stride = 0;
+  int64_t k_pos_token_stride = 0;
+  int64_t k_pos_head_stride = 0;
+  const int64_t* slots = nullptr;  // slot_mapping: negative = padding, nothing written
+  int64_t slot_stride = 1;
+  CacheArgs k_cache;
+  CacheArgs v_cache;
+};
+
+// ---- fp8 ---------------------------------------------------------------------------------------
+// Quantization is `(x / scale).clamp(-max, max).to(fp8)` of PyTorch, bit for bit: an IEEE
+// division in the math type (float32; float64 for float64 inputs, then rounded to float32 as
+// torch's double -> fp8 conversion does), saturation to the largest finite value (NaN stays NaN),
+// then round to nearest even with c10's algorithm (c10/util/Float8_e4m3fn.h, Float8_e5m2.h).
+
+constexpr float kFp8E4M3Max = 448.0f;
+constexpr float kFp8E5M2Max = 57344.0f;
+
+ROPE_HOST_DEVICE inline uint32_t fp32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+ROPE_HOST_DEVICE inline float fp32_from(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// float -> float8_e4m3fn bits, as c10: NaN -> 0x7f, overflow -> 0x7e (the max), subnormals by a
+// float addition that rounds to nearest even.
+ROPE_HOST_DEVICE inline uint8_t fp8_e4m3_from_float(float f) {
+  uint32_t bits = fp32_bits(f);
+  const uint32_t sign = bits & 0x80000000u;
+  bits ^= sign;
+  uint8_t result;
+  if (bits >= (1087u << 20)) {  // >= 480: NaN, inf or overflow
+    result = bits > 0x7F800000u ? 0x7F : 0x7E;
+  } else if (bits < (121u << 23)) {  // below 2^-6: subnormal or zero
+    constexpr uint32_t kDenormMask = 141u << 23;
+    result =
+        static_cast<uint8_t>(fp32_bits(fp32_from(bits) + fp32_from(kDenormMask)) - kDenormMask);
+  } else {
+    const uint32_t mant_odd = (bits >> 20) & 1u;
+    bits += (static_cast<uint32_t>(7 - 127) << 23) + 0x7FFFFu;
+    bits += mant_odd;
+    result = static_cast<uint8_t>(bits >> 20);
+    if (result == 0x7F) {
+      result = 0x7E;
+    }
+  }
+  return static_cast<uint8_t>(result | (sign >> 24));
+}
+
+// float -> float8_e5m2 bits, as c10: NaN -> 0x7f, overflow -> 0x7c (inf).
+ROPE_HOST_DEVICE inline uint8_t fp8_e5m2_from_float(float f) {
+  uint32_t bits = fp32_bits(f);
+  const uint32_t sign = bits & 0x80000000u;
+  bits ^= sign;
+  uint8_t result;
+  if (bits >= (143u << 23)) {  // >= 65536: NaN, inf or overflow
+    result = bits > 0x7F800000u ? 0x7F : 0x7C;
+  } else if (bits < (113u << 23)) {  // below 2^-14: subnormal or zero
+    constexpr uint32_t kDenormMask = 134u << 23;
+    result =
+        static_cast<uint8_t>(fp32_bits(fp32_from(bits) + fp32_from(kDenormMask)) - kDenormMask);
+  } else {
+    const uint32_t mant_odd = (bits >> 21) & 1u;
+    bits += (static_cast<uint32_t>(15 - 127) << 23) + 0xFFFFFu;
+    bits += mant_odd;
+    result = static_cast<uint8_t>(bits >> 21);
+  }
+  return static_cast<uint8_t>(result | (sign >> 24));
+}
+
+template <typename A>
+ROPE_HOST_DEVICE inline A saturate(A x, A max) {
+  return x > max ? max : (x < -max ? -max : x);  // NaN compares false: stays NaN
+}
+
+// The stored byte of `value` (float32 math) in an fp8 cache with `scale`.
+ROPE_HOST_DEVICE inline uint8_t quantize_fp8(float value, float scale, CacheFormat format) {
+  if (format == CacheFormat::kFp8E4M3) {
+    return fp8_e4m3_from_float(saturate(value / scale, kFp8E4M3Max));
+  }
+  return fp8_e5m2_from_float(saturate(value / scale, kFp8E5M2Max));
+}
+
+// float64 math: divided and saturated in float64, then rounded to float32 and to fp8.
+ROPE_HOST_DEVICE inline uint8_t quantize_fp8(double value, float scale, CacheFormat format) {
+  const double x = value / static_cast<double>(scale);
+  if (format == CacheFormat::kFp8E4M3) {
+    return fp8_e4m3_from_float(static_cast<float>(saturate(x, double{kFp8E4M3Max})));
+  }
+  return fp8_e5m2_from_float(static_cast<float>(saturate(x, double{kFp8E5M2Max})));
+}
+
+}  // namespace rope

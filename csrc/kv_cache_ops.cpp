@@ -1,0 +1,100 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// rope.apply_qk_cache outside the computing backends: the C++ API (through the dispatcher), the
+// Meta kernel (the same checks as CPU and CUDA, on SymInts; the slot and position values are left
+// to the real kernels) and the Autograd kernel (not differentiable, as apply.out). The schema is
+// in ops.cpp with the others; CPU and CUDA register in cpu/kv_cache_cpu.cpp and
+// cuda/kv_cache_cuda.cu.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <torch/autograd.h>
+#include <torch/csrc/autograd/VariableTypeUtils.h>
+#include <torch/library.h>
+#include <torch_rope/ops.h>
+
+#include "kv_cache.h"
+
+namespace rope {
+
+at::Tensor apply_qk_cache(const at::Tensor& q, const at::Tensor& k,
+                          const std::optional<at::Tensor>& v, const at::Tensor& cos,
+                          const at::Tensor& sin, const at::Tensor& positions, at::Tensor& k_cache,
+                          const std::optional<at::Tensor>& v_cache, const at::Tensor& slot_mapping,
+                          bool interleaved, const std::optional<at::Tensor>& k_scale,
+                          const std::optional<at::Tensor>& v_scale) {
+  using Optional = const std::optional<at::Tensor>&;
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("rope::apply_qk_cache", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, Optional, const at::Tensor&,
+                            const at::Tensor&, const at::Tensor&, const at::Tensor&, Optional,
+                            const at::Tensor&, bool, Optional, Optional)>();
+  return op.call(q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping, interleaved, k_scale,
+                 v_scale);
+}
+
+namespace {
+
+bool requires_grad(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined() && t->requires_grad();
+}
+
+bool has_forward_grad(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined() && t->_fw_grad(/*level=*/0).defined();
+}
+
+at::Tensor apply_qk_cache_meta(const at::Tensor& q, const at::Tensor& k,
+                               const std::optional<at::Tensor>& v, const at::Tensor& cos,
+                               const at::Tensor& sin, const at::Tensor& positions,
+                               const at::Tensor& k_cache, const std::optional<at::Tensor>& v_cache,
+                               const at::Tensor& slot_mapping, bool /*interleaved*/,
+                               const std::optional<at::Tensor>& k_scale,
+                               const std::optional<at::Tensor>& v_scale) {
+  detail::check_apply_qk_cache("rope.apply_qk_cache", {q, k, v, cos, sin, positions, k_cache,
+                                                       v_cache, slot_mapping, k_scale, v_scale});
+  return at::empty_symint(q.sym_sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+// Writing into caches is not differentiable: refuse, as aten's out= ops do, rather than return a
+// q_out whose gradient (and the caches') would silently be lost.
+at::Tensor apply_qk_cache_autograd(const at::Tensor& q, const at::Tensor& k,
+                                   const std::optional<at::Tensor>& v, const at::Tensor& cos,
+                                   const at::Tensor& sin, const at::Tensor& positions,
+                                   const at::Tensor& k_cache,
+                                   const std::optional<at::Tensor>& v_cache,
+                                   const at::Tensor& slot_mapping, bool interleaved,
+                                   const std::optional<at::Tensor>& k_scale,
+                                   const std::optional<at::Tensor>& v_scale) {
+  const bool wants_grad =
+      at::GradMode::is_enabled() &&
+      (q.requires_grad() || k.requires_grad() || requires_grad(v) || cos.requires_grad() ||
+       sin.requires_grad() || k_cache.requires_grad() || requires_grad(v_cache) ||
+       requires_grad(k_scale) || requires_grad(v_scale));
+  TORCH_CHECK(!wants_grad,
+              "rope.apply_qk_cache: writing into a KV cache doesn't support automatic "
+              "differentiation, but one of the arguments requires grad; call torch_rope.apply_qk "
+              "to get gradients, or run under torch.no_grad() / torch.inference_mode()");
+  TORCH_CHECK(!q._fw_grad(0).defined() && !k._fw_grad(0).defined() && !has_forward_grad(v) &&
+                  !k_cache._fw_grad(0).defined() && !has_forward_grad(v_cache),
+              "rope.apply_qk_cache: writing into a KV cache doesn't support forward-mode "
+              "automatic differentiation; call torch_rope.apply_qk");
+  at::Tensor q_out;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    at::Tensor target = k_cache;
+    q_out = rope::apply_qk_cache(q, k, v, cos, sin, positions, target, v_cache, slot_mapping,
+                                 interleaved, k_scale, v_scale);
+  }
+  // The ADInplaceOrView key, skipped above, would bump the version of the mutated caches.
+  torch::autograd::increment_version(k_cache);
+  if (v_cache.has_value() && v_cache->defined()) {
+    torch::autograd::increment_version(*v_cache);
+  }
+  return q_out;
+}
+
+}  // namespace
+}  // namespace rope
+
+TORCH_LIBRARY_IMPL(rope, Meta, m) { m.impl("apply_qk_cache", &rope::apply_qk_cache_meta); }
+
+TORCH_LIBRARY_IMPL(rope, Autograd, m) { m.impl("apply_qk_cache", &rope::apply_qk_cache_autograd); }

@@ -16,7 +16,8 @@ interleaved rule over [24, 20, 20]), one interleaved-round run (timing.py) times
 and reports mrope / clone, mrope / one-axis and hf / mrope. Goals (issue): mrope within 1.1x of
 one-axis, and at least 3x faster than transformers' eager path.
 
-    PYTHONPATH=python .venv/bin/python benchmarks/bench_mrope.py [--quick] [--no-compile] [--threads N]
+    PYTHONPATH=python .venv/bin/python benchmarks/bench_mrope.py \
+        [--quick] [--no-compile] [--threads N]
 
 writes benchmarks/results/mrope_cpu_<kernel>.json and .md.
 """

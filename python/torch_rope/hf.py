@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from ._scaling import rope_frequencies, rope_tables_from_inv_freq
-from .nn import RotaryPositionalEmbedding, long_rope_positions
+from .nn import RotaryPositionalEmbedding, apply_keeping_table_dtypes, long_rope_positions
 from .ops import apply, apply_qk
 
 __all__ = ["apply_rotary_pos_emb", "patch", "unpatch", "is_patched", "SUPPORTED_MODEL_TYPES"]
@@ -627,13 +627,7 @@ class _AxialTables(nn.Module):
 
     def _apply(self, fn, recurse=True):
         # As RotaryPositionalEmbedding: follow device moves, not dtype casts.
-        tables = {"cos": self.cos, "sin": self.sin}
-        super()._apply(fn, recurse)
-        for name, original in tables.items():
-            moved = self._buffers[name]
-            if moved.dtype != original.dtype:
-                self._buffers[name] = original.to(device=moved.device)
-        return self
+        return apply_keeping_table_dtypes(self, super()._apply, fn, recurse)
 
     def extra_repr(self) -> str:
         return f"max_seq_len={self.max_seq_len}, mrope_section={self.mrope_section}"

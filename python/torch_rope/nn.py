@@ -283,15 +283,7 @@ class RotaryPositionalEmbedding(nn.Module):
         return apply(x, cos, sin, positions, interleaved=self.interleaved)
 
     def _apply(self, fn, recurse=True):
-        # Device moves apply to the tables; dtype casts do not. Keep the exact originals and only
-        # follow the device the cast sent them to (no bf16 round trip).
-        tables = {"cos": self.cos, "sin": self.sin}
-        super()._apply(fn, recurse)
-        for name, original in tables.items():
-            moved = self._buffers[name]
-            if moved.dtype != original.dtype:
-                self._buffers[name] = original.to(device=moved.device)
-        return self
+        return apply_keeping_table_dtypes(self, super()._apply, fn, recurse)
 
     def extra_repr(self) -> str:
         text = (
@@ -317,6 +309,19 @@ class RotaryPositionalEmbedding(nn.Module):
 # the same messages. tests/python pins each to its C++ original over the sample inputs.
 
 _MODULE = "RotaryPositionalEmbedding"
+
+
+def apply_keeping_table_dtypes(module: nn.Module, apply_fn, fn, recurse) -> nn.Module:
+    """``nn.Module._apply`` for a module with ``cos``/``sin`` table buffers: device moves apply to
+    the tables, dtype casts do not. The exact originals are kept and only follow the device the
+    cast sent them to (no bf16 round trip)."""
+    tables = {"cos": module.cos, "sin": module.sin}
+    apply_fn(fn, recurse)
+    for name, original in tables.items():
+        moved = module._buffers[name]
+        if moved.dtype != original.dtype:
+            module._buffers[name] = original.to(device=moved.device)
+    return module
 
 
 def check_module_input(x: Tensor, d_k: int, seq_dim: int, has_positions: bool) -> None:

@@ -25,7 +25,7 @@ from . import (
 from ._scaling import rope_frequencies, rope_tables_from_inv_freq
 from ._version import __version__
 from .nn import RotaryPositionalEmbedding
-from .ops import apply, apply_, apply_qk, rope_tables
+from .ops import apply, apply_, apply_qk, rms_norm_apply_qk, rope_tables
 
 distributed.register_if_loaded()
 
@@ -75,6 +75,7 @@ __all__ = [
     "compiled_with_cuda",
     "distributed",
     "eager",
+    "rms_norm_apply_qk",
     "rope_frequencies",
     "rope_tables",
     "rope_tables_from_inv_freq",

@@ -24,6 +24,15 @@
 #include "mixed_rows.h"
 #include "row_cursor.h"
 
+// The x86 copies convert 16-bit storage with the rotation kernel's intrinsics (c10's rounding,
+// the native bfloat16 instruction in the AVX512_BF16 copy): at::vec's conversions are 2-3x slower
+// and made the norm kernel compute-bound on rows in cache.
+#if defined(CPU_CAPABILITY_AVX512)
+#include "planes_avx512.h"
+#elif defined(CPU_CAPABILITY_AVX2)
+#include "planes_avx2.h"
+#endif
+
 #ifndef CPU_CAPABILITY
 #error "norm_rows.cpp must be compiled with -DCPU_CAPABILITY=<DEFAULT|AVX2|AVX512|AVX512_BF16>"
 #endif
@@ -54,15 +63,68 @@ inline void store_vec(scalar_t* p, const Vec& v) {
   }
 }
 
-// Pass 1: scratch = float(x), returns sum(x^2).
+// Pass 1 of a 16-bit row: scratch = float(x), returns sum(x^2).
+// 2 * kW elements as two float vectors, and back: one whole 16-bit vector (at::vec's kW-element
+// 16-bit load and store go through a temporary buffer).
+template <typename scalar_t>
+inline void load_pair(const scalar_t* p, Vec& lo, Vec& hi) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    lo = Vec::loadu(p);
+    hi = Vec::loadu(p + kW);
+#if defined(CPU_CAPABILITY_AVX512)
+  } else if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    lo = avx512::load16_bf16(p);
+    hi = avx512::load16_bf16(p + kW);
+  } else if constexpr (std::is_same_v<scalar_t, c10::Half>) {
+    lo = avx512::load16(p);
+    hi = avx512::load16(p + kW);
+#elif defined(CPU_CAPABILITY_AVX2)
+  } else if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    lo = avx2::load8_bf16(p);
+    hi = avx2::load8_bf16(p + kW);
+  } else if constexpr (std::is_same_v<scalar_t, c10::Half>) {
+    lo = avx2::load8(p);
+    hi = avx2::load8(p + kW);
+#endif
+  } else {
+    at::vec::load_to_float<scalar_t>(p, lo, hi);
+  }
+}
+
+template <typename scalar_t>
+inline void store_pair(scalar_t* p, const Vec& lo, const Vec& hi) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    lo.store(p);
+    hi.store(p + kW);
+#if defined(CPU_CAPABILITY_AVX512)
+  } else if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    _mm512_storeu_si512(reinterpret_cast<void*>(p), avx512::bf16_pack32(lo, hi));
+  } else if constexpr (std::is_same_v<scalar_t, c10::Half>) {
+    avx512::store16(p, lo);
+    avx512::store16(p + kW, hi);
+#elif defined(CPU_CAPABILITY_AVX2)
+  } else if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    __m256i ulo, uhi;
+    avx2::bf16_round_pair(lo, hi, ulo, uhi);
+    avx2::store8_bf16(p, ulo);
+    avx2::store8_bf16(p + kW, uhi);
+  } else if constexpr (std::is_same_v<scalar_t, c10::Half>) {
+    avx2::store8(p, lo);
+    avx2::store8(p + kW, hi);
+#endif
+  } else {
+    at::vec::convert_from_float<scalar_t>(lo, hi).store(p);
+  }
+}
+
 template <typename scalar_t>
 inline float load_row(const scalar_t* x, float* buf, int64_t n) {
   Vec acc0(0.0f);
   Vec acc1(0.0f);
   int64_t d = 0;
   for (; d + 2 * kW <= n; d += 2 * kW) {
-    const Vec lo = load_vec(x + d);
-    const Vec hi = load_vec(x + d + kW);
+    Vec lo, hi;
+    load_pair(x + d, lo, hi);
     lo.store(buf + d);
     hi.store(buf + d + kW);
     acc0 = at::vec::fmadd(lo, lo, acc0);
@@ -83,52 +145,117 @@ inline float load_row(const scalar_t* x, float* buf, int64_t n) {
   return ss;
 }
 
-// Pass 2 of a float-math row (float, half, bfloat16 storage; float tables).
-template <bool kInterleaved, bool kInverse, typename scalar_t>
-inline void norm_rotate_row_float(const float* buf, scalar_t* y, const float* w, const float* cos,
-                                  const float* sin, float r, int64_t head_dim, int64_t half) {
+// Pass 1 of a float row: sum(x^2) only (pass 2 reads x itself, now in L1).
+inline float sum_squares(const float* x, int64_t n) {
+  Vec acc0(0.0f);
+  Vec acc1(0.0f);
+  int64_t d = 0;
+  for (; d + 2 * kW <= n; d += 2 * kW) {
+    const Vec lo = Vec::loadu(x + d);
+    const Vec hi = Vec::loadu(x + d + kW);
+    acc0 = at::vec::fmadd(lo, lo, acc0);
+    acc1 = at::vec::fmadd(hi, hi, acc1);
+  }
+  for (; d + kW <= n; d += kW) {
+    const Vec v = Vec::loadu(x + d);
+    acc0 = at::vec::fmadd(v, v, acc0);
+  }
+  float ss =
+      at::vec::vec_reduce_all<float>([](const Vec& a, const Vec& b) { return a + b; }, acc0 + acc1);
+  for (; d < n; ++d) {
+    ss += x[d] * x[d];
+  }
+  return ss;
+}
+
+// One float-math row (float, half, bfloat16 storage; float tables). kHalf / kHead: the planes
+// and features when compile-time constants (the common full rotations: head_dim 64, 128, 256),
+// else 0, so those rows' loops unroll. r = 1 / sqrt(mean + eps) is folded into cos and sin
+// (one multiply per table vector instead of one per feature vector): y_a = (x_a w_a) (c r) -
+// (x_b w_b) (s r).
+template <bool kInterleaved, bool kInverse, int64_t kHalf, int64_t kHead, typename scalar_t>
+inline void norm_row_float(const scalar_t* x, scalar_t* y, float* buf, const float* w,
+                           const float* cos, const float* sin, float eps, int64_t head_dim_rt,
+                           int64_t half_rt) {
+  const int64_t head_dim = kHead != 0 ? kHead : head_dim_rt;
+  const int64_t half = kHalf != 0 ? kHalf : half_rt;
+  const float* src;
+  float ss;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    ss = sum_squares(x, head_dim);
+    src = x;
+  } else {
+    ss = load_row(x, buf, head_dim);
+    src = buf;
+  }
+  const float r = 1.0f / std::sqrt(ss / static_cast<float>(head_dim) + eps);
   const Vec vr(r);
-  const Vec sign(kInverse ? -1.0f : 1.0f);
+  const Vec vsr(kInverse ? -r : r);
   int64_t k = 0;
+  if constexpr (!kInterleaved) {
+    // Half split: 2 * kW planes per step, so each half is stored as whole vectors.
+    const auto planes = [&](int64_t j, Vec& ra, Vec& rb) {
+      const Vec c = Vec::loadu(cos + j) * vr;
+      const Vec s = Vec::loadu(sin + j) * vsr;
+      const Vec a = Vec::loadu(src + j) * Vec::loadu(w + j);
+      const Vec b = Vec::loadu(src + half + j) * Vec::loadu(w + half + j);
+      ra = at::vec::fmsub(a, c, b * s);
+      rb = at::vec::fmadd(a, s, b * c);
+    };
+    for (; k + 2 * kW <= half; k += 2 * kW) {
+      Vec ra0, rb0, ra1, rb1;
+      planes(k, ra0, rb0);
+      planes(k + kW, ra1, rb1);
+      store_pair(y + k, ra0, ra1);
+      store_pair(y + half + k, rb0, rb1);
+    }
+  }
   for (; k + kW <= half; k += kW) {
-    const Vec c = Vec::loadu(cos + k);
-    const Vec s = Vec::loadu(sin + k) * sign;
+    const Vec c = Vec::loadu(cos + k) * vr;
+    const Vec s = Vec::loadu(sin + k) * vsr;
     Vec a, b;
     if constexpr (kInterleaved) {
-      const Vec lo = Vec::loadu(buf + 2 * k) * vr * Vec::loadu(w + 2 * k);
-      const Vec hi = Vec::loadu(buf + 2 * k + kW) * vr * Vec::loadu(w + 2 * k + kW);
+      const Vec lo = Vec::loadu(src + 2 * k) * Vec::loadu(w + 2 * k);
+      const Vec hi = Vec::loadu(src + 2 * k + kW) * Vec::loadu(w + 2 * k + kW);
       std::tie(a, b) = at::vec::deinterleave2(lo, hi);
     } else {
-      a = Vec::loadu(buf + k) * vr * Vec::loadu(w + k);
-      b = Vec::loadu(buf + half + k) * vr * Vec::loadu(w + half + k);
+      a = Vec::loadu(src + k) * Vec::loadu(w + k);
+      b = Vec::loadu(src + half + k) * Vec::loadu(w + half + k);
     }
     const Vec ra = at::vec::fmsub(a, c, b * s);
     const Vec rb = at::vec::fmadd(a, s, b * c);
     if constexpr (kInterleaved) {
       const auto [lo, hi] = at::vec::interleave2(ra, rb);
-      store_vec(y + 2 * k, lo);
-      store_vec(y + 2 * k + kW, hi);
+      store_pair(y + 2 * k, lo, hi);
     } else {
       store_vec(y + k, ra);
       store_vec(y + half + k, rb);
     }
   }
-  for (; k < half; ++k) {
-    const int64_t ia = kInterleaved ? 2 * k : k;
-    const int64_t ib = kInterleaved ? 2 * k + 1 : k + half;
-    const float c = cos[k];
-    const float s = kInverse ? -sin[k] : sin[k];
-    const float a = buf[ia] * r * w[ia];
-    const float b = buf[ib] * r * w[ib];
-    y[ia] = static_cast<scalar_t>(std::fma(a, c, -(b * s)));
-    y[ib] = static_cast<scalar_t>(std::fma(a, s, b * c));
+  if constexpr (kHalf == 0 || kHalf % kW != 0) {
+    for (; k < half; ++k) {
+      const int64_t ia = kInterleaved ? 2 * k : k;
+      const int64_t ib = kInterleaved ? 2 * k + 1 : k + half;
+      const float c = cos[k] * r;
+      const float s = (kInverse ? -sin[k] : sin[k]) * r;
+      const float a = src[ia] * w[ia];
+      const float b = src[ib] * w[ib];
+      y[ia] = static_cast<scalar_t>(std::fma(a, c, -(b * s)));
+      y[ib] = static_cast<scalar_t>(std::fma(a, s, b * c));
+    }
   }
-  int64_t d = 2 * half;
-  for (; d + kW <= head_dim; d += kW) {
-    store_vec(y + d, Vec::loadu(buf + d) * vr * Vec::loadu(w + d));
-  }
-  for (; d < head_dim; ++d) {
-    y[d] = static_cast<scalar_t>(buf[d] * r * w[d]);
+  if constexpr (kHead == 0 || kHead != 2 * kHalf) {
+    int64_t d = 2 * half;
+    for (; d + 2 * kW <= head_dim; d += 2 * kW) {
+      store_pair(y + d, Vec::loadu(src + d) * Vec::loadu(w + d) * vr,
+                 Vec::loadu(src + d + kW) * Vec::loadu(w + d + kW) * vr);
+    }
+    for (; d + kW <= head_dim; d += kW) {
+      store_vec(y + d, Vec::loadu(src + d) * Vec::loadu(w + d) * vr);
+    }
+    for (; d < head_dim; ++d) {
+      y[d] = static_cast<scalar_t>(src[d] * w[d] * r);
+    }
   }
 }
 
@@ -162,7 +289,8 @@ inline void norm_rotate_row_scalar(const scalar_t* x, scalar_t* y, const table_t
   }
 }
 
-template <typename scalar_t, bool kInterleaved, bool kInverse, typename pos_t, typename Angles>
+template <typename scalar_t, bool kInterleaved, bool kInverse, int64_t kHalf, int64_t kHead,
+          typename pos_t, typename Angles>
 void norm_rows_runs(const NormRotationArgs& nargs, Angles& angles, double eps, int64_t row_begin,
                     int64_t row_end) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -193,12 +321,10 @@ void norm_rows_runs(const NormRotationArgs& nargs, Angles& angles, double eps, i
       const int64_t offset = angles.row(p) * tables.table_stride;
       if constexpr (kFloatMath) {
         if (vector_path) {
-          const float ss = load_row(x, buf, head_dim);
-          const float r =
-              1.0f / std::sqrt(ss / static_cast<float>(head_dim) + static_cast<float>(eps));
-          norm_rotate_row_float<kInterleaved, kInverse>(
-              buf, y, w, static_cast<const float*>(tables.cos) + offset,
-              static_cast<const float*>(tables.sin) + offset, r, head_dim, half);
+          norm_row_float<kInterleaved, kInverse, kHalf, kHead>(
+              x, y, buf, w, static_cast<const float*>(tables.cos) + offset,
+              static_cast<const float*>(tables.sin) + offset, static_cast<float>(eps), head_dim,
+              half);
           continue;
         }
       }
@@ -217,33 +343,63 @@ void norm_rows_runs(const NormRotationArgs& nargs, Angles& angles, double eps, i
   }
 }
 
-template <typename scalar_t, bool kInterleaved, bool kInverse, typename pos_t>
+template <typename scalar_t, bool kInterleaved, bool kInverse, int64_t kHalf, int64_t kHead,
+          typename pos_t>
 void norm_rows_positioned(const NormRotationArgs& args, const TableArgs& tables, double eps,
                           int64_t row_begin, int64_t row_end) {
   if (tables.axes.num_axes == 0) {
     OneAxisAngles<pos_t> angles(tables);
-    return norm_rows_runs<scalar_t, kInterleaved, kInverse, pos_t>(args, angles, eps, row_begin,
-                                                                   row_end);
+    return norm_rows_runs<scalar_t, kInterleaved, kInverse, kHalf, kHead, pos_t>(
+        args, angles, eps, row_begin, row_end);
   }
-  if (tables.tables_are_double) {
-    MixedRows<double, pos_t> angles(args.rot, tables, 0);
-    return norm_rows_runs<scalar_t, kInterleaved, kInverse, pos_t>(args, angles, eps, row_begin,
-                                                                   row_end);
+  if constexpr (kHalf == 0) {  // multi-axis rows are not specialised (norm_rows_sized)
+    if (tables.tables_are_double) {
+      MixedRows<double, pos_t> angles(args.rot, tables, 0);
+      return norm_rows_runs<scalar_t, kInterleaved, kInverse, 0, 0, pos_t>(args, angles, eps,
+                                                                           row_begin, row_end);
+    }
+    MixedRows<float, pos_t> angles(args.rot, tables, 0);
+    norm_rows_runs<scalar_t, kInterleaved, kInverse, 0, 0, pos_t>(args, angles, eps, row_begin,
+                                                                  row_end);
   }
-  MixedRows<float, pos_t> angles(args.rot, tables, 0);
-  norm_rows_runs<scalar_t, kInterleaved, kInverse, pos_t>(args, angles, eps, row_begin, row_end);
 }
 
-template <typename scalar_t, bool kInterleaved, bool kInverse>
+template <typename scalar_t, bool kInterleaved, bool kInverse, int64_t kHalf, int64_t kHead>
 void norm_rows_typed(const NormRotationArgs& args, const TableArgs& tables, double eps,
                      int64_t row_begin, int64_t row_end) {
   if (args.rot.positions_are_int64) {
-    norm_rows_positioned<scalar_t, kInterleaved, kInverse, int64_t>(args, tables, eps, row_begin,
-                                                                    row_end);
+    norm_rows_positioned<scalar_t, kInterleaved, kInverse, kHalf, kHead, int64_t>(
+        args, tables, eps, row_begin, row_end);
   } else {
-    norm_rows_positioned<scalar_t, kInterleaved, kInverse, int32_t>(args, tables, eps, row_begin,
-                                                                    row_end);
+    norm_rows_positioned<scalar_t, kInterleaved, kInverse, kHalf, kHead, int32_t>(
+        args, tables, eps, row_begin, row_end);
   }
+}
+
+// The common full rotations (head_dim == rotary_dim of 64, 128, 256, float tables, one-axis
+// positions, float math) get their own copies with constant sizes; anything else the general one.
+template <typename scalar_t, bool kInterleaved, bool kInverse>
+void norm_rows_sized(const NormRotationArgs& args, const TableArgs& tables, double eps,
+                     int64_t row_begin, int64_t row_end) {
+  if constexpr (!std::is_same_v<scalar_t, double>) {
+    if (!tables.tables_are_double && tables.axes.num_axes == 0 &&
+        args.rot.head_dim == args.rot.rotary_dim) {
+      switch (args.rot.head_dim) {
+        case 64:
+          return norm_rows_typed<scalar_t, kInterleaved, kInverse, 32, 64>(args, tables, eps,
+                                                                           row_begin, row_end);
+        case 128:
+          return norm_rows_typed<scalar_t, kInterleaved, kInverse, 64, 128>(args, tables, eps,
+                                                                            row_begin, row_end);
+        case 256:
+          return norm_rows_typed<scalar_t, kInterleaved, kInverse, 128, 256>(args, tables, eps,
+                                                                             row_begin, row_end);
+        default:
+          break;
+      }
+    }
+  }
+  norm_rows_typed<scalar_t, kInterleaved, kInverse, 0, 0>(args, tables, eps, row_begin, row_end);
 }
 
 template <typename scalar_t>
@@ -251,15 +407,15 @@ void norm_rows_layout(const NormRotationArgs& args, const TableArgs& tables, Rot
                       double eps, int64_t row_begin, int64_t row_end) {
   if (mode.interleaved) {
     if (mode.inverse) {
-      norm_rows_typed<scalar_t, true, true>(args, tables, eps, row_begin, row_end);
+      norm_rows_sized<scalar_t, true, true>(args, tables, eps, row_begin, row_end);
     } else {
-      norm_rows_typed<scalar_t, true, false>(args, tables, eps, row_begin, row_end);
+      norm_rows_sized<scalar_t, true, false>(args, tables, eps, row_begin, row_end);
     }
   } else {
     if (mode.inverse) {
-      norm_rows_typed<scalar_t, false, true>(args, tables, eps, row_begin, row_end);
+      norm_rows_sized<scalar_t, false, true>(args, tables, eps, row_begin, row_end);
     } else {
-      norm_rows_typed<scalar_t, false, false>(args, tables, eps, row_begin, row_end);
+      norm_rows_sized<scalar_t, false, false>(args, tables, eps, row_begin, row_end);
     }
   }
 }

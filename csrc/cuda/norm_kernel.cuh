@@ -77,12 +77,21 @@ __device__ __forceinline__ void norm_row(const NormRotationArgs& na, const Table
     out_off += rest * g.out_strides[0];
     pos_off += rest * g.pos_strides[0];
   }
-  // Every position of the row (one per axis) is checked before anything is written.
-  const int32_t num_axes = tb.axes.num_axes > 0 ? tb.axes.num_axes : 1;
-  int64_t pos[kMaxAxes] = {};
-  bool in_range = true;
-  for (int32_t axis = 0; axis < num_axes; ++axis) {
-    in_range = load_axis_position(a, tb, pos_off, axis, pos[axis]) && in_range;
+  // Every position of the row (one per axis) is checked before anything is written. Four
+  // scalars rather than an array: a runtime-indexed array would live in local memory.
+  int64_t pos0 = 0;
+  int64_t pos1 = 0;
+  int64_t pos2 = 0;
+  int64_t pos3 = 0;
+  bool in_range = load_axis_position(a, tb, pos_off, 0, pos0);
+  if (tb.axes.num_axes > 1) {
+    in_range = load_axis_position(a, tb, pos_off, 1, pos1) && in_range;
+  }
+  if (tb.axes.num_axes > 2) {
+    in_range = load_axis_position(a, tb, pos_off, 2, pos2) && in_range;
+  }
+  if (tb.axes.num_axes > 3) {
+    in_range = load_axis_position(a, tb, pos_off, 3, pos3) && in_range;
   }
   if (!in_range) {
     return;
@@ -109,7 +118,8 @@ __device__ __forceinline__ void norm_row(const NormRotationArgs& na, const Table
     const acc_t xa = to_acc(load_scalar(x + ia)) * r * (__ldg(w + ia) + offset);
     const acc_t xb = to_acc(load_scalar(x + ib)) * r * (__ldg(w + ib) + offset);
     const int32_t axis = tb.axes.num_axes > 0 ? axis_of_plane(tb.axes, k) : 0;
-    const int64_t t = pos[axis] * tb.table_stride + k;
+    const int64_t p = axis == 0 ? pos0 : axis == 1 ? pos1 : axis == 2 ? pos2 : pos3;
+    const int64_t t = p * tb.table_stride + k;
     const acc_t c = static_cast<acc_t>(__ldg(cos + t));
     const acc_t s =
         inverse ? -static_cast<acc_t>(__ldg(sin + t)) : static_cast<acc_t>(__ldg(sin + t));

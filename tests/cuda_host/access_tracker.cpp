@@ -42,7 +42,7 @@ uintptr_t address(const void* base, int64_t element, int64_t bytes) {
 
 AccessTracker::AccessTracker(const rope::RotationArgs& first, const rope::RotationArgs* second,
                              const rope::TableArgs& tables, int storage_bytes, int table_bytes)
-    : storage_bytes_(storage_bytes) {
+    : storage_bytes_(storage_bytes), num_axes_(tables.axes.num_axes) {
   add_tensor(first);
   if (second != nullptr) {
     add_tensor(*second);
@@ -63,9 +63,11 @@ AccessTracker::AccessTracker(const rope::RotationArgs& first, const rope::Rotati
 void AccessTracker::add_tensor(const rope::RotationArgs& a) {
   const int64_t pos_bytes = a.positions_are_int64 ? 8 : 4;
   for_each_row(a.geometry, [&](int64_t in, int64_t out, int64_t pos) {
-    const uintptr_t p = address(a.positions, pos, pos_bytes);
-    for (int64_t u = 0; u < pos_bytes; u += 4) {
-      ldg_ok_.insert(p + u);
+    for (int32_t axis = 0; axis < (num_axes_ > 0 ? num_axes_ : 1); ++axis) {
+      const uintptr_t p = address(a.positions, pos + axis * a.axis_stride, pos_bytes);
+      for (int64_t u = 0; u < pos_bytes; u += 4) {
+        ldg_ok_.insert(p + u);
+      }
     }
     for (int64_t f = 0; f < a.head_dim; ++f) {
       cells_[address(a.in, in + f, storage_bytes_)].readable = true;
@@ -141,6 +143,12 @@ void AccessTracker::ldg(const void* p, size_t bytes, int64_t thread) {
       note(m.str());
       return;
     }
+  }
+}
+
+void AccessTracker::allow_ldg(const void* p, int64_t bytes) {
+  for (int64_t u = 0; u < bytes; u += 4) {
+    ldg_ok_.insert(reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(u));
   }
 }
 

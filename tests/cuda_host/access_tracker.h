@@ -32,6 +32,9 @@ class AccessTracker final : public Observer {
   void ldg(const void* p, size_t bytes, int64_t thread) override;
   void device_assert(const char* cond, int64_t thread) override;
 
+  // Admits `bytes` more bytes from p for __ldg (the RMSNorm weights of rms_norm_apply_qk).
+  void allow_ldg(const void* p, int64_t bytes);
+
   // Problems found, empty when the launch was clean. With `positions_in_range` false the write
   // counts are not checked (rows at a bad position are legitimately left unwritten) but every
   // other rule is, and at least one assert must have fired.
@@ -54,6 +57,7 @@ class AccessTracker final : public Observer {
   void note(std::string problem);
 
   int storage_bytes_;
+  int32_t num_axes_ = 0;  // multi-axis positions: every axis of a row's positions is readable
   std::unordered_map<uintptr_t, Cell> cells_;  // x / out elements, by address
   std::unordered_set<uintptr_t> ldg_ok_;       // 4-byte units of tables and positions
   std::vector<std::string> problems_;

@@ -28,6 +28,12 @@ TORCH_LIBRARY(rope, m) {
       "apply_qk_cache(Tensor q, Tensor k, Tensor? v, Tensor cos, Tensor sin, Tensor positions, "
       "Tensor(a!) k_cache, Tensor(b!)? v_cache, Tensor slot_mapping, *, bool interleaved=True, "
       "Tensor? k_scale=None, Tensor? v_scale=None) -> Tensor");
+  // Fused QK-RMSNorm + RoPE (Qwen3, Gemma 3, OLMo 2): kernels and C++ API in rms_norm_ops.cpp.
+  m.def(
+      "rms_norm_apply_qk(Tensor q, Tensor k, Tensor q_weight, Tensor k_weight, Tensor cos, "
+      "Tensor sin, Tensor positions, *, float eps=1e-06, float weight_offset=0., "
+      "bool interleaved=True, bool inverse=False, int[]? mrope_section=None, "
+      "bool mrope_interleaved=False) -> (Tensor, Tensor)");
 }
 
 namespace rope {

@@ -178,6 +178,15 @@ PYBIND11_MODULE(_C, m) {
           return rope::apply_qk_cache(q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping,
                                       interleaved, k_scale, v_scale);
         });
+  m.def("_rms_norm_apply_qk",
+        [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
+           const at::Tensor& k_weight, const at::Tensor& cos, const at::Tensor& sin,
+           const at::Tensor& positions, double eps, double weight_offset, bool interleaved,
+           bool inverse) {
+          py::gil_scoped_release no_gil;
+          return rope::rms_norm_apply_qk(q, k, q_weight, k_weight, cos, sin, positions, eps,
+                                         weight_offset, interleaved, inverse);
+        });
   // The Python module's forward for plain tensors in eager mode (nn.py decides when): the C++
   // module's forward (csrc/rules.h: its checks, positions convention, then rope.apply) in one call.
   m.def("_module_forward",

@@ -30,6 +30,7 @@ from .ops import (
     apply_,
     apply_qk,
     apply_qk_cache,  # RoPE into a KV cache
+    rms_norm_apply_qk,  # fused QK-RMSNorm + RoPE
     rope_tables,
 )
 
@@ -82,6 +83,7 @@ __all__ = [
     "compiled_with_cuda",
     "distributed",
     "eager",
+    "rms_norm_apply_qk",
     "rope_frequencies",
     "rope_tables",
     "rope_tables_from_inv_freq",

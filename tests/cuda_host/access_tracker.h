@@ -35,6 +35,9 @@ class AccessTracker final : public Observer {
   void ldg(const void* p, size_t bytes, int64_t thread) override;
   void device_assert(const char* cond, int64_t thread) override;
 
+  // Admits `bytes` more bytes from p for __ldg (the RMSNorm weights of rms_norm_apply_qk).
+  void allow_ldg(const void* p, int64_t bytes);
+
   // Problems found, empty when the launch was clean. With `positions_in_range` false, rows at a
   // bad position must have no rotated feature written (their tail may be copied or not: copy
   // lanes of a rotating row do not read the position), every other row is held to the usual

@@ -224,4 +224,131 @@ void compare_rotation(const char* name, const at::Tensor& got, const at::Tensor&
   }
 }
 
+namespace {
+
+// The axis of plane k, from the definition of mrope_section / mrope_interleaved (written here
+// again rather than taken from kernel_args.h, so a bug there cannot hide).
+int64_t reference_axis(const std::vector<int64_t>& section, bool mrope_interleaved, int64_t k) {
+  if (section.empty()) {
+    return 0;
+  }
+  if (mrope_interleaved) {
+    if (k % 3 == 1 && k < 3 * section[1]) return 1;
+    if (k % 3 == 2 && k < 3 * section[2]) return 2;
+    return 0;
+  }
+  int64_t end = 0;
+  for (size_t a = 0; a < section.size(); ++a) {
+    end += section[a];
+    if (k < end) return static_cast<int64_t>(a);
+  }
+  return static_cast<int64_t>(section.size()) - 1;
+}
+
+// Unit roundoff of a storage type, and the smallest spacing near zero (subnormals).
+long double unit_roundoff(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble:
+      return std::ldexp(1.0L, -53);
+    case at::kFloat:
+      return std::ldexp(1.0L, -24);
+    case at::kHalf:
+      return std::ldexp(1.0L, -11);
+    default:
+      return std::ldexp(1.0L, -8);
+  }
+}
+long double tiny(at::ScalarType t) {
+  return t == at::kHalf ? std::ldexp(1.0L, -25) : std::ldexp(1.0L, -126);
+}
+
+}  // namespace
+
+void compare_norm_rotation(const char* name, const at::Tensor& got, const at::Tensor& x,
+                           const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
+                           const at::Tensor& positions, const std::vector<int64_t>& section,
+                           bool mrope_interleaved, double eps, double weight_offset,
+                           bool interleaved, bool inverse, Tally& tally,
+                           std::vector<std::string>& problems) {
+  const int64_t D = x.size(-1);
+  if (x.numel() == 0 || D == 0) {
+    return;
+  }
+  if (!got.sizes().equals(x.sizes()) || got.scalar_type() != x.scalar_type()) {
+    problems.push_back(std::string(name) + ": wrong shape or dtype");
+    return;
+  }
+  const int64_t rows = x.numel() / D;
+  const bool dbl = x.scalar_type() == at::kDouble;
+  const at::Tensor xd = x.to(at::kDouble).contiguous();
+  const at::Tensor gd = got.to(at::kDouble).contiguous();
+  // The weight as the kernels take it: converted to the math type first.
+  const at::Tensor wd = weight.to(dbl ? at::kDouble : at::kFloat).to(at::kDouble).contiguous();
+  const int64_t A = static_cast<int64_t>(section.size());
+  std::vector<int64_t> row_shape(x.sizes().begin(), x.sizes().end() - 1);
+  std::vector<int64_t> pos_shape = row_shape;
+  if (A > 0) {
+    pos_shape.push_back(A);
+  }
+  const at::Tensor pd = positions.to(at::kLong).expand(pos_shape).contiguous();
+  const at::Tensor cd = cos.to(at::kDouble).contiguous();
+  const at::Tensor sd = sin.to(at::kDouble).contiguous();
+  const int64_t half = cos.size(1);
+  const double* xp = xd.const_data_ptr<double>();
+  const double* gp = gd.const_data_ptr<double>();
+  const double* wp = wd.const_data_ptr<double>();
+  const int64_t* pp = pd.const_data_ptr<int64_t>();
+  const double* cp = cd.const_data_ptr<double>();
+  const double* sp = sd.const_data_ptr<double>();
+  const long double us = unit_roundoff(x.scalar_type());
+  const long double ua = dbl ? std::ldexp(1.0L, -53) : std::ldexp(1.0L, -24);
+  const long double small = tiny(x.scalar_type());
+  int64_t reported = 0;
+  const auto check = [&](int64_t row, int64_t d, long double want, long double mag) {
+    const long double have = gp[row * D + d];
+    const long double err = std::fabs(have - want);
+    const long double bound = us * std::fabs(want) + (D + 8) * ua * mag + small;
+    ++tally.bounded;
+    if (!(err <= bound)) {
+      if (reported++ < 3) {
+        std::ostringstream m;
+        m << name << ": row " << row << " feature " << d << ": got " << static_cast<double>(have)
+          << ", reference " << static_cast<double>(want) << " (error " << static_cast<double>(err)
+          << " > bound " << static_cast<double>(bound) << ")";
+        problems.push_back(m.str());
+      }
+      return;
+    }
+    tally.worst = std::max(tally.worst, static_cast<double>(err / bound));
+  };
+  std::vector<long double> y(static_cast<size_t>(D));
+  for (int64_t row = 0; row < rows; ++row) {
+    const double* xr = xp + row * D;
+    long double ss = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      ss += static_cast<long double>(xr[d]) * xr[d];
+    }
+    const long double r = 1.0L / std::sqrt(ss / D + static_cast<long double>(eps));
+    for (int64_t d = 0; d < D; ++d) {
+      y[d] = xr[d] * r * (static_cast<long double>(wp[d]) + weight_offset);
+    }
+    for (int64_t k = 0; k < half; ++k) {
+      const int64_t ia = interleaved ? 2 * k : k;
+      const int64_t ib = interleaved ? 2 * k + 1 : k + half;
+      const int64_t p =
+          A > 0 ? pp[row * A + reference_axis(section, mrope_interleaved, k)] : pp[row];
+      const long double c = cp[p * half + k];
+      const long double s = inverse ? -static_cast<long double>(sp[p * half + k])
+                                    : static_cast<long double>(sp[p * half + k]);
+      const long double mag =
+          std::fabs(y[ia] * c) + std::fabs(y[ib] * s) + std::fabs(y[ia] * s) + std::fabs(y[ib] * c);
+      check(row, ia, y[ia] * c - y[ib] * s, mag);
+      check(row, ib, y[ia] * s + y[ib] * c, mag);
+    }
+    for (int64_t d = 2 * half; d < D; ++d) {
+      check(row, d, y[d], std::fabs(y[d]));
+    }
+  }
+}
+
 }  // namespace rope_host

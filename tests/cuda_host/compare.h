@@ -43,4 +43,17 @@ void compare_rotation(const char* name, const at::Tensor& got, const at::Tensor&
                       const std::vector<int64_t>& mrope_section = {},
                       bool mrope_interleaved = false);
 
+// rope.rms_norm_apply_qk: checks `got` (a result of the host run or of the CPU backend for input
+// `x`, weight `weight`) against an independent extended-precision reference written here from
+// the definition: y = x / sqrt(mean(x^2) + eps) * (weight + weight_offset) over the whole row,
+// then plane k of the first 2 * cos.size(1) features turned by the table row of its position
+// (its axis' position with a `section`). `positions` as the op took it. Every element is held
+// to a bound of one rounding to the storage type plus the float (double) math of a row.
+void compare_norm_rotation(const char* name, const at::Tensor& got, const at::Tensor& x,
+                           const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
+                           const at::Tensor& positions, const std::vector<int64_t>& section,
+                           bool mrope_interleaved, double eps, double weight_offset,
+                           bool interleaved, bool inverse, Tally& tally,
+                           std::vector<std::string>& problems);
+
 }  // namespace rope_host

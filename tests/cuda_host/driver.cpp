@@ -33,6 +33,7 @@
 #include "compare.h"
 #include "host_backend.h"
 #include "host_kernel.h"
+#include "norm_cases.h"
 
 // The driver links libtorch, which is not instrumented and keeps some allocations until exit:
 // leak reports would be about torch, not the kernel. Every other ASan / UBSan finding aborts.
@@ -458,6 +459,8 @@ struct Options {
   int64_t max_failures = 3;
   bool coverage_gate = true;
   bool verbose = false;
+  int64_t norm_cases = -1;  // rope.rms_norm_apply_qk cases; -1: cases / 4
+  int64_t norm_only = -1;
 };
 
 Options parse(int argc, char** argv) {
@@ -479,6 +482,10 @@ Options parse(int argc, char** argv) {
       o.only = std::atoll(next());
     } else if (a == "--max-failures") {
       o.max_failures = std::atoll(next());
+    } else if (a == "--norm-cases") {
+      o.norm_cases = std::atoll(next());
+    } else if (a == "--norm-only") {
+      o.norm_only = std::atoll(next());
     } else if (a == "--no-coverage-gate") {
       o.coverage_gate = false;
     } else if (a == "-v" || a == "--verbose") {
@@ -486,7 +493,7 @@ Options parse(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: cuda_host_run [--cases N] [--seed S] [--only I] [--max-failures F] "
-                   "[--no-coverage-gate] [-v]\n");
+                   "[--norm-cases N] [--norm-only I] [--no-coverage-gate] [-v]\n");
       std::exit(2);
     }
   }
@@ -561,6 +568,19 @@ int main(int argc, char** argv) {
     }
   }
 
+  // rope.rms_norm_apply_qk (norm_kernel.cuh): its own random cases (norm_cases.h).
+  NormRun norm;
+  Tally norm_tally;
+  if (opt.only < 0 && totals.failures < opt.max_failures) {
+    const int64_t n = opt.norm_cases >= 0 ? opt.norm_cases : std::max<int64_t>(opt.cases / 4, 1);
+    norm = run_norm_cases(opt.seed, n, opt.norm_only, opt.max_failures - totals.failures,
+                          opt.verbose, norm_tally);
+    totals.failures += norm.failures;
+    for (const auto& [what, hits] : norm.coverage) {
+      totals.coverage.hits[what] += hits;
+    }
+  }
+
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("\n%lld fixed cases (offsets past 2^31, grids of >= 65536 blocks), %lld cases (",
@@ -568,9 +588,12 @@ int main(int argc, char** argv) {
   for (const auto& [op, n] : totals.by_op) {
     std::printf("%s %lld, ", op.c_str(), static_cast<long long>(n));
   }
-  std::printf("%lld with an out-of-range position), %lld launches, %.1f s\n",
-              static_cast<long long>(totals.assert_cases), static_cast<long long>(totals.launches),
-              seconds);
+  std::printf(
+      "%lld with an out-of-range position), %lld rms_norm_apply_qk cases (%lld with an "
+      "out-of-range position), ",
+      static_cast<long long>(totals.assert_cases), static_cast<long long>(norm.cases),
+      static_cast<long long>(norm.assert_cases));
+  std::printf("%lld launches, %.1f s\n", static_cast<long long>(totals.launches), seconds);
   int64_t multi_axis = 0;
   for (const auto& [axes, n] : totals.by_axes) {
     multi_axis += n;
@@ -586,6 +609,10 @@ int main(int argc, char** argv) {
       "%.3f of the bound\n",
       static_cast<long long>(totals.tally.exact), static_cast<long long>(totals.tally.bounded),
       totals.tally.worst);
+  std::printf(
+      "rms_norm_apply_qk elements (host run and CPU backend): %lld within the bound of the "
+      "extended-precision reference; worst error %.3f of the bound\n",
+      static_cast<long long>(norm_tally.bounded), norm_tally.worst);
   const int64_t want_queries =
       static_cast<int64_t>(totals.cached_queries.size()) + totals.uncached_queries;
   std::printf(

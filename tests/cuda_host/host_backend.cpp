@@ -8,6 +8,7 @@
 
 #include "access_tracker.h"
 #include "cuda/cuda_glue.h"
+#include "cuda/norm_glue.h"
 
 namespace rope_host {
 namespace {
@@ -100,6 +101,36 @@ struct HostRuntime {
     ctx.tables.push_back(tables);
     return status;
   }
+  // rope.rms_norm_apply_qk's launch (norm_glue.h): checked by an AccessTracker that also admits
+  // the weights, and for its device and stream as launch() is.
+  static int launch_norm(c10::ScalarType dtype, const rope::NormRotationArgs& q,
+                         const rope::NormRotationArgs& k, const rope::TableArgs& tables,
+                         rope::RotationMode mode, rope::NormParams params, Stream stream) {
+    CaseContext& ctx = *g_ctx;
+    const int storage_bytes = static_cast<int>(c10::elementSize(dtype));
+    AccessTracker tracker(q.rot, &k.rot, tables, storage_bytes, tables.tables_are_double ? 8 : 4);
+    const int64_t acc_bytes = dtype == c10::ScalarType::Double ? 8 : 4;
+    tracker.allow_ldg(q.weight, q.rot.head_dim * acc_bytes);
+    tracker.allow_ldg(k.weight, k.rot.head_dim * acc_bytes);
+    NormLaunchRecord record;
+    const int status =
+        rope_host::norm_rotate(storage_of(dtype), q, k, tables, mode, params,
+                               Device{g_current_device, 1}, &tracker, &record, stream);
+    for (std::string& p : tracker.finish(ctx.positions_in_range)) {
+      ctx.problems.push_back("norm launch: " + p);
+    }
+    if (record.launched) {
+      const void* want = current_stream_of(ctx.device.ordinal);
+      if (record.device != ctx.device.ordinal || record.stream != want) {
+        std::ostringstream m;
+        m << "norm launch on device " << record.device << ", stream " << record.stream
+          << "; expected q's device " << ctx.device.ordinal << " and its current stream " << want;
+        ctx.problems.push_back(m.str());
+      }
+    }
+    ctx.norm_launches.push_back(record);
+    return status;
+  }
   static void check(int status) {
     TORCH_CHECK(status == 0, "host launch of the CUDA kernel failed with cudaError_t ", status);
   }
@@ -172,6 +203,17 @@ std::tuple<at::Tensor, at::Tensor> host_apply_qk(CaseContext& ctx, const at::Ten
   Enter enter(ctx);
   return rope::cuda::glue::apply_qk<HostRuntime>(q, k, cos, sin, positions, interleaved, inverse,
                                                  mrope_section, mrope_interleaved);
+}
+
+std::tuple<at::Tensor, at::Tensor> host_rms_norm_apply_qk(
+    CaseContext& ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
+    const at::Tensor& k_weight, const at::Tensor& cos, const at::Tensor& sin,
+    const at::Tensor& positions, double eps, double weight_offset, bool interleaved, bool inverse,
+    at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+  Enter enter(ctx);
+  return rope::cuda::glue::rms_norm_apply_qk<HostRuntime>(
+      q, k, q_weight, k_weight, cos, sin, positions, eps, weight_offset, interleaved, inverse,
+      mrope_section, mrope_interleaved);
 }
 
 }  // namespace rope_host

@@ -35,6 +35,7 @@ struct CaseContext {
   std::vector<std::string> problems;
   std::vector<LaunchRecord> launches;
   std::vector<rope::TableArgs> tables;
+  std::vector<NormLaunchRecord> norm_launches;  // launches of norm_kernel.cuh
 
   // Puts t's storage (and so every view of it) on `device`.
   void place(const at::Tensor& t);
@@ -62,5 +63,12 @@ std::tuple<at::Tensor, at::Tensor> host_apply_qk(
     CaseContext& ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
     const at::Tensor& sin, const at::Tensor& positions, bool interleaved, bool inverse,
     at::OptionalIntArrayRef mrope_section = std::nullopt, bool mrope_interleaved = false);
+
+// rope.rms_norm_apply_qk through csrc/cuda/norm_glue.h with the simulated runtime.
+std::tuple<at::Tensor, at::Tensor> host_rms_norm_apply_qk(
+    CaseContext& ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
+    const at::Tensor& k_weight, const at::Tensor& cos, const at::Tensor& sin,
+    const at::Tensor& positions, double eps, double weight_offset, bool interleaved, bool inverse,
+    at::OptionalIntArrayRef mrope_section, bool mrope_interleaved);
 
 }  // namespace rope_host

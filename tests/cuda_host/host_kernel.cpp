@@ -13,6 +13,7 @@ namespace {
 
 Observer* g_observer = nullptr;
 LaunchRecord* g_record = nullptr;
+NormLaunchRecord* g_norm_record = nullptr;  // set while a norm_kernel.cuh launch runs
 Device g_device;
 
 void on_device_assert(const char* cond, const char* /*file*/, int /*line*/) {
@@ -65,6 +66,7 @@ inline void trace_store(const void* p, size_t bytes) {
 
 }  // namespace rope_host
 
+#include "cuda/norm_kernel.cuh"
 #include "cuda/rope_kernel.cuh"
 
 namespace rope_host {
@@ -130,6 +132,14 @@ void install_hooks() {
   rope_shim::Hooks& h = rope_shim::hooks();
   h.on_launch = [](void*, const void* kernel, dim3 grid, dim3 block, void** args,
                    cudaStream_t stream) {
+    if (g_norm_record != nullptr) {
+      g_norm_record->launched = true;
+      g_norm_record->blocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+      g_norm_record->block_threads = static_cast<int64_t>(block.x) * block.y * block.z;
+      g_norm_record->stream = stream;
+      g_norm_record->device = rope_shim::state().device;
+      return;
+    }
     if (g_record == nullptr) {
       return;
     }
@@ -203,6 +213,50 @@ int rotate(Storage storage, const rope::RotationArgs& first, const rope::Rotatio
   g_record = nullptr;
   rope_shim::hooks().only_blocks = nullptr;
   rope_shim::hooks().num_only_blocks = 0;
+  return status;
+}
+
+namespace {
+template <typename scalar_t>
+int norm_typed(const rope::NormRotationArgs& q, const rope::NormRotationArgs& k,
+               const rope::TableArgs& tables, rope::RotationMode mode, rope::NormParams params,
+               const void* stream) {
+  return static_cast<int>(rope::cuda::norm_rotate<scalar_t>(
+      q, k, tables, mode, params, reinterpret_cast<cudaStream_t>(const_cast<void*>(stream))));
+}
+}  // namespace
+
+int norm_rotate(Storage storage, const rope::NormRotationArgs& q, const rope::NormRotationArgs& k,
+                const rope::TableArgs& tables, rope::RotationMode mode, rope::NormParams params,
+                const Device& device, Observer* observer, NormLaunchRecord* record,
+                const void* stream) {
+  install_hooks();
+  rope_shim::hooks().only_blocks = nullptr;
+  rope_shim::hooks().num_only_blocks = 0;
+  NormLaunchRecord scratch;
+  g_norm_record = record != nullptr ? record : &scratch;
+  *g_norm_record = NormLaunchRecord{};
+  g_observer = observer;
+  g_record = nullptr;
+  g_device = device;
+  rope_shim::state().device = device.ordinal;
+  int status = 0;
+  switch (storage) {
+    case Storage::kDouble:
+      status = norm_typed<double>(q, k, tables, mode, params, stream);
+      break;
+    case Storage::kFloat:
+      status = norm_typed<float>(q, k, tables, mode, params, stream);
+      break;
+    case Storage::kHalf:
+      status = norm_typed<__half>(q, k, tables, mode, params, stream);
+      break;
+    case Storage::kBFloat16:
+      status = norm_typed<__nv_bfloat16>(q, k, tables, mode, params, stream);
+      break;
+  }
+  g_observer = nullptr;
+  g_norm_record = nullptr;
   return status;
 }
 

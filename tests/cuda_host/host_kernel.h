@@ -8,6 +8,7 @@
 
 #include "cuda/launch_plan.h"
 #include "kernel_args.h"
+#include "norm_args.h"
 
 namespace rope_host {
 
@@ -60,6 +61,22 @@ struct LaunchOptions {
 int rotate(Storage storage, const rope::RotationArgs& first, const rope::RotationArgs* second,
            const rope::TableArgs& tables, rope::RotationMode mode, const Device& device,
            Observer* observer, LaunchRecord* record, const LaunchOptions& options = {});
+
+// A launch of norm_kernel.cuh's kernel (rope.rms_norm_apply_qk), as the shim saw it.
+struct NormLaunchRecord {
+  bool launched = false;
+  int64_t blocks = 0;
+  int64_t block_threads = 0;
+  const void* stream = nullptr;
+  int device = -1;
+};
+
+// rope::cuda::norm_rotate<scalar_t> of norm_kernel.cuh for `storage`, the grid run serially on
+// this thread. Returns the cudaError_t value (0: success).
+int norm_rotate(Storage storage, const rope::NormRotationArgs& q, const rope::NormRotationArgs& k,
+                const rope::TableArgs& tables, rope::RotationMode mode, rope::NormParams params,
+                const Device& device, Observer* observer, NormLaunchRecord* record,
+                const void* stream);
 
 // How often the kernel header asked the (simulated) runtime for occupancy: once per device and
 // kernel variant, thanks to its cache.

@@ -34,6 +34,9 @@ SOURCES = {
     # rope.apply_qk_cache: its kernel and the shared arguments / fp8 quantization.
     "cuda/kv_cache_kernel.cuh": REPO / "csrc" / "cuda" / "kv_cache_kernel.cuh",
     "kv_cache_args.h": REPO / "csrc" / "kv_cache_args.h",
+    # rope.rms_norm_apply_qk's kernel (and the args header it includes by a relative path)
+    "cuda/norm_kernel.cuh": REPO / "csrc" / "cuda" / "norm_kernel.cuh",
+    "norm_args.h": REPO / "csrc" / "norm_args.h",
 }
 # Mutants of these files are run against the apply_qk_cache host run (kv_cache_host.cpp).
 KV_FILES = {"cuda/kv_cache_kernel.cuh", "kv_cache_args.h"}
@@ -496,6 +499,99 @@ MUTANTS = [
         "  return slot < c.num_slots;",
         "  return true;",
         "a slot past the cache still writes (after the assert)",
+    ),
+]
+
+
+# Bugs in the fused QK-RMSNorm + RoPE kernel (csrc/cuda/norm_kernel.cuh), caught by the host
+# run's rms_norm_apply_qk cases (tests/cuda_host/norm_cases.cpp: the extended-precision
+# reference of compare.cpp, eps up to 3, weight_offset 1 and -0.5, partial rotary).
+NORM = "cuda/norm_kernel.cuh"
+MUTANTS += [
+    Mutant(
+        "norm-eps-outside-sqrt",
+        NORM,
+        "acc_t(1) / acc_sqrt(ss / static_cast<acc_t>(head_dim) + static_cast<acc_t>(eps));",
+        "acc_t(1) / (acc_sqrt(ss / static_cast<acc_t>(head_dim)) + static_cast<acc_t>(eps));",
+        "eps added after the square root: 1 / (sqrt(mean) + eps)",
+    ),
+    Mutant(
+        "norm-mean-over-rotary-dim",
+        NORM,
+        "acc_sqrt(ss / static_cast<acc_t>(head_dim) +",
+        "acc_sqrt(ss / static_cast<acc_t>(a.rotary_dim > 0 ? a.rotary_dim : head_dim) +",
+        "the mean divides by rotary_dim instead of head_dim (partial rotary)",
+    ),
+    Mutant(
+        "norm-sum-over-rotary-dim",
+        NORM,
+        "  for (int64_t d = 0; d < head_dim; ++d) {",
+        "  for (int64_t d = 0; d < a.rotary_dim; ++d) {",
+        "the squares of the tail features are left out of the sum",
+    ),
+    Mutant(
+        "norm-weight-offset-ignored",
+        NORM,
+        "  const acc_t offset = static_cast<acc_t>(weight_offset);",
+        "  const acc_t offset = 0;",
+        "Gemma's (1 + w) becomes w",
+    ),
+    Mutant(
+        "norm-weight-wrong-index",
+        NORM,
+        "const acc_t xb = to_acc(load_scalar(x + ib)) * r * (__ldg(w + ib) + offset);",
+        "const acc_t xb = to_acc(load_scalar(x + ib)) * r * (__ldg(w + ia) + offset);",
+        "b of a plane takes a's weight",
+    ),
+    Mutant(
+        "norm-weight-after-rotation",
+        NORM,
+        "    rotate_plane(xa, xb, c, s, ra, rb);\n",
+        "    rotate_plane(xa / (__ldg(w + ia) + offset), xb / (__ldg(w + ib) + offset), c, s, ra,"
+        " rb);\n    ra *= __ldg(w + ia) + offset;\n    rb *= __ldg(w + ib) + offset;\n",
+        "the weight applied after the rotation, by output index (not the same unless w is flat)",
+    ),
+    Mutant(
+        "norm-tail-not-normalised",
+        NORM,
+        "    const acc_t v = to_acc(load_scalar(x + d)) * r * (__ldg(w + d) + offset);",
+        "    const acc_t v = to_acc(load_scalar(x + d));",
+        "the features past rotary_dim are copied, not normalised",
+    ),
+    Mutant(
+        "norm-axis-ignored",
+        NORM,
+        "    const int32_t axis = tb.axes.num_axes > 0 ? axis_of_plane(tb.axes, k) : 0;",
+        "    const int32_t axis = 0;",
+        "multi-axis positions: every plane reads axis 0",
+    ),
+    Mutant(
+        "norm-inverse-ignored",
+        NORM,
+        "inverse ? -static_cast<acc_t>(__ldg(sin + t)) :",
+        "false ? -static_cast<acc_t>(__ldg(sin + t)) :",
+        "inverse rotates forward",
+    ),
+    Mutant(
+        "norm-k-row-index",
+        NORM,
+        "                                              row - params.first_rows);",
+        "                                              row - params.first_rows + 1);",
+        "k's rows shifted by one",
+    ),
+    Mutant(
+        "norm-missing-last-block",
+        NORM,
+        "(params.total_rows + kNormBlockThreads - 1) / kNormBlockThreads;",
+        "params.total_rows / kNormBlockThreads + (params.total_rows < kNormBlockThreads);",
+        "the grid rounds down: the rows of a partial last block are never written",
+    ),
+    Mutant(
+        "norm-position-unchecked",
+        NORM,
+        "  if (!in_range) {\n    return;\n  }",
+        "  (void)in_range;",
+        "a row at an out-of-range position reads past the tables",
     ),
 ]
 

@@ -88,6 +88,19 @@ at::Tensor apply_qk_cache(const at::Tensor& q, const at::Tensor& k,
                           bool interleaved = true,
                           const std::optional<at::Tensor>& k_scale = std::nullopt,
                           const std::optional<at::Tensor>& v_scale = std::nullopt);
+// Fused QK-RMSNorm + RoPE: each row of q (k) is normalised over its whole head_dim,
+// y = x / sqrt(mean(x^2) + eps) * (weight + weight_offset), then rotated exactly as apply_qk
+// rotates (features [rotary_dim, head_dim) are only normalised), and rounded once to q's (k's)
+// dtype; math in float32 (float64 for float64 inputs). q_weight and k_weight are (head_dim,), any
+// floating dtype, on q's device. eps must be finite and > 0; weight_offset = 1 is Gemma's (1 + w).
+// Gradients flow to q, k and both weights (double backward included, through the composite
+// backward); forward-mode AD is refused.
+std::tuple<at::Tensor, at::Tensor> rms_norm_apply_qk(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
+    const at::Tensor& k_weight, const at::Tensor& cos, const at::Tensor& sin,
+    const at::Tensor& positions, double eps = 1e-6, double weight_offset = 0.0,
+    bool interleaved = true, bool inverse = false,
+    at::OptionalIntArrayRef mrope_section = std::nullopt, bool mrope_interleaved = false);
 
 // True when this build of the library contains the CUDA kernels.
 bool compiled_with_cuda();

@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "rms_norm_validation.h"
+
+#include <c10/core/SymBool.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+
+namespace rope::detail {
+namespace {
+
+// `weight` normalises the rows of `x` (named `x_name`): a 1-D (head_dim,) floating tensor on x's
+// device. Any floating dtype of the ops; it need not match x's.
+void check_weight(const char* op, const char* name, const at::Tensor& weight, const char* x_name,
+                  const at::Tensor& x) {
+  TORCH_CHECK(weight.defined(), op, ": ", name, " must be a tensor, got None");
+  TORCH_CHECK(weight.device() == x.device(), op, ": ", name, " and ", x_name,
+              " must be on the same device, got ", name, " on ", weight.device(), " and ", x_name,
+              " on ", x.device());
+  const auto t = weight.scalar_type();
+  TORCH_CHECK(t == at::kDouble || t == at::kFloat || t == at::kHalf || t == at::kBFloat16, op, ": ",
+              name, " must be a floating tensor of dtype float64, float32, float16 or ",
+              "bfloat16, got ", t);
+  TORCH_CHECK(weight.dim() == 1, op, ": ", name, " must be 1-D of shape (head_dim,) = (",
+              x.sym_size(-1), ",), got shape ", weight.sym_sizes());
+  TORCH_SYM_CHECK(weight.sym_size(0).sym_eq(x.sym_size(-1)), op, ": ", name,
+                  " must have shape (head_dim,) = (", x.sym_size(-1), ",) of ", x_name,
+                  ", got shape ", weight.sym_sizes());
+}
+
+}  // namespace
+
+void check_rms_norm_apply_qk(const char* op, const at::Tensor& q, const at::Tensor& k,
+                             const at::Tensor& q_weight, const at::Tensor& k_weight,
+                             const at::Tensor& cos, const at::Tensor& sin,
+                             const at::Tensor& positions, double eps, double weight_offset,
+                             const MultiAxisArgs& axes) {
+  check_apply_qk(op, q, k, cos, sin, positions, axes);
+  check_weight(op, "q_weight", q_weight, "q", q);
+  check_weight(op, "k_weight", k_weight, "k", k);
+  TORCH_CHECK(std::isfinite(eps) && eps > 0, op, ": eps must be a finite number > 0, got ", eps);
+  TORCH_CHECK(std::isfinite(weight_offset), op, ": weight_offset must be finite, got ",
+              weight_offset);
+}
+
+}  // namespace rope::detail

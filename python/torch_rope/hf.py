@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from . import _hf_qk_norm
 from ._scaling import rope_frequencies, rope_tables_from_inv_freq
 from .nn import RotaryPositionalEmbedding, apply_keeping_table_dtypes, long_rope_positions
 from .ops import apply, apply_qk
@@ -469,9 +470,11 @@ def _rotate_qk(
     interleaved,
     mrope_section=None,
     mrope_interleaved=False,
+    normed=None,
 ):
     """apply_qk at ``positions`` (B, S), or (B, S, A) with ``mrope_section`` (A position axes),
-    for q/k laid out as transformers' attention has them.
+    for q/k laid out as transformers' attention has them; with ``normed`` (a
+    :class:`_hf_qk_norm.NormedTables`), rms_norm_apply_qk: the layer's q/k norms fused in.
 
     HF's q and k are (B, H, S, D) views of (B, S, H, D) projections. Rotating the (B, S, H, D)
     views (positions (B, S, 1[, A])) walks memory in order, which the CPU kernel does 2-5x faster
@@ -481,17 +484,18 @@ def _rotate_qk(
     if mrope_section is not None:
         flags.update(mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)
     batch_dims = positions.dim() - (mrope_section is not None)
-    if unsqueeze_dim == 1 and batch_dims == 2 and _seq_major(q) and _seq_major(k):
-        q_out, k_out = apply_qk(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            cos_table,
-            sin_table,
-            positions.unsqueeze(2),
-            **flags,
-        )
+    seq_major = unsqueeze_dim == 1 and batch_dims == 2 and _seq_major(q) and _seq_major(k)
+    if seq_major:
+        q, k, positions = q.transpose(1, 2), k.transpose(1, 2), positions.unsqueeze(2)
+    else:
+        positions = positions.unsqueeze(unsqueeze_dim)
+    if normed is None:
+        q_out, k_out = apply_qk(q, k, cos_table, sin_table, positions, **flags)
+    else:
+        q_out, k_out = _hf_qk_norm.norm_rotate(q, k, positions, normed, flags)
+    if seq_major:
         return q_out.transpose(1, 2), k_out.transpose(1, 2)
-    return apply_qk(q, k, cos_table, sin_table, positions.unsqueeze(unsqueeze_dim), **flags)
+    return q_out, k_out
 
 
 def _apply_with_tables(q, k, cos, sin=None, unsqueeze_dim=1):
@@ -501,7 +505,9 @@ def _apply_with_tables(q, k, cos, sin=None, unsqueeze_dim=1):
     there the positions arrive as ``k`` and the tables as ``cos``."""
     if sin is None and isinstance(cos, nn.Module):
         return _rotate_one(q, k, cos, unsqueeze_dim)
-    positions, tables = cos, sin
+    positions, tables, normed = cos, sin, None
+    if isinstance(tables, _hf_qk_norm.NormedTables):  # a layer with fused q/k norms
+        tables, normed = tables.tables, tables
     return _rotate_qk(
         q,
         k,
@@ -512,6 +518,7 @@ def _apply_with_tables(q, k, cos, sin=None, unsqueeze_dim=1):
         tables.interleaved,
         getattr(tables, "mrope_section", None),
         getattr(tables, "mrope_interleaved", False),
+        normed,
     )
 
 
@@ -603,6 +610,7 @@ def _rebuilt_forward(attention_class: type, refresh: bool = False) -> types.Func
 
 
 def _patched_attention_forward(attention: nn.Module, *args, **kwargs):
+    args, kwargs = _hf_qk_norm.rewrap(attention, args, kwargs)
     return _rebuilt_forward(type(attention))(attention, *args, **kwargs)
 
 
@@ -733,15 +741,17 @@ def _self_check(rotary, key, attention) -> None:
     with torch.no_grad():
         try:
             try:
-                want = type(attention).forward(
-                    attention, hidden_states=hidden, position_embeddings=(cos, sin), **other
-                )[0]
+                with _hf_qk_norm.norms_restored(attention):
+                    want = type(attention).forward(
+                        attention, hidden_states=hidden, position_embeddings=(cos, sin), **other
+                    )[0]
             except TypeError:
                 # A layer that adds its mask unconditionally (Falcon): a mask that masks nothing.
                 other["attention_mask"] = hidden.new_zeros(1, 1, length, length)
-                want = type(attention).forward(
-                    attention, hidden_states=hidden, position_embeddings=(cos, sin), **other
-                )[0]
+                with _hf_qk_norm.norms_restored(attention):
+                    want = type(attention).forward(
+                        attention, hidden_states=hidden, position_embeddings=(cos, sin), **other
+                    )[0]
             got = _patched_attention_forward(
                 attention,
                 hidden_states=hidden,
@@ -897,6 +907,9 @@ def patch(
     * ``dynamic`` recomputes the frequencies when a sequence outgrows the cached length, as
       transformers does (with the same host sync); ``longrope`` switches between its short and
       long factors on the device, without a sync.
+    * Attention layers that RMS-normalise each head of q and k right before RoPE (Qwen3, Gemma 3,
+      ...) call one ``rope::rms_norm_apply_qk`` instead of their q/k norms and ``apply_qk``, when
+      their norms pass a probe and the fused layer passes the self-check (docs/huggingface.md).
     * Vision-language models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V and their MoE variants): the
       text tower's (3, B, S) temporal/height/width position ids reach ``apply_qk`` as (B, 1, S, 3)
       multi-axis positions with the model's ``mrope_section`` (and Qwen3-VL's interleaved rule);
@@ -986,8 +999,9 @@ def patch(
         # A vision-language text tower's layout is known; a text model's is found by the check.
         _check_layout(rotary, keys, attentions, (axes[0],) if axes else (False, True))
         for attention in attentions:
-            attention.forward = _bind(_patched_attention_forward, attention)
             record.attention.append(attention)
+            _fuse_qk_norms(rotary, keys, attention)
+            attention.forward = _bind(_patched_attention_forward, attention)
         rotary.forward = _bind(_patched_rotary_forward, rotary)
         if model_type in _VLM_TYPES:
             _patch_vision(model, model_type, record, max_vision_positions)
@@ -998,8 +1012,26 @@ def patch(
     return model
 
 
+def _fuse_qk_norms(rotary: nn.Module, keys: List[str], attention: nn.Module) -> None:
+    """Fuse the layer's per-head q/k RMSNorms into its RoPE call (rope::rms_norm_apply_qk) when
+    they are norms the op computes and the fused layer passes the self-check; otherwise the layer
+    stays on the unfused path it has already passed the self-check with."""
+    head_dim = getattr(attention, "head_dim", None)
+    parameters = _hf_qk_norm.norm_parameters(attention, head_dim) if head_dim else None
+    if parameters is None:
+        return
+    _hf_qk_norm.defer(attention, parameters)
+    try:
+        for key in keys:
+            _self_check(rotary, key, attention)
+    except NotImplementedError:
+        _hf_qk_norm.undo(attention)
+
+
 def _undo(record: _Patch) -> None:
     """Everything patch() did to the modules in ``record``, undone (also after a failed patch)."""
+    for attention in record.attention:
+        _hf_qk_norm.undo(attention)
     for module in record.attention + record.rotary:
         module.__dict__.pop("forward", None)
     for rotary in record.rotary:

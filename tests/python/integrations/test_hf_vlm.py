@@ -19,7 +19,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 import hf_models  # noqa: E402
-from test_hf import OpCounter, rel_err  # noqa: E402
+from test_hf import OpCounter, rel_err, rope_calls  # noqa: E402
 
 import torch_rope  # noqa: E402
 import torch_rope.hf  # noqa: E402
@@ -28,7 +28,6 @@ FAST = ["qwen3_vl"]
 ALL = [pytest.param(n) for n in FAST] + [
     pytest.param(n, marks=pytest.mark.slow) for n in hf_models.VLM if n not in FAST
 ]
-OP = "rope.apply_qk"
 
 
 def logits(model, inputs):
@@ -58,7 +57,7 @@ def towers(model):
 
 
 class PerLayer:
-    """rope::apply_qk calls made inside each of ``layers``, per forward, counted by OpCounter."""
+    """torch_rope rotations (test_hf.rope_calls) made inside each of ``layers``, per forward."""
 
     def __init__(self, counter, layers):
         self.calls = {id(layer): [] for layer in layers}
@@ -69,10 +68,10 @@ class PerLayer:
         self.counter, self._start = counter, {}
 
     def _before(self, layer, args):
-        self._start[id(layer)] = self.counter.counts.get(OP, 0)
+        self._start[id(layer)] = rope_calls(self.counter)
 
     def _after(self, layer, args, output):
-        self.calls[id(layer)].append(self.counter.counts.get(OP, 0) - self._start[id(layer)])
+        self.calls[id(layer)].append(rope_calls(self.counter) - self._start[id(layer)])
 
     def __enter__(self):
         return self
@@ -105,10 +104,11 @@ def test_patched_vlm_matches_unpatched(name):
     text, vision = towers(model)
     with OpCounter() as counter, PerLayer(counter, text + vision) as per_layer:
         got = logits(model, inputs)
-    # One apply_qk in every text decoder layer and in every vision block; HF's rotary modules
+    # One rotation in every text decoder layer (Qwen3-VL: rms_norm_apply_qk, its q/k norms fused)
+    # and one apply_qk in every vision block; HF's rotary modules
     # (text and vision) computed no cos/sin.
     assert all(calls == [1] for calls in per_layer.calls.values()), per_layer.calls
-    assert counter.counts[OP] == len(text) + len(vision)
+    assert rope_calls(counter) == len(text) + len(vision)
     assert counter.counts.get("aten.cos", 0) == 0 and counter.counts.get("aten.sin", 0) == 0
     assert rel_err(got, want) <= 1e-5, rel_err(got, want)
     got_vision = vision_states(model, inputs)
@@ -125,7 +125,7 @@ def test_patched_vlm_matches_unpatched(name):
 
     with OpCounter() as counter:
         logits(reference, inputs)
-    assert counter.counts.get(OP, 0) == 0
+    assert rope_calls(counter) == 0
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -179,7 +179,7 @@ def test_unpatch_restores_a_vlm_exactly():
     )
     with OpCounter() as counter:
         got = logits(model, inputs)
-    assert counter.counts.get(OP, 0) == 0
+    assert rope_calls(counter) == 0
     assert torch.equal(got, want)
 
 

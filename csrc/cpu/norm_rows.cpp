@@ -168,27 +168,34 @@ inline float sum_squares(const float* x, int64_t n) {
   return ss;
 }
 
-// One float-math row (float, half, bfloat16 storage; float tables). kHalf / kHead: the planes
-// and features when compile-time constants (the common full rotations: head_dim 64, 128, 256),
-// else 0, so those rows' loops unroll. r = 1 / sqrt(mean + eps) is folded into cos and sin
-// (one multiply per table vector instead of one per feature vector): y_a = (x_a w_a) (c r) -
-// (x_b w_b) (s r).
+// Pass 1 of a float-math row: sum(x^2) over head_dim, and the row the rotation reads: x itself
+// for float storage (now in L1), else `buf`, x converted to float.
+template <int64_t kHead, typename scalar_t>
+inline float norm_pass1(const scalar_t* x, float* buf, int64_t head_dim_rt, const float*& src) {
+  const int64_t head_dim = kHead != 0 ? kHead : head_dim_rt;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    src = x;
+    return sum_squares(x, head_dim);
+  } else {
+    src = buf;
+    return load_row(x, buf, head_dim);
+  }
+}
+
+inline float inverse_rms(float ss, int64_t head_dim, float eps) {
+  return 1.0f / std::sqrt(ss / static_cast<float>(head_dim) + eps);
+}
+
+// Pass 2 of a float-math row (float, half, bfloat16 storage; float tables): src scaled by
+// r = 1 / sqrt(mean + eps) and the weights, rotated, rounded once into y. kHalf / kHead: the
+// planes and features when compile-time constants (the common full rotations: head_dim 64, 128,
+// 256), else 0, so those rows' loops unroll. r is folded into cos and sin (one multiply per table
+// vector instead of one per feature vector): y_a = (x_a w_a) (c r) - (x_b w_b) (s r).
 template <bool kInterleaved, bool kInverse, int64_t kHalf, int64_t kHead, typename scalar_t>
-inline void norm_row_float(const scalar_t* x, scalar_t* y, float* buf, const float* w,
-                           const float* cos, const float* sin, float eps, int64_t head_dim_rt,
-                           int64_t half_rt) {
+inline void norm_pass2(const float* src, scalar_t* y, float r, const float* w, const float* cos,
+                       const float* sin, int64_t head_dim_rt, int64_t half_rt) {
   const int64_t head_dim = kHead != 0 ? kHead : head_dim_rt;
   const int64_t half = kHalf != 0 ? kHalf : half_rt;
-  const float* src;
-  float ss;
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    ss = sum_squares(x, head_dim);
-    src = x;
-  } else {
-    ss = load_row(x, buf, head_dim);
-    src = buf;
-  }
-  const float r = 1.0f / std::sqrt(ss / static_cast<float>(head_dim) + eps);
   const Vec vr(r);
   const Vec vsr(kInverse ? -r : r);
   int64_t k = 0;
@@ -259,6 +266,47 @@ inline void norm_row_float(const scalar_t* x, scalar_t* y, float* buf, const flo
   }
 }
 
+// One float-math row: both passes.
+template <bool kInterleaved, bool kInverse, int64_t kHalf, int64_t kHead, typename scalar_t>
+inline void norm_row_float(const scalar_t* x, scalar_t* y, float* buf, const float* w,
+                           const float* cos, const float* sin, float eps, int64_t head_dim_rt,
+                           int64_t half_rt) {
+  const float* src;
+  const float ss = norm_pass1<kHead>(x, buf, head_dim_rt, src);
+  norm_pass2<kInterleaved, kInverse, kHalf, kHead>(
+      src, y, inverse_rms(ss, kHead != 0 ? kHead : head_dim_rt, eps), w, cos, sin, head_dim_rt,
+      half_rt);
+}
+
+// Rows normalised as one block: pass 1 of every row, then all their 1 / sqrt(mean + eps) in one
+// vector square root and division, then pass 2 of every row. Row by row, each row's reduction,
+// square root and division form a serial chain as long as a pass (measured: most of a 128-feature
+// row's time on this chain); a block's chains run side by side. A vector sqrt and division round
+// as the scalar ones do (IEEE), so the result is bit for bit that of norm_row_float.
+constexpr int64_t kBlockRows = 8;
+static_assert(kBlockRows <= kW, "one vector holds the block's sums");
+
+template <bool kInterleaved, bool kInverse, int64_t kHalf, int64_t kHead, typename scalar_t>
+inline void norm_block_float(const scalar_t* x, int64_t in_step, scalar_t* y, int64_t out_step,
+                             float* buf, const float* w, const float* cos, const float* sin,
+                             const int64_t* offsets, float eps, int64_t head_dim_rt,
+                             int64_t half_rt) {
+  const int64_t head_dim = kHead != 0 ? kHead : head_dim_rt;
+  alignas(64) float ss[kW] = {};
+  const float* src[kBlockRows];
+  for (int64_t j = 0; j < kBlockRows; ++j) {
+    ss[j] = norm_pass1<kHead>(x + j * in_step, buf + j * head_dim, head_dim_rt, src[j]);
+  }
+  const Vec mean = Vec::loadu(ss) / Vec(static_cast<float>(head_dim));
+  alignas(64) float r[kW];
+  (Vec(1.0f) / (mean + Vec(eps)).sqrt()).store(r);
+  for (int64_t j = 0; j < kBlockRows; ++j) {
+    norm_pass2<kInterleaved, kInverse, kHalf, kHead>(src[j], y + j * out_step, r[j], w,
+                                                     cos + offsets[j], sin + offsets[j],
+                                                     head_dim_rt, half_rt);
+  }
+}
+
 // A whole row in scalar code: double storage (double math), or double tables (math in the
 // storage's math type, as rotate_rows.cpp's scalar loop).
 template <bool kInterleaved, bool kInverse, typename scalar_t, typename table_t>
@@ -307,7 +355,7 @@ void norm_rows_runs(const NormRotationArgs& nargs, Angles& angles, double eps, i
   const int64_t pos_step = inner >= 0 ? g.pos_strides[inner] : 0;
   const int64_t head_dim = args.head_dim;
   const int64_t half = args.rotary_dim / 2;
-  c10::SmallVector<acc_t, 512> scratch(static_cast<size_t>(head_dim));
+  c10::SmallVector<acc_t, 512> scratch(static_cast<size_t>(kBlockRows * head_dim));  // a block
   acc_t* buf = scratch.data();
   constexpr bool kFloatMath = std::is_same_v<acc_t, float>;
   const bool vector_path = kFloatMath && !tables.tables_are_double;
@@ -317,7 +365,25 @@ void norm_rows_runs(const NormRotationArgs& nargs, Angles& angles, double eps, i
     const scalar_t* x = in + cur.in();
     scalar_t* y = out + cur.out();
     const pos_t* p = positions + cur.pos();
-    for (int64_t i = 0; i < run; ++i, x += in_step, y += out_step, p += pos_step) {
+    int64_t i = 0;
+    // The constant-size rows (one-axis positions only: OneAxisAngles::row has no state, so a
+    // block's table offsets can all be taken before any is used) go kBlockRows at a time.
+    if constexpr (kFloatMath && kHalf != 0) {
+      if (vector_path) {
+        for (; i + kBlockRows <= run; i += kBlockRows, x += kBlockRows * in_step,
+                                      y += kBlockRows * out_step, p += kBlockRows * pos_step) {
+          int64_t offsets[kBlockRows];
+          for (int64_t j = 0; j < kBlockRows; ++j) {
+            offsets[j] = angles.row(p + j * pos_step) * tables.table_stride;
+          }
+          norm_block_float<kInterleaved, kInverse, kHalf, kHead>(
+              x, in_step, y, out_step, buf, w, static_cast<const float*>(tables.cos),
+              static_cast<const float*>(tables.sin), offsets, static_cast<float>(eps), head_dim,
+              half);
+        }
+      }
+    }
+    for (; i < run; ++i, x += in_step, y += out_step, p += pos_step) {
       const int64_t offset = angles.row(p) * tables.table_stride;
       if constexpr (kFloatMath) {
         if (vector_path) {

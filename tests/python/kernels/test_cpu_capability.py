@@ -58,6 +58,33 @@ for dtype in FLOAT_DTYPES:
             out = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved)
             assert_matches_reference(out, x, positions, rotary_dim, interleaved=interleaved)
             checks += 1
+# rope.rms_norm_apply_qk's copy of this capability (norm_rows.cpp): each row normalised over
+# head_dim in float64 here, then rotated by the oracle. 33 rows: blocks of 8 rows and a tail.
+from helpers import TOLERANCES, expected
+for dtype in FLOAT_DTYPES:
+    for interleaved in LAYOUTS:
+        for head_dim, rotary_dim in [(16, 16), (64, 64), (128, 128), (256, 256), (80, 48),
+                                     (128, 64)]:
+            cos, sin = make_tables(64, rotary_dim, "cpu", table_dtype_for(dtype))
+            # 11 tokens at different positions, 3 q heads and 1 k head each: a block of 8 rows
+            # spans several positions.
+            q = randn(11, 3, head_dim, dtype=dtype)
+            k = randn(11, 1, head_dim, dtype=dtype)
+            wq = randn(head_dim) * 0.5 + 1.0
+            wk = randn(head_dim, dtype=dtype)
+            positions = torch.randperm(64)[:11].unsqueeze(-1)
+            for offset, inverse in ((0.0, False), (1.0, True)):
+                kw = dict(interleaved=interleaved, inverse=inverse)
+                q_out, k_out = torch_rope.rms_norm_apply_qk(
+                    q, k, wq, wk, cos, sin, positions, eps=1e-5, weight_offset=offset, **kw
+                )
+                for out, x, w in ((q_out, q, wq), (k_out, k, wk)):
+                    xd = x.double()
+                    normed = xd * torch.rsqrt(xd.square().mean(-1, keepdim=True) + 1e-5)
+                    normed = normed * (w.double() + offset)
+                    want = expected(normed, positions, rotary_dim, **kw)
+                    torch.testing.assert_close(out, want.to(dtype), **TOLERANCES[dtype])
+                checks += 2
 print("checks", checks)
 """
 

@@ -64,6 +64,7 @@ def register_sharding_rules() -> None:
     register_sharding(ops.apply.default)(_apply_rule)
     register_sharding(ops.apply_.default)(_apply_inplace_rule)
     register_sharding(ops.apply_qk.default)(_apply_qk_rule)
+    register_sharding(ops.rms_norm_apply_qk.default)(_rms_norm_apply_qk_rule)
     for op in (ops.apply.default, ops.apply_.default, ops.apply_qk.default):
         _key_on_mrope_section(op)
     if hasattr(ops.apply, "out"):
@@ -227,6 +228,30 @@ def _apply_qk_rule(q, k, cos, sin, positions, *, mrope_section=None, **_flags):
         ([qp, kp], [qp, kp, r, r, qpp])
         for qp, qpp in _x_choices(q.ndim, rows)
         for kp, kpp in _x_choices(k.ndim, rows)
+        if qpp == kpp
+    ]
+
+
+def _rms_norm_apply_qk_rule(
+    q, k, q_weight, k_weight, cos, sin, positions, *, mrope_section=None, **_flags
+):
+    _check_positions("rope.rms_norm_apply_qk", "q", q, positions, mrope_section)
+    _check_positions("rope.rms_norm_apply_qk", "k", k, positions, mrope_section)
+    from torch.distributed.tensor import Replicate
+
+    r = Replicate()
+    rows = _row_shape(positions, mrope_section)
+
+    # apply_qk's choices without the pending reductions: the norm is not linear in x, so a
+    # Partial q or k is reduced first. Rows are normalised whole (never a sharded head_dim);
+    # the weights and tables are replicated.
+    def choices(x):
+        return [(p, pp) for p, pp in _x_choices(x.ndim, rows) if not p.is_partial()]
+
+    return [
+        ([qp, kp], [qp, kp, r, r, r, r, qpp])
+        for qp, qpp in choices(q)
+        for kp, kpp in choices(k)
         if qpp == kpp
     ]
 

@@ -305,6 +305,51 @@ def apply_qk_gqa(mesh):
             close(full(kd.grad), rgk, what + " k backward", rtol=0, atol=1e-12)
 
 
+@check()
+def rms_norm_apply_qk_placements(mesh):
+    """rope::rms_norm_apply_qk (fused QK-RMSNorm + RoPE) on DTensors: q and k sharded on their
+    batch, head or sequence dims, replicated, or pending sums (reduced first: the norm is not
+    linear); forward and the gradients of q, k and both weights against one process."""
+    import torch_rope
+
+    d = dt()
+    R, P = d.Replicate(), d.Partial("sum")
+    S0, S1, S2, S3 = (d.Shard(i) for i in range(4))
+    cos, sin = torch_rope.rope_tables(10000.0, 8, 32)
+    q = torch.randn(2, 4, 7, 8, dtype=torch.float64)
+    k = torch.randn(2, 2, 7, 8, dtype=torch.float64)
+    qw = torch.randn(8, dtype=torch.float64)
+    kw = torch.randn(8, dtype=torch.float64)
+    gq, gk = torch.randn_like(q), torch.randn_like(k)
+    pos = torch.randint(0, 32, (2, 1, 7))
+    flags = dict(eps=1e-5, weight_offset=1.0, interleaved=False)
+    (rq, rk), want_grads = rotate_and_grad(
+        lambda q, k, qw, kw: torch_rope.rms_norm_apply_qk(q, k, qw, kw, cos, sin, pos, **flags),
+        [q, k, qw, kw],
+        [gq, gk],
+    )
+    for qp, kp in [(R, R), (S0, S0), (S1, S1), (S2, S2), (S1, R), (P, P), (S3, S3)]:
+        what = f"q {qp} k {kp}"
+        qd = place(q, mesh, qp).detach().requires_grad_()
+        kd = place(k, mesh, kp).detach().requires_grad_()
+        qwd = replicated(qw, mesh).detach().requires_grad_()
+        kwd = replicated(kw, mesh).detach().requires_grad_()
+        oq, ok = torch.ops.rope.rms_norm_apply_qk(
+            qd, kd, qwd, kwd, replicated(cos, mesh), replicated(sin, mesh),
+            replicated(pos, mesh), **flags,
+        )  # fmt: skip
+        close(oq.full_tensor(), rq, what + " q forward", rtol=0, atol=1e-12)
+        close(ok.full_tensor(), rk, what + " k forward", rtol=0, atol=1e-12)
+        if (qp, kp) in [(S1, S1), (S2, S2), (S1, R)]:  # no redistribution needed
+            assert (oq.placements, ok.placements) == ((qp,), (kp,)), what
+        loss = (oq.redistribute(mesh, [R]).to_local() * gq).sum() + (
+            ok.redistribute(mesh, [R]).to_local() * gk
+        ).sum()
+        loss.backward()
+        for got, want, name in zip((qd, kd, qwd, kwd), want_grads, ("q", "k", "q_w", "k_w")):
+            close(full(got.grad), want, f"{what} {name} backward", rtol=0, atol=1e-12)
+
+
 # Multi-axis positions: (name, x shape, positions shapes), each ending in the axis dim (3).
 MULTI_AXIS_SHAPES = [
     ("BHSD", (3, 5, 7, 8), [(7, 3), (3, 1, 7, 3)]),

@@ -14,6 +14,8 @@
 #   initcheck    compute-sanitizer initcheck on the same subset
 #   sass         registers, spills, occupancy, store widths (scripts/sass_report.py --check)
 #   benchmark    benchmarks/bench_gpu.py --device cuda -> benchmarks/results/<gpu>.json, + plot
+#   fused-benchmark  benchmarks/bench_fused_gpu.py: rms_norm_apply_qk and apply_qk_cache against
+#                apply_qk alone and the unfused sequences -> benchmarks/results/fused_<gpu>.json
 #   ncu          Nsight Compute summary of the main shapes (scripts/gpu_timing.py --once)
 #   tuning       the kernel rebuilt with other rows-in-flight / register budgets, timed side by
 #                side (TUNE_VARIANTS, see below)
@@ -197,6 +199,14 @@ run_sass() {
     "$OUT/build/librope.so"
 }
 
+run_fused_benchmark() {
+  needs_gpu || return 77
+  PYTHONPATH="$REPO/python" "$PY" "$REPO/benchmarks/bench_fused_gpu.py" --device cuda \
+    --output "$GPU_SLUG" || return 1
+  cp "$REPO/benchmarks/results/fused_$GPU_SLUG".{json,md} "$OUT/" 2>/dev/null
+  return 0
+}
+
 run_benchmark() {
   needs_gpu || return 77
   local args=(--device cuda)
@@ -304,6 +314,7 @@ step memcheck run_sanitizer memcheck
 step initcheck run_sanitizer initcheck
 step sass run_sass
 step benchmark run_benchmark
+step fused-benchmark run_fused_benchmark
 step ncu run_ncu
 step tuning run_tuning
 

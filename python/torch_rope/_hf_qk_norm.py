@@ -141,6 +141,27 @@ def norms_restored(attention: nn.Module):
                 getattr(attention, name).forward = forward
 
 
+@contextlib.contextmanager
+def random_norm_weights(attention: nn.Module):
+    """q_norm's and k_norm's weights replaced by random values for the duration (restored after):
+    a rotation commutes with a norm whose weight is uniform, so only non-uniform weights show
+    whether the layer normalises before RoPE, as the fused op does."""
+    saved = []
+    generator = torch.Generator(device="cpu").manual_seed(1)
+    try:
+        with torch.no_grad():
+            for name in _NORMS:
+                weight = getattr(attention, name).weight
+                saved.append((weight, weight.detach().clone()))
+                values = 1.0 + 0.5 * torch.randn(weight.shape, generator=generator)
+                weight.copy_(values.to(weight.dtype))
+        yield
+    finally:
+        with torch.no_grad():
+            for weight, value in saved:
+                weight.copy_(value)
+
+
 def _position_embeddings_index(module: nn.Module) -> int:
     """Where ``position_embeddings`` sits among the positional arguments of the module's forward
     (after self), or -1."""

@@ -1022,8 +1022,11 @@ def _fuse_qk_norms(rotary: nn.Module, keys: List[str], attention: nn.Module) -> 
         return
     _hf_qk_norm.defer(attention, parameters)
     try:
-        for key in keys:
-            _self_check(rotary, key, attention)
+        # With the norms' own weights, a freshly initialised model (all ones, or Gemma's zeros)
+        # could not tell norm-then-RoPE from RoPE-then-norm: check with random weights.
+        with _hf_qk_norm.random_norm_weights(attention):
+            for key in keys:
+                _self_check(rotary, key, attention)
     except NotImplementedError:
         _hf_qk_norm.undo(attention)
 

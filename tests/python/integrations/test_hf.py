@@ -326,6 +326,61 @@ def test_a_layer_that_disagrees_once_fused_stays_unfused(monkeypatch):
     assert rel_err(got, want) <= 1e-5
 
 
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    """transformers' Qwen3 rotation, under the name patch() looks for in a forward's globals."""
+    from transformers.models.qwen3 import modeling_qwen3
+
+    return modeling_qwen3.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
+
+
+class NormAfterRopeAttention(torch.nn.Module):
+    """A Qwen3 attention layer that normalises q and k AFTER RoPE (test_hf's own variant)."""
+
+    def forward(self, hidden_states, position_embeddings: tuple, attention_mask=None, **kwargs):
+        from transformers.models.qwen3 import modeling_qwen3
+
+        shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+        q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+        cos, sin = position_embeddings
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        q, k = self.q_norm(q), self.k_norm(k)
+        out, weights = modeling_qwen3.eager_attention_forward(
+            self, q, k, v, attention_mask, scaling=self.scaling, dropout=0.0
+        )
+        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1)), weights
+
+
+def test_a_layer_that_normalises_after_rope_stays_unfused():
+    """Fresh norms have uniform weights, with which RoPE-then-norm equals norm-then-RoPE; the
+    fused layer's self-check runs with random norm weights, so the order shows and the layer keeps
+    its own norms (and the weights are restored)."""
+    model = hf_models.build("qwen3")
+    for layer in model.model.layers:
+        attention = layer.self_attn
+        attention.__class__ = type(
+            "Qwen3NormAfterRope", (type(attention),), {"forward": NormAfterRopeAttention.forward}
+        )
+        assert torch.all(attention.q_norm.weight == 1)
+    reference = copy.deepcopy(model)
+    ids, mask = hf_models.batch()
+    torch_rope.hf.patch(model, max_seq_len=64)
+    assert all(torch.all(layer.self_attn.q_norm.weight == 1) for layer in model.model.layers)
+    # Trained (non-uniform) norm weights, in both copies: the patched one must still agree.
+    for m in (model, reference):
+        g = torch.Generator().manual_seed(3)
+        for name, p in m.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.data = 1 + 0.5 * torch.randn(p.shape, generator=g)
+    with OpCounter() as counter:
+        got = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    assert counter.counts.get("rope.rms_norm_apply_qk", 0) == 0
+    assert counter.counts.get("rope.apply_qk", 0) == n_attention_layers(model)
+    want = reference(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    assert rel_err(got.detach(), want.detach()) <= 1e-5
+
+
 def test_fused_layer_called_without_position_embeddings_raises():
     model = torch_rope.hf.patch(hf_models.build("qwen3"))
     attention = model.model.layers[0].self_attn

@@ -148,6 +148,13 @@ SUPPORTED_MODEL_TYPES = (
     "stablelm",
     "vaultgemma",
     "youtu",
+    "bailing_hybrid",
+    "dots1",
+    "hunyuan_v1_dense",
+    "hunyuan_v1_moe",
+    "mimo_v2_flash",
+    "ministral",
+    "nemotron",
     *_VLM_TYPES,
 )
 
@@ -180,10 +187,11 @@ _UNTESTED_BUILD = (
     "not tested: the tests' generic tiny config of this type does not build or run (its "
     "default config needs sizes shrunk by hand)"
 )
-_UNTESTED_HYBRID = (
-    "not tested: hybrid model whose generic tiny config keeps no attention layer (or no rotary "
-    "module) among its two layers"
+_BROKEN_DEFAULT = (
+    "not tested: transformers' own default config of this type does not build a model, so the "
+    "tests have no config to shrink"
 )
+_NO_ROPE = "its modeling file defines the RoPE helpers, but its attention layers use no RoPE"
 
 #: The other rotary causal-LM model types of transformers 5.23 (as the tests'
 #: ``hf_models.rotary_model_types()`` finds them), each with why :func:`patch` refuses it.
@@ -209,33 +217,28 @@ _REFUSED: Dict[str, str] = {
         "its yarn parameters carry llama_4_scaling_beta, which torch_rope's table builder does "
         "not take"
     ),
-    "mimo_v2_flash": (
-        "not tested: its partial_rotary_factor (0.334) gives an odd rotary width on the tests' "
-        "tiny head, so its tiny model cannot be built generically"
+    **dict.fromkeys(("jamba", "nemotron_h"), _NO_ROPE),
+    "granitemoehybrid": (
+        "not tested: its default config has only linear-attention (Mamba) layers and no RoPE "
+        "(position_embedding_type None), so its tiny model has no layer to patch"
     ),
-    "jamba": "its modeling file defines the RoPE helpers, but its attention layers use no RoPE",
-    **dict.fromkeys(("granitemoehybrid", "nemotron_h"), _UNTESTED_HYBRID),
+    **dict.fromkeys(("cohere_compass_text", "dbrx", "lfm2_moe"), _BROKEN_DEFAULT),
+    "dots3_note": _DSA_INDEXER,
     **dict.fromkeys(
-        (
-            "bailing_hybrid",
-            "cohere_compass_text",
-            "dbrx",
-            "dots1",
-            "dots3_note",
-            "gemma3n",
-            "gemma3n_text",
-            "hrm_text",
-            "hunyuan_v1_dense",
-            "hunyuan_v1_moe",
-            "lfm2_moe",
-            "ministral",
-            "nemotron",
-            "qwen4_exp",
-            "qwen4_exp_text",
-            "zaya",
-        ),
-        _UNTESTED_BUILD,
+        ("qwen4_exp", "qwen4_exp_text"),
+        "not tested: its sparse-attention indexer rotates its own queries through the same "
+        "apply_rotary_pos_emb inside the attention layer, and its default config leaves the "
+        "indexer's sizes unset",
     ),
+    "zaya": (
+        "not tested: its tiny random model's output does not depend on the rotation (the "
+        "wrong-pair-layout control moves nothing), so a test could not tell a wrong patch"
+    ),
+    "hrm_text": (
+        "not tested: it reuses its layers in cycles (num_layers_per_stack), which the tests' "
+        "generic tiny config does not shrink consistently"
+    ),
+    **dict.fromkeys(("gemma3n", "gemma3n_text"), _UNTESTED_BUILD),
 }
 
 _HF_NAME = "apply_rotary_pos_emb"

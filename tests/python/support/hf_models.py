@@ -154,6 +154,7 @@ TINY = (
     "afmoe",
     "aria_text",
     "axk1",
+    "bailing_hybrid",
     "bamba",
     "beam",
     "bitnet",
@@ -164,6 +165,7 @@ TINY = (
     "deepseek_v3",
     "diffllama",
     "doge",
+    "dots1",
     "ernie4_5",
     "ernie4_5_moe",
     "exaone_moe",
@@ -184,6 +186,8 @@ TINY = (
     "gpt_oss",
     "granitemoeshared",
     "helium",
+    "hunyuan_v1_dense",
+    "hunyuan_v1_moe",
     "hy_v3",
     "hyperclovax",
     "internlm3",
@@ -196,11 +200,14 @@ TINY = (
     "lfm3",
     "longcat_flash",
     "mellum",
+    "mimo_v2_flash",
     "minicpm3",
     "minimax",
     "minimax_m2",
     "minimax_m3_vl_text",
+    "ministral",
     "modernbert-decoder",
+    "nemotron",
     "olmo_hybrid",
     "olmoe",
     "persimmon",
@@ -228,6 +235,17 @@ def build(name, seed=0):
 
 # ---- any model type, shrunk from its default config ------------------------------------------
 
+# How many experts each token is routed to: at most 2, and never more than the config had (some
+# models allow only their own top-k).
+_TOP_K = (
+    "num_experts_per_tok",
+    "num_experts_per_token",
+    "moe_top_k",
+    "moe_topk",
+    "top_k",
+    "moe_k",
+)
+
 # The size fields of transformers' configs, under the names they use, and the tiny value each
 # gets: the same model as COMMON (hidden 64, 4 heads of 16, 2 kv heads, 2 layers, vocab 256).
 _TINY = {
@@ -241,8 +259,18 @@ _TINY = {
     # Shorter than the test prompt plus its generation, so the window really slides.
     **dict.fromkeys(("sliding_window", "attention_window", "sliding_window_size"), 8),
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
-    **dict.fromkeys(("num_experts_per_tok", "moe_top_k", "moe_topk", "top_k", "moe_k"), 2),
-    **dict.fromkeys(("n_group", "topk_group", "n_shared_experts", "first_k_dense_replace"), 1),
+    **dict.fromkeys(_TOP_K, 2),
+    **dict.fromkeys(
+        (
+            "n_group",
+            "num_expert_group",
+            "topk_group",
+            "n_shared_experts",
+            "num_shared_experts",
+            "first_k_dense_replace",
+        ),
+        1,
+    ),
     **dict.fromkeys(("zero_expert_num",), 2),  # LongCat-Flash's identity experts
     # GPT-J style: rotary over half the head.
     **dict.fromkeys(("rotary_dim", "rotary_emb_dim"), HEAD_DIM // 2),
@@ -263,10 +291,27 @@ _TINY = {
 _SPECIAL_TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=None)
 
 
+# Size fields that some default configs leave None although their modeling code reads them as
+# sizes (``config.head_dim ** -0.5``, ``range(config.n_routed_experts)``): given the tiny value
+# they stand for (head_dim: hidden over heads; num_key_value_heads: one kv head per head, as the
+# configs that derive it make it; the expert counts: the tiny MoE's).
+_NONE_SIZES = dict(
+    head_dim=HEAD_DIM,
+    num_key_value_heads=COMMON["num_attention_heads"],
+    n_routed_experts=4,
+    n_shared_experts=1,
+    num_experts_per_tok=2,
+)
+
+
 def _tiny_value(key, value):
     """The tiny value of one config field, or ``value`` when it is not a size."""
+    if value is None:
+        return _NONE_SIZES.get(key)
     if isinstance(value, bool) or not isinstance(value, int):
         return value
+    if key in _TOP_K:
+        return min(value, _TINY[key])
     if key in _TINY:
         return _TINY[key]
     if key.startswith("vocab_size"):
@@ -309,6 +354,18 @@ def _shrink(fields):
             value = {f"{picks.index(i):02d}": _shrink(v) for i, v in kept.items()}
         tiny[key] = _tiny_value(key, value)
     tiny.update((k, v) for k, v in _SPECIAL_TOKENS.items() if k in fields)  # within the vocab
+    factors = [fields.get("partial_rotary_factor")]
+    factors += [
+        p.get("partial_rotary_factor")
+        for p in (fields.get("rope_parameters") or {}).values()
+        if isinstance(p, dict)
+    ]
+    for factor in {f for f in factors if isinstance(f, float)}:
+        # A rotary width int(head_dim * factor) that is odd on the tiny head (MiMo's 0.334 of 16)
+        # has no pairs to rotate: widen the head, by 8 at a time, until it is even, as the real
+        # head's is.
+        while isinstance(tiny.get("head_dim"), int) and int(tiny["head_dim"] * factor) % 2:
+            tiny["head_dim"] += 8
     if "qk_rope_head_dim" in tiny:
         # MLA: the config names its rotary slice head_dim too (the rotary module reads that), and
         # every head has its own keys (no GQA grouping of the expanded latent).
@@ -340,7 +397,7 @@ def tiny_config(model_type):
         k: v
         for k, v in default.to_dict().items()
         if k not in ("model_type", "transformers_version", "architectures", "id2label", "label2id")
-        and v is not None
+        and (v is not None or k in _NONE_SIZES)
     }
     tiny = dict(_shrink(fields), pad_token_id=0, **_TINY_OVERRIDES.get(model_type, {}))
     return AutoConfig.for_model(model_type, **tiny)

@@ -155,6 +155,20 @@ SUPPORTED_MODEL_TYPES = (
     "mimo_v2_flash",
     "ministral",
     "nemotron",
+    # Base models with no causal-LM class (encoders, embedding models), tested on their last
+    # hidden states (tests/python/support/hf_models.py, BASE).
+    "aria",
+    "embedding_gemma2",
+    "embedding_gemma2_text",
+    "eurobert",
+    "granite_docling_text",
+    "gte",
+    "jina_embeddings_v3",
+    "modernbert",
+    "muse_glimmer_text",
+    "nomic_bert",
+    "openai_privacy_filter",
+    "ultrabert",
     *_VLM_TYPES,
 )
 

@@ -143,6 +143,8 @@ def config(name):
         return tf.AutoConfig.for_model(name, **COMMON)
     if name.startswith("tiny:"):  # a model type of TINY (gemma3 is also a hand-built name)
         return tiny_config(name[len("tiny:") :])
+    if name.startswith("base:"):  # a model type of BASE
+        return tiny_config(name[len("base:") :])
     raise KeyError(name)
 
 
@@ -222,14 +224,35 @@ TINY = (
 )
 
 
+#: Rotary model types with no causal-LM class (encoders, embedding models, backbones), built tiny
+#: like :data:`TINY` as transformers' ``AutoModel`` (``'base:<model type>'``): the tests compare
+#: their last hidden states. Only types whose every RoPE is the text one: a vision-language base
+#: model whose vision tower rotates too (2-D RoPE) is not here.
+BASE = (
+    "aria",
+    "embedding_gemma2",
+    "embedding_gemma2_text",
+    "eurobert",
+    "granite_docling_text",
+    "gte",
+    "jina_embeddings_v3",
+    "modernbert",
+    "muse_glimmer_text",
+    "nomic_bert",
+    "openai_privacy_filter",
+    "ultrabert",
+)
+
+
 def build(name, seed=0):
-    """A fresh random-weight model in eval mode (fp32, eager attention: deterministic on CPU)."""
-    from transformers import AutoModelForCausalLM
+    """A fresh random-weight model in eval mode (fp32, eager attention: deterministic on CPU);
+    ``'base:<model type>'`` builds transformers' ``AutoModel`` (no LM head), the others a causal
+    LM."""
+    from transformers import AutoModel, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(
-        config(name), attn_implementation="eager", dtype=torch.float32
-    )
+    auto = AutoModel if name.startswith("base:") else AutoModelForCausalLM
+    model = auto.from_config(config(name), attn_implementation="eager", dtype=torch.float32)
     return model.eval()
 
 
@@ -383,7 +406,19 @@ def _shrink(fields):
 # the vision-language models below.
 _TINY_OVERRIDES = {
     "bamba": dict(attn_layer_indices=[1]),
-    **dict.fromkeys(("minimax", "modernbert-decoder", "vaultgemma"), dict(initializer_range=0.2)),
+    **dict.fromkeys(
+        (
+            "minimax",
+            "modernbert-decoder",
+            "vaultgemma",
+            "granite_docling_text",
+            "gte",
+            "jina_embeddings_v3",
+            "modernbert",
+            "nomic_bert",
+        ),
+        dict(initializer_range=0.2),
+    ),
 }
 
 

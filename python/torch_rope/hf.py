@@ -163,6 +163,7 @@ SUPPORTED_MODEL_TYPES = (
     "eurobert",
     "granite_docling_text",
     "gte",
+    "higgs_audio_v2",
     "jina_embeddings_v3",
     "modernbert",
     "muse_glimmer_text",
@@ -206,9 +207,26 @@ _BROKEN_DEFAULT = (
     "tests have no config to shrink"
 )
 _NO_ROPE = "its modeling file defines the RoPE helpers, but its attention layers use no RoPE"
+_NOT_TEXT = (
+    "not tested: a vision, audio, video or time-series model (or tower) whose forward takes no "
+    "text tokens; the tests build their models from token ids only"
+)
+_VISION_ROPE = (
+    "a vision-language model whose vision tower rotates too (2-D RoPE); patch covers both "
+    "towers only for the vision-language types it knows, and would leave this one's vision "
+    "tower on transformers' rotation"
+)
+_MROPE_VLM = (
+    "a vision-language model with multi-axis (M-RoPE) text positions that is not one of the "
+    "vision-language types patch knows; its tiny model is not tested"
+)
+_LLAMA4_BETA = (
+    "its yarn parameters carry llama_4_scaling_beta, which torch_rope's table builder does not take"
+)
 
-#: The other rotary causal-LM model types of transformers 5.23 (as the tests'
-#: ``hf_models.rotary_model_types()`` finds them), each with why :func:`patch` refuses it.
+#: The other rotary model types of transformers 5.23 (as the tests'
+#: ``hf_models.rotary_model_types()`` and ``rotary_base_model_types()`` find them), each with why
+#: :func:`patch` refuses it.
 _REFUSED: Dict[str, str] = {
     **dict.fromkeys(("gptj", "codegen"), _GPTJ_BUFFER),
     **dict.fromkeys(("deepseek_v2", "llama4", "llama4_text"), _COMPLEX),
@@ -227,10 +245,7 @@ _REFUSED: Dict[str, str] = {
     **dict.fromkeys(("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"), _MROPE_TEXT),
     "emu3": "its causal LM is a text model of another type (emu3_text_model); not tested",
     "mllama": "its causal LM is a text model of another type (mllama_text_model); not tested",
-    "ministral3": (
-        "its yarn parameters carry llama_4_scaling_beta, which torch_rope's table builder does "
-        "not take"
-    ),
+    "ministral3": _LLAMA4_BETA,
     **dict.fromkeys(("jamba", "nemotron_h"), _NO_ROPE),
     "granitemoehybrid": (
         "not tested: its default config has only linear-attention (Mamba) layers and no RoPE "
@@ -253,6 +268,173 @@ _REFUSED: Dict[str, str] = {
         "generic tiny config does not shrink consistently"
     ),
     **dict.fromkeys(("gemma3n", "gemma3n_text"), _UNTESTED_BUILD),
+    # Types with a rotary base model but no causal-LM class (hf_models.rotary_base_model_types).
+    **dict.fromkeys(
+        (
+            "cohere_compass_vision",
+            "cosmos3_edge_vision",
+            "dinov3_vit",
+            "edgetam_video",
+            "efficientloftr",
+            "exaone4_5_vision",
+            "gemma3n_audio",
+            "gemma4_audio",
+            "gemma4_vision",
+            "glm4v_moe_vision",
+            "glm4v_vision",
+            "glm5_next_vision",
+            "glm_image_vision",
+            "glm_image_vqmodel",
+            "glm_ocr_vision",
+            "glmasr_encoder",
+            "granite_docling_vision",
+            "hunyuan_vl_vision",
+            "idefics",
+            "inkling2_vision",
+            "kimi_k25_vision",
+            "lasr_ctc",
+            "lasr_encoder",
+            "lfm3_vl_vision",
+            "lightglue",
+            "mimi",
+            "mimi_decoder",
+            "mimi_encoder",
+            "mlcd",
+            "mlcd_vision_model",
+            "moonshine",
+            "muse_glimmer_assistant",
+            "muse_glimmer_vision",
+            "muse_spark_audio",
+            "muse_spark_vision",
+            "nemotron3_5_transcribe_asr_audio",
+            "nemotron3_5_transcribe_audio",
+            "nemotron3_5_transcribe_word_timestamp",
+            "nemotron3_diarization",
+            "nemotron3_diarization_audio",
+            "nemotron_asr_streaming",
+            "nemotron_asr_streaming_encoder",
+            "neucodec",
+            "parakeet_ctc",
+            "parakeet_encoder",
+            "parakeet_rnnt",
+            "parakeet_tdt",
+            "pe_audio",
+            "pe_audio_encoder",
+            "pe_audio_video",
+            "pe_audio_video_encoder",
+            "pe_video",
+            "pe_video_encoder",
+            "pixtral",
+            "pocket_tts_audio_tokenizer",
+            "pocket_tts_audio_tokenizer_decoder",
+            "pocket_tts_audio_tokenizer_encoder",
+            "qwen2_5_vl_vision",
+            "qwen3_5_moe_vision",
+            "qwen3_5_vision",
+            "qwen3_vl_moe_vision",
+            "qwen3_vl_vision",
+            "qwen4_exp_vision",
+            "sam2_video",
+            "sam3",
+            "sam3_tracker_video",
+            "sam3_vision_model",
+            "sam3_vit_model",
+            "sapiens2",
+            "timesfm2_5",
+            "video_llama_3_vision",
+            "voxtral_realtime",
+            "voxtral_realtime_encoder",
+            "xcodec2",
+        ),
+        _NOT_TEXT,
+    ),
+    **dict.fromkeys(
+        ("exaone4_5", "kimi_k25", "lfm3_vl", "minimax_m3_vl", "muse_glimmer", "video_llama_3"),
+        _VISION_ROPE,
+    ),
+    **dict.fromkeys(
+        (
+            "cosmos3_edge_text",
+            "glm4v_moe_text",
+            "glm4v_text",
+            "glm_image_text",
+            "glm_ocr_text",
+            "hunyuan_vl_text",
+            "qwen2_5_vl_text",
+            "qwen2_vl_text",
+            "qwen3_vl_moe_text",
+            "qwen3_vl_text",
+        ),
+        _MROPE_TEXT,
+    ),
+    **dict.fromkeys(
+        (
+            "cosmos3_edge",
+            "ernie4_5_vl_moe",
+            "glm_image",
+            "glm_ocr",
+            "hunyuan_vl",
+            "neomme",
+            "paddleocr_vl",
+        ),
+        _MROPE_VLM,
+    ),
+    **dict.fromkeys(("glmasr", "molmo2_text", "musicflamingo"), _SEVERAL_ROTARY),
+    **dict.fromkeys(
+        ("t5gemma", "t5gemma2"),
+        (
+            "an encoder-decoder: its base model needs decoder inputs, and the tests check "
+            "encoder-only or decoder-only models; not tested"
+        ),
+    ),
+    **dict.fromkeys(("mistral4",), _LLAMA4_BETA),
+    **dict.fromkeys(
+        ("mistral_large4", "mistral_large4_text"),
+        (
+            "the self-check refuses it: a patched attention layer disagrees with the unpatched one "
+            "on the probe input"
+        ),
+    ),
+    **dict.fromkeys(
+        (
+            "chameleon",
+            "clvp",
+            "cohere_compass",
+            "csm",
+            "deepseek_ocr2",
+            "dia",
+            "diffusion_gemma",
+            "esm",
+            "esmc",
+            "evolla",
+            "glm5_next",
+            "glm5_next_text",
+            "gradium_phonon_tts",
+            "granite4_vision",
+            "granite_docling",
+            "inkling2",
+            "kyutai_speech_to_text",
+            "molmo2",
+            "moonshine_streaming",
+            "muse_spark",
+            "nemo_speechlm",
+            "pocket_tts",
+            "qwen2_5_omni_thinker",
+            "qwen3_omni_moe_thinker",
+            "step3p7",
+            "t5gemma2_encoder",
+            "unlimited_ocr",
+            "voxtral_realtime_text",
+        ),
+        _UNTESTED_BUILD,
+    ),
+    **dict.fromkeys(
+        ("muse_spark_text",),
+        (
+            "not supported: on the tests' tiny model its bf16 error is 2x transformers' own (the "
+            "bar is 1.5x)"
+        ),
+    ),
 }
 
 _HF_NAME = "apply_rotary_pos_emb"

@@ -314,9 +314,10 @@ def test_unknown_architecture_is_refused():
 
 
 def test_every_rotary_model_type_is_supported_or_refused_with_a_reason():
-    """Every causal-LM model type of this transformers whose modeling code uses RoPE is either
-    supported (and tested here) or refused by name with a reason; none is left unaccounted."""
-    found = set(hf_models.rotary_model_types())
+    """Every model type of this transformers whose modeling code uses RoPE (a causal LM, or a
+    base model: encoder, embedding, vision-language, vision or audio model) is either supported
+    (and tested here) or refused by name with a reason; none is left unaccounted."""
+    found = set(hf_models.rotary_model_types()) | set(hf_models.rotary_base_model_types())
     supported, refused = set(torch_rope.hf.SUPPORTED_MODEL_TYPES), torch_rope.hf._REFUSED
     assert not found - supported - set(refused), sorted(found - supported - set(refused))
     assert not supported & set(refused)

@@ -235,6 +235,7 @@ BASE = (
     "eurobert",
     "granite_docling_text",
     "gte",
+    "higgs_audio_v2",
     "jina_embeddings_v3",
     "modernbert",
     "muse_glimmer_text",
@@ -454,16 +455,14 @@ def batch(vocab=256, length=12, pad=3, seed=1):
 _ROTARY_MARKERS = ("apply_rotary_pos_emb", "rotate_half", "rotate_every_two", "RotaryEmbedding")
 
 
-def rotary_model_types():
-    """The causal-LM model types of the installed transformers whose modeling module uses RoPE.
-
-    Read from the source (no model module imported): each type's causal-LM class is found in
-    the modeling file that defines it, and that file must name one of :data:`_ROTARY_MARKERS`."""
+def _rotary_types(mapping):
+    """The model types of a transformers auto-class mapping (type -> class name) whose class is
+    defined in a modeling file that names one of :data:`_ROTARY_MARKERS` (read from the source,
+    no model module imported)."""
     import glob
     import re
 
     import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     defined_in = {}  # class name -> its modeling file's source
     root = os.path.join(os.path.dirname(transformers.__file__), "models")
@@ -472,11 +471,30 @@ def rotary_model_types():
             source = f.read()
         for name in re.findall(r"^class (\w+)\(", source, flags=re.MULTILINE):
             defined_in.setdefault(name, source)
-    return sorted(
-        model_type
-        for model_type, class_name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()
-        if any(m in defined_in.get(class_name, "") for m in _ROTARY_MARKERS)
-    )
+    found = set()
+    for model_type, class_names in mapping.items():
+        names = class_names if isinstance(class_names, (tuple, list)) else (class_names,)
+        if any(m in defined_in.get(n, "") for n in names for m in _ROTARY_MARKERS):
+            found.add(model_type)
+    return found
+
+
+def rotary_model_types():
+    """The causal-LM model types of the installed transformers whose modeling module uses RoPE:
+    each type's causal-LM class is found in the modeling file that defines it, and that file must
+    name one of :data:`_ROTARY_MARKERS`."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(_rotary_types(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
+
+
+def rotary_base_model_types():
+    """The other rotary model types: those with a base (``AutoModel``) class in a modeling file
+    that uses RoPE but no rotary causal-LM class (encoders, embedding models, vision-language,
+    vision and audio models)."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    return sorted(_rotary_types(MODEL_MAPPING_NAMES) - set(rotary_model_types()))
 
 
 # ---- vision-language models ------------------------------------------------------------------

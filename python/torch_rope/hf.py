@@ -53,7 +53,10 @@ _VLM_TYPES: Dict[str, Tuple[bool, bool]] = {
     "qwen3_vl_moe": (False, True),
     "glm4v": (True, False),
     "glm4v_moe": (False, False),
+    # A text tower on its own: multi-axis text positions, no vision tower to patch.
+    "cosmos3_edge_text": (False, True),
 }
+_TEXT_TOWERS = ("cosmos3_edge_text",)
 
 #: transformers model types that :func:`patch` knows: each was checked against the unpatched model
 #: (fp32 logits, greedy generation with a KV cache, bf16 error) by this project's tests. The text
@@ -354,7 +357,6 @@ _REFUSED: Dict[str, str] = {
     ),
     **dict.fromkeys(
         (
-            "cosmos3_edge_text",
             "glm4v_moe_text",
             "glm4v_text",
             "glm_image_text",
@@ -1188,7 +1190,7 @@ def patch(
             attention.forward = _bind(_patched_attention_forward, attention)
             record.attention.append(attention)
         rotary.forward = _bind(_patched_rotary_forward, rotary)
-        if model_type in _VLM_TYPES:
+        if model_type in _VLM_TYPES and model_type not in _TEXT_TOWERS:
             _patch_vision(model, model_type, record, max_vision_positions)
     except BaseException:
         _undo(record)

@@ -230,6 +230,7 @@ TINY = (
 #: model whose vision tower rotates too (2-D RoPE) is not here.
 BASE = (
     "aria",
+    "cosmos3_edge_text",
     "embedding_gemma2",
     "embedding_gemma2_text",
     "eurobert",
@@ -390,6 +391,19 @@ def _shrink(fields):
         # head's is.
         while isinstance(tiny.get("head_dim"), int) and int(tiny["head_dim"] * factor) % 2:
             tiny["head_dim"] += 8
+    rope = tiny.get("rope_parameters")
+    if isinstance(rope, dict) and isinstance(rope.get("mrope_section"), list):
+        # M-RoPE: the sections deal the rotary planes to the position axes; scaled down to the
+        # tiny head's planes (largest remainders, so that they still cover every plane).
+        section = rope["mrope_section"]
+        head = tiny.get("head_dim") or tiny["hidden_size"] // tiny["num_attention_heads"]
+        planes = int(head * rope.get("partial_rotary_factor", 1.0)) // 2
+        exact = [s * planes / sum(section) for s in section]
+        scaled = [int(x) for x in exact]
+        by_remainder = sorted(range(len(exact)), key=lambda i: scaled[i] - exact[i])
+        for i in by_remainder[: planes - sum(scaled)]:
+            scaled[i] += 1
+        tiny["rope_parameters"] = dict(rope, mrope_section=scaled)
     if "qk_rope_head_dim" in tiny:
         # MLA: the config names its rotary slice head_dim too (the rotary module reads that), and
         # every head has its own keys (no GQA grouping of the expanded latent).

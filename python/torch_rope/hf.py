@@ -163,6 +163,7 @@ SUPPORTED_MODEL_TYPES = (
     "aria",
     "embedding_gemma2",
     "embedding_gemma2_text",
+    "esmc",
     "eurobert",
     "granite_docling_text",
     "gte",
@@ -234,7 +235,7 @@ _REFUSED: Dict[str, str] = {
     **dict.fromkeys(("gptj", "codegen"), _GPTJ_BUFFER),
     **dict.fromkeys(("deepseek_v2", "llama4", "llama4_text"), _COMPLEX),
     "roformer": "sinusoidal positions applied by a method of its self-attention",
-    **dict.fromkeys(("recurrent_gemma", "zamba2"), _OTHER_ROTARY),
+    **dict.fromkeys(("esm", "recurrent_gemma", "zamba2"), _OTHER_ROTARY),
     "inkling2_text": "its text model has no rotary embedding; only its vision tower rotates",
     **dict.fromkeys(
         ("blt", "deepseek_v4", "granite_swa", "granitemoe_swa", "moshi"), _SEVERAL_ROTARY
@@ -406,8 +407,6 @@ _REFUSED: Dict[str, str] = {
             "deepseek_ocr2",
             "dia",
             "diffusion_gemma",
-            "esm",
-            "esmc",
             "evolla",
             "glm5_next",
             "glm5_next_text",

@@ -233,6 +233,7 @@ BASE = (
     "cosmos3_edge_text",
     "embedding_gemma2",
     "embedding_gemma2_text",
+    "esmc",
     "eurobert",
     "granite_docling_text",
     "gte",
@@ -319,8 +320,10 @@ _SPECIAL_TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=None)
 # Size fields that some default configs leave None although their modeling code reads them as
 # sizes (``config.head_dim ** -0.5``, ``range(config.n_routed_experts)``): given the tiny value
 # they stand for (head_dim: hidden over heads; num_key_value_heads: one kv head per head, as the
-# configs that derive it make it; the expert counts: the tiny MoE's).
+# configs that derive it make it; the expert counts: the tiny MoE's; ESM's vocab_size, which its
+# tokenizer sets).
 _NONE_SIZES = dict(
+    vocab_size=COMMON["vocab_size"],
     head_dim=HEAD_DIM,
     num_key_value_heads=COMMON["num_attention_heads"],
     n_routed_experts=4,
@@ -450,7 +453,16 @@ def tiny_config(model_type):
         and (v is not None or k in _NONE_SIZES)
     }
     tiny = dict(_shrink(fields), pad_token_id=0, **_TINY_OVERRIDES.get(model_type, {}))
-    return AutoConfig.for_model(model_type, **tiny)
+    try:
+        return AutoConfig.for_model(model_type, **tiny)
+    except Exception:
+        # A config that refuses grouped-query attention (ESM C): one kv head per head, as in its
+        # default config.
+        heads = fields.get("num_attention_heads")
+        if heads is None or fields.get("num_key_value_heads") != heads:
+            raise
+        tiny["num_key_value_heads"] = tiny["num_attention_heads"]
+        return AutoConfig.for_model(model_type, **tiny)
 
 
 def batch(vocab=256, length=12, pad=3, seed=1):

@@ -158,6 +158,9 @@ SUPPORTED_MODEL_TYPES = (
     "mimo_v2_flash",
     "ministral",
     "nemotron",
+    # The text models that emu3's and mllama's causal-LM classes are (hf_models.TEXT).
+    "emu3_text_model",
+    "mllama_text_model",
     # Base models with no causal-LM class (encoders, embedding models), tested on their last
     # hidden states (tests/python/support/hf_models.py, BASE).
     "aria",
@@ -247,8 +250,13 @@ _REFUSED: Dict[str, str] = {
         "rotates by minus the angle (its rotate_half returns (x2, -x1)); the self-check refuses it"
     ),
     **dict.fromkeys(("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"), _MROPE_TEXT),
-    "emu3": "its causal LM is a text model of another type (emu3_text_model); not tested",
-    "mllama": "its causal LM is a text model of another type (mllama_text_model); not tested",
+    **{
+        t: (
+            f"its causal LM is its text model, of type {t}_text_model, which patch supports; the "
+            "whole model (with its vision part) is not tested"
+        )
+        for t in ("emu3", "mllama")
+    },
     "ministral3": _LLAMA4_BETA,
     **dict.fromkeys(("jamba", "nemotron_h"), _NO_ROPE),
     "granitemoehybrid": (

@@ -51,6 +51,7 @@ SLOW = [
     *hf_models.GENERIC,
     *(f"tiny:{t}" for t in hf_models.TINY if f"tiny:{t}" not in FAST),
     *(f"base:{t}" for t in hf_models.BASE),
+    *(f"text:{t}" for t in hf_models.TEXT),
 ]
 ALL = [pytest.param(n) for n in FAST] + [pytest.param(n, marks=pytest.mark.slow) for n in SLOW]
 
@@ -296,7 +297,8 @@ def test_patch_twice_is_a_no_op_and_unpatch_of_unpatched_too():
 
 def test_every_supported_model_type_is_tested_here():
     """Here, or in test_hf_vlm.py for the vision-language models."""
-    tested = {hf_models.config(n).model_type for n in FAST + SLOW}
+    tested = {hf_models.config(n).get_text_config().model_type for n in SLOW if n[:5] == "text:"}
+    tested |= {hf_models.config(n).model_type for n in FAST + SLOW if n[:5] != "text:"}
     tested |= {hf_models.vlm_config(n).model_type for n in hf_models.VLM}
     assert set(torch_rope.hf.SUPPORTED_MODEL_TYPES) == tested
 

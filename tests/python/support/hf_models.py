@@ -145,6 +145,8 @@ def config(name):
         return tiny_config(name[len("tiny:") :])
     if name.startswith("base:"):  # a model type of BASE
         return tiny_config(name[len("base:") :])
+    if name.startswith("text:"):  # a model type of TEXT (its causal LM: the text model's type)
+        return tiny_config(name[len("text:") :])
     raise KeyError(name)
 
 
@@ -245,6 +247,12 @@ BASE = (
     "openai_privacy_filter",
     "ultrabert",
 )
+
+
+#: Model types whose causal-LM class is their text model, of another model type
+#: (``Emu3ForCausalLM``: ``emu3_text_model``), built tiny like :data:`TINY` as
+#: ``'text:<model type>'``; patch and the tests see the text model's type.
+TEXT = ("emu3", "mllama")
 
 
 def build(name, seed=0):

@@ -178,6 +178,7 @@ TINY = (
     "flex_olmo",
     "flint",
     "gemma3",
+    "gemma3n_text",
     "gemma4",
     "gemma4_text",
     "gemma4_unified",
@@ -388,7 +389,11 @@ def _shrink(fields):
             # Gemma 4's overrides keyed by layer index ("05"): those of the kept layers, renumbered.
             kept = {int(i): v for i, v in value.items() if int(i) in picks}
             value = {f"{picks.index(i):02d}": _shrink(v) for i, v in kept.items()}
-        tiny[key] = _tiny_value(key, value)
+        if isinstance(value, list) and all(isinstance(v, int) for v in value):
+            # A size per layer (Gemma 3n's intermediate_size): each made tiny.
+            tiny[key] = [_tiny_value(key, v) for v in value]
+        else:
+            tiny[key] = _tiny_value(key, value)
     tiny.update((k, v) for k, v in _SPECIAL_TOKENS.items() if k in fields)  # within the vocab
     factors = [fields.get("partial_rotary_factor")]
     factors += [
@@ -402,6 +407,10 @@ def _shrink(fields):
         # head's is.
         while isinstance(tiny.get("head_dim"), int) and int(tiny["head_dim"] * factor) % 2:
             tiny["head_dim"] += 8
+    if isinstance(fields.get("num_kv_shared_layers"), int) and picks:
+        # The last layers that reuse earlier layers' KV caches (Gemma 3n): the same share of the
+        # tiny model's layers, rounded down (of two layers, none: one kind each, nothing to share).
+        tiny["num_kv_shared_layers"] = fields["num_kv_shared_layers"] * len(picks) // n_layers
     rope = tiny.get("rope_parameters")
     if isinstance(rope, dict) and isinstance(rope.get("mrope_section"), list):
         # M-RoPE: the sections deal the rotary planes to the position axes; scaled down to the

@@ -157,6 +157,7 @@ SUPPORTED_MODEL_TYPES = (
     "hunyuan_v1_moe",
     "mimo_v2_flash",
     "ministral",
+    "ministral3",
     "nemotron",
     "gemma3n_text",
     # The text models that emu3's and mllama's causal-LM classes are (hf_models.TEXT).
@@ -173,6 +174,7 @@ SUPPORTED_MODEL_TYPES = (
     "gte",
     "higgs_audio_v2",
     "jina_embeddings_v3",
+    "mistral4",
     "modernbert",
     "muse_glimmer_text",
     "nomic_bert",
@@ -228,9 +230,6 @@ _MROPE_VLM = (
     "a vision-language model with multi-axis (M-RoPE) text positions that is not one of the "
     "vision-language types patch knows; its tiny model is not tested"
 )
-_LLAMA4_BETA = (
-    "its yarn parameters carry llama_4_scaling_beta, which torch_rope's table builder does not take"
-)
 
 #: The other rotary model types of transformers 5.23 (as the tests'
 #: ``hf_models.rotary_model_types()`` and ``rotary_base_model_types()`` find them), each with why
@@ -258,7 +257,6 @@ _REFUSED: Dict[str, str] = {
         )
         for t in ("emu3", "mllama")
     },
-    "ministral3": _LLAMA4_BETA,
     **dict.fromkeys(("jamba", "nemotron_h"), _NO_ROPE),
     "granitemoehybrid": (
         "not tested: its default config has only linear-attention (Mamba) layers and no RoPE "
@@ -402,13 +400,13 @@ _REFUSED: Dict[str, str] = {
             "encoder-only or decoder-only models; not tested"
         ),
     ),
-    **dict.fromkeys(("mistral4",), _LLAMA4_BETA),
-    **dict.fromkeys(
-        ("mistral_large4", "mistral_large4_text"),
-        (
-            "the self-check refuses it: a patched attention layer disagrees with the unpatched one "
-            "on the probe input"
-        ),
+    "mistral_large4": (
+        "the self-check refuses it: a patched PixtralAttention (its vision tower's, which rotates "
+        "through the same apply_rotary_pos_emb) disagrees with the unpatched one"
+    ),
+    "mistral_large4_text": (
+        "the self-check refuses it: its attention layer uses cos/sin beyond handing them to "
+        "apply_rotary_pos_emb (it reads their shape), and patch hands it positions and tables"
     ),
     **dict.fromkeys(
         (
@@ -559,11 +557,13 @@ def _layer_types(rotary: nn.Module) -> Optional[List[str]]:
 def _scaling_dict(params: Dict[str, Any], config) -> Dict[str, Any]:
     """config.rope_parameters (one layer type's) -> the dict RotaryPositionalEmbedding takes."""
     # mrope_section / mrope_interleaved say which position axis each plane reads, not how the
-    # frequencies are made: they go to the op, not to the table builder.
+    # frequencies are made: they go to the op, not to the table builder. llama_4_scaling_beta
+    # (Ministral 3, Mistral 4) scales q by position in the attention layer, after the rotation,
+    # which patch leaves as it is (the self-check runs it).
     scaling = {
         k: v
         for k, v in params.items()
-        if v is not None and k not in ("mrope_section", "mrope_interleaved")
+        if v is not None and k not in ("mrope_section", "mrope_interleaved", "llama_4_scaling_beta")
     }
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type in ("dynamic", "yarn", "longrope"):
@@ -942,6 +942,8 @@ def _self_check(rotary, key, attention) -> None:
         "not patching this model"
     )
     other = dict(_other_required_arguments(attention), attention_mask=None)
+    if "position_ids" in other:  # a layer that reads them itself (Ministral 3's q scaling)
+        other["position_ids"] = torch.arange(length, device=device).unsqueeze(0)
     with torch.no_grad():
         try:
             try:

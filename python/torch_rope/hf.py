@@ -53,10 +53,24 @@ _VLM_TYPES: Dict[str, Tuple[bool, bool]] = {
     "qwen3_vl_moe": (False, True),
     "glm4v": (True, False),
     "glm4v_moe": (False, False),
-    # A text tower on its own: multi-axis text positions, no vision tower to patch.
+    # Text towers on their own: multi-axis text positions, no vision tower to patch.
+    "qwen2_vl_text": (False, False),
+    "qwen2_5_vl_text": (False, False),
+    "qwen3_vl_text": (False, True),
+    "qwen3_vl_moe_text": (False, True),
+    "glm4v_text": (True, False),
+    "glm4v_moe_text": (False, False),
     "cosmos3_edge_text": (False, True),
 }
-_TEXT_TOWERS = ("cosmos3_edge_text",)
+_TEXT_TOWERS = (
+    "qwen2_vl_text",
+    "qwen2_5_vl_text",
+    "qwen3_vl_text",
+    "qwen3_vl_moe_text",
+    "glm4v_text",
+    "glm4v_moe_text",
+    "cosmos3_edge_text",
+)
 
 #: transformers model types that :func:`patch` knows: each was checked against the unpatched model
 #: (fp32 logits, greedy generation with a KV cache, bf16 error) by this project's tests. The text
@@ -368,15 +382,9 @@ _REFUSED: Dict[str, str] = {
     ),
     **dict.fromkeys(
         (
-            "glm4v_moe_text",
-            "glm4v_text",
             "glm_image_text",
             "glm_ocr_text",
             "hunyuan_vl_text",
-            "qwen2_5_vl_text",
-            "qwen2_vl_text",
-            "qwen3_vl_moe_text",
-            "qwen3_vl_text",
         ),
         _MROPE_TEXT,
     ),

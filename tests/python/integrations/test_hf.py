@@ -52,6 +52,8 @@ SLOW = [
     *(f"tiny:{t}" for t in hf_models.TINY if f"tiny:{t}" not in FAST),
     *(f"base:{t}" for t in hf_models.BASE),
     *(f"text:{t}" for t in hf_models.TEXT),
+    # The VLM types' text towers on their own (AutoModel of the text config test_hf_vlm.py uses).
+    *(f"vlm_text:{t}" for t in hf_models.VLM),
 ]
 ALL = [pytest.param(n) for n in FAST] + [pytest.param(n, marks=pytest.mark.slow) for n in SLOW]
 
@@ -175,8 +177,8 @@ def test_patched_model_matches_unpatched(name, monkeypatch):
     assert rel_err(got, want) <= 1e-5, rel_err(got, want)
 
     # Greedy generation with a KV cache, the second row left-padded: identical tokens. A base
-    # model (hf_models.BASE: an encoder or embedding model) has no LM head to generate with; its
-    # hidden states above are the whole check.
+    # model (hf_models.BASE: an encoder or embedding model; a VLM's text tower on its own) has no
+    # LM head to generate with; its hidden states above are the whole check.
     if reference.can_generate():
         want_tokens = generate(reference, ids, mask)
         with OpCounter() as counter:
@@ -184,7 +186,7 @@ def test_patched_model_matches_unpatched(name, monkeypatch):
         assert rope_calls(counter) >= 12 * sum(hf_calls.values())
         assert torch.equal(got_tokens, want_tokens), (got_tokens, want_tokens)
     else:
-        assert name.startswith("base:"), name
+        assert name.startswith(("base:", "vlm_text:")), name
 
     # The unpatched reference never touched our op.
     with OpCounter() as counter:

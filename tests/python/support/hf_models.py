@@ -145,6 +145,8 @@ def config(name):
         return tiny_config(name[len("tiny:") :])
     if name.startswith("base:"):  # a model type of BASE
         return tiny_config(name[len("base:") :])
+    if name.startswith("vlm_text:"):  # the text tower of a VLM type, on its own
+        return vlm_config(name[len("vlm_text:") :]).text_config
     if name.startswith("text:"):  # a model type of TEXT (its causal LM: the text model's type)
         return tiny_config(name[len("text:") :])
     raise KeyError(name)
@@ -265,7 +267,7 @@ def build(name, seed=0):
     from transformers import AutoModel, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    auto = AutoModel if name.startswith("base:") else AutoModelForCausalLM
+    auto = AutoModel if name.startswith(("base:", "vlm_text:")) else AutoModelForCausalLM
     model = auto.from_config(config(name), attn_implementation="eager", dtype=torch.float32)
     return model.eval()
 

@@ -61,7 +61,14 @@ _VLM_TYPES: Dict[str, Tuple[bool, bool]] = {
     "glm4v_text": (True, False),
     "glm4v_moe_text": (False, False),
     "cosmos3_edge_text": (False, True),
+    "glm_image_text": (False, False),
+    "glm_ocr_text": (True, False),
+    "qwen3_5_text": (False, True),
+    "qwen3_5_moe_text": (False, True),
 }
+#: The types of :data:`_VLM_TYPES` that are a text tower alone (a ``*TextModel`` loaded by itself,
+#: or a causal LM whose model is one): patch rotates their text with multi-axis positions and has no
+#: vision tower to patch.
 _TEXT_TOWERS = (
     "qwen2_vl_text",
     "qwen2_5_vl_text",
@@ -70,6 +77,10 @@ _TEXT_TOWERS = (
     "glm4v_text",
     "glm4v_moe_text",
     "cosmos3_edge_text",
+    "glm_image_text",
+    "glm_ocr_text",
+    "qwen3_5_text",
+    "qwen3_5_moe_text",
 )
 
 #: transformers model types that :func:`patch` knows: each was checked against the unpatched model
@@ -263,7 +274,13 @@ _REFUSED: Dict[str, str] = {
     "nanochat": (
         "rotates by minus the angle (its rotate_half returns (x2, -x1)); the self-check refuses it"
     ),
-    **dict.fromkeys(("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"), _MROPE_TEXT),
+    **{
+        t: (
+            f"its causal LM is its text model, of type {t}_text, which patch supports; the whole "
+            "model (with its vision tower) is not tested"
+        )
+        for t in ("qwen3_5", "qwen3_5_moe")
+    },
     **{
         t: (
             f"its causal LM is its text model, of type {t}_text_model, which patch supports; the "
@@ -381,11 +398,7 @@ _REFUSED: Dict[str, str] = {
         _VISION_ROPE,
     ),
     **dict.fromkeys(
-        (
-            "glm_image_text",
-            "glm_ocr_text",
-            "hunyuan_vl_text",
-        ),
+        ("hunyuan_vl_text",),
         _MROPE_TEXT,
     ),
     **dict.fromkeys(

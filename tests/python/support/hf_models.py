@@ -222,6 +222,8 @@ TINY = (
     "phi",
     "phi4_multimodal",
     "phimoe",
+    "qwen3_5_moe_text",
+    "qwen3_5_text",
     "qwen3_next",
     "solar_open",
     "stablelm",
@@ -241,6 +243,8 @@ BASE = (
     "embedding_gemma2_text",
     "esmc",
     "eurobert",
+    "glm_image_text",
+    "glm_ocr_text",
     "granite_docling_text",
     "gte",
     "higgs_audio_v2",
@@ -420,8 +424,13 @@ def _shrink(fields):
         # M-RoPE: the sections deal the rotary planes to the position axes; scaled down to the
         # tiny head's planes (largest remainders, so that they still cover every plane).
         section = rope["mrope_section"]
+        factor = rope.get("partial_rotary_factor", 1.0)
+        while isinstance(tiny.get("head_dim"), int) and int(tiny["head_dim"] * factor) // 2 < len(
+            section
+        ):
+            tiny["head_dim"] += 8  # at least one plane per axis (Qwen3.5: a quarter of the head)
         head = tiny.get("head_dim") or tiny["hidden_size"] // tiny["num_attention_heads"]
-        planes = int(head * rope.get("partial_rotary_factor", 1.0)) // 2
+        planes = int(head * factor) // 2
         exact = [s * planes / sum(section) for s in section]
         scaled = [int(x) for x in exact]
         by_remainder = sorted(range(len(exact)), key=lambda i: scaled[i] - exact[i])
@@ -461,6 +470,38 @@ _TINY_OVERRIDES = {
 }
 
 
+def _default_mrope_section(config):
+    """The M-RoPE sections the model of ``config`` uses when its rope_parameters name none (the
+    modeling code's own default, sized for the real head): read from its rotary module, built on
+    the meta device. None for a config that names its sections, or a model without them."""
+    import importlib
+
+    from transformers import AutoModel
+
+    params = getattr(config, "rope_parameters", None)
+    if not isinstance(params, dict) or "rope_type" not in params or "mrope_section" in params:
+        return None
+    modeling = type(config).__module__.replace(".configuration_", ".modeling_")
+    try:
+        source = importlib.util.find_spec(modeling).loader.get_source(modeling)
+    except (ImportError, AttributeError):
+        return None
+    if "mrope_section" not in (source or ""):
+        return None
+    with torch.device("meta"):
+        model = AutoModel.from_config(config)
+    return next(
+        (
+            list(m.mrope_section)
+            for m in model.modules()
+            if type(m).__name__.endswith("RotaryEmbedding")
+            and not type(m).__name__.endswith("VisionRotaryEmbedding")
+            and isinstance(getattr(m, "mrope_section", None), (list, tuple))
+        ),
+        None,
+    )
+
+
 def tiny_config(model_type):
     """transformers' default config of ``model_type`` with its own size fields shrunk
     (:data:`_TINY`), built again through the config class so its derived fields follow."""
@@ -473,6 +514,9 @@ def tiny_config(model_type):
         if k not in ("model_type", "transformers_version", "architectures", "id2label", "label2id")
         and (v is not None or k in _NONE_SIZES)
     }
+    section = _default_mrope_section(default)
+    if section is not None:
+        fields["rope_parameters"] = dict(fields["rope_parameters"], mrope_section=section)
     tiny = dict(_shrink(fields), pad_token_id=0, **_TINY_OVERRIDES.get(model_type, {}))
     try:
         return AutoConfig.for_model(model_type, **tiny)

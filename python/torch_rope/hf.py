@@ -54,7 +54,35 @@ _VLM_TYPES: Dict[str, Tuple[bool, bool]] = {
     "qwen3_vl_moe": (False, True),
     "glm4v": (True, False),
     "glm4v_moe": (False, False),
+    # Text towers on their own: multi-axis text positions, no vision tower to patch.
+    "qwen2_vl_text": (False, False),
+    "qwen2_5_vl_text": (False, False),
+    "qwen3_vl_text": (False, True),
+    "qwen3_vl_moe_text": (False, True),
+    "glm4v_text": (True, False),
+    "glm4v_moe_text": (False, False),
+    "cosmos3_edge_text": (False, True),
+    "glm_image_text": (False, False),
+    "glm_ocr_text": (True, False),
+    "qwen3_5_text": (False, True),
+    "qwen3_5_moe_text": (False, True),
 }
+#: The types of :data:`_VLM_TYPES` that are a text tower alone (a ``*TextModel`` loaded by itself,
+#: or a causal LM whose model is one): patch rotates their text with multi-axis positions and has no
+#: vision tower to patch.
+_TEXT_TOWERS = (
+    "qwen2_vl_text",
+    "qwen2_5_vl_text",
+    "qwen3_vl_text",
+    "qwen3_vl_moe_text",
+    "glm4v_text",
+    "glm4v_moe_text",
+    "cosmos3_edge_text",
+    "glm_image_text",
+    "glm_ocr_text",
+    "qwen3_5_text",
+    "qwen3_5_moe_text",
+)
 
 #: transformers model types that :func:`patch` knows: each was checked against the unpatched model
 #: (fp32 logits, greedy generation with a KV cache, bf16 error) by this project's tests. The text
@@ -149,6 +177,35 @@ SUPPORTED_MODEL_TYPES = (
     "stablelm",
     "vaultgemma",
     "youtu",
+    "bailing_hybrid",
+    "dots1",
+    "hunyuan_v1_dense",
+    "hunyuan_v1_moe",
+    "mimo_v2_flash",
+    "ministral",
+    "ministral3",
+    "nemotron",
+    "gemma3n_text",
+    # The text models that emu3's and mllama's causal-LM classes are (hf_models.TEXT).
+    "emu3_text_model",
+    "mllama_text_model",
+    # Base models with no causal-LM class (encoders, embedding models), tested on their last
+    # hidden states (tests/python/support/hf_models.py, BASE).
+    "aria",
+    "embedding_gemma2",
+    "embedding_gemma2_text",
+    "esmc",
+    "eurobert",
+    "granite_docling_text",
+    "gte",
+    "higgs_audio_v2",
+    "jina_embeddings_v3",
+    "mistral4",
+    "modernbert",
+    "muse_glimmer_text",
+    "nomic_bert",
+    "openai_privacy_filter",
+    "ultrabert",
     *_VLM_TYPES,
 )
 
@@ -181,18 +238,33 @@ _UNTESTED_BUILD = (
     "not tested: the tests' generic tiny config of this type does not build or run (its "
     "default config needs sizes shrunk by hand)"
 )
-_UNTESTED_HYBRID = (
-    "not tested: hybrid model whose generic tiny config keeps no attention layer (or no rotary "
-    "module) among its two layers"
+_BROKEN_DEFAULT = (
+    "not tested: transformers' own default config of this type does not build a model, so the "
+    "tests have no config to shrink"
+)
+_NO_ROPE = "its modeling file defines the RoPE helpers, but its attention layers use no RoPE"
+_NOT_TEXT = (
+    "not tested: a vision, audio, video or time-series model (or tower) whose forward takes no "
+    "text tokens; the tests build their models from token ids only"
+)
+_VISION_ROPE = (
+    "a vision-language model whose vision tower rotates too (2-D RoPE); patch covers both "
+    "towers only for the vision-language types it knows, and would leave this one's vision "
+    "tower on transformers' rotation"
+)
+_MROPE_VLM = (
+    "a vision-language model with multi-axis (M-RoPE) text positions that is not one of the "
+    "vision-language types patch knows; its tiny model is not tested"
 )
 
-#: The other rotary causal-LM model types of transformers 5.23 (as the tests'
-#: ``hf_models.rotary_model_types()`` finds them), each with why :func:`patch` refuses it.
+#: The other rotary model types of transformers 5.23 (as the tests'
+#: ``hf_models.rotary_model_types()`` and ``rotary_base_model_types()`` find them), each with why
+#: :func:`patch` refuses it.
 _REFUSED: Dict[str, str] = {
     **dict.fromkeys(("gptj", "codegen"), _GPTJ_BUFFER),
     **dict.fromkeys(("deepseek_v2", "llama4", "llama4_text"), _COMPLEX),
     "roformer": "sinusoidal positions applied by a method of its self-attention",
-    **dict.fromkeys(("recurrent_gemma", "zamba2"), _OTHER_ROTARY),
+    **dict.fromkeys(("esm", "recurrent_gemma", "zamba2"), _OTHER_ROTARY),
     "inkling2_text": "its text model has no rotary embedding; only its vision tower rotates",
     **dict.fromkeys(
         ("blt", "deepseek_v4", "granite_swa", "granitemoe_swa", "moshi"), _SEVERAL_ROTARY
@@ -203,39 +275,198 @@ _REFUSED: Dict[str, str] = {
     "nanochat": (
         "rotates by minus the angle (its rotate_half returns (x2, -x1)); the self-check refuses it"
     ),
-    **dict.fromkeys(("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"), _MROPE_TEXT),
-    "emu3": "its causal LM is a text model of another type (emu3_text_model); not tested",
-    "mllama": "its causal LM is a text model of another type (mllama_text_model); not tested",
-    "ministral3": (
-        "its yarn parameters carry llama_4_scaling_beta, which torch_rope's table builder does "
-        "not take"
+    **{
+        t: (
+            f"its causal LM is its text model, of type {t}_text, which patch supports; the whole "
+            "model (with its vision tower) is not tested"
+        )
+        for t in ("qwen3_5", "qwen3_5_moe")
+    },
+    **{
+        t: (
+            f"its causal LM is its text model, of type {t}_text_model, which patch supports; the "
+            "whole model (with its vision part) is not tested"
+        )
+        for t in ("emu3", "mllama")
+    },
+    **dict.fromkeys(("jamba", "nemotron_h"), _NO_ROPE),
+    "granitemoehybrid": (
+        "not tested: its default config has only linear-attention (Mamba) layers and no RoPE "
+        "(position_embedding_type None), so its tiny model has no layer to patch"
     ),
-    "mimo_v2_flash": (
-        "not tested: its partial_rotary_factor (0.334) gives an odd rotary width on the tests' "
-        "tiny head, so its tiny model cannot be built generically"
+    **dict.fromkeys(("cohere_compass_text", "dbrx", "lfm2_moe"), _BROKEN_DEFAULT),
+    "dots3_note": _DSA_INDEXER,
+    **dict.fromkeys(
+        ("qwen4_exp", "qwen4_exp_text"),
+        "not tested: its sparse-attention indexer rotates its own queries through the same "
+        "apply_rotary_pos_emb inside the attention layer, and its default config leaves the "
+        "indexer's sizes unset",
     ),
-    "jamba": "its modeling file defines the RoPE helpers, but its attention layers use no RoPE",
-    **dict.fromkeys(("granitemoehybrid", "nemotron_h"), _UNTESTED_HYBRID),
+    "zaya": (
+        "not tested: its tiny random model's output does not depend on the rotation (the "
+        "wrong-pair-layout control moves nothing), so a test could not tell a wrong patch"
+    ),
+    "hrm_text": (
+        "not tested: it reuses its layers in cycles (num_layers_per_stack), which the tests' "
+        "generic tiny config does not shrink consistently"
+    ),
+    "gemma3n": (
+        "not tested: its vision tower needs the timm library, which the tests do not install "
+        "(its text model, gemma3n_text, is supported)"
+    ),
+    # Types with a rotary base model but no causal-LM class (hf_models.rotary_base_model_types).
     **dict.fromkeys(
         (
-            "bailing_hybrid",
-            "cohere_compass_text",
-            "dbrx",
-            "dots1",
-            "dots3_note",
-            "gemma3n",
-            "gemma3n_text",
-            "hrm_text",
-            "hunyuan_v1_dense",
-            "hunyuan_v1_moe",
-            "lfm2_moe",
-            "ministral",
-            "nemotron",
-            "qwen4_exp",
-            "qwen4_exp_text",
-            "zaya",
+            "cohere_compass_vision",
+            "cosmos3_edge_vision",
+            "dinov3_vit",
+            "edgetam_video",
+            "efficientloftr",
+            "exaone4_5_vision",
+            "gemma3n_audio",
+            "gemma4_audio",
+            "gemma4_vision",
+            "glm4v_moe_vision",
+            "glm4v_vision",
+            "glm5_next_vision",
+            "glm_image_vision",
+            "glm_image_vqmodel",
+            "glm_ocr_vision",
+            "glmasr_encoder",
+            "granite_docling_vision",
+            "hunyuan_vl_vision",
+            "idefics",
+            "inkling2_vision",
+            "kimi_k25_vision",
+            "lasr_ctc",
+            "lasr_encoder",
+            "lfm3_vl_vision",
+            "lightglue",
+            "mimi",
+            "mimi_decoder",
+            "mimi_encoder",
+            "mlcd",
+            "mlcd_vision_model",
+            "moonshine",
+            "muse_glimmer_assistant",
+            "muse_glimmer_vision",
+            "muse_spark_audio",
+            "muse_spark_vision",
+            "nemotron3_5_transcribe_asr_audio",
+            "nemotron3_5_transcribe_audio",
+            "nemotron3_5_transcribe_word_timestamp",
+            "nemotron3_diarization",
+            "nemotron3_diarization_audio",
+            "nemotron_asr_streaming",
+            "nemotron_asr_streaming_encoder",
+            "neucodec",
+            "parakeet_ctc",
+            "parakeet_encoder",
+            "parakeet_rnnt",
+            "parakeet_tdt",
+            "pe_audio",
+            "pe_audio_encoder",
+            "pe_audio_video",
+            "pe_audio_video_encoder",
+            "pe_video",
+            "pe_video_encoder",
+            "pixtral",
+            "pocket_tts_audio_tokenizer",
+            "pocket_tts_audio_tokenizer_decoder",
+            "pocket_tts_audio_tokenizer_encoder",
+            "qwen2_5_vl_vision",
+            "qwen3_5_moe_vision",
+            "qwen3_5_vision",
+            "qwen3_vl_moe_vision",
+            "qwen3_vl_vision",
+            "qwen4_exp_vision",
+            "sam2_video",
+            "sam3",
+            "sam3_tracker_video",
+            "sam3_vision_model",
+            "sam3_vit_model",
+            "sapiens2",
+            "timesfm2_5",
+            "video_llama_3_vision",
+            "voxtral_realtime",
+            "voxtral_realtime_encoder",
+            "xcodec2",
+        ),
+        _NOT_TEXT,
+    ),
+    **dict.fromkeys(
+        ("exaone4_5", "kimi_k25", "lfm3_vl", "minimax_m3_vl", "muse_glimmer", "video_llama_3"),
+        _VISION_ROPE,
+    ),
+    **dict.fromkeys(
+        ("hunyuan_vl_text",),
+        _MROPE_TEXT,
+    ),
+    **dict.fromkeys(
+        (
+            "cosmos3_edge",
+            "ernie4_5_vl_moe",
+            "glm_image",
+            "glm_ocr",
+            "hunyuan_vl",
+            "neomme",
+            "paddleocr_vl",
+        ),
+        _MROPE_VLM,
+    ),
+    **dict.fromkeys(("glmasr", "molmo2_text", "musicflamingo"), _SEVERAL_ROTARY),
+    **dict.fromkeys(
+        ("t5gemma", "t5gemma2"),
+        (
+            "an encoder-decoder: its base model needs decoder inputs, and the tests check "
+            "encoder-only or decoder-only models; not tested"
+        ),
+    ),
+    "mistral_large4": (
+        "the self-check refuses it: a patched PixtralAttention (its vision tower's, which rotates "
+        "through the same apply_rotary_pos_emb) disagrees with the unpatched one"
+    ),
+    "mistral_large4_text": (
+        "the self-check refuses it: its attention layer uses cos/sin beyond handing them to "
+        "apply_rotary_pos_emb (it reads their shape), and patch hands it positions and tables"
+    ),
+    **dict.fromkeys(
+        (
+            "chameleon",
+            "clvp",
+            "cohere_compass",
+            "csm",
+            "deepseek_ocr2",
+            "dia",
+            "diffusion_gemma",
+            "evolla",
+            "glm5_next",
+            "glm5_next_text",
+            "gradium_phonon_tts",
+            "granite4_vision",
+            "granite_docling",
+            "inkling2",
+            "kyutai_speech_to_text",
+            "molmo2",
+            "moonshine_streaming",
+            "muse_spark",
+            "nemo_speechlm",
+            "pocket_tts",
+            "qwen2_5_omni_thinker",
+            "qwen3_omni_moe_thinker",
+            "step3p7",
+            "t5gemma2_encoder",
+            "unlimited_ocr",
+            "voxtral_realtime_text",
         ),
         _UNTESTED_BUILD,
+    ),
+    **dict.fromkeys(
+        ("muse_spark_text",),
+        (
+            "not supported: on the tests' tiny model its bf16 error is 2x transformers' own (the "
+            "bar is 1.5x)"
+        ),
     ),
 }
 
@@ -348,11 +579,13 @@ def _layer_types(rotary: nn.Module) -> Optional[List[str]]:
 def _scaling_dict(params: Dict[str, Any], config) -> Dict[str, Any]:
     """config.rope_parameters (one layer type's) -> the dict RotaryPositionalEmbedding takes."""
     # mrope_section / mrope_interleaved say which position axis each plane reads, not how the
-    # frequencies are made: they go to the op, not to the table builder.
+    # frequencies are made: they go to the op, not to the table builder. llama_4_scaling_beta
+    # (Ministral 3, Mistral 4) scales q by position in the attention layer, after the rotation,
+    # which patch leaves as it is (the self-check runs it).
     scaling = {
         k: v
         for k, v in params.items()
-        if v is not None and k not in ("mrope_section", "mrope_interleaved")
+        if v is not None and k not in ("mrope_section", "mrope_interleaved", "llama_4_scaling_beta")
     }
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type in ("dynamic", "yarn", "longrope"):
@@ -738,6 +971,8 @@ def _self_check(rotary, key, attention) -> None:
         "not patching this model"
     )
     other = dict(_other_required_arguments(attention), attention_mask=None)
+    if "position_ids" in other:  # a layer that reads them itself (Ministral 3's q scaling)
+        other["position_ids"] = torch.arange(length, device=device).unsqueeze(0)
     with torch.no_grad():
         try:
             try:
@@ -1003,7 +1238,7 @@ def patch(
             _fuse_qk_norms(rotary, keys, attention)
             attention.forward = _bind(_patched_attention_forward, attention)
         rotary.forward = _bind(_patched_rotary_forward, rotary)
-        if model_type in _VLM_TYPES:
+        if model_type in _VLM_TYPES and model_type not in _TEXT_TOWERS:
             _patch_vision(model, model_type, record, max_vision_positions)
     except BaseException:
         _undo(record)

@@ -2,7 +2,8 @@
 """torch_rope.hf against the real transformers library, on tiny random-weight models.
 
 For each model the patched copy must match the unpatched one (fp32 logits to 1e-5 relative,
-identical greedy tokens with a KV cache and a left-padded row), the patched path must really run
+identical greedy tokens with a KV cache and a left-padded row; a base model without an LM head,
+hf_models.BASE, its last hidden states), the patched path must really run
 (a dispatcher-level counter of rope::apply_qk, and no HF cos/sin computed), the wrong layout must
 move the logits (negative control), and in bf16 its error against fp32 must stay within 1.5x of
 HF's own bf16 error.
@@ -49,6 +50,10 @@ SLOW = [
     "starcoder2",
     *hf_models.GENERIC,
     *(f"tiny:{t}" for t in hf_models.TINY if f"tiny:{t}" not in FAST),
+    *(f"base:{t}" for t in hf_models.BASE),
+    *(f"text:{t}" for t in hf_models.TEXT),
+    # The VLM types' text towers on their own (AutoModel of the text config test_hf_vlm.py uses).
+    *(f"vlm_text:{t}" for t in hf_models.VLM),
 ]
 ALL = [pytest.param(n) for n in FAST] + [pytest.param(n, marks=pytest.mark.slow) for n in SLOW]
 
@@ -67,8 +72,10 @@ class OpCounter(TorchDispatchMode):
 
 
 def logits(model, ids, mask):
+    """The logits, or the last hidden states of a base model (no LM head: an encoder)."""
     with torch.no_grad():
-        return model(input_ids=ids, attention_mask=mask).logits
+        out = model(input_ids=ids, attention_mask=mask)
+    return out.logits if "logits" in out else out.last_hidden_state
 
 
 def rel_err(got, want):
@@ -173,12 +180,17 @@ def test_patched_model_matches_unpatched(name, monkeypatch):
     assert counter.counts.get("aten.cos", 0) == 0 and counter.counts.get("aten.sin", 0) == 0
     assert rel_err(got, want) <= 1e-5, rel_err(got, want)
 
-    # Greedy generation with a KV cache, the second row left-padded: identical tokens.
-    want_tokens = generate(reference, ids, mask)
-    with OpCounter() as counter:
-        got_tokens = generate(model, ids, mask)
-    assert rope_calls(counter) >= 12 * sum(hf_calls.values())
-    assert torch.equal(got_tokens, want_tokens), (got_tokens, want_tokens)
+    # Greedy generation with a KV cache, the second row left-padded: identical tokens. A base
+    # model (hf_models.BASE: an encoder or embedding model; a VLM's text tower on its own) has no
+    # LM head to generate with; its hidden states above are the whole check.
+    if reference.can_generate():
+        want_tokens = generate(reference, ids, mask)
+        with OpCounter() as counter:
+            got_tokens = generate(model, ids, mask)
+        assert rope_calls(counter) >= 12 * sum(hf_calls.values())
+        assert torch.equal(got_tokens, want_tokens), (got_tokens, want_tokens)
+    else:
+        assert name.startswith(("base:", "vlm_text:")), name
 
     # The unpatched reference never touched our op.
     with OpCounter() as counter:
@@ -471,7 +483,8 @@ def test_patch_twice_is_a_no_op_and_unpatch_of_unpatched_too():
 
 def test_every_supported_model_type_is_tested_here():
     """Here, or in test_hf_vlm.py for the vision-language models."""
-    tested = {hf_models.config(n).model_type for n in FAST + SLOW}
+    tested = {hf_models.config(n).get_text_config().model_type for n in SLOW if n[:5] == "text:"}
+    tested |= {hf_models.config(n).model_type for n in FAST + SLOW if n[:5] != "text:"}
     tested |= {hf_models.vlm_config(n).model_type for n in hf_models.VLM}
     assert set(torch_rope.hf.SUPPORTED_MODEL_TYPES) == tested
 
@@ -489,9 +502,10 @@ def test_unknown_architecture_is_refused():
 
 
 def test_every_rotary_model_type_is_supported_or_refused_with_a_reason():
-    """Every causal-LM model type of this transformers whose modeling code uses RoPE is either
-    supported (and tested here) or refused by name with a reason; none is left unaccounted."""
-    found = set(hf_models.rotary_model_types())
+    """Every model type of this transformers whose modeling code uses RoPE (a causal LM, or a
+    base model: encoder, embedding, vision-language, vision or audio model) is either supported
+    (and tested here) or refused by name with a reason; none is left unaccounted."""
+    found = set(hf_models.rotary_model_types()) | set(hf_models.rotary_base_model_types())
     supported, refused = set(torch_rope.hf.SUPPORTED_MODEL_TYPES), torch_rope.hf._REFUSED
     assert not found - supported - set(refused), sorted(found - supported - set(refused))
     assert not supported & set(refused)

@@ -143,6 +143,12 @@ def config(name):
         return tf.AutoConfig.for_model(name, **COMMON)
     if name.startswith("tiny:"):  # a model type of TINY (gemma3 is also a hand-built name)
         return tiny_config(name[len("tiny:") :])
+    if name.startswith("base:"):  # a model type of BASE
+        return tiny_config(name[len("base:") :])
+    if name.startswith("vlm_text:"):  # the text tower of a VLM type, on its own
+        return vlm_config(name[len("vlm_text:") :]).text_config
+    if name.startswith("text:"):  # a model type of TEXT (its causal LM: the text model's type)
+        return tiny_config(name[len("text:") :])
     raise KeyError(name)
 
 
@@ -154,6 +160,7 @@ TINY = (
     "afmoe",
     "aria_text",
     "axk1",
+    "bailing_hybrid",
     "bamba",
     "beam",
     "bitnet",
@@ -164,6 +171,7 @@ TINY = (
     "deepseek_v3",
     "diffllama",
     "doge",
+    "dots1",
     "ernie4_5",
     "ernie4_5_moe",
     "exaone_moe",
@@ -172,6 +180,7 @@ TINY = (
     "flex_olmo",
     "flint",
     "gemma3",
+    "gemma3n_text",
     "gemma4",
     "gemma4_text",
     "gemma4_unified",
@@ -184,6 +193,8 @@ TINY = (
     "gpt_oss",
     "granitemoeshared",
     "helium",
+    "hunyuan_v1_dense",
+    "hunyuan_v1_moe",
     "hy_v3",
     "hyperclovax",
     "internlm3",
@@ -196,17 +207,23 @@ TINY = (
     "lfm3",
     "longcat_flash",
     "mellum",
+    "mimo_v2_flash",
     "minicpm3",
     "minimax",
     "minimax_m2",
     "minimax_m3_vl_text",
+    "ministral",
+    "ministral3",
     "modernbert-decoder",
+    "nemotron",
     "olmo_hybrid",
     "olmoe",
     "persimmon",
     "phi",
     "phi4_multimodal",
     "phimoe",
+    "qwen3_5_moe_text",
+    "qwen3_5_text",
     "qwen3_next",
     "solar_open",
     "stablelm",
@@ -215,18 +232,62 @@ TINY = (
 )
 
 
+#: Rotary model types with no causal-LM class (encoders, embedding models, backbones), built tiny
+#: like :data:`TINY` as transformers' ``AutoModel`` (``'base:<model type>'``): the tests compare
+#: their last hidden states. Only types whose every RoPE is the text one: a vision-language base
+#: model whose vision tower rotates too (2-D RoPE) is not here.
+BASE = (
+    "aria",
+    "cosmos3_edge_text",
+    "embedding_gemma2",
+    "embedding_gemma2_text",
+    "esmc",
+    "eurobert",
+    "glm_image_text",
+    "glm_ocr_text",
+    "granite_docling_text",
+    "gte",
+    "higgs_audio_v2",
+    "jina_embeddings_v3",
+    "mistral4",
+    "modernbert",
+    "muse_glimmer_text",
+    "nomic_bert",
+    "openai_privacy_filter",
+    "ultrabert",
+)
+
+
+#: Model types whose causal-LM class is their text model, of another model type
+#: (``Emu3ForCausalLM``: ``emu3_text_model``), built tiny like :data:`TINY` as
+#: ``'text:<model type>'``; patch and the tests see the text model's type.
+TEXT = ("emu3", "mllama")
+
+
 def build(name, seed=0):
-    """A fresh random-weight model in eval mode (fp32, eager attention: deterministic on CPU)."""
-    from transformers import AutoModelForCausalLM
+    """A fresh random-weight model in eval mode (fp32, eager attention: deterministic on CPU);
+    ``'base:<model type>'`` builds transformers' ``AutoModel`` (no LM head), the others a causal
+    LM."""
+    from transformers import AutoModel, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(
-        config(name), attn_implementation="eager", dtype=torch.float32
-    )
+    auto = AutoModel if name.startswith(("base:", "vlm_text:")) else AutoModelForCausalLM
+    model = auto.from_config(config(name), attn_implementation="eager", dtype=torch.float32)
     return model.eval()
 
 
 # ---- any model type, shrunk from its default config ------------------------------------------
+
+# How many experts each token is routed to: at most 2, and never more than the config had (some
+# models allow only their own top-k).
+_TOP_K = (
+    "num_experts_per_tok",
+    "num_experts_per_token",
+    "moe_top_k",
+    "moe_topk",
+    "top_k",
+    "moe_k",
+)
 
 # The size fields of transformers' configs, under the names they use, and the tiny value each
 # gets: the same model as COMMON (hidden 64, 4 heads of 16, 2 kv heads, 2 layers, vocab 256).
@@ -241,8 +302,18 @@ _TINY = {
     # Shorter than the test prompt plus its generation, so the window really slides.
     **dict.fromkeys(("sliding_window", "attention_window", "sliding_window_size"), 8),
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
-    **dict.fromkeys(("num_experts_per_tok", "moe_top_k", "moe_topk", "top_k", "moe_k"), 2),
-    **dict.fromkeys(("n_group", "topk_group", "n_shared_experts", "first_k_dense_replace"), 1),
+    **dict.fromkeys(_TOP_K, 2),
+    **dict.fromkeys(
+        (
+            "n_group",
+            "num_expert_group",
+            "topk_group",
+            "n_shared_experts",
+            "num_shared_experts",
+            "first_k_dense_replace",
+        ),
+        1,
+    ),
     **dict.fromkeys(("zero_expert_num",), 2),  # LongCat-Flash's identity experts
     # GPT-J style: rotary over half the head.
     **dict.fromkeys(("rotary_dim", "rotary_emb_dim"), HEAD_DIM // 2),
@@ -263,10 +334,29 @@ _TINY = {
 _SPECIAL_TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=None)
 
 
+# Size fields that some default configs leave None although their modeling code reads them as
+# sizes (``config.head_dim ** -0.5``, ``range(config.n_routed_experts)``): given the tiny value
+# they stand for (head_dim: hidden over heads; num_key_value_heads: one kv head per head, as the
+# configs that derive it make it; the expert counts: the tiny MoE's; ESM's vocab_size, which its
+# tokenizer sets).
+_NONE_SIZES = dict(
+    vocab_size=COMMON["vocab_size"],
+    head_dim=HEAD_DIM,
+    num_key_value_heads=COMMON["num_attention_heads"],
+    n_routed_experts=4,
+    n_shared_experts=1,
+    num_experts_per_tok=2,
+)
+
+
 def _tiny_value(key, value):
     """The tiny value of one config field, or ``value`` when it is not a size."""
+    if value is None:
+        return _NONE_SIZES.get(key)
     if isinstance(value, bool) or not isinstance(value, int):
         return value
+    if key in _TOP_K:
+        return min(value, _TINY[key])
     if key in _TINY:
         return _TINY[key]
     if key.startswith("vocab_size"):
@@ -307,8 +397,46 @@ def _shrink(fields):
             # Gemma 4's overrides keyed by layer index ("05"): those of the kept layers, renumbered.
             kept = {int(i): v for i, v in value.items() if int(i) in picks}
             value = {f"{picks.index(i):02d}": _shrink(v) for i, v in kept.items()}
-        tiny[key] = _tiny_value(key, value)
+        if isinstance(value, list) and all(isinstance(v, int) for v in value):
+            # A size per layer (Gemma 3n's intermediate_size): each made tiny.
+            tiny[key] = [_tiny_value(key, v) for v in value]
+        else:
+            tiny[key] = _tiny_value(key, value)
     tiny.update((k, v) for k, v in _SPECIAL_TOKENS.items() if k in fields)  # within the vocab
+    factors = [fields.get("partial_rotary_factor")]
+    factors += [
+        p.get("partial_rotary_factor")
+        for p in (fields.get("rope_parameters") or {}).values()
+        if isinstance(p, dict)
+    ]
+    for factor in {f for f in factors if isinstance(f, float)}:
+        # A rotary width int(head_dim * factor) that is odd on the tiny head (MiMo's 0.334 of 16)
+        # has no pairs to rotate: widen the head, by 8 at a time, until it is even, as the real
+        # head's is.
+        while isinstance(tiny.get("head_dim"), int) and int(tiny["head_dim"] * factor) % 2:
+            tiny["head_dim"] += 8
+    if isinstance(fields.get("num_kv_shared_layers"), int) and picks:
+        # The last layers that reuse earlier layers' KV caches (Gemma 3n): the same share of the
+        # tiny model's layers, rounded down (of two layers, none: one kind each, nothing to share).
+        tiny["num_kv_shared_layers"] = fields["num_kv_shared_layers"] * len(picks) // n_layers
+    rope = tiny.get("rope_parameters")
+    if isinstance(rope, dict) and isinstance(rope.get("mrope_section"), list):
+        # M-RoPE: the sections deal the rotary planes to the position axes; scaled down to the
+        # tiny head's planes (largest remainders, so that they still cover every plane).
+        section = rope["mrope_section"]
+        factor = rope.get("partial_rotary_factor", 1.0)
+        while isinstance(tiny.get("head_dim"), int) and int(tiny["head_dim"] * factor) // 2 < len(
+            section
+        ):
+            tiny["head_dim"] += 8  # at least one plane per axis (Qwen3.5: a quarter of the head)
+        head = tiny.get("head_dim") or tiny["hidden_size"] // tiny["num_attention_heads"]
+        planes = int(head * factor) // 2
+        exact = [s * planes / sum(section) for s in section]
+        scaled = [int(x) for x in exact]
+        by_remainder = sorted(range(len(exact)), key=lambda i: scaled[i] - exact[i])
+        for i in by_remainder[: planes - sum(scaled)]:
+            scaled[i] += 1
+        tiny["rope_parameters"] = dict(rope, mrope_section=scaled)
     if "qk_rope_head_dim" in tiny:
         # MLA: the config names its rotary slice head_dim too (the rotary module reads that), and
         # every head has its own keys (no GQA grouping of the expanded latent).
@@ -326,8 +454,52 @@ def _shrink(fields):
 # the vision-language models below.
 _TINY_OVERRIDES = {
     "bamba": dict(attn_layer_indices=[1]),
-    **dict.fromkeys(("minimax", "modernbert-decoder", "vaultgemma"), dict(initializer_range=0.2)),
+    **dict.fromkeys(
+        (
+            "minimax",
+            "modernbert-decoder",
+            "vaultgemma",
+            "granite_docling_text",
+            "gte",
+            "jina_embeddings_v3",
+            "modernbert",
+            "nomic_bert",
+        ),
+        dict(initializer_range=0.2),
+    ),
 }
+
+
+def _default_mrope_section(config):
+    """The M-RoPE sections the model of ``config`` uses when its rope_parameters name none (the
+    modeling code's own default, sized for the real head): read from its rotary module, built on
+    the meta device. None for a config that names its sections, or a model without them."""
+    import importlib
+
+    from transformers import AutoModel
+
+    params = getattr(config, "rope_parameters", None)
+    if not isinstance(params, dict) or "rope_type" not in params or "mrope_section" in params:
+        return None
+    modeling = type(config).__module__.replace(".configuration_", ".modeling_")
+    try:
+        source = importlib.util.find_spec(modeling).loader.get_source(modeling)
+    except (ImportError, AttributeError):
+        return None
+    if "mrope_section" not in (source or ""):
+        return None
+    with torch.device("meta"):
+        model = AutoModel.from_config(config)
+    return next(
+        (
+            list(m.mrope_section)
+            for m in model.modules()
+            if type(m).__name__.endswith("RotaryEmbedding")
+            and not type(m).__name__.endswith("VisionRotaryEmbedding")
+            and isinstance(getattr(m, "mrope_section", None), (list, tuple))
+        ),
+        None,
+    )
 
 
 def tiny_config(model_type):
@@ -340,10 +512,22 @@ def tiny_config(model_type):
         k: v
         for k, v in default.to_dict().items()
         if k not in ("model_type", "transformers_version", "architectures", "id2label", "label2id")
-        and v is not None
+        and (v is not None or k in _NONE_SIZES)
     }
+    section = _default_mrope_section(default)
+    if section is not None:
+        fields["rope_parameters"] = dict(fields["rope_parameters"], mrope_section=section)
     tiny = dict(_shrink(fields), pad_token_id=0, **_TINY_OVERRIDES.get(model_type, {}))
-    return AutoConfig.for_model(model_type, **tiny)
+    try:
+        return AutoConfig.for_model(model_type, **tiny)
+    except Exception:
+        # A config that refuses grouped-query attention (ESM C): one kv head per head, as in its
+        # default config.
+        heads = fields.get("num_attention_heads")
+        if heads is None or fields.get("num_key_value_heads") != heads:
+            raise
+        tiny["num_key_value_heads"] = tiny["num_attention_heads"]
+        return AutoConfig.for_model(model_type, **tiny)
 
 
 def batch(vocab=256, length=12, pad=3, seed=1):
@@ -362,16 +546,14 @@ def batch(vocab=256, length=12, pad=3, seed=1):
 _ROTARY_MARKERS = ("apply_rotary_pos_emb", "rotate_half", "rotate_every_two", "RotaryEmbedding")
 
 
-def rotary_model_types():
-    """The causal-LM model types of the installed transformers whose modeling module uses RoPE.
-
-    Read from the source (no model module imported): each type's causal-LM class is found in
-    the modeling file that defines it, and that file must name one of :data:`_ROTARY_MARKERS`."""
+def _rotary_types(mapping):
+    """The model types of a transformers auto-class mapping (type -> class name) whose class is
+    defined in a modeling file that names one of :data:`_ROTARY_MARKERS` (read from the source,
+    no model module imported)."""
     import glob
     import re
 
     import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     defined_in = {}  # class name -> its modeling file's source
     root = os.path.join(os.path.dirname(transformers.__file__), "models")
@@ -380,11 +562,30 @@ def rotary_model_types():
             source = f.read()
         for name in re.findall(r"^class (\w+)\(", source, flags=re.MULTILINE):
             defined_in.setdefault(name, source)
-    return sorted(
-        model_type
-        for model_type, class_name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()
-        if any(m in defined_in.get(class_name, "") for m in _ROTARY_MARKERS)
-    )
+    found = set()
+    for model_type, class_names in mapping.items():
+        names = class_names if isinstance(class_names, (tuple, list)) else (class_names,)
+        if any(m in defined_in.get(n, "") for n in names for m in _ROTARY_MARKERS):
+            found.add(model_type)
+    return found
+
+
+def rotary_model_types():
+    """The causal-LM model types of the installed transformers whose modeling module uses RoPE:
+    each type's causal-LM class is found in the modeling file that defines it, and that file must
+    name one of :data:`_ROTARY_MARKERS`."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(_rotary_types(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
+
+
+def rotary_base_model_types():
+    """The other rotary model types: those with a base (``AutoModel``) class in a modeling file
+    that uses RoPE but no rotary causal-LM class (encoders, embedding models, vision-language,
+    vision and audio models)."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    return sorted(_rotary_types(MODEL_MAPPING_NAMES) - set(rotary_model_types()))
 
 
 # ---- vision-language models ------------------------------------------------------------------

@@ -3,7 +3,8 @@
 // rotates its q rows with the row kernel (into the new q_out), then, per token with a slot, its k
 // rows with the same row kernel whose output pointer and strides are the cache rows, and copies
 // its v rows. fp8 caches go through a per-thread float scratch row (the rotation in float32, or
-// float64 for float64 inputs), then quantize (kv_cache_args.h).
+// float64 for float64 inputs), then quantize as kv_cache_args.h's quantize_fp8 does, with the
+// vectorised row helpers of fp8_rows.h.
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -14,9 +15,26 @@
 #include <vector>
 
 #include "../kv_cache.h"
+#include "fp8_rows.h"
 #include "kernel_choice.h"
 
 namespace rope::cpu {
+
+Fp8RowKernels fp8_row_kernels() {
+  static const Fp8RowKernels kernels = []() -> Fp8RowKernels {
+#ifdef TORCH_ROPE_CPU_X86_DISPATCH
+    const char* v = row_kernel_variant();
+    if (std::strcmp(v, "AVX512_BF16") == 0) {
+      return {&AVX512_BF16::quantize_fp8_row, &AVX512_BF16::widen_row};
+    }
+    if (std::strcmp(v, "AVX512") == 0) return {&AVX512::quantize_fp8_row, &AVX512::widen_row};
+    if (std::strcmp(v, "AVX2") == 0) return {&AVX2::quantize_fp8_row, &AVX2::widen_row};
+#endif
+    return {&DEFAULT::quantize_fp8_row, &DEFAULT::widen_row};
+  }();
+  return kernels;
+}
+
 namespace {
 
 // Features per parallel task, as the other CPU drivers (at::internal::GRAIN_SIZE).
@@ -55,16 +73,9 @@ RotationArgs token_rows(const KvCacheArgs& a, const void* in, int64_t in_head_st
   return r;
 }
 
-template <typename acc_t, typename src_t>
-void quantize_row(const src_t* src, uint8_t* dst, int64_t n, float scale, CacheFormat format) {
-  for (int64_t i = 0; i < n; ++i) {
-    dst[i] = quantize_fp8(static_cast<acc_t>(src[i]), scale, format);
-  }
-}
-
 template <typename scalar_t>
 void write_tokens(const KvCacheArgs& a, const TableArgs& tables, RotationMode mode,
-                  RotateRowsFn rotate_rows, int64_t t0, int64_t t1) {
+                  RotateRowsFn rotate_rows, const Fp8RowKernels& fp8, int64_t t0, int64_t t1) {
   constexpr bool kDouble = std::is_same_v<scalar_t, double>;
   using acc_t = std::conditional_t<kDouble, double, float>;
   const c10::ScalarType dtype = c10::CppTypeToScalarType<scalar_t>::value;
@@ -98,11 +109,7 @@ void write_tokens(const KvCacheArgs& a, const TableArgs& tables, RotationMode mo
         // 16-bit k: widen to float first (exact), then rotate in float without a rounding to
         // the 16-bit type in between: the value is rounded once, to fp8.
         for (int64_t h = 0; h < a.kv_heads; ++h) {
-          const scalar_t* row = k + h * a.k_head_stride;
-          acc_t* dst = scratch.data() + h * D;
-          for (int64_t i = 0; i < D; ++i) {
-            dst[i] = static_cast<acc_t>(row[i]);
-          }
+          fp8.widen(dtype, k + h * a.k_head_stride, scratch.data() + h * D, D);
         }
         RotationArgs in_place = token_rows(a, scratch.data(), D, scratch.data(), D, t);
         in_place.copy_tail = false;  // the tail is already there (memcpy onto itself is UB)
@@ -110,9 +117,9 @@ void write_tokens(const KvCacheArgs& a, const TableArgs& tables, RotationMode mo
       }
       const int64_t k_row0 = cache_row(kc, slot, 0);
       for (int64_t h = 0; h < a.kv_heads; ++h) {
-        quantize_row<acc_t>(scratch.data() + h * D,
-                            at_offset<uint8_t>(kc.data, k_row0 + h * kc.head_stride), D, k_scale,
-                            kc.format);
+        fp8.quantize(acc_dtype, scratch.data() + h * D,
+                     at_offset<uint8_t>(kc.data, k_row0 + h * kc.head_stride), D, k_scale,
+                     kc.format);
       }
     }
     if (a.v == nullptr) {
@@ -125,7 +132,7 @@ void write_tokens(const KvCacheArgs& a, const TableArgs& tables, RotationMode mo
       if (vc.format == CacheFormat::kSame) {
         std::memcpy(at_offset<scalar_t>(vc.data, row), v, sizeof(scalar_t) * a.v_dim);
       } else {
-        quantize_row<acc_t>(v, at_offset<uint8_t>(vc.data, row), a.v_dim, v_scale, vc.format);
+        fp8.quantize(dtype, v, at_offset<uint8_t>(vc.data, row), a.v_dim, v_scale, vc.format);
       }
     }
   }
@@ -144,6 +151,7 @@ struct CpuKvBackend {
     const KvCacheArgs& a = p.args;
     const RotationMode mode{interleaved, false};
     const RotateRowsFn rotate_rows = row_kernel();
+    const Fp8RowKernels fp8 = fp8_row_kernels();
     const int64_t per_token =
         std::max<int64_t>(1, (a.q_heads + a.kv_heads) * a.head_dim + a.kv_heads * a.v_dim);
     const int64_t grain = std::max<int64_t>(1, kGrainFeatures / per_token);
@@ -151,16 +159,16 @@ struct CpuKvBackend {
       rotate_rows(dtype, p.q_call.args, p.tables.args, mode, t0 * a.q_heads, t1 * a.q_heads);
       switch (dtype) {
         case c10::kDouble:
-          write_tokens<double>(a, p.tables.args, mode, rotate_rows, t0, t1);
+          write_tokens<double>(a, p.tables.args, mode, rotate_rows, fp8, t0, t1);
           break;
         case c10::kFloat:
-          write_tokens<float>(a, p.tables.args, mode, rotate_rows, t0, t1);
+          write_tokens<float>(a, p.tables.args, mode, rotate_rows, fp8, t0, t1);
           break;
         case c10::kHalf:
-          write_tokens<c10::Half>(a, p.tables.args, mode, rotate_rows, t0, t1);
+          write_tokens<c10::Half>(a, p.tables.args, mode, rotate_rows, fp8, t0, t1);
           break;
         case c10::kBFloat16:
-          write_tokens<c10::BFloat16>(a, p.tables.args, mode, rotate_rows, t0, t1);
+          write_tokens<c10::BFloat16>(a, p.tables.args, mode, rotate_rows, fp8, t0, t1);
           break;
         default:
           TORCH_INTERNAL_ASSERT(false, "rope.apply_qk_cache: unexpected dtype ", dtype);

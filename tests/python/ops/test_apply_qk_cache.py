@@ -340,6 +340,19 @@ def test_scale_forms(device):
         call(c, k_scale=scale, v_scale=scale)
         caches.append(torch.cat([c["k_cache"].view(torch.uint8), c["v_cache"].view(torch.uint8)]))
     assert torch.equal(caches[0], caches[1]) and torch.equal(caches[0], caches[2])
+    # Python-float scales, one after another (CPU reuses one tensor per value): each call
+    # quantizes with its own scale, as a tensor of that scale does.
+    for scale in (0.25, 0.5, 0.25, 2.0):
+        calls = []
+        for _ in range(2):
+            torch.manual_seed(1)
+            calls.append(make_call(device, torch.float32, torch.float8_e4m3fn))
+        by_float, by_tensor = calls
+        call(by_float, k_scale=scale, v_scale=scale / 2)
+        t = torch.tensor(scale, device=device)
+        call(by_tensor, k_scale=t, v_scale=t / 2)
+        for name in ("k_cache", "v_cache"):
+            assert torch.equal(by_float[name].view(torch.uint8), by_tensor[name].view(torch.uint8))
     # 16/32-bit caches: no scale, or 1.
     c = make_call(device)
     call(c, k_scale=1.0, v_scale=1)

@@ -168,6 +168,7 @@ TINY = (
     "cohere2",
     "cohere2_moe",
     "cwm",
+    "dbrx",
     "deepseek_v3",
     "diffllama",
     "doge",
@@ -204,6 +205,7 @@ TINY = (
     "kolibri1",
     "laguna",
     "lfm2",
+    "lfm2_moe",
     "lfm3",
     "longcat_flash",
     "mellum",
@@ -238,6 +240,7 @@ TINY = (
 #: model whose vision tower rotates too (2-D RoPE) is not here.
 BASE = (
     "aria",
+    "chameleon",
     "cosmos3_edge_text",
     "embedding_gemma2",
     "embedding_gemma2_text",
@@ -454,6 +457,10 @@ def _shrink(fields):
 # the vision-language models below.
 _TINY_OVERRIDES = {
     "bamba": dict(attn_layer_indices=[1]),
+    # Default configs that do not build a model: the fields they leave unset, given.
+    "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
+    "dbrx": dict(attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0)),
+    "chameleon": dict(vocabulary_map={"<image>": 255}),
     **dict.fromkeys(
         (
             "minimax",

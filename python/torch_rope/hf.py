@@ -188,6 +188,8 @@ SUPPORTED_MODEL_TYPES = (
     "gemma3n_text",
     # Default configs completed by hand (hf_models._TINY_OVERRIDES).
     "dbrx",
+    "granitemoehybrid",
+    "hrm_text",
     "lfm2_moe",
     # The text models that emu3's and mllama's causal-LM classes are (hf_models.TEXT).
     "emu3_text_model",
@@ -290,10 +292,6 @@ _REFUSED: Dict[str, str] = {
         for t in ("emu3", "mllama")
     },
     **dict.fromkeys(("jamba", "nemotron_h"), _NO_ROPE),
-    "granitemoehybrid": (
-        "not tested: its default config has only linear-attention (Mamba) layers and no RoPE "
-        "(position_embedding_type None), so its tiny model has no layer to patch"
-    ),
     "dots3_note": _DSA_INDEXER,
     **dict.fromkeys(
         ("qwen4_exp", "qwen4_exp_text"),
@@ -304,10 +302,6 @@ _REFUSED: Dict[str, str] = {
     "zaya": (
         "not tested: its tiny random model's output does not depend on the rotation (the "
         "wrong-pair-layout control moves nothing), so a test could not tell a wrong patch"
-    ),
-    "hrm_text": (
-        "not tested: it reuses its layers in cycles (num_layers_per_stack), which the tests' "
-        "generic tiny config does not shrink consistently"
     ),
     "gemma3n": (
         "not tested: its vision tower needs the timm library, which the tests do not install "

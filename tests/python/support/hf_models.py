@@ -192,8 +192,10 @@ TINY = (
     "glm4_moe_lite",
     "gpt_neox_japanese",
     "gpt_oss",
+    "granitemoehybrid",
     "granitemoeshared",
     "helium",
+    "hrm_text",
     "hunyuan_v1_dense",
     "hunyuan_v1_moe",
     "hy_v3",
@@ -461,6 +463,14 @@ _TINY_OVERRIDES = {
     "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
     "dbrx": dict(attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0)),
     "chameleon": dict(vocabulary_map={"<image>": 255}),
+    # Its default is all Mamba layers and no RoPE: a Mamba layer, then a RoPE attention layer.
+    "granitemoehybrid": dict(
+        position_embedding_type="rope", layer_types=["linear_attention", "full_attention"]
+    ),
+    # One layer a stack, each stack run once per cycle: two layers in all.
+    "hrm_text": dict(
+        num_layers_per_stack=1, H_cycles=1, L_cycles=1, num_hidden_layers=2, initializer_range=0.2
+    ),
     **dict.fromkeys(
         (
             "minimax",

@@ -84,6 +84,11 @@ _TEXT_TOWERS = (
     "qwen3_5_moe_text",
 )
 
+#: Vision-language models whose text tower rotates with ordinary 1-D positions (patched as a text
+#: model is) and whose vision tower has the same axial 2-D RoPE as Qwen2-VL's (patched as the
+#: vision towers of :data:`_VLM_TYPES` are).
+_VISION_TOWER_TYPES = ("video_llama_3",)
+
 #: transformers model types that :func:`patch` knows: each was checked against the unpatched model
 #: (fp32 logits, greedy generation with a KV cache, bf16 error) by this project's tests. The text
 #: models rotate through a module-level ``apply_rotary_pos_emb(q, k, cos, sin)`` (Gemma 4: one
@@ -213,6 +218,7 @@ SUPPORTED_MODEL_TYPES = (
     "openai_privacy_filter",
     "ultrabert",
     *_VLM_TYPES,
+    *_VISION_TOWER_TYPES,
 )
 
 # Why patch refuses each of the other rotary model types: one reason per family.
@@ -388,7 +394,7 @@ _REFUSED: Dict[str, str] = {
         _NOT_TEXT,
     ),
     **dict.fromkeys(
-        ("exaone4_5", "kimi_k25", "lfm3_vl", "minimax_m3_vl", "muse_glimmer", "video_llama_3"),
+        ("exaone4_5", "kimi_k25", "lfm3_vl", "minimax_m3_vl", "muse_glimmer"),
         _VISION_ROPE,
     ),
     **dict.fromkeys(
@@ -1084,6 +1090,8 @@ def _self_check_vision(rotary: nn.Module, attention: nn.Module) -> None:
             )
         except Exception as error:
             raise NotImplementedError(refusal) from error
+    if isinstance(want, tuple):  # (output, attention weights): VideoLLaMA3's layers
+        want, got = want[0], got[0]
     if not _close(want, got, dtype):
         raise NotImplementedError(refusal)
 
@@ -1230,7 +1238,9 @@ def patch(
             _fuse_qk_norms(rotary, keys, attention)
             attention.forward = _bind(_patched_attention_forward, attention)
         rotary.forward = _bind(_patched_rotary_forward, rotary)
-        if model_type in _VLM_TYPES and model_type not in _TEXT_TOWERS:
+        if (
+            model_type in _VLM_TYPES and model_type not in _TEXT_TOWERS
+        ) or model_type in _VISION_TOWER_TYPES:
             _patch_vision(model, model_type, record, max_vision_positions)
     except BaseException:
         _undo(record)

@@ -486,6 +486,7 @@ def test_every_supported_model_type_is_tested_here():
     tested = {hf_models.config(n).get_text_config().model_type for n in SLOW if n[:5] == "text:"}
     tested |= {hf_models.config(n).model_type for n in FAST + SLOW if n[:5] != "text:"}
     tested |= {hf_models.vlm_config(n).model_type for n in hf_models.VLM}
+    tested |= {hf_models.vision_vlm_config(n).model_type for n in hf_models.VISION_VLM}
     assert set(torch_rope.hf.SUPPORTED_MODEL_TYPES) == tested
 
 

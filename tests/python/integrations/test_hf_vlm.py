@@ -212,3 +212,82 @@ def test_vlm_type_not_yet_supported_is_refused_by_name():
     model.config = config
     with pytest.raises(NotImplementedError, match=r"model type 'qwen2_5_omni' is not supported"):
         torch_rope.hf.patch(model)
+
+
+# ---- vision-language models with a 1-D text RoPE (hf_models.VISION_VLM) ----------------------
+
+VISION_VLM = [pytest.param(n, marks=pytest.mark.slow) for n in hf_models.VISION_VLM]
+
+
+def rotaries(model):
+    """(text rotary module, vision rotary module) of a model of hf_models.VISION_VLM."""
+    found = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+    text = [m for m in found if not type(m).__name__.endswith("VisionRotaryEmbedding")]
+    vision = [m for m in found if type(m).__name__.endswith("VisionRotaryEmbedding")]
+    assert len(text) == 1 and len(vision) == 1
+    return text[0], vision[0]
+
+
+@pytest.mark.parametrize("name", VISION_VLM)
+def test_patched_vision_tower_vlm_matches_unpatched(name):
+    """As test_patched_vlm_matches_unpatched, for a VLM whose text tower has 1-D positions: fp32
+    logits and vision states, greedy generation with a KV cache (the image in the prompt, a
+    left-padded row), one rotation in every text layer and vision layer, no HF cos/sin."""
+    reference, inputs, _, _, vision_states = hf_models.build_vision_vlm(name)
+    model, _, text, vision, _ = hf_models.build_vision_vlm(name)  # the same weights (same seed)
+    want = logits(reference, inputs)
+    want_vision = vision_states(reference, inputs)
+    assert rel_err(logits(model, inputs), want) == 0
+
+    assert torch_rope.hf.patch(model) is model
+    assert model.state_dict().keys() == reference.state_dict().keys()
+    with OpCounter() as counter, PerLayer(counter, text + vision) as per_layer:
+        got = logits(model, inputs)
+    assert all(calls == [1] for calls in per_layer.calls.values()), per_layer.calls
+    assert rope_calls(counter) == len(text) + len(vision)
+    assert counter.counts.get("aten.cos", 0) == 0 and counter.counts.get("aten.sin", 0) == 0
+    assert rel_err(got, want) <= 1e-5, rel_err(got, want)
+    got_vision = vision_states(model, inputs)
+    assert rel_err(got_vision, want_vision) <= 1e-5, rel_err(got_vision, want_vision)
+
+    want_tokens = generate(reference, inputs)
+    with OpCounter() as counter, PerLayer(counter, text + vision) as per_layer:
+        got_tokens = generate(model, inputs)
+    assert torch.equal(got_tokens, want_tokens), (got_tokens, want_tokens)
+    assert all(per_layer.calls[id(layer)] == [1] * 4 for layer in text), per_layer.calls
+    assert all(per_layer.calls[id(layer)] == [1] for layer in vision), per_layer.calls
+
+
+@pytest.mark.parametrize("name", VISION_VLM)
+def test_vision_tower_vlm_wrong_layout_or_axes_move_the_logits(name):
+    """Negative controls: the other pair layout in the text tower, and the vision tower's rows and
+    columns swapped, must each move the output."""
+    model, inputs, _, _, vision_states = hf_models.build_vision_vlm(name)
+    torch_rope.hf.patch(model)
+    right, right_vision = logits(model, inputs), vision_states(model, inputs)
+    text_rotary, vision_rotary = rotaries(model)
+    for tables in text_rotary.torch_rope.values():
+        tables.interleaved = not tables.interleaved
+    assert rel_err(logits(model, inputs), right) > 1e-3
+    for tables in text_rotary.torch_rope.values():
+        tables.interleaved = not tables.interleaved
+    assert torch.equal(logits(model, inputs), right)
+
+    patched = vision_rotary.forward
+    vision_rotary.forward = lambda x, position_ids: patched(x, position_ids.flip(-1))
+    assert rel_err(vision_states(model, inputs), right_vision) > 1e-3
+    assert rel_err(logits(model, inputs), right) > 1e-5  # the fp32 tolerance of the match test
+
+
+@pytest.mark.parametrize("name", VISION_VLM)
+def test_vision_tower_vlm_bfloat16_error_within_hf_own(name):
+    fp32, inputs, _, _, _ = hf_models.build_vision_vlm(name)
+    want = logits(fp32, inputs).double()
+    hf_bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
+    ours_bf16 = torch_rope.hf.patch(copy.deepcopy(fp32)).to(torch.bfloat16)
+    assert all(t.cos.dtype == torch.float32 for t in rotaries(ours_bf16)[0].torch_rope.values())
+    assert rotaries(ours_bf16)[1].torch_rope.cos.dtype == torch.float32
+    bf16_inputs = dict(inputs, pixel_values=inputs["pixel_values"].to(torch.bfloat16))
+    hf_err = (logits(hf_bf16, bf16_inputs).double() - want).abs().max().item()
+    our_err = (logits(ours_bf16, bf16_inputs).double() - want).abs().max().item()
+    assert our_err <= 1.5 * hf_err, (our_err, hf_err)

@@ -758,3 +758,71 @@ def vlm_batch(config, seed=1, pad=2):
         image_grid_thw=grids,
         mm_token_type_ids=(ids == IMAGE).int(),
     )
+
+
+# ---- vision-language models with a 1-D text RoPE ---------------------------------------------
+
+#: Vision-language model types whose text tower rotates with ordinary 1-D positions and whose
+#: vision tower has Qwen2-VL's axial 2-D RoPE; each built tiny (the COMMON text tower, a 2-layer
+#: vision tower of head_dim 16 and 4x4-pixel patches) by :func:`build_vision_vlm`.
+VISION_VLM = ("video_llama_3",)
+_VISION_TOWER = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    patch_size=4,
+    initializer_range=0.2,
+)
+
+
+def vision_vlm_config(name):
+    """The transformers config of one tiny model of :data:`VISION_VLM`."""
+    import transformers as tf
+
+    if name == "video_llama_3":
+        return tf.VideoLlama3Config(
+            text_config=dict(COMMON, initializer_range=0.2),
+            vision_config=_VISION_TOWER,
+            image_token_id=IMAGE,
+            video_token_id=VIDEO,
+        )
+    raise KeyError(name)
+
+
+def build_vision_vlm(name, seed=0):
+    """``(model, inputs, text_layers, vision_layers, vision_states)`` of one tiny model of
+    :data:`VISION_VLM`: the fresh random-weight model (fp32, eager attention, eval mode), its
+    inputs (one image per row, 4x6 and 6x4 patches, the second row left-padded), its text and
+    vision attention layers, and a function of (model, inputs) giving the vision tower's last
+    hidden states."""
+    from transformers import AutoModelForImageTextToText
+
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(
+        vision_vlm_config(name), attn_implementation="eager"
+    ).eval()
+    g = torch.Generator().manual_seed(1)
+    grids = torch.tensor([[1, 4, 6], [1, 6, 4]])
+    pad, merge, rows = 2, 2, []
+    for i, (t, h, w) in enumerate(grids.tolist()):
+        text = torch.randint(2, 240, (5 + pad * (1 - i),), generator=g).tolist()
+        rows.append([0] * (pad * i) + text[:3] + [IMAGE] * (t * h * w // merge**2) + text[3:])
+    ids = torch.tensor(rows)
+    vision = model.config.vision_config
+    pixels = torch.randn(
+        int(grids.prod(-1).sum()), vision.num_channels * vision.patch_size**2, generator=g
+    )
+    inputs = dict(input_ids=ids, attention_mask=(ids != 0).long(), pixel_values=pixels)
+    if name == "video_llama_3":
+        inputs.update(image_grid_thw=grids, image_merge_sizes=torch.tensor([merge, merge]))
+        text_layers = [layer.self_attn for layer in model.model.language_model.layers]
+        vision_layers = [layer.self_attn for layer in model.model.vision_model.encoder.layers]
+
+        def vision_states(m, x):
+            out = m.model.vision_model(
+                x["pixel_values"], grid_thw=x["image_grid_thw"], merge_sizes=x["image_merge_sizes"]
+            )
+            return out.last_hidden_state
+
+    return model, inputs, text_layers, vision_layers, vision_states

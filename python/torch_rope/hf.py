@@ -87,7 +87,7 @@ _TEXT_TOWERS = (
 #: Vision-language models whose text tower rotates with ordinary 1-D positions (patched as a text
 #: model is) and whose vision tower has the same axial 2-D RoPE as Qwen2-VL's (patched as the
 #: vision towers of :data:`_VLM_TYPES` are).
-_VISION_TOWER_TYPES = ("video_llama_3",)
+_VISION_TOWER_TYPES = ("video_llama_3", "lfm3_vl", "exaone4_5")
 
 #: transformers model types that :func:`patch` knows: each was checked against the unpatched model
 #: (fp32 logits, greedy generation with a KV cache, bf16 error) by this project's tests. The text
@@ -394,7 +394,7 @@ _REFUSED: Dict[str, str] = {
         _NOT_TEXT,
     ),
     **dict.fromkeys(
-        ("exaone4_5", "kimi_k25", "lfm3_vl", "minimax_m3_vl", "muse_glimmer"),
+        ("kimi_k25", "minimax_m3_vl", "muse_glimmer"),
         _VISION_ROPE,
     ),
     **dict.fromkeys(

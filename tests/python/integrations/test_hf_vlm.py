@@ -19,7 +19,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 import hf_models  # noqa: E402
-from test_hf import OpCounter, rel_err, rope_calls  # noqa: E402
+from test_hf import HFRotations, OpCounter, rel_err, rope_calls  # noqa: E402
 
 import torch_rope  # noqa: E402
 import torch_rope.hf  # noqa: E402
@@ -59,8 +59,9 @@ def towers(model):
 class PerLayer:
     """torch_rope rotations (test_hf.rope_calls) made inside each of ``layers``, per forward."""
 
-    def __init__(self, counter, layers):
+    def __init__(self, counter, layers, read=rope_calls):
         self.calls = {id(layer): [] for layer in layers}
+        self.read = read
         self.handles = []
         for layer in layers:
             self.handles.append(layer.register_forward_pre_hook(self._before))
@@ -68,10 +69,10 @@ class PerLayer:
         self.counter, self._start = counter, {}
 
     def _before(self, layer, args):
-        self._start[id(layer)] = rope_calls(self.counter)
+        self._start[id(layer)] = self.read(self.counter)
 
     def _after(self, layer, args, output):
-        self.calls[id(layer)].append(rope_calls(self.counter) - self._start[id(layer)])
+        self.calls[id(layer)].append(self.read(self.counter) - self._start[id(layer)])
 
     def __enter__(self):
         return self
@@ -229,18 +230,24 @@ def rotaries(model):
 
 
 @pytest.mark.parametrize("name", VISION_VLM)
-def test_patched_vision_tower_vlm_matches_unpatched(name):
+def test_patched_vision_tower_vlm_matches_unpatched(name, monkeypatch):
     """As test_patched_vlm_matches_unpatched, for a VLM whose text tower has 1-D positions: fp32
     logits and vision states, greedy generation with a KV cache (the image in the prompt, a
-    left-padded row), one rotation in every text layer and vision layer, no HF cos/sin."""
-    reference, inputs, _, _, vision_states = hf_models.build_vision_vlm(name)
+    left-padded row), one rotation in every vision layer and in every text layer that the
+    unpatched model rotates in (none in a NoPE layer), no HF cos/sin."""
+    reference, inputs, hf_text, _, vision_states = hf_models.build_vision_vlm(name)
     model, _, text, vision, _ = hf_models.build_vision_vlm(name)  # the same weights (same seed)
-    want = logits(reference, inputs)
+    hf_rotations = HFRotations(monkeypatch, reference)
+    with PerLayer(hf_rotations, hf_text, read=lambda r: r.calls) as hf_per_layer:
+        want = logits(reference, inputs)
+    rotating = [calls == [1] for calls in hf_per_layer.calls.values()]
+    assert any(rotating) and all(c in ([0], [1]) for c in hf_per_layer.calls.values())
     want_vision = vision_states(reference, inputs)
     assert rel_err(logits(model, inputs), want) == 0
 
     assert torch_rope.hf.patch(model) is model
     assert model.state_dict().keys() == reference.state_dict().keys()
+    text = [layer for layer, rotates in zip(text, rotating) if rotates]
     with OpCounter() as counter, PerLayer(counter, text + vision) as per_layer:
         got = logits(model, inputs)
     assert all(calls == [1] for calls in per_layer.calls.values()), per_layer.calls

@@ -763,40 +763,58 @@ def vlm_batch(config, seed=1, pad=2):
 # ---- vision-language models with a 1-D text RoPE ---------------------------------------------
 
 #: Vision-language model types whose text tower rotates with ordinary 1-D positions and whose
-#: vision tower has Qwen2-VL's axial 2-D RoPE; each built tiny (the COMMON text tower, a 2-layer
-#: vision tower of head_dim 16 and 4x4-pixel patches) by :func:`build_vision_vlm`.
-VISION_VLM = ("video_llama_3",)
-_VISION_TOWER = dict(
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    patch_size=4,
-    initializer_range=0.2,
-)
+#: vision tower has Qwen2-VL's axial 2-D RoPE, each with the model type of its text tower. Each is
+#: built tiny by :func:`build_vision_vlm`: the text tower as :func:`tiny_config` makes that type,
+#: the default vision tower shrunk to 2 layers of 2 heads of 16 with 4x4-pixel patches.
+VISION_VLM = {"video_llama_3": "qwen2", "lfm3_vl": "lfm3", "exaone4_5": "exaone4"}
+_CONFIG_ONLY = ("model_type", "transformers_version", "architectures", "id2label", "label2id")
+# The top-level fields of the tiny VLM configs: the test batch's token ids, projector sizes.
+_VLM_TOP = {
+    **dict.fromkeys(("image_token_id", "image_token_index"), IMAGE),
+    **dict.fromkeys(("video_token_id", "video_token_index"), VIDEO),
+    "vision_start_token_id": VISION_START,
+    "vision_end_token_id": VISION_END,
+    **dict.fromkeys(("projector_hidden_size", "projection_hidden_size"), 64),
+}
+
+
+def _fields(config):
+    return {
+        k: v for k, v in config.to_dict().items() if k not in _CONFIG_ONLY[1:] and v is not None
+    }
 
 
 def vision_vlm_config(name):
     """The transformers config of one tiny model of :data:`VISION_VLM`."""
-    import transformers as tf
+    from transformers import AutoConfig
 
-    if name == "video_llama_3":
-        return tf.VideoLlama3Config(
-            text_config=dict(COMMON, initializer_range=0.2),
-            vision_config=_VISION_TOWER,
-            image_token_id=IMAGE,
-            video_token_id=VIDEO,
-        )
-    raise KeyError(name)
+    default = AutoConfig.for_model(name)
+    # initializer_range 0.2: RoPE must move the tiny random model's output (see _VISION).
+    text = dict(_fields(tiny_config(VISION_VLM[name])), initializer_range=0.2)
+    vision = _shrink(_fields(default.vision_config))
+    vision.update(hidden_size=32, patch_size=4, initializer_range=0.2)
+    for key in ("num_attention_heads", "num_heads", "num_key_value_heads"):
+        if key in vision:
+            vision[key] = 2
+    if "out_hidden_size" in vision:
+        vision["out_hidden_size"] = text["hidden_size"]
+    top = {
+        k: _VLM_TOP.get(k, v)
+        for k, v in default.to_dict().items()
+        if k not in _CONFIG_ONLY and k not in ("vision_config", "text_config")
+    }
+    return type(default)(text_config=text, vision_config=vision, **top)
 
 
 def build_vision_vlm(name, seed=0):
     """``(model, inputs, text_layers, vision_layers, vision_states)`` of one tiny model of
     :data:`VISION_VLM`: the fresh random-weight model (fp32, eager attention, eval mode), its
-    inputs (one image per row, 4x6 and 6x4 patches, the second row left-padded), its text and
-    vision attention layers, and a function of (model, inputs) giving the vision tower's last
-    hidden states."""
+    inputs (one image per row, 4x6 and 6x4 patches, the second row left-padded), its attention
+    layers that rotate (text, vision), and a function of (model, inputs) giving the vision
+    tower's last hidden states."""
     from transformers import AutoModelForImageTextToText
+
+    import torch_rope.hf as hf
 
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(
@@ -810,19 +828,25 @@ def build_vision_vlm(name, seed=0):
         rows.append([0] * (pad * i) + text[:3] + [IMAGE] * (t * h * w // merge**2) + text[3:])
     ids = torch.tensor(rows)
     vision = model.config.vision_config
-    pixels = torch.randn(
-        int(grids.prod(-1).sum()), vision.num_channels * vision.patch_size**2, generator=g
+    channels = getattr(vision, "in_channels", None) or getattr(vision, "num_channels", 3)
+    channels *= getattr(vision, "temporal_patch_size", None) or 1
+    pixels = torch.randn(int(grids.prod(-1).sum()), channels * vision.patch_size**2, generator=g)
+    inputs = dict(
+        input_ids=ids, attention_mask=(ids != 0).long(), pixel_values=pixels, image_grid_thw=grids
     )
-    inputs = dict(input_ids=ids, attention_mask=(ids != 0).long(), pixel_values=pixels)
+    extra = {}
     if name == "video_llama_3":
-        inputs.update(image_grid_thw=grids, image_merge_sizes=torch.tensor([merge, merge]))
-        text_layers = [layer.self_attn for layer in model.model.language_model.layers]
-        vision_layers = [layer.self_attn for layer in model.model.vision_model.encoder.layers]
+        inputs["image_merge_sizes"] = extra["merge_sizes"] = torch.tensor([merge, merge])
+    tower = next(
+        n for n, _ in model.model.named_children() if n in ("visual", "vision_tower", "vision_model")
+    )
 
-        def vision_states(m, x):
-            out = m.model.vision_model(
-                x["pixel_values"], grid_thw=x["image_grid_thw"], merge_sizes=x["image_merge_sizes"]
-            )
-            return out.last_hidden_state
+    def vision_states(m, x):
+        with torch.no_grad():
+            out = getattr(m.model, tower)(x["pixel_values"], grid_thw=x["image_grid_thw"], **extra)
+        return out.last_hidden_state
 
+    modules = list(model.modules())
+    text_layers = [m for m in modules if hf._calls_hf_apply(m)]
+    vision_layers = [m for m in modules if hf._calls_hf_apply(m, (hf._HF_VISION_NAME,))]
     return model, inputs, text_layers, vision_layers, vision_states

@@ -837,9 +837,8 @@ def build_vision_vlm(name, seed=0):
     extra = {}
     if name == "video_llama_3":
         inputs["image_merge_sizes"] = extra["merge_sizes"] = torch.tensor([merge, merge])
-    tower = next(
-        n for n, _ in model.model.named_children() if n in ("visual", "vision_tower", "vision_model")
-    )
+    towers = ("visual", "vision_tower", "vision_model")
+    tower = next(n for n, _ in model.model.named_children() if n in towers)
 
     def vision_states(m, x):
         with torch.no_grad():

@@ -87,7 +87,11 @@ _TEXT_TOWERS = (
 #: Vision-language models whose text tower rotates with ordinary 1-D positions (patched as a text
 #: model is) and whose vision tower has the same axial 2-D RoPE as Qwen2-VL's (patched as the
 #: vision towers of :data:`_VLM_TYPES` are).
-_VISION_TOWER_TYPES = ("video_llama_3", "lfm3_vl", "exaone4_5")
+_VISION_TOWER_TYPES = ("video_llama_3", "lfm3_vl", "exaone4_5", "minimax_m3_vl")
+#: Vision towers whose axial RoPE has more than the (row, column) axes: MiniMax-M3-VL's turns the
+#: first third of each head by the frame, the second by the row, the third by the column (each
+#: rounded down to whole pairs; the rest of the head passes through).
+_VISION_AXES = {"minimax_m3_vl": 3}
 
 #: transformers model types that :func:`patch` knows: each was checked against the unpatched model
 #: (fp32 logits, greedy generation with a KV cache, bf16 error) by this project's tests. The text
@@ -394,7 +398,7 @@ _REFUSED: Dict[str, str] = {
         _NOT_TEXT,
     ),
     **dict.fromkeys(
-        ("kimi_k25", "minimax_m3_vl", "muse_glimmer"),
+        ("kimi_k25", "muse_glimmer"),
         _VISION_ROPE,
     ),
     **dict.fromkeys(
@@ -849,7 +853,9 @@ class _AxialTables(nn.Module):
     """A vision tower's 2-D RoPE tables: ``cos[p, k] = cos(p * inv_freq[k mod n])`` for the
     ``2 n`` planes (n per axis; the frequencies restart on each axis), built in float64 and
     stored float32 as non-persistent buffers that keep their dtype when the model is cast.
-    Planes ``[0, n)`` turn by the row, ``[n, 2n)`` by the column (``mrope_section = [n, n]``)."""
+    Planes ``[0, n)`` turn by the row, ``[n, 2n)`` by the column (``mrope_section = [n, n]``);
+    with three axes (:data:`_VISION_AXES`), frame, row and column, ``[n, n, n]``, and the planes
+    past ``3 n`` pass through."""
 
     interleaved = False
     mrope_interleaved = False
@@ -872,9 +878,12 @@ class _AxialTables(nn.Module):
         return f"max_seq_len={self.max_seq_len}, mrope_section={self.mrope_section}"
 
 
-def _vision_tables(rotary: nn.Module, head_dim: int, max_seq_len: int) -> _AxialTables:
+def _vision_tables(
+    rotary: nn.Module, head_dim: int, max_seq_len: int, axes: int = 2
+) -> _AxialTables:
     """The vision rotary module's tables, after checking that its frequencies are the axial ones
-    this builds (theta^(-2j/(head_dim/2)) per axis, no attention factor)."""
+    this builds (theta^(-2j/(head_dim/2)) per axis, no attention factor; with three axes,
+    theta^(-2j/(2n)) for the n pairs of each third of the head)."""
     config = rotary.config
     params = getattr(config, "rope_parameters", None) or {}
     refusal = (
@@ -888,13 +897,14 @@ def _vision_tables(rotary: nn.Module, head_dim: int, max_seq_len: int) -> _Axial
     n = hf_inv_freq.numel()
     theta = float(params["rope_theta"])
     ours = theta ** (-torch.arange(0, 2 * n, 2, dtype=torch.float64) / (2 * n))
+    whole = 4 * n == head_dim if axes == 2 else n == (head_dim // axes) // 2
     if not (
-        4 * n == head_dim
+        whole
         and float(hf_scaling) == 1.0
         and torch.allclose(ours.float(), hf_inv_freq.float(), rtol=1e-5, atol=0)
     ):
         raise NotImplementedError(refusal)
-    return _AxialTables(ours, 2, max_seq_len, rotary.inv_freq.device)
+    return _AxialTables(ours, axes, max_seq_len, rotary.inv_freq.device)
 
 
 def _patched_vision_rotary_forward(self, x: Tensor, position_ids: Tensor):
@@ -1071,11 +1081,14 @@ def _self_check_vision(rotary: nn.Module, attention: nn.Module) -> None:
     hidden = torch.randn(length, weight.size(1), generator=generator)
     hidden = hidden.to(device=device, dtype=dtype)
     steps = torch.arange(length, device=device)
-    positions = torch.stack([steps // 3, (steps * 5 + 1) % 7], dim=-1)  # (N, 2): row, column
+    # (N, 2): row, column (three axes: frame, row, column)
+    axes = [steps // 3, (steps * 5 + 1) % 7, (steps * 3 + 2) % 5]
+    positions = torch.stack(axes[-len(tables.mrope_section) :], dim=-1)
     n = tables.mrope_section[0]
-    # HF's vision rotary makes freqs (N, 2, n) and recomposes them to (N, 4n).
-    cos = torch.stack([tables.cos[positions[:, a], a * n : (a + 1) * n] for a in (0, 1)], 1)
-    sin = torch.stack([tables.sin[positions[:, a], a * n : (a + 1) * n] for a in (0, 1)], 1)
+    # HF's vision rotary makes freqs (N, A, n) and recomposes them to (N, 2 A n).
+    planes = range(len(tables.mrope_section))
+    cos = torch.stack([tables.cos[positions[:, a], a * n : (a + 1) * n] for a in planes], 1)
+    sin = torch.stack([tables.sin[positions[:, a], a * n : (a + 1) * n] for a in planes], 1)
     cu_seqlens = torch.tensor([0, length], device=device, dtype=torch.int32)
     with torch.no_grad():
         try:
@@ -1113,7 +1126,8 @@ def _patch_vision(model: nn.Module, model_type: str, record: "_Patch", rows: int
             f"torch_rope.hf.patch: the vision attention layers of this {model_type} model have "
             f"head dims {head_dims}; not patching"
         )
-    rotary.torch_rope = _vision_tables(rotary, head_dims.pop(), rows)
+    axes = _VISION_AXES.get(model_type, 2)
+    rotary.torch_rope = _vision_tables(rotary, head_dims.pop(), rows, axes)
     record.rotary.append(rotary)
     checked = set()
     for attention in attentions:

@@ -766,7 +766,12 @@ def vlm_batch(config, seed=1, pad=2):
 #: vision tower has Qwen2-VL's axial 2-D RoPE, each with the model type of its text tower. Each is
 #: built tiny by :func:`build_vision_vlm`: the text tower as :func:`tiny_config` makes that type,
 #: the default vision tower shrunk to 2 layers of 2 heads of 16 with 4x4-pixel patches.
-VISION_VLM = {"video_llama_3": "qwen2", "lfm3_vl": "lfm3", "exaone4_5": "exaone4"}
+VISION_VLM = {
+    "video_llama_3": "qwen2",
+    "lfm3_vl": "lfm3",
+    "exaone4_5": "exaone4",
+    "minimax_m3_vl": "minimax_m3_vl_text",
+}
 _CONFIG_ONLY = ("model_type", "transformers_version", "architectures", "id2label", "label2id")
 # The top-level fields of the tiny VLM configs: the test batch's token ids, projector sizes.
 _VLM_TOP = {

@@ -779,7 +779,7 @@ _VLM_TOP = {
     **dict.fromkeys(("video_token_id", "video_token_index"), VIDEO),
     "vision_start_token_id": VISION_START,
     "vision_end_token_id": VISION_END,
-    **dict.fromkeys(("projector_hidden_size", "projection_hidden_size"), 64),
+    "projector_hidden_size": 64,
 }
 
 

@@ -1164,6 +1164,9 @@ def patch(
       multi-axis positions with the model's ``mrope_section`` (and Qwen3-VL's interleaved rule);
       each vision block rotates its patches' q/k with one ``apply_qk`` at their (row, column)
       positions (``mrope_section = [n, n]``), with tables of ``max_vision_positions`` rows.
+      VideoLLaMA3, LFM3-VL, EXAONE 4.5 and MiniMax-M3-VL (:data:`_VISION_TOWER_TYPES`): the text
+      tower is patched as a text model is, the vision tower as above (MiniMax-M3-VL's at
+      (frame, row, column) positions).
     * Only this model is changed: new forwards are bound to its modules, not to their classes.
       :func:`unpatch` restores them. The model stays compilable with ``torch.compile``, and a
       patched model saved whole (``torch.save(model)``) loads patched.

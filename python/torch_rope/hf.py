@@ -54,6 +54,7 @@ _VLM_TYPES: Dict[str, Tuple[bool, bool]] = {
     "qwen3_vl_moe": (False, True),
     "glm4v": (True, False),
     "glm4v_moe": (False, False),
+    "glm_ocr": (True, False),
     # Text towers on their own: multi-axis text positions, no vision tower to patch.
     "qwen2_vl_text": (False, False),
     "qwen2_5_vl_text": (False, False),
@@ -401,7 +402,6 @@ _REFUSED: Dict[str, str] = {
             "cosmos3_edge",
             "ernie4_5_vl_moe",
             "glm_image",
-            "glm_ocr",
             "hunyuan_vl",
             "neomme",
             "paddleocr_vl",

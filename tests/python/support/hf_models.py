@@ -610,7 +610,7 @@ def rotary_base_model_types():
 #: The vision-language model types, each built tiny with a 2-layer text tower (head_dim 32: 16
 #: rotary planes, so the sections below deal them to three axes as the real checkpoints do) and
 #: a 2-block vision tower (head_dim 16, patches of 4x4 pixels).
-VLM = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm4v_moe")
+VLM = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm4v_moe", "glm_ocr")
 IMAGE, VIDEO, VISION_START, VISION_END = 250, 251, 252, 253
 _VLM_TEXT = dict(
     vocab_size=256,
@@ -685,7 +685,7 @@ def vlm_config(name):
             cls = tf.Qwen3VLMoeConfig
         tokens = dict(_TOKENS, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
         return cls(text_config=text, vision_config=vision, **tokens)
-    if name in ("glm4v", "glm4v_moe"):
+    if name in ("glm4v", "glm4v_moe", "glm_ocr"):
         # Partial rotary (half the head), sections as GLM-4.1V's [8, 12, 12] of 32 planes.
         text = dict(
             _VLM_TEXT,
@@ -708,6 +708,8 @@ def vlm_config(name):
                 first_k_dense_replace=1,
             )
             cls = tf.Glm4vMoeConfig
+        if name == "glm_ocr":
+            cls = tf.GlmOcrConfig
         tokens = dict(
             _TOKENS,
             image_start_token_id=VISION_START,

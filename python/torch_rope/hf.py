@@ -55,6 +55,7 @@ _VLM_TYPES: Dict[str, Tuple[bool, bool]] = {
     "glm4v": (True, False),
     "glm4v_moe": (False, False),
     "glm_ocr": (True, False),
+    "paddleocr_vl": (False, False),
     # Text towers on their own: multi-axis text positions, no vision tower to patch.
     "qwen2_vl_text": (False, False),
     "qwen2_5_vl_text": (False, False),
@@ -404,7 +405,6 @@ _REFUSED: Dict[str, str] = {
             "glm_image",
             "hunyuan_vl",
             "neomme",
-            "paddleocr_vl",
         ),
         _MROPE_VLM,
     ),
@@ -1159,7 +1159,8 @@ def patch(
     * Attention layers that RMS-normalise each head of q and k right before RoPE (Qwen3, Gemma 3,
       ...) call one ``rope::rms_norm_apply_qk`` instead of their q/k norms and ``apply_qk``, when
       their norms pass a probe and the fused layer passes the self-check (docs/huggingface.md).
-    * Vision-language models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V and their MoE variants): the
+    * Vision-language models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V and their MoE variants,
+      GLM-OCR, PaddleOCR-VL): the
       text tower's (3, B, S) temporal/height/width position ids reach ``apply_qk`` as (B, 1, S, 3)
       multi-axis positions with the model's ``mrope_section`` (and Qwen3-VL's interleaved rule);
       each vision block rotates its patches' q/k with one ``apply_qk`` at their (row, column)

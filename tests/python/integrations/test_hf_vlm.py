@@ -38,8 +38,20 @@ def logits(model, inputs):
 def vision_states(model, inputs):
     """The vision tower's last hidden states (before the merger): what its RoPE moves most."""
     with torch.no_grad():
-        out = model.model.visual(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"])
+        pixels = inputs["pixel_values"]
+        if model.config.model_type == "paddleocr_vl":  # its model hands the tower (1, N, ...)
+            pixels = pixels.unsqueeze(0)
+        out = model.model.visual(pixels, grid_thw=inputs["image_grid_thw"])
     return out.last_hidden_state
+
+
+def vision_rotary(model):
+    (rotary,) = [
+        m
+        for m in model.model.visual.modules()
+        if type(m).__name__.endswith("VisionRotaryEmbedding")
+    ]
+    return rotary
 
 
 def generate(model, inputs, new_tokens=4):
@@ -52,7 +64,7 @@ def generate(model, inputs, new_tokens=4):
 def towers(model):
     """(text attention layers, vision attention layers) of a tiny VLM."""
     text = [layer.self_attn for layer in model.model.language_model.layers]
-    vision = [block.attn for block in model.model.visual.blocks]
+    vision = [m for m in model.model.visual.modules() if type(m).__name__.endswith("Attention")]
     return text, vision
 
 
@@ -143,7 +155,7 @@ def test_wrong_axes_move_the_logits(name):
     assert torch.equal(logits(model, inputs), right)
 
     right_vision = vision_states(model, inputs)
-    rotary = model.model.visual.rotary_pos_emb
+    rotary = vision_rotary(model)
     patched = rotary.forward
     rotary.forward = lambda x, position_ids: patched(x, position_ids.flip(-1))
     assert rel_err(vision_states(model, inputs), right_vision) > 1e-3
@@ -159,7 +171,7 @@ def test_vlm_bfloat16_error_within_hf_own(name):
     hf_bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
     ours_bf16 = torch_rope.hf.patch(copy.deepcopy(fp32)).to(torch.bfloat16)
     assert ours_bf16.model.language_model.rotary_emb.torch_rope["all"].cos.dtype == torch.float32
-    assert ours_bf16.model.visual.rotary_pos_emb.torch_rope.cos.dtype == torch.float32
+    assert vision_rotary(ours_bf16).torch_rope.cos.dtype == torch.float32
     bf16_inputs = dict(inputs, pixel_values=inputs["pixel_values"].to(torch.bfloat16))
     hf_err = (logits(hf_bf16, bf16_inputs).double() - want).abs().max().item()
     our_err = (logits(ours_bf16, bf16_inputs).double() - want).abs().max().item()

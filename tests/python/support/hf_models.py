@@ -610,7 +610,16 @@ def rotary_base_model_types():
 #: The vision-language model types, each built tiny with a 2-layer text tower (head_dim 32: 16
 #: rotary planes, so the sections below deal them to three axes as the real checkpoints do) and
 #: a 2-block vision tower (head_dim 16, patches of 4x4 pixels).
-VLM = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm4v_moe", "glm_ocr")
+VLM = (
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "qwen3_vl_moe",
+    "glm4v",
+    "glm4v_moe",
+    "glm_ocr",
+    "paddleocr_vl",
+)
 IMAGE, VIDEO, VISION_START, VISION_END = 250, 251, 252, 253
 _VLM_TEXT = dict(
     vocab_size=256,
@@ -641,6 +650,28 @@ def vlm_config(name):
     """The transformers config of one tiny vision-language test model (a name of :data:`VLM`)."""
     import transformers as tf
 
+    if name == "paddleocr_vl":
+        # Contiguous sections as Qwen2-VL's; patches of one frame, (N, C, P, P).
+        text = dict(
+            _VLM_TEXT,
+            head_dim=32,
+            rope_parameters=dict(rope_type="default", rope_theta=5e5, mrope_section=[6, 5, 5]),
+        )
+        vision = dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            patch_size=4,
+            spatial_merge_size=2,
+            image_size=32,
+            initializer_range=0.2,
+        )
+        tokens = dict(_TOKENS, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
+        config = tf.PaddleOCRVLConfig(text_config=text, vision_config=vision, **tokens)
+        config.vision_config.temporal_patch_size = 1
+        config.vision_config.in_channels = 3
+        return config
     if name in ("qwen2_vl", "qwen2_5_vl"):
         # Contiguous sections, as Qwen2-VL's [16, 24, 24] of 64 planes.
         text = dict(
@@ -753,6 +784,8 @@ def vlm_batch(config, seed=1, pad=2):
     mask = (ids != 0).long()
     channels = config.vision_config.in_channels * config.vision_config.temporal_patch_size
     pixels = torch.randn(int(grids.prod(-1).sum()), channels * patch * patch, generator=g)
+    if config.model_type == "paddleocr_vl":  # patches as images
+        pixels = pixels.view(-1, channels, patch, patch)
     return dict(
         input_ids=ids,
         attention_mask=mask,

@@ -52,8 +52,9 @@ SLOW = [
     *(f"tiny:{t}" for t in hf_models.TINY if f"tiny:{t}" not in FAST),
     *(f"base:{t}" for t in hf_models.BASE),
     *(f"text:{t}" for t in hf_models.TEXT),
-    # The VLM types' text towers on their own (AutoModel of the text config test_hf_vlm.py uses).
-    *(f"vlm_text:{t}" for t in hf_models.VLM),
+    # The VLM types' text towers on their own (AutoModel of the text config test_hf_vlm.py uses;
+    # PaddleOCR-VL's text model is no AutoModel type).
+    *(f"vlm_text:{t}" for t in hf_models.VLM if t != "paddleocr_vl"),
 ]
 ALL = [pytest.param(n) for n in FAST] + [pytest.param(n, marks=pytest.mark.slow) for n in SLOW]
 
@@ -486,6 +487,7 @@ def test_every_supported_model_type_is_tested_here():
     tested = {hf_models.config(n).get_text_config().model_type for n in SLOW if n[:5] == "text:"}
     tested |= {hf_models.config(n).model_type for n in FAST + SLOW if n[:5] != "text:"}
     tested |= {hf_models.vlm_config(n).model_type for n in hf_models.VLM}
+    tested |= {hf_models.vision_vlm_config(n).model_type for n in hf_models.VISION_VLM}
     assert set(torch_rope.hf.SUPPORTED_MODEL_TYPES) == tested
 
 

@@ -19,7 +19,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 import hf_models  # noqa: E402
-from test_hf import OpCounter, rel_err, rope_calls  # noqa: E402
+from test_hf import HFRotations, OpCounter, rel_err, rope_calls  # noqa: E402
 
 import torch_rope  # noqa: E402
 import torch_rope.hf  # noqa: E402
@@ -38,8 +38,20 @@ def logits(model, inputs):
 def vision_states(model, inputs):
     """The vision tower's last hidden states (before the merger): what its RoPE moves most."""
     with torch.no_grad():
-        out = model.model.visual(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"])
+        pixels = inputs["pixel_values"]
+        if model.config.model_type == "paddleocr_vl":  # its model hands the tower (1, N, ...)
+            pixels = pixels.unsqueeze(0)
+        out = model.model.visual(pixels, grid_thw=inputs["image_grid_thw"])
     return out.last_hidden_state
+
+
+def vision_rotary(model):
+    (rotary,) = [
+        m
+        for m in model.model.visual.modules()
+        if type(m).__name__.endswith("VisionRotaryEmbedding")
+    ]
+    return rotary
 
 
 def generate(model, inputs, new_tokens=4):
@@ -52,15 +64,16 @@ def generate(model, inputs, new_tokens=4):
 def towers(model):
     """(text attention layers, vision attention layers) of a tiny VLM."""
     text = [layer.self_attn for layer in model.model.language_model.layers]
-    vision = [block.attn for block in model.model.visual.blocks]
+    vision = [m for m in model.model.visual.modules() if type(m).__name__.endswith("Attention")]
     return text, vision
 
 
 class PerLayer:
     """torch_rope rotations (test_hf.rope_calls) made inside each of ``layers``, per forward."""
 
-    def __init__(self, counter, layers):
+    def __init__(self, counter, layers, read=rope_calls):
         self.calls = {id(layer): [] for layer in layers}
+        self.read = read
         self.handles = []
         for layer in layers:
             self.handles.append(layer.register_forward_pre_hook(self._before))
@@ -68,10 +81,10 @@ class PerLayer:
         self.counter, self._start = counter, {}
 
     def _before(self, layer, args):
-        self._start[id(layer)] = rope_calls(self.counter)
+        self._start[id(layer)] = self.read(self.counter)
 
     def _after(self, layer, args, output):
-        self.calls[id(layer)].append(rope_calls(self.counter) - self._start[id(layer)])
+        self.calls[id(layer)].append(self.read(self.counter) - self._start[id(layer)])
 
     def __enter__(self):
         return self
@@ -142,7 +155,7 @@ def test_wrong_axes_move_the_logits(name):
     assert torch.equal(logits(model, inputs), right)
 
     right_vision = vision_states(model, inputs)
-    rotary = model.model.visual.rotary_pos_emb
+    rotary = vision_rotary(model)
     patched = rotary.forward
     rotary.forward = lambda x, position_ids: patched(x, position_ids.flip(-1))
     assert rel_err(vision_states(model, inputs), right_vision) > 1e-3
@@ -158,7 +171,7 @@ def test_vlm_bfloat16_error_within_hf_own(name):
     hf_bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
     ours_bf16 = torch_rope.hf.patch(copy.deepcopy(fp32)).to(torch.bfloat16)
     assert ours_bf16.model.language_model.rotary_emb.torch_rope["all"].cos.dtype == torch.float32
-    assert ours_bf16.model.visual.rotary_pos_emb.torch_rope.cos.dtype == torch.float32
+    assert vision_rotary(ours_bf16).torch_rope.cos.dtype == torch.float32
     bf16_inputs = dict(inputs, pixel_values=inputs["pixel_values"].to(torch.bfloat16))
     hf_err = (logits(hf_bf16, bf16_inputs).double() - want).abs().max().item()
     our_err = (logits(ours_bf16, bf16_inputs).double() - want).abs().max().item()
@@ -212,3 +225,88 @@ def test_vlm_type_not_yet_supported_is_refused_by_name():
     model.config = config
     with pytest.raises(NotImplementedError, match=r"model type 'qwen2_5_omni' is not supported"):
         torch_rope.hf.patch(model)
+
+
+# ---- vision-language models with a 1-D text RoPE (hf_models.VISION_VLM) ----------------------
+
+VISION_VLM = [pytest.param(n, marks=pytest.mark.slow) for n in hf_models.VISION_VLM]
+
+
+def rotaries(model):
+    """(text rotary module, vision rotary module) of a model of hf_models.VISION_VLM."""
+    found = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+    text = [m for m in found if not type(m).__name__.endswith("VisionRotaryEmbedding")]
+    vision = [m for m in found if type(m).__name__.endswith("VisionRotaryEmbedding")]
+    assert len(text) == 1 and len(vision) == 1
+    return text[0], vision[0]
+
+
+@pytest.mark.parametrize("name", VISION_VLM)
+def test_patched_vision_tower_vlm_matches_unpatched(name, monkeypatch):
+    """As test_patched_vlm_matches_unpatched, for a VLM whose text tower has 1-D positions: fp32
+    logits and vision states, greedy generation with a KV cache (the image in the prompt, a
+    left-padded row), one rotation in every vision layer and in every text layer that the
+    unpatched model rotates in (none in a NoPE layer), no HF cos/sin."""
+    reference, inputs, hf_text, _, vision_states = hf_models.build_vision_vlm(name)
+    model, _, text, vision, _ = hf_models.build_vision_vlm(name)  # the same weights (same seed)
+    hf_rotations = HFRotations(monkeypatch, reference)
+    with PerLayer(hf_rotations, hf_text, read=lambda r: r.calls) as hf_per_layer:
+        want = logits(reference, inputs)
+    rotating = [calls == [1] for calls in hf_per_layer.calls.values()]
+    assert any(rotating) and all(c in ([0], [1]) for c in hf_per_layer.calls.values())
+    want_vision = vision_states(reference, inputs)
+    assert rel_err(logits(model, inputs), want) == 0
+
+    assert torch_rope.hf.patch(model) is model
+    assert model.state_dict().keys() == reference.state_dict().keys()
+    text = [layer for layer, rotates in zip(text, rotating) if rotates]
+    with OpCounter() as counter, PerLayer(counter, text + vision) as per_layer:
+        got = logits(model, inputs)
+    assert all(calls == [1] for calls in per_layer.calls.values()), per_layer.calls
+    assert rope_calls(counter) == len(text) + len(vision)
+    assert counter.counts.get("aten.cos", 0) == 0 and counter.counts.get("aten.sin", 0) == 0
+    assert rel_err(got, want) <= 1e-5, rel_err(got, want)
+    got_vision = vision_states(model, inputs)
+    assert rel_err(got_vision, want_vision) <= 1e-5, rel_err(got_vision, want_vision)
+
+    want_tokens = generate(reference, inputs)
+    with OpCounter() as counter, PerLayer(counter, text + vision) as per_layer:
+        got_tokens = generate(model, inputs)
+    assert torch.equal(got_tokens, want_tokens), (got_tokens, want_tokens)
+    assert all(per_layer.calls[id(layer)] == [1] * 4 for layer in text), per_layer.calls
+    assert all(per_layer.calls[id(layer)] == [1] for layer in vision), per_layer.calls
+
+
+@pytest.mark.parametrize("name", VISION_VLM)
+def test_vision_tower_vlm_wrong_layout_or_axes_move_the_logits(name):
+    """Negative controls: the other pair layout in the text tower, and the vision tower's rows and
+    columns swapped, must each move the output."""
+    model, inputs, _, _, vision_states = hf_models.build_vision_vlm(name)
+    torch_rope.hf.patch(model)
+    right, right_vision = logits(model, inputs), vision_states(model, inputs)
+    text_rotary, vision_rotary = rotaries(model)
+    for tables in text_rotary.torch_rope.values():
+        tables.interleaved = not tables.interleaved
+    assert rel_err(logits(model, inputs), right) > 1e-3
+    for tables in text_rotary.torch_rope.values():
+        tables.interleaved = not tables.interleaved
+    assert torch.equal(logits(model, inputs), right)
+
+    patched = vision_rotary.forward
+    vision_rotary.forward = lambda x, position_ids: patched(x, position_ids.flip(-1))
+    assert rel_err(vision_states(model, inputs), right_vision) > 1e-3
+    assert rel_err(logits(model, inputs), right) > 1e-5  # the fp32 tolerance of the match test
+
+
+@pytest.mark.parametrize("name", VISION_VLM)
+def test_vision_tower_vlm_bfloat16_error_within_hf_own(name):
+    fp32, inputs, _, _, _ = hf_models.build_vision_vlm(name)
+    want = logits(fp32, inputs).double()
+    hf_bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
+    ours_bf16 = torch_rope.hf.patch(copy.deepcopy(fp32)).to(torch.bfloat16)
+    assert all(t.cos.dtype == torch.float32 for t in rotaries(ours_bf16)[0].torch_rope.values())
+    assert rotaries(ours_bf16)[1].torch_rope.cos.dtype == torch.float32
+    bf16_inputs = dict(inputs, pixel_values=inputs["pixel_values"].to(torch.bfloat16))
+    hf_err = (logits(hf_bf16, bf16_inputs).double() - want).abs().max().item()
+    our_err = (logits(ours_bf16, bf16_inputs).double() - want).abs().max().item()
+    assert our_err <= 1.5 * hf_err, (our_err, hf_err)

@@ -168,6 +168,7 @@ TINY = (
     "cohere2",
     "cohere2_moe",
     "cwm",
+    "dbrx",
     "deepseek_v3",
     "diffllama",
     "doge",
@@ -191,8 +192,10 @@ TINY = (
     "glm4_moe_lite",
     "gpt_neox_japanese",
     "gpt_oss",
+    "granitemoehybrid",
     "granitemoeshared",
     "helium",
+    "hrm_text",
     "hunyuan_v1_dense",
     "hunyuan_v1_moe",
     "hy_v3",
@@ -204,6 +207,7 @@ TINY = (
     "kolibri1",
     "laguna",
     "lfm2",
+    "lfm2_moe",
     "lfm3",
     "longcat_flash",
     "mellum",
@@ -238,6 +242,7 @@ TINY = (
 #: model whose vision tower rotates too (2-D RoPE) is not here.
 BASE = (
     "aria",
+    "chameleon",
     "cosmos3_edge_text",
     "embedding_gemma2",
     "embedding_gemma2_text",
@@ -454,6 +459,18 @@ def _shrink(fields):
 # the vision-language models below.
 _TINY_OVERRIDES = {
     "bamba": dict(attn_layer_indices=[1]),
+    # Default configs that do not build a model: the fields they leave unset, given.
+    "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
+    "dbrx": dict(attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0)),
+    "chameleon": dict(vocabulary_map={"<image>": 255}),
+    # Its default is all Mamba layers and no RoPE: a Mamba layer, then a RoPE attention layer.
+    "granitemoehybrid": dict(
+        position_embedding_type="rope", layer_types=["linear_attention", "full_attention"]
+    ),
+    # One layer a stack, each stack run once per cycle: two layers in all.
+    "hrm_text": dict(
+        num_layers_per_stack=1, H_cycles=1, L_cycles=1, num_hidden_layers=2, initializer_range=0.2
+    ),
     **dict.fromkeys(
         (
             "minimax",
@@ -593,7 +610,16 @@ def rotary_base_model_types():
 #: The vision-language model types, each built tiny with a 2-layer text tower (head_dim 32: 16
 #: rotary planes, so the sections below deal them to three axes as the real checkpoints do) and
 #: a 2-block vision tower (head_dim 16, patches of 4x4 pixels).
-VLM = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm4v_moe")
+VLM = (
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "qwen3_vl_moe",
+    "glm4v",
+    "glm4v_moe",
+    "glm_ocr",
+    "paddleocr_vl",
+)
 IMAGE, VIDEO, VISION_START, VISION_END = 250, 251, 252, 253
 _VLM_TEXT = dict(
     vocab_size=256,
@@ -624,6 +650,28 @@ def vlm_config(name):
     """The transformers config of one tiny vision-language test model (a name of :data:`VLM`)."""
     import transformers as tf
 
+    if name == "paddleocr_vl":
+        # Contiguous sections as Qwen2-VL's; patches of one frame, (N, C, P, P).
+        text = dict(
+            _VLM_TEXT,
+            head_dim=32,
+            rope_parameters=dict(rope_type="default", rope_theta=5e5, mrope_section=[6, 5, 5]),
+        )
+        vision = dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            patch_size=4,
+            spatial_merge_size=2,
+            image_size=32,
+            initializer_range=0.2,
+        )
+        tokens = dict(_TOKENS, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
+        config = tf.PaddleOCRVLConfig(text_config=text, vision_config=vision, **tokens)
+        config.vision_config.temporal_patch_size = 1
+        config.vision_config.in_channels = 3
+        return config
     if name in ("qwen2_vl", "qwen2_5_vl"):
         # Contiguous sections, as Qwen2-VL's [16, 24, 24] of 64 planes.
         text = dict(
@@ -668,7 +716,7 @@ def vlm_config(name):
             cls = tf.Qwen3VLMoeConfig
         tokens = dict(_TOKENS, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
         return cls(text_config=text, vision_config=vision, **tokens)
-    if name in ("glm4v", "glm4v_moe"):
+    if name in ("glm4v", "glm4v_moe", "glm_ocr"):
         # Partial rotary (half the head), sections as GLM-4.1V's [8, 12, 12] of 32 planes.
         text = dict(
             _VLM_TEXT,
@@ -691,6 +739,8 @@ def vlm_config(name):
                 first_k_dense_replace=1,
             )
             cls = tf.Glm4vMoeConfig
+        if name == "glm_ocr":
+            cls = tf.GlmOcrConfig
         tokens = dict(
             _TOKENS,
             image_start_token_id=VISION_START,
@@ -734,6 +784,8 @@ def vlm_batch(config, seed=1, pad=2):
     mask = (ids != 0).long()
     channels = config.vision_config.in_channels * config.vision_config.temporal_patch_size
     pixels = torch.randn(int(grids.prod(-1).sum()), channels * patch * patch, generator=g)
+    if config.model_type == "paddleocr_vl":  # patches as images
+        pixels = pixels.view(-1, channels, patch, patch)
     return dict(
         input_ids=ids,
         attention_mask=mask,
@@ -741,3 +793,99 @@ def vlm_batch(config, seed=1, pad=2):
         image_grid_thw=grids,
         mm_token_type_ids=(ids == IMAGE).int(),
     )
+
+
+# ---- vision-language models with a 1-D text RoPE ---------------------------------------------
+
+#: Vision-language model types whose text tower rotates with ordinary 1-D positions and whose
+#: vision tower has Qwen2-VL's axial 2-D RoPE, each with the model type of its text tower. Each is
+#: built tiny by :func:`build_vision_vlm`: the text tower as :func:`tiny_config` makes that type,
+#: the default vision tower shrunk to 2 layers of 2 heads of 16 with 4x4-pixel patches.
+VISION_VLM = {
+    "video_llama_3": "qwen2",
+    "lfm3_vl": "lfm3",
+    "exaone4_5": "exaone4",
+    "minimax_m3_vl": "minimax_m3_vl_text",
+}
+_CONFIG_ONLY = ("model_type", "transformers_version", "architectures", "id2label", "label2id")
+# The top-level fields of the tiny VLM configs: the test batch's token ids, projector sizes.
+_VLM_TOP = {
+    **dict.fromkeys(("image_token_id", "image_token_index"), IMAGE),
+    **dict.fromkeys(("video_token_id", "video_token_index"), VIDEO),
+    "vision_start_token_id": VISION_START,
+    "vision_end_token_id": VISION_END,
+    "projector_hidden_size": 64,
+}
+
+
+def _fields(config):
+    return {
+        k: v for k, v in config.to_dict().items() if k not in _CONFIG_ONLY[1:] and v is not None
+    }
+
+
+def vision_vlm_config(name):
+    """The transformers config of one tiny model of :data:`VISION_VLM`."""
+    from transformers import AutoConfig
+
+    default = AutoConfig.for_model(name)
+    # initializer_range 0.2: RoPE must move the tiny random model's output (see _VISION).
+    text = dict(_fields(tiny_config(VISION_VLM[name])), initializer_range=0.2)
+    vision = _shrink(_fields(default.vision_config))
+    vision.update(hidden_size=32, patch_size=4, initializer_range=0.2)
+    for key in ("num_attention_heads", "num_heads", "num_key_value_heads"):
+        if key in vision:
+            vision[key] = 2
+    if "out_hidden_size" in vision:
+        vision["out_hidden_size"] = text["hidden_size"]
+    top = {
+        k: _VLM_TOP.get(k, v)
+        for k, v in default.to_dict().items()
+        if k not in _CONFIG_ONLY and k not in ("vision_config", "text_config")
+    }
+    return type(default)(text_config=text, vision_config=vision, **top)
+
+
+def build_vision_vlm(name, seed=0):
+    """``(model, inputs, text_layers, vision_layers, vision_states)`` of one tiny model of
+    :data:`VISION_VLM`: the fresh random-weight model (fp32, eager attention, eval mode), its
+    inputs (one image per row, 4x6 and 6x4 patches, the second row left-padded), its attention
+    layers that rotate (text, vision), and a function of (model, inputs) giving the vision
+    tower's last hidden states."""
+    from transformers import AutoModelForImageTextToText
+
+    import torch_rope.hf as hf
+
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(
+        vision_vlm_config(name), attn_implementation="eager"
+    ).eval()
+    g = torch.Generator().manual_seed(1)
+    grids = torch.tensor([[1, 4, 6], [1, 6, 4]])
+    pad, merge, rows = 2, 2, []
+    for i, (t, h, w) in enumerate(grids.tolist()):
+        text = torch.randint(2, 240, (5 + pad * (1 - i),), generator=g).tolist()
+        rows.append([0] * (pad * i) + text[:3] + [IMAGE] * (t * h * w // merge**2) + text[3:])
+    ids = torch.tensor(rows)
+    vision = model.config.vision_config
+    channels = getattr(vision, "in_channels", None) or getattr(vision, "num_channels", 3)
+    channels *= getattr(vision, "temporal_patch_size", None) or 1
+    pixels = torch.randn(int(grids.prod(-1).sum()), channels * vision.patch_size**2, generator=g)
+    inputs = dict(
+        input_ids=ids, attention_mask=(ids != 0).long(), pixel_values=pixels, image_grid_thw=grids
+    )
+    extra = {}
+    if name == "video_llama_3":
+        inputs["image_merge_sizes"] = extra["merge_sizes"] = torch.tensor([merge, merge])
+    towers = ("visual", "vision_tower", "vision_model")
+    tower = next(n for n, _ in model.model.named_children() if n in towers)
+
+    def vision_states(m, x):
+        with torch.no_grad():
+            out = getattr(m.model, tower)(x["pixel_values"], grid_thw=x["image_grid_thw"], **extra)
+        return out.last_hidden_state
+
+    modules = list(model.modules())
+    text_layers = [m for m in modules if hf._calls_hf_apply(m)]
+    vision_layers = [m for m in modules if hf._calls_hf_apply(m, (hf._HF_VISION_NAME,))]
+    return model, inputs, text_layers, vision_layers, vision_states

@@ -31,6 +31,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "load_floats.h"
+
 #ifndef CPU_CAPABILITY
 #error "fp8_rows.cpp must be compiled with -DCPU_CAPABILITY=<DEFAULT|AVX2|AVX512|AVX512_BF16>"
 #endif
@@ -103,17 +105,6 @@ inline uint8_t encode_saturated(float x) {
   return static_cast<uint8_t>(r | ((bits >> 24) & 0x80u));
 }
 
-template <typename scalar_t>
-inline Vec load_vec(const scalar_t* p) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    return Vec::loadu(p);
-  } else {
-    Vec v;
-    at::vec::load_to_float<scalar_t>(p, v);
-    return v;
-  }
-}
-
 // out[i] = the quotient quantize_fp8 (kv_cache_args.h) rounds: src[i] / scale in float32, or
 // for double src float(src[i] / scale) in float64. (quantize_fp8 saturates the float64 quotient
 // before rounding it to float32; float rounding is monotonic and the max is a float, so
@@ -129,7 +120,7 @@ inline void divide_chunk(const scalar_t* src, float* out, int64_t n, float scale
     const Vec vs(scale);
     int64_t i = 0;
     for (; i + kW <= n; i += kW) {
-      (load_vec(src + i) / vs).store(out + i);
+      (load_floats(src + i) / vs).store(out + i);
     }
     for (; i < n; ++i) {
       out[i] = static_cast<float>(src[i]) / scale;
@@ -164,7 +155,7 @@ void quantize_typed(const scalar_t* src, uint8_t* dst, int64_t n, float scale) {
     const Vec vs(scale);
     int64_t i = 0;
     for (; i + kW <= n; i += kW) {
-      store_fp8<F>(load_vec(src + i) / vs, dst + i);
+      store_fp8<F>(load_floats(src + i) / vs, dst + i);
     }
     for (; i < n; ++i) {
       dst[i] = encode_saturated<F>(static_cast<float>(src[i]) / scale);
@@ -195,7 +186,7 @@ template <typename scalar_t>
 void widen_typed(const scalar_t* src, float* dst, int64_t n) {
   int64_t i = 0;
   for (; i + kW <= n; i += kW) {
-    load_vec(src + i).store(dst + i);
+    load_floats(src + i).store(dst + i);
   }
   for (; i < n; ++i) {
     dst[i] = static_cast<float>(src[i]);

@@ -21,6 +21,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "load_floats.h"
 #include "mixed_rows.h"
 #include "row_cursor.h"
 
@@ -42,17 +43,6 @@ namespace {
 
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kW = Vec::size();
-
-template <typename scalar_t>
-inline Vec load_vec(const scalar_t* p) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    return Vec::loadu(p);
-  } else {
-    Vec v;
-    at::vec::load_to_float<scalar_t>(p, v);
-    return v;
-  }
-}
 
 template <typename scalar_t>
 inline void store_vec(scalar_t* p, const Vec& v) {
@@ -131,7 +121,7 @@ inline float load_row(const scalar_t* x, float* buf, int64_t n) {
     acc1 = at::vec::fmadd(hi, hi, acc1);
   }
   for (; d + kW <= n; d += kW) {
-    const Vec v = load_vec(x + d);
+    const Vec v = load_floats(x + d);
     v.store(buf + d);
     acc0 = at::vec::fmadd(v, v, acc0);
   }

@@ -197,6 +197,8 @@ SUPPORTED_MODEL_TYPES = (
     "ministral3",
     "nemotron",
     "gemma3n_text",
+    # Turns by minus the angle (its rotate_half returns (x2, -x1)): the layout check finds it.
+    "nanochat",
     # Default configs completed by hand (hf_models._TINY_OVERRIDES).
     "dbrx",
     "granitemoehybrid",
@@ -280,9 +282,6 @@ _REFUSED: Dict[str, str] = {
     ),
     **dict.fromkeys(
         ("axk2", "deepseek_v32", "dots3_note_text", "glm_moe_dsa", "hy_v4"), _DSA_INDEXER
-    ),
-    "nanochat": (
-        "rotates by minus the angle (its rotate_half returns (x2, -x1)); the self-check refuses it"
     ),
     **{
         t: (
@@ -629,6 +628,8 @@ def _make_tables(
     # own forward, which patch does not call.
     tables.mrope_section = mrope_section
     tables.mrope_interleaved = mrope_interleaved
+    # Set by the layout check (_check_layout): NanoChat's rotate_half turns by minus the angle.
+    tables.inverse = False
     return tables
 
 
@@ -678,15 +679,18 @@ def _dynamic_update(rotary: nn.Module, key: str, state: _DynamicState, position_
     # resets them when a short sequence follows a long one. Both need the length on the host: the
     # same sync transformers' own dynamic_rope_update makes.
     seq_len = int(position_ids.max()) + 1
-    rotary_dim = rotary.torch_rope[key].rotary_dim
+    old = rotary.torch_rope[key]
     if seq_len > state.cached:
-        rotary.torch_rope[key] = _make_tables(rotary, key, rotary_dim, seq_len, seq_len=seq_len)
+        rotary.torch_rope[key] = _make_tables(rotary, key, old.rotary_dim, seq_len, seq_len=seq_len)
         state.cached = seq_len
     if seq_len < state.original < state.cached:
         rotary.torch_rope[key] = _make_tables(
-            rotary, key, rotary_dim, state.original, seq_len=state.original
+            rotary, key, old.rotary_dim, state.original, seq_len=state.original
         )
         state.cached = state.original
+    # The regrown tables keep the layout the check found (GPT-J pairs, minus the angle).
+    rotary.torch_rope[key].interleaved = old.interleaved
+    rotary.torch_rope[key].inverse = old.inverse
 
 
 def _seq_major(x: Tensor) -> bool:
@@ -706,6 +710,7 @@ def _rotate_qk(
     mrope_section=None,
     mrope_interleaved=False,
     normed=None,
+    inverse=False,
 ):
     """apply_qk at ``positions`` (B, S), or (B, S, A) with ``mrope_section`` (A position axes),
     for q/k laid out as transformers' attention has them; with ``normed`` (a
@@ -715,7 +720,7 @@ def _rotate_qk(
     views (positions (B, S, 1[, A])) walks memory in order, which the CPU kernel does 2-5x faster
     than the transposed order; the results are handed back as (B, H, S, D) views, as HF's are.
     """
-    flags = {"interleaved": interleaved}
+    flags = {"interleaved": interleaved, "inverse": inverse}
     if mrope_section is not None:
         flags.update(mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)
     batch_dims = positions.dim() - (mrope_section is not None)
@@ -754,6 +759,7 @@ def _apply_with_tables(q, k, cos, sin=None, unsqueeze_dim=1):
         getattr(tables, "mrope_section", None),
         getattr(tables, "mrope_interleaved", False),
         normed,
+        getattr(tables, "inverse", False),
     )
 
 
@@ -765,6 +771,7 @@ def _rotate_one(x: Tensor, positions: Tensor, tables: nn.Module, unsqueeze_dim: 
         tables.sin,
         positions.unsqueeze(unsqueeze_dim),
         interleaved=tables.interleaved,
+        inverse=getattr(tables, "inverse", False),
     )
 
 
@@ -973,6 +980,8 @@ def _self_check(rotary, key, attention) -> None:
         sin = recompose(rotary, tables.sin[axes].clone()).to(dtype)
         position_ids = axes.movedim(0, -1)  # what the patched rotary module hands on
     layout = "GPT-J pairs" if tables.interleaved else "rotate_half"
+    if getattr(tables, "inverse", False):
+        layout += " by minus the angle"
     refusal = (
         f"torch_rope.hf.patch: a patched {type(attention).__name__} disagrees with the unpatched "
         f"one on a probe input (it rotates q/k differently from torch_rope's {layout} RoPE); "
@@ -1028,19 +1037,27 @@ def _hf_cos_sin(rotary: nn.Module, key: str, hidden: Tensor, position_ids: Tenso
         return forward(rotary, hidden, position_ids, layer_type=key)
 
 
-def _check_layout(rotary, keys, attentions, layouts: Tuple[bool, ...]) -> None:
-    """Find the pair layout the attention layers rotate with and set it on the tables: the first
-    of ``layouts`` (torch_rope's ``interleaved``) with which every attention layer passes the
-    self-check. rotate_half models pass with ``False``; GPT-J-pair models (Cohere, GLM, DeepSeek's
-    MLA with ``rope_interleave``) with ``True``. None passes: the first refusal is raised.
+#: The layouts a text model's layers may rotate with, (interleaved, inverse), tried in this order:
+#: rotate_half, GPT-J pairs, then either turned by minus the angle (NanoChat's rotate_half returns
+#: (x2, -x1)). A layer that passes with one cannot pass with another unless it does not rotate.
+_TEXT_LAYOUTS = ((False, False), (True, False), (False, True), (True, True))
+
+
+def _check_layout(rotary, keys, attentions, layouts: Tuple[Tuple[bool, bool], ...]) -> None:
+    """Find the layout the attention layers rotate with and set it on the tables: the first of
+    ``layouts`` (torch_rope's ``(interleaved, inverse)``) with which every attention layer passes
+    the self-check. rotate_half models pass with ``(False, False)``; GPT-J-pair models (Cohere,
+    GLM, DeepSeek's MLA with ``rope_interleave``) with ``(True, False)``; NanoChat, which turns by
+    minus the angle, with ``(False, True)``. None passes: the first refusal is raised.
 
     Every layer is checked, not one per class: layers of one class differ (Cohere 2's full
     layers skip RoPE, its sliding ones rotate), and a layer that does not rotate passes with
     either layout, so checking it alone could pick the wrong one."""
     first_refusal = None
-    for interleaved in layouts:
+    for interleaved, inverse in layouts:
         for key in keys:
             rotary.torch_rope[key].interleaved = interleaved
+            rotary.torch_rope[key].inverse = inverse
         try:
             for attention in attentions:
                 for key in keys:
@@ -1250,7 +1267,7 @@ def patch(
         for attention_class in {type(a) for a in attentions}:
             _rebuilt_forward(attention_class, refresh=True)
         # A vision-language text tower's layout is known; a text model's is found by the check.
-        _check_layout(rotary, keys, attentions, (axes[0],) if axes else (False, True))
+        _check_layout(rotary, keys, attentions, ((axes[0], False),) if axes else _TEXT_LAYOUTS)
         for attention in attentions:
             record.attention.append(attention)
             _fuse_qk_norms(rotary, keys, attention)

@@ -531,6 +531,27 @@ def test_not_a_transformers_model_is_refused():
         torch_rope.hf.patch(torch.nn.Linear(2, 2))
 
 
+@pytest.mark.parametrize("model_type", ["cohere", "glm"])  # GPT-J pairs; GLM: partial rotary
+def test_dynamic_tables_regrown_past_the_original_length_keep_the_pair_layout(model_type):
+    """Dynamic NTK scaling rebuilds the tables when a sequence outgrows the original length, and
+    again when a short one follows: the rebuilt tables must keep the layout the self-check found
+    (they once fell back to rotate_half, silently off by 1e-2 in a GPT-J-pair model)."""
+    config = hf_models.tiny_config(model_type)
+    config.rope_parameters = dict(config.rope_parameters, rope_type="dynamic", factor=2.0)
+    config.max_position_embeddings = 16
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation="eager", dtype=torch.float32
+    ).eval()
+    reference = copy.deepcopy(model)
+    torch_rope.hf.patch(model, max_seq_len=64)
+    ids = torch.randint(2, 256, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        for length in (40, 8, 40):  # grow, reset, grow again
+            want = reference(ids[:, :length]).logits
+            assert rel_err(model(ids[:, :length]).logits, want) < 1e-5, length
+
+
 def test_tables_cover_max_position_embeddings_and_can_be_extended():
     model = torch_rope.hf.patch(hf_models.build("llama"))  # max_position_embeddings = 64
     ids = torch.randint(2, 256, (1, 70))

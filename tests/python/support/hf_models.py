@@ -219,6 +219,7 @@ TINY = (
     "ministral",
     "ministral3",
     "modernbert-decoder",
+    "nanochat",
     "nemotron",
     "olmo_hybrid",
     "olmoe",

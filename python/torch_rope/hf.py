@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import _hf_qk_norm
+from . import _hf_gptj, _hf_qk_norm
 from ._scaling import rope_frequencies, rope_tables_from_inv_freq
 from .nn import RotaryPositionalEmbedding, apply_keeping_table_dtypes, long_rope_positions
 from .ops import apply, apply_qk
@@ -225,15 +225,14 @@ SUPPORTED_MODEL_TYPES = (
     "nomic_bert",
     "openai_privacy_filter",
     "ultrabert",
+    # GPT-J family: no rotary module; each attention layer gathers its own sin | cos table and
+    # rotates GPT-J pairs (python/torch_rope/_hf_gptj.py; tests: hf_models.TINY).
+    *_hf_gptj.MODEL_TYPES,
     *_VLM_TYPES,
     *_VISION_TOWER_TYPES,
 )
 
 # Why patch refuses each of the other rotary model types: one reason per family.
-_GPTJ_BUFFER = (
-    "GPT-J style: each attention layer gathers sin/cos from its own embed_positions buffer and "
-    "rotates q and k apart (rotate_every_two); there is no rotary module to hand it positions"
-)
 _COMPLEX = (
     "rotates through complex-number frequencies (apply_rotary_emb with freqs_cis), not "
     "apply_rotary_pos_emb"
@@ -272,7 +271,6 @@ _MROPE_VLM = (
 #: ``hf_models.rotary_model_types()`` and ``rotary_base_model_types()`` find them), each with why
 #: :func:`patch` refuses it.
 _REFUSED: Dict[str, str] = {
-    **dict.fromkeys(("gptj", "codegen"), _GPTJ_BUFFER),
     **dict.fromkeys(("deepseek_v2", "llama4", "llama4_text"), _COMPLEX),
     "roformer": "sinusoidal positions applied by a method of its self-attention",
     **dict.fromkeys(("esm", "recurrent_gemma", "zamba2"), _OTHER_ROTARY),
@@ -1185,6 +1183,10 @@ def patch(
       VideoLLaMA3, LFM3-VL, EXAONE 4.5 and MiniMax-M3-VL (:data:`_VISION_TOWER_TYPES`): the text
       tower is patched as a text model is, the vision tower as above (MiniMax-M3-VL's at
       (frame, row, column) positions).
+    * GPT-J and CodeGen (no rotary module; each attention layer gathers its own sin | cos table):
+      one set of tables in a ``torch_rope`` submodule of the base model, and each attention
+      layer rotates q and k with one ``rope::apply`` each at its ``position_ids``, in a forward
+      of torch_rope's that uses the layer's own projections and attention (:mod:`._hf_gptj`).
     * Only this model is changed: new forwards are bound to its modules, not to their classes.
       :func:`unpatch` restores them. The model stays compilable with ``torch.compile``, and a
       patched model saved whole (``torch.save(model)``) loads patched.
@@ -1204,6 +1206,15 @@ def patch(
             f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
         )
     if is_patched(model):
+        return model
+    if model_type in _hf_gptj.MODEL_TYPES:  # no rotary module: tables on the base model
+        record = _Patch()
+        try:
+            _hf_gptj.patch(model, model_type, record, max_seq_len, _close)
+        except BaseException:
+            _undo(record)
+            raise
+        object.__setattr__(model, _PATCH_ATTR, record)
         return model
     rotaries = _rotary_modules(model)
     attentions = [m for m in model.modules() if _calls_hf_apply(m)]

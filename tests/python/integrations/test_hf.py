@@ -236,17 +236,20 @@ def test_bfloat16_error_within_hf_own(name):
     assert our_err <= 1.5 * hf_err, (our_err, hf_err)
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3"])  # qwen3: its q/k norms were deferred too
+# qwen3: its q/k norms were deferred too; gptj: no rotary module, the tables on its base model.
+@pytest.mark.parametrize("name", ["llama", "qwen3", "tiny:gptj"])
 def test_unpatch_restores_the_model_exactly(name):
     model = hf_models.build(name)
     ids, mask = hf_models.batch()
     want = logits(model, ids, mask)
-    rotary = model.model.rotary_emb
     torch_rope.hf.patch(model)
-    assert "forward" in vars(rotary) and hasattr(rotary, "torch_rope")
+    holders = [m for m in model.modules() if hasattr(m, "torch_rope")]
+    assert len(holders) == 1
+    if hasattr(model, "model"):  # a rotary module: its forward hands on positions
+        assert holders == [model.model.rotary_emb] and "forward" in vars(holders[0])
     torch_rope.hf.unpatch(model)
     assert not torch_rope.hf.is_patched(model)
-    assert "forward" not in vars(rotary) and not hasattr(rotary, "torch_rope")
+    assert not any(hasattr(m, "torch_rope") for m in model.modules())
     assert all("forward" not in vars(m) for m in model.modules())
     assert not any(hasattr(m, "_torch_rope_qk_norm") for m in model.modules())
     with OpCounter() as counter:
@@ -438,9 +441,15 @@ def test_patch_is_per_instance():
 
 
 @pytest.mark.parametrize(
-    "name, op", [("llama", "rope.apply_qk"), ("qwen3", "rope.rms_norm_apply_qk")]
+    "name, op, calls",
+    [
+        ("llama", "rope.apply_qk", 2),
+        ("qwen3", "rope.rms_norm_apply_qk", 2),
+        # GPT-J family: q and k apart (one rope.apply each), in each of the 2 layers.
+        pytest.param("tiny:codegen", "rope.apply", 4, marks=pytest.mark.slow),
+    ],
 )
-def test_patched_model_saved_whole_loads_patched_in_a_new_process(tmp_path, name, op):
+def test_patched_model_saved_whole_loads_patched_in_a_new_process(tmp_path, name, op, calls):
     """torch.save(model) of a patched model; a fresh interpreter (which has never patched
     anything) loads it, and it still runs its rope op and gives the same logits."""
     import subprocess
@@ -458,7 +467,7 @@ def test_patched_model_saved_whole_loads_patched_in_a_new_process(tmp_path, name
         "assert torch_rope.hf.is_patched(model)\n"
         "with OpCounter() as counter:\n"
         "    got = logits(model, ids, mask)\n"
-        f"assert counter.counts[{op!r}] == 2, counter.counts\n"
+        f"assert counter.counts[{op!r}] == {calls}, counter.counts\n"
         "assert torch.equal(got, saved['logits'])\n"
         "torch_rope.hf.unpatch(model)\n"
         "assert all('forward' not in vars(m) for m in model.modules())\n"
@@ -492,12 +501,20 @@ def test_every_supported_model_type_is_tested_here():
 
 
 def test_unknown_architecture_is_refused():
-    config = transformers.GPTJConfig(
-        vocab_size=64, n_embd=32, n_layer=1, n_head=2, rotary_dim=8, n_positions=32
+    config = transformers.RoFormerConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        is_decoder=True,
     )
     model = transformers.AutoModelForCausalLM.from_config(config)
-    reason = re.escape(torch_rope.hf._REFUSED["gptj"])
-    with pytest.raises(NotImplementedError, match=rf"model type 'gptj' is not supported: {reason}"):
+    reason = re.escape(torch_rope.hf._REFUSED["roformer"])
+    with pytest.raises(
+        NotImplementedError, match=rf"model type 'roformer' is not supported: {reason}"
+    ):
         torch_rope.hf.patch(model)
     assert not torch_rope.hf.is_patched(model)
     assert all("forward" not in vars(m) for m in model.modules())
@@ -578,8 +595,10 @@ def test_tables_follow_the_model_to_another_dtype_and_stay_float32():
     assert tables["sliding_attention"].theta == 10000.0
 
 
-def test_patched_model_compiles_fullgraph():
-    model = torch_rope.hf.patch(hf_models.build("llama"))
+# gptj: its attention layers' forwards are torch_rope's own (python/torch_rope/_hf_gptj.py).
+@pytest.mark.parametrize("name", ["llama", pytest.param("tiny:gptj", marks=pytest.mark.slow)])
+def test_patched_model_compiles_fullgraph(name):
+    model = torch_rope.hf.patch(hf_models.build(name))
     ids, mask = hf_models.batch()
     want = logits(model, ids, mask)
     torch._dynamo.reset()
@@ -716,6 +735,25 @@ def test_self_check_refuses_a_model_whose_rotation_differs(monkeypatch):
     assert not torch_rope.hf.is_patched(model)
     assert all("forward" not in vars(m) for m in model.modules())
     assert not hasattr(model.model.rotary_emb, "torch_rope")
+
+
+@pytest.mark.parametrize("model_type", ["gptj", "codegen"])
+def test_self_check_refuses_a_gptj_family_layer_whose_rotation_differs(model_type, monkeypatch):
+    """The GPT-J family's layers are self-checked too: if their rotation ever changed (here:
+    turned by minus the angle), patch would refuse and leave nothing patched."""
+    model = hf_models.build(f"tiny:{model_type}")
+    module_globals = type(model.transformer.h[0].attn).forward.__globals__
+    original = module_globals["apply_rotary_pos_emb"]
+
+    def turned_back(tensor, sin, cos):
+        return original(tensor, -sin, cos)
+
+    monkeypatch.setitem(module_globals, "apply_rotary_pos_emb", turned_back)
+    with pytest.raises(NotImplementedError, match="rotates q/k differently"):
+        torch_rope.hf.patch(model)
+    assert not torch_rope.hf.is_patched(model)
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert not any(hasattr(m, "torch_rope") for m in model.modules())
 
 
 def test_self_check_runs_the_layer_so_a_layer_that_casts_cos_sin_is_refused(monkeypatch):

@@ -234,6 +234,9 @@ TINY = (
     "stablelm",
     "vaultgemma",
     "youtu",
+    # GPT-J family: each attention layer's own sin | cos table, GPT-J pairs over rotary_dim.
+    "gptj",
+    "codegen",
 )
 
 

@@ -11,8 +11,11 @@ correct and only cost speed. A bug neither catches is a hole in the tests.
 
 The copies go to <build>/tests/cuda_host/mutant_overlay, which the `cuda_host_mutant` target
 searches before csrc/; each mutant costs one compile of host_kernel.cpp, one link and a short
-run. First the unmutated copy must pass with the same arguments, so a broken harness cannot pass
-as "every mutant caught". Exit status 0 when every mutant was caught.
+run. Mutants run in lanes, one mutant per lane at a time (CMake's TORCH_ROPE_MUTATION_LANES, 2 by
+default; lane n > 0 has mutant_overlay_n and targets suffixed _n): one build command compiles
+every lane's mutant at once and the runs go side by side, so two cores check two mutants in the
+time of one. First the unmutated copy must pass with the same arguments in every lane, so a
+broken harness cannot pass as "every mutant caught". Exit status 0 when every mutant was caught.
 """
 
 import argparse
@@ -20,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -627,13 +631,54 @@ def write_sources(overlay: Path, sources, mutant):
             os.utime(dst, ns=(src.stat().st_atime_ns, src.stat().st_mtime_ns))
 
 
-def build(build_dir: Path, target="cuda_host_mutant"):
+@dataclass
+class Lane:
+    """One mutant at a time: its overlay directories and the targets built against them."""
+
+    build_dir: Path
+    suffix: str  # "" for lane 0, "_n" for lane n
+
+    @property
+    def overlay(self) -> Path:
+        return self.build_dir / "tests" / "cuda_host" / f"mutant_overlay{self.suffix}"
+
+    def host_target(self, kv: bool) -> str:
+        return ("cuda_host_kv_cache_mutant" if kv else "cuda_host_mutant") + self.suffix
+
+    def host_binary(self, kv: bool) -> Path:
+        return self.build_dir / "tests" / "cuda_host" / self.host_target(kv)
+
+    @property
+    def plan_target(self) -> str:
+        return "rope_launch_plan_mutant" + self.suffix
+
+    @property
+    def plan_binary(self) -> Path:
+        return self.build_dir / "tests" / "cpp" / self.plan_target
+
+
+def configured_lanes(build_dir: Path):
+    """The lanes the build was configured with (their overlay directories exist)."""
+    lanes = [Lane(build_dir, "")]
+    while lanes[-1].overlay.is_dir() and Lane(build_dir, f"_{len(lanes)}").overlay.is_dir():
+        lanes.append(Lane(build_dir, f"_{len(lanes)}"))
+    return lanes
+
+
+def build(build_dir: Path, targets):
+    """One build command for ``targets`` (ninja compiles them in parallel)."""
     result = subprocess.run(
-        ["cmake", "--build", str(build_dir), "--target", target],
+        ["cmake", "--build", str(build_dir), "--target", *targets],
         capture_output=True,
         text=True,
     )
     return result.returncode == 0, result.stdout + result.stderr
+
+
+def side_by_side(function, items):
+    """``function`` of each item, run at the same time (each waits on a subprocess)."""
+    with ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
+        return list(pool.map(lambda item: function(*item), items))
 
 
 def run_plan_tests(binary: Path, timeout: float):
@@ -700,92 +745,117 @@ def main():
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--only", help="run only the mutants of these names (comma-separated)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per run")
+    parser.add_argument(
+        "--lanes", type=int, help="mutants at a time (default: the configured lanes, at most nproc)"
+    )
     args = parser.parse_args()
     build_dir = Path(args.build_dir)
-    overlay = build_dir / "tests" / "cuda_host" / "mutant_overlay"
-    binary = build_dir / "tests" / "cuda_host" / "cuda_host_mutant"
-    kv_binary = build_dir / "tests" / "cuda_host" / "cuda_host_kv_cache_mutant"
-    plan_binary = build_dir / "tests" / "cpp" / "rope_launch_plan_mutant"
-    if not overlay.parent.is_dir():
+    lanes = configured_lanes(build_dir)
+    if not lanes[0].overlay.parent.is_dir():
         print(
-            f"mutation check: {overlay.parent} does not exist; build with "
+            f"mutation check: {lanes[0].overlay.parent} does not exist; build with "
             "TORCH_ROPE_BUILD_TESTS=ON first (scripts/build.sh)"
         )
         return 2
+    wanted = args.lanes or min(len(lanes), os.cpu_count() or 1)
+    if not 1 <= wanted <= len(lanes):
+        print(f"mutation check: --lanes {wanted}, but the build has {len(lanes)} lane(s)")
+        return 2
+    lanes = lanes[:wanted]
 
     only = set(args.only.split(",")) if args.only else None
     mutants = [m for m in MUTANTS if only is None or m.name in only]
     if only is not None and len(mutants) != len(only):
         print(f"mutation check: no mutant named {sorted(only - {m.name for m in mutants})}")
         return 2
+    lanes = lanes[: len(mutants)] or lanes[:1]
     start = time.time()
     try:
-        write_overlay(overlay)
-        runs = [("cuda_host_mutant", binary)] * any(m.file not in KV_FILES for m in mutants)
-        runs += [("cuda_host_kv_cache_mutant", kv_binary)] * any(
+        for lane in lanes:
+            write_overlay(lane.overlay)
+        for kv in [False] * any(m.file not in KV_FILES for m in mutants) + [True] * any(
             m.file in KV_FILES for m in mutants
-        )
-        for target, run_binary in runs:
-            ok, log = build(build_dir, target)
+        ):
+            target = lanes[0].host_target(kv)
+            ok, log = build(build_dir, [lane.host_target(kv) for lane in lanes])
             if not ok:
                 print(log)
                 print(f"mutation check: the unmutated host run ({target}) does not build")
                 return 1
-            status, out = run_host(run_binary, args.cases, args.seed, args.timeout)
-            if status != "passed":
-                print(out[-4000:])
-                print(f"mutation check: the unmutated host run ({target}) does not pass")
-                return 1
-            print(f"unmutated: {target} passed {args.cases} cases (seed {args.seed})")
-        plan_mutants = any(m.file == "cuda/launch_plan.h" for m in mutants)
-        if plan_mutants:
-            ok, log = build(build_dir, "rope_launch_plan_mutant")
+            runs = [(lane.host_binary(kv), args.cases, args.seed, args.timeout) for lane in lanes]
+            for status, out in side_by_side(run_host, runs):
+                if status != "passed":
+                    print(out[-4000:])
+                    print(f"mutation check: the unmutated host run ({target}) does not pass")
+                    return 1
+            print(
+                f"unmutated: {target} passed {args.cases} cases (seed {args.seed}) "
+                f"in {len(lanes)} lane(s)"
+            )
+        if any(m.file == "cuda/launch_plan.h" for m in mutants):
+            ok, log = build(build_dir, [lane.plan_target for lane in lanes])
             if not ok:
                 print(log[-3000:])
                 print("mutation check: the unmutated launch-plan tests do not build")
                 return 1
-            status, out = run_plan_tests(plan_binary, args.timeout)
-            if status != "passed":
-                print(out[-3000:])
-                print("mutation check: the unmutated launch-plan tests do not pass")
-                return 1
+            runs = [(lane.plan_binary, args.timeout) for lane in lanes]
+            for status, out in side_by_side(run_plan_tests, runs):
+                if status != "passed":
+                    print(out[-3000:])
+                    print("mutation check: the unmutated launch-plan tests do not pass")
+                    return 1
             print("unmutated: the launch-plan tests pass")
 
         survived = []
-        for m in mutants:
+        for first in range(0, len(mutants), len(lanes)):
             t0 = time.time()
-            write_overlay(overlay, m)
-            kv = m.file in KV_FILES
-            ok, log = build(build_dir, "cuda_host_kv_cache_mutant" if kv else "cuda_host_mutant")
+            batch = list(zip(lanes, mutants[first : first + len(lanes)]))
+            for lane, m in batch:
+                write_overlay(lane.overlay, m)
+            ok, log = build(build_dir, [lane.host_target(m.file in KV_FILES) for lane, m in batch])
             if not ok:
-                print(log[-3000:])
-                print(f"mutant {m.name}: does not compile; a mutant must be a plausible program")
-                return 1
-            status, out = run_host(kv_binary if kv else binary, args.cases, args.seed, args.timeout)
-            how = {"failed": first_failure(out), "timeout": "timed out", "passed": "NOT CAUGHT"}[
-                status
+                # Which one: build each alone, for its own log.
+                for lane, m in batch:
+                    ok, log = build(build_dir, [lane.host_target(m.file in KV_FILES)])
+                    if not ok:
+                        print(log[-3000:])
+                        print(
+                            f"mutant {m.name}: does not compile; a mutant must be a "
+                            "plausible program"
+                        )
+                        return 1
+            runs = [
+                (lane.host_binary(m.file in KV_FILES), args.cases, args.seed, args.timeout)
+                for lane, m in batch
             ]
-            if status == "passed" and m.file == "cuda/launch_plan.h":
-                ok, log = build(build_dir, "rope_launch_plan_mutant")
-                if not ok:
-                    print(log[-3000:])
-                    print(f"mutant {m.name}: the launch-plan tests do not compile against it")
-                    return 1
-                status, how = run_plan_tests(plan_binary, args.timeout)
-                how = how if status == "failed" else "NOT CAUGHT (host run and plan tests)"
-            caught = status != "passed"
-            if not caught:
-                survived.append(m)
-            print(
-                f"{'caught  ' if caught else 'SURVIVED'} {m.name:38s} {time.time() - t0:5.1f} s"
-                f"  ({m.why})\n         {how[:200]}"
-            )
+            for (lane, m), (status, out) in zip(batch, side_by_side(run_host, runs)):
+                how = {
+                    "failed": first_failure(out),
+                    "timeout": "timed out",
+                    "passed": "NOT CAUGHT",
+                }[status]
+                if status == "passed" and m.file == "cuda/launch_plan.h":
+                    ok, log = build(build_dir, [lane.plan_target])
+                    if not ok:
+                        print(log[-3000:])
+                        print(f"mutant {m.name}: the launch-plan tests do not compile against it")
+                        return 1
+                    status, how = run_plan_tests(lane.plan_binary, args.timeout)
+                    how = how if status == "failed" else "NOT CAUGHT (host run and plan tests)"
+                caught = status != "passed"
+                if not caught:
+                    survived.append(m)
+                print(
+                    f"{'caught  ' if caught else 'SURVIVED'} {m.name:38s} {time.time() - t0:5.1f} s"
+                    f"  ({m.why})\n         {how[:200]}"
+                )
     finally:
-        write_overlay(overlay)  # leave the overlay unmutated
+        for lane in lanes:
+            write_overlay(lane.overlay)  # leave the overlays unmutated
 
     print(
         f"\n{len(mutants) - len(survived)} of {len(mutants)} mutants caught in "
-        f"{time.time() - start:.0f} s"
+        f"{time.time() - start:.0f} s ({len(lanes)} at a time)"
     )
     if survived:
         print("SURVIVED: " + ", ".join(m.name for m in survived))

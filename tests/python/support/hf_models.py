@@ -233,6 +233,10 @@ TINY = (
     "stablelm",
     "vaultgemma",
     "youtu",
+    # Complex-form RoPE (freqs_cis and apply_rotary_emb): Llama 4's text model (with a NoPE layer,
+    # the tiny config keeps one of each) and DeepSeek-V2 (MLA's rotary slice).
+    "deepseek_v2",
+    "llama4_text",
 )
 
 

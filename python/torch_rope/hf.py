@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import _hf_gptj, _hf_qk_norm
+from . import _hf_complex, _hf_gptj, _hf_qk_norm
 from ._scaling import rope_frequencies, rope_tables_from_inv_freq
 from .nn import RotaryPositionalEmbedding, apply_keeping_table_dtypes, long_rope_positions
 from .ops import apply, apply_qk
@@ -100,7 +100,9 @@ _VISION_AXES = {"minimax_m3_vl": 3}
 #: models rotate through a module-level ``apply_rotary_pos_emb(q, k, cos, sin)`` (Gemma 4: one
 #: tensor a call; DeepSeek-style MLA: ``apply_rotary_pos_emb_interleave``, on each head's rotary
 #: slice) called from the attention's forward, with ``rotate_half`` or GPT-J pairs (the
-#: self-check finds which); the vision-language models (:data:`_VLM_TYPES`) also rotate their
+#: self-check finds which); Llama 4's text model and DeepSeek-V2 through complex-number
+#: ``apply_rotary_emb(xq, xk, freqs_cis)`` (GPT-J pairs, :mod:`torch_rope._hf_complex`); the
+#: vision-language models (:data:`_VLM_TYPES`) also rotate their
 #: vision tower's q/k, through ``apply_rotary_pos_emb_vision``.
 SUPPORTED_MODEL_TYPES = (
     "llama",
@@ -199,6 +201,8 @@ SUPPORTED_MODEL_TYPES = (
     "gemma3n_text",
     # Turns by minus the angle (its rotate_half returns (x2, -x1)): the layout check finds it.
     "nanochat",
+    # Complex-form RoPE (freqs_cis and apply_rotary_emb): python/torch_rope/_hf_complex.py.
+    *_hf_complex.MODEL_TYPES,
     # Default configs completed by hand (hf_models._TINY_OVERRIDES).
     "dbrx",
     "granitemoehybrid",
@@ -233,10 +237,6 @@ SUPPORTED_MODEL_TYPES = (
 )
 
 # Why patch refuses each of the other rotary model types: one reason per family.
-_COMPLEX = (
-    "rotates through complex-number frequencies (apply_rotary_emb with freqs_cis), not "
-    "apply_rotary_pos_emb"
-)
 _OTHER_ROTARY = (
     "its rotary module is not a transformers RotaryEmbedding (with a config and inv_freq) that "
     "patch can hand positions from"
@@ -271,7 +271,13 @@ _MROPE_VLM = (
 #: ``hf_models.rotary_model_types()`` and ``rotary_base_model_types()`` find them), each with why
 #: :func:`patch` refuses it.
 _REFUSED: Dict[str, str] = {
-    **dict.fromkeys(("deepseek_v2", "llama4", "llama4_text"), _COMPLEX),
+    "llama4": (
+        "its causal LM is its text model, of type llama4_text, which patch supports; the whole "
+        "model is not: its vision tower rotates through a complex 2-D RoPE of its own "
+        "(vision_apply_rotary_emb with a precomputed freqs_ci table, no rotary module with a "
+        "config and inv_freq to hand positions from), and the tests build models from token ids "
+        "only"
+    ),
     "roformer": "sinusoidal positions applied by a method of its self-attention",
     **dict.fromkeys(("esm", "recurrent_gemma", "zamba2"), _OTHER_ROTARY),
     "inkling2_text": "its text model has no rotary embedding; only its vision tower rotates",
@@ -820,6 +826,7 @@ def _patched_namespace(original_globals: Dict[str, Any], refresh: bool) -> Dict[
                 module.__dict__[hf_name] = _apply_with_tables
         if _HF_VISION_NAME in original_globals:
             module.__dict__[_HF_VISION_NAME] = _apply_vision_with_tables
+        module.__dict__.update(_hf_complex.replacements(original_globals, _apply_with_tables))
     return module.__dict__
 
 
@@ -941,12 +948,13 @@ def _self_check(rotary, key, attention) -> None:
     """Refuse to patch when a patched attention layer disagrees with the unpatched one.
 
     One forward of the layer each way on a probe input: the unpatched forward gets the cos/sin
-    of the model's own (unpatched) rotary module, as the model would hand them over, so this
-    checks everything between them and the rotated q/k: frequencies, their layout (rotate_half's
-    duplicated halves or GPT-J's repeated pairs), slices, casts, partial rotary, MLA's rotary
-    slice of each head. The patched one gets the positions and the tables, as the patched rotary
-    module returns them. Multi-axis (M-RoPE) models get HF's recomposition of our own tables'
-    rows instead, at three position axes that differ.
+    (Llama 4, DeepSeek-V2: the complex freqs_cis) of the model's own (unpatched) rotary module,
+    as the model would hand them over, so this checks everything between them and the rotated
+    q/k: frequencies, their layout (rotate_half's duplicated halves or GPT-J's repeated pairs),
+    slices, casts, partial rotary, MLA's rotary slice of each head. The patched one gets the
+    positions and the tables, as the patched rotary module returns them. Multi-axis (M-RoPE)
+    models get HF's recomposition of our own tables' rows instead, at three position axes that
+    differ.
     """
     device = _device_of(rotary, key)
     if device.type == "meta":
@@ -961,7 +969,8 @@ def _self_check(rotary, key, attention) -> None:
     position_ids = torch.arange(length, device=device).unsqueeze(0)
     section = getattr(tables, "mrope_section", None)
     if section is None:
-        cos, sin = _hf_cos_sin(rotary, key, hidden, position_ids)
+        # (cos, sin), or a complex-form model's freqs_cis (_hf_complex)
+        hf_embeddings = _hf_cos_sin(rotary, key, hidden, position_ids)
     else:
         # Three axes that differ everywhere, dealt to the planes by HF's own recomposition
         # (contiguous or interleaved, rotate_half or GPT-J halves) of our tables' rows.
@@ -976,7 +985,9 @@ def _self_check(rotary, key, attention) -> None:
             )
         cos = recompose(rotary, tables.cos[axes].clone()).to(dtype)
         sin = recompose(rotary, tables.sin[axes].clone()).to(dtype)
+        hf_embeddings = (cos, sin)
         position_ids = axes.movedim(0, -1)  # what the patched rotary module hands on
+    our_embeddings = _hf_complex.probe_embeddings(hf_embeddings, position_ids, tables)
     layout = "GPT-J pairs" if tables.interleaved else "rotate_half"
     if getattr(tables, "inverse", False):
         layout += " by minus the angle"
@@ -993,19 +1004,19 @@ def _self_check(rotary, key, attention) -> None:
             try:
                 with _hf_qk_norm.norms_restored(attention):
                     want = type(attention).forward(
-                        attention, hidden_states=hidden, position_embeddings=(cos, sin), **other
+                        attention, hidden_states=hidden, position_embeddings=hf_embeddings, **other
                     )[0]
             except TypeError:
                 # A layer that adds its mask unconditionally (Falcon): a mask that masks nothing.
                 other["attention_mask"] = hidden.new_zeros(1, 1, length, length)
                 with _hf_qk_norm.norms_restored(attention):
                     want = type(attention).forward(
-                        attention, hidden_states=hidden, position_embeddings=(cos, sin), **other
+                        attention, hidden_states=hidden, position_embeddings=hf_embeddings, **other
                     )[0]
             got = _patched_attention_forward(
                 attention,
                 hidden_states=hidden,
-                position_embeddings=(position_ids, tables),
+                position_embeddings=our_embeddings,
                 **other,
             )[0]
         except Exception as error:  # e.g. a layer that slices or reshapes cos/sin itself
@@ -1187,6 +1198,9 @@ def patch(
       one set of tables in a ``torch_rope`` submodule of the base model, and each attention
       layer rotates q and k with one ``rope::apply`` each at its ``position_ids``, in a forward
       of torch_rope's that uses the layer's own projections and attention (:mod:`._hf_gptj`).
+    * Llama 4's text model and DeepSeek-V2 rotate through complex numbers (``freqs_cis`` and
+      ``apply_rotary_emb``): their layers get the positions and tables in an object that survives
+      their ``freqs_cis.to(device)``, and rotate GPT-J pairs with one ``apply_qk``.
     * Only this model is changed: new forwards are bound to its modules, not to their classes.
       :func:`unpatch` restores them. The model stays compilable with ``torch.compile``, and a
       patched model saved whole (``torch.save(model)``) loads patched.
@@ -1217,12 +1231,14 @@ def patch(
         object.__setattr__(model, _PATCH_ATTR, record)
         return model
     rotaries = _rotary_modules(model)
-    attentions = [m for m in model.modules() if _calls_hf_apply(m)]
+    complex_form = model_type in _hf_complex.MODEL_TYPES
+    names = _HF_NAMES + (_hf_complex.HF_NAME,) if complex_form else _HF_NAMES
+    attentions = [m for m in model.modules() if _calls_hf_apply(m, names)]
     if len(rotaries) != 1 or not attentions:
         raise NotImplementedError(
             f"torch_rope.hf.patch: expected one rotary embedding module and attention layers that "
-            f"call {_HF_NAME}, found {len(rotaries)} rotary module(s) and {len(attentions)} such "
-            f"layer(s) in this {model_type} model"
+            f"call {' or '.join(names)}, found {len(rotaries)} rotary module(s) and "
+            f"{len(attentions)} such layer(s) in this {model_type} model"
         )
     rotary = rotaries[0]
     config = rotary.config
@@ -1277,13 +1293,24 @@ def patch(
         rotary._torch_rope_dynamic = dynamic
         for attention_class in {type(a) for a in attentions}:
             _rebuilt_forward(attention_class, refresh=True)
-        # A vision-language text tower's layout is known; a text model's is found by the check.
-        _check_layout(rotary, keys, attentions, ((axes[0], False),) if axes else _TEXT_LAYOUTS)
+        # A vision-language text tower's layout is known, and so is a complex-form model's (each
+        # consecutive pair is one complex number: GPT-J pairs); a text model's is found by the
+        # check.
+        if axes:
+            layouts: Tuple[Tuple[bool, bool], ...] = ((axes[0], False),)
+        else:
+            layouts = ((True, False),) if complex_form else _TEXT_LAYOUTS
+        _check_layout(rotary, keys, attentions, layouts)
         for attention in attentions:
             record.attention.append(attention)
             _fuse_qk_norms(rotary, keys, attention)
             attention.forward = _bind(_patched_attention_forward, attention)
-        rotary.forward = _bind(_patched_rotary_forward, rotary)
+        if complex_form:
+            rotary.forward = functools.partial(
+                _hf_complex.rotary_forward, _patched_rotary_forward, rotary
+            )
+        else:
+            rotary.forward = _bind(_patched_rotary_forward, rotary)
         if (
             model_type in _VLM_TYPES and model_type not in _TEXT_TOWERS
         ) or model_type in _VISION_TOWER_TYPES:

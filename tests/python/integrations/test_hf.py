@@ -99,16 +99,21 @@ def n_attention_layers(model):
     return model.config.get_text_config().num_hidden_layers
 
 
+# transformers' own q/k rotations: apply_rotary_pos_emb, its GPT-J-pair twin (DeepSeek's MLA),
+# and the complex-number form (Llama 4, DeepSeek-V2).
+ROTATION_FUNCTIONS = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "apply_rotary_emb")
+
+
 class HFRotations:
-    """Counts the calls of transformers' own rotation functions (apply_rotary_pos_emb and its
-    GPT-J-pair twin), in every modeling module that ``model``'s modules come from: how many
-    times the unpatched model rotates q/k."""
+    """Counts the calls of transformers' own rotation functions (:data:`ROTATION_FUNCTIONS`), in
+    every modeling module that ``model``'s modules come from: how many times the unpatched model
+    rotates q/k."""
 
     def __init__(self, monkeypatch, model):
         self.calls = 0
         for module in model.modules():
             module_globals = getattr(type(module).forward, "__globals__", {})
-            for name in ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave"):
+            for name in ROTATION_FUNCTIONS:
                 function = module_globals.get(name)
                 if callable(function) and not hasattr(function, "counted"):
                     monkeypatch.setitem(module_globals, name, self._counting(function))

@@ -237,6 +237,10 @@ TINY = (
     # GPT-J family: each attention layer's own sin | cos table, GPT-J pairs over rotary_dim.
     "gptj",
     "codegen",
+    # Complex-form RoPE (freqs_cis and apply_rotary_emb): Llama 4's text model (with a NoPE layer,
+    # the tiny config keeps one of each) and DeepSeek-V2 (MLA's rotary slice).
+    "deepseek_v2",
+    "llama4_text",
 )
 
 

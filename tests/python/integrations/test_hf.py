@@ -73,9 +73,15 @@ class OpCounter(TorchDispatchMode):
 
 
 def logits(model, ids, mask):
-    """The logits, or the last hidden states of a base model (no LM head: an encoder)."""
+    """The logits, or the last hidden states of a base model (no LM head: an encoder). An
+    encoder-decoder's base model gets the same tokens as decoder inputs too: its last hidden
+    states are the decoder's, which read the encoder's through cross-attention, so both stacks'
+    rotations count."""
+    inputs = dict(input_ids=ids, attention_mask=mask)
+    if getattr(model.config, "is_encoder_decoder", False):
+        inputs.update(decoder_input_ids=ids, decoder_attention_mask=mask)
     with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=mask)
+        out = model(**inputs)
     return out.logits if "logits" in out else out.last_hidden_state
 
 

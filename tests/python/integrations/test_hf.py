@@ -169,7 +169,7 @@ def patched_layer_names(model):
 def test_patched_model_matches_unpatched(name, monkeypatch):
     reference = hf_models.build(name)
     model = copy.deepcopy(reference)
-    ids, mask = hf_models.batch()
+    ids, mask = hf_models.batch_for(name)
 
     assert torch_rope.hf.patch(model) is model
     assert torch_rope.hf.is_patched(model) and not torch_rope.hf.is_patched(reference)
@@ -209,7 +209,7 @@ def test_patched_model_matches_unpatched(name, monkeypatch):
 def test_wrong_layout_moves_the_logits(name):
     """Negative control: the same patch with the other pair layout must be visibly wrong."""
     model = torch_rope.hf.patch(hf_models.build(name))
-    ids, mask = hf_models.batch()
+    ids, mask = hf_models.batch_for(name)
     right = logits(model, ids, mask)
     for rotary in (m for m in model.modules() if hasattr(m, "torch_rope")):
         for tables in rotary.torch_rope.values():
@@ -230,7 +230,7 @@ def test_bfloat16_error_within_hf_own(name):
     precision loss (tables rounded to bf16, a second rounding) raises every position's error and
     moves the median; an error at some positions only is caught by the fp32 test at 1e-5."""
     fp32 = hf_models.build(name)
-    ids, mask = hf_models.batch()
+    ids, mask = hf_models.batch_for(name)
     want = logits(fp32, ids, mask).double()
     hf_bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
     ours_bf16 = torch_rope.hf.patch(copy.deepcopy(fp32)).to(torch.bfloat16)

@@ -271,6 +271,9 @@ BASE = (
     "t5gemma2_encoder",
     # A text-to-speech backbone, run from text tokens alone (no voice prompt, no audio latents).
     "pocket_tts",
+    # Speech-to-text from text and audio-code frames (FRAMES); a rotary module in each attention
+    # layer.
+    "kyutai_speech_to_text",
 )
 
 
@@ -508,6 +511,11 @@ _TINY_OVERRIDES = {
     # Its encoder's text config reads the dropout rate that only the encoder-decoder's config
     # sets.
     "t5gemma2_encoder": dict(text_config=dict(dropout_rate=0.0)),
+    # Two audio codebooks of 16 tokens each (after the text vocabulary), and the padding token
+    # the embedding table ends with (vocab + codebooks * 16).
+    "kyutai_speech_to_text": dict(
+        num_codebooks=2, codebook_vocab_size=16, audio_bos_token_id=15, audio_pad_token_id=288
+    ),
     # The flow head is conditioned on the backbone's hidden states: as wide as the tiny backbone.
     "pocket_tts": dict(flow_head_config=dict(condition_dim=64)),
     **dict.fromkeys(
@@ -600,6 +608,27 @@ def batch(vocab=256, length=12, pad=3, seed=1):
     ids[1, :pad] = 0
     mask[1, :pad] = 0
     return ids, mask
+
+
+#: Model types whose input ids are frames: a text token, then one token per audio codebook, shape
+#: (batch, seq, 1 + codebooks) (Kyutai's speech-to-text model reads its text stream and the audio
+#: codes of each step together).
+FRAMES = ("kyutai_speech_to_text",)
+
+
+def batch_for(name):
+    """:func:`batch` for the test model ``name``; for a type of :data:`FRAMES`, each token made a
+    frame with random audio codes (0 to the codebook size) after it, the mask unchanged."""
+    ids, mask = batch()
+    model_type = name.partition(":")[2]
+    if model_type not in FRAMES:
+        return ids, mask
+    config = tiny_config(model_type)
+    g = torch.Generator().manual_seed(2)
+    codes = torch.randint(
+        0, config.codebook_vocab_size, (*ids.shape, config.num_codebooks), generator=g
+    )
+    return torch.cat([ids.unsqueeze(-1), codes], dim=-1), mask
 
 
 # ---- which transformers models use RoPE ------------------------------------------------------

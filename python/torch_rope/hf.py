@@ -247,8 +247,9 @@ _COMPLEX = (
     "apply_rotary_pos_emb"
 )
 _SEVERAL_ROTARY = (
-    "several rotary embedding modules (per attention kind or sub-model); patch hands positions "
-    "from exactly one"
+    "several rotary embedding modules (per attention kind or sub-model), a layout not tested "
+    "here; patch hands positions from one rotary module per part only for the encoder-decoder "
+    "stacks and per-layer rotary modules it is tested on"
 )
 _DSA_INDEXER = (
     "its sparse-attention indexer (DSA) rotates its own q/k through the same function inside "
@@ -470,12 +471,13 @@ _REFUSED: Dict[str, str] = {
         "rotary tables are not made) cannot hold; its tiny model patches and matches otherwise"
     ),
     "nemo_speechlm": (
-        "several rotary modules: its audio tower's (the ASR encoder's and the word-timestamp "
-        "model's) besides its language model's; the whole speech model is not tested"
+        "not tested: its default config does not shrink generically (its head's audio width must "
+        "match its audio tower's), and its audio tower has rotary modules (the ASR encoder's and "
+        "the word-timestamp model's) besides its language model's"
     ),
     "evolla": (
-        "several rotary modules: its protein encoder's (SaProt) besides its language model's; "
-        "the whole model, which reads protein sequences too, is not tested"
+        "not tested: transformers 5.23's AutoModel.from_config refuses its config, and its "
+        "protein encoder (SaProt) has a rotary module besides its language model's"
     ),
     "glm5_next_text": (
         "its text model has no rotary embedding (its attention layers are NoPE: qk_rope_head_dim "

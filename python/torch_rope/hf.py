@@ -231,6 +231,7 @@ SUPPORTED_MODEL_TYPES = (
     "t5gemma2_encoder",
     "pocket_tts",
     "kyutai_speech_to_text",
+    "dia",
     "recurrent_gemma",
     "zamba2",
     *_VLM_TYPES,
@@ -449,11 +450,6 @@ _REFUSED: Dict[str, str] = {
         "not tested: its tiny model does not build (a convolution of its audio codec, Mimi, gets "
         "channels not divisible by its groups once shrunk), and besides its backbone's it has "
         "rotary modules in its depth decoder and in that codec"
-    ),
-    "dia": (
-        "not tested: an encoder-decoder whose decoder reads audio codebook frames, shape "
-        "(batch, seq, channels), not token ids; the tests feed an encoder-decoder the same token "
-        "ids in both stacks"
     ),
     "moonshine_streaming": (
         "not tested: a speech encoder-decoder whose encoder reads audio samples (input_values), "

@@ -76,9 +76,12 @@ def logits(model, ids, mask):
     """The logits, or the last hidden states of a base model (no LM head: an encoder). An
     encoder-decoder's base model gets the same tokens as decoder inputs too: its last hidden
     states are the decoder's, which read the encoder's through cross-attention, so both stacks'
-    rotations count."""
+    rotations count. ``ids`` may be the dict of the model's inputs (hf_models.batch_for: Dia's
+    decoder reads audio codes, not tokens)."""
     inputs = dict(input_ids=ids, attention_mask=mask)
-    if getattr(model.config, "is_encoder_decoder", False):
+    if isinstance(ids, dict):
+        inputs = ids
+    elif getattr(model.config, "is_encoder_decoder", False):
         inputs.update(decoder_input_ids=ids, decoder_attention_mask=mask)
     with torch.no_grad():
         out = model(**inputs)

@@ -274,6 +274,9 @@ BASE = (
     # Speech-to-text from text and audio-code frames (FRAMES); a rotary module in each attention
     # layer.
     "kyutai_speech_to_text",
+    # Text-to-speech encoder-decoder: text into its encoder, audio-code frames into its decoder
+    # (DECODER_FRAMES).
+    "dia",
 )
 
 
@@ -516,6 +519,18 @@ _TINY_OVERRIDES = {
     "kyutai_speech_to_text": dict(
         num_codebooks=2, codebook_vocab_size=16, audio_bos_token_id=15, audio_pad_token_id=288
     ),
+    # Its decoder's cross-attention reads the encoder's states (as wide as the tiny encoder); two
+    # audio channels, each delayed by its own step.
+    "dia": dict(
+        decoder_config=dict(
+            cross_hidden_size=64,
+            cross_num_attention_heads=4,
+            cross_num_key_value_heads=2,
+            cross_head_dim=16,
+            num_channels=2,
+        ),
+        delay_pattern=[0, 1],
+    ),
     # The flow head is conditioned on the backbone's hidden states: as wide as the tiny backbone.
     "pocket_tts": dict(flow_head_config=dict(condition_dim=64)),
     **dict.fromkeys(
@@ -614,21 +629,34 @@ def batch(vocab=256, length=12, pad=3, seed=1):
 #: (batch, seq, 1 + codebooks) (Kyutai's speech-to-text model reads its text stream and the audio
 #: codes of each step together).
 FRAMES = ("kyutai_speech_to_text",)
+#: Encoder-decoders whose decoder reads frames of audio codes, one per channel, shape
+#: (batch, seq, channels) (Dia: text into the encoder, the audio codes so far into the decoder).
+DECODER_FRAMES = ("dia",)
 
 
 def batch_for(name):
-    """:func:`batch` for the test model ``name``; for a type of :data:`FRAMES`, each token made a
-    frame with random audio codes (0 to the codebook size) after it, the mask unchanged."""
+    """:func:`batch` for the test model ``name``: ``(ids, mask)``. For a type of :data:`FRAMES`,
+    each token made a frame with random audio codes after it; for one of
+    :data:`DECODER_FRAMES`, ``ids`` is the dict of the model's inputs: the tokens into the
+    encoder, random audio-code frames (not the special ids 0 and 1) into the decoder, both under
+    the same mask."""
     ids, mask = batch()
     model_type = name.partition(":")[2]
-    if model_type not in FRAMES:
-        return ids, mask
-    config = tiny_config(model_type)
     g = torch.Generator().manual_seed(2)
-    codes = torch.randint(
-        0, config.codebook_vocab_size, (*ids.shape, config.num_codebooks), generator=g
-    )
-    return torch.cat([ids.unsqueeze(-1), codes], dim=-1), mask
+    if model_type in FRAMES:
+        config = tiny_config(model_type)
+        shape = (*ids.shape, config.num_codebooks)
+        codes = torch.randint(0, config.codebook_vocab_size, shape, generator=g)
+        return torch.cat([ids.unsqueeze(-1), codes], dim=-1), mask
+    if model_type in DECODER_FRAMES:
+        decoder = tiny_config(model_type).decoder_config
+        shape = (*ids.shape, decoder.num_channels)
+        codes = torch.randint(2, decoder.vocab_size, shape, generator=g)
+        inputs = dict(
+            input_ids=ids, attention_mask=mask, decoder_input_ids=codes, decoder_attention_mask=mask
+        )
+        return inputs, mask
+    return ids, mask
 
 
 # ---- which transformers models use RoPE ------------------------------------------------------

@@ -232,6 +232,7 @@ SUPPORTED_MODEL_TYPES = (
     "pocket_tts",
     "kyutai_speech_to_text",
     "dia",
+    "moonshine_streaming",
     "recurrent_gemma",
     "zamba2",
     *_VLM_TYPES,
@@ -450,10 +451,6 @@ _REFUSED: Dict[str, str] = {
         "not tested: its tiny model does not build (a convolution of its audio codec, Mimi, gets "
         "channels not divisible by its groups once shrunk), and besides its backbone's it has "
         "rotary modules in its depth decoder and in that codec"
-    ),
-    "moonshine_streaming": (
-        "not tested: a speech encoder-decoder whose encoder reads audio samples (input_values), "
-        "not token ids; the tests build their models from token ids only"
     ),
     "voxtral_realtime_text": (
         "not tested: its decoder layers scale their states by a time conditioning (t_cond) that "

@@ -277,6 +277,9 @@ BASE = (
     # Text-to-speech encoder-decoder: text into its encoder, audio-code frames into its decoder
     # (DECODER_FRAMES).
     "dia",
+    # Speech-to-text encoder-decoder: audio into its encoder (AUDIO_ENCODER), tokens into its
+    # decoder, the one stack that rotates.
+    "moonshine_streaming",
 )
 
 
@@ -514,6 +517,8 @@ _TINY_OVERRIDES = {
     # Its encoder's text config reads the dropout rate that only the encoder-decoder's config
     # sets.
     "t5gemma2_encoder": dict(text_config=dict(dropout_rate=0.0)),
+    # Its attention views q with the kv-head count: no grouped-query attention.
+    "moonshine_streaming": dict(num_key_value_heads=4),
     # Two audio codebooks of 16 tokens each (after the text vocabulary), and the padding token
     # the embedding table ends with (vocab + codebooks * 16).
     "kyutai_speech_to_text": dict(
@@ -632,6 +637,9 @@ FRAMES = ("kyutai_speech_to_text",)
 #: Encoder-decoders whose decoder reads frames of audio codes, one per channel, shape
 #: (batch, seq, channels) (Dia: text into the encoder, the audio codes so far into the decoder).
 DECODER_FRAMES = ("dia",)
+#: Speech encoder-decoders whose encoder reads audio samples (``input_values``) and whose decoder
+#: reads tokens: the tests give the encoder 0.1 s of random audio.
+AUDIO_ENCODER = ("moonshine_streaming",)
 
 
 def batch_for(name):
@@ -639,7 +647,8 @@ def batch_for(name):
     each token made a frame with random audio codes after it; for one of
     :data:`DECODER_FRAMES`, ``ids`` is the dict of the model's inputs: the tokens into the
     encoder, random audio-code frames (not the special ids 0 and 1) into the decoder, both under
-    the same mask."""
+    the same mask; for one of :data:`AUDIO_ENCODER`, random audio into the encoder and the tokens
+    into the decoder."""
     ids, mask = batch()
     model_type = name.partition(":")[2]
     g = torch.Generator().manual_seed(2)
@@ -656,6 +665,10 @@ def batch_for(name):
             input_ids=ids, attention_mask=mask, decoder_input_ids=codes, decoder_attention_mask=mask
         )
         return inputs, mask
+    if model_type in AUDIO_ENCODER:
+        samples = tiny_config(model_type).encoder_config.sample_rate // 10
+        audio = torch.randn(ids.size(0), samples, generator=g)
+        return dict(input_values=audio, decoder_input_ids=ids, decoder_attention_mask=mask), mask
     return ids, mask
 
 

@@ -233,6 +233,7 @@ SUPPORTED_MODEL_TYPES = (
     "kyutai_speech_to_text",
     "dia",
     "moonshine_streaming",
+    "voxtral_realtime_text",
     "recurrent_gemma",
     "zamba2",
     *_VLM_TYPES,
@@ -451,12 +452,6 @@ _REFUSED: Dict[str, str] = {
         "not tested: its tiny model does not build (a convolution of its audio codec, Mimi, gets "
         "channels not divisible by its groups once shrunk), and besides its backbone's it has "
         "rotary modules in its depth decoder and in that codec"
-    ),
-    "voxtral_realtime_text": (
-        "not tested: its decoder layers scale their states by a time conditioning (t_cond) that "
-        "only the whole speech model computes, and transformers 5.23 does not export the class "
-        "its auto mapping names (VoxtralRealtimeTextModel); the tests run a model from token ids "
-        "only"
     ),
     "gradium_phonon_tts": (
         "not tested: its forward computes a sinusoidal duration embedding with cos/sin on every "

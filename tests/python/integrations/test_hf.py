@@ -77,10 +77,11 @@ def logits(model, ids, mask):
     encoder-decoder's base model gets the same tokens as decoder inputs too: its last hidden
     states are the decoder's, which read the encoder's through cross-attention, so both stacks'
     rotations count. ``ids`` may be the dict of the model's inputs (hf_models.batch_for: Dia's
-    decoder reads audio codes, Moonshine Streaming's encoder audio samples)."""
+    decoder reads audio codes, Moonshine Streaming's encoder audio samples, Voxtral Realtime's
+    text decoder a time conditioning)."""
     inputs = dict(input_ids=ids, attention_mask=mask)
     if isinstance(ids, dict):
-        # Audio samples in the model's dtype (a bf16 model reads bf16 audio).
+        # Audio samples (a time conditioning) in the model's dtype: a bf16 model reads bf16.
         inputs = {k: v.to(model.dtype) if v.is_floating_point() else v for k, v in ids.items()}
     elif getattr(model.config, "is_encoder_decoder", False):
         inputs.update(decoder_input_ids=ids, decoder_attention_mask=mask)

@@ -280,6 +280,9 @@ BASE = (
     # Speech-to-text encoder-decoder: audio into its encoder (AUDIO_ENCODER), tokens into its
     # decoder, the one stack that rotates.
     "moonshine_streaming",
+    # The text decoder of Voxtral Realtime, with a random time conditioning (TIME_CONDITIONED),
+    # built from its unexported class (UNEXPORTED).
+    "voxtral_realtime_text",
 )
 
 
@@ -296,9 +299,31 @@ def build(name, seed=0):
     from transformers import AutoModel, AutoModelForCausalLM
 
     torch.manual_seed(seed)
+    if name.partition(":")[2] in UNEXPORTED:
+        model_config = config(name)
+        model = _unexported_base_class(model_config)._from_config(
+            model_config, attn_implementation="eager", dtype=torch.float32
+        )
+        return model.eval()
     auto = AutoModel if name.startswith(("base:", "vlm_text:")) else AutoModelForCausalLM
     model = auto.from_config(config(name), attn_implementation="eager", dtype=torch.float32)
     return model.eval()
+
+
+#: Base-model types whose class transformers' auto mapping names but the package does not export
+#: (``AutoModel`` cannot find it): built from the class in the type's modeling module.
+UNEXPORTED = ("voxtral_realtime_text",)
+
+
+def _unexported_base_class(model_config):
+    """The base-model class the auto mapping names for ``model_config``'s type, from the modeling
+    module beside its configuration module."""
+    import importlib
+
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    module = type(model_config).__module__.replace(".configuration_", ".modeling_")
+    return getattr(importlib.import_module(module), MODEL_MAPPING_NAMES[model_config.model_type])
 
 
 # ---- any model type, shrunk from its default config ------------------------------------------
@@ -640,6 +665,9 @@ DECODER_FRAMES = ("dia",)
 #: Speech encoder-decoders whose encoder reads audio samples (``input_values``) and whose decoder
 #: reads tokens: the tests give the encoder 0.1 s of random audio.
 AUDIO_ENCODER = ("moonshine_streaming",)
+#: Decoders whose layers scale their states by a time conditioning (``t_cond``, one vector per
+#: sequence) that the whole speech model computes from the audio: the tests give a random one.
+TIME_CONDITIONED = ("voxtral_realtime_text",)
 
 
 def batch_for(name):
@@ -648,7 +676,7 @@ def batch_for(name):
     :data:`DECODER_FRAMES`, ``ids`` is the dict of the model's inputs: the tokens into the
     encoder, random audio-code frames (not the special ids 0 and 1) into the decoder, both under
     the same mask; for one of :data:`AUDIO_ENCODER`, random audio into the encoder and the tokens
-    into the decoder."""
+    into the decoder; for one of :data:`TIME_CONDITIONED`, the tokens and a random ``t_cond``."""
     ids, mask = batch()
     model_type = name.partition(":")[2]
     g = torch.Generator().manual_seed(2)
@@ -669,6 +697,9 @@ def batch_for(name):
         samples = tiny_config(model_type).encoder_config.sample_rate // 10
         audio = torch.randn(ids.size(0), samples, generator=g)
         return dict(input_values=audio, decoder_input_ids=ids, decoder_attention_mask=mask), mask
+    if model_type in TIME_CONDITIONED:
+        t_cond = torch.randn(ids.size(0), 1, tiny_config(model_type).hidden_size, generator=g)
+        return dict(input_ids=ids, attention_mask=mask, t_cond=t_cond), mask
     return ids, mask
 
 

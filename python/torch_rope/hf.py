@@ -224,7 +224,9 @@ SUPPORTED_MODEL_TYPES = (
     "openai_privacy_filter",
     "ultrabert",
     # Untested-build family: built tiny once their default configs were completed
-    # (hf_models._TINY_OVERRIDES); the encoder-decoders patched stack by stack.
+    # (hf_models._TINY_OVERRIDES), patched part by part where they have a rotary module per stack
+    # or per layer (_hf_stacks), and tested with the inputs beyond token ids that their forwards
+    # read (hf_models.batch_for).
     "esm",
     "t5gemma",
     "t5gemma2",

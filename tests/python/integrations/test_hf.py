@@ -73,9 +73,20 @@ class OpCounter(TorchDispatchMode):
 
 
 def logits(model, ids, mask):
-    """The logits, or the last hidden states of a base model (no LM head: an encoder)."""
+    """The logits, or the last hidden states of a base model (no LM head: an encoder). An
+    encoder-decoder's base model gets the same tokens as decoder inputs too: its last hidden
+    states are the decoder's, which read the encoder's through cross-attention, so both stacks'
+    rotations count. ``ids`` may be the dict of the model's inputs (hf_models.batch_for: Dia's
+    decoder reads audio codes, Moonshine Streaming's encoder audio samples, Voxtral Realtime's
+    text decoder a time conditioning)."""
+    inputs = dict(input_ids=ids, attention_mask=mask)
+    if isinstance(ids, dict):
+        # Audio samples (a time conditioning) in the model's dtype: a bf16 model reads bf16.
+        inputs = {k: v.to(model.dtype) if v.is_floating_point() else v for k, v in ids.items()}
+    elif getattr(model.config, "is_encoder_decoder", False):
+        inputs.update(decoder_input_ids=ids, decoder_attention_mask=mask)
     with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=mask)
+        out = model(**inputs)
     return out.logits if "logits" in out else out.last_hidden_state
 
 
@@ -168,7 +179,7 @@ def patched_layer_names(model):
 def test_patched_model_matches_unpatched(name, monkeypatch):
     reference = hf_models.build(name)
     model = copy.deepcopy(reference)
-    ids, mask = hf_models.batch()
+    ids, mask = hf_models.batch_for(name)
 
     assert torch_rope.hf.patch(model) is model
     assert torch_rope.hf.is_patched(model) and not torch_rope.hf.is_patched(reference)
@@ -208,7 +219,7 @@ def test_patched_model_matches_unpatched(name, monkeypatch):
 def test_wrong_layout_moves_the_logits(name):
     """Negative control: the same patch with the other pair layout must be visibly wrong."""
     model = torch_rope.hf.patch(hf_models.build(name))
-    ids, mask = hf_models.batch()
+    ids, mask = hf_models.batch_for(name)
     right = logits(model, ids, mask)
     for rotary in (m for m in model.modules() if hasattr(m, "torch_rope")):
         for tables in rotary.torch_rope.values():
@@ -229,7 +240,7 @@ def test_bfloat16_error_within_hf_own(name):
     precision loss (tables rounded to bf16, a second rounding) raises every position's error and
     moves the median; an error at some positions only is caught by the fp32 test at 1e-5."""
     fp32 = hf_models.build(name)
-    ids, mask = hf_models.batch()
+    ids, mask = hf_models.batch_for(name)
     want = logits(fp32, ids, mask).double()
     hf_bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
     ours_bf16 = torch_rope.hf.patch(copy.deepcopy(fp32)).to(torch.bfloat16)

@@ -241,6 +241,9 @@ TINY = (
     # the tiny config keeps one of each) and DeepSeek-V2 (MLA's rotary slice).
     "deepseek_v2",
     "llama4_text",
+    # Untested-build family: default configs completed in _TINY_OVERRIDES.
+    "recurrent_gemma",
+    "zamba2",
 )
 
 
@@ -268,6 +271,26 @@ BASE = (
     "nomic_bert",
     "openai_privacy_filter",
     "ultrabert",
+    # Untested-build family: ESM's rotary variant; the encoder-decoders, whose base model's last
+    # hidden states are its decoder's (test_hf.logits feeds the decoder the same tokens).
+    "esm",
+    "t5gemma",
+    "t5gemma2",
+    "t5gemma2_encoder",
+    # A text-to-speech backbone, run from text tokens alone (no voice prompt, no audio latents).
+    "pocket_tts",
+    # Speech-to-text from text and audio-code frames (FRAMES); a rotary module in each attention
+    # layer.
+    "kyutai_speech_to_text",
+    # Text-to-speech encoder-decoder: text into its encoder, audio-code frames into its decoder
+    # (DECODER_FRAMES).
+    "dia",
+    # Speech-to-text encoder-decoder: audio into its encoder (AUDIO_ENCODER), tokens into its
+    # decoder, the one stack that rotates.
+    "moonshine_streaming",
+    # The text decoder of Voxtral Realtime, with a random time conditioning (TIME_CONDITIONED),
+    # built from its unexported class (UNEXPORTED).
+    "voxtral_realtime_text",
 )
 
 
@@ -284,9 +307,31 @@ def build(name, seed=0):
     from transformers import AutoModel, AutoModelForCausalLM
 
     torch.manual_seed(seed)
+    if name.partition(":")[2] in UNEXPORTED:
+        model_config = config(name)
+        model = _unexported_base_class(model_config)._from_config(
+            model_config, attn_implementation="eager", dtype=torch.float32
+        )
+        return model.eval()
     auto = AutoModel if name.startswith(("base:", "vlm_text:")) else AutoModelForCausalLM
     model = auto.from_config(config(name), attn_implementation="eager", dtype=torch.float32)
     return model.eval()
+
+
+#: Base-model types whose class transformers' auto mapping names but the package does not export
+#: (``AutoModel`` cannot find it): built from the class in the type's modeling module.
+UNEXPORTED = ("voxtral_realtime_text",)
+
+
+def _unexported_base_class(model_config):
+    """The base-model class the auto mapping names for ``model_config``'s type, from the modeling
+    module beside its configuration module."""
+    import importlib
+
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    module = type(model_config).__module__.replace(".configuration_", ".modeling_")
+    return getattr(importlib.import_module(module), MODEL_MAPPING_NAMES[model_config.model_type])
 
 
 # ---- any model type, shrunk from its default config ------------------------------------------
@@ -479,6 +524,53 @@ _TINY_OVERRIDES = {
     "hrm_text": dict(
         num_layers_per_stack=1, H_cycles=1, L_cycles=1, num_hidden_layers=2, initializer_range=0.2
     ),
+    # Untested-build family: default configs that leave a field unset or derive sizes the
+    # generic shrink cannot (below, each with why).
+    # ESM's default is absolute positions; its rotary variant is the one with RoPE.
+    "esm": dict(position_embedding_type="rotary"),
+    # Its block pattern (recurrent, recurrent, attention) repeats from layer 0, and each attention
+    # layer holds a rotary module of its own: four layers, recurrent and attention twice, so that
+    # two attention layers each rotate with their own (its recurrence as wide as the tiny model).
+    "recurrent_gemma": dict(
+        block_types=["recurrent", "attention"], num_hidden_layers=4, lru_width=64
+    ),
+    # RoPE in its shared attention block is off by default (use_mem_rope); its derived sizes
+    # (from hidden 64, 4 heads, 8 Mamba heads) are stored in the config and kept as given, so
+    # they are given here; its second tiny layer is the hybrid one.
+    "zamba2": dict(
+        use_mem_rope=True,
+        attention_hidden_size=128,
+        attention_head_dim=32,
+        mamba_headdim=16,
+        kv_channels=16,
+        num_query_groups=4,
+        hybrid_layer_ids=[1],
+        initializer_range=0.2,  # (as below: RoPE must move the tiny model's output)
+    ),
+    # Its encoder's text config reads the dropout rate that only the encoder-decoder's config
+    # sets.
+    "t5gemma2_encoder": dict(text_config=dict(dropout_rate=0.0)),
+    # Its attention views q with the kv-head count: no grouped-query attention.
+    "moonshine_streaming": dict(num_key_value_heads=4),
+    # Two audio codebooks of 16 tokens each (after the text vocabulary), and the padding token
+    # the embedding table ends with (vocab + codebooks * 16).
+    "kyutai_speech_to_text": dict(
+        num_codebooks=2, codebook_vocab_size=16, audio_bos_token_id=15, audio_pad_token_id=288
+    ),
+    # Its decoder's cross-attention reads the encoder's states (as wide as the tiny encoder); two
+    # audio channels, each delayed by its own step.
+    "dia": dict(
+        decoder_config=dict(
+            cross_hidden_size=64,
+            cross_num_attention_heads=4,
+            cross_num_key_value_heads=2,
+            cross_head_dim=16,
+            num_channels=2,
+        ),
+        delay_pattern=[0, 1],
+    ),
+    # The flow head is conditioned on the backbone's hidden states: as wide as the tiny backbone.
+    "pocket_tts": dict(flow_head_config=dict(condition_dim=64)),
     **dict.fromkeys(
         (
             "minimax",
@@ -542,7 +634,13 @@ def tiny_config(model_type):
     section = _default_mrope_section(default)
     if section is not None:
         fields["rope_parameters"] = dict(fields["rope_parameters"], mrope_section=section)
-    tiny = dict(_shrink(fields), pad_token_id=0, **_TINY_OVERRIDES.get(model_type, {}))
+    tiny = dict(_shrink(fields), pad_token_id=0)
+    for key, value in _TINY_OVERRIDES.get(model_type, {}).items():
+        nested = tiny.get(key)
+        if isinstance(value, dict) and isinstance(nested, dict) and "model_type" in nested:
+            # Fields of a nested config (a flow head's): set within it, the rest kept.
+            value = dict(nested, **value)
+        tiny[key] = value
     try:
         return AutoConfig.for_model(model_type, **tiny)
     except Exception:
@@ -562,6 +660,54 @@ def batch(vocab=256, length=12, pad=3, seed=1):
     mask = torch.ones_like(ids)
     ids[1, :pad] = 0
     mask[1, :pad] = 0
+    return ids, mask
+
+
+#: Model types whose input ids are frames: a text token, then one token per audio codebook, shape
+#: (batch, seq, 1 + codebooks) (Kyutai's speech-to-text model reads its text stream and the audio
+#: codes of each step together).
+FRAMES = ("kyutai_speech_to_text",)
+#: Encoder-decoders whose decoder reads frames of audio codes, one per channel, shape
+#: (batch, seq, channels) (Dia: text into the encoder, the audio codes so far into the decoder).
+DECODER_FRAMES = ("dia",)
+#: Speech encoder-decoders whose encoder reads audio samples (``input_values``) and whose decoder
+#: reads tokens: the tests give the encoder 0.1 s of random audio.
+AUDIO_ENCODER = ("moonshine_streaming",)
+#: Decoders whose layers scale their states by a time conditioning (``t_cond``, one vector per
+#: sequence) that the whole speech model computes from the audio: the tests give a random one.
+TIME_CONDITIONED = ("voxtral_realtime_text",)
+
+
+def batch_for(name):
+    """:func:`batch` for the test model ``name``: ``(ids, mask)``. For a type of :data:`FRAMES`,
+    each token made a frame with random audio codes after it; for one of
+    :data:`DECODER_FRAMES`, ``ids`` is the dict of the model's inputs: the tokens into the
+    encoder, random audio-code frames (not the special ids 0 and 1) into the decoder, both under
+    the same mask; for one of :data:`AUDIO_ENCODER`, random audio into the encoder and the tokens
+    into the decoder; for one of :data:`TIME_CONDITIONED`, the tokens and a random ``t_cond``."""
+    ids, mask = batch()
+    model_type = name.partition(":")[2]
+    g = torch.Generator().manual_seed(2)
+    if model_type in FRAMES:
+        config = tiny_config(model_type)
+        shape = (*ids.shape, config.num_codebooks)
+        codes = torch.randint(0, config.codebook_vocab_size, shape, generator=g)
+        return torch.cat([ids.unsqueeze(-1), codes], dim=-1), mask
+    if model_type in DECODER_FRAMES:
+        decoder = tiny_config(model_type).decoder_config
+        shape = (*ids.shape, decoder.num_channels)
+        codes = torch.randint(2, decoder.vocab_size, shape, generator=g)
+        inputs = dict(
+            input_ids=ids, attention_mask=mask, decoder_input_ids=codes, decoder_attention_mask=mask
+        )
+        return inputs, mask
+    if model_type in AUDIO_ENCODER:
+        samples = tiny_config(model_type).encoder_config.sample_rate // 10
+        audio = torch.randn(ids.size(0), samples, generator=g)
+        return dict(input_values=audio, decoder_input_ids=ids, decoder_attention_mask=mask), mask
+    if model_type in TIME_CONDITIONED:
+        t_cond = torch.randn(ids.size(0), 1, tiny_config(model_type).hidden_size, generator=g)
+        return dict(input_ids=ids, attention_mask=mask, t_cond=t_cond), mask
     return ids, mask
 
 

@@ -56,6 +56,9 @@ _VLM_TYPES: Dict[str, Tuple[bool, bool]] = {
     "glm4v_moe": (False, False),
     "glm_ocr": (True, False),
     "paddleocr_vl": (False, False),
+    # Whole models whose vision tower has no RoPE (_UNROTATED_VISION): only the text is patched.
+    "cosmos3_edge": (False, True),
+    "glm_image": (False, False),
     # Text towers on their own: multi-axis text positions, no vision tower to patch.
     "qwen2_vl_text": (False, False),
     "qwen2_5_vl_text": (False, False),
@@ -84,6 +87,17 @@ _TEXT_TOWERS = (
     "glm_ocr_text",
     "qwen3_5_text",
     "qwen3_5_moe_text",
+)
+
+#: Vision-language models whose vision tower has no RoPE (a SigLIP, CLIP or SAM-style tower with
+#: learned or no positions): patch puts torch_rope under their text tower only, with multi-axis
+#: positions for those in :data:`_VLM_TYPES`, as a text model's otherwise.
+_UNROTATED_VISION = (
+    "cosmos3_edge",
+    "glm_image",
+    "granite_docling",
+    "granite4_vision",
+    "unlimited_ocr",
 )
 
 #: Vision-language models whose text tower rotates with ordinary 1-D positions (patched as a text
@@ -223,6 +237,11 @@ SUPPORTED_MODEL_TYPES = (
     "nomic_bert",
     "openai_privacy_filter",
     "ultrabert",
+    # Vision-language models whose vision tower has no RoPE, tested whole from token ids
+    # (hf_models.IMAGE_TEXT; glm_image, with no LM head, in hf_models.BASE).
+    "granite_docling",
+    "granite4_vision",
+    "unlimited_ocr",
     *_VLM_TYPES,
     *_VISION_TOWER_TYPES,
 )
@@ -400,9 +419,7 @@ _REFUSED: Dict[str, str] = {
     ),
     **dict.fromkeys(
         (
-            "cosmos3_edge",
             "ernie4_5_vl_moe",
-            "glm_image",
             "hunyuan_vl",
             "neomme",
         ),
@@ -436,8 +453,6 @@ _REFUSED: Dict[str, str] = {
             "glm5_next",
             "glm5_next_text",
             "gradium_phonon_tts",
-            "granite4_vision",
-            "granite_docling",
             "inkling2",
             "kyutai_speech_to_text",
             "molmo2",
@@ -449,7 +464,6 @@ _REFUSED: Dict[str, str] = {
             "qwen3_omni_moe_thinker",
             "step3p7",
             "t5gemma2_encoder",
-            "unlimited_ocr",
             "voxtral_realtime_text",
         ),
         _UNTESTED_BUILD,
@@ -1257,7 +1271,7 @@ def patch(
             attention.forward = _bind(_patched_attention_forward, attention)
         rotary.forward = _bind(_patched_rotary_forward, rotary)
         if (
-            model_type in _VLM_TYPES and model_type not in _TEXT_TOWERS
+            model_type in _VLM_TYPES and model_type not in _TEXT_TOWERS + _UNROTATED_VISION
         ) or model_type in _VISION_TOWER_TYPES:
             _patch_vision(model, model_type, record, max_vision_positions)
     except BaseException:

@@ -145,6 +145,8 @@ def config(name):
         return tiny_config(name[len("tiny:") :])
     if name.startswith("base:"):  # a model type of BASE
         return tiny_config(name[len("base:") :])
+    if name.startswith("image_text:"):  # a model type of IMAGE_TEXT
+        return tiny_config(name[len("image_text:") :])
     if name.startswith("vlm_text:"):  # the text tower of a VLM type, on its own
         return vlm_config(name[len("vlm_text:") :]).text_config
     if name.startswith("text:"):  # a model type of TEXT (its causal LM: the text model's type)
@@ -248,6 +250,7 @@ BASE = (
     "embedding_gemma2_text",
     "esmc",
     "eurobert",
+    "glm_image",  # a vision-language model with no LM head (and no RoPE in its vision tower)
     "glm_image_text",
     "glm_ocr_text",
     "granite_docling_text",
@@ -263,6 +266,12 @@ BASE = (
 )
 
 
+#: Vision-language model types whose vision tower has no RoPE, built tiny like :data:`TINY` as
+#: transformers' ``AutoModelForImageTextToText`` (``'image_text:<model type>'``) and run from token
+#: ids: patch rotates only their text tower, which an image would not reach differently.
+IMAGE_TEXT = ("cosmos3_edge", "granite4_vision", "granite_docling", "unlimited_ocr")
+
+
 #: Model types whose causal-LM class is their text model, of another model type
 #: (``Emu3ForCausalLM``: ``emu3_text_model``), built tiny like :data:`TINY` as
 #: ``'text:<model type>'``; patch and the tests see the text model's type.
@@ -271,12 +280,14 @@ TEXT = ("emu3", "mllama")
 
 def build(name, seed=0):
     """A fresh random-weight model in eval mode (fp32, eager attention: deterministic on CPU);
-    ``'base:<model type>'`` builds transformers' ``AutoModel`` (no LM head), the others a causal
-    LM."""
-    from transformers import AutoModel, AutoModelForCausalLM
+    ``'base:<model type>'`` builds transformers' ``AutoModel`` (no LM head),
+    ``'image_text:<model type>'`` its ``AutoModelForImageTextToText``, the others a causal LM."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText
 
     torch.manual_seed(seed)
     auto = AutoModel if name.startswith(("base:", "vlm_text:")) else AutoModelForCausalLM
+    if name.startswith("image_text:"):
+        auto = AutoModelForImageTextToText
     model = auto.from_config(config(name), attn_implementation="eager", dtype=torch.float32)
     return model.eval()
 
@@ -467,6 +478,13 @@ _TINY_OVERRIDES = {
     "granitemoehybrid": dict(
         position_embedding_type="rope", layer_types=["linear_attention", "full_attention"]
     ),
+    # Vision-language composites whose default configs leave a field their model needs unset, or
+    # whose text attention does not group kv heads (its default has one kv head per head).
+    "unlimited_ocr": dict(text_config=dict(num_key_value_heads=4)),
+    "granite_docling": dict(text_config=dict(initializer_range=0.2)),  # as granite_docling_text
+    "granite4_vision": dict(
+        downsample_rate="2/4", deepstack_layer_map=[[-1, 0]], spatial_target_layers=[0, 1, 0, 1]
+    ),
     # One layer a stack, each stack run once per cycle: two layers in all.
     "hrm_text": dict(
         num_layers_per_stack=1, H_cycles=1, L_cycles=1, num_hidden_layers=2, initializer_range=0.2
@@ -519,6 +537,40 @@ def _default_mrope_section(config):
     )
 
 
+# The fields of a composite's other sub-configs (vision, audio) that must equal its text tower's
+# hidden size (their output is scattered onto the text embeddings).
+_TEXT_WIDTH_FIELDS = ("out_hidden_size", "text_hidden_size")
+_SUB_CONFIGS = ("text_config", "vision_config", "audio_config")
+
+
+def _linked_to_text_tower(tiny):
+    """A shrunk composite config (a ``text_config`` beside vision or audio sub-configs) whose
+    sub-configs' outputs are as wide as the tiny text tower again (the shrink left those widths,
+    which are not sizes of their own tower, at the real text tower's)."""
+    text = tiny.get("text_config")
+    if not isinstance(text, dict) or "hidden_size" not in text:
+        return tiny
+    linked = dict(tiny)
+    for key, sub in tiny.items():
+        if key != "text_config" and isinstance(sub, dict):
+            fields = [f for f in _TEXT_WIDTH_FIELDS if isinstance(sub.get(f), int)]
+            if fields:
+                linked[key] = dict(sub, **dict.fromkeys(fields, text["hidden_size"]))
+    return linked
+
+
+def _with_overrides(tiny, *overrides):
+    """``tiny`` with each of ``overrides`` (a dict or None) laid over it: a composite's sub-config
+    (:data:`_SUB_CONFIGS`) is updated field by field, any other field replaced."""
+    merged = dict(tiny)
+    for override in overrides:
+        for key, value in (override or {}).items():
+            if key in _SUB_CONFIGS and isinstance(merged.get(key), dict):
+                value = _with_overrides(merged[key], value)
+            merged[key] = value
+    return merged
+
+
 def tiny_config(model_type):
     """transformers' default config of ``model_type`` with its own size fields shrunk
     (:data:`_TINY`), built again through the config class so its derived fields follow."""
@@ -534,7 +586,15 @@ def tiny_config(model_type):
     section = _default_mrope_section(default)
     if section is not None:
         fields["rope_parameters"] = dict(fields["rope_parameters"], mrope_section=section)
-    tiny = dict(_shrink(fields), pad_token_id=0, **_TINY_OVERRIDES.get(model_type, {}))
+    text = getattr(default, "text_config", None)
+    section = _default_mrope_section(text) if text is not None else None
+    if section is not None:
+        # A composite whose text tower's sections are its modeling code's default: named, so that
+        # the shrink scales them to the tiny head as it does a text model's.
+        rope = dict(fields["text_config"]["rope_parameters"], mrope_section=section)
+        fields["text_config"] = dict(fields["text_config"], rope_parameters=rope)
+    tiny = _linked_to_text_tower(_shrink(fields))
+    tiny = _with_overrides(tiny, dict(pad_token_id=0), _TINY_OVERRIDES.get(model_type))
     try:
         return AutoConfig.for_model(model_type, **tiny)
     except Exception:

@@ -71,6 +71,8 @@ _VLM_TYPES: Dict[str, Tuple[bool, bool]] = {
     "glm_ocr_text": (True, False),
     "qwen3_5_text": (False, True),
     "qwen3_5_moe_text": (False, True),
+    # Per-layer-type M-RoPE (its sliding layers rotate, its full ones do not), Qwen3-VL's rule.
+    "cohere_compass_text": (False, True),
 }
 #: The types of :data:`_VLM_TYPES` that are a text tower alone (a ``*TextModel`` loaded by itself,
 #: or a causal LM whose model is one): patch rotates their text with multi-axis positions and has no
@@ -87,6 +89,7 @@ _TEXT_TOWERS = (
     "glm_ocr_text",
     "qwen3_5_text",
     "qwen3_5_moe_text",
+    "cohere_compass_text",
 )
 
 #: Vision-language models whose vision tower has no RoPE (a SigLIP, CLIP or SAM-style tower with
@@ -267,10 +270,6 @@ _DSA_INDEXER = (
     "its sparse-attention indexer (DSA) rotates its own q/k through the same function inside "
     "the attention layer; the self-check refuses it"
 )
-_MROPE_TEXT = (
-    "3-axis (M-RoPE) position ids in its text model; patch handles multi-axis positions only "
-    "for the vision-language types"
-)
 _UNTESTED_BUILD = (
     "not tested: the tests' generic tiny config of this type does not build or run (its "
     "default config needs sizes shrunk by hand)"
@@ -280,9 +279,9 @@ _NOT_TEXT = (
     "not tested: a vision, audio, video or time-series model (or tower) whose forward takes no "
     "text tokens; the tests build their models from token ids only"
 )
-_MROPE_VLM = (
-    "a vision-language model with multi-axis (M-RoPE) text positions that is not one of the "
-    "vision-language types patch knows; its tiny model is not tested"
+_VISION_ONLY_ROPE = (
+    "its text model has no rotary embedding (no RoPE in any text layer); only its vision tower "
+    "rotates, and patch starts from the text tower's rotary module"
 )
 
 #: The other rotary model types of transformers 5.23 (as the tests'
@@ -413,17 +412,53 @@ _REFUSED: Dict[str, str] = {
         ),
         _NOT_TEXT,
     ),
+    # Vision-language text towers whose multi-axis (M-RoPE) rule torch_rope does not express.
     **dict.fromkeys(
-        ("cohere_compass_text", "hunyuan_vl_text"),
-        _MROPE_TEXT,
+        ("hunyuan_vl", "hunyuan_vl_text"),
+        (
+            "its 4-axis text M-RoPE splits HF's duplicated (cos, cos) row into mrope_section runs "
+            "over the whole head, so the two features of one rotate_half pair read different "
+            "position axes: not one angle per plane, as torch_rope's rotation is (and its "
+            "default config names no sections, which its rotary module needs)"
+        ),
+    ),
+    "neomme": (
+        "its 2-axis M-RoPE alternates the axes plane by plane (row, column, row, ...), which "
+        "neither of torch_rope's multi-axis rules (contiguous runs of planes, Qwen3-VL's 3-axis "
+        "interleaving) expresses"
+    ),
+    "ernie4_5_vl_moe": (
+        "its text M-RoPE permutes the frequencies (inv_freq pre-rotated, even planes' then odd "
+        "planes' over the height/width part) and alternates height and width plane by plane; "
+        "neither torch_rope's frequency builder nor its multi-axis rules express that"
+    ),
+    "cohere_compass": (
+        "not tested whole: its text tower, cohere_compass_text, is supported; its vision tower "
+        "rotates too (2-D RoPE), its text takes four rows of position ids (text, then three "
+        "M-RoPE axes), and the tests' image harness (test_hf_vlm.py) covers neither"
+    ),
+    **dict.fromkeys(("glm5_next", "inkling2"), _VISION_ONLY_ROPE),
+    "muse_spark": (
+        "not tested whole: its text tower is muse_spark_text's, refused for its bf16 error on "
+        "the tests' tiny model (2x transformers' own); its vision tower rotates too"
+    ),
+    "molmo2": (
+        "its text model, molmo2_text, has two rotary embedding modules (scaled and unscaled); "
+        "patch hands positions from exactly one"
     ),
     **dict.fromkeys(
+        ("qwen2_5_omni_thinker", "qwen3_omni_moe_thinker"),
         (
-            "ernie4_5_vl_moe",
-            "hunyuan_vl",
-            "neomme",
+            "not tested: its vision tower rotates too (Qwen-VL-style 2-D RoPE, beside an audio "
+            "encoder), which the tests' token-id checks would not reach, and the image harness "
+            "(test_hf_vlm.py) does not build it (its shrunk audio encoder keeps 20 heads on a "
+            "64-wide layer)"
         ),
-        _MROPE_VLM,
+    ),
+    "deepseek_ocr2": (
+        "its vision encoder rotates through the same apply_rotary_pos_emb as its text model, "
+        "with a rotary module of its own: two rotary modules, and patch hands positions from "
+        "exactly one"
     ),
     **dict.fromkeys(("glmasr", "molmo2_text", "musicflamingo"), _SEVERAL_ROTARY),
     **dict.fromkeys(
@@ -446,22 +481,15 @@ _REFUSED: Dict[str, str] = {
             "clvp",
             "cohere_compass",
             "csm",
-            "deepseek_ocr2",
             "dia",
             "diffusion_gemma",
             "evolla",
-            "glm5_next",
             "glm5_next_text",
             "gradium_phonon_tts",
-            "inkling2",
             "kyutai_speech_to_text",
-            "molmo2",
             "moonshine_streaming",
-            "muse_spark",
             "nemo_speechlm",
             "pocket_tts",
-            "qwen2_5_omni_thinker",
-            "qwen3_omni_moe_thinker",
             "step3p7",
             "t5gemma2_encoder",
             "voxtral_realtime_text",
@@ -628,9 +656,8 @@ def _make_tables(
         scaling["seq_len"] = seq_len
     theta = float(params["rope_theta"])
     device = _device_of(rotary, key)
-    interleaved, mrope_section, mrope_interleaved = getattr(
-        rotary, "_torch_rope_axes", (False, None, False)
-    )
+    axes = getattr(rotary, "_torch_rope_axes", {})
+    interleaved, mrope_section, mrope_interleaved = axes.get(key, (False, None, False))
     tables = RotaryPositionalEmbedding(
         theta,
         rotary_dim,
@@ -983,6 +1010,8 @@ def _self_check(rotary, key, attention) -> None:
                 f"torch_rope.hf.patch: {type(rotary).__name__} has no recomposition_frequencies "
                 "to check the multi-axis positions against; not patching"
             )
+        if key != _ONE_TYPE:  # one recomposition per layer type (Cohere Compass)
+            recompose = functools.partial(recompose, layer_type=key)
         cos = recompose(rotary, tables.cos[axes].clone()).to(dtype)
         sin = recompose(rotary, tables.sin[axes].clone()).to(dtype)
         position_ids = axes.movedim(0, -1)  # what the patched rotary module hands on
@@ -1181,7 +1210,9 @@ def patch(
       positions (``mrope_section = [n, n]``), with tables of ``max_vision_positions`` rows.
       VideoLLaMA3, LFM3-VL, EXAONE 4.5 and MiniMax-M3-VL (:data:`_VISION_TOWER_TYPES`): the text
       tower is patched as a text model is, the vision tower as above (MiniMax-M3-VL's at
-      (frame, row, column) positions).
+      (frame, row, column) positions). Cosmos3-Edge, GLM-Image, Granite-Docling, Granite 4
+      Vision and UnlimitedOCR (:data:`_UNROTATED_VISION`): their vision tower has no RoPE; only
+      the text tower is patched (Cosmos3-Edge's and GLM-Image's with multi-axis positions).
     * Only this model is changed: new forwards are bound to its modules, not to their classes.
       :func:`unpatch` restores them. The model stays compilable with ``torch.compile``, and a
       patched model saved whole (``torch.save(model)``) loads patched.
@@ -1214,16 +1245,23 @@ def patch(
     config = rotary.config
     keys = _layer_types(rotary) or [_ONE_TYPE]
     rows = config.max_position_embeddings if max_seq_len is None else max_seq_len
-    axes = None
+    axes = None  # per table key: (interleaved, mrope_section, mrope_interleaved)
     if model_type in _VLM_TYPES:
         interleaved, mrope_interleaved = _VLM_TYPES[model_type]
         section = getattr(rotary, "mrope_section", None)
-        if keys != [_ONE_TYPE] or section is None or len(section) != 3:
+        # One section for the model, or (Cohere Compass) one per layer type that rotates.
+        sections = section if isinstance(section, dict) else dict.fromkeys(keys, section)
+        if set(sections) != set(keys) or any(
+            not isinstance(s, (list, tuple)) or len(s) != 3 for s in sections.values()
+        ):
             raise NotImplementedError(
                 f"torch_rope.hf.patch: expected the {model_type} text rotary module to have a "
-                f"3-axis mrope_section, found {section!r}; not patching"
+                f"3-axis mrope_section for each of its layer types {keys}, found {section!r}; "
+                "not patching"
             )
-        axes = (interleaved, [int(s) for s in section], mrope_interleaved)
+        axes = {
+            key: (interleaved, [int(s) for s in sections[key]], mrope_interleaved) for key in keys
+        }
 
     record = _Patch()
     try:
@@ -1254,17 +1292,19 @@ def patch(
                     f"torch_rope.hf.patch: the frequencies built from config.rope_parameters "
                     f"({params}) do not match transformers' own for this model; not patching"
                 )
-        if axes is not None and sum(axes[1]) != tables[_ONE_TYPE].rotary_dim // 2:
-            raise NotImplementedError(
-                f"torch_rope.hf.patch: mrope_section {axes[1]} does not cover the "
-                f"{tables[_ONE_TYPE].rotary_dim // 2} rotary planes of this {model_type} model"
-            )
+        for key, (_, section, _) in (axes or {}).items():
+            if sum(section) != tables[key].rotary_dim // 2:
+                raise NotImplementedError(
+                    f"torch_rope.hf.patch: mrope_section {section} does not cover the "
+                    f"{tables[key].rotary_dim // 2} rotary planes of this {model_type} model"
+                )
         rotary.torch_rope = tables
         rotary._torch_rope_dynamic = dynamic
         for attention_class in {type(a) for a in attentions}:
             _rebuilt_forward(attention_class, refresh=True)
         # A vision-language text tower's layout is known; a text model's is found by the check.
-        _check_layout(rotary, keys, attentions, (axes[0],) if axes else (False, True))
+        layouts = (axes[keys[0]][0],) if axes else (False, True)
+        _check_layout(rotary, keys, attentions, layouts)
         for attention in attentions:
             record.attention.append(attention)
             _fuse_qk_norms(rotary, keys, attention)

@@ -169,6 +169,7 @@ TINY = (
     "cohere",
     "cohere2",
     "cohere2_moe",
+    "cohere_compass_text",
     "cwm",
     "dbrx",
     "deepseek_v3",
@@ -485,6 +486,17 @@ _TINY_OVERRIDES = {
     "granite4_vision": dict(
         downsample_rate="2/4", deepstack_layer_map=[[-1, 0]], spatial_target_layers=[0, 1, 0, 1]
     ),
+    # Its default config names no RoPE at all (its model reads one rope_parameters entry per
+    # layer type): M-RoPE in the sliding layers (sections over the tiny head's 8 planes, as GLM-4V's
+    # tiny text tower), none in the full ones, as Cohere 2 rotates; a sliding layer, a full one.
+    "cohere_compass_text": dict(
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters=dict(
+            sliding_attention=dict(rope_type="default", rope_theta=5e4, mrope_section=[2, 3, 3]),
+            full_attention=None,
+        ),
+        initializer_range=0.2,
+    ),
     # One layer a stack, each stack run once per cycle: two layers in all.
     "hrm_text": dict(
         num_layers_per_stack=1, H_cycles=1, L_cycles=1, num_hidden_layers=2, initializer_range=0.2
@@ -523,8 +535,11 @@ def _default_mrope_section(config):
         return None
     if "mrope_section" not in (source or ""):
         return None
-    with torch.device("meta"):
-        model = AutoModel.from_config(config)
+    try:
+        with torch.device("meta"):
+            model = AutoModel.from_config(config)
+    except ValueError:  # a text tower with no AutoModel class of its own (Qwen2.5-Omni's)
+        return None
     return next(
         (
             list(m.mrope_section)

@@ -56,6 +56,7 @@ _VLM_TYPES: Dict[str, Tuple[bool, bool]] = {
     "glm4v_moe": (False, False),
     "glm_ocr": (True, False),
     "paddleocr_vl": (False, False),
+    "cohere_compass": (False, True),  # one M-RoPE table per layer type
     # Whole models whose vision tower has no RoPE (_UNROTATED_VISION): only the text is patched.
     "cosmos3_edge": (False, True),
     "glm_image": (False, False),
@@ -432,11 +433,6 @@ _REFUSED: Dict[str, str] = {
         "planes' over the height/width part) and alternates height and width plane by plane; "
         "neither torch_rope's frequency builder nor its multi-axis rules express that"
     ),
-    "cohere_compass": (
-        "not tested whole: its text tower, cohere_compass_text, is supported; its vision tower "
-        "rotates too (2-D RoPE), its text takes four rows of position ids (text, then three "
-        "M-RoPE axes), and the tests' image harness (test_hf_vlm.py) covers neither"
-    ),
     **dict.fromkeys(("glm5_next", "inkling2"), _VISION_ONLY_ROPE),
     "muse_spark": (
         "not tested whole: its text tower is muse_spark_text's, refused for its bf16 error on "
@@ -479,7 +475,6 @@ _REFUSED: Dict[str, str] = {
     **dict.fromkeys(
         (
             "clvp",
-            "cohere_compass",
             "csm",
             "dia",
             "diffusion_gemma",
@@ -1203,7 +1198,7 @@ def patch(
       ...) call one ``rope::rms_norm_apply_qk`` instead of their q/k norms and ``apply_qk``, when
       their norms pass a probe and the fused layer passes the self-check (docs/huggingface.md).
     * Vision-language models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V and their MoE variants,
-      GLM-OCR, PaddleOCR-VL): the
+      GLM-OCR, PaddleOCR-VL, Cohere Compass, whose text has one table per layer type): the
       text tower's (3, B, S) temporal/height/width position ids reach ``apply_qk`` as (B, 1, S, 3)
       multi-axis positions with the model's ``mrope_section`` (and Qwen3-VL's interleaved rule);
       each vision block rotates its patches' q/k with one ``apply_qk`` at their (row, column)

@@ -694,6 +694,7 @@ VLM = (
     "glm4v_moe",
     "glm_ocr",
     "paddleocr_vl",
+    "cohere_compass",
 )
 IMAGE, VIDEO, VISION_START, VISION_END = 250, 251, 252, 253
 _VLM_TEXT = dict(
@@ -791,6 +792,31 @@ def vlm_config(name):
             cls = tf.Qwen3VLMoeConfig
         tokens = dict(_TOKENS, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
         return cls(text_config=text, vision_config=vision, **tokens)
+    if name == "cohere_compass":
+        # Qwen3-VL's interleaved rule, one M-RoPE table per layer type (sliding, full), each with
+        # its own theta; an axial 2-D vision RoPE as Qwen2-VL's.
+        sections = dict(mrope_section=[6, 5, 5])
+        text = dict(
+            _VLM_TEXT,
+            head_dim=32,
+            layer_types=["sliding_attention", "full_attention"],
+            sliding_window=8,
+            rope_parameters=dict(
+                sliding_attention=dict(rope_type="default", rope_theta=1e4, **sections),
+                full_attention=dict(rope_type="default", rope_theta=1e6, **sections),
+            ),
+        )
+        vision = dict(
+            _VISION,
+            hidden_size=32,
+            intermediate_size=64,
+            out_hidden_size=128,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0],
+            rope_parameters=dict(rope_type="axial", rope_theta=1e4),
+        )
+        tokens = dict(_TOKENS, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
+        return tf.CohereCompassConfig(text_config=text, vision_config=vision, **tokens)
     if name in ("glm4v", "glm4v_moe", "glm_ocr"):
         # Partial rotary (half the head), sections as GLM-4.1V's [8, 12, 12] of 32 planes.
         text = dict(

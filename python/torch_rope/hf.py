@@ -56,6 +56,10 @@ _VLM_TYPES: Dict[str, Tuple[bool, bool]] = {
     "glm4v_moe": (False, False),
     "glm_ocr": (True, False),
     "paddleocr_vl": (False, False),
+    "cohere_compass": (False, True),  # one M-RoPE table per layer type
+    # Whole models whose vision tower has no RoPE (_UNROTATED_VISION): only the text is patched.
+    "cosmos3_edge": (False, True),
+    "glm_image": (False, False),
     # Text towers on their own: multi-axis text positions, no vision tower to patch.
     "qwen2_vl_text": (False, False),
     "qwen2_5_vl_text": (False, False),
@@ -68,6 +72,8 @@ _VLM_TYPES: Dict[str, Tuple[bool, bool]] = {
     "glm_ocr_text": (True, False),
     "qwen3_5_text": (False, True),
     "qwen3_5_moe_text": (False, True),
+    # Per-layer-type M-RoPE (its sliding layers rotate, its full ones do not), Qwen3-VL's rule.
+    "cohere_compass_text": (False, True),
 }
 #: The types of :data:`_VLM_TYPES` that are a text tower alone (a ``*TextModel`` loaded by itself,
 #: or a causal LM whose model is one): patch rotates their text with multi-axis positions and has no
@@ -84,6 +90,18 @@ _TEXT_TOWERS = (
     "glm_ocr_text",
     "qwen3_5_text",
     "qwen3_5_moe_text",
+    "cohere_compass_text",
+)
+
+#: Vision-language models whose vision tower has no RoPE (a SigLIP, CLIP or SAM-style tower with
+#: learned or no positions): patch puts torch_rope under their text tower only, with multi-axis
+#: positions for those in :data:`_VLM_TYPES`, as a text model's otherwise.
+_UNROTATED_VISION = (
+    "cosmos3_edge",
+    "glm_image",
+    "granite_docling",
+    "granite4_vision",
+    "unlimited_ocr",
 )
 
 #: Vision-language models whose text tower rotates with ordinary 1-D positions (patched as a text
@@ -247,6 +265,11 @@ SUPPORTED_MODEL_TYPES = (
     "voxtral_realtime_text",
     "recurrent_gemma",
     "zamba2",
+    # Vision-language models whose vision tower has no RoPE, tested whole from token ids
+    # (hf_models.IMAGE_TEXT; glm_image, with no LM head, in hf_models.BASE).
+    "granite_docling",
+    "granite4_vision",
+    "unlimited_ocr",
     *_VLM_TYPES,
     *_VISION_TOWER_TYPES,
 )
@@ -261,22 +284,14 @@ _DSA_INDEXER = (
     "its sparse-attention indexer (DSA) rotates its own q/k through the same function inside "
     "the attention layer; the self-check refuses it"
 )
-_MROPE_TEXT = (
-    "3-axis (M-RoPE) position ids in its text model; patch handles multi-axis positions only "
-    "for the vision-language types"
-)
-_UNTESTED_BUILD = (
-    "not tested: the tests' generic tiny config of this type does not build or run (its "
-    "default config needs sizes shrunk by hand)"
-)
 _NO_ROPE = "its modeling file defines the RoPE helpers, but its attention layers use no RoPE"
 _NOT_TEXT = (
     "not tested: a vision, audio, video or time-series model (or tower) whose forward takes no "
     "text tokens; the tests build their models from token ids only"
 )
-_MROPE_VLM = (
-    "a vision-language model with multi-axis (M-RoPE) text positions that is not one of the "
-    "vision-language types patch knows; its tiny model is not tested"
+_VISION_ONLY_ROPE = (
+    "its text model has no rotary embedding (no RoPE in any text layer); only its vision tower "
+    "rotates, and patch starts from the text tower's rotary module"
 )
 
 #: The other rotary model types of transformers 5.23 (as the tests'
@@ -408,19 +423,48 @@ _REFUSED: Dict[str, str] = {
         ),
         _NOT_TEXT,
     ),
+    # Vision-language text towers whose multi-axis (M-RoPE) rule torch_rope does not express.
     **dict.fromkeys(
-        ("cohere_compass_text", "hunyuan_vl_text"),
-        _MROPE_TEXT,
+        ("hunyuan_vl", "hunyuan_vl_text"),
+        (
+            "its 4-axis text M-RoPE splits HF's duplicated (cos, cos) row into mrope_section runs "
+            "over the whole head, so the two features of one rotate_half pair read different "
+            "position axes: not one angle per plane, as torch_rope's rotation is (and its "
+            "default config names no sections, which its rotary module needs)"
+        ),
+    ),
+    "neomme": (
+        "its 2-axis M-RoPE alternates the axes plane by plane (row, column, row, ...), which "
+        "neither of torch_rope's multi-axis rules (contiguous runs of planes, Qwen3-VL's 3-axis "
+        "interleaving) expresses"
+    ),
+    "ernie4_5_vl_moe": (
+        "its text M-RoPE permutes the frequencies (inv_freq pre-rotated, even planes' then odd "
+        "planes' over the height/width part) and alternates height and width plane by plane; "
+        "neither torch_rope's frequency builder nor its multi-axis rules express that"
+    ),
+    **dict.fromkeys(("glm5_next", "inkling2"), _VISION_ONLY_ROPE),
+    "muse_spark": (
+        "not tested whole: its text tower is muse_spark_text's, refused for its bf16 error on "
+        "the tests' tiny model (2x transformers' own); its vision tower rotates too"
+    ),
+    "molmo2": (
+        "its text model, molmo2_text, has two rotary embedding modules (scaled and unscaled); "
+        "patch hands positions from exactly one"
     ),
     **dict.fromkeys(
+        ("qwen2_5_omni_thinker", "qwen3_omni_moe_thinker"),
         (
-            "cosmos3_edge",
-            "ernie4_5_vl_moe",
-            "glm_image",
-            "hunyuan_vl",
-            "neomme",
+            "not tested: its vision tower rotates too (Qwen-VL-style 2-D RoPE, beside an audio "
+            "encoder), which the tests' token-id checks would not reach, and the image harness "
+            "(test_hf_vlm.py) does not build it (its shrunk audio encoder keeps 20 heads on a "
+            "64-wide layer)"
         ),
-        _MROPE_VLM,
+    ),
+    "deepseek_ocr2": (
+        "its vision encoder rotates through the same apply_rotary_pos_emb as its text model, "
+        "with a rotary module of its own: two rotary modules, and patch hands positions from "
+        "exactly one"
     ),
     **dict.fromkeys(("glmasr", "molmo2_text", "musicflamingo"), _SEVERAL_ROTARY),
     "mistral_large4": (
@@ -430,22 +474,6 @@ _REFUSED: Dict[str, str] = {
     "mistral_large4_text": (
         "the self-check refuses it: its attention layer uses cos/sin beyond handing them to "
         "apply_rotary_pos_emb (it reads their shape), and patch hands it positions and tables"
-    ),
-    **dict.fromkeys(
-        (
-            "cohere_compass",
-            "deepseek_ocr2",
-            "glm5_next",
-            "granite4_vision",
-            "granite_docling",
-            "inkling2",
-            "molmo2",
-            "muse_spark",
-            "qwen2_5_omni_thinker",
-            "qwen3_omni_moe_thinker",
-            "unlimited_ocr",
-        ),
-        _UNTESTED_BUILD,
     ),
     # Untested-build family: tried with completed tiny configs, each refused for what was found.
     "clvp": (
@@ -663,9 +691,8 @@ def _make_tables(
         scaling["seq_len"] = seq_len
     theta = float(params["rope_theta"])
     device = _device_of(rotary, key)
-    interleaved, mrope_section, mrope_interleaved = getattr(
-        rotary, "_torch_rope_axes", (False, None, False)
-    )
+    axes = getattr(rotary, "_torch_rope_axes", {})
+    interleaved, mrope_section, mrope_interleaved = axes.get(key, (False, None, False))
     tables = RotaryPositionalEmbedding(
         theta,
         rotary_dim,
@@ -1029,6 +1056,8 @@ def _self_check(rotary, key, attention) -> None:
                 f"torch_rope.hf.patch: {type(rotary).__name__} has no recomposition_frequencies "
                 "to check the multi-axis positions against; not patching"
             )
+        if key != _ONE_TYPE:  # one recomposition per layer type (Cohere Compass)
+            recompose = functools.partial(recompose, layer_type=key)
         cos = recompose(rotary, tables.cos[axes].clone()).to(dtype)
         sin = recompose(rotary, tables.sin[axes].clone()).to(dtype)
         hf_embeddings = (cos, sin)
@@ -1260,14 +1289,16 @@ def patch(
       ...) call one ``rope::rms_norm_apply_qk`` instead of their q/k norms and ``apply_qk``, when
       their norms pass a probe and the fused layer passes the self-check (docs/huggingface.md).
     * Vision-language models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V and their MoE variants,
-      GLM-OCR, PaddleOCR-VL): the
+      GLM-OCR, PaddleOCR-VL, Cohere Compass, whose text has one table per layer type): the
       text tower's (3, B, S) temporal/height/width position ids reach ``apply_qk`` as (B, 1, S, 3)
       multi-axis positions with the model's ``mrope_section`` (and Qwen3-VL's interleaved rule);
       each vision block rotates its patches' q/k with one ``apply_qk`` at their (row, column)
       positions (``mrope_section = [n, n]``), with tables of ``max_vision_positions`` rows.
       VideoLLaMA3, LFM3-VL, EXAONE 4.5 and MiniMax-M3-VL (:data:`_VISION_TOWER_TYPES`): the text
       tower is patched as a text model is, the vision tower as above (MiniMax-M3-VL's at
-      (frame, row, column) positions).
+      (frame, row, column) positions). Cosmos3-Edge, GLM-Image, Granite-Docling, Granite 4
+      Vision and UnlimitedOCR (:data:`_UNROTATED_VISION`): their vision tower has no RoPE; only
+      the text tower is patched (Cosmos3-Edge's and GLM-Image's with multi-axis positions).
     * GPT-J and CodeGen (no rotary module; each attention layer gathers its own sin | cos table):
       one set of tables in a ``torch_rope`` submodule of the base model, and each attention
       layer rotates q and k with one ``rope::apply`` each at its ``position_ids``, in a forward
@@ -1308,7 +1339,7 @@ def patch(
             for rotary, attentions in _text_stacks(model, model_type):
                 _patch_text(model_type, rotary, attentions, record, max_seq_len)
         if (
-            model_type in _VLM_TYPES and model_type not in _TEXT_TOWERS
+            model_type in _VLM_TYPES and model_type not in _TEXT_TOWERS + _UNROTATED_VISION
         ) or model_type in _VISION_TOWER_TYPES:
             _patch_vision(model, model_type, record, max_vision_positions)
     except BaseException:
@@ -1350,16 +1381,23 @@ def _patch_text(
     config = rotary.config
     keys = _layer_types(rotary) or [_ONE_TYPE]
     rows = _default_rows(config) if max_seq_len is None else max_seq_len
-    axes = None
+    axes = None  # per table key: (interleaved, mrope_section, mrope_interleaved)
     if model_type in _VLM_TYPES:
         interleaved, mrope_interleaved = _VLM_TYPES[model_type]
         section = getattr(rotary, "mrope_section", None)
-        if keys != [_ONE_TYPE] or section is None or len(section) != 3:
+        # One section for the model, or (Cohere Compass) one per layer type that rotates.
+        sections = section if isinstance(section, dict) else dict.fromkeys(keys, section)
+        if set(sections) != set(keys) or any(
+            not isinstance(s, (list, tuple)) or len(s) != 3 for s in sections.values()
+        ):
             raise NotImplementedError(
                 f"torch_rope.hf.patch: expected the {model_type} text rotary module to have a "
-                f"3-axis mrope_section, found {section!r}; not patching"
+                f"3-axis mrope_section for each of its layer types {keys}, found {section!r}; "
+                "not patching"
             )
-        axes = (interleaved, [int(s) for s in section], mrope_interleaved)
+        axes = {
+            key: (interleaved, [int(s) for s in sections[key]], mrope_interleaved) for key in keys
+        }
 
     if axes is not None:
         rotary._torch_rope_axes = axes
@@ -1388,11 +1426,12 @@ def _patch_text(
                 f"torch_rope.hf.patch: the frequencies built from config.rope_parameters "
                 f"({params}) do not match transformers' own for this model; not patching"
             )
-    if axes is not None and sum(axes[1]) != tables[_ONE_TYPE].rotary_dim // 2:
-        raise NotImplementedError(
-            f"torch_rope.hf.patch: mrope_section {axes[1]} does not cover the "
-            f"{tables[_ONE_TYPE].rotary_dim // 2} rotary planes of this {model_type} model"
-        )
+    for key, (_, section, _) in (axes or {}).items():
+        if sum(section) != tables[key].rotary_dim // 2:
+            raise NotImplementedError(
+                f"torch_rope.hf.patch: mrope_section {section} does not cover the "
+                f"{tables[key].rotary_dim // 2} rotary planes of this {model_type} model"
+            )
     rotary.torch_rope = tables
     rotary._torch_rope_dynamic = dynamic
     for attention_class in {type(a) for a in attentions}:
@@ -1401,7 +1440,7 @@ def _patch_text(
     # consecutive pair is one complex number: GPT-J pairs); a text model's is found by the check.
     complex_form = model_type in _hf_complex.MODEL_TYPES
     if axes:
-        layouts: Tuple[Tuple[bool, bool], ...] = ((axes[0], False),)
+        layouts: Tuple[Tuple[bool, bool], ...] = ((axes[keys[0]][0], False),)
     else:
         layouts = ((True, False),) if complex_form else _TEXT_LAYOUTS
     _check_layout(rotary, keys, attentions, layouts)

@@ -52,6 +52,7 @@ SLOW = [
     *(f"tiny:{t}" for t in hf_models.TINY if f"tiny:{t}" not in FAST),
     *(f"base:{t}" for t in hf_models.BASE),
     *(f"text:{t}" for t in hf_models.TEXT),
+    *(f"image_text:{t}" for t in hf_models.IMAGE_TEXT),
     # The VLM types' text towers on their own (AutoModel of the text config test_hf_vlm.py uses;
     # PaddleOCR-VL's text model is no AutoModel type).
     *(f"vlm_text:{t}" for t in hf_models.VLM if t != "paddleocr_vl"),

@@ -148,10 +148,13 @@ def test_wrong_axes_move_the_logits(name):
     model = torch_rope.hf.patch(hf_models.build_vlm(name))
     inputs = hf_models.vlm_batch(model.config)
     right = logits(model, inputs)
-    tables = model.model.language_model.rotary_emb.torch_rope["all"]
-    tables.mrope_interleaved = not tables.mrope_interleaved
+    # One table for the model, or one per layer type (Cohere Compass).
+    tables = model.model.language_model.rotary_emb.torch_rope.values()
+    for table in tables:
+        table.mrope_interleaved = not table.mrope_interleaved
     assert rel_err(logits(model, inputs), right) > 1e-3
-    tables.mrope_interleaved = not tables.mrope_interleaved
+    for table in tables:
+        table.mrope_interleaved = not table.mrope_interleaved
     assert torch.equal(logits(model, inputs), right)
 
     right_vision = vision_states(model, inputs)
@@ -170,7 +173,8 @@ def test_vlm_bfloat16_error_within_hf_own(name):
     want = logits(fp32, inputs).double()
     hf_bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
     ours_bf16 = torch_rope.hf.patch(copy.deepcopy(fp32)).to(torch.bfloat16)
-    assert ours_bf16.model.language_model.rotary_emb.torch_rope["all"].cos.dtype == torch.float32
+    tables = ours_bf16.model.language_model.rotary_emb.torch_rope.values()
+    assert all(table.cos.dtype == torch.float32 for table in tables)
     assert vision_rotary(ours_bf16).torch_rope.cos.dtype == torch.float32
     bf16_inputs = dict(inputs, pixel_values=inputs["pixel_values"].to(torch.bfloat16))
     hf_err = (logits(hf_bf16, bf16_inputs).double() - want).abs().max().item()

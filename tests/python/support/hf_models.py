@@ -145,6 +145,8 @@ def config(name):
         return tiny_config(name[len("tiny:") :])
     if name.startswith("base:"):  # a model type of BASE
         return tiny_config(name[len("base:") :])
+    if name.startswith("image_text:"):  # a model type of IMAGE_TEXT
+        return tiny_config(name[len("image_text:") :])
     if name.startswith("vlm_text:"):  # the text tower of a VLM type, on its own
         return vlm_config(name[len("vlm_text:") :]).text_config
     if name.startswith("text:"):  # a model type of TEXT (its causal LM: the text model's type)
@@ -167,6 +169,7 @@ TINY = (
     "cohere",
     "cohere2",
     "cohere2_moe",
+    "cohere_compass_text",
     "cwm",
     "dbrx",
     "deepseek_v3",
@@ -259,6 +262,7 @@ BASE = (
     "embedding_gemma2_text",
     "esmc",
     "eurobert",
+    "glm_image",  # a vision-language model with no LM head (and no RoPE in its vision tower)
     "glm_image_text",
     "glm_ocr_text",
     "granite_docling_text",
@@ -294,6 +298,12 @@ BASE = (
 )
 
 
+#: Vision-language model types whose vision tower has no RoPE, built tiny like :data:`TINY` as
+#: transformers' ``AutoModelForImageTextToText`` (``'image_text:<model type>'``) and run from token
+#: ids: patch rotates only their text tower, which an image would not reach differently.
+IMAGE_TEXT = ("cosmos3_edge", "granite4_vision", "granite_docling", "unlimited_ocr")
+
+
 #: Model types whose causal-LM class is their text model, of another model type
 #: (``Emu3ForCausalLM``: ``emu3_text_model``), built tiny like :data:`TINY` as
 #: ``'text:<model type>'``; patch and the tests see the text model's type.
@@ -302,9 +312,9 @@ TEXT = ("emu3", "mllama")
 
 def build(name, seed=0):
     """A fresh random-weight model in eval mode (fp32, eager attention: deterministic on CPU);
-    ``'base:<model type>'`` builds transformers' ``AutoModel`` (no LM head), the others a causal
-    LM."""
-    from transformers import AutoModel, AutoModelForCausalLM
+    ``'base:<model type>'`` builds transformers' ``AutoModel`` (no LM head),
+    ``'image_text:<model type>'`` its ``AutoModelForImageTextToText``, the others a causal LM."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText
 
     torch.manual_seed(seed)
     if name.partition(":")[2] in UNEXPORTED:
@@ -314,6 +324,8 @@ def build(name, seed=0):
         )
         return model.eval()
     auto = AutoModel if name.startswith(("base:", "vlm_text:")) else AutoModelForCausalLM
+    if name.startswith("image_text:"):
+        auto = AutoModelForImageTextToText
     model = auto.from_config(config(name), attn_implementation="eager", dtype=torch.float32)
     return model.eval()
 
@@ -520,6 +532,24 @@ _TINY_OVERRIDES = {
     "granitemoehybrid": dict(
         position_embedding_type="rope", layer_types=["linear_attention", "full_attention"]
     ),
+    # Vision-language composites whose default configs leave a field their model needs unset, or
+    # whose text attention does not group kv heads (its default has one kv head per head).
+    "unlimited_ocr": dict(text_config=dict(num_key_value_heads=4)),
+    "granite_docling": dict(text_config=dict(initializer_range=0.2)),  # as granite_docling_text
+    "granite4_vision": dict(
+        downsample_rate="2/4", deepstack_layer_map=[[-1, 0]], spatial_target_layers=[0, 1, 0, 1]
+    ),
+    # Its default config names no RoPE at all (its model reads one rope_parameters entry per
+    # layer type): M-RoPE in the sliding layers (sections over the tiny head's 8 planes, as GLM-4V's
+    # tiny text tower), none in the full ones, as Cohere 2 rotates; a sliding layer, a full one.
+    "cohere_compass_text": dict(
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters=dict(
+            sliding_attention=dict(rope_type="default", rope_theta=5e4, mrope_section=[2, 3, 3]),
+            full_attention=None,
+        ),
+        initializer_range=0.2,
+    ),
     # One layer a stack, each stack run once per cycle: two layers in all.
     "hrm_text": dict(
         num_layers_per_stack=1, H_cycles=1, L_cycles=1, num_hidden_layers=2, initializer_range=0.2
@@ -605,8 +635,11 @@ def _default_mrope_section(config):
         return None
     if "mrope_section" not in (source or ""):
         return None
-    with torch.device("meta"):
-        model = AutoModel.from_config(config)
+    try:
+        with torch.device("meta"):
+            model = AutoModel.from_config(config)
+    except ValueError:  # a text tower with no AutoModel class of its own (Qwen2.5-Omni's)
+        return None
     return next(
         (
             list(m.mrope_section)
@@ -617,6 +650,47 @@ def _default_mrope_section(config):
         ),
         None,
     )
+
+
+# The fields of a composite's other sub-configs (vision, audio) that must equal its text tower's
+# hidden size (their output is scattered onto the text embeddings).
+_TEXT_WIDTH_FIELDS = ("out_hidden_size", "text_hidden_size")
+_SUB_CONFIGS = ("text_config", "vision_config", "audio_config")
+
+
+def _linked_to_text_tower(tiny):
+    """A shrunk composite config (a ``text_config`` beside vision or audio sub-configs) whose
+    sub-configs' outputs are as wide as the tiny text tower again (the shrink left those widths,
+    which are not sizes of their own tower, at the real text tower's)."""
+    text = tiny.get("text_config")
+    if not isinstance(text, dict) or "hidden_size" not in text:
+        return tiny
+    linked = dict(tiny)
+    for key, sub in tiny.items():
+        if key != "text_config" and isinstance(sub, dict):
+            fields = [f for f in _TEXT_WIDTH_FIELDS if isinstance(sub.get(f), int)]
+            if fields:
+                linked[key] = dict(sub, **dict.fromkeys(fields, text["hidden_size"]))
+    return linked
+
+
+def _with_overrides(tiny, *overrides):
+    """``tiny`` with each of ``overrides`` (a dict or None) laid over it: a composite's sub-config
+    (:data:`_SUB_CONFIGS`, or any nested config with a model_type) is updated field by field, any
+    other field replaced."""
+    merged = dict(tiny)
+    for override in overrides:
+        for key, value in (override or {}).items():
+            nested = merged.get(key)
+            if (
+                isinstance(value, dict)
+                and isinstance(nested, dict)
+                and (key in _SUB_CONFIGS or "model_type" in nested)
+            ):
+                # A sub-config (a composite's tower, a flow head): set field by field.
+                value = _with_overrides(nested, value)
+            merged[key] = value
+    return merged
 
 
 def tiny_config(model_type):
@@ -634,13 +708,15 @@ def tiny_config(model_type):
     section = _default_mrope_section(default)
     if section is not None:
         fields["rope_parameters"] = dict(fields["rope_parameters"], mrope_section=section)
-    tiny = dict(_shrink(fields), pad_token_id=0)
-    for key, value in _TINY_OVERRIDES.get(model_type, {}).items():
-        nested = tiny.get(key)
-        if isinstance(value, dict) and isinstance(nested, dict) and "model_type" in nested:
-            # Fields of a nested config (a flow head's): set within it, the rest kept.
-            value = dict(nested, **value)
-        tiny[key] = value
+    text = getattr(default, "text_config", None)
+    section = _default_mrope_section(text) if text is not None else None
+    if section is not None:
+        # A composite whose text tower's sections are its modeling code's default: named, so that
+        # the shrink scales them to the tiny head as it does a text model's.
+        rope = dict(fields["text_config"]["rope_parameters"], mrope_section=section)
+        fields["text_config"] = dict(fields["text_config"], rope_parameters=rope)
+    tiny = _linked_to_text_tower(_shrink(fields))
+    tiny = _with_overrides(tiny, dict(pad_token_id=0), _TINY_OVERRIDES.get(model_type))
     try:
         return AutoConfig.for_model(model_type, **tiny)
     except Exception:
@@ -773,6 +849,7 @@ VLM = (
     "glm4v_moe",
     "glm_ocr",
     "paddleocr_vl",
+    "cohere_compass",
 )
 IMAGE, VIDEO, VISION_START, VISION_END = 250, 251, 252, 253
 _VLM_TEXT = dict(
@@ -870,6 +947,31 @@ def vlm_config(name):
             cls = tf.Qwen3VLMoeConfig
         tokens = dict(_TOKENS, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
         return cls(text_config=text, vision_config=vision, **tokens)
+    if name == "cohere_compass":
+        # Qwen3-VL's interleaved rule, one M-RoPE table per layer type (sliding, full), each with
+        # its own theta; an axial 2-D vision RoPE as Qwen2-VL's.
+        sections = dict(mrope_section=[6, 5, 5])
+        text = dict(
+            _VLM_TEXT,
+            head_dim=32,
+            layer_types=["sliding_attention", "full_attention"],
+            sliding_window=8,
+            rope_parameters=dict(
+                sliding_attention=dict(rope_type="default", rope_theta=1e4, **sections),
+                full_attention=dict(rope_type="default", rope_theta=1e6, **sections),
+            ),
+        )
+        vision = dict(
+            _VISION,
+            hidden_size=32,
+            intermediate_size=64,
+            out_hidden_size=128,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0],
+            rope_parameters=dict(rope_type="axial", rope_theta=1e4),
+        )
+        tokens = dict(_TOKENS, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
+        return tf.CohereCompassConfig(text_config=text, vision_config=vision, **tokens)
     if name in ("glm4v", "glm4v_moe", "glm_ocr"):
         # Partial rotary (half the head), sections as GLM-4.1V's [8, 12, 12] of 32 planes.
         text = dict(

@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import _hf_complex, _hf_gptj, _hf_qk_norm
+from . import _hf_complex, _hf_gptj, _hf_qk_norm, _hf_roformer
 from ._scaling import rope_frequencies, rope_tables_from_inv_freq
 from .nn import RotaryPositionalEmbedding, apply_keeping_table_dtypes, long_rope_positions
 from .ops import apply, apply_qk
@@ -232,9 +232,18 @@ SUPPORTED_MODEL_TYPES = (
     # GPT-J family: no rotary module; each attention layer gathers its own sin | cos table and
     # rotates GPT-J pairs (python/torch_rope/_hf_gptj.py; tests: hf_models.TINY).
     *_hf_gptj.MODEL_TYPES,
+    # RoFormer: no rotary module; its encoder's sinusoid module hands rows to a rotation method
+    # of each self-attention layer (python/torch_rope/_hf_roformer.py; tests: hf_models.TINY).
+    *_hf_roformer.MODEL_TYPES,
     *_VLM_TYPES,
     *_VISION_TOWER_TYPES,
 )
+
+# The types with no rotary module, each patched by a module of its own (same patch signature).
+_NO_ROTARY_MODULE = {
+    **dict.fromkeys(_hf_gptj.MODEL_TYPES, _hf_gptj),
+    **dict.fromkeys(_hf_roformer.MODEL_TYPES, _hf_roformer),
+}
 
 # Why patch refuses each of the other rotary model types: one reason per family.
 _OTHER_ROTARY = (
@@ -278,7 +287,6 @@ _REFUSED: Dict[str, str] = {
         "config and inv_freq to hand positions from), and the tests build models from token ids "
         "only"
     ),
-    "roformer": "sinusoidal positions applied by a method of its self-attention",
     **dict.fromkeys(("esm", "recurrent_gemma", "zamba2"), _OTHER_ROTARY),
     "inkling2_text": "its text model has no rotary embedding; only its vision tower rotates",
     **dict.fromkeys(
@@ -1198,6 +1206,11 @@ def patch(
       one set of tables in a ``torch_rope`` submodule of the base model, and each attention
       layer rotates q and k with one ``rope::apply`` each at its ``position_ids``, in a forward
       of torch_rope's that uses the layer's own projections and attention (:mod:`._hf_gptj`).
+    * RoFormer (no rotary module; its encoder's sinusoid module gathers sin | cos rows for every
+      layer): the tables on the sinusoid module, whose forward returns the positions instead, and
+      each self-attention layer's ``apply_rotary_position_embeddings`` (bound to the instance)
+      rotates q and k with one ``rope::apply_qk``, v with one ``rope::apply``
+      (:mod:`._hf_roformer`).
     * Llama 4's text model and DeepSeek-V2 rotate through complex numbers (``freqs_cis`` and
       ``apply_rotary_emb``): their layers get the positions and tables in an object that survives
       their ``freqs_cis.to(device)``, and rotate GPT-J pairs with one ``apply_qk``.
@@ -1221,10 +1234,10 @@ def patch(
         )
     if is_patched(model):
         return model
-    if model_type in _hf_gptj.MODEL_TYPES:  # no rotary module: tables on the base model
+    if model_type in _NO_ROTARY_MODULE:  # tables where the model keeps its sinusoid
         record = _Patch()
         try:
-            _hf_gptj.patch(model, model_type, record, max_seq_len, _close)
+            _NO_ROTARY_MODULE[model_type].patch(model, model_type, record, max_seq_len, _close)
         except BaseException:
             _undo(record)
             raise
@@ -1347,6 +1360,7 @@ def _undo(record: _Patch) -> None:
         _hf_qk_norm.undo(attention)
     for module in record.attention + record.rotary:
         module.__dict__.pop("forward", None)
+        module.__dict__.pop(_hf_roformer.ROTATION_METHOD, None)
     for rotary in record.rotary:
         for name in ("torch_rope", "_torch_rope_dynamic", "_torch_rope_axes"):
             if hasattr(rotary, name):

@@ -141,6 +141,8 @@ def config(name):
         return tf.Starcoder2Config(**COMMON, sliding_window=8)
     if name in GENERIC:
         return tf.AutoConfig.for_model(name, **COMMON)
+    if name == "roformer-rotary_value":  # RoFormer rotating v as well as q and k
+        return tiny_config("roformer", rotary_value=True)
     if name.startswith("tiny:"):  # a model type of TINY (gemma3 is also a hand-built name)
         return tiny_config(name[len("tiny:") :])
     if name.startswith("base:"):  # a model type of BASE
@@ -241,6 +243,9 @@ TINY = (
     # the tiny config keeps one of each) and DeepSeek-V2 (MLA's rotary slice).
     "deepseek_v2",
     "llama4_text",
+    # RoFormer: its encoder's sinusoid rows rotate q/k in a method of each self-attention layer
+    # (a decoder, so that its causal LM caches; also "roformer-rotary_value", v rotated too).
+    "roformer",
 )
 
 
@@ -479,6 +484,8 @@ _TINY_OVERRIDES = {
     "hrm_text": dict(
         num_layers_per_stack=1, H_cycles=1, L_cycles=1, num_hidden_layers=2, initializer_range=0.2
     ),
+    # A decoder (its causal LM caches only then), its embeddings as wide as its hidden states.
+    "roformer": dict(is_decoder=True, embedding_size=64, initializer_range=0.2),
     **dict.fromkeys(
         (
             "minimax",
@@ -527,9 +534,10 @@ def _default_mrope_section(config):
     )
 
 
-def tiny_config(model_type):
+def tiny_config(model_type, **fields_set):
     """transformers' default config of ``model_type`` with its own size fields shrunk
-    (:data:`_TINY`), built again through the config class so its derived fields follow."""
+    (:data:`_TINY`), built again through the config class so its derived fields follow;
+    ``fields_set`` last (a variant of the type)."""
     from transformers import AutoConfig
 
     default = AutoConfig.for_model(model_type)
@@ -543,6 +551,7 @@ def tiny_config(model_type):
     if section is not None:
         fields["rope_parameters"] = dict(fields["rope_parameters"], mrope_section=section)
     tiny = dict(_shrink(fields), pad_token_id=0, **_TINY_OVERRIDES.get(model_type, {}))
+    tiny.update(fields_set)
     try:
         return AutoConfig.for_model(model_type, **tiny)
     except Exception:

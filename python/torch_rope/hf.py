@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import _hf_complex, _hf_gptj, _hf_qk_norm, _hf_roformer
+from . import _hf_complex, _hf_gptj, _hf_llama4_vision, _hf_qk_norm, _hf_roformer
 from ._scaling import rope_frequencies, rope_tables_from_inv_freq
 from .nn import RotaryPositionalEmbedding, apply_keeping_table_dtypes, long_rope_positions
 from .ops import apply, apply_qk
@@ -235,6 +235,9 @@ SUPPORTED_MODEL_TYPES = (
     # RoFormer: no rotary module; its encoder's sinusoid module hands rows to a rotation method
     # of each self-attention layer (python/torch_rope/_hf_roformer.py; tests: hf_models.TINY).
     *_hf_roformer.MODEL_TYPES,
+    # Llama 4 (vision-language): the text model as llama4_text, the vision tower's complex 2-D
+    # RoPE as GPT-J pairs over two axes (python/torch_rope/_hf_llama4_vision.py).
+    *_hf_llama4_vision.MODEL_TYPES,
     *_VLM_TYPES,
     *_VISION_TOWER_TYPES,
 )
@@ -280,13 +283,6 @@ _MROPE_VLM = (
 #: ``hf_models.rotary_model_types()`` and ``rotary_base_model_types()`` find them), each with why
 #: :func:`patch` refuses it.
 _REFUSED: Dict[str, str] = {
-    "llama4": (
-        "its causal LM is its text model, of type llama4_text, which patch supports; the whole "
-        "model is not: its vision tower rotates through a complex 2-D RoPE of its own "
-        "(vision_apply_rotary_emb with a precomputed freqs_ci table, no rotary module with a "
-        "config and inv_freq to hand positions from), and the tests build models from token ids "
-        "only"
-    ),
     **dict.fromkeys(("esm", "recurrent_gemma", "zamba2"), _OTHER_ROTARY),
     "inkling2_text": "its text model has no rotary embedding; only its vision tower rotates",
     **dict.fromkeys(
@@ -835,6 +831,7 @@ def _patched_namespace(original_globals: Dict[str, Any], refresh: bool) -> Dict[
         if _HF_VISION_NAME in original_globals:
             module.__dict__[_HF_VISION_NAME] = _apply_vision_with_tables
         module.__dict__.update(_hf_complex.replacements(original_globals, _apply_with_tables))
+        module.__dict__.update(_hf_llama4_vision.replacements(original_globals))
     return module.__dict__
 
 
@@ -1213,7 +1210,9 @@ def patch(
       (:mod:`._hf_roformer`).
     * Llama 4's text model and DeepSeek-V2 rotate through complex numbers (``freqs_cis`` and
       ``apply_rotary_emb``): their layers get the positions and tables in an object that survives
-      their ``freqs_cis.to(device)``, and rotate GPT-J pairs with one ``apply_qk``.
+      their ``freqs_cis.to(device)``, and rotate GPT-J pairs with one ``apply_qk``. The
+      vision-language Llama 4's vision tower (a precomputed complex ``freqs_ci``) rotates with one
+      two-axis ``apply_qk`` at (column + 1, row + 1) positions (:mod:`._hf_llama4_vision`).
     * Only this model is changed: new forwards are bound to its modules, not to their classes.
       :func:`unpatch` restores them. The model stays compilable with ``torch.compile``, and a
       patched model saved whole (``torch.save(model)``) loads patched.
@@ -1244,7 +1243,7 @@ def patch(
         object.__setattr__(model, _PATCH_ATTR, record)
         return model
     rotaries = _rotary_modules(model)
-    complex_form = model_type in _hf_complex.MODEL_TYPES
+    complex_form = model_type in _hf_complex.MODEL_TYPES + _hf_llama4_vision.MODEL_TYPES
     names = _HF_NAMES + (_hf_complex.HF_NAME,) if complex_form else _HF_NAMES
     attentions = [m for m in model.modules() if _calls_hf_apply(m, names)]
     if len(rotaries) != 1 or not attentions:
@@ -1328,6 +1327,10 @@ def patch(
             model_type in _VLM_TYPES and model_type not in _TEXT_TOWERS
         ) or model_type in _VISION_TOWER_TYPES:
             _patch_vision(model, model_type, record, max_vision_positions)
+        if model_type in _hf_llama4_vision.MODEL_TYPES:
+            _hf_llama4_vision.patch(
+                model, record, max_vision_positions, _AxialTables, _rebuilt_forward, _close
+            )
     except BaseException:
         _undo(record)
         raise

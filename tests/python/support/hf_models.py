@@ -823,6 +823,16 @@ VISION_VLM = {
     "lfm3_vl": "lfm3",
     "exaone4_5": "exaone4",
     "minimax_m3_vl": "minimax_m3_vl_text",
+    # Llama 4: its vision tower's complex 2-D RoPE is over one fixed image size (whole images,
+    # not patch lists: see build_vision_vlm), its text model's complex 1-D RoPE as llama4_text.
+    "llama4": "llama4_text",
+}
+# Vision config fields given by hand: Llama 4's one image size (4x4 patches of 4 pixels) and its
+# projector sizes (the shrink leaves them at the real model's 4096 and 7680).
+_VISION_OVERRIDES = {
+    "llama4": dict(
+        image_size=16, projector_input_dim=64, projector_output_dim=64, vision_output_dim=64
+    ),
 }
 _CONFIG_ONLY = ("model_type", "transformers_version", "architectures", "id2label", "label2id")
 # The top-level fields of the tiny VLM configs: the test batch's token ids, projector sizes.
@@ -850,6 +860,7 @@ def vision_vlm_config(name):
     text = dict(_fields(tiny_config(VISION_VLM[name])), initializer_range=0.2)
     vision = _shrink(_fields(default.vision_config))
     vision.update(hidden_size=32, patch_size=4, initializer_range=0.2)
+    vision.update(_VISION_OVERRIDES.get(name, {}))
     for key in ("num_attention_heads", "num_heads", "num_key_value_heads"):
         if key in vision:
             vision[key] = 2
@@ -877,6 +888,8 @@ def build_vision_vlm(name, seed=0):
     model = AutoModelForImageTextToText.from_config(
         vision_vlm_config(name), attn_implementation="eager"
     ).eval()
+    if name == "llama4":
+        return (model, *_llama4_inputs_and_layers(model))
     g = torch.Generator().manual_seed(1)
     grids = torch.tensor([[1, 4, 6], [1, 6, 4]])
     pad, merge, rows = 2, 2, []
@@ -906,3 +919,35 @@ def build_vision_vlm(name, seed=0):
     text_layers = [m for m in modules if hf._calls_hf_apply(m)]
     vision_layers = [m for m in modules if hf._calls_hf_apply(m, (hf._HF_VISION_NAME,))]
     return model, inputs, text_layers, vision_layers, vision_states
+
+
+def _llama4_inputs_and_layers(model):
+    """build_vision_vlm's (inputs, text_layers, vision_layers, vision_states) for Llama 4: one
+    whole image per row (its vision RoPE is over one fixed image size), each image 4 tokens after
+    the pixel shuffle, the second row left-padded; its layers call the complex-form rotations."""
+    from torch_rope import _hf_complex, _hf_llama4_vision
+
+    g = torch.Generator().manual_seed(1)
+    vision = model.config.vision_config
+    side = vision.image_size // vision.patch_size
+    tokens = int(side * vision.pixel_shuffle_ratio) ** 2
+    pad, rows = 2, []
+    for i in range(2):
+        text = torch.randint(2, 240, (5 + pad * (1 - i),), generator=g).tolist()
+        rows.append([0] * (pad * i) + text[:3] + [IMAGE] * tokens + text[3:])
+    ids = torch.tensor(rows)
+    pixels = torch.randn(2, vision.num_channels, vision.image_size, vision.image_size, generator=g)
+    inputs = dict(input_ids=ids, attention_mask=(ids != 0).long(), pixel_values=pixels)
+
+    def vision_states(m, x):
+        with torch.no_grad():
+            return m.vision_model(x["pixel_values"]).last_hidden_state
+
+    def calls(module, name):
+        code = getattr(type(module).forward, "__code__", None)
+        return code is not None and name in code.co_names
+
+    modules = list(model.modules())
+    text_layers = [m for m in modules if calls(m, _hf_complex.HF_NAME)]
+    vision_layers = [m for m in modules if calls(m, _hf_llama4_vision.HF_NAME)]
+    return inputs, text_layers, vision_layers, vision_states

@@ -29,8 +29,8 @@ import torch
 from torch import Tensor, nn
 
 #: The model types whose text attention rotates through ``apply_rotary_emb``. (``llama4``, the
-#: vision-language model, is refused in hf.py: its vision tower rotates through a complex 2-D
-#: RoPE of its own that patch does not handle.)
+#: vision-language model, rotates its text the same way; its vision tower's complex 2-D RoPE is
+#: :mod:`torch_rope._hf_llama4_vision`'s.)
 MODEL_TYPES = ("llama4_text", "deepseek_v2")
 
 #: The name of transformers' complex-form rotation in those modeling modules.

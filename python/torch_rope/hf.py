@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import _hf_complex, _hf_gptj, _hf_qk_norm, _hf_stacks
+from . import _hf_complex, _hf_gptj, _hf_llama4_vision, _hf_qk_norm, _hf_roformer, _hf_stacks
 from ._scaling import rope_frequencies, rope_tables_from_inv_freq
 from .nn import RotaryPositionalEmbedding, apply_keeping_table_dtypes, long_rope_positions
 from .ops import apply, apply_qk
@@ -270,9 +270,21 @@ SUPPORTED_MODEL_TYPES = (
     "granite_docling",
     "granite4_vision",
     "unlimited_ocr",
+    # RoFormer: no rotary module; its encoder's sinusoid module hands rows to a rotation method
+    # of each self-attention layer (python/torch_rope/_hf_roformer.py; tests: hf_models.TINY).
+    *_hf_roformer.MODEL_TYPES,
+    # Llama 4 (vision-language): the text model as llama4_text, the vision tower's complex 2-D
+    # RoPE as GPT-J pairs over two axes (python/torch_rope/_hf_llama4_vision.py).
+    *_hf_llama4_vision.MODEL_TYPES,
     *_VLM_TYPES,
     *_VISION_TOWER_TYPES,
 )
+
+# The types with no rotary module, each patched by a module of its own (same patch signature).
+_NO_ROTARY_MODULE = {
+    **dict.fromkeys(_hf_gptj.MODEL_TYPES, _hf_gptj),
+    **dict.fromkeys(_hf_roformer.MODEL_TYPES, _hf_roformer),
+}
 
 # Why patch refuses each of the other rotary model types: one reason per family.
 _SEVERAL_ROTARY = (
@@ -298,14 +310,6 @@ _VISION_ONLY_ROPE = (
 #: ``hf_models.rotary_model_types()`` and ``rotary_base_model_types()`` find them), each with why
 #: :func:`patch` refuses it.
 _REFUSED: Dict[str, str] = {
-    "llama4": (
-        "its causal LM is its text model, of type llama4_text, which patch supports; the whole "
-        "model is not: its vision tower rotates through a complex 2-D RoPE of its own "
-        "(vision_apply_rotary_emb with a precomputed freqs_ci table, no rotary module with a "
-        "config and inv_freq to hand positions from), and the tests build models from token ids "
-        "only"
-    ),
-    "roformer": "sinusoidal positions applied by a method of its self-attention",
     "inkling2_text": "its text model has no rotary embedding; only its vision tower rotates",
     **dict.fromkeys(
         ("blt", "deepseek_v4", "granite_swa", "granitemoe_swa", "moshi"), _SEVERAL_ROTARY
@@ -900,6 +904,7 @@ def _patched_namespace(original_globals: Dict[str, Any], refresh: bool) -> Dict[
         if _HF_VISION_NAME in original_globals:
             module.__dict__[_HF_VISION_NAME] = _apply_vision_with_tables
         module.__dict__.update(_hf_complex.replacements(original_globals, _apply_with_tables))
+        module.__dict__.update(_hf_llama4_vision.replacements(original_globals))
     return module.__dict__
 
 
@@ -1303,9 +1308,16 @@ def patch(
       one set of tables in a ``torch_rope`` submodule of the base model, and each attention
       layer rotates q and k with one ``rope::apply`` each at its ``position_ids``, in a forward
       of torch_rope's that uses the layer's own projections and attention (:mod:`._hf_gptj`).
+    * RoFormer (no rotary module; its encoder's sinusoid module gathers sin | cos rows for every
+      layer): the tables on the sinusoid module, whose forward returns the positions instead, and
+      each self-attention layer's ``apply_rotary_position_embeddings`` (bound to the instance)
+      rotates q and k with one ``rope::apply_qk``, v with one ``rope::apply``
+      (:mod:`._hf_roformer`).
     * Llama 4's text model and DeepSeek-V2 rotate through complex numbers (``freqs_cis`` and
       ``apply_rotary_emb``): their layers get the positions and tables in an object that survives
-      their ``freqs_cis.to(device)``, and rotate GPT-J pairs with one ``apply_qk``.
+      their ``freqs_cis.to(device)``, and rotate GPT-J pairs with one ``apply_qk``. The
+      vision-language Llama 4's vision tower (a precomputed complex ``freqs_ci``) rotates with one
+      two-axis ``apply_qk`` at (column + 1, row + 1) positions (:mod:`._hf_llama4_vision`).
     * Only this model is changed: new forwards are bound to its modules, not to their classes.
       :func:`unpatch` restores them. The model stays compilable with ``torch.compile``, and a
       patched model saved whole (``torch.save(model)``) loads patched.
@@ -1333,8 +1345,8 @@ def patch(
         return model
     record = _Patch()
     try:
-        if model_type in _hf_gptj.MODEL_TYPES:  # no rotary module: tables on the base model
-            _hf_gptj.patch(model, model_type, record, max_seq_len, _close)
+        if model_type in _NO_ROTARY_MODULE:  # tables where the model keeps its sinusoid
+            _NO_ROTARY_MODULE[model_type].patch(model, model_type, record, max_seq_len, _close)
         else:
             for rotary, attentions in _text_stacks(model, model_type):
                 _patch_text(model_type, rotary, attentions, record, max_seq_len)
@@ -1342,6 +1354,10 @@ def patch(
             model_type in _VLM_TYPES and model_type not in _TEXT_TOWERS + _UNROTATED_VISION
         ) or model_type in _VISION_TOWER_TYPES:
             _patch_vision(model, model_type, record, max_vision_positions)
+        if model_type in _hf_llama4_vision.MODEL_TYPES:
+            _hf_llama4_vision.patch(
+                model, record, max_vision_positions, _AxialTables, _rebuilt_forward, _close
+            )
     except BaseException:
         _undo(record)
         raise
@@ -1353,9 +1369,7 @@ def _text_stacks(model: nn.Module, model_type: str) -> List[Tuple[nn.Module, Lis
     """Each text rotary module with the attention layers it hands positions to: one for most
     models; one per stack of an encoder-decoder, or per layer that holds its own (_hf_stacks)."""
     rotaries = _rotary_modules(model)
-    names = (
-        _HF_NAMES + (_hf_complex.HF_NAME,) if model_type in _hf_complex.MODEL_TYPES else _HF_NAMES
-    )
+    names = _HF_NAMES + (_hf_complex.HF_NAME,) if _complex_form(model_type) else _HF_NAMES
     attentions = [m for m in model.modules() if _calls_hf_apply(m, names)]
     groups = _hf_stacks.stacks(model, rotaries, attentions)
     if groups is not None:
@@ -1367,6 +1381,11 @@ def _text_stacks(model: nn.Module, model_type: str) -> List[Tuple[nn.Module, Lis
             f"{len(attentions)} such layer(s) in this {model_type} model"
         )
     return [(rotaries[0], attentions)]
+
+
+def _complex_form(model_type: str) -> bool:
+    """Whether the model's text layers rotate through complex numbers (:mod:`._hf_complex`)."""
+    return model_type in _hf_complex.MODEL_TYPES + _hf_llama4_vision.MODEL_TYPES
 
 
 def _patch_text(
@@ -1438,7 +1457,7 @@ def _patch_text(
         _rebuilt_forward(attention_class, refresh=True)
     # A vision-language text tower's layout is known, and so is a complex-form model's (each
     # consecutive pair is one complex number: GPT-J pairs); a text model's is found by the check.
-    complex_form = model_type in _hf_complex.MODEL_TYPES
+    complex_form = _complex_form(model_type)
     if axes:
         layouts: Tuple[Tuple[bool, bool], ...] = ((axes[keys[0]][0], False),)
     else:
@@ -1481,6 +1500,7 @@ def _undo(record: _Patch) -> None:
         _hf_qk_norm.undo(attention)
     for module in record.attention + record.rotary:
         module.__dict__.pop("forward", None)
+        module.__dict__.pop(_hf_roformer.ROTATION_METHOD, None)
     for rotary in record.rotary:
         for name in ("torch_rope", "_torch_rope_dynamic", "_torch_rope_axes"):
             if hasattr(rotary, name):

@@ -50,6 +50,7 @@ SLOW = [
     "starcoder2",
     *hf_models.GENERIC,
     *(f"tiny:{t}" for t in hf_models.TINY if f"tiny:{t}" not in FAST),
+    "roformer-rotary_value",
     *(f"base:{t}" for t in hf_models.BASE),
     *(f"text:{t}" for t in hf_models.TEXT),
     *(f"image_text:{t}" for t in hf_models.IMAGE_TEXT),
@@ -114,6 +115,9 @@ def n_attention_layers(model):
 # transformers' own q/k rotations: apply_rotary_pos_emb, its GPT-J-pair twin (DeepSeek's MLA),
 # and the complex-number form (Llama 4, DeepSeek-V2).
 ROTATION_FUNCTIONS = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "apply_rotary_emb")
+# A rotation that is a static method of the attention class (RoFormer's): it rotates q and k, and
+# v too when given (config.rotary_value), which torch_rope rotates in a call of its own.
+ROTATION_METHODS = ("apply_rotary_position_embeddings",)
 
 
 class HFRotations:
@@ -129,10 +133,17 @@ class HFRotations:
                 function = module_globals.get(name)
                 if callable(function) and not hasattr(function, "counted"):
                     monkeypatch.setitem(module_globals, name, self._counting(function))
+            for name in ROTATION_METHODS:
+                function = vars(type(module)).get(name)
+                if isinstance(function, staticmethod) and not hasattr(function, "counted"):
+                    counting = staticmethod(self._counting(function.__func__, rotates_value=True))
+                    counting.counted = True
+                    monkeypatch.setattr(type(module), name, counting)
 
-    def _counting(self, function):
+    def _counting(self, function, rotates_value=False):
         def counting(*args, **kwargs):
-            self.calls += 1
+            # q and k together are one rotation; a v (RoFormer's fourth argument), another.
+            self.calls += 1 + (rotates_value and (len(args) > 3 or "value_layer" in kwargs))
             return function(*args, **kwargs)
 
         counting.counted = True
@@ -253,8 +264,11 @@ def test_bfloat16_error_within_hf_own(name):
     assert our_err <= 1.5 * hf_err, (our_err, hf_err)
 
 
-# qwen3: its q/k norms were deferred too; gptj: no rotary module, the tables on its base model.
-@pytest.mark.parametrize("name", ["llama", "qwen3", "tiny:gptj"])
+# qwen3: its q/k norms were deferred too; gptj: no rotary module, the tables on its base model;
+# roformer: the tables on its sinusoid module, a rotation method bound to each layer.
+@pytest.mark.parametrize(
+    "name", ["llama", "qwen3", "tiny:gptj", pytest.param("tiny:roformer", marks=pytest.mark.slow)]
+)
 def test_unpatch_restores_the_model_exactly(name):
     model = hf_models.build(name)
     ids, mask = hf_models.batch()
@@ -268,6 +282,7 @@ def test_unpatch_restores_the_model_exactly(name):
     assert not torch_rope.hf.is_patched(model)
     assert not any(hasattr(m, "torch_rope") for m in model.modules())
     assert all("forward" not in vars(m) for m in model.modules())
+    assert all("apply_rotary_position_embeddings" not in vars(m) for m in model.modules())
     assert not any(hasattr(m, "_torch_rope_qk_norm") for m in model.modules())
     with OpCounter() as counter:
         got = logits(model, ids, mask)
@@ -518,20 +533,12 @@ def test_every_supported_model_type_is_tested_here():
 
 
 def test_unknown_architecture_is_refused():
-    config = transformers.RoFormerConfig(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=32,
-        is_decoder=True,
-    )
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    reason = re.escape(torch_rope.hf._REFUSED["roformer"])
-    with pytest.raises(
-        NotImplementedError, match=rf"model type 'roformer' is not supported: {reason}"
-    ):
+    """A refused type (Jamba: its attention layers use no RoPE) raises with its reason, naming
+    the type, and leaves the model untouched."""
+    model = transformers.AutoModelForCausalLM.from_config(hf_models.tiny_config("jamba"))
+    reason = re.escape(torch_rope.hf._REFUSED["jamba"])
+    refusal = rf"model type 'jamba' is not supported: {reason}"
+    with pytest.raises(NotImplementedError, match=refusal):
         torch_rope.hf.patch(model)
     assert not torch_rope.hf.is_patched(model)
     assert all("forward" not in vars(m) for m in model.modules())
@@ -770,6 +777,28 @@ def test_self_check_refuses_a_gptj_family_layer_whose_rotation_differs(model_typ
         torch_rope.hf.patch(model)
     assert not torch_rope.hf.is_patched(model)
     assert all("forward" not in vars(m) for m in model.modules())
+    assert not any(hasattr(m, "torch_rope") for m in model.modules())
+
+
+@pytest.mark.parametrize("name", ["tiny:roformer", "roformer-rotary_value"])
+def test_self_check_refuses_a_roformer_layer_whose_rotation_differs(name, monkeypatch):
+    """RoFormer's layers are self-checked too: had its rotation method turned by minus the angle,
+    patch would refuse and leave nothing patched."""
+    model = hf_models.build(name)
+    attention_class = type(model.roformer.encoder.layer[0].attention.self)
+    original = attention_class.apply_rotary_position_embeddings
+
+    def turned_back(sinusoidal_pos, *tensors):
+        sin, cos = sinusoidal_pos.chunk(2, dim=-1)
+        return original(torch.cat([-sin, cos], dim=-1), *tensors)
+
+    turned = staticmethod(turned_back)
+    monkeypatch.setattr(attention_class, "apply_rotary_position_embeddings", turned)
+    with pytest.raises(NotImplementedError, match="rotates q/k differently"):
+        torch_rope.hf.patch(model)
+    assert not torch_rope.hf.is_patched(model)
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert all("apply_rotary_position_embeddings" not in vars(m) for m in model.modules())
     assert not any(hasattr(m, "torch_rope") for m in model.modules())
 
 

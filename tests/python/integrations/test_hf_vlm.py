@@ -297,7 +297,11 @@ def test_vision_tower_vlm_wrong_layout_or_axes_move_the_logits(name):
     assert torch.equal(logits(model, inputs), right)
 
     patched = vision_rotary.forward
-    vision_rotary.forward = lambda x, position_ids: patched(x, position_ids.flip(-1))
+    if name == "llama4":  # no position ids come in: the positions are the one image size's
+        positions = patched(None).positions
+        vision_rotary.forward = lambda x: patched(x, positions.flip(-1))
+    else:
+        vision_rotary.forward = lambda x, position_ids: patched(x, position_ids.flip(-1))
     assert rel_err(vision_states(model, inputs), right_vision) > 1e-3
     assert rel_err(logits(model, inputs), right) > 1e-5  # the fp32 tolerance of the match test
 
@@ -314,3 +318,23 @@ def test_vision_tower_vlm_bfloat16_error_within_hf_own(name):
     hf_err = (logits(hf_bf16, bf16_inputs).double() - want).abs().max().item()
     our_err = (logits(ours_bf16, bf16_inputs).double() - want).abs().max().item()
     assert our_err <= 1.5 * hf_err, (our_err, hf_err)
+
+
+@pytest.mark.slow
+def test_llama4_vision_self_check_refuses_a_different_vision_rotation(monkeypatch):
+    """Llama 4's vision layers are self-checked too: had its vision rotation turned by minus the
+    angle, patch would refuse the whole model and leave it untouched."""
+    model, _, text, vision, _ = hf_models.build_vision_vlm("llama4")
+    assert text and len(vision) == model.config.vision_config.num_hidden_layers
+    module_globals = type(vision[0]).forward.__globals__
+    original = module_globals["vision_apply_rotary_emb"]
+
+    def turned_back(query, key, freqs_ci):
+        return original(query, key, freqs_ci=freqs_ci.conj())
+
+    monkeypatch.setitem(module_globals, "vision_apply_rotary_emb", turned_back)
+    with pytest.raises(NotImplementedError, match="2-D RoPE"):
+        torch_rope.hf.patch(model)
+    assert not torch_rope.hf.is_patched(model)
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert not any(hasattr(m, "torch_rope") for m in model.modules())

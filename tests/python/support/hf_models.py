@@ -141,6 +141,8 @@ def config(name):
         return tf.Starcoder2Config(**COMMON, sliding_window=8)
     if name in GENERIC:
         return tf.AutoConfig.for_model(name, **COMMON)
+    if name == "roformer-rotary_value":  # RoFormer rotating v as well as q and k
+        return tiny_config("roformer", rotary_value=True)
     if name.startswith("tiny:"):  # a model type of TINY (gemma3 is also a hand-built name)
         return tiny_config(name[len("tiny:") :])
     if name.startswith("base:"):  # a model type of BASE
@@ -247,6 +249,9 @@ TINY = (
     # Untested-build family: default configs completed in _TINY_OVERRIDES.
     "recurrent_gemma",
     "zamba2",
+    # RoFormer: its encoder's sinusoid rows rotate q/k in a method of each self-attention layer
+    # (a decoder, so that its causal LM caches; also "roformer-rotary_value", v rotated too).
+    "roformer",
 )
 
 
@@ -601,6 +606,8 @@ _TINY_OVERRIDES = {
     ),
     # The flow head is conditioned on the backbone's hidden states: as wide as the tiny backbone.
     "pocket_tts": dict(flow_head_config=dict(condition_dim=64)),
+    # A decoder (its causal LM caches only then), its embeddings as wide as its hidden states.
+    "roformer": dict(is_decoder=True, embedding_size=64, initializer_range=0.2),
     **dict.fromkeys(
         (
             "minimax",
@@ -693,9 +700,10 @@ def _with_overrides(tiny, *overrides):
     return merged
 
 
-def tiny_config(model_type):
+def tiny_config(model_type, **fields_set):
     """transformers' default config of ``model_type`` with its own size fields shrunk
-    (:data:`_TINY`), built again through the config class so its derived fields follow."""
+    (:data:`_TINY`), built again through the config class so its derived fields follow;
+    ``fields_set`` last (a variant of the type)."""
     from transformers import AutoConfig
 
     default = AutoConfig.for_model(model_type)
@@ -717,6 +725,7 @@ def tiny_config(model_type):
         fields["text_config"] = dict(fields["text_config"], rope_parameters=rope)
     tiny = _linked_to_text_tower(_shrink(fields))
     tiny = _with_overrides(tiny, dict(pad_token_id=0), _TINY_OVERRIDES.get(model_type))
+    tiny.update(fields_set)
     try:
         return AutoConfig.for_model(model_type, **tiny)
     except Exception:
@@ -1062,6 +1071,16 @@ VISION_VLM = {
     "lfm3_vl": "lfm3",
     "exaone4_5": "exaone4",
     "minimax_m3_vl": "minimax_m3_vl_text",
+    # Llama 4: its vision tower's complex 2-D RoPE is over one fixed image size (whole images,
+    # not patch lists: see build_vision_vlm), its text model's complex 1-D RoPE as llama4_text.
+    "llama4": "llama4_text",
+}
+# Vision config fields given by hand: Llama 4's one image size (4x4 patches of 4 pixels) and its
+# projector sizes (the shrink leaves them at the real model's 4096 and 7680).
+_VISION_OVERRIDES = {
+    "llama4": dict(
+        image_size=16, projector_input_dim=64, projector_output_dim=64, vision_output_dim=64
+    ),
 }
 _CONFIG_ONLY = ("model_type", "transformers_version", "architectures", "id2label", "label2id")
 # The top-level fields of the tiny VLM configs: the test batch's token ids, projector sizes.
@@ -1089,6 +1108,7 @@ def vision_vlm_config(name):
     text = dict(_fields(tiny_config(VISION_VLM[name])), initializer_range=0.2)
     vision = _shrink(_fields(default.vision_config))
     vision.update(hidden_size=32, patch_size=4, initializer_range=0.2)
+    vision.update(_VISION_OVERRIDES.get(name, {}))
     for key in ("num_attention_heads", "num_heads", "num_key_value_heads"):
         if key in vision:
             vision[key] = 2
@@ -1116,6 +1136,8 @@ def build_vision_vlm(name, seed=0):
     model = AutoModelForImageTextToText.from_config(
         vision_vlm_config(name), attn_implementation="eager"
     ).eval()
+    if name == "llama4":
+        return (model, *_llama4_inputs_and_layers(model))
     g = torch.Generator().manual_seed(1)
     grids = torch.tensor([[1, 4, 6], [1, 6, 4]])
     pad, merge, rows = 2, 2, []
@@ -1145,3 +1167,35 @@ def build_vision_vlm(name, seed=0):
     text_layers = [m for m in modules if hf._calls_hf_apply(m)]
     vision_layers = [m for m in modules if hf._calls_hf_apply(m, (hf._HF_VISION_NAME,))]
     return model, inputs, text_layers, vision_layers, vision_states
+
+
+def _llama4_inputs_and_layers(model):
+    """build_vision_vlm's (inputs, text_layers, vision_layers, vision_states) for Llama 4: one
+    whole image per row (its vision RoPE is over one fixed image size), each image 4 tokens after
+    the pixel shuffle, the second row left-padded; its layers call the complex-form rotations."""
+    from torch_rope import _hf_complex, _hf_llama4_vision
+
+    g = torch.Generator().manual_seed(1)
+    vision = model.config.vision_config
+    side = vision.image_size // vision.patch_size
+    tokens = int(side * vision.pixel_shuffle_ratio) ** 2
+    pad, rows = 2, []
+    for i in range(2):
+        text = torch.randint(2, 240, (5 + pad * (1 - i),), generator=g).tolist()
+        rows.append([0] * (pad * i) + text[:3] + [IMAGE] * tokens + text[3:])
+    ids = torch.tensor(rows)
+    pixels = torch.randn(2, vision.num_channels, vision.image_size, vision.image_size, generator=g)
+    inputs = dict(input_ids=ids, attention_mask=(ids != 0).long(), pixel_values=pixels)
+
+    def vision_states(m, x):
+        with torch.no_grad():
+            return m.vision_model(x["pixel_values"]).last_hidden_state
+
+    def calls(module, name):
+        code = getattr(type(module).forward, "__code__", None)
+        return code is not None and name in code.co_names
+
+    modules = list(model.modules())
+    text_layers = [m for m in modules if calls(m, _hf_complex.HF_NAME)]
+    vision_layers = [m for m in modules if calls(m, _hf_llama4_vision.HF_NAME)]
+    return inputs, text_layers, vision_layers, vision_states

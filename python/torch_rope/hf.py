@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import _hf_complex, _hf_gptj, _hf_qk_norm
+from . import _hf_complex, _hf_gptj, _hf_qk_norm, _hf_vision_tower
 from ._scaling import rope_frequencies, rope_tables_from_inv_freq
 from .nn import RotaryPositionalEmbedding, apply_keeping_table_dtypes, long_rope_positions
 from .ops import apply, apply_qk
@@ -234,6 +234,9 @@ SUPPORTED_MODEL_TYPES = (
     *_hf_gptj.MODEL_TYPES,
     *_VLM_TYPES,
     *_VISION_TOWER_TYPES,
+    # Vision towers loaded on their own: only the vision RoPE
+    # (python/torch_rope/_hf_vision_tower.py; tests: test_hf_vision_tower.py).
+    *_hf_vision_tower.MODEL_TYPES,
 )
 
 # Why patch refuses each of the other rotary model types: one reason per family.
@@ -321,40 +324,26 @@ _REFUSED: Dict[str, str] = {
     **dict.fromkeys(
         (
             "cohere_compass_vision",
-            "cosmos3_edge_vision",
-            "dinov3_vit",
             "edgetam_video",
             "efficientloftr",
-            "exaone4_5_vision",
             "gemma3n_audio",
             "gemma4_audio",
             "gemma4_vision",
-            "glm4v_moe_vision",
-            "glm4v_vision",
-            "glm5_next_vision",
-            "glm_image_vision",
             "glm_image_vqmodel",
-            "glm_ocr_vision",
             "glmasr_encoder",
             "granite_docling_vision",
-            "hunyuan_vl_vision",
             "idefics",
             "inkling2_vision",
-            "kimi_k25_vision",
             "lasr_ctc",
             "lasr_encoder",
-            "lfm3_vl_vision",
             "lightglue",
             "mimi",
             "mimi_decoder",
             "mimi_encoder",
-            "mlcd",
-            "mlcd_vision_model",
             "moonshine",
             "muse_glimmer_assistant",
             "muse_glimmer_vision",
             "muse_spark_audio",
-            "muse_spark_vision",
             "nemotron3_5_transcribe_asr_audio",
             "nemotron3_5_transcribe_audio",
             "nemotron3_5_transcribe_word_timestamp",
@@ -377,20 +366,13 @@ _REFUSED: Dict[str, str] = {
             "pocket_tts_audio_tokenizer",
             "pocket_tts_audio_tokenizer_decoder",
             "pocket_tts_audio_tokenizer_encoder",
-            "qwen2_5_vl_vision",
-            "qwen3_5_moe_vision",
-            "qwen3_5_vision",
-            "qwen3_vl_moe_vision",
-            "qwen3_vl_vision",
             "qwen4_exp_vision",
             "sam2_video",
             "sam3",
             "sam3_tracker_video",
             "sam3_vision_model",
             "sam3_vit_model",
-            "sapiens2",
             "timesfm2_5",
-            "video_llama_3_vision",
             "voxtral_realtime",
             "voxtral_realtime_encoder",
             "xcodec2",
@@ -456,6 +438,37 @@ _REFUSED: Dict[str, str] = {
             "voxtral_realtime_text",
         ),
         _UNTESTED_BUILD,
+    ),
+    # Vision towers on their own (python/torch_rope/_hf_vision_tower.py) whose vision RoPE is
+    # not the axial kind patch knows, or which have none.
+    **dict.fromkeys(
+        ("cosmos3_edge_vision", "glm_image_vision", "hunyuan_vl_vision"),
+        (
+            "a vision tower with no RoPE: its patches get learned position embeddings, "
+            "interpolated to each image's grid and added to the patch embeddings; the RoPE in its "
+            "modeling file is the text tower's"
+        ),
+    ),
+    "kimi_k25_vision": (
+        "its 2-D RoPE alternates column and row plane by plane (each frequency twice), which "
+        "neither of torch_rope's multi-axis rules (contiguous runs of planes, Qwen3-VL's 3-axis "
+        "interleaving) expresses"
+    ),
+    **dict.fromkeys(
+        ("mlcd", "mlcd_vision_model"),
+        (
+            "its vision model rotates the class token by learned angles (class_pos_emb, whose "
+            "cos/sin the model's forward computes and puts ahead of the patches' 2-D RoPE "
+            "cos/sin), which are no row of a position table"
+        ),
+    ),
+    **dict.fromkeys(
+        ("dinov3_vit", "sapiens2"),
+        (
+            "its 2-D RoPE turns by the patches' continuous centre coordinates, normalised to "
+            "[-1, 1] for each image's size (and shifted, jittered and rescaled in training), not "
+            "by the integer positions a table is indexed with"
+        ),
     ),
     "kimi_k25": (
         "its vision tower's 2-D RoPE alternates column and row plane by plane (each frequency "
@@ -1230,6 +1243,9 @@ def patch(
             raise
         object.__setattr__(model, _PATCH_ATTR, record)
         return model
+    if model_type in _hf_vision_tower.MODEL_TYPES:  # a vision tower alone: no text RoPE
+        _patch_vision_tower(model, model_type, max_vision_positions)
+        return model
     rotaries = _rotary_modules(model)
     complex_form = model_type in _hf_complex.MODEL_TYPES
     names = _HF_NAMES + (_hf_complex.HF_NAME,) if complex_form else _HF_NAMES
@@ -1320,6 +1336,20 @@ def patch(
         raise
     object.__setattr__(model, _PATCH_ATTR, record)
     return model
+
+
+def _patch_vision_tower(model: nn.Module, model_type: str, rows: int) -> None:
+    """patch() for a vision tower loaded on its own (:mod:`._hf_vision_tower`)."""
+    found = len(_rotary_modules(model))
+    if found:
+        raise NotImplementedError(_hf_vision_tower.text_rotary_refusal(model_type, found))
+    record = _Patch()
+    try:
+        _patch_vision(model, model_type, record, rows)
+    except BaseException:
+        _undo(record)
+        raise
+    object.__setattr__(model, _PATCH_ATTR, record)
 
 
 def _fuse_qk_norms(rotary: nn.Module, keys: List[str], attention: nn.Module) -> None:

@@ -1,0 +1,38 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Vision towers loaded on their own (transformers registers them as model types of their own,
+``qwen2_5_vl_vision`` ...: users load them alone as image encoders).
+
+Such a model has the vision rotary module and the vision blocks of its vision-language model and
+no text tower: :func:`torch_rope.hf.patch` puts torch_rope under its blocks exactly as under the
+vision tower of the whole model (``_patch_vision``: the axial 2-D tables, the self-check of each
+block class), with nothing to do for a text RoPE.
+"""
+
+#: The vision-tower model types :func:`torch_rope.hf.patch` knows: each rotates
+#: ``rotate_half`` over the whole head, the first half of the planes by the patch's row and the
+#: second half by its column (tests/python/integrations/test_hf_vision_tower.py checks each
+#: against the unpatched tower).
+MODEL_TYPES = (
+    "qwen2_5_vl_vision",
+    "qwen3_vl_vision",
+    "qwen3_vl_moe_vision",
+    "qwen3_5_vision",
+    "qwen3_5_moe_vision",
+    "glm4v_vision",
+    "glm4v_moe_vision",
+    "glm_ocr_vision",
+    "glm5_next_vision",
+    "video_llama_3_vision",
+    "lfm3_vl_vision",
+    "exaone4_5_vision",
+    "muse_spark_vision",
+)
+
+
+def text_rotary_refusal(model_type: str, found: int) -> str:
+    """The error of a model of a vision-tower type that also has a text rotary module: patch
+    would leave that RoPE as it is, so it refuses instead."""
+    return (
+        f"torch_rope.hf.patch: expected a {model_type} model to be a vision tower alone (only a "
+        f"vision rotary embedding module), found {found} text rotary module(s); not patching"
+    )

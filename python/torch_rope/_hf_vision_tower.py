@@ -8,10 +8,14 @@ vision tower of the whole model (``_patch_vision``: the axial 2-D tables, the se
 block class), with nothing to do for a text RoPE.
 """
 
+import torch
+from torch import Tensor
+
 #: The vision-tower model types :func:`torch_rope.hf.patch` knows: each rotates
 #: ``rotate_half`` over the whole head, the first half of the planes by the patch's row and the
-#: second half by its column (tests/python/integrations/test_hf_vision_tower.py checks each
-#: against the unpatched tower).
+#: second half by its column, each axis with the same frequencies (Pixtral: each with its own,
+#: :func:`split_frequencies`); tests/python/integrations/test_hf_vision_tower.py checks each
+#: against the unpatched tower.
 MODEL_TYPES = (
     "qwen2_5_vl_vision",
     "qwen3_vl_vision",
@@ -26,7 +30,22 @@ MODEL_TYPES = (
     "lfm3_vl_vision",
     "exaone4_5_vision",
     "muse_spark_vision",
+    "pixtral",
 )
+
+#: Vision towers whose attention layers rotate through the text models' ``apply_rotary_pos_emb``
+#: (with ``unsqueeze_dim=0``: q/k are a batch of one, ``(1, H, N, D)``), not through
+#: ``apply_rotary_pos_emb_vision``.
+TEXT_NAMED_APPLY = ("pixtral",)
+
+
+def split_frequencies(theta: float, head_dim: int) -> Tensor:
+    """Pixtral's per-plane frequencies, float64: of the ``head_dim / 2`` frequencies
+    ``theta^(-2i/head_dim)``, the even-numbered ones turn the row's planes (the first quarter of
+    the head, and its rotate_half partner) and the odd-numbered ones the column's. Unlike the
+    other axial towers, the two axes do not share their frequencies."""
+    full = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    return torch.cat([full[0::2], full[1::2]])
 
 
 def text_rotary_refusal(model_type: str, found: int) -> str:

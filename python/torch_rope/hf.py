@@ -25,6 +25,7 @@ hands the attention layers positions and float32 tables built in float64.
 """
 
 import functools
+import inspect
 import sys
 import types
 from typing import Any, Dict, List, Optional, Tuple
@@ -362,7 +363,6 @@ _REFUSED: Dict[str, str] = {
             "pe_audio_video_encoder",
             "pe_video",
             "pe_video_encoder",
-            "pixtral",
             "pocket_tts_audio_tokenizer",
             "pocket_tts_audio_tokenizer_decoder",
             "pocket_tts_audio_tokenizer_encoder",
@@ -875,23 +875,23 @@ def _patched_attention_forward(attention: nn.Module, *args, **kwargs):
 
 
 class _AxialTables(nn.Module):
-    """A vision tower's 2-D RoPE tables: ``cos[p, k] = cos(p * inv_freq[k mod n])`` for the
-    ``2 n`` planes (n per axis; the frequencies restart on each axis), built in float64 and
-    stored float32 as non-persistent buffers that keep their dtype when the model is cast.
-    Planes ``[0, n)`` turn by the row, ``[n, 2n)`` by the column (``mrope_section = [n, n]``);
-    with three axes (:data:`_VISION_AXES`), frame, row and column, ``[n, n, n]``, and the planes
-    past ``3 n`` pass through."""
+    """A vision tower's 2-D RoPE tables: ``cos[p, k] = cos(p * frequencies[k])`` for the ``2 n``
+    planes (n per axis: mostly the same n frequencies again on each axis; Pixtral's axes have
+    frequencies of their own), built in float64 and stored float32 as non-persistent buffers that
+    keep their dtype when the model is cast. Planes ``[0, n)`` turn by the row, ``[n, 2n)`` by
+    the column (``mrope_section = [n, n]``); with three axes (:data:`_VISION_AXES`), frame, row
+    and column, ``[n, n, n]``, and the planes past ``3 n`` pass through."""
 
     interleaved = False
     mrope_interleaved = False
 
-    def __init__(self, inv_freq: Tensor, axes: int, max_seq_len: int, device) -> None:
+    def __init__(self, frequencies: Tensor, axes: int, max_seq_len: int, device) -> None:
         super().__init__()
-        n = inv_freq.numel()
+        n = frequencies.numel() // axes
         self.mrope_section = [n] * axes
         self.rotary_dim = 2 * n * axes
         self.max_seq_len = max_seq_len
-        cos, sin = rope_tables_from_inv_freq(inv_freq.repeat(axes), max_seq_len, device)
+        cos, sin = rope_tables_from_inv_freq(frequencies, max_seq_len, device)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
@@ -908,7 +908,8 @@ def _vision_tables(
 ) -> _AxialTables:
     """The vision rotary module's tables, after checking that its frequencies are the axial ones
     this builds (theta^(-2j/(head_dim/2)) per axis, no attention factor; with three axes,
-    theta^(-2j/(2n)) for the n pairs of each third of the head)."""
+    theta^(-2j/(2n)) for the n pairs of each third of the head; Pixtral's one frequency a plane,
+    :func:`._hf_vision_tower.split_frequencies`)."""
     config = rotary.config
     params = getattr(config, "rope_parameters", None) or {}
     refusal = (
@@ -921,6 +922,14 @@ def _vision_tables(
     hf_inv_freq, hf_scaling = init(config, device=torch.device("cpu"))
     n = hf_inv_freq.numel()
     theta = float(params["rope_theta"])
+    if axes == 2 and 2 * n == head_dim:  # a frequency for every plane (Pixtral)
+        ours = _hf_vision_tower.split_frequencies(theta, head_dim)
+        if not (
+            float(hf_scaling) == 1.0
+            and torch.allclose(ours.float(), hf_inv_freq.float(), rtol=1e-5, atol=0)
+        ):
+            raise NotImplementedError(refusal)
+        return _AxialTables(ours, axes, max_seq_len, rotary.inv_freq.device)
     ours = theta ** (-torch.arange(0, 2 * n, 2, dtype=torch.float64) / (2 * n))
     whole = 4 * n == head_dim if axes == 2 else n == (head_dim // axes) // 2
     if not (
@@ -929,7 +938,7 @@ def _vision_tables(
         and torch.allclose(ours.float(), hf_inv_freq.float(), rtol=1e-5, atol=0)
     ):
         raise NotImplementedError(refusal)
-    return _AxialTables(ours, axes, max_seq_len, rotary.inv_freq.device)
+    return _AxialTables(ours.repeat(axes), axes, max_seq_len, rotary.inv_freq.device)
 
 
 def _patched_vision_rotary_forward(self, x: Tensor, position_ids: Tensor):
@@ -1123,22 +1132,30 @@ def _self_check_vision(rotary: nn.Module, attention: nn.Module) -> None:
     # (N, 2): row, column (three axes: frame, row, column)
     axes = [steps // 3, (steps * 5 + 1) % 7, (steps * 3 + 2) % 5]
     positions = torch.stack(axes[-len(tables.mrope_section) :], dim=-1)
+    # HF's vision rotary makes freqs (N, A, F), F its inv_freq's size, and recomposes them to
+    # (N, head_dim). Our tables' rows hold the same F frequencies from each axis's first plane
+    # (each axis its own n of them), or all of them once (Pixtral: F = 2 n).
+    width = rotary.inv_freq.numel()
     n = tables.mrope_section[0]
-    # HF's vision rotary makes freqs (N, A, n) and recomposes them to (N, 2 A n).
-    planes = range(len(tables.mrope_section))
-    cos = torch.stack([tables.cos[positions[:, a], a * n : (a + 1) * n] for a in planes], 1)
-    sin = torch.stack([tables.sin[positions[:, a], a * n : (a + 1) * n] for a in planes], 1)
-    cu_seqlens = torch.tensor([0, length], device=device, dtype=torch.int32)
+    first = [a * n if width == n else 0 for a in range(len(tables.mrope_section))]
+    cos = torch.stack([tables.cos[positions[:, a], f : f + width] for a, f in enumerate(first)], 1)
+    sin = torch.stack([tables.sin[positions[:, a], f : f + width] for a, f in enumerate(first)], 1)
+    # Packed patches (N, C) with their images' bounds (cu_seqlens), or a batch of one (1, N, C)
+    # with an attention mask (Pixtral).
+    if "cu_seqlens" in inspect.signature(type(attention).forward).parameters:
+        bounds = {"cu_seqlens": torch.tensor([0, length], device=device, dtype=torch.int32)}
+    else:
+        hidden, bounds = hidden.unsqueeze(0), {"attention_mask": None}
     with torch.no_grad():
         try:
             want = type(attention).forward(
                 attention,
                 hidden,
-                cu_seqlens=cu_seqlens,
                 position_embeddings=(recompose(rotary, cos), recompose(rotary, sin)),
+                **bounds,
             )
             got = _patched_vision_attention_forward(
-                attention, rotary, hidden, cu_seqlens=cu_seqlens, position_embeddings=(positions,)
+                attention, rotary, hidden, position_embeddings=(positions,), **bounds
             )
         except Exception as error:
             raise NotImplementedError(refusal) from error
@@ -1151,11 +1168,13 @@ def _self_check_vision(rotary: nn.Module, attention: nn.Module) -> None:
 def _patch_vision(model: nn.Module, model_type: str, record: "_Patch", rows: int) -> None:
     """Put torch_rope under the vision tower of a vision-language model (its 2-D RoPE)."""
     rotaries = _rotary_modules(model, vision=True)
-    attentions = [m for m in model.modules() if _calls_hf_apply(m, (_HF_VISION_NAME,))]
+    # Pixtral's vision attention calls the text models' apply_rotary_pos_emb.
+    name = _HF_NAME if model_type in _hf_vision_tower.TEXT_NAMED_APPLY else _HF_VISION_NAME
+    attentions = [m for m in model.modules() if _calls_hf_apply(m, (name,))]
     if len(rotaries) != 1 or not attentions:
         raise NotImplementedError(
             f"torch_rope.hf.patch: expected one vision rotary embedding module and vision "
-            f"attention layers that call {_HF_VISION_NAME}, found {len(rotaries)} rotary "
+            f"attention layers that call {name}, found {len(rotaries)} rotary "
             f"module(s) and {len(attentions)} such layer(s) in this {model_type} model"
         )
     rotary = rotaries[0]
@@ -1207,6 +1226,8 @@ def patch(
       VideoLLaMA3, LFM3-VL, EXAONE 4.5 and MiniMax-M3-VL (:data:`_VISION_TOWER_TYPES`): the text
       tower is patched as a text model is, the vision tower as above (MiniMax-M3-VL's at
       (frame, row, column) positions).
+    * Vision towers loaded on their own (``qwen3_vl_vision``, ``glm4v_vision``, ``pixtral``, ...:
+      :mod:`._hf_vision_tower`): their vision blocks are patched as above; there is no text RoPE.
     * GPT-J and CodeGen (no rotary module; each attention layer gathers its own sin | cos table):
       one set of tables in a ``torch_rope`` submodule of the base model, and each attention
       layer rotates q and k with one ``rope::apply`` each at its ``position_ids``, in a forward

@@ -38,7 +38,7 @@ def outputs(model, inputs):
 
 
 def vision_blocks(model):
-    names = ("apply_rotary_pos_emb_vision",)
+    names = ("apply_rotary_pos_emb_vision", "apply_rotary_pos_emb")  # Pixtral's: the latter
     return [m for m in model.modules() if torch_rope.hf._calls_hf_apply(m, names)]
 
 

@@ -919,6 +919,7 @@ VISION_TOWERS = (
     "lfm3_vl_vision",
     "exaone4_5_vision",
     "muse_spark_vision",
+    "pixtral",
 )
 
 
@@ -945,7 +946,8 @@ def build_vision_tower(name, seed=0):
     """``(model, inputs)`` of one tiny vision tower of :data:`VISION_TOWERS`: the fresh
     random-weight tower (fp32, eager attention, eval mode) and the keyword arguments of its
     forward: two images of 4x6 and 6x4 patches (their rows and columns differ) as the packed
-    patches and the ``grid_thw`` the tower's forward takes."""
+    patches and the ``grid_thw`` the tower's forward takes (Pixtral: the images, padded to one
+    size, and their ``image_sizes``)."""
     import inspect
 
     from transformers import AutoModel
@@ -959,9 +961,14 @@ def build_vision_tower(name, seed=0):
     g = torch.Generator().manual_seed(1)
     patch = channels * frames * config.patch_size**2
     pixels = torch.randn(int(grids.prod(-1).sum()), patch, generator=g)
+    parameters = inspect.signature(model.forward).parameters
+    if "image_sizes" in parameters:  # Pixtral's: a batch of images, each cropped to its size
+        sizes = grids[:, 1:] * config.patch_size
+        side = int(sizes.max())
+        images = torch.randn(len(grids), channels, side, side, generator=g)
+        return model, {"pixel_values": images, "image_sizes": sizes}
     # The first argument is the patches, named hidden_states or pixel_values.
-    first = next(iter(inspect.signature(model.forward).parameters))
-    inputs = {first: pixels, "grid_thw": grids}
-    if "merge_sizes" in inspect.signature(model.forward).parameters:  # VideoLLaMA3's
+    inputs = {next(iter(parameters)): pixels, "grid_thw": grids}
+    if "merge_sizes" in parameters:  # VideoLLaMA3's
         inputs["merge_sizes"] = torch.tensor([2, 2])
     return model, inputs

@@ -31,6 +31,9 @@ MODEL_TYPES = (
     "exaone4_5_vision",
     "muse_spark_vision",
     "pixtral",
+    "muse_glimmer_vision",
+    "qwen4_exp_vision",
+    "cohere_compass_vision",
 )
 
 #: Vision towers whose attention layers rotate through the text models' ``apply_rotary_pos_emb``

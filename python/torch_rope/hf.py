@@ -324,7 +324,6 @@ _REFUSED: Dict[str, str] = {
     # Types with a rotary base model but no causal-LM class (hf_models.rotary_base_model_types).
     **dict.fromkeys(
         (
-            "cohere_compass_vision",
             "edgetam_video",
             "efficientloftr",
             "gemma3n_audio",
@@ -343,7 +342,6 @@ _REFUSED: Dict[str, str] = {
             "mimi_encoder",
             "moonshine",
             "muse_glimmer_assistant",
-            "muse_glimmer_vision",
             "muse_spark_audio",
             "nemotron3_5_transcribe_asr_audio",
             "nemotron3_5_transcribe_audio",
@@ -366,7 +364,6 @@ _REFUSED: Dict[str, str] = {
             "pocket_tts_audio_tokenizer",
             "pocket_tts_audio_tokenizer_decoder",
             "pocket_tts_audio_tokenizer_encoder",
-            "qwen4_exp_vision",
             "sam2_video",
             "sam3",
             "sam3_tracker_video",

@@ -920,6 +920,9 @@ VISION_TOWERS = (
     "exaone4_5_vision",
     "muse_spark_vision",
     "pixtral",
+    "muse_glimmer_vision",
+    "qwen4_exp_vision",
+    "cohere_compass_vision",
 )
 
 

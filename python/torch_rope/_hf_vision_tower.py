@@ -34,7 +34,13 @@ MODEL_TYPES = (
     "muse_glimmer_vision",
     "qwen4_exp_vision",
     "cohere_compass_vision",
+    "inkling2_vision",
 )
+
+#: Towers whose planes are laid out otherwise, as (interleaved, column_first): Inkling2's
+#: rotates GPT-J pairs (``rotate_pairwise``, cos/sin ``repeat_interleave``-d) and turns its first
+#: half of the planes by the column, the second by the row. The self-check confirms the layout.
+LAYOUTS = {"inkling2_vision": (True, True)}
 
 #: Vision towers whose attention layers rotate through the text models' ``apply_rotary_pos_emb``
 #: (with ``unsqueeze_dim=0``: q/k are a batch of one, ``(1, H, N, D)``), not through

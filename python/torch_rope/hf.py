@@ -333,7 +333,6 @@ _REFUSED: Dict[str, str] = {
             "glmasr_encoder",
             "granite_docling_vision",
             "idefics",
-            "inkling2_vision",
             "lasr_ctc",
             "lasr_encoder",
             "lightglue",
@@ -796,6 +795,8 @@ def _apply_vision_with_tables(q, k, cos, sin):
     :func:`_patched_vision_attention_forward`). HF rotates in float32 and returns q's and
     k's dtypes; so does the op."""
     positions, tables = cos, sin
+    if tables.column_first:
+        positions = positions.flip(-1)
     return apply_qk(
         q,
         k,
@@ -881,6 +882,9 @@ class _AxialTables(nn.Module):
 
     interleaved = False
     mrope_interleaved = False
+    # Inkling2's tower turns its first planes by the column and pairs GPT-J style: set per model
+    # from _hf_vision_tower.LAYOUTS; the layers reverse the (row, column) positions they get.
+    column_first = False
 
     def __init__(self, frequencies: Tensor, axes: int, max_seq_len: int, device) -> None:
         super().__init__()
@@ -1183,6 +1187,10 @@ def _patch_vision(model: nn.Module, model_type: str, record: "_Patch", rows: int
         )
     axes = _VISION_AXES.get(model_type, 2)
     rotary.torch_rope = _vision_tables(rotary, head_dims.pop(), rows, axes)
+    if model_type in _hf_vision_tower.LAYOUTS:
+        rotary.torch_rope.interleaved, rotary.torch_rope.column_first = _hf_vision_tower.LAYOUTS[
+            model_type
+        ]
     record.rotary.append(rotary)
     checked = set()
     for attention in attentions:

@@ -75,15 +75,15 @@ def test_patched_vision_tower_matches_unpatched(name):
 
 @pytest.mark.parametrize("name", ALL)
 def test_vision_tower_wrong_layout_or_axes_move_the_output(name):
-    """Negative controls: GPT-J pairs instead of rotate_half, and rows and columns swapped, must
-    each move the output."""
+    """Negative controls: the other pair layout (GPT-J pairs instead of rotate_half, or back),
+    and rows and columns swapped, must each move the output."""
     model, inputs = hf_models.build_vision_tower(name)
     torch_rope.hf.patch(model)
     right = outputs(model, inputs)["last_hidden_state"]
     tables = vision_rotary(model).torch_rope
-    tables.interleaved = True
+    tables.interleaved = not tables.interleaved
     assert rel_err(outputs(model, inputs)["last_hidden_state"], right) > 1e-3
-    del tables.interleaved  # back to the class's rotate_half
+    tables.interleaved = not tables.interleaved
     assert torch.equal(outputs(model, inputs)["last_hidden_state"], right)
 
     rotary = vision_rotary(model)

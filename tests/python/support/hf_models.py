@@ -923,6 +923,7 @@ VISION_TOWERS = (
     "muse_glimmer_vision",
     "qwen4_exp_vision",
     "cohere_compass_vision",
+    "inkling2_vision",
 )
 
 
@@ -939,8 +940,9 @@ def vision_tower_config(name):
     for key in ("depth", "num_hidden_layers"):
         if key in fields:
             fields[key] = 2
-    if "out_hidden_size" in fields:  # the merger's output: the text tower's width
-        fields["out_hidden_size"] = 64
+    for key in ("out_hidden_size", "text_hidden_size", "projection_hidden_dim"):
+        if key in fields:  # the merger's or projector's widths, up to the text tower's
+            fields[key] = 64
     fields.pop("model_type", None)
     return type(default)(**fields)
 
@@ -970,6 +972,11 @@ def build_vision_tower(name, seed=0):
         side = int(sizes.max())
         images = torch.randn(len(grids), channels, side, side, generator=g)
         return model, {"pixel_values": images, "image_sizes": sizes}
+    if "image_grid_thw" in parameters:  # Inkling2's: merged tokens of merge x merge patches
+        merge = config.spatial_merge_size
+        side = config.patch_size * merge
+        tokens = torch.randn(int(grids.prod(-1).sum()) // merge**2, side, side, 3, generator=g)
+        return model, {"pixel_values": tokens, "image_grid_thw": grids // torch.tensor([1, 2, 2])}
     # The first argument is the patches, named hidden_states or pixel_values.
     inputs = {next(iter(parameters)): pixels, "grid_thw": grids}
     if "merge_sizes" in parameters:  # VideoLLaMA3's

@@ -328,10 +328,8 @@ _REFUSED: Dict[str, str] = {
             "efficientloftr",
             "gemma3n_audio",
             "gemma4_audio",
-            "gemma4_vision",
             "glm_image_vqmodel",
             "glmasr_encoder",
-            "granite_docling_vision",
             "idefics",
             "lasr_ctc",
             "lasr_encoder",
@@ -444,6 +442,16 @@ _REFUSED: Dict[str, str] = {
             "interpolated to each image's grid and added to the patch embeddings; the RoPE in its "
             "modeling file is the text tower's"
         ),
+    ),
+    "granite_docling_vision": (
+        "a vision tower with no RoPE: fixed 2-D sinusoidal position embeddings are added to its "
+        "patches; the RoPE in its modeling file is the text tower's"
+    ),
+    "gemma4_vision": (
+        "not supported: its vision RoPE turns each half of the head by one axis (row, column) with "
+        "rotate_half inside that half (apply_multidimensional_rope, called on q and k apart), "
+        "which the vision patch (one apply_qk per block, axis runs over a rotate_half head) does "
+        "not reproduce; not tested"
     ),
     "kimi_k25_vision": (
         "its 2-D RoPE alternates column and row plane by plane (each frequency twice), which "

@@ -97,8 +97,9 @@ def _recomposed(tables: nn.Module, positions: Tensor) -> Tensor:
 
 
 def patch(model: nn.Module, record, max_positions: int, axial_tables, rebuilt_forward, close):
-    """Put torch_rope under the vision tower. ``axial_tables(inv_freq, axes, rows, device)``,
-    ``rebuilt_forward(cls, refresh)`` and ``close`` are hf.py's; ``record`` its _Patch."""
+    """Put torch_rope under the vision tower. ``axial_tables(frequencies, axes, rows, device)``
+    (one frequency per plane, axis after axis), ``rebuilt_forward(cls, refresh)`` and ``close``
+    are hf.py's; ``record`` its _Patch."""
     rotaries = [m for m in model.modules() if isinstance(getattr(m, "freqs_ci", None), Tensor)]
     attentions = [
         m
@@ -119,7 +120,8 @@ def patch(model: nn.Module, record, max_positions: int, axial_tables, rebuilt_fo
     n = head_dim // 4
     theta = float(config.rope_parameters["rope_theta"])
     inv_freq = theta ** (-torch.arange(0, 2 * n, 2, dtype=torch.float64) / (2 * n))
-    tables = axial_tables(inv_freq, 2, max_positions, rotary.freqs_ci.device)
+    # The same frequencies on both axes: (column + 1)'s planes, then (row + 1)'s.
+    tables = axial_tables(inv_freq.repeat(2), 2, max_positions, rotary.freqs_ci.device)
     tables.interleaved = True  # consecutive pairs are the complex numbers
     record.rotary.append(rotary)
     rotary.torch_rope = tables

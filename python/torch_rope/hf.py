@@ -25,6 +25,7 @@ hands the attention layers positions and float32 tables built in float64.
 """
 
 import functools
+import inspect
 import sys
 import types
 from typing import Any, Dict, List, Optional, Tuple
@@ -32,7 +33,15 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import _hf_complex, _hf_gptj, _hf_llama4_vision, _hf_qk_norm, _hf_roformer, _hf_stacks
+from . import (
+    _hf_complex,
+    _hf_gptj,
+    _hf_llama4_vision,
+    _hf_qk_norm,
+    _hf_roformer,
+    _hf_stacks,
+    _hf_vision_tower,
+)
 from ._scaling import rope_frequencies, rope_tables_from_inv_freq
 from .nn import RotaryPositionalEmbedding, apply_keeping_table_dtypes, long_rope_positions
 from .ops import apply, apply_qk
@@ -278,6 +287,9 @@ SUPPORTED_MODEL_TYPES = (
     *_hf_llama4_vision.MODEL_TYPES,
     *_VLM_TYPES,
     *_VISION_TOWER_TYPES,
+    # Vision towers loaded on their own: only the vision RoPE
+    # (python/torch_rope/_hf_vision_tower.py; tests: test_hf_vision_tower.py).
+    *_hf_vision_tower.MODEL_TYPES,
 )
 
 # The types with no rotary module, each patched by a module of its own (same patch signature).
@@ -350,41 +362,22 @@ _REFUSED: Dict[str, str] = {
     # Types with a rotary base model but no causal-LM class (hf_models.rotary_base_model_types).
     **dict.fromkeys(
         (
-            "cohere_compass_vision",
-            "cosmos3_edge_vision",
-            "dinov3_vit",
             "edgetam_video",
             "efficientloftr",
-            "exaone4_5_vision",
             "gemma3n_audio",
             "gemma4_audio",
-            "gemma4_vision",
-            "glm4v_moe_vision",
-            "glm4v_vision",
-            "glm5_next_vision",
-            "glm_image_vision",
             "glm_image_vqmodel",
-            "glm_ocr_vision",
             "glmasr_encoder",
-            "granite_docling_vision",
-            "hunyuan_vl_vision",
             "idefics",
-            "inkling2_vision",
-            "kimi_k25_vision",
             "lasr_ctc",
             "lasr_encoder",
-            "lfm3_vl_vision",
             "lightglue",
             "mimi",
             "mimi_decoder",
             "mimi_encoder",
-            "mlcd",
-            "mlcd_vision_model",
             "moonshine",
             "muse_glimmer_assistant",
-            "muse_glimmer_vision",
             "muse_spark_audio",
-            "muse_spark_vision",
             "nemotron3_5_transcribe_asr_audio",
             "nemotron3_5_transcribe_audio",
             "nemotron3_5_transcribe_word_timestamp",
@@ -403,24 +396,15 @@ _REFUSED: Dict[str, str] = {
             "pe_audio_video_encoder",
             "pe_video",
             "pe_video_encoder",
-            "pixtral",
             "pocket_tts_audio_tokenizer",
             "pocket_tts_audio_tokenizer_decoder",
             "pocket_tts_audio_tokenizer_encoder",
-            "qwen2_5_vl_vision",
-            "qwen3_5_moe_vision",
-            "qwen3_5_vision",
-            "qwen3_vl_moe_vision",
-            "qwen3_vl_vision",
-            "qwen4_exp_vision",
             "sam2_video",
             "sam3",
             "sam3_tracker_video",
             "sam3_vision_model",
             "sam3_vit_model",
-            "sapiens2",
             "timesfm2_5",
-            "video_llama_3_vision",
             "voxtral_realtime",
             "voxtral_realtime_encoder",
             "xcodec2",
@@ -513,6 +497,47 @@ _REFUSED: Dict[str, str] = {
         (
             "a vision-language model whose vision tower rotates too, with a 2-D RoPE of its own "
             "that patch does not handle for this type; the whole model is not tested"
+        ),
+    ),
+    # Vision towers on their own (python/torch_rope/_hf_vision_tower.py) whose vision RoPE is
+    # not the axial kind patch knows, or which have none.
+    **dict.fromkeys(
+        ("cosmos3_edge_vision", "glm_image_vision", "hunyuan_vl_vision"),
+        (
+            "a vision tower with no RoPE: its patches get learned position embeddings, "
+            "interpolated to each image's grid and added to the patch embeddings; the RoPE in its "
+            "modeling file is the text tower's"
+        ),
+    ),
+    "granite_docling_vision": (
+        "a vision tower with no RoPE: fixed 2-D sinusoidal position embeddings are added to its "
+        "patches; the RoPE in its modeling file is the text tower's"
+    ),
+    "gemma4_vision": (
+        "not supported: its vision RoPE turns each half of the head by one axis (row, column) with "
+        "rotate_half inside that half (apply_multidimensional_rope, called on q and k apart), "
+        "which the vision patch (one apply_qk per block, axis runs over a rotate_half head) does "
+        "not reproduce; not tested"
+    ),
+    "kimi_k25_vision": (
+        "its 2-D RoPE alternates column and row plane by plane (each frequency twice), which "
+        "neither of torch_rope's multi-axis rules (contiguous runs of planes, Qwen3-VL's 3-axis "
+        "interleaving) expresses"
+    ),
+    **dict.fromkeys(
+        ("mlcd", "mlcd_vision_model"),
+        (
+            "its vision model rotates the class token by learned angles (class_pos_emb, whose "
+            "cos/sin the model's forward computes and puts ahead of the patches' 2-D RoPE "
+            "cos/sin), which are no row of a position table"
+        ),
+    ),
+    **dict.fromkeys(
+        ("dinov3_vit", "sapiens2"),
+        (
+            "its 2-D RoPE turns by the patches' continuous centre coordinates, normalised to "
+            "[-1, 1] for each image's size (and shifted, jittered and rescaled in training), not "
+            "by the integer positions a table is indexed with"
         ),
     ),
     "kimi_k25": (
@@ -863,6 +888,8 @@ def _apply_vision_with_tables(q, k, cos, sin):
     :func:`_patched_vision_attention_forward`). HF rotates in float32 and returns q's and
     k's dtypes; so does the op."""
     positions, tables = cos, sin
+    if tables.column_first:
+        positions = positions.flip(-1)
     return apply_qk(
         q,
         k,
@@ -940,23 +967,26 @@ def _patched_attention_forward(attention: nn.Module, *args, **kwargs):
 
 
 class _AxialTables(nn.Module):
-    """A vision tower's 2-D RoPE tables: ``cos[p, k] = cos(p * inv_freq[k mod n])`` for the
-    ``2 n`` planes (n per axis; the frequencies restart on each axis), built in float64 and
-    stored float32 as non-persistent buffers that keep their dtype when the model is cast.
-    Planes ``[0, n)`` turn by the row, ``[n, 2n)`` by the column (``mrope_section = [n, n]``);
-    with three axes (:data:`_VISION_AXES`), frame, row and column, ``[n, n, n]``, and the planes
-    past ``3 n`` pass through."""
+    """A vision tower's 2-D RoPE tables: ``cos[p, k] = cos(p * frequencies[k])`` for the ``2 n``
+    planes (n per axis: mostly the same n frequencies again on each axis; Pixtral's axes have
+    frequencies of their own), built in float64 and stored float32 as non-persistent buffers that
+    keep their dtype when the model is cast. Planes ``[0, n)`` turn by the row, ``[n, 2n)`` by
+    the column (``mrope_section = [n, n]``); with three axes (:data:`_VISION_AXES`), frame, row
+    and column, ``[n, n, n]``, and the planes past ``3 n`` pass through."""
 
     interleaved = False
     mrope_interleaved = False
+    # Inkling2's tower turns its first planes by the column and pairs GPT-J style: set per model
+    # from _hf_vision_tower.LAYOUTS; the layers reverse the (row, column) positions they get.
+    column_first = False
 
-    def __init__(self, inv_freq: Tensor, axes: int, max_seq_len: int, device) -> None:
+    def __init__(self, frequencies: Tensor, axes: int, max_seq_len: int, device) -> None:
         super().__init__()
-        n = inv_freq.numel()
+        n = frequencies.numel() // axes
         self.mrope_section = [n] * axes
         self.rotary_dim = 2 * n * axes
         self.max_seq_len = max_seq_len
-        cos, sin = rope_tables_from_inv_freq(inv_freq.repeat(axes), max_seq_len, device)
+        cos, sin = rope_tables_from_inv_freq(frequencies, max_seq_len, device)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
@@ -973,7 +1003,8 @@ def _vision_tables(
 ) -> _AxialTables:
     """The vision rotary module's tables, after checking that its frequencies are the axial ones
     this builds (theta^(-2j/(head_dim/2)) per axis, no attention factor; with three axes,
-    theta^(-2j/(2n)) for the n pairs of each third of the head)."""
+    theta^(-2j/(2n)) for the n pairs of each third of the head; Pixtral's one frequency a plane,
+    :func:`._hf_vision_tower.split_frequencies`)."""
     config = rotary.config
     params = getattr(config, "rope_parameters", None) or {}
     refusal = (
@@ -986,6 +1017,14 @@ def _vision_tables(
     hf_inv_freq, hf_scaling = init(config, device=torch.device("cpu"))
     n = hf_inv_freq.numel()
     theta = float(params["rope_theta"])
+    if axes == 2 and 2 * n == head_dim:  # a frequency for every plane (Pixtral)
+        ours = _hf_vision_tower.split_frequencies(theta, head_dim)
+        if not (
+            float(hf_scaling) == 1.0
+            and torch.allclose(ours.float(), hf_inv_freq.float(), rtol=1e-5, atol=0)
+        ):
+            raise NotImplementedError(refusal)
+        return _AxialTables(ours, axes, max_seq_len, rotary.inv_freq.device)
     ours = theta ** (-torch.arange(0, 2 * n, 2, dtype=torch.float64) / (2 * n))
     whole = 4 * n == head_dim if axes == 2 else n == (head_dim // axes) // 2
     if not (
@@ -994,7 +1033,7 @@ def _vision_tables(
         and torch.allclose(ours.float(), hf_inv_freq.float(), rtol=1e-5, atol=0)
     ):
         raise NotImplementedError(refusal)
-    return _AxialTables(ours, axes, max_seq_len, rotary.inv_freq.device)
+    return _AxialTables(ours.repeat(axes), axes, max_seq_len, rotary.inv_freq.device)
 
 
 def _patched_vision_rotary_forward(self, x: Tensor, position_ids: Tensor):
@@ -1218,22 +1257,30 @@ def _self_check_vision(rotary: nn.Module, attention: nn.Module) -> None:
     # (N, 2): row, column (three axes: frame, row, column)
     axes = [steps // 3, (steps * 5 + 1) % 7, (steps * 3 + 2) % 5]
     positions = torch.stack(axes[-len(tables.mrope_section) :], dim=-1)
+    # HF's vision rotary makes freqs (N, A, F), F its inv_freq's size, and recomposes them to
+    # (N, head_dim). Our tables' rows hold the same F frequencies from each axis's first plane
+    # (each axis its own n of them), or all of them once (Pixtral: F = 2 n).
+    width = rotary.inv_freq.numel()
     n = tables.mrope_section[0]
-    # HF's vision rotary makes freqs (N, A, n) and recomposes them to (N, 2 A n).
-    planes = range(len(tables.mrope_section))
-    cos = torch.stack([tables.cos[positions[:, a], a * n : (a + 1) * n] for a in planes], 1)
-    sin = torch.stack([tables.sin[positions[:, a], a * n : (a + 1) * n] for a in planes], 1)
-    cu_seqlens = torch.tensor([0, length], device=device, dtype=torch.int32)
+    first = [a * n if width == n else 0 for a in range(len(tables.mrope_section))]
+    cos = torch.stack([tables.cos[positions[:, a], f : f + width] for a, f in enumerate(first)], 1)
+    sin = torch.stack([tables.sin[positions[:, a], f : f + width] for a, f in enumerate(first)], 1)
+    # Packed patches (N, C) with their images' bounds (cu_seqlens), or a batch of one (1, N, C)
+    # with an attention mask (Pixtral).
+    if "cu_seqlens" in inspect.signature(type(attention).forward).parameters:
+        bounds = {"cu_seqlens": torch.tensor([0, length], device=device, dtype=torch.int32)}
+    else:
+        hidden, bounds = hidden.unsqueeze(0), {"attention_mask": None}
     with torch.no_grad():
         try:
             want = type(attention).forward(
                 attention,
                 hidden,
-                cu_seqlens=cu_seqlens,
                 position_embeddings=(recompose(rotary, cos), recompose(rotary, sin)),
+                **bounds,
             )
             got = _patched_vision_attention_forward(
-                attention, rotary, hidden, cu_seqlens=cu_seqlens, position_embeddings=(positions,)
+                attention, rotary, hidden, position_embeddings=(positions,), **bounds
             )
         except Exception as error:
             raise NotImplementedError(refusal) from error
@@ -1246,11 +1293,13 @@ def _self_check_vision(rotary: nn.Module, attention: nn.Module) -> None:
 def _patch_vision(model: nn.Module, model_type: str, record: "_Patch", rows: int) -> None:
     """Put torch_rope under the vision tower of a vision-language model (its 2-D RoPE)."""
     rotaries = _rotary_modules(model, vision=True)
-    attentions = [m for m in model.modules() if _calls_hf_apply(m, (_HF_VISION_NAME,))]
+    # Pixtral's vision attention calls the text models' apply_rotary_pos_emb.
+    name = _HF_NAME if model_type in _hf_vision_tower.TEXT_NAMED_APPLY else _HF_VISION_NAME
+    attentions = [m for m in model.modules() if _calls_hf_apply(m, (name,))]
     if len(rotaries) != 1 or not attentions:
         raise NotImplementedError(
             f"torch_rope.hf.patch: expected one vision rotary embedding module and vision "
-            f"attention layers that call {_HF_VISION_NAME}, found {len(rotaries)} rotary "
+            f"attention layers that call {name}, found {len(rotaries)} rotary "
             f"module(s) and {len(attentions)} such layer(s) in this {model_type} model"
         )
     rotary = rotaries[0]
@@ -1262,6 +1311,10 @@ def _patch_vision(model: nn.Module, model_type: str, record: "_Patch", rows: int
         )
     axes = _VISION_AXES.get(model_type, 2)
     rotary.torch_rope = _vision_tables(rotary, head_dims.pop(), rows, axes)
+    if model_type in _hf_vision_tower.LAYOUTS:
+        rotary.torch_rope.interleaved, rotary.torch_rope.column_first = _hf_vision_tower.LAYOUTS[
+            model_type
+        ]
     record.rotary.append(rotary)
     checked = set()
     for attention in attentions:
@@ -1304,6 +1357,8 @@ def patch(
       (frame, row, column) positions). Cosmos3-Edge, GLM-Image, Granite-Docling, Granite 4
       Vision and UnlimitedOCR (:data:`_UNROTATED_VISION`): their vision tower has no RoPE; only
       the text tower is patched (Cosmos3-Edge's and GLM-Image's with multi-axis positions).
+    * Vision towers loaded on their own (``qwen3_vl_vision``, ``glm4v_vision``, ``pixtral``, ...:
+      :mod:`._hf_vision_tower`): their vision blocks are patched as above; there is no text RoPE.
     * GPT-J and CodeGen (no rotary module; each attention layer gathers its own sin | cos table):
       one set of tables in a ``torch_rope`` submodule of the base model, and each attention
       layer rotates q and k with one ``rope::apply`` each at its ``position_ids``, in a forward
@@ -1347,12 +1402,16 @@ def patch(
     try:
         if model_type in _NO_ROTARY_MODULE:  # tables where the model keeps its sinusoid
             _NO_ROTARY_MODULE[model_type].patch(model, model_type, record, max_seq_len, _close)
+        elif model_type in _hf_vision_tower.MODEL_TYPES:  # a vision tower alone: no text RoPE
+            found = len(_rotary_modules(model))
+            if found:
+                raise NotImplementedError(_hf_vision_tower.text_rotary_refusal(model_type, found))
         else:
             for rotary, attentions in _text_stacks(model, model_type):
                 _patch_text(model_type, rotary, attentions, record, max_seq_len)
         if (
             model_type in _VLM_TYPES and model_type not in _TEXT_TOWERS + _UNROTATED_VISION
-        ) or model_type in _VISION_TOWER_TYPES:
+        ) or model_type in _VISION_TOWER_TYPES + _hf_vision_tower.MODEL_TYPES:
             _patch_vision(model, model_type, record, max_vision_positions)
         if model_type in _hf_llama4_vision.MODEL_TYPES:
             _hf_llama4_vision.patch(

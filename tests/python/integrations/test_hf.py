@@ -524,11 +524,13 @@ def test_patch_twice_is_a_no_op_and_unpatch_of_unpatched_too():
 
 
 def test_every_supported_model_type_is_tested_here():
-    """Here, or in test_hf_vlm.py for the vision-language models."""
+    """Here, or in test_hf_vlm.py for the vision-language models (test_hf_vision_tower.py for
+    the vision towers on their own)."""
     tested = {hf_models.config(n).get_text_config().model_type for n in SLOW if n[:5] == "text:"}
     tested |= {hf_models.config(n).model_type for n in FAST + SLOW if n[:5] != "text:"}
     tested |= {hf_models.vlm_config(n).model_type for n in hf_models.VLM}
     tested |= {hf_models.vision_vlm_config(n).model_type for n in hf_models.VISION_VLM}
+    tested |= {hf_models.vision_tower_config(n).model_type for n in hf_models.VISION_TOWERS}
     assert set(torch_rope.hf.SUPPORTED_MODEL_TYPES) == tested
 
 

@@ -1199,3 +1199,88 @@ def _llama4_inputs_and_layers(model):
     text_layers = [m for m in modules if calls(m, _hf_complex.HF_NAME)]
     vision_layers = [m for m in modules if calls(m, _hf_llama4_vision.HF_NAME)]
     return inputs, text_layers, vision_layers, vision_states
+
+
+# ---- vision towers on their own --------------------------------------------------------------
+
+#: Vision-tower model types (AutoModel types of their own: an image encoder loaded alone) with the
+#: axial 2-D RoPE of :data:`VLM`'s towers. Each is built tiny by :func:`build_vision_tower` from
+#: its own default config, shrunk as :func:`vision_vlm_config` shrinks a VLM's vision config: 2
+#: blocks of 2 heads of 16, 4x4-pixel patches, initializer_range 0.2 (see _VISION).
+VISION_TOWERS = (
+    "qwen2_5_vl_vision",
+    "qwen3_vl_vision",
+    "qwen3_vl_moe_vision",
+    "qwen3_5_vision",
+    "qwen3_5_moe_vision",
+    "glm4v_vision",
+    "glm4v_moe_vision",
+    "glm_ocr_vision",
+    "glm5_next_vision",
+    "video_llama_3_vision",
+    "lfm3_vl_vision",
+    "exaone4_5_vision",
+    "muse_spark_vision",
+    "pixtral",
+    "muse_glimmer_vision",
+    "qwen4_exp_vision",
+    "cohere_compass_vision",
+    "inkling2_vision",
+)
+
+
+def vision_tower_config(name):
+    """The transformers config of one tiny vision tower of :data:`VISION_TOWERS`."""
+    from transformers import AutoConfig
+
+    default = AutoConfig.for_model(name)
+    fields = _shrink(_fields(default))
+    fields.update(hidden_size=32, patch_size=4, initializer_range=0.2)
+    for key in ("num_attention_heads", "num_heads", "num_key_value_heads"):
+        if key in fields:
+            fields[key] = 2
+    for key in ("depth", "num_hidden_layers"):
+        if key in fields:
+            fields[key] = 2
+    for key in ("out_hidden_size", "text_hidden_size", "projection_hidden_dim"):
+        if key in fields:  # the merger's or projector's widths, up to the text tower's
+            fields[key] = 64
+    fields.pop("model_type", None)
+    return type(default)(**fields)
+
+
+def build_vision_tower(name, seed=0):
+    """``(model, inputs)`` of one tiny vision tower of :data:`VISION_TOWERS`: the fresh
+    random-weight tower (fp32, eager attention, eval mode) and the keyword arguments of its
+    forward: two images of 4x6 and 6x4 patches (their rows and columns differ) as the packed
+    patches and the ``grid_thw`` the tower's forward takes (Pixtral: the images, padded to one
+    size, and their ``image_sizes``)."""
+    import inspect
+
+    from transformers import AutoModel
+
+    torch.manual_seed(seed)
+    model = AutoModel.from_config(vision_tower_config(name), attn_implementation="eager").eval()
+    config = model.config
+    grids = torch.tensor([[1, 4, 6], [1, 6, 4]])
+    channels = getattr(config, "in_channels", None) or getattr(config, "num_channels", 3)
+    frames = getattr(config, "temporal_patch_size", None) or getattr(config, "patch_temporal", 1)
+    g = torch.Generator().manual_seed(1)
+    patch = channels * frames * config.patch_size**2
+    pixels = torch.randn(int(grids.prod(-1).sum()), patch, generator=g)
+    parameters = inspect.signature(model.forward).parameters
+    if "image_sizes" in parameters:  # Pixtral's: a batch of images, each cropped to its size
+        sizes = grids[:, 1:] * config.patch_size
+        side = int(sizes.max())
+        images = torch.randn(len(grids), channels, side, side, generator=g)
+        return model, {"pixel_values": images, "image_sizes": sizes}
+    if "image_grid_thw" in parameters:  # Inkling2's: merged tokens of merge x merge patches
+        merge = config.spatial_merge_size
+        side = config.patch_size * merge
+        tokens = torch.randn(int(grids.prod(-1).sum()) // merge**2, side, side, 3, generator=g)
+        return model, {"pixel_values": tokens, "image_grid_thw": grids // torch.tensor([1, 2, 2])}
+    # The first argument is the patches, named hidden_states or pixel_values.
+    inputs = {next(iter(parameters)): pixels, "grid_thw": grids}
+    if "merge_sizes" in parameters:  # VideoLLaMA3's
+        inputs["merge_sizes"] = torch.tensor([2, 2])
+    return model, inputs

@@ -1,0 +1,267 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Why :func:`torch_rope.hf.patch` refuses each rotary model type of transformers it does not
+support: one reason per type, shared by a family where the cause is the same. docs/hf_models.md
+lists them (a test keeps the table and this dict in step), and another test checks that every
+rotary type of the installed transformers is either supported or here."""
+
+from typing import Dict
+
+# Why patch refuses each of the other rotary model types: one reason per family.
+_SEVERAL_ROTARY = (
+    "several rotary embedding modules (per attention kind or sub-model), a layout not tested "
+    "here; patch hands positions from one rotary module per part only for the encoder-decoder "
+    "stacks and per-layer rotary modules it is tested on"
+)
+_DSA_INDEXER = (
+    "its sparse-attention indexer (DSA) rotates its own q/k through the same function inside "
+    "the attention layer; the self-check refuses it"
+)
+_NO_ROPE = "its modeling file defines the RoPE helpers, but its attention layers use no RoPE"
+_NOT_TEXT = (
+    "not tested: a vision, audio, video or time-series model (or tower) whose forward takes no "
+    "text tokens; the tests build their models from token ids only"
+)
+_VISION_ONLY_ROPE = (
+    "its text model has no rotary embedding (no RoPE in any text layer); only its vision tower "
+    "rotates, and patch starts from the text tower's rotary module"
+)
+
+#: The other rotary model types of transformers 5.23 (as the tests'
+#: ``hf_models.rotary_model_types()`` and ``rotary_base_model_types()`` find them), each with why
+#: :func:`torch_rope.hf.patch` refuses it (it raises NotImplementedError with the reason).
+REFUSED: Dict[str, str] = {
+    "inkling2_text": "its text model has no rotary embedding; only its vision tower rotates",
+    **dict.fromkeys(
+        ("blt", "deepseek_v4", "granite_swa", "granitemoe_swa", "moshi"), _SEVERAL_ROTARY
+    ),
+    **dict.fromkeys(
+        ("axk2", "deepseek_v32", "dots3_note_text", "glm_moe_dsa", "hy_v4"), _DSA_INDEXER
+    ),
+    **{
+        t: (
+            f"its causal LM is its text model, of type {t}_text, which patch supports; the whole "
+            "model (with its vision tower) is not tested"
+        )
+        for t in ("qwen3_5", "qwen3_5_moe")
+    },
+    **{
+        t: (
+            f"its causal LM is its text model, of type {t}_text_model, which patch supports; the "
+            "whole model (with its vision part) is not tested"
+        )
+        for t in ("emu3", "mllama")
+    },
+    **dict.fromkeys(("jamba", "nemotron_h"), _NO_ROPE),
+    "dots3_note": _DSA_INDEXER,
+    **dict.fromkeys(
+        ("qwen4_exp", "qwen4_exp_text"),
+        "not tested: its sparse-attention indexer rotates its own queries through the same "
+        "apply_rotary_pos_emb inside the attention layer, and its default config leaves the "
+        "indexer's sizes unset",
+    ),
+    "zaya": (
+        "not tested: its tiny random model's output does not depend on the rotation (the "
+        "wrong-pair-layout control moves nothing), so a test could not tell a wrong patch"
+    ),
+    "gemma3n": (
+        "not tested: its vision tower needs the timm library, which the tests do not install "
+        "(its text model, gemma3n_text, is supported)"
+    ),
+    # Types with a rotary base model but no causal-LM class (hf_models.rotary_base_model_types).
+    **dict.fromkeys(
+        (
+            "edgetam_video",
+            "efficientloftr",
+            "gemma3n_audio",
+            "gemma4_audio",
+            "glm_image_vqmodel",
+            "glmasr_encoder",
+            "idefics",
+            "lasr_ctc",
+            "lasr_encoder",
+            "lightglue",
+            "mimi",
+            "mimi_decoder",
+            "mimi_encoder",
+            "moonshine",
+            "muse_glimmer_assistant",
+            "muse_spark_audio",
+            "nemotron3_5_transcribe_asr_audio",
+            "nemotron3_5_transcribe_audio",
+            "nemotron3_5_transcribe_word_timestamp",
+            "nemotron3_diarization",
+            "nemotron3_diarization_audio",
+            "nemotron_asr_streaming",
+            "nemotron_asr_streaming_encoder",
+            "neucodec",
+            "parakeet_ctc",
+            "parakeet_encoder",
+            "parakeet_rnnt",
+            "parakeet_tdt",
+            "pe_audio",
+            "pe_audio_encoder",
+            "pe_audio_video",
+            "pe_audio_video_encoder",
+            "pe_video",
+            "pe_video_encoder",
+            "pocket_tts_audio_tokenizer",
+            "pocket_tts_audio_tokenizer_decoder",
+            "pocket_tts_audio_tokenizer_encoder",
+            "sam2_video",
+            "sam3",
+            "sam3_tracker_video",
+            "sam3_vision_model",
+            "sam3_vit_model",
+            "timesfm2_5",
+            "voxtral_realtime",
+            "voxtral_realtime_encoder",
+            "xcodec2",
+        ),
+        _NOT_TEXT,
+    ),
+    # Vision-language text towers whose multi-axis (M-RoPE) rule torch_rope does not express.
+    **dict.fromkeys(
+        ("hunyuan_vl", "hunyuan_vl_text"),
+        (
+            "its 4-axis text M-RoPE splits HF's duplicated (cos, cos) row into mrope_section runs "
+            "over the whole head, so the two features of one rotate_half pair read different "
+            "position axes: not one angle per plane, as torch_rope's rotation is (and its "
+            "default config names no sections, which its rotary module needs)"
+        ),
+    ),
+    "neomme": (
+        "its 2-axis M-RoPE alternates the axes plane by plane (row, column, row, ...), which "
+        "neither of torch_rope's multi-axis rules (contiguous runs of planes, Qwen3-VL's 3-axis "
+        "interleaving) expresses"
+    ),
+    "ernie4_5_vl_moe": (
+        "its text M-RoPE permutes the frequencies (inv_freq pre-rotated, even planes' then odd "
+        "planes' over the height/width part) and alternates height and width plane by plane; "
+        "neither torch_rope's frequency builder nor its multi-axis rules express that"
+    ),
+    **dict.fromkeys(("glm5_next", "inkling2"), _VISION_ONLY_ROPE),
+    "muse_spark": (
+        "not tested whole: its text tower is muse_spark_text's, refused for its bf16 error on "
+        "the tests' tiny model (2x transformers' own); its vision tower rotates too"
+    ),
+    "molmo2": (
+        "its text model, molmo2_text, has two rotary embedding modules (scaled and unscaled); "
+        "patch hands positions from exactly one"
+    ),
+    **dict.fromkeys(
+        ("qwen2_5_omni_thinker", "qwen3_omni_moe_thinker"),
+        (
+            "not tested: its vision tower rotates too (Qwen-VL-style 2-D RoPE, beside an audio "
+            "encoder), which the tests' token-id checks would not reach, and the image harness "
+            "(test_hf_vlm.py) does not build it (its shrunk audio encoder keeps 20 heads on a "
+            "64-wide layer)"
+        ),
+    ),
+    "deepseek_ocr2": (
+        "its vision encoder rotates through the same apply_rotary_pos_emb as its text model, "
+        "with a rotary module of its own: two rotary modules, and patch hands positions from "
+        "exactly one"
+    ),
+    **dict.fromkeys(("glmasr", "molmo2_text", "musicflamingo"), _SEVERAL_ROTARY),
+    "mistral_large4": (
+        "the self-check refuses it: a patched PixtralAttention (its vision tower's, which rotates "
+        "through the same apply_rotary_pos_emb) disagrees with the unpatched one"
+    ),
+    "mistral_large4_text": (
+        "the self-check refuses it: its attention layer uses cos/sin beyond handing them to "
+        "apply_rotary_pos_emb (it reads their shape), and patch hands it positions and tables"
+    ),
+    # Untested-build family: tried with completed tiny configs, each refused for what was found.
+    "clvp": (
+        "its attention rotates the values as well as q and k, through its own "
+        "apply_rotary_pos_emb(q, k, v, cos, sin, position_ids), from a rotary module without a "
+        "config that returns one raw frequency table; patch rotates q and k only"
+    ),
+    "csm": (
+        "not tested: its tiny model does not build (a convolution of its audio codec, Mimi, gets "
+        "channels not divisible by its groups once shrunk), and besides its backbone's it has "
+        "rotary modules in its depth decoder and in that codec"
+    ),
+    "gradium_phonon_tts": (
+        "not tested: its forward computes a sinusoidal duration embedding with cos/sin on every "
+        "call, so the tests' proof that a patched model computes no cos/sin (that transformers' "
+        "rotary tables are not made) cannot hold; its tiny model patches and matches otherwise"
+    ),
+    "nemo_speechlm": (
+        "not tested: its default config does not shrink generically (its head's audio width must "
+        "match its audio tower's), and its audio tower has rotary modules (the ASR encoder's and "
+        "the word-timestamp model's) besides its language model's"
+    ),
+    "evolla": (
+        "not tested: transformers 5.23's AutoModel.from_config refuses its config, and its "
+        "protein encoder (SaProt) has a rotary module besides its language model's"
+    ),
+    "glm5_next_text": (
+        "its text model has no rotary embedding (its attention layers are NoPE: qk_rope_head_dim "
+        "0); only the vision tower of glm5_next rotates"
+    ),
+    **dict.fromkeys(
+        ("step3p7", "diffusion_gemma"),
+        (
+            "a vision-language model whose vision tower rotates too, with a 2-D RoPE of its own "
+            "that patch does not handle for this type; the whole model is not tested"
+        ),
+    ),
+    # Vision towers on their own (python/torch_rope/_hf_vision_tower.py) whose vision RoPE is
+    # not the axial kind patch knows, or which have none.
+    **dict.fromkeys(
+        ("cosmos3_edge_vision", "glm_image_vision", "hunyuan_vl_vision"),
+        (
+            "a vision tower with no RoPE: its patches get learned position embeddings, "
+            "interpolated to each image's grid and added to the patch embeddings; the RoPE in its "
+            "modeling file is the text tower's"
+        ),
+    ),
+    "granite_docling_vision": (
+        "a vision tower with no RoPE: fixed 2-D sinusoidal position embeddings are added to its "
+        "patches; the RoPE in its modeling file is the text tower's"
+    ),
+    "gemma4_vision": (
+        "not supported: its vision RoPE turns each half of the head by one axis (row, column) with "
+        "rotate_half inside that half (apply_multidimensional_rope, called on q and k apart), "
+        "which the vision patch (one apply_qk per block, axis runs over a rotate_half head) does "
+        "not reproduce; not tested"
+    ),
+    "kimi_k25_vision": (
+        "its 2-D RoPE alternates column and row plane by plane (each frequency twice), which "
+        "neither of torch_rope's multi-axis rules (contiguous runs of planes, Qwen3-VL's 3-axis "
+        "interleaving) expresses"
+    ),
+    **dict.fromkeys(
+        ("mlcd", "mlcd_vision_model"),
+        (
+            "its vision model rotates the class token by learned angles (class_pos_emb, whose "
+            "cos/sin the model's forward computes and puts ahead of the patches' 2-D RoPE "
+            "cos/sin), which are no row of a position table"
+        ),
+    ),
+    **dict.fromkeys(
+        ("dinov3_vit", "sapiens2"),
+        (
+            "its 2-D RoPE turns by the patches' continuous centre coordinates, normalised to "
+            "[-1, 1] for each image's size (and shifted, jittered and rescaled in training), not "
+            "by the integer positions a table is indexed with"
+        ),
+    ),
+    "kimi_k25": (
+        "its vision tower's 2-D RoPE alternates column and row plane by plane (each frequency "
+        "twice), which neither of torch_rope's multi-axis rules (contiguous runs of planes, "
+        "Qwen3-VL's 3-axis interleaving) expresses; the self-check refuses it"
+    ),
+    "muse_glimmer": (
+        "not supported: on the tests' tiny model (its vision tower patched too) its bf16 error "
+        "is 1.6x transformers' own (the bar is 1.5x)"
+    ),
+    **dict.fromkeys(
+        ("muse_spark_text",),
+        (
+            "not supported: on the tests' tiny model its bf16 error is 2x transformers' own (the "
+            "bar is 1.5x)"
+        ),
+    ),
+}

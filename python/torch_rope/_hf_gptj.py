@@ -35,16 +35,11 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch import Tensor, nn
 
+from ._hf_sinusoid import TABLES_KEY, THETA, check_tables, refuse
 from .nn import RotaryPositionalEmbedding
 from .ops import apply
 
 MODEL_TYPES = ("gptj", "codegen")
-
-# The tables' key in the torch_rope ModuleDict (hf.py's key for a model whose layers share one
-# RoPE), and the base frequency GPT-J's and CodeGen's sinusoid tables are built with (a constant
-# of their modeling code, not a config field).
-TABLES_KEY = "all"
-_THETA = 10000.0
 
 
 def _gptj_projections(attention: nn.Module, hidden_states: Tensor):
@@ -120,23 +115,17 @@ def patched_forward(
     return attention.resid_dropout(attention.out_proj(output)), weights
 
 
-def _refuse(model_type: str, why: str) -> NotImplementedError:
-    return NotImplementedError(
-        f"torch_rope.hf.patch: {why} in this {model_type} model; not patching"
-    )
-
-
 def _attention_layers(model: nn.Module, model_type: str) -> List[nn.Module]:
     """The layers that own a GPT-J sinusoid table; each must be an attention class we know."""
     layers = [m for m in model.modules() if isinstance(getattr(m, "embed_positions", None), Tensor)]
     if not layers:
-        raise _refuse(
+        raise refuse(
             model_type, "expected attention layers with an embed_positions table, found none"
         )
     for layer in layers:
         name = type(layer).__name__
         if name not in _PROJECTIONS or "forward" not in vars(type(layer)):
-            raise _refuse(
+            raise refuse(
                 model_type,
                 f"expected eager attention layers ({', '.join(_PROJECTIONS)}), found {name} "
                 "(load the model with attn_implementation='eager')",
@@ -149,34 +138,14 @@ def _rotary_width(layers: List[nn.Module], model_type: str) -> int:
     the whole hidden size when rotary_dim is unset, which only a one-head model can rotate)."""
     widths = {(int(m.embed_positions.shape[-1]), m.head_dim) for m in layers}
     if len(widths) != 1:
-        raise _refuse(model_type, f"expected one rotary width for all layers, found {widths}")
+        raise refuse(model_type, f"expected one rotary width for all layers, found {widths}")
     width, head_dim = widths.pop()
     if width % 2 or width > head_dim:
-        raise _refuse(
+        raise refuse(
             model_type,
             f"expected an even rotary width of at most head_dim = {head_dim}, found {width}",
         )
     return width
-
-
-def _check_tables(tables: RotaryPositionalEmbedding, layer: nn.Module, model_type: str) -> None:
-    """Our float64-built tables must be the layer's own sin | cos sinusoid (the float32 one, or
-    its 16-bit rounding when the model was cast), on the rows both have."""
-    own = layer.embed_positions
-    if own.device.type == "meta":
-        return
-    rows = min(own.shape[0], tables.cos.shape[0])
-    half = own.shape[-1] // 2
-    own = own[:rows].float().cpu()
-    ours = torch.cat([tables.sin[:rows], tables.cos[:rows]], dim=-1).cpu()
-    # float32 angles p * inv_freq are off by ~p * 6e-8; a 16-bit table by its rounding.
-    tol = 1e-3 if layer.embed_positions.dtype in (torch.float32, torch.float64) else 1e-2
-    if ours.shape[-1] != 2 * half or not torch.allclose(ours, own, rtol=0, atol=tol):
-        raise _refuse(
-            model_type,
-            f"the sinusoid tables built for theta {_THETA} do not match {type(layer).__name__}'s "
-            "embed_positions",
-        )
 
 
 def _self_check(attention: nn.Module, holder: nn.Module, model_type: str, close) -> None:
@@ -185,7 +154,7 @@ def _self_check(attention: nn.Module, holder: nn.Module, model_type: str, close)
     weight = next((p for p in attention.parameters() if p.dim() == 2), None)
     if weight is None or weight.device.type == "meta":
         return
-    refusal = _refuse(
+    refusal = refuse(
         model_type,
         f"a patched {type(attention).__name__} disagrees with the unpatched one on a probe input "
         "(it rotates q/k differently from torch_rope's GPT-J pairs)",
@@ -217,16 +186,23 @@ def patch(model: nn.Module, model_type: str, record, max_seq_len: Optional[int],
     width = _rotary_width(layers, model_type)
     holder = model.base_model
     if not isinstance(holder, nn.Module) or hasattr(holder, "torch_rope"):
-        raise _refuse(model_type, "expected a base model to hold the tables")
+        raise refuse(model_type, "expected a base model to hold the tables")
     rows = model.config.max_position_embeddings if max_seq_len is None else max_seq_len
     device = layers[0].embed_positions.device
     tables = RotaryPositionalEmbedding(
-        _THETA, layers[0].head_dim, rows, device, rotary_dim=width, interleaved=True
+        THETA, layers[0].head_dim, rows, device, rotary_dim=width, interleaved=True
     )
     record.rotary.append(holder)
     holder.torch_rope = nn.ModuleDict({TABLES_KEY: tables})
     for layer in layers:
-        _check_tables(tables, layer, model_type)
+        # float32 angles p * inv_freq are off by ~p * 6e-8 from our float64 ones.
+        check_tables(
+            tables,
+            layer.embed_positions,
+            f"{type(layer).__name__}'s embed_positions",
+            model_type,
+            1e-3,
+        )
         _self_check(layer, holder, model_type, close)
         layer.forward = functools.partial(patched_forward, layer, holder)
         record.attention.append(layer)

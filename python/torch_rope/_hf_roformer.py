@@ -29,23 +29,15 @@ from typing import List, Optional
 import torch
 from torch import Tensor, nn
 
+from ._hf_sinusoid import TABLES_KEY, THETA, check_tables, refuse
 from .nn import RotaryPositionalEmbedding
 from .ops import apply, apply_qk
 
 MODEL_TYPES = ("roformer",)
 
 # The method each self-attention layer rotates through, replaced per instance (hf.py's undo pops
-# it), and the tables' key in the torch_rope ModuleDict (one RoPE for all the layers).
+# it).
 ROTATION_METHOD = "apply_rotary_position_embeddings"
-TABLES_KEY = "all"
-# The base of RoFormer's sinusoid (a constant of its modeling code, not a config field).
-_THETA = 10000.0
-
-
-def _refuse(model_type: str, why: str) -> NotImplementedError:
-    return NotImplementedError(
-        f"torch_rope.hf.patch: {why} in this {model_type} model; not patching"
-    )
 
 
 def positions_forward(
@@ -105,7 +97,7 @@ def _sinusoid(model: nn.Module, model_type: str) -> nn.Module:
     """The one sinusoid module (the encoder's embed_positions)."""
     found = [m for m in model.modules() if hasattr(type(m), "create_weight")]
     if len(found) != 1 or not isinstance(getattr(found[0], "weight", None), Tensor):
-        raise _refuse(model_type, f"expected one sinusoid position module, found {len(found)}")
+        raise refuse(model_type, f"expected one sinusoid position module, found {len(found)}")
     return found[0]
 
 
@@ -114,33 +106,14 @@ def _attention_layers(model: nn.Module, model_type: str, width: int) -> List[nn.
     wide (the sinusoid's width)."""
     layers = [m for m in model.modules() if ROTATION_METHOD in vars(type(m))]
     if not layers:
-        raise _refuse(model_type, f"expected attention layers with {ROTATION_METHOD}, found none")
+        raise refuse(model_type, f"expected attention layers with {ROTATION_METHOD}, found none")
     sizes = {getattr(m, "attention_head_size", None) for m in layers}
     if sizes != {width} or width % 2:
-        raise _refuse(
+        raise refuse(
             model_type,
             f"expected even attention heads as wide as the sinusoid ({width}), found {sizes}",
         )
     return layers
-
-
-def _check_tables(tables: RotaryPositionalEmbedding, sinusoid: nn.Module, model_type: str):
-    """Our float64-built tables must be the module's own sin | cos (its float32 rows, or their
-    16-bit rounding when the model was cast), on the rows both have."""
-    own = sinusoid.weight
-    if own.device.type == "meta":
-        return
-    rows = min(own.shape[0], tables.cos.shape[0])
-    ours = torch.cat([tables.sin[:rows], tables.cos[:rows]], dim=-1).cpu()
-    # numpy's float64 angles and ours agree to rounding; a 16-bit weight to its rounding.
-    tol = 1e-5 if own.dtype in (torch.float32, torch.float64) else 1e-2
-    own = own[:rows].detach().float().cpu()
-    if ours.shape != own.shape or not torch.allclose(ours, own, rtol=0, atol=tol):
-        raise _refuse(
-            model_type,
-            f"the sinusoid tables built for theta {_THETA} do not match the weight of "
-            f"{type(sinusoid).__name__}",
-        )
 
 
 def _self_check(attention: nn.Module, sinusoid: nn.Module, model_type: str, close) -> None:
@@ -150,7 +123,7 @@ def _self_check(attention: nn.Module, sinusoid: nn.Module, model_type: str, clos
     if weight.device.type == "meta":
         setattr(attention, ROTATION_METHOD, functools.partial(rotate, sinusoid))
         return
-    refusal = _refuse(
+    refusal = refuse(
         model_type,
         f"a patched {type(attention).__name__} disagrees with the unpatched one on a probe input "
         "(it rotates q/k differently from torch_rope's GPT-J pairs)",
@@ -186,13 +159,15 @@ def patch(model: nn.Module, model_type: str, record, max_seq_len: Optional[int],
     width = int(sinusoid.weight.shape[-1])
     layers = _attention_layers(model, model_type, width)
     if hasattr(sinusoid, "torch_rope"):
-        raise _refuse(model_type, "expected a sinusoid module without torch_rope tables")
+        raise refuse(model_type, "expected a sinusoid module without torch_rope tables")
     rows = sinusoid.weight.shape[0] if max_seq_len is None else max_seq_len
     device = sinusoid.weight.device
-    tables = RotaryPositionalEmbedding(_THETA, width, rows, device, interleaved=True)
+    tables = RotaryPositionalEmbedding(THETA, width, rows, device, interleaved=True)
     record.rotary.append(sinusoid)
     sinusoid.torch_rope = nn.ModuleDict({TABLES_KEY: tables})
-    _check_tables(tables, sinusoid, model_type)
+    # numpy's float64 angles and ours agree to rounding.
+    owner = f"the weight of {type(sinusoid).__name__}"
+    check_tables(tables, sinusoid.weight, owner, model_type, 1e-5)
     for layer in layers:
         record.attention.append(layer)
         _self_check(layer, sinusoid, model_type, close)

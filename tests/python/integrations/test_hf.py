@@ -621,7 +621,7 @@ def test_tables_follow_the_model_to_another_dtype_and_stay_float32():
     assert tables["sliding_attention"].theta == 10000.0
 
 
-# gptj: its attention layers' forwards are torch_rope's own (python/torch_rope/_hf_gptj.py).
+# gptj: its attention layers' forwards are torch_rope's own (python/torch_rope/hf/families/gptj.py).
 @pytest.mark.parametrize("name", ["llama", pytest.param("tiny:gptj", marks=pytest.mark.slow)])
 def test_patched_model_compiles_fullgraph(name):
     model = torch_rope.hf.patch(hf_models.build(name))

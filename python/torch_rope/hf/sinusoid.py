@@ -1,13 +1,13 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""What the model families without a rotary module share (GPT-J and CodeGen, :mod:`._hf_gptj`;
-RoFormer, :mod:`._hf_roformer`): each keeps a ``sin | cos`` sinusoid table of its own (theta
+"""What the model families without a rotary module share (GPT-J and CodeGen, :mod:`.families.gptj`;
+RoFormer, :mod:`.families.roformer`): each keeps a ``sin | cos`` sinusoid table of its own (theta
 10000, a constant of their modeling code), which patch replaces with torch_rope tables after
 checking that the two agree."""
 
 import torch
 from torch import Tensor
 
-from .nn import RotaryPositionalEmbedding
+from ..nn import RotaryPositionalEmbedding
 
 #: The base frequency of their sinusoid tables.
 THETA = 10000.0

@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""hf.patch for the GPT-J family (model types ``gptj`` and ``codegen``).
+"""The GPT-J family (model types ``gptj`` and ``codegen``).
 
 These models have no rotary module to hand positions to the attention layers: each attention
 layer owns an ``embed_positions`` buffer (``sin | cos`` of a float32 sinusoid table), gathers its
 rows at ``position_ids``, and rotates q and k apart, GPT-J pairs (``rotate_every_two``) over the
 first ``rotary_dim`` features of each head. The rotation function only ever sees the gathered
 (and, in GPT-J, dtype-cast) rows, never the positions, so swapping it in a rebuilt forward (as
-hf.py does for the other text models) cannot make it rotate at the positions with our tables.
+:mod:`.rotary_module` does for the other text models) cannot make it rotate at the positions
+with our tables.
 
 What patch does instead, on this model instance only:
 
@@ -23,7 +24,7 @@ What patch does instead, on this model instance only:
   16-bit q/k in float32 (its table rows stay float32) and keeps the float32 result; so does
   the patched layer.
 * Before a layer is patched, one probe forward of it patched and unpatched must agree (the
-  self-check); otherwise ``NotImplementedError``, and hf.patch undoes everything.
+  self-check); otherwise ``NotImplementedError``, and patch undoes everything.
 
 Only the eager attention classes are known (:data:`_PROJECTIONS`); a model loaded with another
 attention implementation (GPT-J's flash-attention class) is refused.
@@ -35,9 +36,10 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch import Tensor, nn
 
-from ._hf_sinusoid import TABLES_KEY, THETA, check_tables, refuse
-from .nn import RotaryPositionalEmbedding
-from .ops import apply
+from ..._patching.self_check import close
+from ...nn import RotaryPositionalEmbedding
+from ...ops import apply
+from ..sinusoid import TABLES_KEY, THETA, check_tables, refuse
 
 MODEL_TYPES = ("gptj", "codegen")
 
@@ -148,9 +150,9 @@ def _rotary_width(layers: List[nn.Module], model_type: str) -> int:
     return width
 
 
-def _self_check(attention: nn.Module, holder: nn.Module, model_type: str, close) -> None:
+def _self_check(attention: nn.Module, holder: nn.Module, model_type: str) -> None:
     """One probe forward of the layer unpatched (its class's forward, its own tables) and one
-    patched: they must agree (``close``: hf.py's tolerance for the layer's dtype)."""
+    patched: they must agree."""
     weight = next((p for p in attention.parameters() if p.dim() == 2), None)
     if weight is None or weight.device.type == "meta":
         return
@@ -178,10 +180,10 @@ def _self_check(attention: nn.Module, holder: nn.Module, model_type: str, close)
         raise refusal
 
 
-def patch(model: nn.Module, model_type: str, record, max_seq_len: Optional[int], close) -> None:
-    """Put torch_rope under the attention layers of a GPT-J-family model. ``record`` (hf.py's
-    _Patch) gets the holder of the tables (as a rotary module: hf.py's undo removes its
-    ``torch_rope``) and each patched layer (its ``forward`` popped on undo)."""
+def patch(model: nn.Module, model_type: str, record, max_seq_len: Optional[int]) -> None:
+    """Put torch_rope under the attention layers of a GPT-J-family model. ``record`` gets the
+    holder of the tables (as a rotary module: undo removes its ``torch_rope``) and each patched
+    layer (its ``forward`` popped on undo)."""
     layers = _attention_layers(model, model_type)
     width = _rotary_width(layers, model_type)
     holder = model.base_model
@@ -203,6 +205,6 @@ def patch(model: nn.Module, model_type: str, record, max_seq_len: Optional[int],
             model_type,
             1e-3,
         )
-        _self_check(layer, holder, model_type, close)
+        _self_check(layer, holder, model_type)
         layer.forward = functools.partial(patched_forward, layer, holder)
         record.attention.append(layer)

@@ -28,7 +28,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from .ops import rms_norm_apply_qk
+from ..ops import rms_norm_apply_qk
 
 # The attribute of a patched attention layer that holds its fused norms' (eps, weight_offset).
 ATTRIBUTE = "_torch_rope_qk_norm"

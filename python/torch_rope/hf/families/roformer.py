@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""hf.patch for RoFormer (model type ``roformer``).
+"""RoFormer (model type ``roformer``).
 
 RoFormer has no rotary module of the transformers kind. Its encoder owns one
 ``embed_positions`` (a frozen ``nn.Embedding`` holding ``sin | cos`` of the standard sinusoid,
@@ -8,8 +8,9 @@ hands them to every layer as ``sinusoidal_pos``; each self-attention layer rotat
 when ``config.rotary_value``) in GPT-J pairs through its static method
 ``apply_rotary_position_embeddings(sinusoidal_pos, q, k[, v])``.
 
-What patch changes, on this model instance only (the same split as hf.py's for the other text
-models: the position module hands positions on, the layers rotate with our tables):
+What patch changes, on this model instance only (the same split as :mod:`.rotary_module`'s for
+the other text models: the position module hands positions on, the layers rotate with our
+tables):
 
 * The sinusoid module's forward returns the positions its own forward would have gathered at
   (``past_key_values_length + arange(S)``, as an (S, 1) column: the encoder's ``[None, None]``
@@ -20,7 +21,7 @@ models: the position module hands positions on, the layers rotate with our table
   rotates q and k with one ``rope::apply_qk`` at those positions (v, when the config rotates it,
   with one ``rope::apply``). The layer's own forward (projections, cache, attention) is untouched.
 * Before a layer is patched, one probe forward of it patched and unpatched must agree (the
-  self-check); otherwise ``NotImplementedError``, and hf.patch undoes everything.
+  self-check); otherwise ``NotImplementedError``, and patch undoes everything.
 """
 
 import functools
@@ -29,14 +30,14 @@ from typing import List, Optional
 import torch
 from torch import Tensor, nn
 
-from ._hf_sinusoid import TABLES_KEY, THETA, check_tables, refuse
-from .nn import RotaryPositionalEmbedding
-from .ops import apply, apply_qk
+from ..._patching.self_check import close
+from ...nn import RotaryPositionalEmbedding
+from ...ops import apply, apply_qk
+from ..sinusoid import TABLES_KEY, THETA, check_tables, refuse
 
 MODEL_TYPES = ("roformer",)
 
-# The method each self-attention layer rotates through, replaced per instance (hf.py's undo pops
-# it).
+# The method each self-attention layer rotates through, replaced per instance (undo pops it).
 ROTATION_METHOD = "apply_rotary_position_embeddings"
 
 
@@ -116,7 +117,7 @@ def _attention_layers(model: nn.Module, model_type: str, width: int) -> List[nn.
     return layers
 
 
-def _self_check(attention: nn.Module, sinusoid: nn.Module, model_type: str, close) -> None:
+def _self_check(attention: nn.Module, sinusoid: nn.Module, model_type: str) -> None:
     """One probe forward of the layer unpatched (the module's own sinusoid rows) and one patched
     (positions, our tables): they must agree. Leaves the layer patched."""
     weight = attention.query.weight
@@ -151,10 +152,10 @@ def _self_check(attention: nn.Module, sinusoid: nn.Module, model_type: str, clos
         raise refusal
 
 
-def patch(model: nn.Module, model_type: str, record, max_seq_len: Optional[int], close) -> None:
-    """Put torch_rope under a RoFormer model. ``record`` (hf.py's _Patch) gets the sinusoid module
-    (as a rotary module: hf.py's undo pops its forward and removes its ``torch_rope``) and each
-    patched layer (its :data:`ROTATION_METHOD` popped on undo)."""
+def patch(model: nn.Module, model_type: str, record, max_seq_len: Optional[int]) -> None:
+    """Put torch_rope under a RoFormer model. ``record`` gets the sinusoid module (as a rotary
+    module: undo pops its forward and removes its ``torch_rope``) and each patched layer (its
+    :data:`ROTATION_METHOD` popped on undo)."""
     sinusoid = _sinusoid(model, model_type)
     width = int(sinusoid.weight.shape[-1])
     layers = _attention_layers(model, model_type, width)
@@ -170,5 +171,5 @@ def patch(model: nn.Module, model_type: str, record, max_seq_len: Optional[int],
     check_tables(tables, sinusoid.weight, owner, model_type, 1e-5)
     for layer in layers:
         record.attention.append(layer)
-        _self_check(layer, sinusoid, model_type, close)
+        _self_check(layer, sinusoid, model_type)
     sinusoid.forward = functools.partial(positions_forward, sinusoid)

@@ -17,9 +17,9 @@ Two entry points, both thin layers over :func:`torch_rope.apply_qk`:
 transformers is imported lazily, only by :func:`patch`; ``import torch_rope.hf`` never needs it.
 """
 
-from .model_types import SUPPORTED_MODEL_TYPES
 from .patching import is_patched, patch, unpatch
 from .refused import REFUSED as _REFUSED  # noqa: F401  (the refusal table, by its old name)
+from .registry import SUPPORTED_MODEL_TYPES
 from .rotate import apply_rotary_pos_emb
 
 __all__ = ["apply_rotary_pos_emb", "patch", "unpatch", "is_patched", "SUPPORTED_MODEL_TYPES"]

@@ -19,9 +19,6 @@ from test_hf import logits, rel_err  # noqa: E402
 
 import torch_rope.hf  # noqa: E402
 
-# Fails on the code before the fix (issue 31); the fix removes the mark.
-BUG = pytest.mark.xfail(strict=True, reason="issue 31, fixed by the next commits")
-
 
 def assert_untouched(model):
     assert not torch_rope.hf.is_patched(model)
@@ -31,7 +28,6 @@ def assert_untouched(model):
 
 # Cohere rotates GPT-J pairs, which only the self-check finds; llama rotate_half; gptj has no
 # rotary module (a family of its own).
-@BUG
 @pytest.mark.parametrize("model_type", ["cohere", "llama", "gptj"])
 def test_a_model_on_the_meta_device_is_refused(model_type):
     with torch.device("meta"):
@@ -41,7 +37,6 @@ def test_a_model_on_the_meta_device_is_refused(model_type):
     assert_untouched(model)
 
 
-@BUG
 def test_a_model_with_one_tensor_on_the_meta_device_is_refused_naming_it():
     model = hf_models.build("llama")
     model.lm_head.to("meta")
@@ -59,9 +54,7 @@ DROPOUT = {
 }
 
 
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=BUG) if n != "tiny:roformer" else n for n in DROPOUT]
-)
+@pytest.mark.parametrize("name", list(DROPOUT))
 def test_a_model_in_training_mode_with_dropout_is_checked_in_eval_mode(name):
     """The self-check runs its two forwards in eval mode (one dropout mask each would differ), then
     hands the model back in the modes it had, one by one, and the global RNG untouched."""

@@ -21,53 +21,15 @@ import inspect
 import torch
 from torch import Tensor, nn
 
-from ..._patching.self_check import close
+from ..._patching.record import PatchRecord, bind
+from ..._patching.self_check import check_against_unpatched, probe
 from ...ops import apply_qk
 from ..forwards import FORWARDS
 from ..model_parts import HF_NAME, calls_hf_apply, rotary_modules
 from ..tables import AxialTables
-from .rotary_module import bind
 
 #: transformers' vision rotation.
 HF_VISION_NAME = "apply_rotary_pos_emb_vision"
-
-#: The vision-tower model types patch knows on their own.
-MODEL_TYPES = (
-    "qwen2_5_vl_vision",
-    "qwen3_vl_vision",
-    "qwen3_vl_moe_vision",
-    "qwen3_5_vision",
-    "qwen3_5_moe_vision",
-    "glm4v_vision",
-    "glm4v_moe_vision",
-    "glm_ocr_vision",
-    "glm5_next_vision",
-    "video_llama_3_vision",
-    "lfm3_vl_vision",
-    "exaone4_5_vision",
-    "muse_spark_vision",
-    "pixtral",
-    "muse_glimmer_vision",
-    "qwen4_exp_vision",
-    "cohere_compass_vision",
-    "inkling2_vision",
-)
-
-#: Towers whose planes are laid out otherwise, as (interleaved, column_first): Inkling2's
-#: rotates GPT-J pairs (``rotate_pairwise``, cos/sin ``repeat_interleave``-d) and turns its first
-#: half of the planes by the column, the second by the row. The self-check confirms the layout.
-LAYOUTS = {"inkling2_vision": (True, True)}
-
-#: Vision towers whose attention layers rotate through the text models' ``apply_rotary_pos_emb``
-#: (with ``unsqueeze_dim=0``: q/k are a batch of one, ``(1, H, N, D)``), not through
-#: ``apply_rotary_pos_emb_vision``.
-TEXT_NAMED_APPLY = ("pixtral",)
-
-
-#: Vision towers whose axial RoPE has more than the (row, column) axes: MiniMax-M3-VL's turns the
-#: first third of each head by the frame, the second by the row, the third by the column (each
-#: rounded down to whole pairs; the rest of the head passes through).
-VISION_AXES = {"minimax_m3_vl": 3}
 
 
 def split_frequencies(theta: float, head_dim: int) -> Tensor:
@@ -163,14 +125,12 @@ def replacements(original_globals) -> dict:
 
 
 def _self_check_vision(rotary: nn.Module, attention: nn.Module) -> None:
-    """The self-check for a vision attention layer: one forward unpatched, with HF's (N, head_dim)
+    """The self-check of a vision attention layer: one forward unpatched, with HF's (N, head_dim)
     cos/sin recomposed by the vision rotary module from our tables' rows at (row, column)
     probe positions, and one patched, with the positions and the tables."""
     tables = rotary.torch_rope
     device = tables.cos.device
-    if device.type == "meta":
-        return
-    refusal = (
+    refusal = NotImplementedError(
         f"torch_rope.hf.patch: a patched {type(attention).__name__} disagrees with the unpatched "
         "one on a probe input (it rotates q/k differently from torch_rope's 2-D RoPE); not "
         "patching this model"
@@ -178,11 +138,9 @@ def _self_check_vision(rotary: nn.Module, attention: nn.Module) -> None:
     weight = next((p for p in attention.parameters() if p.dim() == 2), None)
     recompose = getattr(type(rotary), "recomposition_frequencies", None)
     if weight is None or recompose is None:
-        raise NotImplementedError(refusal)
+        raise refusal
     dtype, length = weight.dtype, 12
-    generator = torch.Generator(device="cpu").manual_seed(0)
-    hidden = torch.randn(length, weight.size(1), generator=generator)
-    hidden = hidden.to(device=device, dtype=dtype)
+    hidden = probe((length, weight.size(1)), device, dtype)
     steps = torch.arange(length, device=device)
     # (N, 2): row, column (three axes: frame, row, column)
     axes = [steps // 3, (steps * 5 + 1) % 7, (steps * 3 + 2) % 5]
@@ -201,30 +159,40 @@ def _self_check_vision(rotary: nn.Module, attention: nn.Module) -> None:
         bounds = {"cu_seqlens": torch.tensor([0, length], device=device, dtype=torch.int32)}
     else:
         hidden, bounds = hidden.unsqueeze(0), {"attention_mask": None}
-    with torch.no_grad():
-        try:
-            want = type(attention).forward(
-                attention,
-                hidden,
-                position_embeddings=(recompose(rotary, cos), recompose(rotary, sin)),
-                **bounds,
-            )
-            got = patched_vision_attention_forward(
+
+    def first_output(output):  # (output, attention weights): VideoLLaMA3's layers
+        return output[0] if isinstance(output, tuple) else output
+
+    def unpatched() -> Tensor:
+        embeddings = (recompose(rotary, cos), recompose(rotary, sin))
+        forward = type(attention).forward
+        return first_output(forward(attention, hidden, position_embeddings=embeddings, **bounds))
+
+    def patched() -> Tensor:
+        return first_output(
+            patched_vision_attention_forward(
                 attention, rotary, hidden, position_embeddings=(positions,), **bounds
             )
-        except Exception as error:
-            raise NotImplementedError(refusal) from error
-    if isinstance(want, tuple):  # (output, attention weights): VideoLLaMA3's layers
-        want, got = want[0], got[0]
-    if not close(want, got, dtype):
-        raise NotImplementedError(refusal)
+        )
+
+    check_against_unpatched(attention, unpatched, patched, dtype, refusal)
 
 
-def patch(model: nn.Module, model_type: str, record, rows: int) -> None:
-    """Put torch_rope under the vision tower of a vision-language model (its 2-D RoPE)."""
+def patch(model: nn.Module, model_type: str, row, record: PatchRecord, options) -> None:
+    """Put torch_rope under the vision tower of ``model`` (a vision-language model, or a vision
+    tower alone: ``row.text`` None), laid out as ``row.vision`` says."""
+    vision = row.vision
+    if row.text is None:
+        # A vision tower alone: a text RoPE beside it would be left as it is, so refuse.
+        found = len(rotary_modules(model))
+        if found:
+            raise NotImplementedError(
+                f"torch_rope.hf.patch: expected a {model_type} model to be a vision tower alone "
+                f"(only a vision rotary embedding module), found {found} text rotary module(s); "
+                "not patching"
+            )
     rotaries = rotary_modules(model, vision=True)
-    # Pixtral's vision attention calls the text models' apply_rotary_pos_emb.
-    name = HF_NAME if model_type in TEXT_NAMED_APPLY else HF_VISION_NAME
+    name = HF_NAME if vision.text_apply else HF_VISION_NAME
     attentions = [m for m in model.modules() if calls_hf_apply(m, (name,))]
     if len(rotaries) != 1 or not attentions:
         raise NotImplementedError(
@@ -239,26 +207,16 @@ def patch(model: nn.Module, model_type: str, record, rows: int) -> None:
             f"torch_rope.hf.patch: the vision attention layers of this {model_type} model have "
             f"head dims {head_dims}; not patching"
         )
-    axes = VISION_AXES.get(model_type, 2)
-    rotary.torch_rope = _vision_tables(rotary, head_dims.pop(), rows, axes)
-    if model_type in LAYOUTS:
-        rotary.torch_rope.interleaved, rotary.torch_rope.column_first = LAYOUTS[model_type]
-    record.rotary.append(rotary)
+    tables = _vision_tables(rotary, head_dims.pop(), options.max_vision_positions, vision.axes)
+    tables.interleaved, tables.column_first = vision.interleaved, vision.column_first
+    record.set(rotary, "torch_rope", tables)
     checked = set()
     for attention in attentions:
         if type(attention) not in checked:
             FORWARDS.forward(type(attention), refresh=True)
             _self_check_vision(rotary, attention)
             checked.add(type(attention))
-        attention.forward = bind(patched_vision_attention_forward, attention, rotary)
+        forward = bind(patched_vision_attention_forward, attention, rotary)
+        record.set(attention, "forward", forward)
         record.attention.append(attention)
-    rotary.forward = bind(patched_vision_rotary_forward, rotary)
-
-
-def text_rotary_refusal(model_type: str, found: int) -> str:
-    """The error of a model of a vision-tower type that also has a text rotary module: patch
-    would leave that RoPE as it is, so it refuses instead."""
-    return (
-        f"torch_rope.hf.patch: expected a {model_type} model to be a vision tower alone (only a "
-        f"vision rotary embedding module), found {found} text rotary module(s); not patching"
-    )
+    record.set(rotary, "forward", bind(patched_vision_rotary_forward, rotary))

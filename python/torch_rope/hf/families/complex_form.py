@@ -22,7 +22,7 @@ Patched as :mod:`.rotary_module` patches the other text models, in this :data:`F
 """
 
 import functools
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -30,11 +30,6 @@ from torch import Tensor, nn
 from ..model_parts import HF_NAMES
 from ..rotate import apply_with_tables
 from . import rotary_module
-
-#: The model types whose text attention rotates through ``apply_rotary_emb``. (``llama4``, the
-#: vision-language model, rotates its text the same way; its vision tower's complex 2-D RoPE is
-#: :mod:`.llama4_vision`'s.)
-MODEL_TYPES = ("llama4_text", "deepseek_v2")
 
 #: The name of transformers' complex-form rotation in those modeling modules.
 HF_NAME = "apply_rotary_emb"
@@ -103,5 +98,5 @@ def probe_embeddings(hf_output: Any, positions: Tensor, tables: nn.Module):
 FORM = rotary_module.Form(HF_NAMES + (HF_NAME,), ((True, False),), rotary_forward, probe_embeddings)
 
 
-def patch(model: nn.Module, model_type: str, record, max_seq_len: Optional[int]) -> None:
-    rotary_module.patch(model, model_type, record, max_seq_len, form=FORM)
+def patch(model: nn.Module, model_type: str, row, record, options) -> None:
+    rotary_module.patch(model, model_type, row, record, options, form=FORM)

@@ -36,12 +36,11 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch import Tensor, nn
 
-from ..._patching.self_check import close
+from ..._patching.record import PatchRecord, bind
+from ..._patching.self_check import check_against_unpatched, probe
 from ...nn import RotaryPositionalEmbedding
 from ...ops import apply
 from ..sinusoid import TABLES_KEY, THETA, check_tables, refuse
-
-MODEL_TYPES = ("gptj", "codegen")
 
 
 def _gptj_projections(attention: nn.Module, hidden_states: Tensor):
@@ -154,48 +153,46 @@ def _self_check(attention: nn.Module, holder: nn.Module, model_type: str) -> Non
     """One probe forward of the layer unpatched (its class's forward, its own tables) and one
     patched: they must agree."""
     weight = next((p for p in attention.parameters() if p.dim() == 2), None)
-    if weight is None or weight.device.type == "meta":
-        return
     refusal = refuse(
         model_type,
         f"a patched {type(attention).__name__} disagrees with the unpatched one on a probe input "
         "(it rotates q/k differently from torch_rope's GPT-J pairs)",
     )
+    if weight is None:
+        raise refusal
     length = 12
     rows = min(attention.embed_positions.shape[0], holder.torch_rope[TABLES_KEY].cos.shape[0])
-    generator = torch.Generator(device="cpu").manual_seed(0)
-    hidden = torch.randn(2, length, attention.embed_dim, generator=generator)
-    hidden = hidden.to(device=weight.device, dtype=weight.dtype)
+    hidden = probe((2, length, attention.embed_dim), weight.device, weight.dtype)
     steps = torch.arange(length)
     # Two rows at different positions: each row must turn by its own.
     position_ids = torch.stack([steps, steps * 3 + 1]) % rows
     position_ids = position_ids.to(weight.device)
-    with torch.no_grad():
-        try:
-            want = type(attention).forward(attention, hidden, position_ids=position_ids)[0]
-            got = patched_forward(attention, holder, hidden, position_ids=position_ids)[0]
-        except Exception as error:
-            raise refusal from error
-    if not close(want, got.to(want.dtype), weight.dtype):
-        raise refusal
+
+    def unpatched() -> Tensor:
+        return type(attention).forward(attention, hidden, position_ids=position_ids)[0]
+
+    def patched() -> Tensor:
+        got = patched_forward(attention, holder, hidden, position_ids=position_ids)[0]
+        return got.to(hidden.dtype)  # CodeGen's float32 q/k make a float32 output
+
+    check_against_unpatched(attention, unpatched, patched, weight.dtype, refusal)
 
 
-def patch(model: nn.Module, model_type: str, record, max_seq_len: Optional[int]) -> None:
-    """Put torch_rope under the attention layers of a GPT-J-family model. ``record`` gets the
-    holder of the tables (as a rotary module: undo removes its ``torch_rope``) and each patched
-    layer (its ``forward`` popped on undo)."""
+def patch(model: nn.Module, model_type: str, row, record: PatchRecord, options) -> None:
+    """Put torch_rope under the attention layers of a GPT-J-family model: one set of tables on
+    its base model, and a forward of ours bound to each attention layer."""
     layers = _attention_layers(model, model_type)
     width = _rotary_width(layers, model_type)
     holder = model.base_model
     if not isinstance(holder, nn.Module) or hasattr(holder, "torch_rope"):
         raise refuse(model_type, "expected a base model to hold the tables")
+    max_seq_len = options.max_seq_len
     rows = model.config.max_position_embeddings if max_seq_len is None else max_seq_len
     device = layers[0].embed_positions.device
     tables = RotaryPositionalEmbedding(
         THETA, layers[0].head_dim, rows, device, rotary_dim=width, interleaved=True
     )
-    record.rotary.append(holder)
-    holder.torch_rope = nn.ModuleDict({TABLES_KEY: tables})
+    record.set(holder, "torch_rope", nn.ModuleDict({TABLES_KEY: tables}))
     for layer in layers:
         # float32 angles p * inv_freq are off by ~p * 6e-8 from our float64 ones.
         check_tables(
@@ -206,5 +203,5 @@ def patch(model: nn.Module, model_type: str, record, max_seq_len: Optional[int])
             1e-3,
         )
         _self_check(layer, holder, model_type)
-        layer.forward = functools.partial(patched_forward, layer, holder)
+        record.set(layer, "forward", bind(patched_forward, layer, holder))
         record.attention.append(layer)

@@ -30,12 +30,11 @@ from typing import List, Optional
 import torch
 from torch import Tensor, nn
 
-from ..._patching.self_check import close
+from ..._patching.record import PatchRecord, bind
+from ..._patching.self_check import check_against_unpatched, probe
 from ...nn import RotaryPositionalEmbedding
 from ...ops import apply, apply_qk
 from ..sinusoid import TABLES_KEY, THETA, check_tables, refuse
-
-MODEL_TYPES = ("roformer",)
 
 # The method each self-attention layer rotates through, replaced per instance (undo pops it).
 ROTATION_METHOD = "apply_rotary_position_embeddings"
@@ -119,11 +118,8 @@ def _attention_layers(model: nn.Module, model_type: str, width: int) -> List[nn.
 
 def _self_check(attention: nn.Module, sinusoid: nn.Module, model_type: str) -> None:
     """One probe forward of the layer unpatched (the module's own sinusoid rows) and one patched
-    (positions, our tables): they must agree. Leaves the layer patched."""
+    (positions, our tables): they must agree."""
     weight = attention.query.weight
-    if weight.device.type == "meta":
-        setattr(attention, ROTATION_METHOD, functools.partial(rotate, sinusoid))
-        return
     refusal = refuse(
         model_type,
         f"a patched {type(attention).__name__} disagrees with the unpatched one on a probe input "
@@ -131,45 +127,41 @@ def _self_check(attention: nn.Module, sinusoid: nn.Module, model_type: str) -> N
     )
     length = 12
     rows = min(sinusoid.weight.shape[0], sinusoid.torch_rope[TABLES_KEY].cos.shape[0])
-    generator = torch.Generator(device="cpu").manual_seed(0)
-    hidden = torch.randn(2, length, weight.shape[1], generator=generator)
-    hidden = hidden.to(device=weight.device, dtype=weight.dtype)
+    hidden = probe((2, length, weight.shape[1]), weight.device, weight.dtype)
     # Positions that are not 0..S-1: each token must turn by its own.
     positions = ((torch.arange(length) * 3 + 1) % rows).to(weight.device)
-    rows_at = sinusoid.weight[positions][None, None]
-    was_training = attention.training
-    attention.eval()  # dropout off: the two forwards must see the same attention
-    try:
-        with torch.no_grad():
-            want = attention(hidden, sinusoidal_pos=rows_at)[0]
-            setattr(attention, ROTATION_METHOD, functools.partial(rotate, sinusoid))
-            got = attention(hidden, sinusoidal_pos=positions[:, None][None, None])[0]
-    except Exception as error:
-        raise refusal from error
-    finally:
-        attention.train(was_training)
-    if not close(want, got, weight.dtype):
-        raise refusal
+
+    def unpatched() -> Tensor:
+        return attention(hidden, sinusoidal_pos=sinusoid.weight[positions][None, None])[0]
+
+    def patched() -> Tensor:
+        setattr(attention, ROTATION_METHOD, functools.partial(rotate, sinusoid))
+        try:
+            return attention(hidden, sinusoidal_pos=positions[:, None][None, None])[0]
+        finally:
+            delattr(attention, ROTATION_METHOD)
+
+    check_against_unpatched(attention, unpatched, patched, weight.dtype, refusal)
 
 
-def patch(model: nn.Module, model_type: str, record, max_seq_len: Optional[int]) -> None:
-    """Put torch_rope under a RoFormer model. ``record`` gets the sinusoid module (as a rotary
-    module: undo pops its forward and removes its ``torch_rope``) and each patched layer (its
-    :data:`ROTATION_METHOD` popped on undo)."""
+def patch(model: nn.Module, model_type: str, row, record: PatchRecord, options) -> None:
+    """Put torch_rope under a RoFormer model: the tables and a positions forward on its sinusoid
+    module, a rotation method bound to each self-attention layer."""
     sinusoid = _sinusoid(model, model_type)
     width = int(sinusoid.weight.shape[-1])
     layers = _attention_layers(model, model_type, width)
     if hasattr(sinusoid, "torch_rope"):
         raise refuse(model_type, "expected a sinusoid module without torch_rope tables")
+    max_seq_len = options.max_seq_len
     rows = sinusoid.weight.shape[0] if max_seq_len is None else max_seq_len
     device = sinusoid.weight.device
     tables = RotaryPositionalEmbedding(THETA, width, rows, device, interleaved=True)
-    record.rotary.append(sinusoid)
-    sinusoid.torch_rope = nn.ModuleDict({TABLES_KEY: tables})
+    record.set(sinusoid, "torch_rope", nn.ModuleDict({TABLES_KEY: tables}))
     # numpy's float64 angles and ours agree to rounding.
     owner = f"the weight of {type(sinusoid).__name__}"
     check_tables(tables, sinusoid.weight, owner, model_type, 1e-5)
     for layer in layers:
-        record.attention.append(layer)
         _self_check(layer, sinusoid, model_type)
-    sinusoid.forward = functools.partial(positions_forward, sinusoid)
+        record.set(layer, ROTATION_METHOD, functools.partial(rotate, sinusoid))
+        record.attention.append(layer)
+    record.set(sinusoid, "forward", bind(positions_forward, sinusoid))

@@ -21,12 +21,13 @@ DeepSeek-V2) is :mod:`.complex_form`, this family with another :class:`Form`.
 """
 
 import functools
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Tuple
 
 import torch
 from torch import Tensor, nn
 
-from ..._patching.self_check import close
+from ..._patching.record import PatchRecord, bind
+from ..._patching.self_check import check_against_unpatched, probe
 from ...nn import long_rope_positions
 from .. import qk_norm, stacks, tables
 from ..forwards import FORWARDS
@@ -78,13 +79,6 @@ def patched_attention_forward(attention: nn.Module, *args, **kwargs):
     return FORWARDS.forward(type(attention))(attention, *args, **kwargs)
 
 
-def bind(function, module: nn.Module, *more):
-    """``function`` bound to this one module. A partial of a module-level function, not a bound
-    method: a bound method pickles as ``getattr(module, name)``, which torch.load cannot resolve,
-    while the partial pickles by reference, so a patched model saved whole loads patched."""
-    return functools.partial(function, module, *more)
-
-
 def _positions_and_tables(hf_output, positions: Tensor, found: nn.Module):
     return positions, found
 
@@ -112,20 +106,17 @@ def text_stacks(
     return [(rotaries[0], attentions)]
 
 
-def patch(model: nn.Module, model_type: str, record, max_seq_len: Optional[int], form=FORM):
+def patch(model: nn.Module, model_type: str, row, record: PatchRecord, options, form=FORM):
     """Put torch_rope under every text rotary module of ``model`` and the layers it feeds."""
     for rotary, attentions in text_stacks(model, model_type, form.names):
-        _patch_stack(model_type, rotary, attentions, record, max_seq_len, form)
+        _patch_stack(model_type, row, rotary, attentions, record, options.max_seq_len, form)
 
 
-def _multi_axis(model_type: str, rotary: nn.Module, keys: List[str]):
+def _multi_axis(model_type: str, row, rotary: nn.Module, keys: List[str]):
     """Per table key, a multi-axis text tower's (interleaved, mrope_section, mrope_interleaved);
     None for a text model with 1-D positions."""
-    from ..model_types import VLM_TYPES
-
-    if model_type not in VLM_TYPES:
+    if row.multi_axis is None:
         return None
-    interleaved, mrope_interleaved = VLM_TYPES[model_type]
     section = getattr(rotary, "mrope_section", None)
     # One section for the model, or (Cohere Compass) one per layer type that rotates.
     sections = section if isinstance(section, dict) else dict.fromkeys(keys, section)
@@ -137,24 +128,24 @@ def _multi_axis(model_type: str, rotary: nn.Module, keys: List[str]):
             f"3-axis mrope_section for each of its layer types {keys}, found {section!r}; "
             "not patching"
         )
+    interleaved, mrope_interleaved = row.multi_axis
     return {key: (interleaved, [int(s) for s in sections[key]], mrope_interleaved) for key in keys}
 
 
 def _patch_stack(
     model_type: str,
+    row,
     rotary: nn.Module,
     attentions: List[nn.Module],
-    record,
-    max_seq_len: Optional[int],
+    record: PatchRecord,
+    max_seq_len,
     form: Form,
 ) -> None:
-    """Put torch_rope under one text rotary module and the attention layers it feeds; what it
-    changed goes into ``record`` (undone by the caller if anything raises)."""
+    """Put torch_rope under one text rotary module and the attention layers it feeds."""
     config = rotary.config
     keys = tables.layer_types(rotary) or [tables.ALL_LAYERS]
     rows = tables.default_rows(config) if max_seq_len is None else max_seq_len
-    axes = _multi_axis(model_type, rotary, keys)
-    record.rotary.append(rotary)
+    axes = _multi_axis(model_type, row, rotary, keys)
     built = nn.ModuleDict()
     dynamic: Dict[str, tables.DynamicState] = {}
     for key in keys:
@@ -172,8 +163,8 @@ def _patch_stack(
                 f"torch_rope.hf.patch: mrope_section {key_axes[1]} does not cover the "
                 f"{rotary_dim // 2} rotary planes of this {model_type} model"
             )
-    rotary.torch_rope = built
-    rotary._torch_rope_dynamic = dynamic
+    record.set(rotary, "torch_rope", built)
+    record.set(rotary, "_torch_rope_dynamic", dynamic)
     for attention_class in {type(a) for a in attentions}:
         FORWARDS.forward(attention_class, refresh=True)
     # A multi-axis text tower's pair layout is known; a text model's is found by the check.
@@ -181,12 +172,12 @@ def _patch_stack(
     _check_layout(rotary, keys, attentions, form, layouts)
     for attention in attentions:
         record.attention.append(attention)
-        _fuse_qk_norms(rotary, keys, attention, form)
-        attention.forward = bind(patched_attention_forward, attention)
-    rotary.forward = bind(form.rotary_forward, rotary)
+        _fuse_qk_norms(rotary, keys, attention, form, record)
+        record.set(attention, "forward", bind(patched_attention_forward, attention))
+    record.set(rotary, "forward", bind(form.rotary_forward, rotary))
 
 
-def _fuse_qk_norms(rotary: nn.Module, keys: List[str], attention: nn.Module, form: Form) -> None:
+def _fuse_qk_norms(rotary, keys, attention: nn.Module, form: Form, record: PatchRecord) -> None:
     """Fuse the layer's per-head q/k RMSNorms into its RoPE call (rope::rms_norm_apply_qk) when
     they are norms the op computes and the fused layer passes the self-check; otherwise the layer
     stays on the unfused path it has already passed the self-check with."""
@@ -203,6 +194,8 @@ def _fuse_qk_norms(rotary: nn.Module, keys: List[str], attention: nn.Module, for
                 _self_check(rotary, key, attention, form)
     except NotImplementedError:
         qk_norm.undo(attention)
+        return
+    record.on_undo(functools.partial(qk_norm.undo, attention))
 
 
 def _check_layout(rotary, keys, attentions, form: Form, layouts) -> None:
@@ -243,15 +236,11 @@ def _self_check(rotary, key, attention, form: Form) -> None:
     differ.
     """
     device = tables.device_of(rotary, key)
-    if device.type == "meta":
-        return
     config = rotary.config
     found = rotary.torch_rope[key]
     dtype = next((p.dtype for p in attention.parameters()), torch.float32)
     length = min(16, tables.default_rows(config))
-    generator = torch.Generator(device="cpu").manual_seed(0)
-    hidden = torch.randn(1, length, _input_width(attention, config), generator=generator)
-    hidden = hidden.to(device=device, dtype=dtype)
+    hidden = probe((1, length, _input_width(attention, config)), device, dtype)
     position_ids = torch.arange(length, device=device).unsqueeze(0)
     section = getattr(found, "mrope_section", None)
     if section is None:
@@ -279,7 +268,7 @@ def _self_check(rotary, key, attention, form: Form) -> None:
     layout = "GPT-J pairs" if found.interleaved else "rotate_half"
     if getattr(found, "inverse", False):
         layout += " by minus the angle"
-    refusal = (
+    refusal = NotImplementedError(
         f"torch_rope.hf.patch: a patched {type(attention).__name__} disagrees with the unpatched "
         f"one on a probe input (it rotates q/k differently from torch_rope's {layout} RoPE); "
         "not patching this model"
@@ -304,33 +293,30 @@ def _self_check(rotary, key, attention, form: Form) -> None:
     else:
         want_rope = dict(position_embeddings=hf_embeddings)
         got_rope = dict(position_embeddings=our_embeddings)
-    with torch.no_grad():
-        try:
+
+    def unpatched() -> Tensor:
+        forward = type(attention).forward
+        with qk_norm.norms_restored(attention):
             try:
-                with qk_norm.norms_restored(attention):
-                    want = type(attention).forward(
-                        attention, hidden_states=hidden, **want_rope, **other
-                    )[0]
+                return forward(attention, hidden_states=hidden, **want_rope, **other)[0]
             except TypeError:
-                # A layer that adds its mask unconditionally (Falcon): a mask that masks nothing.
+                # A layer that adds its mask unconditionally (Falcon): a mask that masks nothing,
+                # for the patched run too.
                 other["attention_mask"] = hidden.new_zeros(1, 1, length, length)
-                with qk_norm.norms_restored(attention):
-                    want = type(attention).forward(
-                        attention, hidden_states=hidden, **want_rope, **other
-                    )[0]
+                return forward(attention, hidden_states=hidden, **want_rope, **other)[0]
+
+    def patched() -> Tensor:
+        if own_rotary:
+            rotary.forward = bind(form.rotary_forward, rotary)
+        try:
+            return patched_attention_forward(attention, hidden_states=hidden, **got_rope, **other)[
+                0
+            ]
+        finally:
             if own_rotary:
-                rotary.forward = bind(form.rotary_forward, rotary)
-            try:
-                got = patched_attention_forward(
-                    attention, hidden_states=hidden, **got_rope, **other
-                )[0]
-            finally:
-                if own_rotary:
-                    del rotary.forward
-        except Exception as error:  # e.g. a layer that slices or reshapes cos/sin itself
-            raise NotImplementedError(refusal) from error
-    if not close(want, got, dtype):
-        raise NotImplementedError(refusal)
+                del rotary.forward
+
+    check_against_unpatched(attention, unpatched, patched, dtype, refusal)
 
 
 def _input_width(attention: nn.Module, config) -> int:

@@ -40,8 +40,9 @@ def patch(
     unpatched and patched on a probe input; where they disagree, the model is refused rather
     than patched wrongly.
 
-    ``max_seq_len``: the text positions the tables cover (default
-    ``config.max_position_embeddings``; 8192 for a config that names no maximum).
+    ``max_seq_len``: the text positions the tables cover at first (default: the length the
+    config declares, :func:`.tables.default_rows`); in eager mode they grow past it when a call
+    needs more (:func:`.tables.serving`), under torch.compile they do not.
     ``max_vision_positions``: the rows and columns a vision tower's tables cover.
 
     What each kind of model needs, and the supported types, are in docs/huggingface.md and

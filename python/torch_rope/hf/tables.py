@@ -10,6 +10,7 @@
 Both are float32 non-persistent buffers that keep their dtype when the model is cast.
 """
 
+import math
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -35,10 +36,18 @@ def layer_types(rotary: nn.Module) -> Optional[List[str]]:
     return [t for t in types if hasattr(rotary, f"{t}_inv_freq")]
 
 
-def default_rows(config) -> int:
-    """How many positions patch's tables cover when ``max_seq_len`` is not given."""
+def default_rows(config, params: Optional[Dict[str, Any]] = None) -> int:
+    """How many positions patch's tables cover at first when ``max_seq_len`` is not given:
+    ``config.max_position_embeddings``, or the length a scaling declares when it is longer
+    (``factor * original_max_position_embeddings``: the YaRN recipe of Qwen2.5's model cards
+    leaves ``max_position_embeddings`` at the original length)."""
     rows = getattr(config, "max_position_embeddings", None)
-    return _ROWS_WITHOUT_A_MAXIMUM if rows is None else rows
+    rows = _ROWS_WITHOUT_A_MAXIMUM if rows is None else rows
+    factor = (params or {}).get("factor")
+    original = (params or {}).get("original_max_position_embeddings")
+    if isinstance(factor, (int, float)) and isinstance(original, int):
+        rows = max(rows, math.ceil(factor * original))
+    return rows
 
 
 def rope_parameters(config, key: str) -> Dict[str, Any]:
@@ -158,11 +167,10 @@ class DynamicState:
         self.cached = original
 
 
-def follow_dynamic(rotary: nn.Module, key: str, state: DynamicState, position_ids: Tensor) -> None:
-    """transformers recomputes dynamic frequencies when a sequence outgrows the cached length, and
-    resets them when a short sequence follows a long one. Both need the length on the host: the
-    same sync transformers' own dynamic_rope_update makes."""
-    seq_len = int(position_ids.max()) + 1
+def follow_dynamic(rotary: nn.Module, key: str, state: DynamicState, seq_len: int) -> None:
+    """transformers recomputes dynamic frequencies when a sequence (``seq_len``, its largest
+    position + 1) outgrows the cached length, and resets them when a short sequence follows a long
+    one."""
     old = rotary.torch_rope[key]
     axes = (old.interleaved, old.mrope_section, old.mrope_interleaved)
     if seq_len > state.cached:
@@ -177,6 +185,40 @@ def follow_dynamic(rotary: nn.Module, key: str, state: DynamicState, position_id
         state.cached = state.original
     # The rebuilt tables keep the layout the check found (GPT-J pairs, minus the angle).
     rotary.torch_rope[key].inverse = old.inverse
+
+
+def _positions_readable(positions: Tensor) -> bool:
+    """Whether the positions' values may be read on the host now: not while torch.compile or
+    torch.jit traces (the read would break the graph, or be baked in as a constant), on the meta
+    device, or while a CUDA graph is captured (a sync is not allowed then)."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or positions.device.type == "meta":
+        return False
+    return not (positions.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def serving(rotary: nn.Module, key: str, position_ids: Tensor) -> RotaryPositionalEmbedding:
+    """The tables of layer type ``key``, made to serve ``position_ids`` (the patched rotary
+    module's forward calls this once per call, before handing the tables on).
+
+    transformers computes its angles per call, so its models run at any position. Here the
+    largest position is read on the host, one device sync on CUDA per call of the rotary module
+    (the sync transformers' own ``dynamic`` makes): ``dynamic`` frequencies follow it as
+    transformers' do, and tables too short for it are rebuilt twice as long (or as long as the
+    call needs, if that is more), so that growth is rare. Where the positions cannot be read
+    (:func:`_positions_readable`: torch.compile, CUDA graphs) the tables stay as they are and a
+    position past them raises in the op (``IndexError`` on CPU, a device assert on CUDA): pass
+    ``max_seq_len`` to ``patch`` to size them for that. ``dynamic`` is read whatever the mode, as
+    transformers reads it (a graph break under torch.compile)."""
+    dynamic = rotary._torch_rope_dynamic.get(key)
+    if position_ids.numel() == 0 or (dynamic is None and not _positions_readable(position_ids)):
+        return rotary.torch_rope[key]
+    seq_len = int(position_ids.max()) + 1
+    if dynamic is not None:
+        follow_dynamic(rotary, key, dynamic, seq_len)
+    found = rotary.torch_rope[key]
+    if seq_len > found.max_seq_len:
+        found.extend_tables(max(seq_len, 2 * found.max_seq_len))
+    return found
 
 
 class AxialTables(nn.Module):

@@ -63,10 +63,7 @@ def patched_rotary_forward(self, x: Tensor, position_ids: Tensor, layer_type=Non
     nothing. The attention layers unpack them as ``cos, sin`` and pass them to our
     apply_rotary_pos_emb (:func:`..rotate.apply_with_tables`)."""
     key = tables.ALL_LAYERS if layer_type is None else layer_type
-    dynamic = self._torch_rope_dynamic.get(key)
-    if dynamic is not None:
-        tables.follow_dynamic(self, key, dynamic, position_ids)
-    found = self.torch_rope[key]
+    found = tables.serving(self, key, position_ids)
     if getattr(found, "mrope_section", None) is not None:
         # M-RoPE: HF's (A, B, S) position ids (or (B, S), the same position on every axis, as
         # HF's own expand makes them) become torch_rope's (B, S, A), axis dim last.
@@ -144,14 +141,15 @@ def _patch_stack(
     """Put torch_rope under one text rotary module and the attention layers it feeds."""
     config = rotary.config
     keys = tables.layer_types(rotary) or [tables.ALL_LAYERS]
-    rows = tables.default_rows(config) if max_seq_len is None else max_seq_len
     axes = _multi_axis(model_type, row, rotary, keys)
     built = nn.ModuleDict()
     dynamic: Dict[str, tables.DynamicState] = {}
     for key in keys:
         hf = tables.hf_frequencies(rotary, key)
+        params = tables.rope_parameters(config, key)
+        rows = tables.default_rows(config, params) if max_seq_len is None else max_seq_len
         seq_len = None
-        if tables.rope_type(tables.rope_parameters(config, key)) == "dynamic":
+        if tables.rope_type(params) == "dynamic":
             dynamic[key] = tables.DynamicState(config.max_position_embeddings)
             seq_len = config.max_position_embeddings
         rotary_dim = 2 * hf[0].numel()

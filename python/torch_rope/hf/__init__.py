@@ -15,6 +15,13 @@ Two entry points, both thin layers over :func:`torch_rope.apply_qk`:
   torch_rope's float64 builder (``config.rope_parameters``, or ``rope_scaling`` in older configs).
 
 transformers is imported lazily, only by :func:`patch`; ``import torch_rope.hf`` never needs it.
+
+The package: :mod:`.patching` looks up the model type's row in :mod:`.registry` (one row per
+supported type; :mod:`.refused` for the others) and runs the families the row names
+(:mod:`.families`, one module each), which share :mod:`.tables`, :mod:`.rotate`,
+:mod:`.qk_norm` and the library-neutral core in :mod:`torch_rope._patching` (the undo record,
+the self-check, the rebuilt forwards). :mod:`.kernel_hook` is the separate layer for
+transformers' own kernel hook (also importable as ``torch_rope.hf_kernel``).
 """
 
 from .patching import is_patched, patch, unpatch

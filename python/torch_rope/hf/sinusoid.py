@@ -11,8 +11,6 @@ from ..nn import RotaryPositionalEmbedding
 
 #: The base frequency of their sinusoid tables.
 THETA = 10000.0
-#: The tables' key in the ``torch_rope`` ModuleDict (one RoPE for all the layers).
-TABLES_KEY = "all"
 
 
 def refuse(model_type: str, why: str) -> NotImplementedError:

@@ -23,8 +23,6 @@ What patch does instead, on this model instance only:
   dtype; the op rotates in float32 with float32 tables and rounds once. CodeGen's rotates a
   16-bit q/k in float32 (its table rows stay float32) and keeps the float32 result; so does
   the patched layer.
-* Before a layer is patched, one probe forward of it patched and unpatched must agree (the
-  self-check); otherwise ``NotImplementedError``, and patch undoes everything.
 
 Only the eager attention classes are known (:data:`_PROJECTIONS`); a model loaded with another
 attention implementation (GPT-J's flash-attention class) is refused.
@@ -40,7 +38,8 @@ from ..._patching.record import PatchRecord, bind
 from ..._patching.self_check import check_against_unpatched, probe
 from ...nn import RotaryPositionalEmbedding
 from ...ops import apply
-from ..sinusoid import TABLES_KEY, THETA, check_tables, refuse
+from ..sinusoid import THETA, check_tables, refuse
+from ..tables import ALL_LAYERS
 
 
 def _gptj_projections(attention: nn.Module, hidden_states: Tensor):
@@ -99,7 +98,7 @@ def patched_forward(
     """A patched GPT-J / CodeGen attention layer's forward (bound to the layer and to the module
     holding the tables). Returns ``(attn_output, attn_weights)`` as the layer's own forward does."""
     family = _PROJECTIONS[type(attention).__name__]
-    tables = holder.torch_rope[TABLES_KEY]
+    tables = holder.torch_rope[ALL_LAYERS]
     query, key, value = family.project(attention, hidden_states)
     if family.rotates_in_float32:
         query, key = query.float(), key.float()
@@ -161,7 +160,7 @@ def _self_check(attention: nn.Module, holder: nn.Module, model_type: str) -> Non
     if weight is None:
         raise refusal
     length = 12
-    rows = min(attention.embed_positions.shape[0], holder.torch_rope[TABLES_KEY].cos.shape[0])
+    rows = min(attention.embed_positions.shape[0], holder.torch_rope[ALL_LAYERS].cos.shape[0])
     hidden = probe((2, length, attention.embed_dim), weight.device, weight.dtype)
     steps = torch.arange(length)
     # Two rows at different positions: each row must turn by its own.
@@ -192,7 +191,7 @@ def patch(model: nn.Module, model_type: str, row, record: PatchRecord, options) 
     tables = RotaryPositionalEmbedding(
         THETA, layers[0].head_dim, rows, device, rotary_dim=width, interleaved=True
     )
-    record.set(holder, "torch_rope", nn.ModuleDict({TABLES_KEY: tables}))
+    record.set(holder, "torch_rope", nn.ModuleDict({ALL_LAYERS: tables}))
     for layer in layers:
         # float32 angles p * inv_freq are off by ~p * 6e-8 from our float64 ones.
         check_tables(

@@ -20,8 +20,6 @@ tables):
 * Each self-attention layer gets an instance attribute ``apply_rotary_position_embeddings`` that
   rotates q and k with one ``rope::apply_qk`` at those positions (v, when the config rotates it,
   with one ``rope::apply``). The layer's own forward (projections, cache, attention) is untouched.
-* Before a layer is patched, one probe forward of it patched and unpatched must agree (the
-  self-check); otherwise ``NotImplementedError``, and patch undoes everything.
 """
 
 import functools
@@ -34,7 +32,8 @@ from ..._patching.record import PatchRecord, bind
 from ..._patching.self_check import check_against_unpatched, probe
 from ...nn import RotaryPositionalEmbedding
 from ...ops import apply, apply_qk
-from ..sinusoid import TABLES_KEY, THETA, check_tables, refuse
+from ..sinusoid import THETA, check_tables, refuse
+from ..tables import ALL_LAYERS
 
 # The method each self-attention layer rotates through, replaced per instance (undo pops it).
 ROTATION_METHOD = "apply_rotary_position_embeddings"
@@ -54,7 +53,7 @@ def positions_forward(
             past_key_values_length,
             past_key_values_length + seq_len,
             dtype=torch.long,
-            device=sinusoid.torch_rope[TABLES_KEY].cos.device,
+            device=sinusoid.torch_rope[ALL_LAYERS].cos.device,
         )
     if position_ids.dim() != 1:
         raise ValueError(
@@ -74,7 +73,7 @@ def rotate(sinusoid: nn.Module, positions: Tensor, query: Tensor, key: Tensor, v
             f"from the patched sinusoid module, got {positions.dtype} {tuple(positions.shape)} "
             "(was the encoder's embed_positions unpatched?)"
         )
-    tables = sinusoid.torch_rope[TABLES_KEY]
+    tables = sinusoid.torch_rope[ALL_LAYERS]
     column = positions.reshape(-1, 1)  # (S, 1): one position per token, the same for every head
     query, key = apply_qk(
         query.transpose(1, 2),
@@ -126,7 +125,7 @@ def _self_check(attention: nn.Module, sinusoid: nn.Module, model_type: str) -> N
         "(it rotates q/k differently from torch_rope's GPT-J pairs)",
     )
     length = 12
-    rows = min(sinusoid.weight.shape[0], sinusoid.torch_rope[TABLES_KEY].cos.shape[0])
+    rows = min(sinusoid.weight.shape[0], sinusoid.torch_rope[ALL_LAYERS].cos.shape[0])
     hidden = probe((2, length, weight.shape[1]), weight.device, weight.dtype)
     # Positions that are not 0..S-1: each token must turn by its own.
     positions = ((torch.arange(length) * 3 + 1) % rows).to(weight.device)
@@ -156,7 +155,7 @@ def patch(model: nn.Module, model_type: str, row, record: PatchRecord, options) 
     rows = sinusoid.weight.shape[0] if max_seq_len is None else max_seq_len
     device = sinusoid.weight.device
     tables = RotaryPositionalEmbedding(THETA, width, rows, device, interleaved=True)
-    record.set(sinusoid, "torch_rope", nn.ModuleDict({TABLES_KEY: tables}))
+    record.set(sinusoid, "torch_rope", nn.ModuleDict({ALL_LAYERS: tables}))
     # numpy's float64 angles and ours agree to rounding.
     owner = f"the weight of {type(sinusoid).__name__}"
     check_tables(tables, sinusoid.weight, owner, model_type, 1e-5)

@@ -88,7 +88,7 @@ def run_case(name, batch, seq, start, dtype, device, min_time_s):
 
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply
 
-    from torch_rope.hf import _apply_with_tables
+    from torch_rope.hf.rotate import apply_with_tables
 
     results = {}
     with torch.no_grad():
@@ -104,7 +104,7 @@ def run_case(name, batch, seq, start, dtype, device, min_time_s):
 
         def our_rope():
             positions, tables = ours.model.rotary_emb(hidden, position_ids)
-            _apply_with_tables(q, k, positions, tables)
+            apply_with_tables(q, k, positions, tables)
 
         # Same values first, against a float32 rotary module: the benchmark compares equal work.
         # (Not against HF's bf16 model: `.to(bfloat16)` also casts its inv_freq buffer, so its
@@ -112,7 +112,7 @@ def run_case(name, batch, seq, start, dtype, device, min_time_s):
         fp32_rotary = type(hf.model.rotary_emb)(hf.config).to(device)
         cos, sin = fp32_rotary(hidden.float(), position_ids)
         want = hf_apply(q.float(), k.float(), cos, sin)
-        got = _apply_with_tables(q, k, *ours.model.rotary_emb(hidden, position_ids))
+        got = apply_with_tables(q, k, *ours.model.rotary_emb(hidden, position_ids))
         tol = 1e-3 if dtype == torch.float32 else 5e-2
         for w, g in zip(want, got):
             torch.testing.assert_close(g.float(), w, rtol=tol, atol=tol)

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from . import _C, _functorch
+from ._tables import rope_tables  # noqa: F401  (re-exported: torch_rope.ops.rope_tables)
 from .distributed import maybe_register_for as _maybe_register_for
 
 _apply = torch.ops.rope.apply.default
@@ -420,35 +421,4 @@ def rms_norm_apply_qk(
         eps=float(eps),
         weight_offset=float(weight_offset),
         **flags,
-    )
-
-
-def rope_tables(
-    theta: float,
-    rotary_dim: int,
-    max_seq_len: int,
-    device: Optional[torch.device] = None,
-    *,
-    scaling: Optional[dict] = None,
-    dtype: torch.dtype = torch.float32,
-) -> Tuple[Tensor, Tensor]:
-    """Build ``(cos, sin)`` tables of shape ``(max_seq_len, rotary_dim // 2)``.
-
-    ``cos[p, k] = attention_scaling * cos(p * inv_freq[k])``, with ``inv_freq[k] =
-    theta ** (-2k / rotary_dim)`` unless ``scaling`` says otherwise. ``scaling`` is a transformers
-    ``rope_parameters`` dict (``{"rope_type": "llama3", "factor": 8.0, ...}``; see the README's
-    "Scaling variants"). Angles are computed in float64 and rounded once to ``dtype`` (float32,
-    or float64 for float64 inputs). Built in chunks by the same C++ function the C++ module
-    uses, so the peak memory is the tables themselves.
-    """
-    from ._scaling import _integer, _number, parse_scaling
-
-    theta = _number("theta", theta)
-    return _C.rope_tables(
-        theta,
-        _integer("rotary_dim", rotary_dim),
-        _integer("max_seq_len", max_seq_len),
-        None if device is None else torch.device(device),
-        scaling=parse_scaling(scaling, theta),
-        dtype=dtype,
     )

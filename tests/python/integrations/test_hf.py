@@ -595,21 +595,6 @@ def test_dynamic_tables_regrown_past_the_original_length_keep_the_pair_layout(mo
             assert rel_err(model(ids[:, :length]).logits, want) < 1e-5, length
 
 
-def test_tables_cover_max_position_embeddings_and_can_be_extended():
-    model = torch_rope.hf.patch(hf_models.build("llama"))  # max_position_embeddings = 64
-    ids = torch.randint(2, 256, (1, 70))
-    with pytest.raises(IndexError, match="max_seq_len"):
-        logits(model, ids, torch.ones_like(ids))
-    longer = torch_rope.hf.patch(hf_models.build("llama"), max_seq_len=128)
-    reference = hf_models.build("llama")
-    assert (
-        rel_err(
-            logits(longer, ids, torch.ones_like(ids)), logits(reference, ids, torch.ones_like(ids))
-        )
-        <= 1e-5
-    )
-
-
 def test_tables_follow_the_model_to_another_dtype_and_stay_float32():
     model = torch_rope.hf.patch(hf_models.build("gemma3"))
     model.to(torch.float16)
@@ -621,7 +606,7 @@ def test_tables_follow_the_model_to_another_dtype_and_stay_float32():
     assert tables["sliding_attention"].theta == 10000.0
 
 
-# gptj: its attention layers' forwards are torch_rope's own (python/torch_rope/_hf_gptj.py).
+# gptj: its attention layers' forwards are torch_rope's own (python/torch_rope/hf/families/gptj.py).
 @pytest.mark.parametrize("name", ["llama", pytest.param("tiny:gptj", marks=pytest.mark.slow)])
 def test_patched_model_compiles_fullgraph(name):
     model = torch_rope.hf.patch(hf_models.build(name))

@@ -22,6 +22,7 @@ from test_hf import OpCounter, rel_err, rope_calls  # noqa: E402
 from test_hf_vlm import PerLayer  # noqa: E402
 
 import torch_rope.hf  # noqa: E402
+from torch_rope.hf.model_parts import calls_hf_apply, rotary_modules  # noqa: E402
 
 FAST = ["qwen3_vl_vision", "glm4v_vision", "video_llama_3_vision"]
 ALL = [pytest.param(n) for n in FAST] + [
@@ -39,7 +40,7 @@ def outputs(model, inputs):
 
 def vision_blocks(model):
     names = ("apply_rotary_pos_emb_vision", "apply_rotary_pos_emb")  # Pixtral's: the latter
-    return [m for m in model.modules() if torch_rope.hf._calls_hf_apply(m, names)]
+    return [m for m in model.modules() if calls_hf_apply(m, names)]
 
 
 def vision_rotary(model):
@@ -129,7 +130,7 @@ def test_vision_tower_type_with_a_text_rotary_is_refused():
     unpatched: patch refuses it and leaves it untouched."""
     model, _ = hf_models.build_vision_tower("qwen3_vl_vision")
     text = hf_models.build_vision_vlm("exaone4_5")[0]
-    (text_rotary,) = torch_rope.hf._rotary_modules(text)
+    (text_rotary,) = rotary_modules(text)
     model.add_module("text_rotary_emb", text_rotary)
     with pytest.raises(NotImplementedError, match="vision tower alone"):
         torch_rope.hf.patch(model)

@@ -1130,7 +1130,8 @@ def build_vision_vlm(name, seed=0):
     tower's last hidden states."""
     from transformers import AutoModelForImageTextToText
 
-    import torch_rope.hf as hf
+    from torch_rope.hf.families.axial_vision import HF_VISION_NAME
+    from torch_rope.hf.model_parts import calls_hf_apply
 
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(
@@ -1164,8 +1165,8 @@ def build_vision_vlm(name, seed=0):
         return out.last_hidden_state
 
     modules = list(model.modules())
-    text_layers = [m for m in modules if hf._calls_hf_apply(m)]
-    vision_layers = [m for m in modules if hf._calls_hf_apply(m, (hf._HF_VISION_NAME,))]
+    text_layers = [m for m in modules if calls_hf_apply(m)]
+    vision_layers = [m for m in modules if calls_hf_apply(m, (HF_VISION_NAME,))]
     return model, inputs, text_layers, vision_layers, vision_states
 
 
@@ -1173,7 +1174,7 @@ def _llama4_inputs_and_layers(model):
     """build_vision_vlm's (inputs, text_layers, vision_layers, vision_states) for Llama 4: one
     whole image per row (its vision RoPE is over one fixed image size), each image 4 tokens after
     the pixel shuffle, the second row left-padded; its layers call the complex-form rotations."""
-    from torch_rope import _hf_complex, _hf_llama4_vision
+    from torch_rope.hf.families import complex_form, llama4_vision
 
     g = torch.Generator().manual_seed(1)
     vision = model.config.vision_config
@@ -1196,8 +1197,8 @@ def _llama4_inputs_and_layers(model):
         return code is not None and name in code.co_names
 
     modules = list(model.modules())
-    text_layers = [m for m in modules if calls(m, _hf_complex.HF_NAME)]
-    vision_layers = [m for m in modules if calls(m, _hf_llama4_vision.HF_NAME)]
+    text_layers = [m for m in modules if calls(m, complex_form.HF_NAME)]
+    vision_layers = [m for m in modules if calls(m, llama4_vision.HF_NAME)]
     return inputs, text_layers, vision_layers, vision_states
 
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""hf.patch for Llama 4's vision tower (the vision-language model type ``llama4``; its text
-model is patched as ``llama4_text`` is, :mod:`torch_rope._hf_complex`).
+"""Llama 4's vision tower (the vision-language model type ``llama4``; its text model is patched as
+``llama4_text`` is, by :mod:`.complex_form`).
 
 The vision rotary module holds a precomputed complex table ``freqs_ci`` (N, 1, D/2) for the
 N = side * side patches of the one image size plus the class token (last), and each vision
@@ -13,7 +13,7 @@ That is torch_rope's multi-axis rule: ``mrope_section = [D/4, D/4]``, GPT-J pair
 
 What patch changes, on this model instance only:
 
-* The vision rotary module gets axial tables (hf.py's ``_AxialTables``, GPT-J pairs) as its
+* The vision rotary module gets axial tables (:class:`..tables.AxialTables`, GPT-J pairs) as its
   ``torch_rope``, checked against its own ``freqs_ci`` at those positions, and its forward
   returns :class:`VisionPositions` (the (N, 2) positions and the tables) instead of ``freqs_ci``.
 * In the patched copy of the modeling module's globals, ``vision_apply_rotary_emb`` is
@@ -22,15 +22,17 @@ What patch changes, on this model instance only:
   of it patched and unpatched agreed (the self-check).
 """
 
-import functools
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from .ops import apply_qk
+from ..._patching.record import PatchRecord, bind
+from ..._patching.self_check import check_against_unpatched, probe
+from ...ops import apply_qk
+from ..forwards import FORWARDS
+from ..tables import AxialTables
 
-MODEL_TYPES = ("llama4",)
 #: transformers' vision rotation in the Llama 4 modeling module.
 HF_NAME = "vision_apply_rotary_emb"
 _MODULE = "transformers.models.llama4.modeling_llama4"
@@ -96,10 +98,8 @@ def _recomposed(tables: nn.Module, positions: Tensor) -> Tensor:
     return torch.complex(cos, sin)[:, None, :]
 
 
-def patch(model: nn.Module, record, max_positions: int, axial_tables, rebuilt_forward, close):
-    """Put torch_rope under the vision tower. ``axial_tables(frequencies, axes, rows, device)``
-    (one frequency per plane, axis after axis), ``rebuilt_forward(cls, refresh)`` and ``close``
-    are hf.py's; ``record`` its _Patch."""
+def patch(model: nn.Module, model_type: str, row, record: PatchRecord, options) -> None:
+    """Put torch_rope under the vision tower."""
     rotaries = [m for m in model.modules() if isinstance(getattr(m, "freqs_ci", None), Tensor)]
     attentions = [
         m
@@ -121,54 +121,45 @@ def patch(model: nn.Module, record, max_positions: int, axial_tables, rebuilt_fo
     theta = float(config.rope_parameters["rope_theta"])
     inv_freq = theta ** (-torch.arange(0, 2 * n, 2, dtype=torch.float64) / (2 * n))
     # The same frequencies on both axes: (column + 1)'s planes, then (row + 1)'s.
-    tables = axial_tables(inv_freq.repeat(2), 2, max_positions, rotary.freqs_ci.device)
-    tables.interleaved = True  # consecutive pairs are the complex numbers
-    record.rotary.append(rotary)
-    rotary.torch_rope = tables
     own = rotary.freqs_ci
-    if own.device.type != "meta":
-        positions = patch_positions(config, own.device)
-        ours = _recomposed(tables, positions)
-        if ours.shape != own.shape or not torch.allclose(ours, own, rtol=0, atol=1e-5):
-            raise _refuse(
-                f"the vision tables built for theta {theta} at (column + 1, row + 1) do not match "
-                "the vision rotary module's freqs_ci"
-            )
+    tables = AxialTables(inv_freq.repeat(2), 2, options.max_vision_positions, own.device)
+    tables.interleaved = True  # consecutive pairs are the complex numbers
+    ours = _recomposed(tables, patch_positions(config, own.device))
+    if ours.shape != own.shape or not torch.allclose(ours, own, rtol=0, atol=1e-5):
+        raise _refuse(
+            f"the vision tables built for theta {theta} at (column + 1, row + 1) do not match "
+            "the vision rotary module's freqs_ci"
+        )
+    record.set(rotary, "torch_rope", tables)
     for attention_class in {type(a) for a in attentions}:
-        rebuilt_forward(attention_class, True)
+        FORWARDS.forward(attention_class, refresh=True)
     for attention in attentions:
+        _self_check(attention, rotary)
+        record.set(attention, "forward", bind(layer_forward, attention))
         record.attention.append(attention)
-        _self_check(attention, rotary, rebuilt_forward, close)
-        attention.forward = functools.partial(layer_forward, rebuilt_forward, attention)
-    rotary.forward = functools.partial(rotary_forward, rotary)
+    record.set(rotary, "forward", bind(rotary_forward, rotary))
 
 
-def layer_forward(rebuilt_forward, attention: nn.Module, *args, **kwargs):
+def layer_forward(attention: nn.Module, *args, **kwargs):
     """A patched vision layer's forward: its class's forward over the patched globals."""
-    return rebuilt_forward(type(attention))(attention, *args, **kwargs)
+    return FORWARDS.forward(type(attention))(attention, *args, **kwargs)
 
 
-def _self_check(attention: nn.Module, rotary: nn.Module, rebuilt_forward, close) -> None:
+def _self_check(attention: nn.Module, rotary: nn.Module) -> None:
     """One probe forward of the layer unpatched (the module's own freqs_ci) and one patched."""
     weight = attention.q_proj.weight
-    if weight.device.type == "meta":
-        return
     refusal = _refuse(
         f"a patched {type(attention).__name__} disagrees with the unpatched one on a probe input "
         "(it rotates q/k differently from torch_rope's 2-D RoPE)"
     )
     own = rotary.freqs_ci
-    generator = torch.Generator(device="cpu").manual_seed(0)
-    hidden = torch.randn(2, own.shape[0], weight.shape[1], generator=generator)
-    hidden = hidden.to(device=weight.device, dtype=weight.dtype)
-    positions = patch_positions(rotary.config, own.device)
-    with torch.no_grad():
-        try:
-            want = type(attention).forward(attention, hidden, freqs_ci=own)[0]
-            got = rebuilt_forward(type(attention))(
-                attention, hidden, freqs_ci=VisionPositions(positions, rotary.torch_rope)
-            )[0]
-        except Exception as error:
-            raise refusal from error
-    if not close(want, got, weight.dtype):
-        raise refusal
+    hidden = probe((2, own.shape[0], weight.shape[1]), weight.device, weight.dtype)
+    ours = VisionPositions(patch_positions(rotary.config, own.device), rotary.torch_rope)
+
+    def unpatched() -> Tensor:
+        return type(attention).forward(attention, hidden, freqs_ci=own)[0]
+
+    def patched() -> Tensor:
+        return layer_forward(attention, hidden, freqs_ci=ours)[0]
+
+    check_against_unpatched(attention, unpatched, patched, weight.dtype, refusal)

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""hf.patch for RoFormer (model type ``roformer``).
+"""RoFormer (model type ``roformer``).
 
 RoFormer has no rotary module of the transformers kind. Its encoder owns one
 ``embed_positions`` (a frozen ``nn.Embedding`` holding ``sin | cos`` of the standard sinusoid,
@@ -8,8 +8,9 @@ hands them to every layer as ``sinusoidal_pos``; each self-attention layer rotat
 when ``config.rotary_value``) in GPT-J pairs through its static method
 ``apply_rotary_position_embeddings(sinusoidal_pos, q, k[, v])``.
 
-What patch changes, on this model instance only (the same split as hf.py's for the other text
-models: the position module hands positions on, the layers rotate with our tables):
+What patch changes, on this model instance only (the same split as :mod:`.rotary_module`'s for
+the other text models: the position module hands positions on, the layers rotate with our
+tables):
 
 * The sinusoid module's forward returns the positions its own forward would have gathered at
   (``past_key_values_length + arange(S)``, as an (S, 1) column: the encoder's ``[None, None]``
@@ -19,8 +20,6 @@ models: the position module hands positions on, the layers rotate with our table
 * Each self-attention layer gets an instance attribute ``apply_rotary_position_embeddings`` that
   rotates q and k with one ``rope::apply_qk`` at those positions (v, when the config rotates it,
   with one ``rope::apply``). The layer's own forward (projections, cache, attention) is untouched.
-* Before a layer is patched, one probe forward of it patched and unpatched must agree (the
-  self-check); otherwise ``NotImplementedError``, and hf.patch undoes everything.
 """
 
 import functools
@@ -29,14 +28,14 @@ from typing import List, Optional
 import torch
 from torch import Tensor, nn
 
-from ._hf_sinusoid import TABLES_KEY, THETA, check_tables, refuse
-from .nn import RotaryPositionalEmbedding
-from .ops import apply, apply_qk
+from ..._patching.record import PatchRecord, bind
+from ..._patching.self_check import check_against_unpatched, probe
+from ...nn import RotaryPositionalEmbedding
+from ...ops import apply, apply_qk
+from ..sinusoid import THETA, check_tables, refuse
+from ..tables import ALL_LAYERS
 
-MODEL_TYPES = ("roformer",)
-
-# The method each self-attention layer rotates through, replaced per instance (hf.py's undo pops
-# it).
+# The method each self-attention layer rotates through, replaced per instance (undo pops it).
 ROTATION_METHOD = "apply_rotary_position_embeddings"
 
 
@@ -54,7 +53,7 @@ def positions_forward(
             past_key_values_length,
             past_key_values_length + seq_len,
             dtype=torch.long,
-            device=sinusoid.torch_rope[TABLES_KEY].cos.device,
+            device=sinusoid.torch_rope[ALL_LAYERS].cos.device,
         )
     if position_ids.dim() != 1:
         raise ValueError(
@@ -74,7 +73,7 @@ def rotate(sinusoid: nn.Module, positions: Tensor, query: Tensor, key: Tensor, v
             f"from the patched sinusoid module, got {positions.dtype} {tuple(positions.shape)} "
             "(was the encoder's embed_positions unpatched?)"
         )
-    tables = sinusoid.torch_rope[TABLES_KEY]
+    tables = sinusoid.torch_rope[ALL_LAYERS]
     column = positions.reshape(-1, 1)  # (S, 1): one position per token, the same for every head
     query, key = apply_qk(
         query.transpose(1, 2),
@@ -116,59 +115,52 @@ def _attention_layers(model: nn.Module, model_type: str, width: int) -> List[nn.
     return layers
 
 
-def _self_check(attention: nn.Module, sinusoid: nn.Module, model_type: str, close) -> None:
+def _self_check(attention: nn.Module, sinusoid: nn.Module, model_type: str) -> None:
     """One probe forward of the layer unpatched (the module's own sinusoid rows) and one patched
-    (positions, our tables): they must agree. Leaves the layer patched."""
+    (positions, our tables): they must agree."""
     weight = attention.query.weight
-    if weight.device.type == "meta":
-        setattr(attention, ROTATION_METHOD, functools.partial(rotate, sinusoid))
-        return
     refusal = refuse(
         model_type,
         f"a patched {type(attention).__name__} disagrees with the unpatched one on a probe input "
         "(it rotates q/k differently from torch_rope's GPT-J pairs)",
     )
     length = 12
-    rows = min(sinusoid.weight.shape[0], sinusoid.torch_rope[TABLES_KEY].cos.shape[0])
-    generator = torch.Generator(device="cpu").manual_seed(0)
-    hidden = torch.randn(2, length, weight.shape[1], generator=generator)
-    hidden = hidden.to(device=weight.device, dtype=weight.dtype)
+    rows = min(sinusoid.weight.shape[0], sinusoid.torch_rope[ALL_LAYERS].cos.shape[0])
+    hidden = probe((2, length, weight.shape[1]), weight.device, weight.dtype)
     # Positions that are not 0..S-1: each token must turn by its own.
     positions = ((torch.arange(length) * 3 + 1) % rows).to(weight.device)
-    rows_at = sinusoid.weight[positions][None, None]
-    was_training = attention.training
-    attention.eval()  # dropout off: the two forwards must see the same attention
-    try:
-        with torch.no_grad():
-            want = attention(hidden, sinusoidal_pos=rows_at)[0]
-            setattr(attention, ROTATION_METHOD, functools.partial(rotate, sinusoid))
-            got = attention(hidden, sinusoidal_pos=positions[:, None][None, None])[0]
-    except Exception as error:
-        raise refusal from error
-    finally:
-        attention.train(was_training)
-    if not close(want, got, weight.dtype):
-        raise refusal
+
+    def unpatched() -> Tensor:
+        return attention(hidden, sinusoidal_pos=sinusoid.weight[positions][None, None])[0]
+
+    def patched() -> Tensor:
+        setattr(attention, ROTATION_METHOD, functools.partial(rotate, sinusoid))
+        try:
+            return attention(hidden, sinusoidal_pos=positions[:, None][None, None])[0]
+        finally:
+            delattr(attention, ROTATION_METHOD)
+
+    check_against_unpatched(attention, unpatched, patched, weight.dtype, refusal)
 
 
-def patch(model: nn.Module, model_type: str, record, max_seq_len: Optional[int], close) -> None:
-    """Put torch_rope under a RoFormer model. ``record`` (hf.py's _Patch) gets the sinusoid module
-    (as a rotary module: hf.py's undo pops its forward and removes its ``torch_rope``) and each
-    patched layer (its :data:`ROTATION_METHOD` popped on undo)."""
+def patch(model: nn.Module, model_type: str, row, record: PatchRecord, options) -> None:
+    """Put torch_rope under a RoFormer model: the tables and a positions forward on its sinusoid
+    module, a rotation method bound to each self-attention layer."""
     sinusoid = _sinusoid(model, model_type)
     width = int(sinusoid.weight.shape[-1])
     layers = _attention_layers(model, model_type, width)
     if hasattr(sinusoid, "torch_rope"):
         raise refuse(model_type, "expected a sinusoid module without torch_rope tables")
+    max_seq_len = options.max_seq_len
     rows = sinusoid.weight.shape[0] if max_seq_len is None else max_seq_len
     device = sinusoid.weight.device
     tables = RotaryPositionalEmbedding(THETA, width, rows, device, interleaved=True)
-    record.rotary.append(sinusoid)
-    sinusoid.torch_rope = nn.ModuleDict({TABLES_KEY: tables})
+    record.set(sinusoid, "torch_rope", nn.ModuleDict({ALL_LAYERS: tables}))
     # numpy's float64 angles and ours agree to rounding.
     owner = f"the weight of {type(sinusoid).__name__}"
     check_tables(tables, sinusoid.weight, owner, model_type, 1e-5)
     for layer in layers:
+        _self_check(layer, sinusoid, model_type)
+        record.set(layer, ROTATION_METHOD, functools.partial(rotate, sinusoid))
         record.attention.append(layer)
-        _self_check(layer, sinusoid, model_type, close)
-    sinusoid.forward = functools.partial(positions_forward, sinusoid)
+    record.set(sinusoid, "forward", bind(positions_forward, sinusoid))

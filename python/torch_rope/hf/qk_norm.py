@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""hf.patch's fused QK-RMSNorm: one ``rope::rms_norm_apply_qk`` instead of q_norm, k_norm and
+"""patch's fused QK-RMSNorm: one ``rope::rms_norm_apply_qk`` instead of q_norm, k_norm and
 ``apply_qk`` in attention layers that RMS-normalise each head of q and k right before RoPE
 (Qwen3, Qwen3-MoE, Qwen3-VL's text tower, Gemma 3, ...).
 
@@ -14,9 +14,9 @@ How it is wired, without touching transformers' code:
   their input, and the patched attention forward hands the weights, ``eps`` and ``offset`` to
   its ``apply_rotary_pos_emb`` together with the tables (:class:`NormedTables`), which runs the
   fused op on the raw projections.
-* hf.patch checks the deferred layer against the unpatched one on a probe input (its
-  ``_self_check``, with the norms' own forwards restored for the unpatched run) and keeps the
-  unfused path for a layer where they disagree (for example, an op between the norm and RoPE).
+* The self-check runs the deferred layer against the unpatched one on a probe input (with the
+  norms' own forwards restored for the unpatched run, :func:`norms_restored`) and the layer keeps
+  the unfused path where they disagree (for example, an op between the norm and RoPE).
 """
 
 import contextlib
@@ -28,7 +28,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from .ops import rms_norm_apply_qk
+from ..ops import rms_norm_apply_qk
 
 # The attribute of a patched attention layer that holds its fused norms' (eps, weight_offset).
 ATTRIBUTE = "_torch_rope_qk_norm"
@@ -90,7 +90,7 @@ def norm_parameters(attention: nn.Module, head_dim: int) -> Optional[Tuple[float
             return None
         if weight.shape != (head_dim,) or not weight.is_floating_point():
             return None
-        if weight.device.type == "meta" or "forward" in vars(norm):
+        if "forward" in vars(norm):
             return None
         eps = _eps_of(norm)
         if eps is None or not math.isfinite(eps) or eps <= 0:

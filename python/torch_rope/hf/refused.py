@@ -207,8 +207,8 @@ REFUSED: Dict[str, str] = {
             "that patch does not handle for this type; the whole model is not tested"
         ),
     ),
-    # Vision towers on their own (python/torch_rope/_hf_vision_tower.py) whose vision RoPE is
-    # not the axial kind patch knows, or which have none.
+    # Vision towers on their own (python/torch_rope/hf/families/axial_vision.py) whose vision
+    # RoPE is not the axial kind patch knows, or which have none.
     **dict.fromkeys(
         ("cosmos3_edge_vision", "glm_image_vision", "hunyuan_vl_vision"),
         (

@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""hf.patch for the GPT-J family (model types ``gptj`` and ``codegen``).
+"""The GPT-J family (model types ``gptj`` and ``codegen``).
 
 These models have no rotary module to hand positions to the attention layers: each attention
 layer owns an ``embed_positions`` buffer (``sin | cos`` of a float32 sinusoid table), gathers its
 rows at ``position_ids``, and rotates q and k apart, GPT-J pairs (``rotate_every_two``) over the
 first ``rotary_dim`` features of each head. The rotation function only ever sees the gathered
 (and, in GPT-J, dtype-cast) rows, never the positions, so swapping it in a rebuilt forward (as
-hf.py does for the other text models) cannot make it rotate at the positions with our tables.
+:mod:`.rotary_module` does for the other text models) cannot make it rotate at the positions
+with our tables.
 
 What patch does instead, on this model instance only:
 
@@ -22,8 +23,6 @@ What patch does instead, on this model instance only:
   dtype; the op rotates in float32 with float32 tables and rounds once. CodeGen's rotates a
   16-bit q/k in float32 (its table rows stay float32) and keeps the float32 result; so does
   the patched layer.
-* Before a layer is patched, one probe forward of it patched and unpatched must agree (the
-  self-check); otherwise ``NotImplementedError``, and hf.patch undoes everything.
 
 Only the eager attention classes are known (:data:`_PROJECTIONS`); a model loaded with another
 attention implementation (GPT-J's flash-attention class) is refused.
@@ -35,11 +34,12 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch import Tensor, nn
 
-from ._hf_sinusoid import TABLES_KEY, THETA, check_tables, refuse
-from .nn import RotaryPositionalEmbedding
-from .ops import apply
-
-MODEL_TYPES = ("gptj", "codegen")
+from ..._patching.record import PatchRecord, bind
+from ..._patching.self_check import check_against_unpatched, probe
+from ...nn import RotaryPositionalEmbedding
+from ...ops import apply
+from ..sinusoid import THETA, check_tables, refuse
+from ..tables import ALL_LAYERS
 
 
 def _gptj_projections(attention: nn.Module, hidden_states: Tensor):
@@ -98,7 +98,7 @@ def patched_forward(
     """A patched GPT-J / CodeGen attention layer's forward (bound to the layer and to the module
     holding the tables). Returns ``(attn_output, attn_weights)`` as the layer's own forward does."""
     family = _PROJECTIONS[type(attention).__name__]
-    tables = holder.torch_rope[TABLES_KEY]
+    tables = holder.torch_rope[ALL_LAYERS]
     query, key, value = family.project(attention, hidden_states)
     if family.rotates_in_float32:
         query, key = query.float(), key.float()
@@ -148,52 +148,50 @@ def _rotary_width(layers: List[nn.Module], model_type: str) -> int:
     return width
 
 
-def _self_check(attention: nn.Module, holder: nn.Module, model_type: str, close) -> None:
+def _self_check(attention: nn.Module, holder: nn.Module, model_type: str) -> None:
     """One probe forward of the layer unpatched (its class's forward, its own tables) and one
-    patched: they must agree (``close``: hf.py's tolerance for the layer's dtype)."""
+    patched: they must agree."""
     weight = next((p for p in attention.parameters() if p.dim() == 2), None)
-    if weight is None or weight.device.type == "meta":
-        return
     refusal = refuse(
         model_type,
         f"a patched {type(attention).__name__} disagrees with the unpatched one on a probe input "
         "(it rotates q/k differently from torch_rope's GPT-J pairs)",
     )
+    if weight is None:
+        raise refusal
     length = 12
-    rows = min(attention.embed_positions.shape[0], holder.torch_rope[TABLES_KEY].cos.shape[0])
-    generator = torch.Generator(device="cpu").manual_seed(0)
-    hidden = torch.randn(2, length, attention.embed_dim, generator=generator)
-    hidden = hidden.to(device=weight.device, dtype=weight.dtype)
+    rows = min(attention.embed_positions.shape[0], holder.torch_rope[ALL_LAYERS].cos.shape[0])
+    hidden = probe((2, length, attention.embed_dim), weight.device, weight.dtype)
     steps = torch.arange(length)
     # Two rows at different positions: each row must turn by its own.
     position_ids = torch.stack([steps, steps * 3 + 1]) % rows
     position_ids = position_ids.to(weight.device)
-    with torch.no_grad():
-        try:
-            want = type(attention).forward(attention, hidden, position_ids=position_ids)[0]
-            got = patched_forward(attention, holder, hidden, position_ids=position_ids)[0]
-        except Exception as error:
-            raise refusal from error
-    if not close(want, got.to(want.dtype), weight.dtype):
-        raise refusal
+
+    def unpatched() -> Tensor:
+        return type(attention).forward(attention, hidden, position_ids=position_ids)[0]
+
+    def patched() -> Tensor:
+        got = patched_forward(attention, holder, hidden, position_ids=position_ids)[0]
+        return got.to(hidden.dtype)  # CodeGen's float32 q/k make a float32 output
+
+    check_against_unpatched(attention, unpatched, patched, weight.dtype, refusal)
 
 
-def patch(model: nn.Module, model_type: str, record, max_seq_len: Optional[int], close) -> None:
-    """Put torch_rope under the attention layers of a GPT-J-family model. ``record`` (hf.py's
-    _Patch) gets the holder of the tables (as a rotary module: hf.py's undo removes its
-    ``torch_rope``) and each patched layer (its ``forward`` popped on undo)."""
+def patch(model: nn.Module, model_type: str, row, record: PatchRecord, options) -> None:
+    """Put torch_rope under the attention layers of a GPT-J-family model: one set of tables on
+    its base model, and a forward of ours bound to each attention layer."""
     layers = _attention_layers(model, model_type)
     width = _rotary_width(layers, model_type)
     holder = model.base_model
     if not isinstance(holder, nn.Module) or hasattr(holder, "torch_rope"):
         raise refuse(model_type, "expected a base model to hold the tables")
+    max_seq_len = options.max_seq_len
     rows = model.config.max_position_embeddings if max_seq_len is None else max_seq_len
     device = layers[0].embed_positions.device
     tables = RotaryPositionalEmbedding(
         THETA, layers[0].head_dim, rows, device, rotary_dim=width, interleaved=True
     )
-    record.rotary.append(holder)
-    holder.torch_rope = nn.ModuleDict({TABLES_KEY: tables})
+    record.set(holder, "torch_rope", nn.ModuleDict({ALL_LAYERS: tables}))
     for layer in layers:
         # float32 angles p * inv_freq are off by ~p * 6e-8 from our float64 ones.
         check_tables(
@@ -203,6 +201,6 @@ def patch(model: nn.Module, model_type: str, record, max_seq_len: Optional[int],
             model_type,
             1e-3,
         )
-        _self_check(layer, holder, model_type, close)
-        layer.forward = functools.partial(patched_forward, layer, holder)
+        _self_check(layer, holder, model_type)
+        record.set(layer, "forward", bind(patched_forward, layer, holder))
         record.attention.append(layer)

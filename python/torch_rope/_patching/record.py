@@ -1,0 +1,72 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""What a patch changed on one model, kept on the model so that unpatch can undo exactly that.
+
+Each change is made through a :class:`PatchRecord`, which keeps a callback that undoes it; undo runs
+them last first. The callbacks are ``functools.partial``s of module-level functions, so a patched
+model saved whole (``torch.save(model)``) pickles its record too and can be unpatched after it is
+loaded in another process.
+"""
+
+import functools
+from typing import Any, Callable, List, Optional
+
+from torch import nn
+
+# The attribute of a patched model that holds its PatchRecord.
+_ATTRIBUTE = "_torch_rope_patch"
+
+
+def _remove_attribute(module: nn.Module, name: str) -> None:
+    # An instance attribute (a forward bound to this instance), or a submodule or buffer; never
+    # the class's own attribute of that name.
+    if name in vars(module) or name in module._modules or name in module._buffers:
+        delattr(module, name)
+
+
+class PatchRecord:
+    """The undo callbacks of one patch, and the attention layers it rebound (``attention``: the
+    layers whose rotations tests count)."""
+
+    def __init__(self) -> None:
+        self._undo: List[Callable[[], Any]] = []
+        self.attention: List[nn.Module] = []
+
+    def on_undo(self, callback: Callable[[], Any]) -> None:
+        """Run ``callback`` on undo (a picklable one: a partial of a module-level function)."""
+        self._undo.append(callback)
+
+    def set(self, module: nn.Module, name: str, value: Any) -> None:
+        """``setattr(module, name, value)``, removed again on undo: an instance ``forward`` (the
+        class's is then used again), a submodule of tables, a marker attribute."""
+        setattr(module, name, value)
+        self.on_undo(functools.partial(_remove_attribute, module, name))
+
+    def undo(self) -> None:
+        """Undo every change, last first (also after a patch that failed half-way)."""
+        while self._undo:
+            self._undo.pop()()
+
+
+def bind(function: Callable, module: nn.Module, *more: Any) -> Callable:
+    """``function`` bound to this one module (a patched ``forward``). A partial of a module-level
+    function, not a bound method: a bound method pickles as ``getattr(module, name)``, which
+    torch.load cannot resolve, while the partial pickles by reference, so a patched model saved
+    whole loads patched."""
+    return functools.partial(function, module, *more)
+
+
+def attach(model: nn.Module, record: PatchRecord) -> None:
+    object.__setattr__(model, _ATTRIBUTE, record)
+
+
+def attached(model: nn.Module) -> Optional[PatchRecord]:
+    """The record of the patch applied to ``model``, or None."""
+    return getattr(model, _ATTRIBUTE, None)
+
+
+def detach(model: nn.Module) -> Optional[PatchRecord]:
+    """Remove and return ``model``'s record (None when it is not patched)."""
+    record = attached(model)
+    if record is not None:
+        object.__delattr__(model, _ATTRIBUTE)
+    return record

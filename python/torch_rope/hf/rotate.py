@@ -1,0 +1,135 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""q and k rotated by torch_rope's ops as transformers' attention layers hold them.
+
+* :func:`apply_rotary_pos_emb`: transformers' own function (its signature, its gathered cos/sin),
+  for code that calls it directly;
+* :func:`apply_with_tables`: what a patched text layer calls under that name, with the positions
+  and tables the patched rotary module handed on instead of cos/sin.
+"""
+
+from typing import Tuple
+
+import torch
+from torch import Tensor, nn
+
+from ..ops import apply, apply_qk
+from . import qk_norm
+
+
+def apply_rotary_pos_emb(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1
+) -> Tuple[Tensor, Tensor]:
+    """transformers' ``apply_rotary_pos_emb``, computed by the torch_rope kernel.
+
+    ``cos``/``sin`` are HF's gathered tables, ``(B, S, R)`` (or ``(S, R)``) with duplicated halves
+    (``emb = cat(freqs, freqs)``), in any floating dtype; ``R <= head_dim`` (partial rotary: the
+    remaining features pass through, as in GPT-NeoX and Phi). ``unsqueeze_dim`` is where HF would
+    unsqueeze cos/sin to broadcast against q and k: 1 for ``(B, H, S, D)``, 2 for ``(B, S, H, D)``.
+
+    The first half of each row becomes a table row; the kernel reads it in place through its
+    strides, so q and k are never copied and float32/float64 cos/sin are not either. 16-bit cos/sin
+    are upcast once to float32 (half-precision tables are refused by the op), the only copy.
+    Outputs have q's and k's dtypes; math is float32 (float64 for float64 inputs).
+    """
+    if cos.shape != sin.shape:
+        raise ValueError(
+            f"apply_rotary_pos_emb: cos and sin must have the same shape, got "
+            f"{tuple(cos.shape)} and {tuple(sin.shape)}"
+        )
+    if cos.dim() < 1 or cos.size(-1) % 2:
+        raise ValueError(
+            "apply_rotary_pos_emb: cos/sin must be (..., R) with R even (HF's "
+            f"duplicated halves), got shape {tuple(cos.shape)}"
+        )
+    half = cos.size(-1) // 2
+    rows = cos.shape[:-1]
+    cos_table = cos[..., :half].reshape(-1, half)
+    sin_table = sin[..., :half].reshape(-1, half)
+    if cos_table.dtype in (torch.float16, torch.bfloat16):
+        cos_table, sin_table = cos_table.float(), sin_table.float()
+    if unsqueeze_dim < 0:
+        unsqueeze_dim += cos.dim() + 1
+    positions = torch.arange(cos_table.size(0), device=cos.device).view(rows)
+    return rotate_qk(q, k, cos_table, sin_table, positions, unsqueeze_dim, interleaved=False)
+
+
+def _seq_major(x: Tensor) -> bool:
+    """A (B, H, S, D) view of (B, S, H, D) memory, as transformers' q/k:
+    ``view().transpose(1, 2)``."""
+    return x.dim() == 4 and x.stride(1) < x.stride(2)
+
+
+def rotate_qk(
+    q,
+    k,
+    cos_table,
+    sin_table,
+    positions,
+    unsqueeze_dim,
+    interleaved,
+    mrope_section=None,
+    mrope_interleaved=False,
+    normed=None,
+    inverse=False,
+):
+    """apply_qk at ``positions`` (B, S), or (B, S, A) with ``mrope_section`` (A position axes),
+    for q/k laid out as transformers' attention has them; with ``normed`` (a
+    :class:`.qk_norm.NormedTables`), rms_norm_apply_qk: the layer's q/k norms fused in.
+
+    HF's q and k are (B, H, S, D) views of (B, S, H, D) projections. Rotating the (B, S, H, D)
+    views (positions (B, S, 1[, A])) walks memory in order, which the CPU kernel does 2-5x faster
+    than the transposed order; the results are handed back as (B, H, S, D) views, as HF's are.
+    """
+    flags = {"interleaved": interleaved, "inverse": inverse}
+    if mrope_section is not None:
+        flags.update(mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)
+    batch_dims = positions.dim() - (mrope_section is not None)
+    seq_major = unsqueeze_dim == 1 and batch_dims == 2 and _seq_major(q) and _seq_major(k)
+    if seq_major:
+        q, k, positions = q.transpose(1, 2), k.transpose(1, 2), positions.unsqueeze(2)
+    else:
+        positions = positions.unsqueeze(unsqueeze_dim)
+    if normed is None:
+        q_out, k_out = apply_qk(q, k, cos_table, sin_table, positions, **flags)
+    else:
+        q_out, k_out = qk_norm.norm_rotate(q, k, positions, normed, flags)
+    if seq_major:
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
+    return q_out, k_out
+
+
+def apply_with_tables(q, k, cos, sin=None, unsqueeze_dim=1):
+    """What a patched attention layer calls as apply_rotary_pos_emb: ``cos`` holds the positions
+    (B, S) (M-RoPE: (B, S, 3)) and ``sin`` the torch_rope tables module, as the patched rotary
+    module returned them. Gemma 4 rotates one tensor per call, ``(x, cos, sin, unsqueeze_dim)``:
+    there the positions arrive as ``k`` and the tables as ``cos``."""
+    if sin is None and isinstance(cos, nn.Module):
+        return _rotate_one(q, k, cos, unsqueeze_dim)
+    positions, tables, normed = cos, sin, None
+    if isinstance(tables, qk_norm.NormedTables):  # a layer with fused q/k norms
+        tables, normed = tables.tables, tables
+    return rotate_qk(
+        q,
+        k,
+        tables.cos,
+        tables.sin,
+        positions,
+        unsqueeze_dim,
+        tables.interleaved,
+        getattr(tables, "mrope_section", None),
+        getattr(tables, "mrope_interleaved", False),
+        normed,
+        getattr(tables, "inverse", False),
+    )
+
+
+def _rotate_one(x: Tensor, positions: Tensor, tables: nn.Module, unsqueeze_dim: int) -> Tensor:
+    """One tensor (B, H, S, D) or (B, S, H, D) rotated at ``positions`` (B, S)."""
+    return apply(
+        x,
+        tables.cos,
+        tables.sin,
+        positions.unsqueeze(unsqueeze_dim),
+        interleaved=tables.interleaved,
+        inverse=getattr(tables, "inverse", False),
+    )

@@ -60,12 +60,14 @@ void save_rotation(AutogradContext* ctx, const at::Tensor& cos, const at::Tensor
   ctx->saved_data["mrope_interleaved"] = mrope_interleaved;
 }
 
-// Rotates `grad` back; an undefined grad (output unused) stays undefined.
-at::Tensor rotate_back(AutogradContext* ctx, const at::Tensor& grad) {
+// Rotates `grad` back with the saved tables and positions; an undefined grad (output unused) stays
+// undefined. `saved` is ctx->get_saved_variables(), unpacked once per backward by the caller:
+// under non-reentrant activation checkpointing (torch.utils.checkpoint, use_reentrant=False) a
+// second unpack of the same saved tensors raises CheckpointError.
+at::Tensor rotate_back(AutogradContext* ctx, const variable_list& saved, const at::Tensor& grad) {
   if (!grad.defined()) {
     return {};
   }
-  const auto saved = ctx->get_saved_variables();
   const auto section = ctx->saved_data.find("mrope_section");
   std::optional<std::vector<int64_t>> mrope_section;
   if (section != ctx->saved_data.end()) {
@@ -90,7 +92,7 @@ class RotateFunction : public torch::autograd::Function<RotateFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {rotate_back(ctx, grads[0]), {}, {}, {}, {}, {}, {}, {}};
+    return {rotate_back(ctx, ctx->get_saved_variables(), grads[0]), {}, {}, {}, {}, {}, {}, {}};
   }
 };
 
@@ -116,7 +118,11 @@ class RotateQKFunction : public torch::autograd::Function<RotateQKFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {rotate_back(ctx, grads[0]), rotate_back(ctx, grads[1]), {}, {}, {}, {}, {}, {}, {}};
+    const variable_list saved = ctx->get_saved_variables();  // once for both outputs
+    variable_list grad_inputs(9);  // q, k, then the 7 arguments that get no gradient
+    grad_inputs[0] = rotate_back(ctx, saved, grads[0]);
+    grad_inputs[1] = rotate_back(ctx, saved, grads[1]);
+    return grad_inputs;
   }
 };
 

@@ -102,6 +102,9 @@ at::Tensor module_positions(const at::Tensor& x, const std::optional<at::Tensor>
   // Multi-axis positions keep their axis dim last; the rules below see the dims before it.
   const int64_t axis_dims = num_axes > 0 ? 1 : 0;
   at::Tensor positions;
+  // (S,) and (B, S) positions get the trailing unit dims (below) whatever unit dims the (B, S)
+  // rule inserts between B and S first: decided on the dims the caller gave.
+  bool one_or_two_dims = true;
   if (token_positions.has_value()) {
     positions = *token_positions;
     TORCH_CHECK_VALUE(positions.defined(), kModule, ": token_positions is an ",
@@ -110,6 +113,7 @@ at::Tensor module_positions(const at::Tensor& x, const std::optional<at::Tensor>
         num_axes == 0 || (positions.dim() >= 1 && positions.size(-1) == num_axes), kModule,
         ": token_positions must have a trailing axis dim of size len(mrope_section) = ", num_axes,
         " (token_positions[..., a] is axis a), got token_positions of shape ", shape_of(positions));
+    one_or_two_dims = positions.dim() - axis_dims <= 2;
     if (positions.dim() - axis_dims == 2 && rank >= 2 + trailing) {
       // (B, S): B on x's first axis, S on its sequence axis.
       for (int64_t i = 0; i < rank - 2 - trailing; ++i) positions = positions.unsqueeze(1);
@@ -123,7 +127,7 @@ at::Tensor module_positions(const at::Tensor& x, const std::optional<at::Tensor>
       positions = positions.unsqueeze(-1).expand({positions.size(0), num_axes});
     }
   }
-  if (positions.dim() - axis_dims <= 2) {
+  if (one_or_two_dims) {
     for (int64_t i = 0; i < trailing; ++i) positions = positions.unsqueeze(-1 - axis_dims);
   }
   return positions;

@@ -299,6 +299,35 @@ TEST(Module, SeqDimMinus3FollowsTheSequenceAxis) {
   }
 }
 
+// (B, S) positions of an x with axes both between B and S and after S: row (b, n, s, h) must
+// read positions[b, s]. The expected positions are written out row by row (not by unsqueeze).
+TEST(Module, BatchAndSequencePositionsWithAxesOnBothSides) {
+  torch::manual_seed(12);
+  const auto t = reference_tables(64, 8);
+  const std::vector<int64_t> section{1, 2, 1};
+  RotaryPositionalEmbedding one_axis(10000.0, 8, 64, torch::kCPU, Opts().seq_dim(-3));
+  RotaryPositionalEmbedding multi_axis(10000.0, 8, 64, torch::kCPU,
+                                       Opts().seq_dim(-3).mrope_section(section));
+  const auto x = torch::randn({2, 3, 5, 4, 8});  // [b, n, s, h, d]
+  const auto bs = torch::randint(0, 64, {2, 5}, torch::kLong);
+  const auto bsa = torch::randint(0, 64, {2, 5, 3}, torch::kLong);
+  auto rows = torch::empty({2, 3, 5, 4}, torch::kLong);
+  auto rows_axes = torch::empty({2, 3, 5, 4, 3}, torch::kLong);
+  for (int64_t b = 0; b < 2; ++b) {
+    for (int64_t n = 0; n < 3; ++n) {
+      for (int64_t s = 0; s < 5; ++s) {
+        for (int64_t h = 0; h < 4; ++h) {
+          rows[b][n][s][h] = bs[b][s];
+          for (int64_t a = 0; a < 3; ++a) rows_axes[b][n][s][h][a] = bsa[b][s][a];
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(matches_oracle(one_axis(x, bs), reference_rope(x, t.cos, t.sin, rows)));
+  EXPECT_TRUE(
+      matches_oracle(multi_axis(x, bsa), multi_axis_oracle(x, t, rows_axes, section, true, false)));
+}
+
 TEST(Module, ExtendTablesGrowsTheRegisteredBuffers) {
   RotaryPositionalEmbedding m(10000.0, 16, 32);
   const auto x = torch::randn({1, 40, 16});

@@ -7,11 +7,15 @@
 // (torch.autograd.forward_ad) pushes the tangent through the same rotation. cos, sin and positions
 // get no gradient (documented).
 //
+// The ops that write a tensor (apply_, apply.out) also register ADInplaceOrView, which bumps the
+// written tensor's version where the Autograd key is excluded (torch.inference_mode()).
+//
 // torch.func: a C++ autograd::Function cannot take part in functorch's grad/jvp transforms, so
 // under those the raw ops raise an error that points to the torch_rope Python API, whose Python
 // autograd.Function supports them. vmap is handled before autograd by the ops' vmap rule
 // (python/torch_rope/_functorch.py).
 #include <ATen/MemoryOverlap.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/library.h>
@@ -268,6 +272,46 @@ void apply_out_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Te
   torch::autograd::increment_version(out);
 }
 
+// ---- ADInplaceOrView: the version counter of the written tensor -----------------------------
+// The Autograd kernels above skip this key and bump the version themselves. Where autograd is
+// excluded (torch.inference_mode(), or a caller below Autograd), a normal (non-inference) tensor
+// still reaches this key, and its write must still bump its version, as native in-place and out=
+// ops do there: a tensor saved for backward and then overwritten must make that backward raise,
+// not return a stale gradient. Inference tensors lack this key (they have no version counter).
+
+void apply_inplace_view(c10::DispatchKeySet keys, const at::Tensor& x, const at::Tensor& cos,
+                        const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
+                        bool inverse, at::OptionalIntArrayRef mrope_section,
+                        bool mrope_interleaved) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply_", "")
+                       .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const at::Tensor&, bool, bool, at::OptionalIntArrayRef, bool)>();
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.redispatch(keys & c10::after_ADInplaceOrView_keyset, x, cos, sin, positions, interleaved,
+                  inverse, mrope_section, mrope_interleaved);
+  }
+  torch::autograd::increment_version(x);
+}
+
+void apply_out_view(c10::DispatchKeySet keys, const at::Tensor& x, const at::Tensor& cos,
+                    const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
+                    bool inverse, at::OptionalIntArrayRef mrope_section, bool mrope_interleaved,
+                    const at::Tensor& out) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("rope::apply", "out")
+          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                      bool, bool, at::OptionalIntArrayRef, bool, const at::Tensor&)>();
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.redispatch(keys & c10::after_ADInplaceOrView_keyset, x, cos, sin, positions, interleaved,
+                  inverse, mrope_section, mrope_interleaved, out);
+  }
+  torch::autograd::increment_version(out);
+}
+
 }  // namespace
 }  // namespace rope::autograd
 
@@ -276,4 +320,9 @@ TORCH_LIBRARY_IMPL(rope, Autograd, m) {
   m.impl("apply_", &rope::autograd::apply_inplace_autograd);
   m.impl("apply.out", &rope::autograd::apply_out_autograd);
   m.impl("apply_qk", &rope::autograd::apply_qk_autograd);
+}
+
+TORCH_LIBRARY_IMPL(rope, ADInplaceOrView, m) {
+  m.impl("apply_", &rope::autograd::apply_inplace_view);
+  m.impl("apply.out", &rope::autograd::apply_out_view);
 }

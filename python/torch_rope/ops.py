@@ -28,6 +28,7 @@ Shared conventions (see the README for the full contract):
   these functions; the raw ``torch.ops.rope.*`` support ``vmap`` only.
 """
 
+import numbers
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -103,12 +104,28 @@ def _typed_section(mrope_section) -> bool:
     )
 
 
-def _section(mrope_section: Optional[Sequence[int]]) -> Optional[List[int]]:
-    """mrope_section as the op's int[] (a list of Python ints), or None."""
+def _is_plane_count(s) -> bool:
+    """An integer (a Python or numpy int, an integer tensor's value); not a bool, not a float."""
+    if isinstance(s, Tensor):
+        integer = not (s.is_floating_point() or s.is_complex() or s.dtype == torch.bool)
+        return s.dim() == 0 and integer
+    return isinstance(s, numbers.Integral) and not isinstance(s, bool)
+
+
+def _section(op: str, mrope_section: Optional[Sequence[int]]) -> Optional[List[int]]:
+    """mrope_section as the op's int[] (a list of Python ints), or None. A float or bool entry is
+    a TypeError, as the raw op and the module refuse them, rather than truncated (2.7 is not 2
+    planes)."""
     if mrope_section is None:
         return None
     if isinstance(mrope_section, Tensor):
         mrope_section = mrope_section.tolist()
+    for a, s in enumerate(mrope_section):
+        if not _is_plane_count(s):
+            raise TypeError(
+                f"{op}: mrope_section[{a}] must be an int (a number of planes), got "
+                f"{type(s).__name__} {s!r} in mrope_section={list(mrope_section)!r}"
+            )
     return [int(s) for s in mrope_section]
 
 
@@ -142,7 +159,7 @@ def apply(
         return _fast_apply(
             x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved
         )
-    mrope_section = _section(mrope_section)
+    mrope_section = _section("rope.apply" if out is None else "rope.apply.out", mrope_section)
     flags = _flags(interleaved, inverse, mrope_section, mrope_interleaved)
     if type(x) is not Tensor:  # a subclass such as DTensor
         _maybe_register_for(x)
@@ -191,7 +208,7 @@ def apply_(
                 x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved
             )
         return x
-    mrope_section = _section(mrope_section)
+    mrope_section = _section("rope.apply_", mrope_section)
     if type(x) is not Tensor:  # a subclass such as DTensor
         _maybe_register_for(x)
     if _functorch.transforms_active():
@@ -229,7 +246,7 @@ def apply_qk(
         return _fast_apply_qk(
             q, k, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved
         )
-    mrope_section = _section(mrope_section)
+    mrope_section = _section("rope.apply_qk", mrope_section)
     if type(q) is not Tensor or type(k) is not Tensor:  # a subclass such as DTensor
         _maybe_register_for(q, k)
     if _functorch.transforms_active():
@@ -403,7 +420,7 @@ def rms_norm_apply_qk(
         return _fast_rms_norm_apply_qk(
             q, k, q_weight, k_weight, cos, sin, positions, eps, weight_offset, interleaved, inverse
         )
-    mrope_section = _section(mrope_section)
+    mrope_section = _section("rope.rms_norm_apply_qk", mrope_section)
     flags = _flags(interleaved, inverse, mrope_section, mrope_interleaved)
     if _functorch.transforms_active():
         return _rms_norm_apply_qk_composite(

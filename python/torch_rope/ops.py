@@ -28,6 +28,7 @@ Shared conventions (see the README for the full contract):
   these functions; the raw ``torch.ops.rope.*`` support ``vmap`` only.
 """
 
+import math
 import numbers
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -278,6 +279,13 @@ def _cache_scale(name: str, scale, cache: Optional[Tensor]) -> Optional[Tensor]:
             )
         return None
     value = float(scale)
+    if not (math.isfinite(value) and value > 0):
+        # 0 would store +-max (NaN for a zero value), a negative scale flipped signs, NaN NaN
+        # and inf zeros: none is a quantization. (A tensor scale on the CPU is checked in C++.)
+        raise ValueError(
+            f"rope.apply_qk_cache: {name} must be a finite number > 0 (stored = "
+            f"saturate(value / {name})), got {scale!r}"
+        )
     if cache.device.type != "cpu" or _is_compiling():
         return torch.full((), value, dtype=torch.float32, device=cache.device)
     # Decode calls this every step with the same few scales; torch.full costs ~2 us, a quarter of
@@ -319,8 +327,8 @@ def apply_qk_cache(
     ``slot_mapping[t]`` (int64; block ``s // block_size``, offset ``s % block_size``); a
     negative slot is padding (no cache write). A cache has its source's dtype, or is float8
     (``torch.float8_e4m3fn``, ``torch.float8_e5m2``) with a scale: ``k_scale`` / ``v_scale``, a
-    Python float or a one-element float32 tensor on the cache's device, stored as
-    ``(value / scale).clamp(-max, max).to(fp8)``. Not differentiable. See docs/api.md.
+    Python float or a one-element float32 tensor on the cache's device, finite and > 0, stored
+    as ``(value / scale).clamp(-max, max).to(fp8)``. Not differentiable. See docs/api.md.
     """
     if k_scale is not None and type(k_scale) is not Tensor:
         k_scale = _cache_scale("k_scale", k_scale, k_cache)

@@ -365,6 +365,51 @@ def test_scale_forms(device):
         call(c, v_scale=0.5)
 
 
+BAD_SCALES = [0.0, -0.5, float("nan"), float("inf"), float("-inf")]
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("form", ["python_float", "tensor_0d", "tensor_1"])
+@pytest.mark.parametrize("which", ["k_scale", "v_scale"])
+@pytest.mark.parametrize("value", BAD_SCALES, ids=str)
+@pytest.mark.parametrize("cache_dtype", FP8, ids=dtype_id)
+def test_a_scale_that_quantizes_nothing_is_refused_before_any_write(
+    cache_dtype, value, which, form, device
+):
+    # 0 would store +-max (NaN for a zero value), a negative scale flipped signs, NaN NaN and
+    # inf zeros. Python numbers are checked on every device, CPU tensors by the CPU kernel; a
+    # CUDA tensor scale is read by the kernel alone (no host sync), as docs/api.md says.
+    if form != "python_float" and device != "cpu":
+        pytest.skip("a CUDA tensor scale is not read on the host (documented)")
+    c = make_call(device, torch.float32, cache_dtype)
+    scale = {
+        "python_float": value,
+        "tensor_0d": torch.tensor(value, device=device),
+        "tensor_1": torch.tensor([value], device=device),
+    }[form]
+    kw = dict(k_scale=0.5, v_scale=0.5)
+    kw[which] = scale
+    before = {name: c[name].clone() for name in ("k_cache", "v_cache")}
+    with pytest.raises(
+        ValueError,
+        match=rf"rope\.apply_qk_cache: {which} must be a finite number > 0 \(stored = "
+        rf"saturate\(value / {which}\)\), got -?(0|0\.0|0\.5|nan|inf)$",
+    ):
+        call(c, **kw)
+    for name, b in before.items():
+        assert same_bits(c[name], b), f"{name} written by a call that raised"
+    # The raw op takes the same tensor scales (the Python-number form is the wrapper's).
+    if form != "python_float":
+        kw = {n: torch.tensor(0.5) if n != which else scale for n in ("k_scale", "v_scale")}
+        with pytest.raises(ValueError, match=rf"{which} must be a finite number > 0"):
+            torch.ops.rope.apply_qk_cache(
+                c["q"], c["k"], c["v"], c["cos"], c["sin"], c["positions"], c["k_cache"],
+                c["v_cache"], c["slot_mapping"], **kw,
+            )  # fmt: skip
+        for name, b in before.items():
+            assert same_bits(c[name], b), f"{name} written by a call that raised"
+
+
 # ---- bad input ----------------------------------------------------------------------------------
 
 

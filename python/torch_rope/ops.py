@@ -415,8 +415,10 @@ def rms_norm_apply_qk(
     :func:`apply_qk` rotates (features past ``rotary_dim`` are only normalised), in float32
     (float64 for float64 inputs), and rounded once to ``q``'s (``k``'s) dtype. ``q_weight`` and
     ``k_weight`` are ``(head_dim,)``, any floating dtype; ``weight_offset=1.0`` is Gemma's
-    ``(1 + w)``. ``eps`` must be finite and > 0. Gradients flow to ``q``, ``k`` and both weights
-    (double backward too); ``torch.func`` transforms take an equivalent composite path.
+    ``(1 + w)``. ``eps`` must be finite and > 0 and a normal number in the math type (float32 for
+    float32/16-bit inputs: ``>= 1.17549e-38``; float64: ``>= 2.22507e-308``). Gradients flow to
+    ``q``, ``k`` and both weights (double backward too); ``torch.func`` transforms take an
+    equivalent composite path.
     """
     if (
         mrope_section is None

@@ -7,8 +7,15 @@
 #include <torch_rope/ops.h>
 
 #include <cmath>
+#include <cstdint>
 #include <sstream>
 #include <string>
+
+#if defined(__linux__)
+#include <sys/sysinfo.h>
+#elif defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#endif
 
 #include "kernel_args.h"
 
@@ -39,6 +46,62 @@ void check_table_length(const char* who, int64_t max_seq_len, int64_t rotary_dim
                     ": max_seq_len * rotary_dim must be <= 2^53 (positions are exact in float64 "
                     "up to 2^53, and such tables could never be allocated), got max_seq_len = ",
                     max_seq_len, " with rotary_dim = ", rotary_dim);
+}
+
+namespace {
+
+// Bytes of memory this machine has for a table, RAM and swap; 0 where unknown (no check then).
+uint64_t host_memory_bytes() {
+#if defined(__linux__)
+  struct sysinfo info{};
+  if (sysinfo(&info) == 0) {
+    return (static_cast<uint64_t>(info.totalram) + info.totalswap) * info.mem_unit;
+  }
+#elif defined(__unix__) || defined(__APPLE__)
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page_size > 0) {
+    return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+  }
+#endif
+  return 0;
+}
+
+// The bytes of cos and sin together. check_table_length bounds max_seq_len * rotary_dim by 2^53,
+// so rows * rotary_dim / 2 (rows at most 2 * max_seq_len) is at most 2^53: this fits in 64 bits.
+uint64_t table_bytes(int64_t rows, int64_t rotary_dim, c10::ScalarType dtype) {
+  return 2 * static_cast<uint64_t>(rows) * static_cast<uint64_t>(rotary_dim / 2) *
+         c10::elementSize(dtype);
+}
+
+std::string what_tables_need(const char* who, int64_t max_seq_len, int64_t rows, int64_t rotary_dim,
+                             c10::ScalarType dtype) {
+  const uint64_t bytes = table_bytes(rows, rotary_dim, dtype);
+  return c10::str(who, ": max_seq_len = ", max_seq_len, " needs ", bytes, " bytes (",
+                  static_cast<double>(bytes) / static_cast<double>(uint64_t{1} << 30),
+                  " GiB) of tables: cos and sin, each (", rows,
+                  ", rotary_dim / 2 = ", rotary_dim / 2, ") of ", dtype);
+}
+
+}  // namespace
+
+void check_table_memory(const char* who, int64_t max_seq_len, int64_t rows, int64_t rotary_dim,
+                        c10::ScalarType dtype, c10::Device device) {
+  if (!device.is_cpu()) {
+    return;  // meta tables take no memory; other devices report through their allocator
+  }
+  const uint64_t memory = host_memory_bytes();
+  TORCH_CHECK_VALUE(memory == 0 || table_bytes(rows, rotary_dim, dtype) <= memory,
+                    what_tables_need(who, max_seq_len, rows, rotary_dim, dtype), ", more than the ",
+                    memory,
+                    " bytes of memory (RAM and swap) of this machine; pass a smaller max_seq_len");
+}
+
+void throw_tables_do_not_fit(const char* who, int64_t max_seq_len, int64_t rows, int64_t rotary_dim,
+                             c10::ScalarType dtype, c10::Device device, const c10::Error& error) {
+  TORCH_CHECK_VALUE(
+      false, what_tables_need(who, max_seq_len, rows, rotary_dim, dtype), ", which ", device,
+      " could not allocate (pass a smaller max_seq_len): ", error.what_without_backtrace());
 }
 
 void check_module_arguments(double theta, int64_t d_k, int64_t rotary_dim, int64_t max_seq_len,

@@ -328,6 +328,14 @@ TEST(Module, BatchAndSequencePositionsWithAxesOnBothSides) {
       matches_oracle(multi_axis(x, bsa), multi_axis_oracle(x, t, rows_axes, section, true, false)));
 }
 
+TEST(Module, RefusedExtendTablesLeavesTheModuleAsItWas) {
+  RotaryPositionalEmbedding m(10000.0, 64, 32);
+  const auto cos = m->cos_table().clone();
+  EXPECT_THROW(m->extend_tables(int64_t{1} << 40), c10::ValueError);
+  EXPECT_EQ(m->max_seq_len(), 32);
+  EXPECT_TRUE(bitwise_equal(m->cos_table(), cos));
+}
+
 TEST(Module, ExtendTablesGrowsTheRegisteredBuffers) {
   RotaryPositionalEmbedding m(10000.0, 16, 32);
   const auto x = torch::randn({1, 40, 16});
@@ -639,6 +647,19 @@ INSTANTIATE_TEST_SUITE_P(
         BadModuleCall{"max_seq_len_huge",
                       [] { make(10000.0, 16, std::numeric_limits<int64_t>::max()); },
                       {"max_seq_len", "2^53", "9223372036854775807"}},
+        // 2^40 rows of 32 float32 planes, cos and sin: 2^48 bytes (256 TiB), more than any
+        // machine this runs on (the allocator's own error named no argument).
+        BadModuleCall{"tables_larger_than_the_machine",
+                      [] { make(10000.0, 64, int64_t{1} << 40); },
+                      {"RotaryPositionalEmbedding: max_seq_len = 1099511627776 needs "
+                       "281474976710656 bytes",
+                       "(RAM and swap)", "pass a smaller max_seq_len"}},
+        BadModuleCall{"extend_tables_larger_than_the_machine",
+                      [] { make(10000.0, 64, 32)->extend_tables(int64_t{1} << 40); },
+                      {"max_seq_len = 1099511627776 needs 281474976710656 bytes"}},
+        BadModuleCall{"rope_tables_larger_than_the_machine",
+                      [] { rope::rope_tables(10000.0, 64, int64_t{1} << 40); },
+                      {"rope_tables: max_seq_len = 1099511627776 needs 281474976710656 bytes"}},
         BadModuleCall{"seq_dim_feature_axis",
                       [] { make(10000.0, 16, 32, Opts().seq_dim(-1)); },
                       {"seq_dim", "-1"}},

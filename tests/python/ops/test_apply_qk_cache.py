@@ -4,6 +4,8 @@
 here (rotation in float64 from the definition, index writes into a copy of the cache), and for
 fp8 against torch's own ``(x / scale).clamp(-max, max).to(fp8)`` bit for bit."""
 
+import re
+
 import pytest
 import torch
 from helpers import cpu_and_cuda, dtype_id, make_tables, needs_torch
@@ -522,6 +524,49 @@ def test_meta_rejects_what_cpu_rejects(case):
 def to_meta(t):
     """t on the meta device with its strides (``.to("meta")`` makes expanded views dense)."""
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def _interleaved_cache(device, n):
+    """(n, 2, 2) rows at 6 s + 8 h + d: no two elements share an address, but the strides
+    interleave, so only listing the addresses could prove it."""
+    return torch.empty(6 * n + 10, device=device).as_strided((n, 2, 2), (6, 8, 1))
+
+
+@pytest.mark.parametrize(
+    "layout,device,what",
+    [
+        ("expanded", "cpu", r"has overlapping memory \(e\.g\. a result of expand\(\)\)"),
+        ("heads_share_memory", "cpu", r"has overlapping memory: two of its elements share"),
+        ("too_large_to_list", "meta", r"may have overlapping memory: its strides"),
+    ],
+)
+def test_an_overlapping_cache_is_told_what_to_pass(layout, device, what):
+    # apply_qk_cache has no out-of-place form: the message must not recommend one, but a cache
+    # of its own. (apply_ and out= do have the out-of-place op to recommend: test_errors.py.)
+    n = (1 << 20) + 1 if layout == "too_large_to_list" else 5
+    cos, sin = make_tables(MAX_SEQ_LEN, 2, device)
+    q, k = torch.randn(1, 2, 2, device=device), torch.randn(1, 2, 2, device=device)
+    k_cache = {
+        "expanded": lambda: torch.zeros(n, 1, 2).expand(n, 2, 2),
+        "heads_share_memory": lambda: torch.zeros(4 * n).as_strided((n, 2, 2), (2, 1, 1)),
+        "too_large_to_list": lambda: _interleaved_cache(device, n),
+    }[layout]()
+    if device == "cpu":
+        before = k_cache.clone()
+    with pytest.raises(RuntimeError) as info:
+        torch_rope.apply_qk_cache(
+            q, k, None, cos, sin, torch.zeros(1, 1, dtype=torch.long, device=device), k_cache,
+            None, torch.zeros(1, dtype=torch.long, device=device),
+        )  # fmt: skip
+    message = str(info.value).split("\n")[0]
+    assert re.search(r"rope\.apply_qk_cache: k_cache " + what, message), message
+    assert "out-of-place" not in message
+    assert message.endswith(
+        "allocate k_cache as a buffer of its own (e.g. torch.zeros of its shape), whose elements "
+        "do not share memory"
+    ), message
+    if device == "cpu":
+        assert torch.equal(k_cache, before)
 
 
 def test_meta_shapes():

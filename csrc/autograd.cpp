@@ -7,11 +7,15 @@
 // (torch.autograd.forward_ad) pushes the tangent through the same rotation. cos, sin and positions
 // get no gradient (documented).
 //
+// The ops that write a tensor (apply_, apply.out) also register ADInplaceOrView, which bumps the
+// written tensor's version where the Autograd key is excluded (torch.inference_mode()).
+//
 // torch.func: a C++ autograd::Function cannot take part in functorch's grad/jvp transforms, so
 // under those the raw ops raise an error that points to the torch_rope Python API, whose Python
 // autograd.Function supports them. vmap is handled before autograd by the ops' vmap rule
 // (python/torch_rope/_functorch.py).
 #include <ATen/MemoryOverlap.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/library.h>
@@ -60,12 +64,14 @@ void save_rotation(AutogradContext* ctx, const at::Tensor& cos, const at::Tensor
   ctx->saved_data["mrope_interleaved"] = mrope_interleaved;
 }
 
-// Rotates `grad` back; an undefined grad (output unused) stays undefined.
-at::Tensor rotate_back(AutogradContext* ctx, const at::Tensor& grad) {
+// Rotates `grad` back with the saved tables and positions; an undefined grad (output unused) stays
+// undefined. `saved` is ctx->get_saved_variables(), unpacked once per backward by the caller:
+// under non-reentrant activation checkpointing (torch.utils.checkpoint, use_reentrant=False) a
+// second unpack of the same saved tensors raises CheckpointError.
+at::Tensor rotate_back(AutogradContext* ctx, const variable_list& saved, const at::Tensor& grad) {
   if (!grad.defined()) {
     return {};
   }
-  const auto saved = ctx->get_saved_variables();
   const auto section = ctx->saved_data.find("mrope_section");
   std::optional<std::vector<int64_t>> mrope_section;
   if (section != ctx->saved_data.end()) {
@@ -90,7 +96,7 @@ class RotateFunction : public torch::autograd::Function<RotateFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {rotate_back(ctx, grads[0]), {}, {}, {}, {}, {}, {}, {}};
+    return {rotate_back(ctx, ctx->get_saved_variables(), grads[0]), {}, {}, {}, {}, {}, {}, {}};
   }
 };
 
@@ -116,7 +122,11 @@ class RotateQKFunction : public torch::autograd::Function<RotateQKFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {rotate_back(ctx, grads[0]), rotate_back(ctx, grads[1]), {}, {}, {}, {}, {}, {}, {}};
+    const variable_list saved = ctx->get_saved_variables();  // once for both outputs
+    variable_list grad_inputs(9);  // q, k, then the 7 arguments that get no gradient
+    grad_inputs[0] = rotate_back(ctx, saved, grads[0]);
+    grad_inputs[1] = rotate_back(ctx, saved, grads[1]);
+    return grad_inputs;
   }
 };
 
@@ -262,6 +272,46 @@ void apply_out_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Te
   torch::autograd::increment_version(out);
 }
 
+// ---- ADInplaceOrView: the version counter of the written tensor -----------------------------
+// The Autograd kernels above skip this key and bump the version themselves. Where autograd is
+// excluded (torch.inference_mode(), or a caller below Autograd), a normal (non-inference) tensor
+// still reaches this key, and its write must still bump its version, as native in-place and out=
+// ops do there: a tensor saved for backward and then overwritten must make that backward raise,
+// not return a stale gradient. Inference tensors lack this key (they have no version counter).
+
+void apply_inplace_view(c10::DispatchKeySet keys, const at::Tensor& x, const at::Tensor& cos,
+                        const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
+                        bool inverse, at::OptionalIntArrayRef mrope_section,
+                        bool mrope_interleaved) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply_", "")
+                       .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const at::Tensor&, bool, bool, at::OptionalIntArrayRef, bool)>();
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.redispatch(keys & c10::after_ADInplaceOrView_keyset, x, cos, sin, positions, interleaved,
+                  inverse, mrope_section, mrope_interleaved);
+  }
+  torch::autograd::increment_version(x);
+}
+
+void apply_out_view(c10::DispatchKeySet keys, const at::Tensor& x, const at::Tensor& cos,
+                    const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
+                    bool inverse, at::OptionalIntArrayRef mrope_section, bool mrope_interleaved,
+                    const at::Tensor& out) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("rope::apply", "out")
+          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                      bool, bool, at::OptionalIntArrayRef, bool, const at::Tensor&)>();
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.redispatch(keys & c10::after_ADInplaceOrView_keyset, x, cos, sin, positions, interleaved,
+                  inverse, mrope_section, mrope_interleaved, out);
+  }
+  torch::autograd::increment_version(out);
+}
+
 }  // namespace
 }  // namespace rope::autograd
 
@@ -270,4 +320,9 @@ TORCH_LIBRARY_IMPL(rope, Autograd, m) {
   m.impl("apply_", &rope::autograd::apply_inplace_autograd);
   m.impl("apply.out", &rope::autograd::apply_out_autograd);
   m.impl("apply_qk", &rope::autograd::apply_qk_autograd);
+}
+
+TORCH_LIBRARY_IMPL(rope, ADInplaceOrView, m) {
+  m.impl("apply_", &rope::autograd::apply_inplace_view);
+  m.impl("apply.out", &rope::autograd::apply_out_view);
 }

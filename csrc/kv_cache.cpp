@@ -6,6 +6,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -217,6 +218,22 @@ void check_apply_qk_cache(const char* op, const KvCacheInputs& in) {
   if (k_span.meets(v_span)) {
     check_disjoint(op, "k_cache", in.k_cache, "v_cache", *in.v_cache);
   }
+}
+
+void check_scales_on_host(const char* op, const KvCacheInputs& in) {
+  const auto check = [op](const char* name, const std::optional<at::Tensor>& scale) {
+    if (!scale.has_value() || !scale->defined() || !scale->device().is_cpu()) {
+      return;
+    }
+    // check_apply_qk_cache has made it one float32 value. 0 would store +-max (NaN for a zero
+    // value), a negative scale flipped signs, NaN NaN and inf zeros: none is a quantization.
+    const float value = *scale->const_data_ptr<float>();
+    TORCH_CHECK_VALUE(std::isfinite(value) && value > 0, op, ": ", name,
+                      " must be a finite number > 0 (stored = saturate(value / ", name, ")), got ",
+                      value);
+  };
+  check("k_scale", in.k_scale);
+  check("v_scale", in.v_scale);
 }
 
 int64_t cache_slots(const at::Tensor& cache) {

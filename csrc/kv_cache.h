@@ -39,6 +39,10 @@ struct KvCacheInputs {
 // Metadata checks only (SymInt-aware), so the Meta kernel runs them too.
 void check_apply_qk_cache(const char* op, const KvCacheInputs& in);
 
+// Host-side check of the fp8 scales' values (CPU tensors only: a CUDA scale is read by the kernel
+// alone, with no host sync): each finite and > 0. Call after check_apply_qk_cache.
+void check_scales_on_host(const char* op, const KvCacheInputs& in);
+
 // Slots a cache has: size(0) flat, size(0) * size(1) paged. Real (non-symbolic) caches only.
 int64_t cache_slots(const at::Tensor& cache);
 
@@ -62,6 +66,7 @@ template <typename Backend>
 at::Tensor apply_qk_cache_body(const KvCacheInputs& in, bool interleaved) {
   constexpr const char* op = "rope.apply_qk_cache";
   check_apply_qk_cache(op, in);
+  check_scales_on_host(op, in);
   const bool any_rows = in.q.numel() > 0 || in.k.numel() > 0;
   if (any_rows) {
     Backend::check_positions(op, in.positions, in.cos.size(0), {});

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // rope.apply_qk_cache outside the computing backends: the C++ API (through the dispatcher), the
 // Meta kernel (the same checks as CPU and CUDA, on SymInts; the slot and position values are left
-// to the real kernels) and the Autograd kernel (not differentiable, as apply.out). The schema is
+// to the real kernels), the Autograd kernel (not differentiable, as apply.out) and the
+// ADInplaceOrView kernel (the caches' version counters where autograd is excluded). The schema is
 // in ops.cpp with the others; CPU and CUDA register in cpu/kv_cache_cpu.cpp and
 // cuda/kv_cache_cuda.cu.
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -92,9 +93,44 @@ at::Tensor apply_qk_cache_autograd(const at::Tensor& q, const at::Tensor& k,
   return q_out;
 }
 
+// Where autograd is excluded (torch.inference_mode(): a decode loop writing caches allocated
+// outside it), the caches reach this key instead of the Autograd kernel above, and their versions
+// must still grow, as a native in-place op's do there: a cache saved for backward and then
+// overwritten must make that backward raise. Inference tensors lack this key.
+at::Tensor apply_qk_cache_view(c10::DispatchKeySet keys, const at::Tensor& q, const at::Tensor& k,
+                               const std::optional<at::Tensor>& v, const at::Tensor& cos,
+                               const at::Tensor& sin, const at::Tensor& positions,
+                               const at::Tensor& k_cache, const std::optional<at::Tensor>& v_cache,
+                               const at::Tensor& slot_mapping, bool interleaved,
+                               const std::optional<at::Tensor>& k_scale,
+                               const std::optional<at::Tensor>& v_scale) {
+  using Optional = const std::optional<at::Tensor>&;
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("rope::apply_qk_cache", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, Optional, const at::Tensor&,
+                            const at::Tensor&, const at::Tensor&, const at::Tensor&, Optional,
+                            const at::Tensor&, bool, Optional, Optional)>();
+  at::Tensor q_out;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    q_out = op.redispatch(keys & c10::after_ADInplaceOrView_keyset, q, k, v, cos, sin, positions,
+                          k_cache, v_cache, slot_mapping, interleaved, k_scale, v_scale);
+  }
+  torch::autograd::increment_version(k_cache);
+  if (v_cache.has_value() && v_cache->defined()) {
+    torch::autograd::increment_version(*v_cache);
+  }
+  return q_out;
+}
+
 }  // namespace
 }  // namespace rope
 
 TORCH_LIBRARY_IMPL(rope, Meta, m) { m.impl("apply_qk_cache", &rope::apply_qk_cache_meta); }
 
 TORCH_LIBRARY_IMPL(rope, Autograd, m) { m.impl("apply_qk_cache", &rope::apply_qk_cache_autograd); }
+
+TORCH_LIBRARY_IMPL(rope, ADInplaceOrView, m) {
+  m.impl("apply_qk_cache", &rope::apply_qk_cache_view);
+}

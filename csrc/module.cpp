@@ -5,6 +5,8 @@
 #include <torch_rope/module.h>
 #include <torch_rope/ops.h>
 
+#include <vector>
+
 #include "rules.h"
 
 namespace rope {
@@ -13,30 +15,43 @@ namespace detail {
 ModuleTables module_tables(double theta, int64_t rotary_dim, int64_t max_seq_len,
                            const RopeScaling& scaling, c10::ScalarType dtype,
                            std::optional<c10::Device> device) {
-  const auto* longrope = std::get_if<LongRopeScaling>(&scaling);
-  if (longrope == nullptr || longrope->seq_len().has_value()) {
-    auto [cos, sin] = rope_tables(theta, rotary_dim, max_seq_len,
-                                  TableOptions().scaling(scaling).dtype(dtype).device(device));
-    return {cos, sin, 0, 0};
-  }
+  constexpr const char* who = "RotaryPositionalEmbedding";
+  check_table_length(who, max_seq_len, rotary_dim);
+  check_table_dtype(who, dtype);
   // transformers picks long_factor when max(position) + 1 > original_max_position_embeddings.
   // Both variants live in one allocation, so forward switches by adding a row offset on the
   // device instead of reading the positions back.
-  check_table_length("rope_tables", max_seq_len, rotary_dim);
-  check_table_dtype("rope_tables", dtype);
-  const int64_t original = longrope->original_max_position_embeddings();
-  const auto short_freq = rope_frequencies(
-      theta, rotary_dim, LongRopeScaling(*longrope).seq_len(original), max_seq_len);
-  const auto long_freq = rope_frequencies(
-      theta, rotary_dim, LongRopeScaling(*longrope).seq_len(original + 1), max_seq_len);
-  const auto options = at::TensorOptions().dtype(dtype).device(device.value_or(at::kCPU));
-  auto cos = at::empty({2 * max_seq_len, rotary_dim / 2}, options);
-  auto sin = at::empty({2 * max_seq_len, rotary_dim / 2}, options);
-  fill_rope_tables(cos.narrow(0, 0, max_seq_len), sin.narrow(0, 0, max_seq_len),
-                   short_freq.inv_freq, short_freq.attention_scaling);
-  fill_rope_tables(cos.narrow(0, max_seq_len, max_seq_len), sin.narrow(0, max_seq_len, max_seq_len),
-                   long_freq.inv_freq, long_freq.attention_scaling);
-  return {cos, sin, max_seq_len, original};
+  const auto* longrope = std::get_if<LongRopeScaling>(&scaling);
+  const bool switches = longrope != nullptr && !longrope->seq_len().has_value();
+  const int64_t original = switches ? longrope->original_max_position_embeddings() : 0;
+  // The frequencies first: a bad scaling fails before anything is allocated.
+  std::vector<RopeFrequencies> parts;
+  if (switches) {
+    parts.push_back(rope_frequencies(theta, rotary_dim,
+                                     LongRopeScaling(*longrope).seq_len(original), max_seq_len));
+    parts.push_back(rope_frequencies(
+        theta, rotary_dim, LongRopeScaling(*longrope).seq_len(original + 1), max_seq_len));
+  } else {
+    parts.push_back(rope_frequencies(theta, rotary_dim, scaling, max_seq_len));
+  }
+  const int64_t rows = max_seq_len * static_cast<int64_t>(parts.size());
+  const c10::Device where = device.value_or(at::kCPU);
+  check_table_memory(who, max_seq_len, rows, rotary_dim, dtype, where);
+  const auto options = at::TensorOptions().dtype(dtype).device(where);
+  at::Tensor cos;
+  at::Tensor sin;
+  try {
+    cos = at::empty({rows, rotary_dim / 2}, options);
+    sin = at::empty({rows, rotary_dim / 2}, options);
+  } catch (const c10::OutOfMemoryError& error) {
+    throw_tables_do_not_fit(who, max_seq_len, rows, rotary_dim, dtype, where, error);
+  }
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const int64_t first = static_cast<int64_t>(i) * max_seq_len;
+    fill_rope_tables(cos.narrow(0, first, max_seq_len), sin.narrow(0, first, max_seq_len),
+                     parts[i].inv_freq, parts[i].attention_scaling);
+  }
+  return {cos, sin, switches ? max_seq_len : 0, original};
 }
 
 }  // namespace detail
@@ -91,8 +106,14 @@ void RotaryPositionalEmbeddingImpl::reset() {
 
 void RotaryPositionalEmbeddingImpl::extend_tables(int64_t max_seq_len) {
   detail::check_table_length("RotaryPositionalEmbedding.extend_tables", max_seq_len, rotary_dim_);
+  const int64_t previous = max_seq_len_;
   max_seq_len_ = max_seq_len;
-  build_tables(cos_.device());
+  try {
+    build_tables(cos_.device());
+  } catch (...) {
+    max_seq_len_ = previous;  // refused (tables too large): the module stays as it was
+    throw;
+  }
 }
 
 torch::Tensor RotaryPositionalEmbeddingImpl::forward(

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <limits>
 
 namespace rope::detail {
 namespace {
@@ -28,6 +29,29 @@ void check_weight(const char* op, const char* name, const at::Tensor& weight, co
                   ", got shape ", weight.sym_sizes());
 }
 
+// The kernels add eps to mean(x^2) in the math type: float for float32, float16 and bfloat16
+// rows, double for float64. There eps must stay a normal number: one that rounds to 0 (1e-300 in
+// float) gives 0 / sqrt(0) = NaN for an all-zero row, and so does a subnormal one under
+// flush-to-zero (torch.set_flush_denormal(True)); one that rounds to inf zeroes every row.
+void check_eps_in_math_type(const char* op, double eps, at::ScalarType dtype) {
+  if (dtype == at::kDouble) {
+    TORCH_CHECK(eps >= std::numeric_limits<double>::min(), op,
+                ": eps must be a normal float64 number, >= ", std::numeric_limits<double>::min(),
+                " (float64 inputs are normalised in float64, where a smaller eps is subnormal, "
+                "which flush-to-zero makes 0: an all-zero row would give NaN), got ",
+                eps);
+    return;
+  }
+  constexpr double lowest = std::numeric_limits<float>::min();
+  constexpr double highest = std::numeric_limits<float>::max();
+  TORCH_CHECK(eps >= lowest && eps <= highest, op, ": eps must be a normal float32 number, in [",
+              lowest, ", ", highest, "], for ", dtype,
+              " inputs (they are normalised in float32, where a smaller eps rounds to 0 or to a "
+              "subnormal, which flush-to-zero makes 0, so an all-zero row would give NaN, and a "
+              "larger one rounds to inf), got ",
+              eps);
+}
+
 }  // namespace
 
 void check_rms_norm_apply_qk(const char* op, const at::Tensor& q, const at::Tensor& k,
@@ -39,6 +63,7 @@ void check_rms_norm_apply_qk(const char* op, const at::Tensor& q, const at::Tens
   check_weight(op, "q_weight", q_weight, "q", q);
   check_weight(op, "k_weight", k_weight, "k", k);
   TORCH_CHECK(std::isfinite(eps) && eps > 0, op, ": eps must be a finite number > 0, got ", eps);
+  check_eps_in_math_type(op, eps, q.scalar_type());
   TORCH_CHECK(std::isfinite(weight_offset), op, ": weight_offset must be finite, got ",
               weight_offset);
 }

@@ -7,8 +7,15 @@
 #include <torch_rope/ops.h>
 
 #include <cmath>
+#include <cstdint>
 #include <sstream>
 #include <string>
+
+#if defined(__linux__)
+#include <sys/sysinfo.h>
+#elif defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#endif
 
 #include "kernel_args.h"
 
@@ -39,6 +46,62 @@ void check_table_length(const char* who, int64_t max_seq_len, int64_t rotary_dim
                     ": max_seq_len * rotary_dim must be <= 2^53 (positions are exact in float64 "
                     "up to 2^53, and such tables could never be allocated), got max_seq_len = ",
                     max_seq_len, " with rotary_dim = ", rotary_dim);
+}
+
+namespace {
+
+// Bytes of memory this machine has for a table, RAM and swap; 0 where unknown (no check then).
+uint64_t host_memory_bytes() {
+#if defined(__linux__)
+  struct sysinfo info{};
+  if (sysinfo(&info) == 0) {
+    return (static_cast<uint64_t>(info.totalram) + info.totalswap) * info.mem_unit;
+  }
+#elif defined(__unix__) || defined(__APPLE__)
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page_size > 0) {
+    return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+  }
+#endif
+  return 0;
+}
+
+// The bytes of cos and sin together. check_table_length bounds max_seq_len * rotary_dim by 2^53,
+// so rows * rotary_dim / 2 (rows at most 2 * max_seq_len) is at most 2^53: this fits in 64 bits.
+uint64_t table_bytes(int64_t rows, int64_t rotary_dim, c10::ScalarType dtype) {
+  return 2 * static_cast<uint64_t>(rows) * static_cast<uint64_t>(rotary_dim / 2) *
+         c10::elementSize(dtype);
+}
+
+std::string what_tables_need(const char* who, int64_t max_seq_len, int64_t rows, int64_t rotary_dim,
+                             c10::ScalarType dtype) {
+  const uint64_t bytes = table_bytes(rows, rotary_dim, dtype);
+  return c10::str(who, ": max_seq_len = ", max_seq_len, " needs ", bytes, " bytes (",
+                  static_cast<double>(bytes) / static_cast<double>(uint64_t{1} << 30),
+                  " GiB) of tables: cos and sin, each (", rows,
+                  ", rotary_dim / 2 = ", rotary_dim / 2, ") of ", dtype);
+}
+
+}  // namespace
+
+void check_table_memory(const char* who, int64_t max_seq_len, int64_t rows, int64_t rotary_dim,
+                        c10::ScalarType dtype, c10::Device device) {
+  if (!device.is_cpu()) {
+    return;  // meta tables take no memory; other devices report through their allocator
+  }
+  const uint64_t memory = host_memory_bytes();
+  TORCH_CHECK_VALUE(memory == 0 || table_bytes(rows, rotary_dim, dtype) <= memory,
+                    what_tables_need(who, max_seq_len, rows, rotary_dim, dtype), ", more than the ",
+                    memory,
+                    " bytes of memory (RAM and swap) of this machine; pass a smaller max_seq_len");
+}
+
+void throw_tables_do_not_fit(const char* who, int64_t max_seq_len, int64_t rows, int64_t rotary_dim,
+                             c10::ScalarType dtype, c10::Device device, const c10::Error& error) {
+  TORCH_CHECK_VALUE(
+      false, what_tables_need(who, max_seq_len, rows, rotary_dim, dtype), ", which ", device,
+      " could not allocate (pass a smaller max_seq_len): ", error.what_without_backtrace());
 }
 
 void check_module_arguments(double theta, int64_t d_k, int64_t rotary_dim, int64_t max_seq_len,
@@ -102,6 +165,9 @@ at::Tensor module_positions(const at::Tensor& x, const std::optional<at::Tensor>
   // Multi-axis positions keep their axis dim last; the rules below see the dims before it.
   const int64_t axis_dims = num_axes > 0 ? 1 : 0;
   at::Tensor positions;
+  // (S,) and (B, S) positions get the trailing unit dims (below) whatever unit dims the (B, S)
+  // rule inserts between B and S first: decided on the dims the caller gave.
+  bool one_or_two_dims = true;
   if (token_positions.has_value()) {
     positions = *token_positions;
     TORCH_CHECK_VALUE(positions.defined(), kModule, ": token_positions is an ",
@@ -110,6 +176,7 @@ at::Tensor module_positions(const at::Tensor& x, const std::optional<at::Tensor>
         num_axes == 0 || (positions.dim() >= 1 && positions.size(-1) == num_axes), kModule,
         ": token_positions must have a trailing axis dim of size len(mrope_section) = ", num_axes,
         " (token_positions[..., a] is axis a), got token_positions of shape ", shape_of(positions));
+    one_or_two_dims = positions.dim() - axis_dims <= 2;
     if (positions.dim() - axis_dims == 2 && rank >= 2 + trailing) {
       // (B, S): B on x's first axis, S on its sequence axis.
       for (int64_t i = 0; i < rank - 2 - trailing; ++i) positions = positions.unsqueeze(1);
@@ -123,7 +190,7 @@ at::Tensor module_positions(const at::Tensor& x, const std::optional<at::Tensor>
       positions = positions.unsqueeze(-1).expand({positions.size(0), num_axes});
     }
   }
-  if (positions.dim() - axis_dims <= 2) {
+  if (one_or_two_dims) {
     for (int64_t i = 0; i < trailing; ++i) positions = positions.unsqueeze(-1 - axis_dims);
   }
   return positions;

@@ -9,7 +9,9 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
 #include <torch_rope/tables.h>
 
 #include <optional>
@@ -24,6 +26,19 @@ void check_table_dtype(const char* who, c10::ScalarType dtype);
 // 2^53, and a module's LongRoPE tables (2 * max_seq_len rows of rotary_dim / 2) stay addressable.
 // The one bound for rope_tables, rope_tables_from_inv_freq, the module and extend_tables.
 void check_table_length(const char* who, int64_t max_seq_len, int64_t rotary_dim);
+
+// Tables of `rows` rows of rotary_dim / 2 `dtype` values each, cos and sin, on `device` (rows is
+// max_seq_len, or 2 * max_seq_len for a module's LongRoPE switch): on the CPU, refused up front
+// (ValueError naming max_seq_len and the bytes needed) when larger than the machine's memory (RAM
+// and swap), since they could never be filled. Call after check_table_length.
+void check_table_memory(const char* who, int64_t max_seq_len, int64_t rows, int64_t rotary_dim,
+                        c10::ScalarType dtype, c10::Device device);
+
+// An allocation error (c10::OutOfMemoryError, e.g. CUDA's) raised while building such tables,
+// rethrown as a ValueError naming max_seq_len, the bytes needed and the device's own message.
+[[noreturn]] void throw_tables_do_not_fit(const char* who, int64_t max_seq_len, int64_t rows,
+                                          int64_t rotary_dim, c10::ScalarType dtype,
+                                          c10::Device device, const c10::Error& error);
 
 // The module constructor's arguments (the C++ and the Python module's): theta positive and finite,
 // d_k >= 1, rotary_dim even in [2, d_k], the table length, the table dtype, seq_dim <= -2.

@@ -108,9 +108,19 @@ std::tuple<at::Tensor, at::Tensor> rope_tables_from_inv_freq(const at::Tensor& i
   detail::check_table_length("rope_tables", max_seq_len, 2 * inv_freq.numel());
   TORCH_CHECK_VALUE(std::isfinite(attention_scaling),
                     "rope_tables: attention_scaling must be finite, got ", attention_scaling);
-  const auto options = at::TensorOptions().dtype(dtype).device(device.value_or(inv_freq.device()));
-  auto cos = at::empty({max_seq_len, inv_freq.numel()}, options);
-  auto sin = at::empty({max_seq_len, inv_freq.numel()}, options);
+  const c10::Device where = device.value_or(inv_freq.device());
+  detail::check_table_memory("rope_tables", max_seq_len, max_seq_len, 2 * inv_freq.numel(), dtype,
+                             where);
+  const auto options = at::TensorOptions().dtype(dtype).device(where);
+  at::Tensor cos;
+  at::Tensor sin;
+  try {
+    cos = at::empty({max_seq_len, inv_freq.numel()}, options);
+    sin = at::empty({max_seq_len, inv_freq.numel()}, options);
+  } catch (const c10::OutOfMemoryError& error) {
+    detail::throw_tables_do_not_fit("rope_tables", max_seq_len, max_seq_len, 2 * inv_freq.numel(),
+                                    dtype, where, error);
+  }
   if (!cos.is_meta()) {
     TORCH_CHECK_VALUE(inv_freq.device().is_cpu() || inv_freq.device() == cos.device(),
                       "rope_tables: inv_freq is on ", inv_freq.device(), ", tables requested on ",

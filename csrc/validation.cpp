@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <initializer_list>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -194,22 +195,35 @@ SelfOverlap self_overlap(const at::Tensor& t) {
                                                                              : SelfOverlap::Yes;
 }
 
-void check_writable(const char* op, const char* name, const at::Tensor& t) {
+// What to do instead of writing `name` where it overlaps itself. x (apply_) and out (out=) have
+// the out-of-place op; a KV cache has no out-of-place form: it must be a buffer of its own.
+std::string instead_of_writing(const char* name, bool has_out_of_place_form, bool copy_back) {
+  if (!has_out_of_place_form) {
+    return c10::str("allocate ", name,
+                    " as a buffer of its own (e.g. torch.zeros of its shape), whose elements do "
+                    "not share memory");
+  }
+  return copy_back ? c10::str("pass ", name, ".contiguous() (copy the result back) or use the ",
+                              "out-of-place op")
+                   : c10::str("pass ", name, ".clone() or use the out-of-place op");
+}
+
+void check_writable(const char* op, const char* name, const at::Tensor& t,
+                    bool has_out_of_place_form = true) {
   TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, op, ": ", name,
               " has overlapping memory (e.g. a result of expand()), so it cannot be written in "
-              "place; pass ",
-              name, ".clone() or use the out-of-place op");
+              "place; ",
+              instead_of_writing(name, has_out_of_place_form, false));
   const SelfOverlap overlap = self_overlap(t);
   TORCH_CHECK(overlap != SelfOverlap::Yes, op, ": ", name,
               " has overlapping memory: two of its elements share an address (sizes ",
-              t.sym_sizes(), ", strides ", t.sym_strides(),
-              "), so writing it is a data race; pass ", name,
-              ".clone() or use the out-of-place op");
+              t.sym_sizes(), ", strides ", t.sym_strides(), "), so writing it is a data race; ",
+              instead_of_writing(name, has_out_of_place_form, false));
   TORCH_CHECK(overlap != SelfOverlap::TooLarge, op, ": ", name,
               " may have overlapping memory: its strides ", t.sym_strides(), " for sizes ",
               t.sym_sizes(), " interleave, and with more than ", kMaxEnumerated,
-              " elements the exact check is not run; pass ", name,
-              ".contiguous() (copy the result back) or use the out-of-place op");
+              " elements the exact check is not run; ",
+              instead_of_writing(name, has_out_of_place_form, true));
 }
 
 // The bytes [first, last] a strided tensor can touch, relative to its storage.
@@ -328,7 +342,7 @@ void check_positions_in_range(const char* op, const at::Tensor& positions, int64
 }
 
 void check_writable_arg(const char* op, const char* name, const at::Tensor& t) {
-  check_writable(op, name, t);
+  check_writable(op, name, t, /*has_out_of_place_form=*/false);
 }
 
 void check_disjoint(const char* op, const char* written_name, const at::Tensor& written,

@@ -49,8 +49,9 @@ void check_apply_qk(const char* op, const at::Tensor& q, const at::Tensor& k, co
 void check_positions_in_range(const char* op, const at::Tensor& positions, int64_t max_seq_len,
                               const MultiAxisArgs& axes = {});
 
-// For ops checked outside this file (kv_cache.cpp): the writability check of apply_ / out=, and
-// the overlap check of one written tensor against one read (or written) tensor.
+// For ops checked outside this file (kv_cache.cpp): the writability check of apply_ / out= for a
+// tensor that has no out-of-place form (a KV cache: the message says to allocate a buffer of its
+// own), and the overlap check of one written tensor against one read (or written) tensor.
 void check_writable_arg(const char* op, const char* name, const at::Tensor& t);
 void check_disjoint(const char* op, const char* written_name, const at::Tensor& written,
                     const char* other_name, const at::Tensor& other);

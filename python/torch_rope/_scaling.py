@@ -33,10 +33,15 @@ def _number(name: str, value: Any) -> float:
 
 
 def _integer(name: str, value: Any) -> int:
-    """An int argument: a float (even 100.0) or a bool is a TypeError, as in Python's range()."""
+    """An int argument: a float (even 100.0) or a bool is a TypeError, as in Python's range(); an
+    int that C++'s int64_t cannot hold is a ValueError naming the argument (the binding would
+    raise a TypeError that names none)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    return int(value)
+    value = int(value)
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(f"{name} must fit in int64, [-2**63, 2**63 - 1], got {value}")
+    return value
 
 
 def _coerce(key: str, value: Any):

@@ -346,6 +346,9 @@ def module_positions(
     trailing = -seq_dim - 2  # dims of x.shape[:-1] after the sequence axis
     rank = x.dim() - 1
     axis_dims = 1 if num_axes else 0
+    # (S,) and (B, S) get the trailing unit dims, decided on the dims the caller gave (the (B, S)
+    # rule below first inserts unit dims between B and S).
+    one_or_two_dims = True
     if token_positions is None:
         if rank < trailing + 1:
             raise ValueError(
@@ -363,10 +366,11 @@ def module_positions(
                 f"len(mrope_section) = {num_axes} (token_positions[..., a] is axis a), got "
                 f"token_positions of shape {list(positions.shape)}"
             )
+        one_or_two_dims = positions.dim() - axis_dims <= 2
         if positions.dim() - axis_dims == 2 and rank >= 2 + trailing:
             for _ in range(rank - 2 - trailing):  # (B, S): B on x's first axis
                 positions = positions.unsqueeze(1)
-    if positions.dim() - axis_dims <= 2:
+    if one_or_two_dims:
         for _ in range(trailing):
             positions = positions.unsqueeze(-1 - axis_dims)
     if token_positions is not None and rank >= 0:

@@ -28,6 +28,8 @@ Shared conventions (see the README for the full contract):
   these functions; the raw ``torch.ops.rope.*`` support ``vmap`` only.
 """
 
+import math
+import numbers
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -104,12 +106,28 @@ def _typed_section(mrope_section) -> bool:
     )
 
 
-def _section(mrope_section: Optional[Sequence[int]]) -> Optional[List[int]]:
-    """mrope_section as the op's int[] (a list of Python ints), or None."""
+def _is_plane_count(s) -> bool:
+    """An integer (a Python or numpy int, an integer tensor's value); not a bool, not a float."""
+    if isinstance(s, Tensor):
+        integer = not (s.is_floating_point() or s.is_complex() or s.dtype == torch.bool)
+        return s.dim() == 0 and integer
+    return isinstance(s, numbers.Integral) and not isinstance(s, bool)
+
+
+def _section(op: str, mrope_section: Optional[Sequence[int]]) -> Optional[List[int]]:
+    """mrope_section as the op's int[] (a list of Python ints), or None. A float or bool entry is
+    a TypeError, as the raw op and the module refuse them, rather than truncated (2.7 is not 2
+    planes)."""
     if mrope_section is None:
         return None
     if isinstance(mrope_section, Tensor):
         mrope_section = mrope_section.tolist()
+    for a, s in enumerate(mrope_section):
+        if not _is_plane_count(s):
+            raise TypeError(
+                f"{op}: mrope_section[{a}] must be an int (a number of planes), got "
+                f"{type(s).__name__} {s!r} in mrope_section={list(mrope_section)!r}"
+            )
     return [int(s) for s in mrope_section]
 
 
@@ -143,7 +161,7 @@ def apply(
         return _fast_apply(
             x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved
         )
-    mrope_section = _section(mrope_section)
+    mrope_section = _section("rope.apply" if out is None else "rope.apply.out", mrope_section)
     flags = _flags(interleaved, inverse, mrope_section, mrope_interleaved)
     if type(x) is not Tensor:  # a subclass such as DTensor
         _maybe_register_for(x)
@@ -192,7 +210,7 @@ def apply_(
                 x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved
             )
         return x
-    mrope_section = _section(mrope_section)
+    mrope_section = _section("rope.apply_", mrope_section)
     if type(x) is not Tensor:  # a subclass such as DTensor
         _maybe_register_for(x)
     if _functorch.transforms_active():
@@ -230,7 +248,7 @@ def apply_qk(
         return _fast_apply_qk(
             q, k, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved
         )
-    mrope_section = _section(mrope_section)
+    mrope_section = _section("rope.apply_qk", mrope_section)
     if type(q) is not Tensor or type(k) is not Tensor:  # a subclass such as DTensor
         _maybe_register_for(q, k)
     if _functorch.transforms_active():
@@ -262,6 +280,13 @@ def _cache_scale(name: str, scale, cache: Optional[Tensor]) -> Optional[Tensor]:
             )
         return None
     value = float(scale)
+    if not (math.isfinite(value) and value > 0):
+        # 0 would store +-max (NaN for a zero value), a negative scale flipped signs, NaN NaN
+        # and inf zeros: none is a quantization. (A tensor scale on the CPU is checked in C++.)
+        raise ValueError(
+            f"rope.apply_qk_cache: {name} must be a finite number > 0 (stored = "
+            f"saturate(value / {name})), got {scale!r}"
+        )
     if cache.device.type != "cpu" or _is_compiling():
         return torch.full((), value, dtype=torch.float32, device=cache.device)
     # Decode calls this every step with the same few scales; torch.full costs ~2 us, a quarter of
@@ -303,8 +328,8 @@ def apply_qk_cache(
     ``slot_mapping[t]`` (int64; block ``s // block_size``, offset ``s % block_size``); a
     negative slot is padding (no cache write). A cache has its source's dtype, or is float8
     (``torch.float8_e4m3fn``, ``torch.float8_e5m2``) with a scale: ``k_scale`` / ``v_scale``, a
-    Python float or a one-element float32 tensor on the cache's device, stored as
-    ``(value / scale).clamp(-max, max).to(fp8)``. Not differentiable. See docs/api.md.
+    Python float or a one-element float32 tensor on the cache's device, finite and > 0, stored
+    as ``(value / scale).clamp(-max, max).to(fp8)``. Not differentiable. See docs/api.md.
     """
     if k_scale is not None and type(k_scale) is not Tensor:
         k_scale = _cache_scale("k_scale", k_scale, k_cache)
@@ -391,8 +416,10 @@ def rms_norm_apply_qk(
     :func:`apply_qk` rotates (features past ``rotary_dim`` are only normalised), in float32
     (float64 for float64 inputs), and rounded once to ``q``'s (``k``'s) dtype. ``q_weight`` and
     ``k_weight`` are ``(head_dim,)``, any floating dtype; ``weight_offset=1.0`` is Gemma's
-    ``(1 + w)``. ``eps`` must be finite and > 0. Gradients flow to ``q``, ``k`` and both weights
-    (double backward too); ``torch.func`` transforms take an equivalent composite path.
+    ``(1 + w)``. ``eps`` must be finite and > 0 and a normal number in the math type (float32 for
+    float32/16-bit inputs: ``>= 1.17549e-38``; float64: ``>= 2.22507e-308``). Gradients flow to
+    ``q``, ``k`` and both weights (double backward too); ``torch.func`` transforms take an
+    equivalent composite path.
     """
     if (
         mrope_section is None
@@ -404,7 +431,7 @@ def rms_norm_apply_qk(
         return _fast_rms_norm_apply_qk(
             q, k, q_weight, k_weight, cos, sin, positions, eps, weight_offset, interleaved, inverse
         )
-    mrope_section = _section(mrope_section)
+    mrope_section = _section("rope.rms_norm_apply_qk", mrope_section)
     flags = _flags(interleaved, inverse, mrope_section, mrope_interleaved)
     if _functorch.transforms_active():
         return _rms_norm_apply_qk_composite(

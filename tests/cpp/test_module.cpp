@@ -299,6 +299,43 @@ TEST(Module, SeqDimMinus3FollowsTheSequenceAxis) {
   }
 }
 
+// (B, S) positions of an x with axes both between B and S and after S: row (b, n, s, h) must
+// read positions[b, s]. The expected positions are written out row by row (not by unsqueeze).
+TEST(Module, BatchAndSequencePositionsWithAxesOnBothSides) {
+  torch::manual_seed(12);
+  const auto t = reference_tables(64, 8);
+  const std::vector<int64_t> section{1, 2, 1};
+  RotaryPositionalEmbedding one_axis(10000.0, 8, 64, torch::kCPU, Opts().seq_dim(-3));
+  RotaryPositionalEmbedding multi_axis(10000.0, 8, 64, torch::kCPU,
+                                       Opts().seq_dim(-3).mrope_section(section));
+  const auto x = torch::randn({2, 3, 5, 4, 8});  // [b, n, s, h, d]
+  const auto bs = torch::randint(0, 64, {2, 5}, torch::kLong);
+  const auto bsa = torch::randint(0, 64, {2, 5, 3}, torch::kLong);
+  auto rows = torch::empty({2, 3, 5, 4}, torch::kLong);
+  auto rows_axes = torch::empty({2, 3, 5, 4, 3}, torch::kLong);
+  for (int64_t b = 0; b < 2; ++b) {
+    for (int64_t n = 0; n < 3; ++n) {
+      for (int64_t s = 0; s < 5; ++s) {
+        for (int64_t h = 0; h < 4; ++h) {
+          rows[b][n][s][h] = bs[b][s];
+          for (int64_t a = 0; a < 3; ++a) rows_axes[b][n][s][h][a] = bsa[b][s][a];
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(matches_oracle(one_axis(x, bs), reference_rope(x, t.cos, t.sin, rows)));
+  EXPECT_TRUE(
+      matches_oracle(multi_axis(x, bsa), multi_axis_oracle(x, t, rows_axes, section, true, false)));
+}
+
+TEST(Module, RefusedExtendTablesLeavesTheModuleAsItWas) {
+  RotaryPositionalEmbedding m(10000.0, 64, 32);
+  const auto cos = m->cos_table().clone();
+  EXPECT_THROW(m->extend_tables(int64_t{1} << 40), c10::ValueError);
+  EXPECT_EQ(m->max_seq_len(), 32);
+  EXPECT_TRUE(bitwise_equal(m->cos_table(), cos));
+}
+
 TEST(Module, ExtendTablesGrowsTheRegisteredBuffers) {
   RotaryPositionalEmbedding m(10000.0, 16, 32);
   const auto x = torch::randn({1, 40, 16});
@@ -610,6 +647,19 @@ INSTANTIATE_TEST_SUITE_P(
         BadModuleCall{"max_seq_len_huge",
                       [] { make(10000.0, 16, std::numeric_limits<int64_t>::max()); },
                       {"max_seq_len", "2^53", "9223372036854775807"}},
+        // 2^40 rows of 32 float32 planes, cos and sin: 2^48 bytes (256 TiB), more than any
+        // machine this runs on (the allocator's own error named no argument).
+        BadModuleCall{"tables_larger_than_the_machine",
+                      [] { make(10000.0, 64, int64_t{1} << 40); },
+                      {"RotaryPositionalEmbedding: max_seq_len = 1099511627776 needs "
+                       "281474976710656 bytes",
+                       "(RAM and swap)", "pass a smaller max_seq_len"}},
+        BadModuleCall{"extend_tables_larger_than_the_machine",
+                      [] { make(10000.0, 64, 32)->extend_tables(int64_t{1} << 40); },
+                      {"max_seq_len = 1099511627776 needs 281474976710656 bytes"}},
+        BadModuleCall{"rope_tables_larger_than_the_machine",
+                      [] { rope::rope_tables(10000.0, 64, int64_t{1} << 40); },
+                      {"rope_tables: max_seq_len = 1099511627776 needs 281474976710656 bytes"}},
         BadModuleCall{"seq_dim_feature_axis",
                       [] { make(10000.0, 16, 32, Opts().seq_dim(-1)); },
                       {"seq_dim", "-1"}},

@@ -55,6 +55,75 @@ def test_bad_arguments(kwargs, error, pattern):
         RoPE(args.pop("theta"), args.pop("d_k"), args.pop("max_seq_len"), **args)
 
 
+# 2**40 rows of 32 float32 planes, cos and sin: 2**48 bytes (256 TiB), more than any machine
+# this runs on, yet within the 2^53 rule of max_seq_len * rotary_dim.
+HUGE = 2**40
+HUGE_BYTES = 2 * HUGE * 32 * 4
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        pytest.param(lambda: RoPE(10000.0, 64, HUGE), id="module"),
+        pytest.param(lambda: RoPE(10000.0, 64, 32).extend_tables(HUGE), id="extend_tables"),
+        pytest.param(lambda: torch_rope.rope_tables(10000.0, 64, HUGE), id="rope_tables"),
+        pytest.param(
+            lambda: torch_rope.rope_tables_from_inv_freq(torch.ones(32, dtype=torch.float64), HUGE),
+            id="rope_tables_from_inv_freq",
+        ),
+    ],
+)
+def test_tables_larger_than_the_machine_are_a_value_error_naming_max_seq_len(build):
+    # Refused before allocating (the allocator's own error named no argument), with the bytes.
+    with pytest.raises(ValueError) as info:
+        build()
+    message = str(info.value)
+    assert f"max_seq_len = {HUGE} needs {HUGE_BYTES} bytes (262144 GiB) of tables" in message
+    assert "cos and sin, each (1099511627776, rotary_dim / 2 = 32) of Float" in message
+    assert "bytes of memory (RAM and swap) of this machine; pass a smaller max_seq_len" in message
+
+
+def test_longrope_module_tables_count_both_halves():
+    scaling = {
+        "rope_type": "longrope",
+        "short_factor": [1.0] * 32,
+        "long_factor": [2.0] * 32,
+        "original_max_position_embeddings": 4096,
+        "factor": 8.0,
+    }
+    with pytest.raises(ValueError, match=rf"needs {2 * HUGE_BYTES} bytes .*each \(2199023255552,"):
+        RoPE(10000.0, 64, HUGE, scaling=scaling)
+
+
+def test_extend_tables_refused_keeps_the_tables():
+    rope = RoPE(10000.0, 64, 32)
+    before = (rope.cos, rope.cos.clone(), rope.max_seq_len)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        rope.extend_tables(HUGE)
+    assert rope.cos is before[0] and torch.equal(rope.cos, before[1])
+    assert rope.max_seq_len == before[2]
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        pytest.param(lambda n: RoPE(10000.0, 16, n), id="module"),
+        pytest.param(lambda n: RoPE(10000.0, 16, 32).extend_tables(n), id="extend_tables"),
+        pytest.param(lambda n: torch_rope.rope_tables(10000.0, 16, n), id="rope_tables"),
+        pytest.param(
+            lambda n: torch_rope.rope_tables_from_inv_freq(torch.ones(8, dtype=torch.float64), n),
+            id="rope_tables_from_inv_freq",
+        ),
+    ],
+)
+@pytest.mark.parametrize("n", [2**64, 2**63, -(2**63) - 1], ids=["2**64", "2**63", "-2**63-1"])
+def test_max_seq_len_beyond_int64_is_a_value_error_naming_it(build, n):
+    with pytest.raises(
+        ValueError, match=rf"max_seq_len must fit in int64, \[-2\*\*63, 2\*\*63 - 1\], got {n}$"
+    ):
+        build(n)
+
+
 def test_d_k_mismatch_names_both_sizes():
     rope = RoPE(10000.0, 8, 32)
     with pytest.raises(

@@ -66,6 +66,27 @@ def test_positions_and_input_checks_match_the_cpp_rules(geometry, seq_dim):
     assert compared >= 3
 
 
+@pytest.mark.parametrize("num_axes", [0, 3], ids=["one_axis", "multi_axis"])
+@pytest.mark.parametrize("seq_dim", [-2, -3, -4, -5])
+@pytest.mark.parametrize("rank", [1, 2, 3, 4, 5])
+def test_positions_with_axes_on_both_sides_of_the_sequence_match_the_cpp_rule(
+    rank, seq_dim, num_axes
+):
+    # x.shape[:-1] up to (B, N, S, H, W): (S,) and (B, S) positions with axes between B and the
+    # sequence axis and after it (the samples' geometries stop at 4-D x).
+    x = torch.randn(*(2, 3, 5, 4, 6)[:rank], 8)
+    axis = (num_axes,) if num_axes else ()
+    variants = [None]
+    if rank >= -seq_dim - 1:
+        s = x.shape[seq_dim]
+        variants += [torch.randint(0, 9, (s,) + axis), torch.randint(0, 9, (2, s) + axis)]
+    for token_positions in variants:
+        _assert_same(
+            _outcome(rope_nn.module_positions, x, token_positions, seq_dim, num_axes),
+            _outcome(_C.module_positions, x, token_positions, seq_dim, num_axes),
+        )
+
+
 @pytest.mark.parametrize(
     "positions",
     [torch.arange(6), torch.tensor([[3, 9], [11, 2]]), torch.empty(0, dtype=torch.long)],

@@ -4,6 +4,8 @@
 here (rotation in float64 from the definition, index writes into a copy of the cache), and for
 fp8 against torch's own ``(x / scale).clamp(-max, max).to(fp8)`` bit for bit."""
 
+import re
+
 import pytest
 import torch
 from helpers import cpu_and_cuda, dtype_id, make_tables, needs_torch
@@ -365,6 +367,51 @@ def test_scale_forms(device):
         call(c, v_scale=0.5)
 
 
+BAD_SCALES = [0.0, -0.5, float("nan"), float("inf"), float("-inf")]
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("form", ["python_float", "tensor_0d", "tensor_1"])
+@pytest.mark.parametrize("which", ["k_scale", "v_scale"])
+@pytest.mark.parametrize("value", BAD_SCALES, ids=str)
+@pytest.mark.parametrize("cache_dtype", FP8, ids=dtype_id)
+def test_a_scale_that_quantizes_nothing_is_refused_before_any_write(
+    cache_dtype, value, which, form, device
+):
+    # 0 would store +-max (NaN for a zero value), a negative scale flipped signs, NaN NaN and
+    # inf zeros. Python numbers are checked on every device, CPU tensors by the CPU kernel; a
+    # CUDA tensor scale is read by the kernel alone (no host sync), as docs/api.md says.
+    if form != "python_float" and device != "cpu":
+        pytest.skip("a CUDA tensor scale is not read on the host (documented)")
+    c = make_call(device, torch.float32, cache_dtype)
+    scale = {
+        "python_float": value,
+        "tensor_0d": torch.tensor(value, device=device),
+        "tensor_1": torch.tensor([value], device=device),
+    }[form]
+    kw = dict(k_scale=0.5, v_scale=0.5)
+    kw[which] = scale
+    before = {name: c[name].clone() for name in ("k_cache", "v_cache")}
+    with pytest.raises(
+        ValueError,
+        match=rf"rope\.apply_qk_cache: {which} must be a finite number > 0 \(stored = "
+        rf"saturate\(value / {which}\)\), got -?(0|0\.0|0\.5|nan|inf)$",
+    ):
+        call(c, **kw)
+    for name, b in before.items():
+        assert same_bits(c[name], b), f"{name} written by a call that raised"
+    # The raw op takes the same tensor scales (the Python-number form is the wrapper's).
+    if form != "python_float":
+        kw = {n: torch.tensor(0.5) if n != which else scale for n in ("k_scale", "v_scale")}
+        with pytest.raises(ValueError, match=rf"{which} must be a finite number > 0"):
+            torch.ops.rope.apply_qk_cache(
+                c["q"], c["k"], c["v"], c["cos"], c["sin"], c["positions"], c["k_cache"],
+                c["v_cache"], c["slot_mapping"], **kw,
+            )  # fmt: skip
+        for name, b in before.items():
+            assert same_bits(c[name], b), f"{name} written by a call that raised"
+
+
 # ---- bad input ----------------------------------------------------------------------------------
 
 
@@ -477,6 +524,49 @@ def test_meta_rejects_what_cpu_rejects(case):
 def to_meta(t):
     """t on the meta device with its strides (``.to("meta")`` makes expanded views dense)."""
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def _interleaved_cache(device, n):
+    """(n, 2, 2) rows at 6 s + 8 h + d: no two elements share an address, but the strides
+    interleave, so only listing the addresses could prove it."""
+    return torch.empty(6 * n + 10, device=device).as_strided((n, 2, 2), (6, 8, 1))
+
+
+@pytest.mark.parametrize(
+    "layout,device,what",
+    [
+        ("expanded", "cpu", r"has overlapping memory \(e\.g\. a result of expand\(\)\)"),
+        ("heads_share_memory", "cpu", r"has overlapping memory: two of its elements share"),
+        ("too_large_to_list", "meta", r"may have overlapping memory: its strides"),
+    ],
+)
+def test_an_overlapping_cache_is_told_what_to_pass(layout, device, what):
+    # apply_qk_cache has no out-of-place form: the message must not recommend one, but a cache
+    # of its own. (apply_ and out= do have the out-of-place op to recommend: test_errors.py.)
+    n = (1 << 20) + 1 if layout == "too_large_to_list" else 5
+    cos, sin = make_tables(MAX_SEQ_LEN, 2, device)
+    q, k = torch.randn(1, 2, 2, device=device), torch.randn(1, 2, 2, device=device)
+    k_cache = {
+        "expanded": lambda: torch.zeros(n, 1, 2).expand(n, 2, 2),
+        "heads_share_memory": lambda: torch.zeros(4 * n).as_strided((n, 2, 2), (2, 1, 1)),
+        "too_large_to_list": lambda: _interleaved_cache(device, n),
+    }[layout]()
+    if device == "cpu":
+        before = k_cache.clone()
+    with pytest.raises(RuntimeError) as info:
+        torch_rope.apply_qk_cache(
+            q, k, None, cos, sin, torch.zeros(1, 1, dtype=torch.long, device=device), k_cache,
+            None, torch.zeros(1, dtype=torch.long, device=device),
+        )  # fmt: skip
+    message = str(info.value).split("\n")[0]
+    assert re.search(r"rope\.apply_qk_cache: k_cache " + what, message), message
+    assert "out-of-place" not in message
+    assert message.endswith(
+        "allocate k_cache as a buffer of its own (e.g. torch.zeros of its shape), whose elements "
+        "do not share memory"
+    ), message
+    if device == "cpu":
+        assert torch.equal(k_cache, before)
 
 
 def test_meta_shapes():

@@ -347,6 +347,33 @@ MULTI_AXIS_BAD_INPUTS = {
         r"mrope_section must list the planes of 1 to 4 axes, got 5 entries: \[1, 1, 1, 1, 0\]",
         SHARED_OPS,
     ),
+    # Entries that are not ints are refused, not truncated: each of these would truncate to the
+    # valid section [2, 1, 1].
+    "mrope_section_float": Bad(
+        _multi_axis(section=(2.7, 1.2, 1.1)),
+        TypeError,
+        r"mrope_section\[0\] must be an int \(a number of planes\), got float 2\.7 in "
+        r"mrope_section=\[2\.7, 1\.2, 1\.1\]",
+        SHARED_OPS,
+    ),
+    "mrope_section_integral_float": Bad(
+        _multi_axis(section=(2, 1.0, 1)),
+        TypeError,
+        r"mrope_section\[1\] must be an int \(a number of planes\), got float 1\.0",
+        SHARED_OPS,
+    ),
+    "mrope_section_bool": Bad(
+        _multi_axis(section=(2, True, 1)),
+        TypeError,
+        r"mrope_section\[1\] must be an int \(a number of planes\), got bool True",
+        SHARED_OPS,
+    ),
+    "mrope_section_float_tensor_entry": Bad(
+        _multi_axis(section=(torch.tensor(2.5), 1, 1)),
+        TypeError,
+        r"mrope_section\[0\] must be an int \(a number of planes\), got Tensor tensor\(2\.5",
+        ("apply", "apply_qk:k"),
+    ),
     "mrope_interleaved_with_two_axes": Bad(
         _multi_axis(section=(2, 2), mrope_interleaved=True),
         RuntimeError,
@@ -588,6 +615,37 @@ def test_raw_ops_refuse_mrope_interleaved_without_section(op, device):
         getattr(torch.ops.rope, op)(*args, cos, sin, positions, mrope_interleaved=True)
     if device != "meta":
         assert torch.equal(x, before)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta", pytest.param("cuda", marks=needs_cuda)])
+@pytest.mark.parametrize(
+    "section",
+    [[2.7, 1.2, 1.1], (2.0, 1, 1)] + [torch.tensor([2.7, 1.2, 1.1])],
+    ids=["float_list", "integral_float_tuple", "float_tensor"],
+)
+@pytest.mark.parametrize("op", ["apply", "apply_", "apply.out", "apply_qk", "rms_norm_apply_qk"])
+def test_every_wrapper_refuses_a_float_mrope_section(op, section, device):
+    # Truncated, each of these sections would be the valid [2, 1, 1]: the wrappers refuse it as
+    # the raw ops (int[]) and the module do, naming the op and the entry, and write nothing.
+    a = good_inputs(device)
+    x, cos, sin = a["x"], a["cos"], a["sin"]
+    positions = torch.arange(15, device=device).view(5, 3) % MAX_SEQ_LEN
+    out = torch.full_like(x, 7.0)
+    before = (x.clone(), out.clone())
+    kw = dict(mrope_section=section)
+    message = re.escape(f"rope.{op}: mrope_section[0] must be an int (a number of planes), got ")
+    with pytest.raises(TypeError, match=message):
+        if op == "apply.out":
+            torch_rope.apply(x, cos, sin, positions, out=out, **kw)
+        elif op == "apply_qk":
+            torch_rope.apply_qk(x, x.clone(), cos, sin, positions, **kw)
+        elif op == "rms_norm_apply_qk":
+            w = torch.ones(HEAD_DIM, device=device)
+            torch_rope.rms_norm_apply_qk(x, x.clone(), w, w, cos, sin, positions, **kw)
+        else:
+            getattr(torch_rope, op)(x, cos, sin, positions, **kw)
+    if device != "meta":
+        assert torch.equal(x, before[0]) and torch.equal(out, before[1])
 
 
 @pytest.mark.parametrize("op", ["apply", "apply_", "apply.out", "apply_qk"])

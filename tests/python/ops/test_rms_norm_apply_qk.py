@@ -376,6 +376,29 @@ BAD = [
     ("eps zero", {}, dict(eps=0.0), "eps must be a finite number > 0, got 0"),
     ("eps negative", {}, dict(eps=-1e-6), "eps must be a finite number > 0"),
     ("eps nan", {}, dict(eps=math.nan), "eps must be a finite number > 0"),
+    # eps is added to mean(x^2) in float32 for float32/16-bit inputs: it must stay a normal float32
+    # (1e-300 rounds to 0 there, and an all-zero row would give NaN).
+    (
+        "eps 0 in float32",
+        {},
+        dict(eps=1e-300),
+        r"eps must be a normal float32 number, in \[1\.17549e-38, 3\.40282e\+38\], for Float "
+        r"inputs .*got 1e-300",
+    ),
+    ("eps subnormal in float32", {}, dict(eps=1e-40), r"normal float32 number.*got 1e-40"),
+    ("eps inf in float32", {}, dict(eps=1e39), r"normal float32 number.*got 1e\+39"),
+    (
+        "eps 0 in float32 for bfloat16",
+        dict(q=torch.zeros(2, 4, 3, 16).bfloat16(), k=torch.zeros(2, 2, 3, 16).bfloat16()),
+        dict(eps=1e-300),
+        r"normal float32 number, .* for BFloat16 inputs",
+    ),
+    (
+        "eps subnormal in float64",
+        dict(q=torch.zeros(2, 4, 3, 16).double(), k=torch.zeros(2, 2, 3, 16).double()),
+        dict(eps=1e-310),
+        r"eps must be a normal float64 number, >= 2\.22507e-308 .*got 1e-310",
+    ),
     ("offset inf", {}, dict(weight_offset=math.inf), "weight_offset must be finite"),
     ("position out of range", dict(positions=torch.tensor([0, 1, 8])), {}, "positions must be in"),
     ("head_dim mismatch", dict(k=torch.randn(2, 2, 3, 24)), {}, "same head_dim"),
@@ -397,6 +420,26 @@ def test_bad_inputs_raise_and_write_nothing(name, tensors, kwargs, match):
         meta = {n: t.to("meta") for n, t in args.items()}
         with pytest.raises((RuntimeError, ValueError), match=match):
             torch.ops.rope.rms_norm_apply_qk(*meta.values(), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "dtype,eps",
+    [(torch.float32, 1.2e-38), (torch.bfloat16, 1.2e-38), (torch.float64, 1e-300)],
+    ids=["float32", "bfloat16", "float64"],
+)
+def test_smallest_accepted_eps_keeps_a_zero_row_zero(dtype, eps):
+    # The edge of the eps rule: an all-zero row is 0 * 1 / sqrt(eps), not NaN, through the
+    # wrapper and its gradient (the backward recomputes the norm in the same math type).
+    args = _good()
+    q = torch.zeros(2, 4, 3, 16, dtype=dtype, requires_grad=True)
+    k = torch.randn(2, 2, 3, 16, dtype=dtype, requires_grad=True)
+    args.update(q=q, k=k)
+    if dtype == torch.float64:
+        args["cos"], args["sin"] = tables(8, 16, "cpu", torch.float64)
+    q_out, k_out = torch_rope.rms_norm_apply_qk(*args.values(), eps=eps)
+    assert torch.equal(q_out, torch.zeros_like(q_out))
+    (q_out.sum() + k_out.sum()).backward()
+    assert torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
 
 
 def test_meta_shapes():

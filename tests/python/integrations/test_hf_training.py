@@ -18,18 +18,13 @@ import hf_models  # noqa: E402
 
 import torch_rope.hf  # noqa: E402
 
-# rope.apply_qk's backward raises CheckpointError ("Unpack is being triggered for a tensor that
-# was already unpacked once") under non-reentrant checkpointing: fixed in csrc/autograd.cpp on
-# another branch. The mark goes when that fix is merged.
-APPLY_QK = pytest.mark.xfail(strict=True, reason="csrc autograd fix on branch review-fixes")
-
 
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param("llama", marks=APPLY_QK),  # rope.apply_qk, rotate_half
-        pytest.param("tiny:cohere", marks=APPLY_QK),  # rope.apply_qk, GPT-J pairs
-        pytest.param("phi3", marks=APPLY_QK),  # rope.apply_qk, partial rotary, fused qkv
+        "llama",  # rope.apply_qk, rotate_half
+        "tiny:cohere",  # rope.apply_qk, GPT-J pairs
+        "phi3",  # rope.apply_qk, partial rotary, fused qkv
         "qwen3",  # the fused q/k norms: rope.rms_norm_apply_qk
         "gemma3",  # the same, Gemma's (1 + w), sliding and full layers
         "tiny:gptj",  # no rotary module: rope.apply on q and k apart

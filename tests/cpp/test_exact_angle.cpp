@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// csrc/exact_angle.h, what only C++ reaches: steps 1 and 2 in constant expressions, the 32-bit
+// limb form of step 2 (bit-identical to the 64-bit one, scalar and as a GCC vector). The accuracy
+// against mpmath is tests/python/kernels/test_exact_angle.py.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+
+#include "exact_angle.h"
+
+namespace {
+
+namespace ea = rope::exact_angle;
+
+// 1/(2pi) = 0.28be60db9391054a 7f09d5f47d4d3770 ... in hex: 2/pi's well-known digits
+// a2f9836e4e441529 fc2757d1f534ddc0 ..., divided by 4. frac(1 / 2pi) is 1/(2pi) itself.
+static_assert(ea::turn_fraction(1.0).hi == 0x28be60db9391054aull);
+static_assert(ea::turn_fraction(1.0).lo == 0x7f09d5f47d4d3770ull);
+// f = 2: the same bits shifted by one (the bit shifted out is an integer part).
+static_assert(ea::turn_fraction(2.0).hi == 0x517cc1b727220a94ull);
+static_assert(ea::turn_fraction(2.0).lo == 0xfe13abe8fa9a6ee0ull);  // the bit after: 0
+// Negative frequencies: the complement. Zero, tiny and non-finite ones: 0 (-tiny: all ones).
+static_assert(ea::turn_fraction(-1.0).hi == ~0x28be60db9391054aull);
+static_assert(ea::turn_fraction(0.0).hi == 0 && ea::turn_fraction(-0.0).lo == 0);
+static_assert(ea::turn_fraction(0x1p-200).hi == 0 && ea::turn_fraction(0x1p-200).lo == 0);
+static_assert(ea::turn_fraction(-0x1p-200).hi == ~0ull && ea::turn_fraction(-0x1p-200).lo == ~0ull);
+static_assert(ea::turn_fraction(__builtin_inf()).hi == 0);
+// Step 2: p = 1 is G's top word, p = 2 its double with the carry of the low word.
+static_assert(ea::turns_at(1, ea::turn_fraction(1.0)) == 0x28be60db9391054aull);
+static_assert(ea::turns_at(2, ea::turn_fraction(1.0)) == 0x517cc1b727220a94ull);
+static_assert(ea::turns_at(0, ea::turn_fraction(3.0)) == 0);
+
+TEST(ExactAngle, LimbFormOfTheTurnIsBitIdentical) {
+  std::mt19937_64 rng(34);
+  for (int i = 0; i < 200000; ++i) {
+    const uint64_t p = rng() >> (1 + rng() % 63);  // p < 2^63, every magnitude
+    const ea::TurnFraction g{rng(), rng()};
+    ASSERT_EQ(ea::turns_at_limbs<uint64_t>(p, g.hi, g.lo), ea::turns_at(static_cast<int64_t>(p), g))
+        << p;
+  }
+  for (const uint64_t p : {0ull, 1ull, (1ull << 62), (1ull << 63) - 1}) {
+    const ea::TurnFraction g{~0ull, ~0ull};
+    EXPECT_EQ(ea::turns_at_limbs<uint64_t>(p, g.hi, g.lo),
+              ea::turns_at(static_cast<int64_t>(p), g));
+  }
+}
+
+#if defined(__GNUC__)
+TEST(ExactAngle, LimbFormRunsOnGccVectors) {
+  typedef uint64_t U2 __attribute__((vector_size(16)));  // SSE2 width: no ABI note
+  std::mt19937_64 rng(35);
+  for (int i = 0; i < 10000; ++i) {
+    U2 p;
+    U2 hi;
+    U2 lo;
+    for (int l = 0; l < 2; ++l) {
+      p[l] = rng() >> (1 + rng() % 63);
+      hi[l] = rng();
+      lo[l] = rng();
+    }
+    const U2 t = ea::turns_at_limbs<U2>(p, hi, lo);
+    for (int l = 0; l < 2; ++l) {
+      ASSERT_EQ(t[l], ea::turns_at(static_cast<int64_t>(p[l]), ea::TurnFraction{hi[l], lo[l]}));
+    }
+  }
+}
+#endif
+
+}  // namespace

@@ -228,5 +228,252 @@ ROPE_HOST_DEVICE inline U turns_at_limbs(U p, U g_hi, U g_lo) {
   return low + high;
 }
 
+// ---- step 3a: cos and sin in double (the CPU path) ----------------------------------------------
+// Host functions (no ROPE_HOST_DEVICE): nvcc refuses a call from device code.
+struct SinCos64 {
+  double cos = 1.0;
+  double sin = 0.0;
+};
+
+// a * b + c with one rounding. The polynomial core calls fmadd unqualified: for
+// at::vec::Vectorized<double>, argument-dependent lookup finds at::vec::fmadd (fused on AVX2 and
+// AVX-512; the generic copy computes a * b + c with two roundings, which leaves the core within
+// about 1 ulp instead of 0.6).
+inline double fmadd(double a, double b, double c) { return std::fma(a, b, c); }
+
+// sin and cos of theta = hi + lo for |theta| <= pi/4 (plus rounding), |lo| <= ulp(hi) / 2 (lo is
+// taken to first order: lo cos(hi) ~ lo (1 - hi^2/2), -lo sin(hi) ~ -lo hi). T needs T(double), +,
+// -, * and fmadd(T, T, T). Accuracy (T = double, fused fmadd): the minimax polynomials are within
+// 2^-57.7 (sin) and 2^-62.8 (cos) relative; the leading terms are added last in two-part form, so
+// the result is the rounding of a value within about 0.1 ulp, about 0.6 ulp in all (measured in
+// tests/python/kernels/test_exact_angle.py).
+template <typename T>
+inline void sincos_core(const T& hi, const T& lo, T& sin_out, T& cos_out) {
+  using detail::kCosPoly;
+  using detail::kSinPoly;
+  const T z = hi * hi;
+  const T half = T(0.5) * z;  // exact
+  // sin(hi + lo) = hi + hi^3 S(z) + lo cos(hi) + O(lo^2 hi): the correction is below 0.11 hi and
+  // is summed first, so its rounding errors are a tenth of an ulp of the result.
+  T s = T(kSinPoly[5]);
+  s = fmadd(s, z, T(kSinPoly[4]));
+  s = fmadd(s, z, T(kSinPoly[3]));
+  s = fmadd(s, z, T(kSinPoly[2]));
+  s = fmadd(s, z, T(kSinPoly[1]));
+  s = fmadd(s, z, T(kSinPoly[0]));
+  const T w = T(1.0) - half;  // 1 - z/2, also cos(hi) to first order
+  sin_out = hi + fmadd(hi * z, s, lo * w);
+  // cos(hi + lo) = 1 - hi^2/2 + hi^4 C(z) - lo hi + O(lo^2): 1 - z/2 in two parts (w + tail,
+  // tail exact by Fast2Sum since |1| >= |z/2|), the error of z itself (z_err, exact by fma).
+  T c = T(kCosPoly[5]);
+  c = fmadd(c, z, T(kCosPoly[4]));
+  c = fmadd(c, z, T(kCosPoly[3]));
+  c = fmadd(c, z, T(kCosPoly[2]));
+  c = fmadd(c, z, T(kCosPoly[1]));
+  c = fmadd(c, z, T(kCosPoly[0]));
+  const T z_err = fmadd(hi, hi, T(0.0) - z);  // hi^2 - z, exact
+  const T tail = (T(1.0) - w) - half;         // 1 - z/2 - w, exact
+  cos_out = w + fmadd(z * z, c, tail - fmadd(hi, lo, T(0.5) * z_err));
+}
+
+// The reduced angle of a turn fraction: t / 2^64 = j / 4 + r / 2^64, j the nearest quarter turn,
+// r in [-2^61, 2^61), and theta = 2pi r / 2^64 = r * pi * 2^-63 as hi + lo, |lo| <= ulp(hi) / 2.
+// r = H + L with H = r rounded down to a multiple of 2^32 and L in [0, 2^32), both exact doubles;
+// Fast2Sum(H, L) gives a = r rounded to double and b = r - a exactly (|b| <= ulp(a) / 2, 0 for
+// |r| < 2^53). The products by pi round only in parts below 2^-104 |theta|, and the sum is
+// renormalised (Fast2Sum again), so theta has about 104 correct bits at any |r|: no split that
+// makes a and b large with opposite signs (a cancellation that would cost hundreds of ulps near
+// theta = 0), and no lo of several ulps of hi, which sincos_core treats to first order only.
+// Only integer operations, adds and shifts precede the conversions, so a vector form (no int64 ->
+// double instruction in AVX2) can compute the same bits: benchmarks/exact_angle_bench.cpp.
+struct ReducedAngle {
+  uint32_t quadrant = 0;  // j mod 4
+  double hi = 0.0;
+  double lo = 0.0;
+};
+inline ReducedAngle reduce_turns(uint64_t t) {
+  const uint64_t j = (t + (uint64_t{1} << 61)) >> 62;
+  const int64_t r = static_cast<int64_t>(t - (j << 62));
+  const int64_t r_high = static_cast<int64_t>(static_cast<uint64_t>(r) & ~uint64_t{0xffffffff});
+  const double high = static_cast<double>(r_high) * 0x1p-63;                  // exact
+  const double low = static_cast<double>(r & int64_t{0xffffffff}) * 0x1p-63;  // exact
+  const double a = high + low;                                                // r 2^-63 rounded
+  const double b = low - (a - high);                                          // the rest, exactly
+  const double p = a * ROPE_EXACT_ANGLE_PI_HI;
+  const double rest = std::fma(a, ROPE_EXACT_ANGLE_PI_HI, -p) +
+                      std::fma(a, ROPE_EXACT_ANGLE_PI_LO, b * ROPE_EXACT_ANGLE_PI_HI);
+  ReducedAngle out;
+  out.quadrant = static_cast<uint32_t>(j & 3);
+  out.hi = p + rest;
+  out.lo = rest - (out.hi - p);
+  return out;
+}
+
+// x with its sign flipped when `flip` is 1 (branch-free: the quadrant is unpredictable).
+inline double flip_sign(double x, uint64_t flip) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits ^= flip << 63;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+// af * cos(2pi t / 2^64) and af * sin(...), each rounded once more when af != 1.
+inline SinCos64 sincos_turns(uint64_t t, double attention_factor = 1.0) {
+  const ReducedAngle a = reduce_turns(t);
+  double s = 0.0;
+  double c = 1.0;
+  sincos_core(a.hi, a.lo, s, c);
+  // angle = quadrant * pi/2 + theta: an odd quadrant swaps cos and sin; sin changes sign in
+  // quadrants 2 and 3, cos in quadrants 1 and 2.
+  const uint64_t q = a.quadrant;
+  const bool swap = (q & 1) != 0;
+  SinCos64 out;
+  out.cos = flip_sign(swap ? s : c, ((q + 1) >> 1) & 1) * attention_factor;
+  out.sin = flip_sign(swap ? c : s, (q >> 1) & 1) * attention_factor;
+  return out;
+}
+
+// ---- step 3b: cos and sin with FP32 arithmetic only (the CUDA path) -----------------------------
+
+// A float-float value hi + lo.
+struct FloatFloat {
+  float hi = 0.0f;
+  float lo = 0.0f;
+};
+struct SinCos32 {
+  FloatFloat cos;
+  FloatFloat sin;
+};
+
+namespace detail {
+// Products and sums whose rounding the compensated steps below rely on: never fused into a
+// multiply-add by the compiler (nvcc fuses across statements by default; so does GCC with
+// -ffp-contract=fast when FMA is enabled).
+ROPE_HOST_DEVICE inline float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  float p = a * b;
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+  __asm__("" : "+x"(p));  // opaque to the optimiser: the product is rounded here
+#elif (defined(__GNUC__) || defined(__clang__)) && defined(__aarch64__)
+  __asm__("" : "+w"(p));
+#endif
+  return p;
+#endif
+}
+ROPE_HOST_DEVICE inline float fma_f32(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+// a + b = s + err exactly (Knuth's TwoSum: any order of magnitudes, no overflow).
+ROPE_HOST_DEVICE inline FloatFloat two_sum(float a, float b) {
+  const float s = a + b;
+  const float bb = s - a;
+  const float err = (a - (s - bb)) + (b - bb);
+  return FloatFloat{s, err};
+}
+// (hi, lo) = af * x with hi = x * af rounded to float and hi + lo = (af_hi + af_lo)(x.hi + x.lo)
+// within 2^-37 * af * |x| (x.hi + x.lo need not be normalised: |x.lo| < 2^-13 |x.hi| or x.hi == 0).
+ROPE_HOST_DEVICE inline FloatFloat scale(FloatFloat x, float af_hi, float af_lo) {
+  const float m = mul_rn(af_hi, x.hi);
+  const float m_err = fma_f32(af_hi, x.hi, -m);
+  const float low = m_err + fma_f32(af_hi, x.lo, af_lo * x.hi);
+  return two_sum(m, low);
+}
+ROPE_HOST_DEVICE inline FloatFloat sin_table(uint32_t i) {
+#if defined(__CUDA_ARCH__)
+  const float2 v = __ldg(reinterpret_cast<const float2*>(kSinTableDevice) + i);
+  return FloatFloat{v.x, v.y};
+#else
+  return FloatFloat{kSinTable[i][0], kSinTable[i][1]};
+#endif
+}
+}  // namespace detail
+
+// af as the float-float that sincos_turns_f32 takes (host code: the op's scalar is a double).
+inline FloatFloat split_double(double x) {
+  const float hi = static_cast<float>(x);
+  return FloatFloat{hi, static_cast<float>(x - static_cast<double>(hi))};
+}
+
+// af * cos(2pi t / 2^64) and af * sin(...) as float-float pairs, FP32 arithmetic only (integer
+// operations for the reduction; no FP64 instruction, no shared memory). af = af_hi + af_lo
+// (split_double). For each of cos and sin: |hi + lo - exact| <= 2^-35 * af, and hi = hi + lo
+// rounded to float, so |hi - exact| <= 0.5 ulp + 2^-35 * af.
+//
+// Why a table: t / 2^64 = J / 256 + r / 2^64 with J the nearest 1/256 of a turn; J's quadrant q
+// and index i give alpha = i * pi / 128 in [0, pi/2], and |theta| = |2pi r / 2^64| <= pi / 256.
+// sin(alpha + theta) = S cos(theta) + C sin(theta) with S = sin(alpha), C = cos(alpha) read from
+// a 65-entry float-float table (520 bytes, L1-resident; two 8-byte loads). theta <= 0.0123 makes
+// sin(theta) - theta (< 2^-21.6) and cos(theta) - 1 (< 2^-13.7) plain floats of two terms each,
+// so only the leading product C * theta needs exact (TwoProd) arithmetic: about 40 FP32
+// operations for both values, where a polynomial on [-pi/4, pi/4] needs several float-float
+// products (the theta^3 / 6 term alone is 0.08, far above the 2^-31 budget of a float term).
+//
+// Error budget (absolute, before af): theta from t within 2^-51; cos(theta) - 1 within 2^-36.5
+// (rounding of z = theta_hi^2 and of the two fmas, each below 2^-38); sin(theta) - theta within
+// 2^-41.5; table entries within 2^-49; the terms summed in float below 2^-21.4 (errors 2^-43.7);
+// the final fma S * (cos(theta) - 1) + rest 2^-38; the dropped S.lo * (cos(theta) - 1) 2^-38.7.
+// About 2^-35.8 in all, 2^-35.2 after scaling by af (2^-37.5 for its own roundings).
+ROPE_HOST_DEVICE inline SinCos32 sincos_turns_f32(uint64_t t, float af_hi = 1.0f,
+                                                  float af_lo = 0.0f) {
+  using detail::fma_f32;
+  using detail::mul_rn;
+  using detail::two_sum;
+  const uint32_t t_hi = static_cast<uint32_t>(t >> 32);
+  const uint32_t t_lo = static_cast<uint32_t>(t);
+  const uint32_t J = ((t_hi + 0x800000u) >> 24) & 255u;         // nearest 1/256 turn
+  const int32_t r_hi = static_cast<int32_t>(t_hi - (J << 24));  // in [-2^23, 2^23)
+  // r / 2^63 = A + B + (t_lo & 255) 2^-63, A and B exact floats; the dropped part < 2^-55.
+  const float A = static_cast<float>(r_hi) * 0x1p-31f;
+  const float B = static_cast<float>(t_lo >> 8) * 0x1p-55f;
+  // theta = pi (A + B) as th + tl (not normalised: th may be 0, |tl| up to 2^-28.5).
+  const float th = mul_rn(A, ROPE_EXACT_ANGLE_PI_HI_F);
+  const float tl = fma_f32(A, ROPE_EXACT_ANGLE_PI_HI_F, -th) +
+                   fma_f32(A, ROPE_EXACT_ANGLE_PI_LO_F, B * ROPE_EXACT_ANGLE_PI_HI_F);
+  const float z = th * th;
+  // sin(theta) = th + tl + sigma, cos(theta) = 1 + kappa
+  const float sigma = th * z * fma_f32(z, 1.0f / 120.0f, -1.0f / 6.0f);
+  const float kappa = fma_f32(z, fma_f32(z, 1.0f / 24.0f, -0.5f), -(th * tl));
+  const uint32_t q = J >> 6;
+  const uint32_t i = J & 63u;
+  const FloatFloat S = detail::sin_table(i);                        // sin(alpha)
+  const FloatFloat C = detail::sin_table(detail::kTableSteps - i);  // cos(alpha)
+  // sin(alpha + theta) = S.hi + C.hi th + [S.lo + C.hi tl + C.lo th + C sigma + S kappa]
+  FloatFloat sin_phi;
+  {
+    const float P = mul_rn(C.hi, th);
+    const float p = fma_f32(C.hi, th, -P);
+    const FloatFloat s1 = two_sum(S.hi, P);
+    const float rest = S.lo + p + s1.lo + fma_f32(C.hi, tl, C.lo * th) + C.hi * sigma;
+    sin_phi = FloatFloat{s1.hi, fma_f32(S.hi, kappa, rest)};
+  }
+  // cos(alpha + theta) = C.hi - S.hi th + [C.lo - S.hi tl - S.lo th - S sigma + C kappa]
+  FloatFloat cos_phi;
+  {
+    const float P = mul_rn(S.hi, th);
+    const float p = fma_f32(S.hi, th, -P);
+    const FloatFloat c1 = two_sum(C.hi, -P);
+    const float rest = C.lo - p + c1.lo - fma_f32(S.hi, tl, S.lo * th) - S.hi * sigma;
+    cos_phi = FloatFloat{c1.hi, fma_f32(C.hi, kappa, rest)};
+  }
+  // angle = q * pi/2 + alpha + theta
+  const FloatFloat neg_sin{-sin_phi.hi, -sin_phi.lo};
+  const FloatFloat neg_cos{-cos_phi.hi, -cos_phi.lo};
+  const FloatFloat c = q == 0 ? cos_phi : q == 1 ? neg_sin : q == 2 ? neg_cos : sin_phi;
+  const FloatFloat s = q == 0 ? sin_phi : q == 1 ? cos_phi : q == 2 ? neg_sin : neg_cos;
+  return SinCos32{detail::scale(c, af_hi, af_lo), detail::scale(s, af_hi, af_lo)};
+}
+
+// The inverse rotation (the transpose): the sine negated, exactly.
+ROPE_HOST_DEVICE inline SinCos32 inverse(SinCos32 cs) {
+  return SinCos32{cs.cos, FloatFloat{-cs.sin.hi, -cs.sin.lo}};
+}
+
 }  // namespace exact_angle
 }  // namespace rope

@@ -4,6 +4,7 @@
 // each against mpmath. No op uses them; their names and results may change with the tests.
 #include <torch/extension.h>
 
+#include <string>
 #include <tuple>
 
 #include "../exact_angle.h"
@@ -13,10 +14,19 @@ namespace ea = rope::exact_angle;
 
 namespace {
 
+void check_path(const std::string& path) {
+  TORCH_CHECK(path == "f64" || path == "f32",
+              "exact angle test hook: path must be 'f64' or 'f32', got '", path, "'");
+}
+
 // positions: (P,) int64 >= 0; freqs: (K,) float64. Returns (fractions (K, 2) int64 [hi, lo words
-// of turn_fraction], turns (P, K) int64 [turns_at]).
-std::tuple<at::Tensor, at::Tensor> exact_angle_test(const at::Tensor& positions,
-                                                    const at::Tensor& freqs) {
+// of turn_fraction], turns (P, K) int64 [turns_at], cos, sin): path "f64": (P, K) float64 from
+// sincos_turns; "f32": (P, K, 2) float32 [hi, lo] from sincos_turns_f32. attention_factor scales
+// cos and sin (split into a float-float for "f32").
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> exact_angle_test(
+    const at::Tensor& positions, const at::Tensor& freqs, const std::string& path,
+    double attention_factor) {
+  check_path(path);
   TORCH_CHECK(positions.dim() == 1 && positions.scalar_type() == at::kLong && positions.is_cpu(),
               "_exact_angle_test: positions must be a 1-D int64 CPU tensor, got ",
               positions.sizes(), " ", positions.scalar_type(), " on ", positions.device());
@@ -46,12 +56,37 @@ std::tuple<at::Tensor, at::Tensor> exact_angle_test(const at::Tensor& positions,
       t_ptr[i * K + k] = ea::turns_at(p_ptr[i], ea::TurnFraction{g_ptr[2 * k], g_ptr[2 * k + 1]});
     }
   }
-  return {fractions, turns};
+  if (path == "f64") {
+    auto cos = at::empty({P, K}, at::kDouble);
+    auto sin = at::empty({P, K}, at::kDouble);
+    double* c = cos.data_ptr<double>();
+    double* s = sin.data_ptr<double>();
+    for (int64_t j = 0; j < P * K; ++j) {
+      const ea::SinCos64 cs = ea::sincos_turns(t_ptr[j], attention_factor);
+      c[j] = cs.cos;
+      s[j] = cs.sin;
+    }
+    return {fractions, turns, cos, sin};
+  }
+  const ea::FloatFloat af = ea::split_double(attention_factor);
+  auto cos = at::empty({P, K, 2}, at::kFloat);
+  auto sin = at::empty({P, K, 2}, at::kFloat);
+  float* c = cos.data_ptr<float>();
+  float* s = sin.data_ptr<float>();
+  for (int64_t j = 0; j < P * K; ++j) {
+    const ea::SinCos32 cs = ea::sincos_turns_f32(t_ptr[j], af.hi, af.lo);
+    c[2 * j] = cs.cos.hi;
+    c[2 * j + 1] = cs.cos.lo;
+    s[2 * j] = cs.sin.hi;
+    s[2 * j + 1] = cs.sin.lo;
+  }
+  return {fractions, turns, cos, sin};
 }
 
 }  // namespace
 
 void bind_exact_angle_test_hooks(py::module_& m) {
   m.def("_exact_angle_test", &exact_angle_test, py::arg("positions"), py::arg("freqs"),
-        "TEST HOOK (csrc/exact_angle.h): (fractions, turns); see exact_angle_hooks.cpp");
+        py::arg("path"), py::arg("attention_factor") = 1.0,
+        "TEST HOOK (csrc/exact_angle.h): (fractions, turns, cos, sin); see exact_angle_hooks.cpp");
 }

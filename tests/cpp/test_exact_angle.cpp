@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // csrc/exact_angle.h, what only C++ reaches: steps 1 and 2 in constant expressions, the 32-bit
-// limb form of step 2 (bit-identical to the 64-bit one, scalar and as a GCC vector). The accuracy
-// against mpmath is tests/python/kernels/test_exact_angle.py.
+// limb form of step 2 (bit-identical to the 64-bit one, scalar and as a GCC vector), and the
+// polynomial core instantiated with at::vec::Vectorized<double>, as the CPU kernel will. The
+// accuracy against mpmath is tests/python/kernels/test_exact_angle.py.
+#include <ATen/cpu/vec/vec.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -67,5 +69,56 @@ TEST(ExactAngle, LimbFormRunsOnGccVectors) {
   }
 }
 #endif
+
+// The template core with at::vec's vector type: the same values as the scalar double core. In
+// this (DEFAULT capability) translation unit at::vec's fmadd is a * b + c, two roundings, so the
+// lanes may differ from the fused scalar by an ulp; the AVX2 / AVX-512 copies fuse and agree.
+TEST(ExactAngle, PolynomialCoreInstantiatesWithVectorized) {
+  using Vec = at::vec::Vectorized<double>;
+  constexpr int kLanes = Vec::size();
+  std::mt19937_64 rng(36);
+  for (int i = 0; i < 2000; ++i) {
+    double his[kLanes];
+    double los[kLanes];
+    for (int l = 0; l < kLanes; ++l) {
+      const ea::ReducedAngle r = ea::reduce_turns(rng());
+      his[l] = r.hi;
+      los[l] = r.lo;
+    }
+    Vec s;
+    Vec c;
+    ea::sincos_core(Vec::loadu(his), Vec::loadu(los), s, c);
+    double sv[kLanes];
+    double cv[kLanes];
+    s.store(sv);
+    c.store(cv);
+    for (int l = 0; l < kLanes; ++l) {
+      double s1 = 0.0;
+      double c1 = 0.0;
+      ea::sincos_core(his[l], los[l], s1, c1);
+      EXPECT_LE(std::fabs(sv[l] - s1), std::ldexp(std::fabs(s1), -52)) << his[l];
+      EXPECT_LE(std::fabs(cv[l] - c1), std::ldexp(std::fabs(c1), -52)) << his[l];
+      EXPECT_LE(std::fabs(s1 - std::sin(his[l] + los[l])), std::ldexp(1.0, -52));
+      EXPECT_LE(std::fabs(c1 - std::cos(his[l] + los[l])), std::ldexp(1.0, -52));
+    }
+  }
+}
+
+// The reduction's quadrant edges: t = j/4 turns +- 1 (r = -2^61 and 2^61 - 1) and the exact
+// quarter turns, whose sine and cosine are exactly 0 and +-1.
+TEST(ExactAngle, QuarterTurnsAreExact) {
+  for (uint64_t j = 0; j < 4; ++j) {
+    const ea::SinCos64 cs = ea::sincos_turns(j << 62);
+    const double c[4] = {1, 0, -1, 0};
+    const double s[4] = {0, 1, 0, -1};
+    EXPECT_EQ(cs.cos, c[j]);
+    EXPECT_EQ(cs.sin, s[j]);
+    const ea::SinCos32 f = ea::sincos_turns_f32(j << 62);
+    EXPECT_EQ(f.cos.hi, static_cast<float>(c[j]));
+    EXPECT_EQ(f.sin.hi, static_cast<float>(s[j]));
+    EXPECT_EQ(f.cos.lo, 0.0f);
+    EXPECT_EQ(f.sin.lo, 0.0f);
+  }
+}
 
 }  // namespace

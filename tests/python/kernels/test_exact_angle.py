@@ -12,9 +12,13 @@ position p is the exact real number p * f_k, f_k the float64 frequency.
   the largest doubles.
 - t = the top 64 bits of frac(p * G): bit-exact against Python integers, and within
   [0, 2^-64 + p 2^-128) turns below the exact frac(p f / 2pi).
-  On positions spread over [0, 2^62] (log-uniform, 2^k, 2^k +- 1) and on the positions the
-  continued fractions of f / (pi/4) and f / (pi/256) give: p f within a hair of a multiple of
-  pi/4 or of pi/256, where the sine and cosine steps will be tested hardest.
+- cos / sin of 2pi t / 2^64: the double path within 1 ulp (of double) of cos(2pi t / 2^64) and
+  of the exact cos(p f) up to the turn error above; the float path's hi within 0.5 ulp (of float)
+  + 2^-30 af (the contract) and its hi + lo within 2^-35 af (what the derivation in the header
+  claims), on positions spread over [0, 2^62] (log-uniform, 2^k, 2^k +- 1) and on the worst
+  positions the continued fractions of f / (pi/4) and f / (pi/256) give: p f within a hair of a
+  multiple of pi/4 (a zero of sin or cos, a quadrant edge of the double path) or of pi/256 (an
+  edge of the float path's table).
 
 The long sweeps (more positions, every theta set's worst cases) carry the `slow` mark. The max
 errors each test finds are printed (pytest -s).
@@ -56,6 +60,31 @@ def fraction128(f):
         n = int(mpmath.floor(scaled))
         assert scaled - n > mpf(2) ** -200 or abs(f) < 2.0**-125
     return n
+
+
+def cos_sin_turns(v):
+    """(cos, sin) of 2pi v at 250 bits; exact at the quarter turns (0 and +-1, where mpmath's
+    rounded pi would leave a sine of 1e-75 that no ulp could measure against)."""
+    with mpmath.workprec(250):
+        quarter = v * 4
+        if quarter == mpmath.floor(quarter):
+            return [(mpf(1), mpf(0)), (mpf(0), mpf(1)), (mpf(-1), mpf(0)), (mpf(0), mpf(-1))][
+                int(quarter) % 4
+            ]
+        a = 2 * mp.pi * v
+        return mpmath.cos(a), mpmath.sin(a)
+
+
+def ulp64(v):
+    if v == 0:
+        return 2.0**-1074
+    return 2.0 ** max(int(mpmath.frexp(v)[1]) - 1 - 52, -1074)
+
+
+def ulp32(v):
+    if v == 0:
+        return 2.0**-149
+    return 2.0 ** max(int(mpmath.frexp(v)[1]) - 1 - 23, -149)
 
 
 def u64(x):
@@ -135,10 +164,14 @@ def convergent_positions(f, unit, limit=2**62, semi=False):
     return sorted(out)
 
 
-def call(positions, freqs):
-    return _C._exact_angle_test(
-        torch.tensor(positions, dtype=torch.int64), torch.tensor(freqs, dtype=torch.float64)
+def call(positions, freqs, path, af=1.0):
+    fr, turns, c, s = _C._exact_angle_test(
+        torch.tensor(positions, dtype=torch.int64),
+        torch.tensor(freqs, dtype=torch.float64),
+        path,
+        af,
     )
+    return fr, turns, c, s
 
 
 # ---- checks -------------------------------------------------------------------------------------
@@ -172,16 +205,58 @@ def check_turn(p, f, g, t, worst):
     return v, turn_err
 
 
-def check_points(points, worst):
-    """points: (positions, freqs) grids. Checks the turns."""
+def check_sincos_f64(p, f, v, t, turn_err, cos, sin, af, worst):
+    """Step 3a: within 1 ulp of cos(2pi t / 2^64) (1.5 with af != 1: one more rounding), and of
+    the exact cos(p f) up to the turn error."""
+    ce, se = cos_sin_turns(v)
+    ct, st = cos_sin_turns(mpf(t) / TWO64)
+    angle_err = 2 * math.pi * turn_err * abs(af)  # bound of |cos(p f) - cos(2pi t / 2^64)|
+    ulps = 1.0 if af == 1.0 else 1.5
+    for name, got, exact_pf, exact_t in (
+        ("cos", cos, ce * af, ct * af),
+        ("sin", sin, se * af, st * af),
+    ):
+        e_t = float(abs(got - exact_t)) / ulp64(exact_t)
+        worst.add(f"f64 {name} error vs cos(2pi t) [ulp]", e_t, (p, f))
+        assert e_t <= ulps, (name, p, f, e_t)
+        assert float(abs(got - exact_pf)) <= ulps * ulp64(exact_pf) + angle_err, (name, p, f)
+    return ce, se
+
+
+def check_sincos_f32(p, f, ce, se, cos_pair, sin_pair, af, worst):
+    """Step 3b against the exact angle p f: hi + lo within 2^-35 af, hi within 0.5 ulp +
+    2^-30 af, hi = hi + lo rounded to float."""
+    for name, pair, exact in (("cos", cos_pair, ce * af), ("sin", sin_pair, se * af)):
+        hi, lo = float(pair[0]), float(pair[1])
+        e_ff = float(abs(mpf(hi) + lo - exact))
+        worst.add(f"f32 {name} hi+lo error / af [2^-35]", e_ff / abs(af) / 2.0**-35, (p, f))
+        assert e_ff <= 2.0**-35 * abs(af), (name, p, f, e_ff)
+        e_hi = float(abs(hi - exact))
+        u = ulp32(exact)
+        allowed = 0.5 * u + 2.0**-30 * abs(af)
+        worst.add(f"f32 {name} hi error / (0.5 ulp + 2^-30 af)", e_hi / allowed, (p, f))
+        if abs(exact) >= 2.0**-5:  # where 2^-30 is below 1/64 ulp: how hi is rounded
+            worst.add(f"f32 {name} hi error [ulp], |value| >= 2^-5", e_hi / u, (p, f))
+        assert e_hi <= allowed, (name, p, f, e_hi / u)
+        assert hi == float(np.float32(mpf(hi) + lo)), (name, p, f)
+
+
+def check_points(points, worst, af=1.0):
+    """points: (positions, freqs) grids. Checks the turns and both sincos paths."""
     count = 0
     with mpmath.workprec(300):
         for positions, freqs in points:
-            fr, turns = call(positions, freqs)
+            fr64, t64, c64, s64 = call(positions, freqs, "f64", af)
+            fr32, t32, c32, s32 = call(positions, freqs, "f32", af)
+            assert torch.equal(fr64, fr32) and torch.equal(t64, t32)
             for k, f in enumerate(freqs):
-                g = (u64(fr[k, 0]) << 64) | u64(fr[k, 1])
+                g = (u64(fr64[k, 0]) << 64) | u64(fr64[k, 1])
                 for i, p in enumerate(positions):
-                    check_turn(p, f, g, u64(turns[i, k]), worst)
+                    t = u64(t64[i, k])
+                    v, turn_err = check_turn(p, f, g, t, worst)
+                    cos, sin = float(c64[i, k]), float(s64[i, k])
+                    ce, se = check_sincos_f64(p, f, v, t, turn_err, cos, sin, af, worst)
+                    check_sincos_f32(p, f, ce, se, c32[i, k], s32[i, k], af, worst)
                     count += 1
     return count
 
@@ -230,7 +305,7 @@ def extreme_freqs():
 
 
 def check_fractions(freqs):
-    fr, _ = call([0], freqs)
+    fr, _, _, _ = call([0], freqs, "f64")
     for k, f in enumerate(freqs):
         got = (u64(fr[k, 0]) << 64) | u64(fr[k, 1])
         assert got == fraction128(f), (f, hex(got), hex(fraction128(f)))
@@ -250,8 +325,8 @@ def test_fraction_of_negative_frequency_is_the_complement():
     on its own, since the sign rule is a design choice the kernels rely on."""
     rng = random.Random(35)
     freqs = [abs(x) for x in random_doubles(200, rng)] + [1.0, 1e-3, 2.0**-200]
-    pos, _ = call([0], freqs)
-    neg, _ = call([0], [-f for f in freqs])
+    pos, _, _, _ = call([0], freqs, "f64")
+    neg, _, _, _ = call([0], [-f for f in freqs], "f64")
     for k, f in enumerate(freqs):
         a = (u64(pos[k, 0]) << 64) | u64(pos[k, 1])
         b = (u64(neg[k, 0]) << 64) | u64(neg[k, 1])
@@ -259,12 +334,12 @@ def test_fraction_of_negative_frequency_is_the_complement():
 
 
 def test_fraction_of_non_finite_is_zero():
-    fr, _ = call([0], [math.inf, -math.inf, math.nan])
+    fr, _, _, _ = call([0], [math.inf, -math.inf, math.nan], "f64")
     assert fr.eq(0).all()
 
 
-# ---- step 2 -------------------------------------------------------------------------------------
-def test_turns_spread():
+# ---- steps 2 and 3 ------------------------------------------------------------------------------
+def test_turns_and_sincos_spread():
     """theta 1e4, d = 128 at positions over [0, 2^62], and random frequencies."""
     rng = random.Random(36)
     worst = Worst("spread")
@@ -274,6 +349,18 @@ def test_turns_spread():
     n += check_points([(positions[::4], freqs)], worst)
     worst.report()
     print(f"[spread] {n} (position, frequency) pairs")
+
+
+def test_sincos_attention_factor():
+    """YaRN's attention factor scales both paths (f32: as a float-float)."""
+    rng = random.Random(37)
+    (llama3, _), (yarn, af) = scaled_freqs()
+    assert af != 1.0
+    worst = Worst("attention factor")
+    positions = spread_positions(8, rng)[::3]
+    check_points([(positions, yarn[::4])], worst, af=af)
+    check_points([(positions, llama3[::8])], worst, af=0.7)
+    worst.report()
 
 
 def worst_case_points(freqs, semi=False):
@@ -287,15 +374,48 @@ def worst_case_points(freqs, semi=False):
     return out
 
 
-def test_turns_worst_positions_theta_1e4_d128():
+def test_sincos_worst_positions_theta_1e4_d128():
     """Positions where p f is closest to a multiple of pi/4 or pi/256, for every plane of a
     theta-10000, d = 128 model."""
     worst = Worst("worst positions, theta 1e4 d 128")
-    n = check_points(worst_case_points(theta_freqs(1e4, 128)), worst)
+    with mpmath.workprec(400):
+        points = worst_case_points(theta_freqs(1e4, 128))
+    n = check_points(points, worst)
     worst.report()
     print(f"[worst] {n} (position, frequency) pairs")
 
 
+@pytest.mark.slow
+def test_sincos_worst_positions_all_theta_sets():
+    worst = Worst("worst positions, all sets")
+    freqs = []
+    for theta in (1e4, 5e5, 1e6):
+        for d in (64, 256):
+            freqs += theta_freqs(theta, d)
+    for fs, _ in scaled_freqs():
+        freqs += fs
+    n = check_points(worst_case_points(freqs, semi=True), worst)
+    worst.report()
+    print(f"[worst, slow] {n} pairs")
+
+
+@pytest.mark.slow
+def test_sincos_spread_long():
+    rng = random.Random(38)
+    worst = Worst("spread, slow")
+    positions = spread_positions(400, rng)
+    n = 0
+    for theta, d in ((1e4, 128), (5e5, 128), (1e6, 256)):
+        n += check_points([(positions, theta_freqs(theta, d)[::2])], worst)
+    freqs = [x for x in random_doubles(400, rng) if 2.0**-40 < abs(x) < 2.0**40][:64]
+    freqs += [2.0 ** rng.uniform(-40, 40) for _ in range(64)]
+    n += check_points([(positions[::8], freqs)], worst)
+    worst.report()
+    print(f"[spread, slow] {n} pairs")
+
+
 def test_hook_rejects_bad_input():
     with pytest.raises(RuntimeError, match="positions must be >= 0"):
-        call([-1], [1.0])
+        call([-1], [1.0], "f64")
+    with pytest.raises(RuntimeError, match="path must be 'f64' or 'f32'"):
+        call([1], [1.0], "f16")

@@ -475,5 +475,76 @@ ROPE_HOST_DEVICE inline SinCos32 inverse(SinCos32 cs) {
   return SinCos32{cs.cos, FloatFloat{-cs.sin.hi, -cs.sin.lo}};
 }
 
+// ---- step 4: rotation of a pair -----------------------------------------------------------------
+
+// x * c + y * d rounded once (nearly): c, d float-float, the products exact (TwoProd), their sum
+// exact (TwoSum), the small terms summed in float and the result rounded at the end.
+ROPE_HOST_DEVICE inline float dot2_f32(float x, FloatFloat c, float y, FloatFloat d) {
+  using detail::fma_f32;
+  using detail::mul_rn;
+  const float p1 = mul_rn(x, c.hi);
+  const float e1 = fma_f32(x, c.hi, -p1);
+  const float p2 = mul_rn(y, d.hi);
+  const float e2 = fma_f32(y, d.hi, -p2);
+  const FloatFloat sum = detail::two_sum(p1, p2);
+  const float low = sum.lo + (fma_f32(x, c.lo, e1) + fma_f32(y, d.lo, e2));
+  // A sum past the float range is +-inf (as the exact result, which it approximates to a
+  // relative 2^-47), not inf - inf in the low part.
+#if defined(__CUDA_ARCH__)
+  return fabsf(sum.hi) <= 3.40282347e+38f ? sum.hi + low : sum.hi;
+#else
+  return std::fabs(sum.hi) <= FLT_MAX ? sum.hi + low : sum.hi;
+#endif
+}
+
+// (ya, yb) = (xa cos - xb sin, xa sin + xb cos) scaled by af, with cs from sincos_turns_f32(t, af).
+//
+// Bound: with A = |xa|, B = |xb|, u = 2^-24 and y the exact af (xa cos - xb sin) (likewise yb),
+//   |ya - y| <= 2^-23 * af * (A + B) * (1/2 + 2^-10) + 2^-147.
+// Proof. cs.cos.hi + cs.cos.lo = af cos + dc with |dc| <= 2^-35 af (sincos_turns_f32), and
+// likewise for sin, so the rotation with the float-float values is within 2^-35 af (A + B) of y.
+// In dot2_f32: p1 + e1 = xa * c.hi and p2 + e2 = xb * d.hi exactly (TwoProd: fma gives the exact
+// error of a product whose exponent is not near the bottom of the range), sum.hi + sum.lo =
+// p1 + p2 exactly (TwoSum). With |c.lo| <= u |c.hi| (c.hi is c rounded) and |e1| <= u |p1|, each
+// of fma(x, c.lo, e1), fma(y, d.lo, e2) is below 2u^2 af A (resp. B) and rounds by u times that;
+// their sum and the addition of sum.lo (<= u |sum.hi|) round by at most u (3u^2 af (A + B)), so
+// low is within about 7u^2 af (A + B) of its exact value. The last addition rounds by at most
+// half an ulp of its result, <= u |y| + (2^-35 + 7u^2) af (A + B) u <= u af (A + B) (1 + 2^-34),
+// since |y| <= af (A |cos| + B |sin|) <= af (A + B). In all: u (1 + 2^-34) + 2^-35 + 7u^2 <=
+// 2^-24 (1 + 2^-10.9) per unit of af (A + B), half of 2^-23 af (A + B) with room to spare.
+// Underflow: when a product falls near the subnormal range, e1, e2 and the two small fmas lose
+// exactness by at most half a subnormal quantum (2^-150) each, and a subnormal result rounds by
+// 2^-150: at most 5 * 2^-150 < 2^-147 absolute in all, which matters only when af (A + B) is
+// itself below about 2^-124 (no bound relative to A + B can hold there: the output is a float).
+// Overflow: a result beyond the float range is +-inf (see dot2_f32).
+//
+// With plain rounded floats instead of pairs (c.lo = d.lo = 0), the rounding of cos and sin
+// (0.5 ulp each, up to u af |cos| and u af |sin|) adds to the final one: |ya - y| <= 2u af
+// (A |cos| + B |sin|) + 2^-35 af (A + B) <= 2^-23 af (A + B) max(|cos|, |sin|) + 2^-35 af (A + B),
+// within 2^-23 af (A + B) only where max(|cos|, |sin|) <= 1 - 2^-11: pass the pairs.
+ROPE_HOST_DEVICE inline void rotate_f32(float xa, float xb, const SinCos32& cs, float& ya,
+                                        float& yb) {
+  const FloatFloat neg_sin{-cs.sin.hi, -cs.sin.lo};
+  ya = dot2_f32(xa, cs.cos, xb, neg_sin);
+  yb = dot2_f32(xa, cs.sin, xb, cs.cos);
+}
+
+// The CPU paths (host functions), with cos / sin from sincos_turns (double, already scaled by af).
+// Float x: rotate in double, round once to float. |c - af cos| <= 1.5 ulp_d (sincos_turns within
+// 1 ulp, af's rounding 0.5), the product and the fma round by 2^-53 each, so the double result
+// is within 2^-50.5 af (A + B) of y and the float within u |y| + 2^-50.4 af (A + B) + 2^-150:
+// about half of 2^-23 af (A + B), as rotate_f32.
+inline void rotate_via_f64(float xa, float xb, const SinCos64& cs, float& ya, float& yb) {
+  const double a = xa;
+  const double b = xb;
+  ya = static_cast<float>(std::fma(a, cs.cos, -(b * cs.sin)));
+  yb = static_cast<float>(std::fma(a, cs.sin, b * cs.cos));
+}
+// Float64 x: |ya - y| <= 2^-50.5 af (A + B) (same accounting, no final rounding to float).
+inline void rotate_f64(double xa, double xb, const SinCos64& cs, double& ya, double& yb) {
+  ya = std::fma(xa, cs.cos, -(xb * cs.sin));
+  yb = std::fma(xa, cs.sin, xb * cs.cos);
+}
+
 }  // namespace exact_angle
 }  // namespace rope

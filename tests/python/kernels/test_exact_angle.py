@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """The table-free angle core (csrc/exact_angle.h) against mpmath, step by step.
 
-Each step is reached through the test hook `_C._exact_angle_test`
+Each step is reached through the test hooks `_C._exact_angle_test` / `_C._exact_rotation_test`
 (csrc/python/exact_angle_hooks.cpp). The reference is mpmath at 200+ bits (60 decimal digits after
 the reduction, which itself runs at the angle's magnitude plus 200 bits): the angle of plane k at
 position p is the exact real number p * f_k, f_k the float64 frequency.
@@ -19,6 +19,9 @@ position p is the exact real number p * f_k, f_k the float64 frequency.
   positions the continued fractions of f / (pi/4) and f / (pi/256) give: p f within a hair of a
   multiple of pi/4 (a zero of sin or cos, a quadrant edge of the double path) or of pi/256 (an
   edge of the float path's table).
+- the rotation of a pair: every output within 2^-23 af (|xa| + |xb|) (+ 2^-147 absolute, for
+  subnormal results) of af (xa cos - xb sin), over adversarial magnitudes: zeros, equal values,
+  huge ratios, subnormals.
 
 The long sweeps (more positions, every theta set's worst cases) carry the `slow` mark. The max
 errors each test finds are printed (pytest -s).
@@ -412,6 +415,188 @@ def test_sincos_spread_long():
     n += check_points([(positions[::8], freqs)], worst)
     worst.report()
     print(f"[spread, slow] {n} pairs")
+
+
+# ---- step 4 -------------------------------------------------------------------------------------
+def adversarial_pairs(rng, n_random):
+    """(xa, xb) float32 pairs: zeros, equal, opposite, huge ratios, subnormals, random exponents."""
+    f32 = np.float32
+    specials = [
+        1.0,
+        -1.0,
+        0.0,
+        1.5,
+        3.0,
+        2.0**-30,
+        2.0**30,
+        1e-38,
+        1.1754944e-38,  # smallest normal
+        2.0**-149,  # smallest subnormal
+        3.0 * 2.0**-149,
+        1e-40,
+        1e-45,
+        3.0e38,
+        65504.0,
+    ]
+    pairs = []
+    for a in specials:
+        for b in specials:
+            pairs.append((a, b))
+            pairs.append((a, -b))
+    for _ in range(n_random):
+        ea, eb = rng.randint(-149, 126), rng.randint(-149, 126)
+        if rng.random() < 0.5:
+            eb = ea + rng.randint(-30, 30)
+        a = rng.uniform(1, 2) * 2.0**ea * rng.choice((1, -1))
+        b = rng.uniform(1, 2) * 2.0 ** max(min(eb, 126), -149) * rng.choice((1, -1))
+        pairs.append((a, b))
+    xa = np.array([p[0] for p in pairs], dtype=f32)
+    xb = np.array([p[1] for p in pairs], dtype=f32)
+    return xa, xb
+
+
+def rotation_angles(rng, count):
+    """(p, f) pairs: theta 1e4 planes at spread and worst positions, plus random frequencies."""
+    freqs = theta_freqs(1e4, 128)
+    out = []
+    for _ in range(count):
+        f = rng.choice(freqs) if rng.random() < 0.7 else 2.0 ** rng.uniform(-20, 10)
+        p = int(2.0 ** rng.uniform(0, 62)) if rng.random() < 0.8 else rng.randint(0, 1000)
+        out.append((p, f))
+    with mpmath.workprec(400):
+        for f in freqs[::16]:
+            out += [(p, f) for p in convergent_positions(f, mp.pi / 4)[-4:]]
+    return out
+
+
+def check_rotation(angles, xa, xb, af, path, worst):
+    """Every pair of (xa, xb) rotated by every angle, against af (xa cos - xb sin) in float64
+    from mpmath's cos / sin (whose own error, under 2^-51 af (|xa| + |xb|), is allowed for).
+    Asserted: the bound the header proves, 2^-24 (1 + 2^-10) af (|xa| + |xb|) + 2^-147, half the
+    contract's; reported: the error over the contract's 2^-23 af (|xa| + |xb|) + 2^-147."""
+    A = np.abs(xa.astype(np.float64))
+    B = np.abs(xb.astype(np.float64))
+    bound = 2.0**-23 * af * (A + B) + 2.0**-147
+    proven = 2.0**-24 * (1 + 2.0**-10) * af * (A + B) + 2.0**-147
+    ref_slack = 2.0**-50 * af * (A + B)
+    n = len(xa)
+    for p, f in angles:
+        _, _, c, s = call([p], [f], path, af)
+        ce, se = cos_sin_turns(frac_turns(p, f))
+        cos_e, sin_e = float(ce), float(se)
+        if path == "f32":
+            cc = c[0, 0].expand(n, 2).contiguous()
+            ss = s[0, 0].expand(n, 2).contiguous()
+        else:
+            cc = c[0, 0].expand(n).contiguous()
+            ss = s[0, 0].expand(n).contiguous()
+        ya, yb = _C._exact_rotation_test(torch.from_numpy(xa), torch.from_numpy(xb), cc, ss, path)
+        ya = ya.numpy().astype(np.float64)
+        yb = yb.numpy().astype(np.float64)
+        a64, b64 = xa.astype(np.float64), xb.astype(np.float64)
+        ref_a = af * (a64 * cos_e - b64 * sin_e)
+        ref_b = af * (a64 * sin_e + b64 * cos_e)
+        for name, got, ref in (("ya", ya, ref_a), ("yb", yb, ref_b)):
+            err = np.abs(got - ref)
+            ratio = err / bound
+            i = int(np.argmax(ratio))
+            worst.add(
+                f"{path} {name} error / 2^-23 af (|xa| + |xb|)",
+                float(ratio[i]),
+                (p, f, xa[i], xb[i]),
+            )
+            bad = err > proven + ref_slack
+            assert not bad.any(), (
+                path,
+                name,
+                p,
+                f,
+                xa[bad][:3],
+                xb[bad][:3],
+                got[bad][:3],
+                ref[bad][:3],
+            )
+
+
+@pytest.mark.parametrize("path", ["f32", "f64"])
+def test_rotation_bound_float32(path):
+    rng = random.Random(39)
+    xa, xb = adversarial_pairs(rng, 1500)
+    finite = np.abs(xa.astype(np.float64)) + np.abs(xb.astype(np.float64)) < 1e38
+    xa, xb = xa[finite], xb[finite]  # overflow: its own test below
+    worst = Worst(f"rotation {path}")
+    angles = rotation_angles(rng, 60)
+    check_rotation(angles, xa, xb, 1.0, path, worst)
+    (_, _), (_, af) = scaled_freqs()
+    check_rotation(angles[::6], xa, xb, af, path, worst)
+    worst.report()
+
+
+def test_rotation_overflow_is_inf():
+    """A result beyond the float range is +-inf on the float path (not inf - inf = NaN in the
+    compensation), and a result just inside it stays finite."""
+    xa = np.array([3.0e38, -3.0e38, 3.0e38, 3.0e38, 2.0e38], dtype=np.float32)
+    xb = np.array([-3.0e38, 3.0e38, 3.0e38, 0.0, -2.0e38], dtype=np.float32)
+    _, _, c, s = call([1], [math.pi / 4], "f32")  # cos = sin = 0.7071...
+    n = len(xa)
+    ya, yb = _C._exact_rotation_test(
+        torch.from_numpy(xa),
+        torch.from_numpy(xb),
+        c[0, 0].expand(n, 2).contiguous(),
+        s[0, 0].expand(n, 2).contiguous(),
+        "f32",
+    )
+    cos_e = sin_e = math.cos(math.pi / 4)
+    flt_max = float(np.finfo(np.float32).max)
+    for a, b, got_a, got_b in zip(xa.tolist(), xb.tolist(), ya.tolist(), yb.tolist()):
+        for got, ref in ((got_a, a * cos_e - b * sin_e), (got_b, a * sin_e + b * cos_e)):
+            if abs(ref) > flt_max * (1 + 2.0**-23):
+                assert got == math.copysign(math.inf, ref), (a, b, got, ref)
+            else:
+                assert math.isfinite(got) and abs(got - ref) <= 2.0**-23 * (abs(a) + abs(b))
+
+
+@pytest.mark.slow
+def test_rotation_bound_float32_long():
+    rng = random.Random(40)
+    xa, xb = adversarial_pairs(rng, 20000)
+    finite = np.abs(xa.astype(np.float64)) + np.abs(xb.astype(np.float64)) < 1e38
+    xa, xb = xa[finite], xb[finite]
+    worst = Worst("rotation, slow")
+    angles = rotation_angles(rng, 300)
+    for path in ("f32", "f64"):
+        check_rotation(angles, xa, xb, 1.0, path, worst)
+    worst.report()
+
+
+def test_rotation_float64_inputs():
+    """float64 x: rotation in double with double cos / sin, within 2^-50.5 af (|xa| + |xb|)."""
+    rng = random.Random(41)
+    worst = Worst("rotation f64 inputs")
+    pairs = [(rng.uniform(-1, 1) * 2.0 ** rng.randint(-60, 60), 0.0) for _ in range(20)]
+    pairs += [
+        (rng.uniform(-1, 1), rng.uniform(-1, 1) * 2.0 ** rng.randint(-40, 40)) for _ in range(80)
+    ]
+    pairs += [(1.0, 1.0), (1.0, -1.0), (0.0, 1.0), (1e-300, 1e-300)]
+    xa = torch.tensor([q[0] for q in pairs], dtype=torch.float64)
+    xb = torch.tensor([q[1] for q in pairs], dtype=torch.float64)
+    n = len(pairs)
+    for p, f in rotation_angles(rng, 12):
+        _, _, c, s = call([p], [f], "f64")
+        ya, yb = _C._exact_rotation_test(
+            xa, xb, c[0, 0].expand(n).contiguous(), s[0, 0].expand(n).contiguous(), "f64"
+        )
+        ce, se = cos_sin_turns(frac_turns(p, f))
+        for j, (a, b) in enumerate(pairs):
+            with mpmath.workprec(250):
+                ra = mpf(a) * ce - mpf(b) * se
+                rb = mpf(a) * se + mpf(b) * ce
+            bound = 2.0**-50.5 * (abs(a) + abs(b)) + 2.0**-1070
+            for got, ref in ((float(ya[j]), ra), (float(yb[j]), rb)):
+                err = float(abs(got - ref))
+                worst.add("f64-input error / bound", err / bound, (p, f, a, b))
+                assert err <= bound, (p, f, a, b, got)
+    worst.report()
 
 
 def test_hook_rejects_bad_input():

@@ -2,7 +2,8 @@
 // csrc/exact_angle.h, what only C++ reaches: steps 1 and 2 in constant expressions, the 32-bit
 // limb form of step 2 (bit-identical to the 64-bit one, scalar and as a GCC vector), and the
 // polynomial core instantiated with at::vec::Vectorized<double>, as the CPU kernel will. The
-// accuracy against mpmath is tests/python/kernels/test_exact_angle.py.
+// accuracy against mpmath is tests/python/kernels/test_exact_angle.py; the device code's host run
+// is tests/cuda_host/exact_angle_host.cpp.
 #include <ATen/cpu/vec/vec.h>
 #include <gtest/gtest.h>
 

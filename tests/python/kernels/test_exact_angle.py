@@ -323,6 +323,37 @@ def test_fraction_exact_random():
     check_fractions(random_doubles(3000, rng) + [2.0 ** rng.uniform(-40, 40) for _ in range(1000)])
 
 
+def carry_frequencies(rng, exponents, per_exponent):
+    """Frequencies m 2^e whose 53 x 256-bit product with the window of 1/(2pi) carries between
+    its 64-bit words (into bits 128 and 64 of the product: one random mantissa in 4096 does), so
+    that a dropped or misplaced carry of the reduction shows. Only the choice of inputs looks at
+    the algorithm's words; the expected fractions come from mpmath, as for every other input."""
+    with mpmath.workprec(1600):
+        inv = int(mpmath.floor(mpf(2) ** 1400 / (2 * mp.pi)))  # 1/(2pi) 2^1400
+    out = []
+    for _ in range(exponents):
+        e = rng.randint(-178, 971)
+        window = (inv >> (1400 - 256 - e)) % 2**256 if e <= 1144 else 0  # bits e+1 .. e+256
+        words = [(window >> (64 * (3 - k))) % 2**64 for k in range(4)]
+        found = {"128": 0, "64": 0}
+        for _ in range(200000):
+            if min(found.values()) >= per_exponent:
+                break
+            m = rng.randrange(2**52, 2**53)
+            hi3 = (m * words[3]) >> 64
+            lo2, hi2 = (m * words[2]) % 2**64, (m * words[2]) >> 64
+            lo1 = (m * words[1]) % 2**64
+            kind = "64" if hi3 + lo2 >= 2**64 else "128" if lo1 + hi2 >= 2**64 else None
+            if kind and found[kind] < per_exponent:
+                found[kind] += 1
+                out.append(math.ldexp(m, e) * rng.choice((1, -1)))
+    return out
+
+
+def test_fraction_exact_where_the_product_carries():
+    check_fractions(carry_frequencies(random.Random(42), 40, 2))
+
+
 def test_fraction_of_negative_frequency_is_the_complement():
     """floor(2^128 frac(-x)) = ~floor(2^128 frac(x)): checked by the reference above too; here
     on its own, since the sign rule is a design choice the kernels rely on."""

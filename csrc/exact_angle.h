@@ -207,8 +207,10 @@ ROPE_HOST_DEVICE ROPE_EXACT_ANGLE_CONSTEXPR inline uint64_t turns_at(int64_t p, 
 
 // The same with 32-bit limbs and only 32 x 32 -> 64-bit multiplies (vpmuludq on AVX2 and
 // AVX-512), for a vectorised CPU loop: U is uint64_t or a vector of them for which the operators
-// &, >>, <<, +, * and mul_32x32 below exist (GCC / Clang vector extensions work as they are).
-// Needs p < 2^63. Bit-identical to turns_at.
+// &, >>, <<, +, * and mul_32x32 below exist (GCC / Clang vector extensions work as they are;
+// specialise mul_32x32 where the type's own 64-bit multiply is slow, as
+// benchmarks/exact_angle_bench.cpp does with vpmuludq). Needs p < 2^63. Bit-identical to
+// turns_at.
 template <typename U>
 ROPE_HOST_DEVICE inline U mul_32x32(U a, U b) {
   return (a & 0xffffffffu) * (b & 0xffffffffu);
@@ -238,14 +240,14 @@ struct SinCos64 {
 // a * b + c with one rounding. The polynomial core calls fmadd unqualified: for
 // at::vec::Vectorized<double>, argument-dependent lookup finds at::vec::fmadd (fused on AVX2 and
 // AVX-512; the generic copy computes a * b + c with two roundings, which leaves the core within
-// about 1 ulp instead of 0.6).
+// about 1 ulp instead of 0.7).
 inline double fmadd(double a, double b, double c) { return std::fma(a, b, c); }
 
 // sin and cos of theta = hi + lo for |theta| <= pi/4 (plus rounding), |lo| <= ulp(hi) / 2 (lo is
 // taken to first order: lo cos(hi) ~ lo (1 - hi^2/2), -lo sin(hi) ~ -lo hi). T needs T(double), +,
 // -, * and fmadd(T, T, T). Accuracy (T = double, fused fmadd): the minimax polynomials are within
 // 2^-57.7 (sin) and 2^-62.8 (cos) relative; the leading terms are added last in two-part form, so
-// the result is the rounding of a value within about 0.1 ulp, about 0.6 ulp in all (measured in
+// the result is the rounding of a value within about 0.2 ulp, at most 0.70 ulp in all (measured in
 // tests/python/kernels/test_exact_angle.py).
 template <typename T>
 inline void sincos_core(const T& hi, const T& lo, T& sin_out, T& cos_out) {

@@ -6,6 +6,7 @@
 
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "../exact_angle.h"
 

@@ -65,9 +65,15 @@ inline VecD<W> operator*(VecD<W> a, VecD<W> b) {
 inline VecD<4> fmadd(VecD<4> a, VecD<4> b, VecD<4> c) {
   return VecD<4>(_mm256_fmadd_pd(a.v, b.v, c.v));
 }
+inline VecD<4> fmsub(VecD<4> a, VecD<4> b, VecD<4> c) {  // a * b - c
+  return VecD<4>(_mm256_fmsub_pd(a.v, b.v, c.v));
+}
 #if defined(__AVX512F__)
 inline VecD<8> fmadd(VecD<8> a, VecD<8> b, VecD<8> c) {
   return VecD<8>(_mm512_fmadd_pd(a.v, b.v, c.v));
+}
+inline VecD<8> fmsub(VecD<8> a, VecD<8> b, VecD<8> c) {
+  return VecD<8>(_mm512_fmsub_pd(a.v, b.v, c.v));
 }
 #endif
 
@@ -89,7 +95,7 @@ inline Lanes<8>::U mul_32x32<Lanes<8>::U>(Lanes<8>::U a, Lanes<8>::U b) {
 // Steps 2 and 3a for W planes at one position: the header's reduce_turns / sincos_turns written
 // with lane operations. The reduced angle's two halves are converted without int64 -> double
 // instructions (AVX2 has none): t + 2^61 modulo 2^62 is r + 2^61 in [0, 2^62), whose 32-bit halves
-// become doubles through the 2^52 exponent trick, exactly.
+// become doubles through the exponent trick (2^84 and 2^52), exactly.
 template <int W>
 inline void sincos_lanes(typename Lanes<W>::U p, const uint64_t* g_hi, const uint64_t* g_lo,
                          double* cos_out, double* sin_out) {
@@ -103,16 +109,17 @@ inline void sincos_lanes(typename Lanes<W>::U p, const uint64_t* g_hi, const uin
   const U biased = t + (uint64_t{1} << 61);
   const U j = biased >> 62;
   const U ub = biased & ((uint64_t{1} << 62) - 1);  // r + 2^61, in [0, 2^62)
-  const U exponent52 = U{} + uint64_t{0x4330000000000000};
-  // r = H + L as reduce_turns splits it: H / 2^32 = (ub >> 32) - 2^29, L = ub mod 2^32
-  const D high = ((D)((ub >> 32) | exponent52) - (0x1p52 + 0x1p29)) * 0x1p-31;  // H 2^-63
-  const D low = ((D)((ub & 0xffffffffu) | exponent52) - 0x1p52) * 0x1p-63;      // L 2^-63
+  // r = H + L as reduce_turns splits it, both converted exactly by the exponent trick:
+  // (2^84 + (ub >> 32) 2^32) - (2^84 + 2^61) = H, (2^52 + L) - 2^52 = L.
+  const D high = (D)((ub >> 32) | uint64_t{0x4530000000000000}) - (0x1p84 + 0x1p61);
+  const D low = (D)((ub & 0xffffffffu) | uint64_t{0x4330000000000000}) - 0x1p52;
   const D a = high + low;
   const D b = low - (a - high);
-  const D prod = a * ROPE_EXACT_ANGLE_PI_HI;
-  const VecD<W> av(a);
-  const D rest = fmadd(av, VecD<W>(ROPE_EXACT_ANGLE_PI_HI), VecD<W>(D{} - prod)).v +
-                 fmadd(av, VecD<W>(ROPE_EXACT_ANGLE_PI_LO), VecD<W>(b * ROPE_EXACT_ANGLE_PI_HI)).v;
+  constexpr double kHi = ROPE_EXACT_ANGLE_PI_HI * 0x1p-63;
+  constexpr double kLo = ROPE_EXACT_ANGLE_PI_LO * 0x1p-63;
+  const D prod = a * kHi;
+  const D rest = fmsub(VecD<W>(a), VecD<W>(kHi), VecD<W>(prod)).v +
+                 fmadd(VecD<W>(a), VecD<W>(kLo), VecD<W>(b * kHi)).v;
   const D th = prod + rest;  // renormalised, as reduce_turns does
   const D tl = rest - (th - prod);
   VecD<W> s;

@@ -279,31 +279,33 @@ inline void sincos_core(const T& hi, const T& lo, T& sin_out, T& cos_out) {
 }
 
 // The reduced angle of a turn fraction: t / 2^64 = j / 4 + r / 2^64, j the nearest quarter turn,
-// r in [-2^61, 2^61), and theta = 2pi r / 2^64 = r * pi * 2^-63 as hi + lo, |lo| <= ulp(hi) / 2.
-// r = H + L with H = r rounded down to a multiple of 2^32 and L in [0, 2^32), both exact doubles;
-// Fast2Sum(H, L) gives a = r rounded to double and b = r - a exactly (|b| <= ulp(a) / 2, 0 for
-// |r| < 2^53). The products by pi round only in parts below 2^-104 |theta|, and the sum is
-// renormalised (Fast2Sum again), so theta has about 104 correct bits at any |r|: no split that
-// makes a and b large with opposite signs (a cancellation that would cost hundreds of ulps near
-// theta = 0), and no lo of several ulps of hi, which sincos_core treats to first order only.
-// Only integer operations, adds and shifts precede the conversions, so a vector form (no int64 ->
-// double instruction in AVX2) can compute the same bits: benchmarks/exact_angle_bench.cpp.
+// r in [-2^61, 2^61), and theta = 2pi r / 2^64 = r * K, K = pi * 2^-63, as hi + lo with
+// |lo| <= ulp(hi) / 2. r = H + L with H = r rounded down to a multiple of 2^32 and L in
+// [0, 2^32), both exact doubles; Fast2Sum(H, L) gives a = r rounded to double and b = r - a
+// exactly (|b| <= ulp(a) / 2, 0 for |r| < 2^53). The products by K round only in parts below
+// 2^-104 |theta|, and the sum is renormalised (Fast2Sum again), so theta has about 104 correct
+// bits at any |r|: no split that makes a and b large with opposite signs (a cancellation that
+// would cost hundreds of ulps near theta = 0), and no lo of several ulps of hi, which
+// sincos_core treats to first order only. Only integer operations and exact conversions precede
+// the floating-point work, so a vector form (AVX2 has no int64 -> double instruction) can compute
+// the same bits: benchmarks/exact_angle_bench.cpp.
 struct ReducedAngle {
   uint32_t quadrant = 0;  // j mod 4
   double hi = 0.0;
   double lo = 0.0;
 };
 inline ReducedAngle reduce_turns(uint64_t t) {
+  constexpr double kHi = ROPE_EXACT_ANGLE_PI_HI * 0x1p-63;  // K as a double-double (exact scaling)
+  constexpr double kLo = ROPE_EXACT_ANGLE_PI_LO * 0x1p-63;
   const uint64_t j = (t + (uint64_t{1} << 61)) >> 62;
   const int64_t r = static_cast<int64_t>(t - (j << 62));
-  const int64_t r_high = static_cast<int64_t>(static_cast<uint64_t>(r) & ~uint64_t{0xffffffff});
-  const double high = static_cast<double>(r_high) * 0x1p-63;                  // exact
-  const double low = static_cast<double>(r & int64_t{0xffffffff}) * 0x1p-63;  // exact
-  const double a = high + low;                                                // r 2^-63 rounded
-  const double b = low - (a - high);                                          // the rest, exactly
-  const double p = a * ROPE_EXACT_ANGLE_PI_HI;
-  const double rest = std::fma(a, ROPE_EXACT_ANGLE_PI_HI, -p) +
-                      std::fma(a, ROPE_EXACT_ANGLE_PI_LO, b * ROPE_EXACT_ANGLE_PI_HI);
+  const double high = static_cast<double>(
+      static_cast<int64_t>(static_cast<uint64_t>(r) & ~uint64_t{0xffffffff}));  // exact
+  const double low = static_cast<double>(r & int64_t{0xffffffff});              // exact
+  const double a = high + low;                                                  // r rounded
+  const double b = low - (a - high);                                            // r - a, exactly
+  const double p = a * kHi;
+  const double rest = std::fma(a, kHi, -p) + std::fma(a, kLo, b * kHi);
   ReducedAngle out;
   out.quadrant = static_cast<uint32_t>(j & 3);
   out.hi = p + rest;

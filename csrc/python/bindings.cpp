@@ -13,6 +13,9 @@
 
 namespace py = pybind11;
 
+// Test hooks of csrc/exact_angle.h (csrc/python/exact_angle_hooks.cpp): not API.
+void bind_exact_angle_test_hooks(py::module_& m);
+
 namespace {
 
 // A parsed scaling variant, opaque to Python: torch_rope/_scaling.py coerces a transformers
@@ -56,6 +59,7 @@ PYBIND11_MODULE(_C, m) {
     }
   });
   bind_scaling(m);
+  bind_exact_angle_test_hooks(m);
   m.def(
       "rope_tables",
       [](double theta, int64_t rotary_dim, int64_t max_seq_len, std::optional<c10::Device> device,

@@ -2,7 +2,7 @@
 // rope.apply_qk_cache outside the computing backends: the C++ API (through the dispatcher), the
 // Meta kernel (the same checks as CPU and CUDA, on SymInts; the slot and position values are left
 // to the real kernels) and the Autograd kernel (not differentiable, as apply.out). The schema is
-// in ops.cpp with the others; CPU and CUDA register in cpu/kv_cache_cpu.cpp and
+// in rope_ops.cpp with the others; CPU and CUDA register in cpu/kv_cache_cpu.cpp and
 // cuda/kv_cache_cuda.cu.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
@@ -11,7 +11,7 @@
 #include <torch/library.h>
 #include <torch_rope/ops.h>
 
-#include "kv_cache.h"
+#include "kv_cache_body.h"
 
 namespace rope {
 

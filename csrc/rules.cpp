@@ -10,7 +10,7 @@
 #include <sstream>
 #include <string>
 
-#include "kernel_args.h"
+#include "common_kernel_args.h"
 
 namespace rope::detail {
 namespace {

@@ -379,8 +379,8 @@ def markdown(rows):
 
 
 def default_row_batch():
-    """ROPE_CUDA_ROW_BATCH's default in csrc/cuda/launch_plan.h."""
-    text = (REPO / "csrc" / "cuda" / "launch_plan.h").read_text()
+    """ROPE_CUDA_ROW_BATCH's default in csrc/cuda/rope_launch_plan.h."""
+    text = (REPO / "csrc" / "cuda" / "rope_launch_plan.h").read_text()
     m = re.search(r"#define ROPE_CUDA_ROW_BATCH (\d+)", text)
     return int(m.group(1)) if m else None
 
@@ -481,7 +481,7 @@ def main():
         type=int,
         default=None,
         help="rows a thread loads before it stores (ROPE_CUDA_ROW_BATCH of the build; default: "
-        "launch_plan.h's)",
+        "rope_launch_plan.h's)",
     )
     parser.add_argument(
         "--source",
@@ -528,7 +528,7 @@ def main():
     if args.check:
         row_batch = args.row_batch or default_row_batch()
         if row_batch is None:
-            print("FAILED: no ROPE_CUDA_ROW_BATCH default in launch_plan.h; pass --row-batch")
+            print("FAILED: no ROPE_CUDA_ROW_BATCH default in rope_launch_plan.h; pass --row-batch")
             return 1
         problems = check(rows, markers, row_batch)
         if problems:

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// CUDA backend of rope.apply_qk_cache: the shared op body (kv_cache.h: checks, allocation,
+// CUDA backend of rope.apply_qk_cache: the shared op body (kv_cache_body.h: checks, allocation,
 // arguments) and the torch-free kernel of kv_cache_kernel.cuh, on the current stream of q's
 // device. Nothing here synchronizes: positions and slots are range-checked inside the kernel
 // (CUDA_KERNEL_ASSERT), and a repeated slot is not detected (unspecified which token's row stays).
@@ -11,7 +11,7 @@
 #include <torch/library.h>
 
 #define ROPE_DEVICE_ASSERT(cond) CUDA_KERNEL_ASSERT(cond)
-#include "../kv_cache.h"
+#include "../kv_cache_body.h"
 #include "kv_cache_kernel.cuh"
 
 namespace rope::cuda {

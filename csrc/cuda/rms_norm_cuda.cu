@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// CUDA backend of rope.rms_norm_apply_qk: registration and the real runtime for norm_glue.h
+// CUDA backend of rope.rms_norm_apply_qk: registration and the real runtime for rms_norm_glue.h
 // (device guard, current stream, error check), as rope_cuda.cu does for the rotation ops. The
-// kernel is norm_kernel.cuh. Nothing here synchronizes.
+// kernel is rms_norm_kernel.cuh. Nothing here synchronizes.
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -13,8 +13,8 @@
 #include <tuple>
 
 #define ROPE_DEVICE_ASSERT(cond) CUDA_KERNEL_ASSERT(cond)
-#include "norm_glue.h"
-#include "norm_kernel.cuh"
+#include "rms_norm_glue.h"
+#include "rms_norm_kernel.cuh"
 
 namespace rope::cuda {
 namespace {

@@ -3,11 +3,12 @@
 // dispatch key.
 //
 // Thin glue, mirroring csrc/cpu/rope_cpu.cpp: the op bodies (checks, allocation, argument
-// preparation) are shared through op_bodies.h; the kernel and its launcher are rope_kernel.cuh,
-// which knows nothing of torch, and the launch planning is launch_plan.h, plain C++. The device
-// guard, the choice of stream and the error check are cuda_glue.h, templates over a runtime, so
-// that tests/cuda_host runs that very glue (with a simulated runtime) on a machine without a GPU.
-// This file supplies the real runtime and the storage type. Nothing here synchronizes.
+// preparation) are shared through rope_body.h; the kernel and its launcher are rope_kernel.cuh,
+// which knows nothing of torch, and the launch planning is rope_launch_plan.h, plain C++. The
+// device guard, the choice of stream and the error check are common_glue.h, templates over a
+// runtime, so that tests/cuda_host runs that very glue (with a simulated runtime) on a machine
+// without a GPU. This file supplies the real runtime and the storage type. Nothing here
+// synchronizes.
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -21,7 +22,7 @@
 // Positions outside [0, max_seq_len) trip CUDA_KERNEL_ASSERT inside the kernel, as PyTorch's own
 // indexing kernels do: it stays on in release builds and costs no device-to-host sync.
 #define ROPE_DEVICE_ASSERT(cond) CUDA_KERNEL_ASSERT(cond)
-#include "cuda_glue.h"
+#include "common_glue.h"
 #include "rope_kernel.cuh"
 
 namespace rope::cuda {
@@ -42,7 +43,7 @@ struct CudaStorage<c10::BFloat16> {
   using type = __nv_bfloat16;
 };
 
-// The real CUDA runtime for the glue of cuda_glue.h, which holds every decision (guard, stream,
+// The real CUDA runtime for the glue of common_glue.h, which holds every decision (guard, stream,
 // error); these are one-liners. tests/cuda_host drives the same glue with a simulated runtime.
 struct TorchCudaRuntime {
   using Guard = c10::cuda::OptionalCUDAGuard;

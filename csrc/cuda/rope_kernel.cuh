@@ -3,11 +3,11 @@
 //
 // Like FlashInfer's include/flashinfer/pos_enc.cuh, this header sees only raw pointers, int64
 // element strides and a cudaStream_t, and reports failure as a cudaError_t. The torch glue
-// (rope_cuda.cu) validates the tensors, fills the structs of kernel_args.h, picks the stream and
-// turns the status into an error. How rows, lanes and threads are planned is launch_plan.h, plain
-// C++ shared with the unit tests.
+// (rope_cuda.cu) validates the tensors, fills the structs of common_kernel_args.h, picks the stream
+// and turns the status into an error. How rows, lanes and threads are planned is
+// rope_launch_plan.h, plain C++ shared with the unit tests.
 //
-// It computes exactly the function of the CPU kernel (csrc/cpu/rotate_rows.cpp): plane k is
+// It computes exactly the function of the CPU kernel (csrc/cpu/rope_rows.cpp): plane k is
 // (2k, 2k+1) interleaved or (k, k + rotary_dim/2) half split; x'_a = a cos - b sin,
 // x'_b = a sin + b cos; `inverse` negates sin; features [rotary_dim, head_dim) are copied when
 // the output is a new tensor; math in float (double for double storage). With multi-axis
@@ -31,8 +31,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include "../kernel_args.h"
-#include "launch_plan.h"
+#include "../common_kernel_args.h"
+#include "rope_launch_plan.h"
 
 // Hook for the range check of positions. The torch glue defines it as CUDA_KERNEL_ASSERT, which
 // stays on in release builds, before including this header.
@@ -121,7 +121,7 @@ __device__ __forceinline__ void store_vector(T* p, const T (&src)[N]) {
 }
 
 // Two 16-bit elements as one 32-bit access: the paired path, for rows that are 4-byte but not
-// 16-byte aligned (launch_plan.h). Stored through __stwb like the vector path, whose host shim
+// 16-byte aligned (rope_launch_plan.h). Stored through __stwb like the vector path, whose host shim
 // checks the alignment; the host run's trace hooks check every access's too.
 template <typename T>
 __device__ __forceinline__ void load_pair(const T* p, T* dst) {
@@ -281,8 +281,8 @@ __device__ __forceinline__ bool load_position(const TensorPlan& t, const TablePl
 
 // ---- multi-axis positions (M-RoPE) -------------------------------------------------------------
 
-// The axis plane k reads: axis_of_plane of kernel_args.h, written without its loop (the ends of
-// the contiguous sections only grow, so the axis is the number of ends k has reached, counted
+// The axis plane k reads: axis_of_plane of common_kernel_args.h, written without its loop (the ends
+// of the contiguous sections only grow, so the axis is the number of ends k has reached, counted
 // over the first num_axes - 1 axes). Interleaved (Qwen3-VL, 3 axes): k % 3 picks axis 1 or 2
 // while k < 3 * sections[1] or 3 * sections[2], else axis 0.
 __device__ __forceinline__ int32_t plane_axis(const AxisMap& m, int64_t k) {
@@ -382,7 +382,7 @@ struct RowWalker {
   }
 };
 
-// The shape of a rotating lane on path kAccess (launch_plan.h's lane_shape): planes turned and
+// The shape of a rotating lane on path kAccess (rope_launch_plan.h's lane_shape): planes turned and
 // contiguous elements per run.
 template <typename scalar_t, bool kInterleaved, Access kAccess>
 struct RotLane {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Host run of the CUDA kernel: random calls of rope.apply, rope.apply_ and rope.apply_qk go
-// through the project's own op bodies (op_bodies.h: validation, prepare.cpp, allocation), exactly
-// as on CUDA, but the backend launches the real rope_kernel.cuh compiled for the host
+// through the project's own op bodies (rope_body.h: validation, common_prepare.cpp, allocation),
+// exactly as on CUDA, but the backend launches the real rope_kernel.cuh compiled for the host
 // (host_kernel.cpp), one thread after another, under ASan and UBSan. Each result is held against
 // an independent extended-precision reference and the CPU backend, and each launch against the
 // access rules of access_tracker.h; the buffers around every input and around x of apply_ must
@@ -568,7 +568,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  // rope.rms_norm_apply_qk (norm_kernel.cuh): its own random cases (norm_cases.h).
+  // rope.rms_norm_apply_qk (rms_norm_kernel.cuh): its own random cases (norm_cases.h).
   NormRun norm;
   Tally norm_tally;
   if (opt.only < 0 && totals.failures < opt.max_failures) {

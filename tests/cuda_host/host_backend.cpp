@@ -7,8 +7,8 @@
 #include <sstream>
 
 #include "access_tracker.h"
-#include "cuda/cuda_glue.h"
-#include "cuda/norm_glue.h"
+#include "cuda/common_glue.h"
+#include "cuda/rms_norm_glue.h"
 
 namespace rope_host {
 namespace {
@@ -32,7 +32,7 @@ Storage storage_of(c10::ScalarType dtype) {
   }
 }
 
-// The simulated CUDA runtime of cuda_glue.h.
+// The simulated CUDA runtime of common_glue.h.
 struct HostRuntime {
   // c10::cuda::OptionalCUDAGuard: sets the device when given one, restores the previous on exit.
   class Guard {
@@ -101,7 +101,7 @@ struct HostRuntime {
     ctx.tables.push_back(tables);
     return status;
   }
-  // rope.rms_norm_apply_qk's launch (norm_glue.h): checked by an AccessTracker that also admits
+  // rope.rms_norm_apply_qk's launch (rms_norm_glue.h): checked by an AccessTracker that also admits
   // the weights, and for its device and stream as launch() is.
   static int launch_norm(c10::ScalarType dtype, const rope::NormRotationArgs& q,
                          const rope::NormRotationArgs& k, const rope::TableArgs& tables,

@@ -13,7 +13,7 @@ namespace {
 
 Observer* g_observer = nullptr;
 LaunchRecord* g_record = nullptr;
-NormLaunchRecord* g_norm_record = nullptr;  // set while a norm_kernel.cuh launch runs
+NormLaunchRecord* g_norm_record = nullptr;  // set while a rms_norm_kernel.cuh launch runs
 Device g_device;
 
 void on_device_assert(const char* cond, const char* /*file*/, int /*line*/) {
@@ -66,7 +66,7 @@ inline void trace_store(const void* p, size_t bytes) {
 
 }  // namespace rope_host
 
-#include "cuda/norm_kernel.cuh"
+#include "cuda/rms_norm_kernel.cuh"
 #include "cuda/rope_kernel.cuh"
 
 namespace rope_host {

@@ -6,9 +6,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda/launch_plan.h"
-#include "kernel_args.h"
-#include "norm_args.h"
+#include "common_kernel_args.h"
+#include "cuda/rope_launch_plan.h"
+#include "rms_norm_args.h"
 
 namespace rope_host {
 
@@ -62,7 +62,7 @@ int rotate(Storage storage, const rope::RotationArgs& first, const rope::Rotatio
            const rope::TableArgs& tables, rope::RotationMode mode, const Device& device,
            Observer* observer, LaunchRecord* record, const LaunchOptions& options = {});
 
-// A launch of norm_kernel.cuh's kernel (rope.rms_norm_apply_qk), as the shim saw it.
+// A launch of rms_norm_kernel.cuh's kernel (rope.rms_norm_apply_qk), as the shim saw it.
 struct NormLaunchRecord {
   bool launched = false;
   int64_t blocks = 0;
@@ -71,7 +71,7 @@ struct NormLaunchRecord {
   int device = -1;
 };
 
-// rope::cuda::norm_rotate<scalar_t> of norm_kernel.cuh for `storage`, the grid run serially on
+// rope::cuda::norm_rotate<scalar_t> of rms_norm_kernel.cuh for `storage`, the grid run serially on
 // this thread. Returns the cudaError_t value (0: success).
 int norm_rotate(Storage storage, const rope::NormRotationArgs& q, const rope::NormRotationArgs& k,
                 const rope::TableArgs& tables, rope::RotationMode mode, rope::NormParams params,

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: BSD-3-Clause
 """Mutation check of the host run of the CUDA kernel: plants realistic bugs, one at a time, in a
-copy of the kernel headers (csrc/cuda/rope_kernel.cuh, csrc/cuda/launch_plan.h) and of the ops'
-glue (csrc/cuda/cuda_glue.h: device guard, stream), builds the host run against the copy and
-requires it to fail. A bug in launch_plan.h is also run against the launch-plan unit tests
+copy of the kernel headers (csrc/cuda/rope_kernel.cuh, csrc/cuda/rope_launch_plan.h) and of the ops'
+glue (csrc/cuda/common_glue.h: device guard, stream), builds the host run against the copy and
+requires it to fail. A bug in rope_launch_plan.h is also run against the launch-plan unit tests
 (tests/cpp/test_launch_plan.cpp, built against the copy): some plan bugs leave every result
 correct and only cost speed. A bug neither catches is a hole in the tests.
 
@@ -30,21 +30,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 # overlay path -> source. The kernel's overlay mirrors csrc/ so relative includes resolve; the
 # glue has an overlay of its own (mutant_overlay_glue), searched first only by the glue's
-# translation unit, which also includes csrc/'s kernel_args.h through the op bodies.
+# translation unit, which also includes csrc/'s common_kernel_args.h through the op bodies.
 SOURCES = {
     "cuda/rope_kernel.cuh": REPO / "csrc" / "cuda" / "rope_kernel.cuh",
-    "cuda/launch_plan.h": REPO / "csrc" / "cuda" / "launch_plan.h",
-    "kernel_args.h": REPO / "csrc" / "kernel_args.h",
+    "cuda/rope_launch_plan.h": REPO / "csrc" / "cuda" / "rope_launch_plan.h",
+    "common_kernel_args.h": REPO / "csrc" / "common_kernel_args.h",
     # rope.apply_qk_cache: its kernel and the shared arguments / fp8 quantization.
     "cuda/kv_cache_kernel.cuh": REPO / "csrc" / "cuda" / "kv_cache_kernel.cuh",
     "kv_cache_args.h": REPO / "csrc" / "kv_cache_args.h",
     # rope.rms_norm_apply_qk's kernel (and the args header it includes by a relative path)
-    "cuda/norm_kernel.cuh": REPO / "csrc" / "cuda" / "norm_kernel.cuh",
-    "norm_args.h": REPO / "csrc" / "norm_args.h",
+    "cuda/rms_norm_kernel.cuh": REPO / "csrc" / "cuda" / "rms_norm_kernel.cuh",
+    "rms_norm_args.h": REPO / "csrc" / "rms_norm_args.h",
 }
 # Mutants of these files are run against the apply_qk_cache host run (kv_cache_host.cpp).
 KV_FILES = {"cuda/kv_cache_kernel.cuh", "kv_cache_args.h"}
-GLUE_SOURCES = {"cuda/cuda_glue.h": REPO / "csrc" / "cuda" / "cuda_glue.h"}
+GLUE_SOURCES = {"cuda/common_glue.h": REPO / "csrc" / "cuda" / "common_glue.h"}
 
 
 @dataclass
@@ -153,35 +153,35 @@ MUTANTS = [
     ),
     Mutant(
         "half-split-alignment",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "  const int64_t run = interleaved ? a.rotary_dim : half;",
         "  const int64_t run = a.rotary_dim;",
         "vector path for a half split whose b's are not 16-byte aligned",
     ),
     Mutant(
         "table-alignment",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "                               tables.table_stride % piece == 0;",
         "                               true;",
         "vector table loads on rows that are not aligned",
     ),
     Mutant(
         "row-groups-floor",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "  const int64_t row_groups = ceil_div(p.shared_rows, p.rows_per_thread);",
         "  const int64_t row_groups = p.shared_rows / p.rows_per_thread;",
         "the last, partial group of shared rows gets no thread",
     ),
     Mutant(
         "qk-block-split",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "  params.first_blocks = ceil_div(params.tensor[0].num_threads, kBlockThreads);",
         "  params.first_blocks = params.tensor[0].num_threads / kBlockThreads;",
         "q's last, partial block is handed to k",
     ),
     Mutant(
         "tail-lanes-count",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "  const int64_t rest = tail - p.vec_copy_lanes * v.elems;",
         "  const int64_t rest = tail - p.vec_copy_lanes * v.elems - (tail > v.elems);",
         "one tail element too few when the tail is longer than a vector",
@@ -205,14 +205,14 @@ MUTANTS = [
     ),
     Mutant(
         "int32-shared-outer-stride",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "    p.shared_out_outer = g.out_strides[outer];",
         "    p.shared_out_outer = static_cast<int32_t>(g.out_strides[outer]);",
         "a stride of the parameter block narrowed to 32 bits",
     ),
     Mutant(
         "int32-token-in-strides",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "    p.token_in_strides[n] = g.in_strides[d];",
         "    p.token_in_strides[n] = static_cast<int32_t>(g.in_strides[d]);",
         "the input's token strides narrowed to 32 bits",
@@ -242,14 +242,14 @@ MUTANTS = [
     # Device and stream (the glue, run with a simulated runtime).
     Mutant(
         "default-stream",
-        "cuda/cuda_glue.h",
+        "cuda/common_glue.h",
         "  const typename Runtime::Stream stream = Runtime::current_stream();",
         "  const typename Runtime::Stream stream{};",
         "the kernel launched on the legacy default stream",
     ),
     Mutant(
         "no-device-guard",
-        "cuda/cuda_glue.h",
+        "cuda/common_glue.h",
         "  const typename Runtime::Guard guard(Runtime::device_of(x));\n"
         "  return detail::apply_body",
         "  return detail::apply_body",
@@ -273,7 +273,7 @@ MUTANTS = [
     # The kernel variant must follow q and k independently (launch-plan tests only).
     Mutant(
         "vector-kernel-needs-both",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "  return rotates_vectors(first) || (second != nullptr && rotates_vectors(*second));",
         "  return rotates_vectors(first) && (second == nullptr || rotates_vectors(*second));",
         "a misaligned k pushes an aligned q onto the scalar kernel (correct, only slower)",
@@ -281,7 +281,7 @@ MUTANTS = [
     # The paired path: two 16-bit elements per 4-byte access, for rows 4- but not 16-byte aligned.
     Mutant(
         "pair-on-2-byte-rows",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "  const bool rows_pair = storage_bytes == 2 && "
         "rows_aligned_to(a, storage_bytes, kPairBytes);",
         "  const bool rows_pair = storage_bytes == 2;",
@@ -289,7 +289,7 @@ MUTANTS = [
     ),
     Mutant(
         "pair-ignores-row-strides",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "  const bool rows_pair = storage_bytes == 2 && "
         "rows_aligned_to(a, storage_bytes, kPairBytes);",
         "  const bool rows_pair =\n"
@@ -299,14 +299,14 @@ MUTANTS = [
     ),
     Mutant(
         "pair-half-split-odd-half",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "  } else if (half > 0 && rows_pair && run % w.elems == 0) {",
         "  } else if (half > 0 && rows_pair) {",
         "half-split pairs with an odd half: the b's 2-byte aligned, the last plane in no lane",
     ),
     Mutant(
         "pair-lanes-counted-in-elements",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "    p.rot_lanes = half / w.planes;",
         "    p.rot_lanes = half / w.elems;",
         "interleaved paired lanes counted per element: half of the planes get no lane",
@@ -356,7 +356,7 @@ MUTANTS = [
     ),
     Mutant(
         "vector-kernel-for-pairs",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "    return plan_paths(a, sizes.storage, interleaved, true).rot_access == Access::kVector;",
         "    return plan_paths(a, sizes.storage, interleaved, true).rot_access != Access::kScalar;",
         "a paired tensor picks the vector kernel and its register budget (correct, only slower)",
@@ -407,14 +407,14 @@ MUTANTS = [
     ),
     Mutant(
         "axis-stride-not-planned",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "  p.axis_stride = a.axis_stride;\n",
         "",
         "the plan drops the axis stride: every axis reads axis 0's entry",
     ),
     Mutant(
         "axis-map-not-planned",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "  params.tables.axes = tables.axes;\n",
         "",
         "the plan drops the AxisMap: every multi-axis call runs as a one-axis one",
@@ -507,10 +507,10 @@ MUTANTS = [
 ]
 
 
-# Bugs in the fused QK-RMSNorm + RoPE kernel (csrc/cuda/norm_kernel.cuh), caught by the host
+# Bugs in the fused QK-RMSNorm + RoPE kernel (csrc/cuda/rms_norm_kernel.cuh), caught by the host
 # run's rms_norm_apply_qk cases (tests/cuda_host/norm_cases.cpp: the extended-precision
 # reference of compare.cpp, eps up to 3, weight_offset 1 and -0.5, partial rotary).
-NORM = "cuda/norm_kernel.cuh"
+NORM = "cuda/rms_norm_kernel.cuh"
 MUTANTS += [
     Mutant(
         "norm-eps-outside-sqrt",
@@ -625,8 +625,8 @@ def write_sources(overlay: Path, sources, mutant):
             text = text.replace(mutant.before, mutant.after)
         if not dst.exists() or dst.read_text() != text:
             dst.write_text(text)
-        if rel == "kernel_args.h" and text == src.read_text():
-            # Also reached through csrc/ (prepare.h) by the launch-plan tests: with the same
+        if rel == "common_kernel_args.h" and text == src.read_text():
+            # Also reached through csrc/ (common_prepare.h) by the launch-plan tests: with the same
             # mtime and content, GCC's #pragma once takes the copy for the same file.
             os.utime(dst, ns=(src.stat().st_atime_ns, src.stat().st_mtime_ns))
 
@@ -792,7 +792,7 @@ def main():
                 f"unmutated: {target} passed {args.cases} cases (seed {args.seed}) "
                 f"in {len(lanes)} lane(s)"
             )
-        if any(m.file == "cuda/launch_plan.h" for m in mutants):
+        if any(m.file == "cuda/rope_launch_plan.h" for m in mutants):
             ok, log = build(build_dir, [lane.plan_target for lane in lanes])
             if not ok:
                 print(log[-3000:])
@@ -834,7 +834,7 @@ def main():
                     "timeout": "timed out",
                     "passed": "NOT CAUGHT",
                 }[status]
-                if status == "passed" and m.file == "cuda/launch_plan.h":
+                if status == "passed" and m.file == "cuda/rope_launch_plan.h":
                     ok, log = build(build_dir, [lane.plan_target])
                     if not ok:
                         print(log[-3000:])

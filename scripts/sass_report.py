@@ -7,7 +7,8 @@ shared library (librope.so) or a cubin, it lists the registers, the spills (stac
 memory, STL / LDL instructions), the resident blocks per SM those registers allow on that arch
 (and so the occupancy), and the widths of the global stores and loads. Accesses are attributed
 to source lines through the line info that the build keeps (-lineinfo): the lines of
-csrc/cuda/rope_kernel.cuh marked `// sass: vector store`, `// sass: vector load`,
+csrc/cuda/rope_kernel.cuh and of the device helpers it shares with the other kernels,
+csrc/cuda/common_device.cuh, marked `// sass: vector store`, `// sass: vector load`,
 `// sass: pair store`, `// sass: pair load`, `// sass: rotated store` and `// sass: tail store`.
 
     python scripts/sass_report.py [--check] [--markdown FILE] [--json FILE] [build/librope.so]
@@ -58,7 +59,12 @@ from pathlib import Path
 
 SKIP = 77
 REPO = Path(__file__).resolve().parent.parent
-KERNEL_SOURCE = REPO / "csrc" / "cuda" / "rope_kernel.cuh"
+# The sources whose marked lines attribute accesses: the kernel, and the shared device helpers
+# that hold its 16-byte and paired loads and stores.
+KERNEL_SOURCES = [
+    REPO / "csrc" / "cuda" / "rope_kernel.cuh",
+    REPO / "csrc" / "cuda" / "common_device.cuh",
+]
 MARKERS = {
     "vector": "// sass: vector store",
     "rotated": "// sass: rotated store",
@@ -167,17 +173,18 @@ def describe(demangled):
     return name, info
 
 
-def marker_lines(path):
-    """Line numbers of each marker in the kernel source."""
+def marker_lines(paths):
+    """(file name, line number) of each marker in the kernel sources."""
     lines = {k: set() for k in MARKERS}
-    try:
-        text = Path(path).read_text().splitlines()
-    except OSError:
-        return lines
-    for number, line in enumerate(text, start=1):
-        for kind, marker in MARKERS.items():
-            if marker in line:
-                lines[kind].add(number)
+    for path in paths:
+        try:
+            text = Path(path).read_text().splitlines()
+        except OSError:
+            continue
+        for number, line in enumerate(text, start=1):
+            for kind, marker in MARKERS.items():
+                if marker in line:
+                    lines[kind].add((Path(path).name, number))
     return lines
 
 
@@ -240,14 +247,14 @@ def width_of(opcode):
     return {"U16": "16", "S16": "16", "U8": "8", "S8": "8"}.get(m.group(1), m.group(1))
 
 
-def loads_in_flight(instructions, markers, kernel_file, width="128", store="vector"):
+def loads_in_flight(instructions, markers, width="128", store="vector"):
     """Lengths of the runs of `width`-bit x loads that end at a rotated store from the `store`
     marker (see above): 128-bit ones at a vector store, or 32-bit ones at a pair store."""
     runs = []
     pending = 0
     for opcode, chain in instructions:
         base = opcode.split(".")[0]
-        lines = {ln for f, ln in chain if f == kernel_file}
+        lines = chain  # (file name, line) of the instruction and of its inlining sites
         if base == "LDG" and width_of(opcode) == width and lines & markers["rotated_load"]:
             pending += 1
         elif base == "STG":
@@ -263,7 +270,6 @@ def analyse(cubin, arch, tools, markers):
     resources = parse_resources(run([tools["cuobjdump"], "-res-usage", str(cubin)]))
     functions = parse_sass(run([tools["nvdisasm"], "-gi", "-c", str(cubin)]))
     names = demangle(sorted(functions))
-    kernel_file = KERNEL_SOURCE.name
     rows = []
     for mangled, instructions in functions.items():
         res = resources.get(mangled, {})
@@ -282,13 +288,13 @@ def analyse(cubin, arch, tools, markers):
             if base == "LDG":
                 w = width_of(opcode)
                 loads[w] = loads.get(w, 0) + 1
-                if {ln for f, ln in chain if f == kernel_file} & markers["vector_load"]:
+                if chain & markers["vector_load"]:
                     vector_loads[w] = vector_loads.get(w, 0) + 1
-                if {ln for f, ln in chain if f == kernel_file} & markers["pair_load"]:
+                if chain & markers["pair_load"]:
                     pair_loads[w] = pair_loads.get(w, 0) + 1
             if base != "STG":
                 continue
-            lines = {ln for f, ln in chain if f == kernel_file}
+            lines = chain
             if lines & markers["vector"]:
                 kind = "rotated_vector" if lines & markers["rotated"] else "tail_vector"
             elif lines & markers["pair"]:
@@ -301,8 +307,8 @@ def analyse(cubin, arch, tools, markers):
             stores[kind][w] = stores[kind].get(w, 0) + 1
         registers = res.get("registers", 0)
         blocks = resident_blocks(registers, arch) if registers else None
-        in_flight = loads_in_flight(instructions, markers, kernel_file)
-        pair_in_flight = loads_in_flight(instructions, markers, kernel_file, "32", "pair")
+        in_flight = loads_in_flight(instructions, markers)
+        pair_in_flight = loads_in_flight(instructions, markers, "32", "pair")
         rows.append(
             {
                 "arch": arch,
@@ -389,7 +395,8 @@ def check(rows, markers, row_batch):
     problems = []
     if not markers["vector"] or not markers["rotated"]:
         problems.append(
-            f"no `{MARKERS['vector']}` / `{MARKERS['rotated']}` markers in {KERNEL_SOURCE}"
+            f"no `{MARKERS['vector']}` / `{MARKERS['rotated']}` markers in "
+            f"{', '.join(map(str, KERNEL_SOURCES))}"
         )
     attributed = sum(
         sum(r["stores"][k].values())
@@ -485,8 +492,9 @@ def main():
     )
     parser.add_argument(
         "--source",
-        default=str(KERNEL_SOURCE),
-        help="the kernel source whose marker lines attribute stores",
+        action="append",
+        help="a kernel source whose marker lines attribute accesses (repeatable; default: "
+        "rope_kernel.cuh and common_device.cuh)",
     )
     args = parser.parse_args()
     files = [Path(f) for f in args.files] or [REPO / "build" / "librope.so"]
@@ -499,7 +507,7 @@ def main():
             "/usr/local/cuda/bin, triton/backends/nvidia/bin)"
         )
         return SKIP
-    markers = marker_lines(args.source)
+    markers = marker_lines(args.source or KERNEL_SOURCES)
     rows = []
     for f in files:
         if not f.is_file():

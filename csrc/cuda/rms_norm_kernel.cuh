@@ -1,14 +1,15 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Fused QK-RMSNorm + RoPE on CUDA (rope.rms_norm_apply_qk): the kernel and its launcher, free of
-// torch, like rope_kernel.cuh (whose device helpers it uses).
+// torch, like rope_kernel.cuh; its device helpers are common_device.cuh's.
 //
 // One thread per row (q's rows, then k's, in one launch). A thread sums the squares of its row's
 // head_dim features, then reads the row again (from L1/L2), scales each feature by
 // r = 1 / sqrt(mean + eps) and by (weight + weight_offset), rotates the first rotary_dim
-// features as rope_kernel.cuh rotates them (fused(a, c, -(b * s)), fused(a, s, b * c)), and
-// rounds once to the storage type. The reduction stays inside the thread: no shared memory, no
-// shuffles, so the host run (tests/cuda_host) executes it faithfully. Multi-axis positions
-// (mrope_section) read the position of each plane's axis (common_kernel_args.h's axis_of_plane).
+// features as rope_kernel.cuh rotates them (rotate_plane), and rounds once to the storage type.
+// The reduction stays inside the thread: no shared memory, no shuffles, so the host run
+// (tests/cuda_host) executes it faithfully. Multi-axis positions (mrope_section) read the
+// position of each plane's axis (common_device.cuh's plane_axis), from positions whose axis dim
+// may have any stride (hf.patch hands Qwen3-VL's axis-first position ids to this op).
 //
 // One thread per row is simple, not fast: a warp touches 32 rows at once, so its loads are
 // strided by head_dim; a warp-per-row reduction with shuffles would be the fast GPU kernel, but
@@ -19,7 +20,7 @@
 #pragma once
 
 #include "../rms_norm_args.h"
-#include "rope_kernel.cuh"
+#include "common_device.cuh"
 
 namespace rope::cuda {
 
@@ -39,19 +40,10 @@ struct NormKernelParams {
 
 namespace kernel {
 
+using namespace ::rope::cuda::device;
+
 __device__ __forceinline__ float acc_sqrt(float v) { return sqrtf(v); }
 __device__ __forceinline__ double acc_sqrt(double v) { return sqrt(v); }
-
-// The position of `axis` of a row, range-checked as load_position does.
-__device__ __forceinline__ bool load_axis_position(const RotationArgs& a, const TableArgs& tb,
-                                                   int64_t pos_off, int32_t axis, int64_t& pos) {
-  const int64_t off = pos_off + axis * a.axis_stride;
-  pos = a.positions_are_int64
-            ? static_cast<int64_t>(__ldg(static_cast<const long long*>(a.positions) + off))
-            : static_cast<int64_t>(__ldg(static_cast<const int*>(a.positions) + off));
-  ROPE_DEVICE_ASSERT(pos >= 0 && pos < tb.max_seq_len);
-  return pos >= 0 && pos < tb.max_seq_len;
-}
 
 template <typename scalar_t, typename table_t, bool kInterleaved>
 __device__ __forceinline__ void norm_row(const NormRotationArgs& na, const TableArgs& tb,
@@ -77,23 +69,16 @@ __device__ __forceinline__ void norm_row(const NormRotationArgs& na, const Table
     out_off += rest * g.out_strides[0];
     pos_off += rest * g.pos_strides[0];
   }
-  // Every position of the row (one per axis) is checked before anything is written. Four
-  // scalars rather than an array: a runtime-indexed array would live in local memory.
-  int64_t pos0 = 0;
-  int64_t pos1 = 0;
-  int64_t pos2 = 0;
-  int64_t pos3 = 0;
-  bool in_range = load_axis_position(a, tb, pos_off, 0, pos0);
-  if (tb.axes.num_axes > 1) {
-    in_range = load_axis_position(a, tb, pos_off, 1, pos1) && in_range;
-  }
-  if (tb.axes.num_axes > 2) {
-    in_range = load_axis_position(a, tb, pos_off, 2, pos2) && in_range;
-  }
-  if (tb.axes.num_axes > 3) {
-    in_range = load_axis_position(a, tb, pos_off, 3, pos3) && in_range;
-  }
-  if (!in_range) {
+  // The table row of every axis of the row's position (one-axis positions: rows[0]), each
+  // checked before anything is written.
+  int64_t rows[kMaxAxes] = {};
+  if (tb.axes.num_axes == 0) {
+    int64_t pos;
+    if (!load_position(a, tb, pos_off, pos)) {
+      return;
+    }
+    rows[0] = pos * tb.table_stride;
+  } else if (!load_axis_rows(a, tb, pos_off, a.axis_stride, tb.table_stride, rows)) {
     return;
   }
   const auto* x = static_cast<const scalar_t*>(a.in) + in_off;
@@ -117,9 +102,8 @@ __device__ __forceinline__ void norm_row(const NormRotationArgs& na, const Table
     const int64_t ib = kInterleaved ? 2 * k + 1 : k + half;
     const acc_t xa = to_acc(load_scalar(x + ia)) * r * (__ldg(w + ia) + offset);
     const acc_t xb = to_acc(load_scalar(x + ib)) * r * (__ldg(w + ib) + offset);
-    const int32_t axis = tb.axes.num_axes > 0 ? axis_of_plane(tb.axes, k) : 0;
-    const int64_t p = axis == 0 ? pos0 : axis == 1 ? pos1 : axis == 2 ? pos2 : pos3;
-    const int64_t t = p * tb.table_stride + k;
+    const int32_t axis = tb.axes.num_axes > 0 ? plane_axis(tb.axes, k) : 0;
+    const int64_t t = pick_axis(rows, axis) + k;
     const acc_t c = static_cast<acc_t>(__ldg(cos + t));
     const acc_t s =
         inverse ? -static_cast<acc_t>(__ldg(sin + t)) : static_cast<acc_t>(__ldg(sin + t));
@@ -138,7 +122,7 @@ __device__ __forceinline__ void norm_row(const NormRotationArgs& na, const Table
 template <typename scalar_t, typename table_t, bool kInterleaved>
 __global__ void __launch_bounds__(kNormBlockThreads)
     qk_norm_rotary_kernel(const __grid_constant__ NormKernelParams params) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kNormBlockThreads + threadIdx.x;
+  const int64_t row = grid_thread_index<kNormBlockThreads>();
   if (row < params.first_rows) {
     norm_row<scalar_t, table_t, kInterleaved>(params.tensor[0], params.tables, params.eps,
                                               params.weight_offset, params.inverse, row);
@@ -151,18 +135,9 @@ __global__ void __launch_bounds__(kNormBlockThreads)
 
 template <typename scalar_t, typename table_t, bool kInterleaved>
 cudaError_t launch_norm(const NormKernelParams& params, cudaStream_t stream) {
-  const int64_t blocks = (params.total_rows + kNormBlockThreads - 1) / kNormBlockThreads;
-  if (blocks == 0) {
-    return cudaSuccess;  // empty input: never launch a zero-sized grid
-  }
-  if (blocks > 0x7fffffff) {
-    return cudaErrorInvalidConfiguration;
-  }
-  NormKernelParams p = params;
-  void* kernel_args[] = {&p};
-  return cudaLaunchKernel(qk_norm_rotary_kernel<scalar_t, table_t, kInterleaved>,
-                          dim3(static_cast<unsigned int>(blocks)), dim3(kNormBlockThreads),
-                          kernel_args, 0, stream);
+  return launch_grid(qk_norm_rotary_kernel<scalar_t, table_t, kInterleaved>,
+                     blocks_for<kNormBlockThreads>(params.total_rows), kNormBlockThreads, params,
+                     stream);
 }
 
 }  // namespace kernel

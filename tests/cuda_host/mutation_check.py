@@ -41,6 +41,8 @@ SOURCES = {
     # rope.rms_norm_apply_qk's kernel (and the args header it includes by a relative path)
     "cuda/rms_norm_kernel.cuh": REPO / "csrc" / "cuda" / "rms_norm_kernel.cuh",
     "rms_norm_args.h": REPO / "csrc" / "rms_norm_args.h",
+    # The device helpers the three kernels share.
+    "cuda/common_device.cuh": REPO / "csrc" / "cuda" / "common_device.cuh",
 }
 # Mutants of these files are run against the apply_qk_cache host run (kv_cache_host.cpp).
 KV_FILES = {"cuda/kv_cache_kernel.cuh", "kv_cache_args.h"}
@@ -69,7 +71,7 @@ MUTANTS = [
     ),
     Mutant(
         "swapped-rotation-terms",
-        "cuda/rope_kernel.cuh",
+        "cuda/common_device.cuh",
         "  rb = fused(a, s, b * c);",
         "  rb = fused(b, c, a * s);",
         "same value in exact arithmetic, different rounding: the bit-exactness claim",
@@ -132,7 +134,7 @@ MUTANTS = [
     ),
     Mutant(
         "position-range-off-by-one",
-        "cuda/rope_kernel.cuh",
+        "cuda/common_device.cuh",
         "  return pos >= 0 && pos < tb.max_seq_len;",
         "  return pos >= 0 && pos <= tb.max_seq_len;",
         "position max_seq_len reads one row past the tables",
@@ -146,9 +148,9 @@ MUTANTS = [
     ),
     Mutant(
         "int32-positions-read-as-int64",
-        "cuda/rope_kernel.cuh",
-        "  return t.positions_are_int64\n",
-        "  return !t.positions_are_int64\n",
+        "cuda/common_device.cuh",
+        "  return r.positions_are_int64\n",
+        "  return !r.positions_are_int64\n",
         "positions read with the wrong width",
     ),
     Mutant(
@@ -220,16 +222,16 @@ MUTANTS = [
     # Grids of >= 65536 blocks and past 2^31 threads (sampled launches of big_cases.cpp).
     Mutant(
         "grid-capped-at-65535",
-        "cuda/rope_kernel.cuh",
-        "dim3(static_cast<unsigned int>(plan.blocks))",
-        "dim3(static_cast<unsigned int>(plan.blocks < 65535 ? plan.blocks : 65535))",
+        "cuda/common_device.cuh",
+        "dim3(static_cast<unsigned int>(blocks))",
+        "dim3(static_cast<unsigned int>(blocks < 65535 ? blocks : 65535))",
         "the grid capped at 65535 blocks, as for gridDim.y",
     ),
     Mutant(
         "grid-in-y",
-        "cuda/rope_kernel.cuh",
-        "dim3(static_cast<unsigned int>(plan.blocks))",
-        "dim3(1, static_cast<unsigned int>(plan.blocks))",
+        "cuda/common_device.cuh",
+        "dim3(static_cast<unsigned int>(blocks))",
+        "dim3(1, static_cast<unsigned int>(blocks))",
         "the blocks counted in gridDim.y (at most 65535)",
     ),
     Mutant(
@@ -257,7 +259,7 @@ MUTANTS = [
     ),
     Mutant(
         "launch-drops-stream",
-        "cuda/rope_kernel.cuh",
+        "cuda/common_device.cuh",
         "kernel_args, 0, stream);",
         "kernel_args, 0, nullptr);",
         "the launcher ignores the stream it was given",
@@ -265,9 +267,9 @@ MUTANTS = [
     # Positions past 32 bits.
     Mutant(
         "position-narrowed-to-int32",
-        "cuda/rope_kernel.cuh",
-        "? static_cast<int64_t>(__ldg(static_cast<const long long*>(t.positions) + pos_off))",
-        "? static_cast<int32_t>(__ldg(static_cast<const long long*>(t.positions) + pos_off))",
+        "cuda/common_device.cuh",
+        "? static_cast<int64_t>(__ldg(static_cast<const long long*>(r.positions) + pos_off))",
+        "? static_cast<int32_t>(__ldg(static_cast<const long long*>(r.positions) + pos_off))",
         "an int64 position narrowed before the range check: 2^32 + p passes as p",
     ),
     # The kernel variant must follow q and k independently (launch-plan tests only).
@@ -313,7 +315,7 @@ MUTANTS = [
     ),
     Mutant(
         "pair-elements-swapped",
-        "cuda/rope_kernel.cuh",
+        "cuda/common_device.cuh",
         "  const unsigned int bits = *reinterpret_cast<const unsigned int*>(p);  "
         "// sass: pair load",
         "  const unsigned int word = *reinterpret_cast<const unsigned int*>(p);\n"
@@ -372,37 +374,37 @@ MUTANTS = [
     ),
     Mutant(
         "every-plane-picks-axis-0",
-        "cuda/rope_kernel.cuh",
+        "cuda/common_device.cuh",
         "    r = a == i ? v[i] : r;",
         "    r = a == i ? v[0] : r;",
         "every axis loaded and checked, but each plane takes axis 0's table row",
     ),
     Mutant(
         "section-boundary-off-by-one",
-        "cuda/rope_kernel.cuh",
+        "cuda/common_device.cuh",
         "    axis += a + 1 < m.num_axes && k >= end ? 1 : 0;",
         "    axis += a + 1 < m.num_axes && k > end ? 1 : 0;",
         "the first plane of each contiguous section reads the previous axis",
     ),
     Mutant(
         "interleaved-ignores-section-limit",
-        "cuda/rope_kernel.cuh",
+        "cuda/common_device.cuh",
         "    return r == 1 && k < 3 * m.sections[1] ? 1 : r == 2 && k < 3 * m.sections[2] ? 2 : 0;",
         "    return r == 1 ? 1 : r == 2 ? 2 : 0;",
         "Qwen3-VL: planes k % 3 == 1, 2 read h, w past 3 * sections[1], 3 * sections[2] too",
     ),
     Mutant(
         "interleaved-read-as-contiguous",
-        "cuda/rope_kernel.cuh",
+        "cuda/common_device.cuh",
         "  if (m.interleaved) {\n    const int64_t r = k % 3;",
         "  if (false) {\n    const int64_t r = k % 3;",
         "mrope_interleaved dropped: Qwen3-VL sections taken as contiguous runs",
     ),
     Mutant(
         "axis-stride-assumed-1",
-        "cuda/rope_kernel.cuh",
-        "read_position(t, pos_off + a * t.axis_stride)",
-        "read_position(t, pos_off + a)",
+        "cuda/common_device.cuh",
+        "read_position(r, pos_off + a * axis_stride)",
+        "read_position(r, pos_off + a)",
         "the axis dim taken as dense and innermost: positions moved from (A, ...) read wrongly",
     ),
     Mutant(
@@ -421,7 +423,7 @@ MUTANTS = [
     ),
     Mutant(
         "range-check-axis-0-only",
-        "cuda/rope_kernel.cuh",
+        "cuda/common_device.cuh",
         "      in_range = position_in_range(tb, pos) && in_range;",
         "      in_range = (a > 0 || position_in_range(tb, pos)) && in_range;",
         "only axis 0 of a multi-axis position is range-checked: a bad axis 1 reads past the tables",
@@ -479,7 +481,8 @@ MUTANTS = [
     Mutant(
         "kv-v-not-copied",
         "cuda/kv_cache_kernel.cuh",
-        "  store<scalar_t>(out, feature.rem, widen(in[feature.rem]), vc.format, vc.scale);",
+        "  store<scalar_t>(out, feature.rem, to_acc(load_scalar(in + feature.rem)), vc.format, "
+        "vc.scale);",
         "  (void)out;",
         "v never reaches the v cache",
     ),
@@ -565,7 +568,7 @@ MUTANTS += [
     Mutant(
         "norm-axis-ignored",
         NORM,
-        "    const int32_t axis = tb.axes.num_axes > 0 ? axis_of_plane(tb.axes, k) : 0;",
+        "    const int32_t axis = tb.axes.num_axes > 0 ? plane_axis(tb.axes, k) : 0;",
         "    const int32_t axis = 0;",
         "multi-axis positions: every plane reads axis 0",
     ),
@@ -584,17 +587,17 @@ MUTANTS += [
         "k's rows shifted by one",
     ),
     Mutant(
-        "norm-missing-last-block",
-        NORM,
-        "(params.total_rows + kNormBlockThreads - 1) / kNormBlockThreads;",
-        "params.total_rows / kNormBlockThreads + (params.total_rows < kNormBlockThreads);",
-        "the grid rounds down: the rows of a partial last block are never written",
+        "grid-rounds-down",
+        "cuda/common_device.cuh",
+        "  return (threads + kThreads - 1) / kThreads;",
+        "  return threads / kThreads + (threads < kThreads);",
+        "the norm and KV-cache grids round down: a partial last block's rows are never written",
     ),
     Mutant(
         "norm-position-unchecked",
         NORM,
-        "  if (!in_range) {\n    return;\n  }",
-        "  (void)in_range;",
+        "    if (!load_position(a, tb, pos_off, pos)) {\n      return;\n    }",
+        "    (void)load_position(a, tb, pos_off, pos);",
         "a row at an out-of-range position reads past the tables",
     ),
 ]

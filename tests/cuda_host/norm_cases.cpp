@@ -209,8 +209,8 @@ std::vector<std::string> run_norm_case(const NormCase& c, Tally& tally,
       problems.push_back("input " + std::to_string(i) + " changed");
     }
   }
-  if (ctx.norm_launches.size() != 1) {
-    problems.push_back("expected one launch, got " + std::to_string(ctx.norm_launches.size()));
+  if (ctx.grid_launches.size() != 1) {
+    problems.push_back("expected one launch, got " + std::to_string(ctx.grid_launches.size()));
   }
   if (c.positions_in_range && problems.empty()) {
     for (const auto& [name, got, x, w] :
@@ -241,7 +241,7 @@ std::vector<std::string> run_norm_case(const NormCase& c, Tally& tally,
   hit("norm: eps large", c.eps > 0.1);
   hit("norm: out-of-range position asserted", !c.positions_in_range);
   hit("norm: int32 positions", c.positions.scalar_type() == at::kInt);
-  hit("norm: several blocks", !ctx.norm_launches.empty() && ctx.norm_launches[0].blocks > 1);
+  hit("norm: several blocks", !ctx.grid_launches.empty() && ctx.grid_launches[0].blocks > 1);
   return problems;
 }
 

@@ -39,6 +39,12 @@ interleaved, 2 * kRowBatch half split. Stores are the right fence: x and out may
 (rope.apply_), so no compiler may move a load of x past a store to out, and a kernel that
 computes each row right after its load shows runs of 1 (2 half split) however it is scheduled.
 Runs that end at a tail store (the copy lanes) are not counted.
+Tuning defaults. The row batch the rule expects is written here (TUNED_ROW_BATCH), not read from
+csrc/cuda/rope_launch_plan.h, and --check first compares the two (as --check-tuning HEADER does
+alone, with no CUDA build): a default changed in the header fails the check, even where no SASS
+can be read, until the change is made here too, with the GPU measurement that justifies it
+(scripts/gpu_check.sh compares row batches). A variant build with another batch passes
+--row-batch.
 Exit 77 (a skip, for ctest) when there is no cuobjdump / nvdisasm or no CUDA code in the file.
 
 The tools come from, in order: $CUOBJDUMP / $NVDISASM, --tool-dir, PATH, /usr/local/cuda/bin,
@@ -59,6 +65,10 @@ from pathlib import Path
 
 SKIP = 77
 REPO = Path(__file__).resolve().parent.parent
+# The row batch (ROPE_CUDA_ROW_BATCH) the vector kernels are tuned for, and the default that
+# csrc/cuda/rope_launch_plan.h must have: see "Tuning defaults" above.
+TUNED_ROW_BATCH = 4
+PLAN_HEADER = REPO / "csrc" / "cuda" / "rope_launch_plan.h"
 # The sources whose marked lines attribute accesses: the kernel, and the shared device helpers
 # that hold its 16-byte and paired loads and stores.
 KERNEL_SOURCES = [
@@ -384,11 +394,22 @@ def markdown(rows):
     return "\n".join(out)
 
 
-def default_row_batch():
-    """ROPE_CUDA_ROW_BATCH's default in csrc/cuda/rope_launch_plan.h."""
-    text = (REPO / "csrc" / "cuda" / "rope_launch_plan.h").read_text()
-    m = re.search(r"#define ROPE_CUDA_ROW_BATCH (\d+)", text)
+def default_row_batch(header=PLAN_HEADER):
+    """ROPE_CUDA_ROW_BATCH's default in the plan header (csrc/cuda/rope_launch_plan.h)."""
+    m = re.search(r"#define ROPE_CUDA_ROW_BATCH (\d+)", Path(header).read_text())
     return int(m.group(1)) if m else None
+
+
+def tuning_problems(header=PLAN_HEADER):
+    """The header's tuning defaults against the values this check was written for."""
+    got = default_row_batch(header)
+    if got != TUNED_ROW_BATCH:
+        return [
+            f"{header}: ROPE_CUDA_ROW_BATCH defaults to {got}, the SASS rule expects "
+            f"{TUNED_ROW_BATCH} (TUNED_ROW_BATCH in scripts/sass_report.py): a tuning default "
+            "changed; change both, with the GPU measurement that justifies it"
+        ]
+    return []
 
 
 def check(rows, markers, row_batch):
@@ -487,8 +508,13 @@ def main():
         "--row-batch",
         type=int,
         default=None,
-        help="rows a thread loads before it stores (ROPE_CUDA_ROW_BATCH of the build; default: "
-        "rope_launch_plan.h's)",
+        help="rows a thread loads before it stores (ROPE_CUDA_ROW_BATCH of a variant build; "
+        f"default: the tuned {TUNED_ROW_BATCH}, which rope_launch_plan.h must have)",
+    )
+    parser.add_argument(
+        "--check-tuning",
+        metavar="HEADER",
+        help="only compare the tuning defaults of this plan header with the checked ones",
     )
     parser.add_argument(
         "--source",
@@ -497,6 +523,15 @@ def main():
         "rope_kernel.cuh and common_device.cuh)",
     )
     args = parser.parse_args()
+    if args.check_tuning:
+        problems = tuning_problems(args.check_tuning)
+        print("\n".join(f"FAILED: {p}" for p in problems) or "PASSED: tuning defaults")
+        return 1 if problems else 0
+    if args.check and args.row_batch is None:
+        problems = tuning_problems()
+        if problems:
+            print("\n".join(f"FAILED: {p}" for p in problems))
+            return 1
     files = [Path(f) for f in args.files] or [REPO / "build" / "librope.so"]
 
     tools = {t: find_tool(t, args.tool_dir) for t in ("cuobjdump", "nvdisasm")}
@@ -534,10 +569,7 @@ def main():
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=sorted) + "\n")
     if args.check:
-        row_batch = args.row_batch or default_row_batch()
-        if row_batch is None:
-            print("FAILED: no ROPE_CUDA_ROW_BATCH default in rope_launch_plan.h; pass --row-batch")
-            return 1
+        row_batch = args.row_batch or TUNED_ROW_BATCH
         problems = check(rows, markers, row_batch)
         if problems:
             print("\nFAILED:")

@@ -1,21 +1,27 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: BSD-3-Clause
-"""Mutation check of the host run of the CUDA kernel: plants realistic bugs, one at a time, in a
-copy of the kernel headers (csrc/cuda/rope_kernel.cuh, csrc/cuda/rope_launch_plan.h) and of the ops'
-glue (csrc/cuda/common_glue.h: device guard, stream), builds the host run against the copy and
-requires it to fail. A bug in rope_launch_plan.h is also run against the launch-plan unit tests
-(tests/cpp/test_launch_plan.cpp, built against the copy): some plan bugs leave every result
-correct and only cost speed. A bug neither catches is a hole in the tests.
+"""Mutation check of the host run of the CUDA kernels: plants realistic bugs, one at a time, in a
+copy of the kernel headers (csrc/cuda/rope_kernel.cuh, rope_launch_plan.h, rms_norm_kernel.cuh,
+kv_cache_kernel.cuh, the device helpers they share in common_device.cuh, the argument headers)
+and of the glue every CUDA op goes through (csrc/cuda/common_glue.h: device guard, stream),
+builds the host run against the copy and requires it to fail. A mutant goes through its checks
+in order until one fails (checks_of): a bug in the KV-cache kernel first meets the torch-free
+run of that kernel (kv_cache_host.cpp, its independent reference), then the host run (bit
+comparisons with the CPU backend, the big cases); a bug in rope_launch_plan.h that the host run
+misses meets the launch-plan unit tests (tests/cpp/test_launch_plan.cpp, built against the copy:
+some plan bugs leave every result correct and only cost speed), then the tuning defaults of
+scripts/sass_report.py. A bug no check catches is a hole in the tests.
 
     python tests/cuda_host/mutation_check.py [--build-dir build] [--cases N] [--only NAME]
 
 The copies go to <build>/tests/cuda_host/mutant_overlay, which the `cuda_host_mutant` target
-searches before csrc/; each mutant costs one compile of host_kernel.cpp, one link and a short
-run. Mutants run in lanes, one mutant per lane at a time (CMake's TORCH_ROPE_MUTATION_LANES, 2 by
-default; lane n > 0 has mutant_overlay_n and targets suffixed _n): one build command compiles
-every lane's mutant at once and the runs go side by side, so two cores check two mutants in the
-time of one. First the unmutated copy must pass with the same arguments in every lane, so a
-broken harness cannot pass as "every mutant caught". Exit status 0 when every mutant was caught.
+searches before csrc/; each mutant costs one compile of host_kernel.cpp (or of the glue's
+translation unit), one link and a short run. Mutants run in lanes, one mutant per lane at a time
+(CMake's TORCH_ROPE_MUTATION_LANES, 2 by default; lane n > 0 has mutant_overlay_n and targets
+suffixed _n): one build command compiles every lane's mutant at once and the runs go side by
+side, so two cores check two mutants in the time of one. First the unmutated copy must pass with
+the same arguments in every lane, so a broken harness cannot pass as "every mutant caught". Exit
+status 0 when every mutant was caught.
 """
 
 import argparse
@@ -44,7 +50,8 @@ SOURCES = {
     # The device helpers the three kernels share.
     "cuda/common_device.cuh": REPO / "csrc" / "cuda" / "common_device.cuh",
 }
-# Mutants of these files are run against the apply_qk_cache host run (kv_cache_host.cpp).
+# Mutants of these files meet the torch-free KV-cache host run (kv_cache_host.cpp) first, then
+# the host run, whose apply_qk_cache cases compare bits with the CPU backend.
 KV_FILES = {"cuda/kv_cache_kernel.cuh", "kv_cache_args.h"}
 GLUE_SOURCES = {"cuda/common_glue.h": REPO / "csrc" / "cuda" / "common_glue.h"}
 
@@ -603,6 +610,93 @@ MUTANTS += [
 ]
 
 
+# Issue 30, section 1: bugs that passed every CPU-side check before the checks they name.
+MUTANTS += [
+    # rope.rms_norm_apply_qk with multi-axis positions (norm_cases.cpp: axis-first positions,
+    # up to 4 axes, as hf.patch hands Qwen3-VL's to this op).
+    Mutant(
+        "norm-axis-stride-assumed-1",
+        NORM,
+        "load_axis_rows(a, tb, pos_off, a.axis_stride, tb.table_stride, rows)",
+        "load_axis_rows(a, tb, pos_off, 1, tb.table_stride, rows)",
+        "norm kernel: the axis dim taken as dense and innermost (axis-first positions read wrong)",
+    ),
+    Mutant(
+        "norm-axis-3-reads-axis-2",
+        NORM,
+        "    const int32_t axis = tb.axes.num_axes > 0 ? plane_axis(tb.axes, k) : 0;",
+        "    const int32_t any_axis = tb.axes.num_axes > 0 ? plane_axis(tb.axes, k) : 0;\n"
+        "    const int32_t axis = any_axis > 2 ? 2 : any_axis;",
+        "norm kernel: at most 3 axes assumed, a 4th axis reads the 3rd axis's position",
+    ),
+    # Device and stream of the two newest ops (their launches now go through common_glue.h).
+    Mutant(
+        "kv-default-stream",
+        "cuda/common_glue.h",
+        "      return Runtime::launch_kv_cache(dtype, p.args, p.tables.args, interleaved, stream);",
+        "      return Runtime::launch_kv_cache(dtype, p.args, p.tables.args, interleaved,\n"
+        "                                      typename Runtime::Stream{});",
+        "apply_qk_cache launched on the legacy default stream",
+    ),
+    Mutant(
+        "norm-default-stream",
+        "cuda/common_glue.h",
+        "      return Runtime::launch_norm(dtype, q_args, k_args, tables, mode, params, stream);",
+        "      return Runtime::launch_norm(dtype, q_args, k_args, tables, mode, params,\n"
+        "                                  typename Runtime::Stream{});",
+        "rms_norm_apply_qk launched on the legacy default stream",
+    ),
+    Mutant(
+        "kv-no-device-guard",
+        "cuda/common_glue.h",
+        "  const typename Runtime::Guard guard(Runtime::device_of(q));\n"
+        "  return detail::apply_qk_cache_body",
+        "  return detail::apply_qk_cache_body",
+        "apply_qk_cache without the device guard: runs on whatever device is current",
+    ),
+    # The KV-cache kernel past 2^32 work units (big_cases.cpp: a sampled grid of 2^32 + 2^20
+    # threads).
+    Mutant(
+        "kv-int32-thread-index",
+        "cuda/kv_cache_kernel.cuh",
+        "  const int64_t w = grid_thread_index<kBlockThreads>();",
+        "  const int64_t w = blockIdx.x * kBlockThreads + threadIdx.x;",
+        "the KV-cache kernel's thread index in 32 bits: the last rows are never written",
+    ),
+    # Bit-exactness of the KV-cache kernel (kv_cache_cases.cpp: the CPU backend's bits).
+    Mutant(
+        "kv-bf16-truncated",
+        "cuda/kv_cache_kernel.cuh",
+        "    store_scalar(static_cast<scalar_t*>(row) + i, from_acc<scalar_t>(value));",
+        "    A v = value;\n"
+        "    if constexpr (std::is_same_v<scalar_t, __nv_bfloat16>) {\n"
+        "      uint32_t bits;\n"
+        "      memcpy(&bits, &v, sizeof(bits));\n"
+        "      bits &= 0xffff0000u;\n"
+        "      memcpy(&v, &bits, sizeof(bits));\n"
+        "    }\n"
+        "    store_scalar(static_cast<scalar_t*>(row) + i, from_acc<scalar_t>(v));",
+        "bf16 by truncation instead of round to nearest even: within the tolerance, not the bits",
+    ),
+    Mutant(
+        "kv-swapped-rotation-terms",
+        "cuda/kv_cache_kernel.cuh",
+        "  rotate_plane(to_acc(load_scalar(in + ia)), to_acc(load_scalar(in + ib)), c, s, ra, rb);",
+        "  rotate_plane(to_acc(load_scalar(in + ib)), to_acc(load_scalar(in + ia)), c, -s, rb,"
+        " ra);",
+        "the same values in exact arithmetic, the other product rounded first: not the CPU's bits",
+    ),
+    # A tuning default changed (scripts/sass_report.py's own expectation, not the header's).
+    Mutant(
+        "row-batch-default-changed",
+        "cuda/rope_launch_plan.h",
+        "#define ROPE_CUDA_ROW_BATCH 4\n",
+        "#define ROPE_CUDA_ROW_BATCH 2\n",
+        "the row batch halved: every result the same, the SASS rule's expectation must notice",
+    ),
+]
+
+
 def write_overlay(overlay: Path, mutant=None):
     write_sources(overlay, SOURCES, mutant)
     write_sources(overlay.parent / (overlay.name + "_glue"), GLUE_SOURCES, mutant)
@@ -741,6 +835,78 @@ def first_failure(out: str) -> str:
     return next((text for text in lines if "FAILED" in text), lines[-1] if lines else "")
 
 
+# The checks a mutant goes through, in order, until one fails: the host run of the kernels
+# (cuda_host_run: every op through the glue, bit comparisons with the CPU backend, the big cases),
+# the torch-free host run of the KV-cache kernel against its independent reference
+# (kv_cache_host.cpp: out-of-range slots and positions, float64), the launch-plan unit tests, and
+# the tuning defaults of scripts/sass_report.py (a text check of the plan header).
+CHECK_NAMES = {
+    "kv": "KV-cache host run",
+    "host": "host run",
+    "plan": "launch-plan tests",
+    "tuning": "tuning defaults",
+}
+
+
+def checks_of(m):
+    if m.file in KV_FILES:
+        return ["kv", "host"]
+    if m.file == "cuda/rope_launch_plan.h":
+        return ["host", "plan", "tuning"]
+    return ["host"]
+
+
+def run_tuning_check(overlay: Path):
+    """scripts/sass_report.py --check-tuning on the mutated plan header."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "sass_report.py"),
+            "--check-tuning",
+            str(overlay / "cuda" / "rope_launch_plan.h"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    out = (result.stdout + result.stderr).strip()
+    return ("passed" if result.returncode == 0 else "failed"), out.splitlines()[-1] if out else ""
+
+
+def target_of(lane, check):
+    if check == "plan":
+        return lane.plan_target
+    return lane.host_target(check == "kv")
+
+
+def run_stage(build_dir: Path, items, args):
+    """One check for each (lane, mutant, check): builds what they need in one command, runs them
+    side by side. [(status, how)], or None when a mutant does not compile."""
+    targets = [target_of(lane, c) for lane, _, c in items if c != "tuning"]
+    if targets:
+        ok, log = build(build_dir, targets)
+        if not ok:
+            # Which one: build each alone, for its own log.
+            for lane, m, c in items:
+                if c == "tuning":
+                    continue
+                ok, log = build(build_dir, [target_of(lane, c)])
+                if not ok:
+                    print(log[-3000:])
+                    print(f"mutant {m.name}: does not compile; a mutant must be plausible code")
+                    return None
+
+    def one(lane, m, c):
+        if c == "tuning":
+            return run_tuning_check(lane.overlay)
+        if c == "plan":
+            return run_plan_tests(lane.plan_binary, args.timeout)
+        status, out = run_host(lane.host_binary(c == "kv"), args.cases, args.seed, args.timeout)
+        how = {"failed": first_failure(out), "timeout": "timed out", "passed": "NOT CAUGHT"}[status]
+        return status, how
+
+    return side_by_side(one, items)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--build-dir", default=str(REPO / "build"))
@@ -776,9 +942,8 @@ def main():
     try:
         for lane in lanes:
             write_overlay(lane.overlay)
-        for kv in [False] * any(m.file not in KV_FILES for m in mutants) + [True] * any(
-            m.file in KV_FILES for m in mutants
-        ):
+        # Every host run a selected mutant goes through (KV-cache mutants: both).
+        for kv in [False] + [True] * any(m.file in KV_FILES for m in mutants):
             target = lanes[0].host_target(kv)
             ok, log = build(build_dir, [lane.host_target(kv) for lane in lanes])
             if not ok:
@@ -808,6 +973,12 @@ def main():
                     print("mutation check: the unmutated launch-plan tests do not pass")
                     return 1
             print("unmutated: the launch-plan tests pass")
+            status, how = run_tuning_check(lanes[0].overlay)
+            if status != "passed":
+                print(how)
+                print("mutation check: the unmutated plan header fails the tuning check")
+                return 1
+            print("unmutated: the tuning defaults are the checked ones")
 
         survived = []
         for first in range(0, len(mutants), len(lanes)):
@@ -815,43 +986,31 @@ def main():
             batch = list(zip(lanes, mutants[first : first + len(lanes)]))
             for lane, m in batch:
                 write_overlay(lane.overlay, m)
-            ok, log = build(build_dir, [lane.host_target(m.file in KV_FILES) for lane, m in batch])
-            if not ok:
-                # Which one: build each alone, for its own log.
-                for lane, m in batch:
-                    ok, log = build(build_dir, [lane.host_target(m.file in KV_FILES)])
-                    if not ok:
-                        print(log[-3000:])
+            # Each mutant goes through its checks in order until one catches it; the mutants of
+            # a batch that are still alive take their next check together.
+            alive = [(lane, m, 0) for lane, m in batch]
+            while alive:
+                stage = [(lane, m, checks_of(m)[i]) for lane, m, i in alive]
+                status = run_stage(build_dir, stage, args)
+                if status is None:
+                    return 1
+                nxt = []
+                for (lane, m, i), (result, how) in zip(alive, status):
+                    if result != "passed":
                         print(
-                            f"mutant {m.name}: does not compile; a mutant must be a "
-                            "plausible program"
+                            f"caught   {m.name:38s} {time.time() - t0:5.1f} s  ({m.why})\n"
+                            f"         {how[:200]}"
                         )
-                        return 1
-            runs = [
-                (lane.host_binary(m.file in KV_FILES), args.cases, args.seed, args.timeout)
-                for lane, m in batch
-            ]
-            for (lane, m), (status, out) in zip(batch, side_by_side(run_host, runs)):
-                how = {
-                    "failed": first_failure(out),
-                    "timeout": "timed out",
-                    "passed": "NOT CAUGHT",
-                }[status]
-                if status == "passed" and m.file == "cuda/rope_launch_plan.h":
-                    ok, log = build(build_dir, [lane.plan_target])
-                    if not ok:
-                        print(log[-3000:])
-                        print(f"mutant {m.name}: the launch-plan tests do not compile against it")
-                        return 1
-                    status, how = run_plan_tests(lane.plan_binary, args.timeout)
-                    how = how if status == "failed" else "NOT CAUGHT (host run and plan tests)"
-                caught = status != "passed"
-                if not caught:
-                    survived.append(m)
-                print(
-                    f"{'caught  ' if caught else 'SURVIVED'} {m.name:38s} {time.time() - t0:5.1f} s"
-                    f"  ({m.why})\n         {how[:200]}"
-                )
+                    elif i + 1 < len(checks_of(m)):
+                        nxt.append((lane, m, i + 1))
+                    else:
+                        survived.append(m)
+                        names = " and ".join(CHECK_NAMES[c] for c in checks_of(m))
+                        print(
+                            f"SURVIVED {m.name:38s} {time.time() - t0:5.1f} s  ({m.why})\n"
+                            f"         NOT CAUGHT ({names})"
+                        )
+                alive = nxt
     finally:
         for lane in lanes:
             write_overlay(lane.overlay)  # leave the overlays unmutated

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The cost of a table-free angle on the CPU: steps 2 (turn at a position) and 3a (double cos /
-// sin) of csrc/exact_angle.h per (position, plane), one core, at prefill shape (8192 positions x
-// 64 planes of a theta-10000, d = 128 model), the (position, plane) work that all heads of a token
-// share. Three forms: the header's scalar functions; the same computation on GCC vectors of 4
-// lanes (AVX2) and 8 lanes (AVX-512), where step 2 is turns_at_limbs with 32 x 32 -> 64-bit
+// sin) of csrc/common_exact_angle.h per (position, plane), one core, at prefill shape (8192
+// positions x 64 planes of a theta-10000, d = 128 model), the (position, plane) work that all heads
+// of a token share. Three forms: the header's scalar functions; the same computation on GCC vectors
+// of 4 lanes (AVX2) and 8 lanes (AVX-512), where step 2 is turns_at_limbs with 32 x 32 -> 64-bit
 // multiplies (vpmuludq) and step 3a is the header's sincos_core template instantiated with a
 // small vector wrapper, as the CPU kernel would instantiate it with at::vec::Vectorized<double>.
 // The vector results are compared with the scalar ones bit for bit. Not a test; torch-free.
@@ -29,7 +29,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "exact_angle.h"
+#include "common_exact_angle.h"
 
 namespace ea = rope::exact_angle;
 

@@ -2,7 +2,7 @@
 // What this build of librope contains and which of its kernels this process runs.
 #include <torch_rope/ops.h>
 
-#include "cpu/kernel_choice.h"
+#include "cpu/common_kernel_choice.h"
 
 namespace rope {
 

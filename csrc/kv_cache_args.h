@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernel_args.h"  // ROPE_HOST_DEVICE, TableArgs
+#include "common_kernel_args.h"  // ROPE_HOST_DEVICE, TableArgs
 
 namespace rope {
 

@@ -3,7 +3,7 @@
 // Meta kernel (the same checks as CPU and CUDA, on SymInts; the slot and position values are left
 // to the real kernels), the Autograd kernel (not differentiable, as apply.out) and the
 // ADInplaceOrView kernel (the caches' version counters where autograd is excluded). The schema is
-// in ops.cpp with the others; CPU and CUDA register in cpu/kv_cache_cpu.cpp and
+// in rope_ops.cpp with the others; CPU and CUDA register in cpu/kv_cache_cpu.cpp and
 // cuda/kv_cache_cuda.cu.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
@@ -12,7 +12,7 @@
 #include <torch/library.h>
 #include <torch_rope/ops.h>
 
-#include "kv_cache.h"
+#include "kv_cache_body.h"
 
 namespace rope {
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The body of rope.rms_norm_apply_qk, written once for the computing backends (CPU, CUDA), in
-// the order of op_bodies.h: every check, then allocation, then the kernel. A backend supplies
-// op_bodies.h's check_positions and
+// the order of rope_body.h: every check, then allocation, then the kernel. A backend supplies
+// rope_body.h's check_positions and
 //   static void norm_rotate_pair(c10::ScalarType dtype, const RotationArgs& q,
 //                                const RotationArgs& k, const at::Tensor& q_weight,
 //                                const at::Tensor& k_weight, const TableArgs&, RotationMode,
@@ -12,8 +12,8 @@
 
 #include <tuple>
 
-#include "norm_args.h"
-#include "prepare.h"
+#include "common_prepare.h"
+#include "rms_norm_args.h"
 #include "rms_norm_validation.h"
 
 namespace rope::detail {

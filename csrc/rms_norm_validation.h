@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The checks of rope.rms_norm_apply_qk, shared by every backend (CPU, CUDA, Meta) and by the
 // autograd kernel: rope.apply_qk's checks, then the two weights, eps and weight_offset.
-// Metadata only (SymInt-aware), as validation.h.
+// Metadata only (SymInt-aware), as rope_validation.h.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
-#include "validation.h"
+#include "rope_validation.h"
 
 namespace rope::detail {
 

@@ -17,7 +17,7 @@
 #include <unistd.h>
 #endif
 
-#include "kernel_args.h"
+#include "common_kernel_args.h"
 
 namespace rope::detail {
 namespace {

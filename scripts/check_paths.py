@@ -8,6 +8,11 @@ repository (csrc/, python/, tests/, docs/, ...) and checks each against the tree
 (`cpu_{avx2,avx512}.md`) are expanded, `*` is a glob, and a token with a placeholder (`<name>`,
 `NAME`, `...`) is checked up to the placeholder only.
 
+Comments mostly name a file by itself (`rms_norm_rows.cpp`, `common_glue.h`), so a source file
+name standing alone (.h, .cpp, .cu, .cuh, .py, .sh; not after a `/`, a `.` or a `<`) must be the
+name of a tracked file somewhere in the tree, unless it is one of the few outside files listed in
+EXTERNAL_NAMES: a file renamed without its mentions fails here.
+
     python scripts/check_paths.py        # exit 1 and list each missing path with file:line
 
 Run by scripts/lint.sh.
@@ -28,6 +33,14 @@ PATH_RE = re.compile(
     r"(?<![\w./-])((?:" + "|".join(re.escape(d) for d in TOP_LEVEL) + r")/[\w./{},*<>-]*)"
 )
 PLACEHOLDER_RE = re.compile(r"<[^>]*>?|\.\.\.|\b[A-Z][A-Z_]{2,}\b")
+# A source file named by itself (not the tail of a path, an #include <...> or a dotted name).
+NAME_RE = re.compile(r"(?<![\w./<-])([A-Za-z_][\w-]*\.(?:h|cpp|cu|cuh|py|sh))\b(?![\w(])")
+# Files of other projects that comments name by themselves.
+EXTERNAL_NAMES = {
+    "Float8_e5m2.h",  # c10/util/, the fp8 rounding the KV cache follows
+    "driver_types.h",  # the CUDA runtime's, whose error values the host shim copies
+    "modeling_rope_utils.py",  # transformers', whose RoPE scaling formulas csrc/scaling.cpp follows
+}
 
 
 def expand_braces(token):
@@ -54,6 +67,7 @@ def main():
     files = subprocess.run(
         ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.split()
+    basenames = {Path(name).name for name in files}
     missing = []
     for name in files:
         path = REPO / name
@@ -66,6 +80,9 @@ def main():
                 for candidate in expand_braces(token):
                     if not exists(candidate):
                         missing.append(f"{name}:{number}: {candidate}")
+            for file_name in NAME_RE.findall(line):
+                if file_name not in basenames and file_name not in EXTERNAL_NAMES:
+                    missing.append(f"{name}:{number}: {file_name} (no tracked file of that name)")
     for entry in missing:
         print(f"check_paths: no such path: {entry}")
     if missing:

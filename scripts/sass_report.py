@@ -7,7 +7,8 @@ shared library (librope.so) or a cubin, it lists the registers, the spills (stac
 memory, STL / LDL instructions), the resident blocks per SM those registers allow on that arch
 (and so the occupancy), and the widths of the global stores and loads. Accesses are attributed
 to source lines through the line info that the build keeps (-lineinfo): the lines of
-csrc/cuda/rope_kernel.cuh marked `// sass: vector store`, `// sass: vector load`,
+csrc/cuda/rope_kernel.cuh and of the device helpers it shares with the other kernels,
+csrc/cuda/common_device.cuh, marked `// sass: vector store`, `// sass: vector load`,
 `// sass: pair store`, `// sass: pair load`, `// sass: rotated store` and `// sass: tail store`.
 
     python scripts/sass_report.py [--check] [--markdown FILE] [--json FILE] [build/librope.so]
@@ -38,6 +39,12 @@ interleaved, 2 * kRowBatch half split. Stores are the right fence: x and out may
 (rope.apply_), so no compiler may move a load of x past a store to out, and a kernel that
 computes each row right after its load shows runs of 1 (2 half split) however it is scheduled.
 Runs that end at a tail store (the copy lanes) are not counted.
+Tuning defaults. The row batch the rule expects is written here (TUNED_ROW_BATCH), not read from
+csrc/cuda/rope_launch_plan.h, and --check first compares the two (as --check-tuning HEADER does
+alone, with no CUDA build): a default changed in the header fails the check, even where no SASS
+can be read, until the change is made here too, with the GPU measurement that justifies it
+(scripts/gpu_check.sh compares row batches). A variant build with another batch passes
+--row-batch.
 Exit 77 (a skip, for ctest) when there is no cuobjdump / nvdisasm or no CUDA code in the file.
 
 The tools come from, in order: $CUOBJDUMP / $NVDISASM, --tool-dir, PATH, /usr/local/cuda/bin,
@@ -58,7 +65,16 @@ from pathlib import Path
 
 SKIP = 77
 REPO = Path(__file__).resolve().parent.parent
-KERNEL_SOURCE = REPO / "csrc" / "cuda" / "rope_kernel.cuh"
+# The row batch (ROPE_CUDA_ROW_BATCH) the vector kernels are tuned for, and the default that
+# csrc/cuda/rope_launch_plan.h must have: see "Tuning defaults" above.
+TUNED_ROW_BATCH = 4
+PLAN_HEADER = REPO / "csrc" / "cuda" / "rope_launch_plan.h"
+# The sources whose marked lines attribute accesses: the kernel, and the shared device helpers
+# that hold its 16-byte and paired loads and stores.
+KERNEL_SOURCES = [
+    REPO / "csrc" / "cuda" / "rope_kernel.cuh",
+    REPO / "csrc" / "cuda" / "common_device.cuh",
+]
 MARKERS = {
     "vector": "// sass: vector store",
     "rotated": "// sass: rotated store",
@@ -167,17 +183,18 @@ def describe(demangled):
     return name, info
 
 
-def marker_lines(path):
-    """Line numbers of each marker in the kernel source."""
+def marker_lines(paths):
+    """(file name, line number) of each marker in the kernel sources."""
     lines = {k: set() for k in MARKERS}
-    try:
-        text = Path(path).read_text().splitlines()
-    except OSError:
-        return lines
-    for number, line in enumerate(text, start=1):
-        for kind, marker in MARKERS.items():
-            if marker in line:
-                lines[kind].add(number)
+    for path in paths:
+        try:
+            text = Path(path).read_text().splitlines()
+        except OSError:
+            continue
+        for number, line in enumerate(text, start=1):
+            for kind, marker in MARKERS.items():
+                if marker in line:
+                    lines[kind].add((Path(path).name, number))
     return lines
 
 
@@ -240,14 +257,14 @@ def width_of(opcode):
     return {"U16": "16", "S16": "16", "U8": "8", "S8": "8"}.get(m.group(1), m.group(1))
 
 
-def loads_in_flight(instructions, markers, kernel_file, width="128", store="vector"):
+def loads_in_flight(instructions, markers, width="128", store="vector"):
     """Lengths of the runs of `width`-bit x loads that end at a rotated store from the `store`
     marker (see above): 128-bit ones at a vector store, or 32-bit ones at a pair store."""
     runs = []
     pending = 0
     for opcode, chain in instructions:
         base = opcode.split(".")[0]
-        lines = {ln for f, ln in chain if f == kernel_file}
+        lines = chain  # (file name, line) of the instruction and of its inlining sites
         if base == "LDG" and width_of(opcode) == width and lines & markers["rotated_load"]:
             pending += 1
         elif base == "STG":
@@ -263,7 +280,6 @@ def analyse(cubin, arch, tools, markers):
     resources = parse_resources(run([tools["cuobjdump"], "-res-usage", str(cubin)]))
     functions = parse_sass(run([tools["nvdisasm"], "-gi", "-c", str(cubin)]))
     names = demangle(sorted(functions))
-    kernel_file = KERNEL_SOURCE.name
     rows = []
     for mangled, instructions in functions.items():
         res = resources.get(mangled, {})
@@ -282,13 +298,13 @@ def analyse(cubin, arch, tools, markers):
             if base == "LDG":
                 w = width_of(opcode)
                 loads[w] = loads.get(w, 0) + 1
-                if {ln for f, ln in chain if f == kernel_file} & markers["vector_load"]:
+                if chain & markers["vector_load"]:
                     vector_loads[w] = vector_loads.get(w, 0) + 1
-                if {ln for f, ln in chain if f == kernel_file} & markers["pair_load"]:
+                if chain & markers["pair_load"]:
                     pair_loads[w] = pair_loads.get(w, 0) + 1
             if base != "STG":
                 continue
-            lines = {ln for f, ln in chain if f == kernel_file}
+            lines = chain
             if lines & markers["vector"]:
                 kind = "rotated_vector" if lines & markers["rotated"] else "tail_vector"
             elif lines & markers["pair"]:
@@ -301,8 +317,8 @@ def analyse(cubin, arch, tools, markers):
             stores[kind][w] = stores[kind].get(w, 0) + 1
         registers = res.get("registers", 0)
         blocks = resident_blocks(registers, arch) if registers else None
-        in_flight = loads_in_flight(instructions, markers, kernel_file)
-        pair_in_flight = loads_in_flight(instructions, markers, kernel_file, "32", "pair")
+        in_flight = loads_in_flight(instructions, markers)
+        pair_in_flight = loads_in_flight(instructions, markers, "32", "pair")
         rows.append(
             {
                 "arch": arch,
@@ -378,18 +394,30 @@ def markdown(rows):
     return "\n".join(out)
 
 
-def default_row_batch():
-    """ROPE_CUDA_ROW_BATCH's default in csrc/cuda/launch_plan.h."""
-    text = (REPO / "csrc" / "cuda" / "launch_plan.h").read_text()
-    m = re.search(r"#define ROPE_CUDA_ROW_BATCH (\d+)", text)
+def default_row_batch(header=PLAN_HEADER):
+    """ROPE_CUDA_ROW_BATCH's default in the plan header (csrc/cuda/rope_launch_plan.h)."""
+    m = re.search(r"#define ROPE_CUDA_ROW_BATCH (\d+)", Path(header).read_text())
     return int(m.group(1)) if m else None
+
+
+def tuning_problems(header=PLAN_HEADER):
+    """The header's tuning defaults against the values this check was written for."""
+    got = default_row_batch(header)
+    if got != TUNED_ROW_BATCH:
+        return [
+            f"{header}: ROPE_CUDA_ROW_BATCH defaults to {got}, the SASS rule expects "
+            f"{TUNED_ROW_BATCH} (TUNED_ROW_BATCH in scripts/sass_report.py): a tuning default "
+            "changed; change both, with the GPU measurement that justifies it"
+        ]
+    return []
 
 
 def check(rows, markers, row_batch):
     problems = []
     if not markers["vector"] or not markers["rotated"]:
         problems.append(
-            f"no `{MARKERS['vector']}` / `{MARKERS['rotated']}` markers in {KERNEL_SOURCE}"
+            f"no `{MARKERS['vector']}` / `{MARKERS['rotated']}` markers in "
+            f"{', '.join(map(str, KERNEL_SOURCES))}"
         )
     attributed = sum(
         sum(r["stores"][k].values())
@@ -480,15 +508,30 @@ def main():
         "--row-batch",
         type=int,
         default=None,
-        help="rows a thread loads before it stores (ROPE_CUDA_ROW_BATCH of the build; default: "
-        "launch_plan.h's)",
+        help="rows a thread loads before it stores (ROPE_CUDA_ROW_BATCH of a variant build; "
+        f"default: the tuned {TUNED_ROW_BATCH}, which rope_launch_plan.h must have)",
+    )
+    parser.add_argument(
+        "--check-tuning",
+        metavar="HEADER",
+        help="only compare the tuning defaults of this plan header with the checked ones",
     )
     parser.add_argument(
         "--source",
-        default=str(KERNEL_SOURCE),
-        help="the kernel source whose marker lines attribute stores",
+        action="append",
+        help="a kernel source whose marker lines attribute accesses (repeatable; default: "
+        "rope_kernel.cuh and common_device.cuh)",
     )
     args = parser.parse_args()
+    if args.check_tuning:
+        problems = tuning_problems(args.check_tuning)
+        print("\n".join(f"FAILED: {p}" for p in problems) or "PASSED: tuning defaults")
+        return 1 if problems else 0
+    if args.check and args.row_batch is None:
+        problems = tuning_problems()
+        if problems:
+            print("\n".join(f"FAILED: {p}" for p in problems))
+            return 1
     files = [Path(f) for f in args.files] or [REPO / "build" / "librope.so"]
 
     tools = {t: find_tool(t, args.tool_dir) for t in ("cuobjdump", "nvdisasm")}
@@ -499,7 +542,7 @@ def main():
             "/usr/local/cuda/bin, triton/backends/nvidia/bin)"
         )
         return SKIP
-    markers = marker_lines(args.source)
+    markers = marker_lines(args.source or KERNEL_SOURCES)
     rows = []
     for f in files:
         if not f.is_file():
@@ -526,10 +569,7 @@ def main():
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=sorted) + "\n")
     if args.check:
-        row_batch = args.row_batch or default_row_batch()
-        if row_batch is None:
-            print("FAILED: no ROPE_CUDA_ROW_BATCH default in launch_plan.h; pass --row-batch")
-            return 1
+        row_batch = args.row_batch or TUNED_ROW_BATCH
         problems = check(rows, markers, row_batch)
         if problems:
             print("\nFAILED:")

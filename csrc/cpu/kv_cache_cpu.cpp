@@ -4,7 +4,7 @@
 // rows with the same row kernel whose output pointer and strides are the cache rows, and copies
 // its v rows. fp8 caches go through a per-thread float scratch row (the rotation in float32, or
 // float64 for float64 inputs), then quantize as kv_cache_args.h's quantize_fp8 does, with the
-// vectorised row helpers of fp8_rows.h.
+// vectorised row helpers of kv_cache_fp8_rows.h.
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -14,9 +14,9 @@
 #include <cstring>
 #include <vector>
 
-#include "../kv_cache.h"
-#include "fp8_rows.h"
-#include "kernel_choice.h"
+#include "../kv_cache_body.h"
+#include "common_kernel_choice.h"
+#include "kv_cache_fp8_rows.h"
 
 namespace rope::cpu {
 

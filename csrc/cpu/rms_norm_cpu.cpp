@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // CPU backend of rope.rms_norm_apply_qk: registration, the weights in the math type, and the
-// parallel driver over q's rows then k's (one parallel region, as parallel_rotate.cpp's
-// rotate_pair), running the copy of norm_rows.cpp that matches the chosen rotation kernel.
+// parallel driver over q's rows then k's (one parallel region, as rope_parallel.cpp's
+// rotate_pair), running the copy of rms_norm_rows.cpp that matches the chosen rotation kernel.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <c10/util/SmallVector.h>
@@ -11,9 +11,9 @@
 #include <cstring>
 
 #include "../rms_norm_body.h"
-#include "kernel_choice.h"
-#include "norm_rows.h"
-#include "shared_angles.h"
+#include "common_kernel_choice.h"
+#include "common_shared_angles.h"
+#include "rms_norm_rows.h"
 
 namespace rope::cpu {
 
@@ -48,7 +48,7 @@ void effective_weight(const at::Tensor& weight, double offset, c10::SmallVector<
                                   });
 }
 
-constexpr int64_t kGrainFeatures = 32768;  // as parallel_rotate.cpp
+constexpr int64_t kGrainFeatures = 32768;  // as rope_parallel.cpp
 
 template <typename acc_t>
 void run_pair(c10::ScalarType dtype, const RotationArgs& q, const RotationArgs& k,

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // CPU backend: registers rope.apply, rope.apply.out, rope.apply_ and rope.apply_qk for the CPU
-// dispatch key. The op bodies (op_bodies.h) check and prepare; the parallel drivers rotate.
+// dispatch key. The op bodies (rope_body.h) check and prepare; the parallel drivers rotate.
 #include <torch/library.h>
 
-#include "../op_bodies.h"
-#include "parallel_rotate.h"
+#include "../rope_body.h"
+#include "rope_parallel.h"
 
 namespace rope::cpu {
 namespace {

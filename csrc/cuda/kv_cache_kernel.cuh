@@ -1,36 +1,27 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// rope.apply_qk_cache on CUDA: the kernel and its launcher, free of torch (like rope_kernel.cuh),
-// so tests/cuda_host runs it on the host with the shims: no shared memory, barriers, shuffles or
-// atomics; every thread works alone.
+// rope.apply_qk_cache on CUDA: the kernel and its launcher, free of torch (like rope_kernel.cuh;
+// its device helpers are common_device.cuh's), so tests/cuda_host runs it on the host with the
+// shims: no shared memory, barriers, shuffles or atomics; every thread works alone.
 //
 // One thread per unit of work, in three segments of one grid:
 //   q: (token, q head, unit)  -> q_out            unit = a plane (rotary_dim / 2 of them) or a
 //   k: (token, kv head, unit) -> k_cache row         tail feature (head_dim - rotary_dim)
 //   v: (token, kv head, feature) -> v_cache row
 // A token whose slot_mapping entry is negative (padding) writes no cache row; its q is rotated.
-// The math is the CPU kernel's: plane (a, b) -> (fma(a, c, -(b s)), fma(a, s, b c)) in float
+// The math is the CPU kernel's: rotate_plane (fma(a, c, -(b s)), fma(a, s, b c)) in float
 // (double for double storage), rounded once to the storage type, or quantized for fp8 caches
 // (kv_cache_args.h). A slot outside [0, num_slots) or a position outside the tables trips
 // ROPE_DEVICE_ASSERT and writes nothing. Two tokens with one slot race: which one's row the cache
 // keeps is unspecified (the CPU backend refuses such a slot_mapping).
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
-#include <cassert>
-#include <cstdint>
-#include <type_traits>
-
 #include "../kv_cache_args.h"
-
-#ifndef ROPE_DEVICE_ASSERT
-#define ROPE_DEVICE_ASSERT(cond) assert(cond)
-#endif
+#include "common_device.cuh"
 
 namespace rope::cuda {
 namespace kv {
+
+using namespace ::rope::cuda::device;
 
 constexpr int kBlockThreads = 256;
 
@@ -57,61 +48,16 @@ inline KvKernelParams plan(const KvCacheArgs& a, const TableArgs& tables, bool i
   return p;
 }
 
-template <typename T>
-using acc_of = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-__device__ __forceinline__ float widen(float v) { return v; }
-__device__ __forceinline__ double widen(double v) { return v; }
-__device__ __forceinline__ float widen(__half v) { return __half2float(v); }
-__device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T, typename A>
-__device__ __forceinline__ T narrow(A v) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __float2half_rn(v);
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __float2bfloat16_rn(v);
-  } else {
-    return v;
-  }
-}
-
-__device__ __forceinline__ float fused(float x, float y, float z) { return fmaf(x, y, z); }
-__device__ __forceinline__ double fused(double x, double y, double z) { return fma(x, y, z); }
-
-// Stores `value` as element `i` of a row in `format`.
+// Stores `value` as element `i` of a row in `format`: rounded once to the storage type, or
+// quantized to fp8.
 template <typename scalar_t, typename A>
 __device__ __forceinline__ void store(void* row, int64_t i, A value, CacheFormat format,
                                       const float* scale) {
   if (format == CacheFormat::kSame) {
-    static_cast<scalar_t*>(row)[i] = narrow<scalar_t>(value);
+    store_scalar(static_cast<scalar_t*>(row) + i, from_acc<scalar_t>(value));
   } else {
-    static_cast<uint8_t*>(row)[i] = quantize_fp8(value, __ldg(scale), format);
+    store_scalar(static_cast<uint8_t*>(row) + i, quantize_fp8(value, __ldg(scale), format));
   }
-}
-
-struct QuotRem {
-  int64_t quot;
-  int64_t rem;
-};
-
-// n / d and n % d for n >= 0, d > 0; 32-bit when both fit.
-__device__ __forceinline__ QuotRem div_rem(int64_t n, int64_t d) {
-  if ((static_cast<uint64_t>(n) | static_cast<uint64_t>(d)) <= 0xffffffffull) {
-    const uint32_t q = static_cast<uint32_t>(n) / static_cast<uint32_t>(d);
-    return {static_cast<int64_t>(q), n - static_cast<int64_t>(q) * d};
-  }
-  return {n / d, n % d};
-}
-
-// The position at pos_off, range-checked; false (after the assert) when outside the tables.
-__device__ __forceinline__ bool load_position(const KvCacheArgs& a, const TableArgs& tb,
-                                              int64_t pos_off, int64_t& pos) {
-  pos = a.positions_are_int64
-            ? static_cast<int64_t>(__ldg(static_cast<const long long*>(a.positions) + pos_off))
-            : static_cast<int64_t>(__ldg(static_cast<const int*>(a.positions) + pos_off));
-  ROPE_DEVICE_ASSERT(pos >= 0 && pos < tb.max_seq_len);
-  return pos >= 0 && pos < tb.max_seq_len;
 }
 
 // The cache slot of token t, range-checked; false for padding and (after the assert) for a slot
@@ -132,7 +78,7 @@ template <typename scalar_t, typename table_t>
 __device__ __forceinline__ void rotate_unit(const KvKernelParams& p, const scalar_t* in, void* out,
                                             CacheFormat format, const float* scale, int64_t u,
                                             int64_t pos_off) {
-  using A = acc_of<scalar_t>;
+  using A = typename AccType<scalar_t>::type;
   const KvCacheArgs& a = p.args;
   const int64_t planes = a.rotary_dim / 2;
   // Every unit checks its row's position (a cached load), so a row with a bad position writes
@@ -143,7 +89,7 @@ __device__ __forceinline__ void rotate_unit(const KvKernelParams& p, const scala
   }
   if (u >= planes) {
     const int64_t f = a.rotary_dim + (u - planes);
-    store<scalar_t>(out, f, widen(in[f]), format, scale);
+    store<scalar_t>(out, f, to_acc(load_scalar(in + f)), format, scale);
     return;
   }
   const int64_t ia = p.interleaved ? 2 * u : u;
@@ -151,10 +97,11 @@ __device__ __forceinline__ void rotate_unit(const KvKernelParams& p, const scala
   const int64_t t_off = pos * p.tables.table_stride + u;
   const A c = static_cast<A>(__ldg(static_cast<const table_t*>(p.tables.cos) + t_off));
   const A s = static_cast<A>(__ldg(static_cast<const table_t*>(p.tables.sin) + t_off));
-  const A xa = widen(in[ia]);
-  const A xb = widen(in[ib]);
-  store<scalar_t>(out, ia, fused(xa, c, -(xb * s)), format, scale);
-  store<scalar_t>(out, ib, fused(xa, s, xb * c), format, scale);
+  A ra;
+  A rb;
+  rotate_plane(to_acc(load_scalar(in + ia)), to_acc(load_scalar(in + ib)), c, s, ra, rb);
+  store<scalar_t>(out, ia, ra, format, scale);
+  store<scalar_t>(out, ib, rb, format, scale);
 }
 
 template <typename scalar_t, typename table_t>
@@ -203,13 +150,13 @@ __device__ __forceinline__ void kv_thread(const KvKernelParams& p, int64_t w) {
   void* out = vc.format == CacheFormat::kSame
                   ? static_cast<void*>(static_cast<scalar_t*>(vc.data) + row)
                   : static_cast<void*>(static_cast<uint8_t*>(vc.data) + row);
-  store<scalar_t>(out, feature.rem, widen(in[feature.rem]), vc.format, vc.scale);
+  store<scalar_t>(out, feature.rem, to_acc(load_scalar(in + feature.rem)), vc.format, vc.scale);
 }
 
 template <typename scalar_t, typename table_t>
 __global__ void __launch_bounds__(kBlockThreads)
     kv_cache_kernel(const __grid_constant__ KvKernelParams params) {
-  const int64_t w = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x;
+  const int64_t w = grid_thread_index<kBlockThreads>();
   if (w < params.total) {
     kv_thread<scalar_t, table_t>(params, w);
   }
@@ -222,23 +169,12 @@ __global__ void __launch_bounds__(kBlockThreads)
 template <typename scalar_t>
 cudaError_t apply_qk_cache(const KvCacheArgs& args, const TableArgs& tables, bool interleaved,
                            cudaStream_t stream) {
-  kv::KvKernelParams params = kv::plan(args, tables, interleaved);
-  if (params.total == 0) {
-    return cudaSuccess;
-  }
-  const int64_t blocks = (params.total + kv::kBlockThreads - 1) / kv::kBlockThreads;
-  if (blocks > 0x7fffffff) {
-    return cudaErrorInvalidConfiguration;
-  }
-  void* kernel_args[] = {&params};
-  if (tables.tables_are_double) {
-    return cudaLaunchKernel(kv::kv_cache_kernel<scalar_t, double>,
-                            dim3(static_cast<unsigned int>(blocks)), dim3(kv::kBlockThreads),
-                            kernel_args, 0, stream);
-  }
-  return cudaLaunchKernel(kv::kv_cache_kernel<scalar_t, float>,
-                          dim3(static_cast<unsigned int>(blocks)), dim3(kv::kBlockThreads),
-                          kernel_args, 0, stream);
+  const kv::KvKernelParams params = kv::plan(args, tables, interleaved);
+  const int64_t blocks = device::blocks_for<kv::kBlockThreads>(params.total);
+  return tables.tables_are_double ? device::launch_grid(kv::kv_cache_kernel<scalar_t, double>,
+                                                        blocks, kv::kBlockThreads, params, stream)
+                                  : device::launch_grid(kv::kv_cache_kernel<scalar_t, float>,
+                                                        blocks, kv::kBlockThreads, params, stream);
 }
 
 }  // namespace rope::cuda

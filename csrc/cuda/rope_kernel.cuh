@@ -3,11 +3,12 @@
 //
 // Like FlashInfer's include/flashinfer/pos_enc.cuh, this header sees only raw pointers, int64
 // element strides and a cudaStream_t, and reports failure as a cudaError_t. The torch glue
-// (rope_cuda.cu) validates the tensors, fills the structs of kernel_args.h, picks the stream and
-// turns the status into an error. How rows, lanes and threads are planned is launch_plan.h, plain
-// C++ shared with the unit tests.
+// (rope_cuda.cu, common_glue.h) validates the tensors, fills the structs of common_kernel_args.h,
+// picks the stream and turns the status into an error. How rows, lanes and threads are planned is
+// rope_launch_plan.h, plain C++ shared with the unit tests; the device helpers the three kernels
+// share (loads and stores, rounding, the plane rotation, positions) are common_device.cuh.
 //
-// It computes exactly the function of the CPU kernel (csrc/cpu/rotate_rows.cpp): plane k is
+// It computes exactly the function of the CPU kernel (csrc/cpu/rope_rows.cpp): plane k is
 // (2k, 2k+1) interleaved or (k, k + rotary_dim/2) half split; x'_a = a cos - b sin,
 // x'_b = a sin + b cos; `inverse` negates sin; features [rotary_dim, head_dim) are copied when
 // the output is a new tensor; math in float (double for double storage). With multi-axis
@@ -17,36 +18,17 @@
 // This header is also compiled as host C++ by tests/cuda_host, with shims for the CUDA built-ins
 // and a launch that runs every (block, thread) one after the other, under ASan and UBSan. That is
 // faithful only while threads never talk to each other, so the device code here must not use
-// shared memory, barriers, warp shuffles or atomics; the shims refuse to compile them. The two
-// ROPE_TRACE_* hooks below let the host run see every global load and store.
+// shared memory, barriers, warp shuffles or atomics; the shims refuse to compile them. The
+// ROPE_TRACE_* hooks of common_device.cuh let the host run see every global load and store.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
 #include <atomic>
-#include <cassert>
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
-#include "../kernel_args.h"
-#include "launch_plan.h"
+#include "common_device.cuh"
+#include "rope_launch_plan.h"
 
-// Hook for the range check of positions. The torch glue defines it as CUDA_KERNEL_ASSERT, which
-// stays on in release builds, before including this header.
-#ifndef ROPE_DEVICE_ASSERT
-#define ROPE_DEVICE_ASSERT(cond) assert(cond)
-#endif
-// Hooks on every global access of x and out: empty on the GPU; the host run counts, per element,
-// which thread read and wrote it.
-#ifndef ROPE_TRACE_LOAD
-#define ROPE_TRACE_LOAD(ptr, bytes)
-#endif
-#ifndef ROPE_TRACE_STORE
-#define ROPE_TRACE_STORE(ptr, bytes)
-#endif
 // Register budget of the vector kernels: minimum resident blocks per SM for __launch_bounds__.
 // 0 (the default) means the per-layout value below; scripts/gpu_check.sh overrides it to compare.
 #ifndef ROPE_CUDA_MIN_BLOCKS_PER_SM
@@ -56,101 +38,9 @@
 namespace rope::cuda {
 namespace kernel {
 
-// ---- device helpers ----------------------------------------------------------------------------
+using namespace ::rope::cuda::device;
 
-template <typename T>
-struct AccType {
-  using type = float;
-};
-template <>
-struct AccType<double> {
-  using type = double;
-};
-
-__device__ __forceinline__ float to_acc(float v) { return v; }
-__device__ __forceinline__ double to_acc(double v) { return v; }
-__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-// Round to nearest even, as c10::Half / c10::BFloat16 do on the CPU.
-template <typename T, typename A>
-__device__ __forceinline__ T from_acc(A v) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __float2half_rn(v);
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __float2bfloat16_rn(v);
-  } else {
-    return v;
-  }
-}
-
-// x * y + z rounded once. Written out rather than left to nvcc's contraction, so the rounding is
-// the same on every compiler: the host run computes what the GPU computes, and both compute what
-// the CPU kernel's vector path (at::vec::fmadd / fmsub) does.
-__device__ __forceinline__ float fused(float x, float y, float z) { return fmaf(x, y, z); }
-__device__ __forceinline__ double fused(double x, double y, double z) { return fma(x, y, z); }
-
-// One plane: (a, b) -> (a cos - b sin, a sin + b cos), each with one product rounded first, in
-// the order of the CPU kernel: fmsub(a, c, b * s) and fmadd(a, s, b * c).
-template <typename A>
-__device__ __forceinline__ void rotate_plane(A a, A b, A c, A s, A& ra, A& rb) {
-  ra = fused(a, c, -(b * s));
-  rb = fused(a, s, b * c);
-}
-
-// 16 bytes of x as one 128-bit access. x is loaded with plain (coherent) loads, not __ldg: for
-// rope.apply_ the same kernel writes it.
-template <typename T, int N>
-__device__ __forceinline__ void load_vector(const T* p, T (&dst)[N]) {
-  static_assert(sizeof(T) * N == sizeof(uint4), "the vector path moves exactly 16 bytes");
-  ROPE_TRACE_LOAD(p, sizeof(uint4));
-  const uint4 bits = *reinterpret_cast<const uint4*>(p);  // sass: vector load
-  memcpy(dst, &bits, sizeof(bits));
-}
-
-// The store goes through __stwb (st.global.wb.v4, the default write-back caching of a plain
-// store), not a uint4 assignment: nvcc split the assignment into four 32-bit stores in every row
-// of a batch but the first (cuobjdump -sass showed 2 STG.E.128 against 56 STG.E in a kernel).
-template <typename T, int N>
-__device__ __forceinline__ void store_vector(T* p, const T (&src)[N]) {
-  static_assert(sizeof(T) * N == sizeof(uint4), "the vector path moves exactly 16 bytes");
-  ROPE_TRACE_STORE(p, sizeof(uint4));
-  uint4 bits;
-  memcpy(&bits, src, sizeof(bits));
-  __stwb(reinterpret_cast<uint4*>(p), bits);  // sass: vector store
-}
-
-// Two 16-bit elements as one 32-bit access: the paired path, for rows that are 4-byte but not
-// 16-byte aligned (launch_plan.h). Stored through __stwb like the vector path, whose host shim
-// checks the alignment; the host run's trace hooks check every access's too.
-template <typename T>
-__device__ __forceinline__ void load_pair(const T* p, T* dst) {
-  static_assert(sizeof(T) * 2 == sizeof(unsigned int), "the paired path moves two 16-bit elements");
-  ROPE_TRACE_LOAD(p, sizeof(unsigned int));
-  const unsigned int bits = *reinterpret_cast<const unsigned int*>(p);  // sass: pair load
-  memcpy(dst, &bits, sizeof(bits));
-}
-
-template <typename T>
-__device__ __forceinline__ void store_pair(T* p, const T* src) {
-  static_assert(sizeof(T) * 2 == sizeof(unsigned int), "the paired path moves two 16-bit elements");
-  ROPE_TRACE_STORE(p, sizeof(unsigned int));
-  unsigned int bits;
-  memcpy(&bits, src, sizeof(bits));
-  __stwb(reinterpret_cast<unsigned int*>(p), bits);  // sass: pair store
-}
-
-template <typename T>
-__device__ __forceinline__ T load_scalar(const T* p) {
-  ROPE_TRACE_LOAD(p, sizeof(T));
-  return *p;
-}
-
-template <typename T>
-__device__ __forceinline__ void store_scalar(T* p, T v) {
-  ROPE_TRACE_STORE(p, sizeof(T));
-  *p = v;
-}
+// ---- device helpers of this kernel (the shared ones are common_device.cuh's) ------------------
 
 // N elements at p: one 128-bit access on the vector path, N / 2 32-bit ones on the paired path,
 // N scalar ones otherwise.
@@ -240,94 +130,7 @@ __device__ __forceinline__ void load_table(const table_t* __restrict__ p, bool v
   }
 }
 
-struct QuotRem {
-  int64_t quot;
-  int64_t rem;
-};
-
-// n / d and n % d for n >= 0, d > 0. A 32-bit division when both fit, which is much cheaper than
-// a 64-bit one on GPUs.
-__device__ __forceinline__ QuotRem div_rem(int64_t n, int64_t d) {
-  if ((static_cast<uint64_t>(n) | static_cast<uint64_t>(d)) <= 0xffffffffull) {
-    const uint32_t n32 = static_cast<uint32_t>(n);
-    const uint32_t d32 = static_cast<uint32_t>(d);
-    const uint32_t q32 = n32 / d32;
-    return {static_cast<int64_t>(q32), static_cast<int64_t>(n32 - q32 * d32)};
-  }
-  const int64_t q = n / d;
-  return {q, n - q * d};
-}
-
-// The position at pos_off, widened to int64 before any check.
-__device__ __forceinline__ int64_t read_position(const TensorPlan& t, int64_t pos_off) {
-  return t.positions_are_int64
-             ? static_cast<int64_t>(__ldg(static_cast<const long long*>(t.positions) + pos_off))
-             : static_cast<int64_t>(__ldg(static_cast<const int*>(t.positions) + pos_off));
-}
-
-// False (after the assert, which may be compiled out) when a position is outside the tables:
-// the caller then writes nothing rather than read past them.
-__device__ __forceinline__ bool position_in_range(const TablePlan& tb, int64_t pos) {
-  ROPE_DEVICE_ASSERT(pos >= 0 && pos < tb.max_seq_len);
-  return pos >= 0 && pos < tb.max_seq_len;
-}
-
-// The position of a token, range-checked.
-__device__ __forceinline__ bool load_position(const TensorPlan& t, const TablePlan& tb,
-                                              int64_t pos_off, int64_t& pos) {
-  pos = read_position(t, pos_off);
-  return position_in_range(tb, pos);
-}
-
 // ---- multi-axis positions (M-RoPE) -------------------------------------------------------------
-
-// The axis plane k reads: axis_of_plane of kernel_args.h, written without its loop (the ends of
-// the contiguous sections only grow, so the axis is the number of ends k has reached, counted
-// over the first num_axes - 1 axes). Interleaved (Qwen3-VL, 3 axes): k % 3 picks axis 1 or 2
-// while k < 3 * sections[1] or 3 * sections[2], else axis 0.
-__device__ __forceinline__ int32_t plane_axis(const AxisMap& m, int64_t k) {
-  if (m.interleaved) {
-    const int64_t r = k % 3;
-    return r == 1 && k < 3 * m.sections[1] ? 1 : r == 2 && k < 3 * m.sections[2] ? 2 : 0;
-  }
-  int32_t axis = 0;
-  int64_t end = 0;
-#pragma unroll
-  for (int a = 0; a + 1 < kMaxAxes; ++a) {
-    end += m.sections[a];
-    axis += a + 1 < m.num_axes && k >= end ? 1 : 0;
-  }
-  return axis;
-}
-
-// v[a] for a run-time a < kMaxAxes, by selects: indexing a register array at a run-time index
-// would put it in local memory.
-__device__ __forceinline__ int64_t pick_axis(const int64_t (&v)[kMaxAxes], int32_t a) {
-  int64_t r = v[0];
-#pragma unroll
-  for (int i = 1; i < kMaxAxes; ++i) {
-    r = a == i ? v[i] : r;
-  }
-  return r;
-}
-
-// The table row offsets (position * stride) of every axis of a token's multi-axis position,
-// each position loaded once and range-checked. False when any is outside the tables; rows[a]
-// is 0 for a >= num_axes.
-__device__ __forceinline__ bool load_axis_rows(const TensorPlan& t, const TablePlan& tb,
-                                               int64_t pos_off, int64_t (&rows)[kMaxAxes]) {
-  bool in_range = true;
-#pragma unroll
-  for (int a = 0; a < kMaxAxes; ++a) {
-    rows[a] = 0;
-    if (a < tb.axes.num_axes) {
-      const int64_t pos = read_position(t, pos_off + a * t.axis_stride);
-      in_range = position_in_range(tb, pos) && in_range;
-      rows[a] = pos * tb.stride;
-    }
-  }
-  return in_range;
-}
 
 // The cos and sin of planes [k0, k0 + P) of a multi-axis position: each plane from the table row
 // of its axis, in its own column. A lane whose planes all read one axis loads its slice of that
@@ -338,7 +141,7 @@ __device__ __forceinline__ bool load_axis_angles(const TensorPlan& t, const Tabl
                                                  int64_t pos_off, int64_t k0, acc_t (&c)[P],
                                                  acc_t (&s)[P]) {
   int64_t rows[kMaxAxes];
-  if (!load_axis_rows(t, tb, pos_off, rows)) {
+  if (!load_axis_rows(t, tb, pos_off, t.axis_stride, tb.stride, rows)) {
     return false;
   }
   const auto* cos = static_cast<const table_t*>(tb.cos);
@@ -382,7 +185,7 @@ struct RowWalker {
   }
 };
 
-// The shape of a rotating lane on path kAccess (launch_plan.h's lane_shape): planes turned and
+// The shape of a rotating lane on path kAccess (rope_launch_plan.h's lane_shape): planes turned and
 // contiguous elements per run.
 template <typename scalar_t, bool kInterleaved, Access kAccess>
 struct RotLane {
@@ -617,7 +420,7 @@ __device__ __forceinline__ void rope_thread(const TensorPlan& t, const TablePlan
       }
     } else {
       int64_t rows[kMaxAxes];
-      if (!load_axis_rows(t, tb, pos_off, rows)) {
+      if (!load_axis_rows(t, tb, pos_off, t.axis_stride, tb.stride, rows)) {
         return;
       }
     }
@@ -734,16 +537,9 @@ cudaError_t launch(const RotationArgs& first, const RotationArgs* second, const 
   const ElementSizes sizes{static_cast<int>(sizeof(scalar_t)), static_cast<int>(sizeof(table_t))};
   LaunchPlan plan = plan_launch(first, second, tables, RotationMode{kInterleaved, inverse}, sizes,
                                 kVectorKernel, DeviceShape{num_sms, resident});
-  if (plan.blocks == 0) {
-    return cudaSuccess;  // empty input: never launch a zero-sized grid
-  }
-  if (plan.blocks > 0x7fffffff) {
-    return cudaErrorInvalidConfiguration;  // beyond grid.x; needs > 5e11 lanes, so unreachable
-  }
-  void* kernel_args[] = {&plan.params};
-  return cudaLaunchKernel(rope_kernel<scalar_t, table_t, kInterleaved, kVectorKernel>,
-                          dim3(static_cast<unsigned int>(plan.blocks)), dim3(kBlockThreads),
-                          kernel_args, 0, stream);
+  // Past grid.x's limit needs > 5e11 lanes, so that error is unreachable.
+  return launch_grid(rope_kernel<scalar_t, table_t, kInterleaved, kVectorKernel>, plan.blocks,
+                     kBlockThreads, plan.params, stream);
 }
 
 template <typename scalar_t, typename table_t, bool kInterleaved>

@@ -13,7 +13,7 @@
 
 namespace py = pybind11;
 
-// Test hooks of csrc/exact_angle.h (csrc/python/exact_angle_hooks.cpp): not API.
+// Test hooks of csrc/common_exact_angle.h (csrc/python/exact_angle_hooks.cpp): not API.
 void bind_exact_angle_test_hooks(py::module_& m);
 
 namespace {

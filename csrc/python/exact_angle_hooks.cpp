@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // TEST HOOKS, not API: torch_rope._C._exact_angle_test and _exact_rotation_test expose the steps
-// of csrc/exact_angle.h one by one, so that tests/python/kernels/test_exact_angle.py can check
-// each against mpmath. No op uses them; their names and results may change with the tests.
+// of csrc/common_exact_angle.h one by one, so that tests/python/kernels/test_exact_angle.py can
+// check each against mpmath. No op uses them; their names and results may change with the tests.
 #include <torch/extension.h>
 
 #include <string>
 #include <tuple>
 #include <vector>
 
-#include "../exact_angle.h"
+#include "../common_exact_angle.h"
 
 namespace py = pybind11;
 namespace ea = rope::exact_angle;
@@ -148,8 +148,9 @@ std::tuple<at::Tensor, at::Tensor> exact_rotation_test(const at::Tensor& xa, con
 void bind_exact_angle_test_hooks(py::module_& m) {
   m.def("_exact_angle_test", &exact_angle_test, py::arg("positions"), py::arg("freqs"),
         py::arg("path"), py::arg("attention_factor") = 1.0,
-        "TEST HOOK (csrc/exact_angle.h): (fractions, turns, cos, sin); see exact_angle_hooks.cpp");
+        "TEST HOOK (csrc/common_exact_angle.h): (fractions, turns, cos, sin); see "
+        "exact_angle_hooks.cpp");
   m.def("_exact_rotation_test", &exact_rotation_test, py::arg("xa"), py::arg("xb"), py::arg("cos"),
         py::arg("sin"), py::arg("path"),
-        "TEST HOOK (csrc/exact_angle.h): (ya, yb); see exact_angle_hooks.cpp");
+        "TEST HOOK (csrc/common_exact_angle.h): (ya, yb); see exact_angle_hooks.cpp");
 }

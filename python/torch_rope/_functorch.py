@@ -2,7 +2,7 @@
 """``torch.func`` support: vmap rules for the raw ops, and the autograd Functions that the
 ``torch_rope`` API switches to while functorch transforms are active.
 
-The ops' C++ autograd (csrc/autograd.cpp) serves eager, ``torch.compile`` and LibTorch. A C++
+The ops' C++ autograd (csrc/rope_autograd.cpp) serves eager, ``torch.compile`` and LibTorch. A C++
 ``autograd::Function`` cannot take part in functorch's ``grad``/``jvp``, so the raw
 ``torch.ops.rope.*`` refuse those transforms with an error pointing here; the Python functions
 below carry ``backward``, ``jvp`` (RoPE is linear in x, so the tangent is the same rotation of the

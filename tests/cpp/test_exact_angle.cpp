@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// csrc/exact_angle.h, what only C++ reaches: steps 1 and 2 in constant expressions, the 32-bit
-// limb form of step 2 (bit-identical to the 64-bit one, scalar and as a GCC vector), and the
+// csrc/common_exact_angle.h, what only C++ reaches: steps 1 and 2 in constant expressions, the
+// 32-bit limb form of step 2 (bit-identical to the 64-bit one, scalar and as a GCC vector), and the
 // polynomial core instantiated with at::vec::Vectorized<double>, as the CPU kernel will. The
 // accuracy against mpmath is tests/python/kernels/test_exact_angle.py; the device code's host run
 // is tests/cuda_host/exact_angle_host.cpp.
@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <random>
 
-#include "exact_angle.h"
+#include "common_exact_angle.h"
 
 namespace {
 

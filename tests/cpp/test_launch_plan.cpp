@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The CUDA launch plan (csrc/cuda/launch_plan.h), which is plain C++: paths per tensor and per
+// The CUDA launch plan (csrc/cuda/rope_launch_plan.h), which is plain C++: paths per tensor and per
 // part, lanes, rows per thread, grid and the q/k block split, for the benchmark shapes on a
 // 132-SM GPU and for the alignment cases. Expected numbers are worked out by hand in comments.
 #include <gtest/gtest.h>
@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "cuda/launch_plan.h"
-#include "prepare.h"
+#include "common_prepare.h"
+#include "cuda/rope_launch_plan.h"
 
 namespace {
 

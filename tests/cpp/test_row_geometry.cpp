@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "prepare.h"
+#include "common_prepare.h"
 
 namespace {
 

@@ -8,8 +8,8 @@
 //   - with a position out of range (any axis of a multi-axis one), nothing of the rotated part
 //     of its rows was written, and every other row was written as usual.
 // Positions may be read (__ldg) at every axis of every row's position, nowhere else.
-// The views come from the kernel arguments (RotationArgs, TableArgs) that prepare.cpp built, so
-// this checks the kernel and its launch planning; the driver checks the arguments themselves by
+// The views come from the kernel arguments (RotationArgs, TableArgs) that common_prepare.cpp built,
+// so this checks the kernel and its launch planning; the driver checks the arguments themselves by
 // comparing values and guard bands.
 #pragma once
 
@@ -19,8 +19,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common_kernel_args.h"
 #include "host_kernel.h"
-#include "kernel_args.h"
 
 namespace rope_host {
 

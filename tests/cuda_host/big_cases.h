@@ -4,7 +4,9 @@
 //     an input), so that an index or stride held in 32 bits is caught;
 //   - grids of 65,536 blocks (a (16, 8192, 64, 128) bf16 prefill) and of more than 2^31 threads,
 //     launched in full but run on a sample of blocks, so that a grid put in gridDim.y, capped at
-//     65,535 blocks, or block arithmetic in 32 bits is caught.
+//     65,535 blocks, or block arithmetic in 32 bits is caught;
+//   - an apply_qk_cache call of more than 2^32 work units (its kernel runs one thread per unit),
+//     sampled the same way, so that its thread index held in 32 bits is caught.
 // The large tensors live in sparse memory: one mmap(MAP_NORESERVE) reservation of which only the
 // touched pages are ever backed.
 #pragma once

@@ -35,7 +35,7 @@ std::string shape_str(at::IntArrayRef s) {
 
 // Element strides for `sizes` in a random memory order, with random padding and offset; the
 // buffer holds the view plus a few guard elements. The last dim is innermost and dense in most
-// views (the kernel's own case); otherwise prepare.cpp copies it first.
+// views (the kernel's own case); otherwise common_prepare.cpp copies it first.
 //
 // For 16-bit storage (`elem_bytes` 2) the offset and paddings are drawn so that the kernel's three
 // access widths all come often: rows 16-byte aligned, rows 4-byte but not 16-byte aligned (an even

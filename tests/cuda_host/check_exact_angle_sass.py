@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: BSD-3-Clause
-"""No FP64 instruction in the device code of csrc/exact_angle.h.
+"""No FP64 instruction in the device code of csrc/common_exact_angle.h.
 
 Reads the machine code (every architecture) of exact_angle_device.cu's build, which holds the
 table-free angle kernel (exact_angle_kernel.cuh: reduction, turn, FP32 cos / sin, rotation), and

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "cpu/kernel_choice.h"
+#include "cpu/common_kernel_choice.h"
 
 namespace rope_host {
 namespace {
@@ -227,7 +227,7 @@ void compare_rotation(const char* name, const at::Tensor& got, const at::Tensor&
 namespace {
 
 // The axis of plane k, from the definition of mrope_section / mrope_interleaved (written here
-// again rather than taken from kernel_args.h, so a bug there cannot hide).
+// again rather than taken from common_kernel_args.h, so a bug there cannot hide).
 int64_t reference_axis(const std::vector<int64_t>& section, bool mrope_interleaved, int64_t k) {
   if (section.empty()) {
     return 0;

@@ -34,7 +34,8 @@ struct Tally {
 // (the CPU backend's result for the same call). `x` is the input before the call. Appends
 // problems, at most a few per call. A non-empty `mrope_section` makes the positions multi-axis
 // (a trailing axis dim of that many entries): the reference then gathers each plane's position
-// by its axis, by a rule written here from the definition (not kernel_args.h's axis_of_plane).
+// by its axis, by a rule written here from the definition (not common_kernel_args.h's
+// axis_of_plane).
 void compare_rotation(const char* name, const at::Tensor& got, const at::Tensor& cpu,
                       const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                       const at::Tensor& positions, bool interleaved, bool inverse,

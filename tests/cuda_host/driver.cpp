@@ -1,13 +1,17 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// Host run of the CUDA kernel: random calls of rope.apply, rope.apply_ and rope.apply_qk go
-// through the project's own op bodies (op_bodies.h: validation, prepare.cpp, allocation), exactly
-// as on CUDA, but the backend launches the real rope_kernel.cuh compiled for the host
+// Host run of the CUDA kernels: random calls of rope.apply, rope.apply_ and rope.apply_qk go
+// through the project's own op bodies (rope_body.h: validation, common_prepare.cpp, allocation),
+// exactly as on CUDA, but the backend launches the real rope_kernel.cuh compiled for the host
 // (host_kernel.cpp), one thread after another, under ASan and UBSan. Each result is held against
 // an independent extended-precision reference and the CPU backend, and each launch against the
 // access rules of access_tracker.h; the buffers around every input and around x of apply_ must
 // come back unchanged.
 //
+// Then the random calls of rope.rms_norm_apply_qk (norm_cases.h) and rope.apply_qk_cache
+// (kv_cache_cases.h), through the same glue.
+//
 //   cuda_host_run [--cases N] [--seed S] [--only I] [--max-failures F] [--no-coverage-gate] [-v]
+//                 [--norm-cases N] [--norm-only I] [--kv-cases N] [--kv-only I]
 //
 // Registered with ctest (label cuda-host). Exit status 0 when every case passed.
 #include <ATen/ATen.h>
@@ -33,6 +37,7 @@
 #include "compare.h"
 #include "host_backend.h"
 #include "host_kernel.h"
+#include "kv_cache_cases.h"
 #include "norm_cases.h"
 
 // The driver links libtorch, which is not instrumented and keeps some allocations until exit:
@@ -461,6 +466,8 @@ struct Options {
   bool verbose = false;
   int64_t norm_cases = -1;  // rope.rms_norm_apply_qk cases; -1: cases / 4
   int64_t norm_only = -1;
+  int64_t kv_cases = -1;  // rope.apply_qk_cache cases; -1: cases / 4
+  int64_t kv_only = -1;
 };
 
 Options parse(int argc, char** argv) {
@@ -486,6 +493,10 @@ Options parse(int argc, char** argv) {
       o.norm_cases = std::atoll(next());
     } else if (a == "--norm-only") {
       o.norm_only = std::atoll(next());
+    } else if (a == "--kv-cases") {
+      o.kv_cases = std::atoll(next());
+    } else if (a == "--kv-only") {
+      o.kv_only = std::atoll(next());
     } else if (a == "--no-coverage-gate") {
       o.coverage_gate = false;
     } else if (a == "-v" || a == "--verbose") {
@@ -493,7 +504,8 @@ Options parse(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: cuda_host_run [--cases N] [--seed S] [--only I] [--max-failures F] "
-                   "[--norm-cases N] [--norm-only I] [--no-coverage-gate] [-v]\n");
+                   "[--norm-cases N] [--norm-only I] [--kv-cases N] [--kv-only I] "
+                   "[--no-coverage-gate] [-v]\n");
       std::exit(2);
     }
   }
@@ -506,6 +518,8 @@ Options parse(int argc, char** argv) {
 int main(int argc, char** argv) {
   using namespace rope_host;
   const Options opt = parse(argc, argv);
+  // --norm-only / --kv-only rerun one case of that op alone.
+  const bool one_family = opt.norm_only >= 0 || opt.kv_only >= 0;
   const auto start = std::chrono::steady_clock::now();
   const CpuVectorPath cpu_path = cpu_vector_path();
   std::printf("cuda host run: seed %llu, %lld cases; CPU backend kernel %s (%s)\n",
@@ -523,7 +537,7 @@ int main(int argc, char** argv) {
   }
 
   Totals totals;
-  if (opt.only < 0) {
+  if (opt.only < 0 && !one_family) {
     // The fixed cases at sizes the random ones cannot reach (big_cases.h).
     for (const BigCaseResult& r : run_big_cases(cpu_path, totals.tally)) {
       ++totals.big_cases;
@@ -546,7 +560,7 @@ int main(int argc, char** argv) {
     }
   }
   const int64_t first = opt.only >= 0 ? opt.only : 0;
-  const int64_t last = opt.only >= 0 ? opt.only + 1 : opt.cases;
+  const int64_t last = opt.only >= 0 ? opt.only + 1 : one_family ? 0 : opt.cases;
   for (int64_t i = first; i < last; ++i) {
     const Case c = make_case(opt.seed, i);
     if (opt.verbose) {
@@ -568,10 +582,10 @@ int main(int argc, char** argv) {
     }
   }
 
-  // rope.rms_norm_apply_qk (norm_kernel.cuh): its own random cases (norm_cases.h).
+  // rope.rms_norm_apply_qk (rms_norm_kernel.cuh): its own random cases (norm_cases.h).
   NormRun norm;
   Tally norm_tally;
-  if (opt.only < 0 && totals.failures < opt.max_failures) {
+  if (opt.only < 0 && opt.kv_only < 0 && totals.failures < opt.max_failures) {
     const int64_t n = opt.norm_cases >= 0 ? opt.norm_cases : std::max<int64_t>(opt.cases / 4, 1);
     norm = run_norm_cases(opt.seed, n, opt.norm_only, opt.max_failures - totals.failures,
                           opt.verbose, norm_tally);
@@ -581,10 +595,25 @@ int main(int argc, char** argv) {
     }
   }
 
+  // rope.apply_qk_cache (kv_cache_kernel.cuh): its own random cases (kv_cache_cases.h), bit for
+  // bit against the CPU backend.
+  KvCacheRun kv;
+  if (opt.only < 0 && opt.norm_only < 0 && totals.failures < opt.max_failures) {
+    const int64_t n = opt.kv_cases >= 0 ? opt.kv_cases : std::max<int64_t>(opt.cases / 4, 1);
+    kv = run_kv_cache_cases(opt.seed, n, opt.kv_only, opt.max_failures - totals.failures,
+                            opt.verbose, cpu_path);
+    totals.failures += kv.failures;
+    for (const auto& [what, hits] : kv.coverage) {
+      totals.coverage.hits[what] += hits;
+    }
+  }
+
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("\n%lld fixed cases (offsets past 2^31, grids of >= 65536 blocks), %lld cases (",
-              static_cast<long long>(totals.big_cases), static_cast<long long>(totals.cases));
+  std::printf(
+      "\n%lld fixed cases (offsets past 2^31, grids of >= 65536 blocks and past 2^32 threads), "
+      "%lld cases (",
+      static_cast<long long>(totals.big_cases), static_cast<long long>(totals.cases));
   for (const auto& [op, n] : totals.by_op) {
     std::printf("%s %lld, ", op.c_str(), static_cast<long long>(n));
   }
@@ -593,6 +622,7 @@ int main(int argc, char** argv) {
       "out-of-range position), ",
       static_cast<long long>(totals.assert_cases), static_cast<long long>(norm.cases),
       static_cast<long long>(norm.assert_cases));
+  std::printf("%lld apply_qk_cache cases, ", static_cast<long long>(kv.cases));
   std::printf("%lld launches, %.1f s\n", static_cast<long long>(totals.launches), seconds);
   int64_t multi_axis = 0;
   for (const auto& [axes, n] : totals.by_axes) {
@@ -613,6 +643,19 @@ int main(int argc, char** argv) {
       "rms_norm_apply_qk elements (host run and CPU backend): %lld within the bound of the "
       "extended-precision reference; worst error %.3f of the bound\n",
       static_cast<long long>(norm_tally.bounded), norm_tally.worst);
+  if (kv.bit_exact) {
+    std::printf(
+        "apply_qk_cache elements (host run): %lld bit-exact vs the CPU backend (q_out, every "
+        "byte of the caches); %lld of q_out and of the k rows of 16/32-bit caches also within the "
+        "bound of the extended-precision reference, worst error %.3f of the bound\n",
+        static_cast<long long>(kv.elements_same_bits),
+        static_cast<long long>(kv.reference.exact + kv.reference.bounded), kv.reference.worst);
+  } else {
+    std::printf(
+        "apply_qk_cache cases NOT RUN: the CPU kernel here (%s) has no FMA copy, so its bits "
+        "cannot match the CUDA kernel's; only kv_cache_host checks that kernel on this machine\n",
+        cpu_path.name.c_str());
+  }
   const int64_t want_queries =
       static_cast<int64_t>(totals.cached_queries.size()) + totals.uncached_queries;
   std::printf(
@@ -620,7 +663,7 @@ int main(int argc, char** argv) {
       "ordinal < 64 and kernel, every time above)\n",
       static_cast<long long>(occupancy_queries()), static_cast<long long>(totals.launches),
       static_cast<long long>(want_queries));
-  if (opt.only < 0 && occupancy_queries() != want_queries) {
+  if (opt.only < 0 && !one_family && occupancy_queries() != want_queries) {
     std::printf("FAILED: the occupancy cache of rope_kernel.cuh asked %lld times, expected %lld\n",
                 static_cast<long long>(occupancy_queries()), static_cast<long long>(want_queries));
     return 1;
@@ -638,7 +681,7 @@ int main(int argc, char** argv) {
                 static_cast<long long>(totals.cases));
     return 1;
   }
-  if (opt.coverage_gate && opt.only < 0 && !missing.empty()) {
+  if (opt.coverage_gate && opt.only < 0 && !one_family && !missing.empty()) {
     std::printf("FAILED: the cases never took these paths:");
     for (const std::string& m : missing) {
       std::printf(" [%s]", m.c_str());

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// csrc/exact_angle.h under nvcc, for every CUDA architecture of the build: the device steps in
-// exact_angle_kernel.cuh, and the host-only double path in host code of the same translation
+// csrc/common_exact_angle.h under nvcc, for every CUDA architecture of the build: the device steps
+// in exact_angle_kernel.cuh, and the host-only double path in host code of the same translation
 // unit. Built, never run (no GPU needed): check_exact_angle_sass.py reads its machine code.
 #include "exact_angle_kernel.cuh"
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The host run of exact_angle_kernel.cuh (csrc/exact_angle.h's device steps): compiled against
-// the shims like the rope kernel (no torch, no CUDA toolkit, -ffp-contract=off, ASan + UBSan),
-// launched serially, and checked against the double path of the same header, an independent
+// The host run of exact_angle_kernel.cuh (csrc/common_exact_angle.h's device steps): compiled
+// against the shims like the rope kernel (no torch, no CUDA toolkit, -ffp-contract=off, ASan +
+// UBSan), launched serially, and checked against the double path of the same header, an independent
 // algorithm (quarter-turn polynomials, no table) whose own error (1 ulp of double) is allowed for:
 //   - cos / sin: |hi + lo - af cos| <= 2^-35 af, |hi - af cos| <= 0.5 ulp + 2^-35 af;
 //   - the rotation: |y - af (xa cos - xb sin)| <= 2^-24 (1 + 2^-10) af (|xa| + |xb|) + 2^-147, the

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// One kernel over every device-side step of csrc/exact_angle.h: for each (position, plane) thread,
-// frac(f / 2pi), the turn at the position, cos / sin with FP32 arithmetic only (scaled by the
-// attention factor) and the rotation of one pair. Compiled twice, never copied: by nvcc
+// One kernel over every device-side step of csrc/common_exact_angle.h: for each (position, plane)
+// thread, frac(f / 2pi), the turn at the position, cos / sin with FP32 arithmetic only (scaled by
+// the attention factor) and the rotation of one pair. Compiled twice, never copied: by nvcc
 // (exact_angle_device.cu, whose machine code check_exact_angle_sass.py reads for FP64
 // instructions) and by the host compiler against the shims (exact_angle_host.cpp, which runs it
 // and checks the results).
@@ -9,7 +9,7 @@
 
 #include <cuda_runtime.h>
 
-#include "exact_angle.h"
+#include "common_exact_angle.h"
 
 // positions: [num_positions] int64 >= 0; freqs: [num_planes] float64; x, out: [num_positions *
 // num_planes] pairs; cos_sin: [num_positions * num_planes] (cos.hi, cos.lo, sin.hi, sin.lo).

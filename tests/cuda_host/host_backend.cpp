@@ -7,8 +7,7 @@
 #include <sstream>
 
 #include "access_tracker.h"
-#include "cuda/cuda_glue.h"
-#include "cuda/norm_glue.h"
+#include "cuda/common_glue.h"
 
 namespace rope_host {
 namespace {
@@ -32,7 +31,33 @@ Storage storage_of(c10::ScalarType dtype) {
   }
 }
 
-// The simulated CUDA runtime of cuda_glue.h.
+// Counts the device asserts of a launch that nothing else observes.
+class AssertCounter final : public Observer {
+ public:
+  void load(const void*, size_t, int64_t) override {}
+  void store(const void*, size_t, int64_t) override {}
+  void ldg(const void*, size_t, int64_t) override {}
+  void device_assert(const char*, int64_t) override { ++asserts; }
+  int64_t asserts = 0;
+};
+
+// A launch must land on the call's device (x's or q's), on that device's current stream.
+void check_device_and_stream(CaseContext& ctx, const char* what, bool launched, int device,
+                             const void* stream) {
+  if (!launched) {
+    return;
+  }
+  const void* want = current_stream_of(ctx.device.ordinal);
+  if (device != ctx.device.ordinal || stream != want) {
+    std::ostringstream m;
+    m << what << " on device " << device << ", stream " << stream << "; expected the device "
+      << ctx.device.ordinal << " of the call's tensors and its current stream " << want
+      << " (the caller's device was " << ctx.start_device << ")";
+    ctx.problems.push_back(m.str());
+  }
+}
+
+// The simulated CUDA runtime of common_glue.h.
 struct HostRuntime {
   // c10::cuda::OptionalCUDAGuard: sets the device when given one, restores the previous on exit.
   class Guard {
@@ -87,22 +112,13 @@ struct HostRuntime {
         ctx.problems.push_back("launch: " + p);
       }
     }
-    if (record.launched) {
-      const void* want = current_stream_of(ctx.device.ordinal);
-      if (record.device != ctx.device.ordinal || record.stream != want) {
-        std::ostringstream m;
-        m << "launch on device " << record.device << ", stream " << record.stream
-          << "; expected x's device " << ctx.device.ordinal << " and its current stream " << want
-          << " (the caller's device was " << ctx.start_device << ")";
-        ctx.problems.push_back(m.str());
-      }
-    }
+    check_device_and_stream(ctx, "launch", record.launched, record.device, record.stream);
     ctx.launches.push_back(record);
     ctx.tables.push_back(tables);
     return status;
   }
-  // rope.rms_norm_apply_qk's launch (norm_glue.h): checked by an AccessTracker that also admits
-  // the weights, and for its device and stream as launch() is.
+  // rope.rms_norm_apply_qk's launch: checked by an AccessTracker that also admits the weights, and
+  // for its device and stream as launch() is.
   static int launch_norm(c10::ScalarType dtype, const rope::NormRotationArgs& q,
                          const rope::NormRotationArgs& k, const rope::TableArgs& tables,
                          rope::RotationMode mode, rope::NormParams params, Stream stream) {
@@ -112,23 +128,36 @@ struct HostRuntime {
     const int64_t acc_bytes = dtype == c10::ScalarType::Double ? 8 : 4;
     tracker.allow_ldg(q.weight, q.rot.head_dim * acc_bytes);
     tracker.allow_ldg(k.weight, k.rot.head_dim * acc_bytes);
-    NormLaunchRecord record;
+    GridLaunchRecord record;
     const int status =
         rope_host::norm_rotate(storage_of(dtype), q, k, tables, mode, params,
                                Device{g_current_device, 1}, &tracker, &record, stream);
     for (std::string& p : tracker.finish(ctx.positions_in_range)) {
       ctx.problems.push_back("norm launch: " + p);
     }
-    if (record.launched) {
-      const void* want = current_stream_of(ctx.device.ordinal);
-      if (record.device != ctx.device.ordinal || record.stream != want) {
-        std::ostringstream m;
-        m << "norm launch on device " << record.device << ", stream " << record.stream
-          << "; expected q's device " << ctx.device.ordinal << " and its current stream " << want;
-        ctx.problems.push_back(m.str());
-      }
+    check_device_and_stream(ctx, "norm launch", record.launched, record.device, record.stream);
+    ctx.grid_launches.push_back(record);
+    return status;
+  }
+  // rope.apply_qk_cache's launch: its device and stream as launch()'s, its device asserts counted
+  // unless the case observes the launch itself (the sampled big case).
+  static int launch_kv_cache(c10::ScalarType dtype, const rope::KvCacheArgs& args,
+                             const rope::TableArgs& tables, bool interleaved, Stream stream) {
+    CaseContext& ctx = *g_ctx;
+    AssertCounter counter;
+    Observer* observer = ctx.observer != nullptr ? ctx.observer : &counter;
+    LaunchOptions options = ctx.sample;
+    options.stream = stream;
+    GridLaunchRecord record;
+    const int status = rope_host::kv_cache_launch(storage_of(dtype), args, tables, interleaved,
+                                                  Device{g_current_device, ctx.device.num_sms},
+                                                  observer, &record, options);
+    if (counter.asserts > 0 && ctx.positions_in_range) {
+      ctx.problems.push_back("kv cache launch: " + std::to_string(counter.asserts) +
+                             " device asserts fired on positions and slots all in range");
     }
-    ctx.norm_launches.push_back(record);
+    check_device_and_stream(ctx, "kv cache launch", record.launched, record.device, record.stream);
+    ctx.grid_launches.push_back(record);
     return status;
   }
   static void check(int status) {
@@ -214,6 +243,18 @@ std::tuple<at::Tensor, at::Tensor> host_rms_norm_apply_qk(
   return rope::cuda::glue::rms_norm_apply_qk<HostRuntime>(
       q, k, q_weight, k_weight, cos, sin, positions, eps, weight_offset, interleaved, inverse,
       mrope_section, mrope_interleaved);
+}
+
+at::Tensor host_apply_qk_cache(CaseContext& ctx, const at::Tensor& q, const at::Tensor& k,
+                               const std::optional<at::Tensor>& v, const at::Tensor& cos,
+                               const at::Tensor& sin, const at::Tensor& positions,
+                               const at::Tensor& k_cache, const std::optional<at::Tensor>& v_cache,
+                               const at::Tensor& slot_mapping, bool interleaved,
+                               const std::optional<at::Tensor>& k_scale,
+                               const std::optional<at::Tensor>& v_scale) {
+  Enter enter(ctx);
+  return rope::cuda::glue::apply_qk_cache<HostRuntime>(
+      q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping, interleaved, k_scale, v_scale);
 }
 
 }  // namespace rope_host

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The CUDA ops of the host run: csrc/cuda/cuda_glue.h (device guard, stream, launch, error check,
-// the op bodies) instantiated with a simulated CUDA runtime, launching the host build of the
-// kernel (host_kernel.h). The simulated runtime has many devices, each with its own current
+// The CUDA ops of the host run, all six: csrc/cuda/common_glue.h (device guard, stream, launch,
+// error check, the op bodies) instantiated with a simulated CUDA runtime, launching the host build
+// of the kernels (host_kernel.h). The simulated runtime has many devices, each with its own current
 // stream; a call starts with some *other* device current. Each launch must happen with x's device
 // current and on that device's current stream, and the caller's device must be current again
 // afterwards: that is what a dropped device guard or a launch on the default stream gets wrong,
@@ -16,8 +16,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common_kernel_args.h"
 #include "host_kernel.h"
-#include "kernel_args.h"
 
 namespace rope_host {
 
@@ -35,7 +35,7 @@ struct CaseContext {
   std::vector<std::string> problems;
   std::vector<LaunchRecord> launches;
   std::vector<rope::TableArgs> tables;
-  std::vector<NormLaunchRecord> norm_launches;  // launches of norm_kernel.cuh
+  std::vector<GridLaunchRecord> grid_launches;  // of rms_norm_kernel.cuh and kv_cache_kernel.cuh
 
   // Puts t's storage (and so every view of it) on `device`.
   void place(const at::Tensor& t);
@@ -44,7 +44,7 @@ struct CaseContext {
 // The stream the simulated runtime reports as current on `device` (never the default stream).
 const void* current_stream_of(int device);
 
-// The four CUDA ops through cuda_glue.h with the simulated runtime, for the call `ctx`; a
+// The four CUDA ops through common_glue.h with the simulated runtime, for the call `ctx`; a
 // non-empty `mrope_section` makes the positions multi-axis (M-RoPE).
 at::Tensor host_apply(CaseContext& ctx, const at::Tensor& x, const at::Tensor& cos,
                       const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
@@ -64,11 +64,23 @@ std::tuple<at::Tensor, at::Tensor> host_apply_qk(
     const at::Tensor& sin, const at::Tensor& positions, bool interleaved, bool inverse,
     at::OptionalIntArrayRef mrope_section = std::nullopt, bool mrope_interleaved = false);
 
-// rope.rms_norm_apply_qk through csrc/cuda/norm_glue.h with the simulated runtime.
+// rope.rms_norm_apply_qk through csrc/cuda/common_glue.h with the simulated runtime.
 std::tuple<at::Tensor, at::Tensor> host_rms_norm_apply_qk(
     CaseContext& ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
     const at::Tensor& k_weight, const at::Tensor& cos, const at::Tensor& sin,
     const at::Tensor& positions, double eps, double weight_offset, bool interleaved, bool inverse,
     at::OptionalIntArrayRef mrope_section, bool mrope_interleaved);
+
+// rope.apply_qk_cache through csrc/cuda/common_glue.h with the simulated runtime. Its launch
+// honours ctx.sample (a sampled grid) and ctx.observer (every access of the sampled blocks);
+// without an observer, a device assert on a call whose positions and slots are all in range is
+// a problem of the call.
+at::Tensor host_apply_qk_cache(CaseContext& ctx, const at::Tensor& q, const at::Tensor& k,
+                               const std::optional<at::Tensor>& v, const at::Tensor& cos,
+                               const at::Tensor& sin, const at::Tensor& positions,
+                               const at::Tensor& k_cache, const std::optional<at::Tensor>& v_cache,
+                               const at::Tensor& slot_mapping, bool interleaved,
+                               const std::optional<at::Tensor>& k_scale = std::nullopt,
+                               const std::optional<at::Tensor>& v_scale = std::nullopt);
 
 }  // namespace rope_host

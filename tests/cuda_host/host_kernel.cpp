@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The real csrc/cuda/rope_kernel.cuh, compiled as host C++ against the shims in shim/, behind the
-// torch-free interface of host_kernel.h. Nothing of the kernel is copied or re-typed here: this
-// file only wires the shim's hooks to an Observer and picks scalar_t, as rope_cuda.cu does.
+// The real CUDA kernels (csrc/cuda/rope_kernel.cuh, rms_norm_kernel.cuh, kv_cache_kernel.cuh),
+// compiled as host C++ against the shims in shim/, behind the torch-free interface of
+// host_kernel.h. Nothing of the kernels is copied or re-typed here: this file only wires the
+// shim's hooks to an Observer and picks scalar_t, as the .cu files do.
 #include "host_kernel.h"
 
 #include <cuda_bf16.h>
@@ -13,7 +14,7 @@ namespace {
 
 Observer* g_observer = nullptr;
 LaunchRecord* g_record = nullptr;
-NormLaunchRecord* g_norm_record = nullptr;  // set while a norm_kernel.cuh launch runs
+GridLaunchRecord* g_grid_record = nullptr;  // set while a norm or KV-cache launch runs
 Device g_device;
 
 void on_device_assert(const char* cond, const char* /*file*/, int /*line*/) {
@@ -66,7 +67,8 @@ inline void trace_store(const void* p, size_t bytes) {
 
 }  // namespace rope_host
 
-#include "cuda/norm_kernel.cuh"
+#include "cuda/kv_cache_kernel.cuh"
+#include "cuda/rms_norm_kernel.cuh"
 #include "cuda/rope_kernel.cuh"
 
 namespace rope_host {
@@ -132,12 +134,15 @@ void install_hooks() {
   rope_shim::Hooks& h = rope_shim::hooks();
   h.on_launch = [](void*, const void* kernel, dim3 grid, dim3 block, void** args,
                    cudaStream_t stream) {
-    if (g_norm_record != nullptr) {
-      g_norm_record->launched = true;
-      g_norm_record->blocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
-      g_norm_record->block_threads = static_cast<int64_t>(block.x) * block.y * block.z;
-      g_norm_record->stream = stream;
-      g_norm_record->device = rope_shim::state().device;
+    if (g_grid_record != nullptr) {
+      g_grid_record->launched = true;
+      g_grid_record->blocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+      g_grid_record->grid[0] = grid.x;
+      g_grid_record->grid[1] = grid.y;
+      g_grid_record->grid[2] = grid.z;
+      g_grid_record->block_threads = static_cast<int64_t>(block.x) * block.y * block.z;
+      g_grid_record->stream = stream;
+      g_grid_record->device = rope_shim::state().device;
       return;
     }
     if (g_record == nullptr) {
@@ -228,14 +233,14 @@ int norm_typed(const rope::NormRotationArgs& q, const rope::NormRotationArgs& k,
 
 int norm_rotate(Storage storage, const rope::NormRotationArgs& q, const rope::NormRotationArgs& k,
                 const rope::TableArgs& tables, rope::RotationMode mode, rope::NormParams params,
-                const Device& device, Observer* observer, NormLaunchRecord* record,
+                const Device& device, Observer* observer, GridLaunchRecord* record,
                 const void* stream) {
   install_hooks();
   rope_shim::hooks().only_blocks = nullptr;
   rope_shim::hooks().num_only_blocks = 0;
-  NormLaunchRecord scratch;
-  g_norm_record = record != nullptr ? record : &scratch;
-  *g_norm_record = NormLaunchRecord{};
+  GridLaunchRecord scratch;
+  g_grid_record = record != nullptr ? record : &scratch;
+  *g_grid_record = GridLaunchRecord{};
   g_observer = observer;
   g_record = nullptr;
   g_device = device;
@@ -256,7 +261,51 @@ int norm_rotate(Storage storage, const rope::NormRotationArgs& q, const rope::No
       break;
   }
   g_observer = nullptr;
-  g_norm_record = nullptr;
+  g_grid_record = nullptr;
+  return status;
+}
+
+namespace {
+template <typename scalar_t>
+int kv_cache_typed(const rope::KvCacheArgs& args, const rope::TableArgs& tables, bool interleaved,
+                   const void* stream) {
+  return static_cast<int>(rope::cuda::apply_qk_cache<scalar_t>(
+      args, tables, interleaved, reinterpret_cast<cudaStream_t>(const_cast<void*>(stream))));
+}
+}  // namespace
+
+int kv_cache_launch(Storage storage, const rope::KvCacheArgs& args, const rope::TableArgs& tables,
+                    bool interleaved, const Device& device, Observer* observer,
+                    GridLaunchRecord* record, const LaunchOptions& options) {
+  install_hooks();
+  rope_shim::hooks().only_blocks = options.only_blocks;
+  rope_shim::hooks().num_only_blocks = options.num_only_blocks;
+  GridLaunchRecord scratch;
+  g_grid_record = record != nullptr ? record : &scratch;
+  *g_grid_record = GridLaunchRecord{};
+  g_observer = observer;
+  g_record = nullptr;
+  g_device = device;
+  rope_shim::state().device = device.ordinal;
+  int status = 0;
+  switch (storage) {
+    case Storage::kDouble:
+      status = kv_cache_typed<double>(args, tables, interleaved, options.stream);
+      break;
+    case Storage::kFloat:
+      status = kv_cache_typed<float>(args, tables, interleaved, options.stream);
+      break;
+    case Storage::kHalf:
+      status = kv_cache_typed<__half>(args, tables, interleaved, options.stream);
+      break;
+    case Storage::kBFloat16:
+      status = kv_cache_typed<__nv_bfloat16>(args, tables, interleaved, options.stream);
+      break;
+  }
+  g_observer = nullptr;
+  g_grid_record = nullptr;
+  rope_shim::hooks().only_blocks = nullptr;
+  rope_shim::hooks().num_only_blocks = 0;
   return status;
 }
 

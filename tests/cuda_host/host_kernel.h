@@ -1,14 +1,16 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The CUDA kernel compiled as host C++ (host_kernel.cpp), as the driver sees it. Torch-free, and
-// free of the shims too: the driver includes torch, the kernel's translation unit does not.
+// The CUDA kernels compiled as host C++ (host_kernel.cpp), as the driver sees them:
+// rope_kernel.cuh, rms_norm_kernel.cuh and kv_cache_kernel.cuh. Torch-free, and free of the shims
+// too: the driver includes torch, the kernels' translation unit does not.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda/launch_plan.h"
-#include "kernel_args.h"
-#include "norm_args.h"
+#include "common_kernel_args.h"
+#include "cuda/rope_launch_plan.h"
+#include "kv_cache_args.h"
+#include "rms_norm_args.h"
 
 namespace rope_host {
 
@@ -62,21 +64,30 @@ int rotate(Storage storage, const rope::RotationArgs& first, const rope::Rotatio
            const rope::TableArgs& tables, rope::RotationMode mode, const Device& device,
            Observer* observer, LaunchRecord* record, const LaunchOptions& options = {});
 
-// A launch of norm_kernel.cuh's kernel (rope.rms_norm_apply_qk), as the shim saw it.
-struct NormLaunchRecord {
+// A launch of a one-dimensional grid (rms_norm_kernel.cuh's, kv_cache_kernel.cuh's kernel), as the
+// shim saw it.
+struct GridLaunchRecord {
   bool launched = false;
   int64_t blocks = 0;
+  int64_t grid[3] = {0, 0, 0};
   int64_t block_threads = 0;
   const void* stream = nullptr;
   int device = -1;
 };
 
-// rope::cuda::norm_rotate<scalar_t> of norm_kernel.cuh for `storage`, the grid run serially on
+// rope::cuda::norm_rotate<scalar_t> of rms_norm_kernel.cuh for `storage`, the grid run serially on
 // this thread. Returns the cudaError_t value (0: success).
 int norm_rotate(Storage storage, const rope::NormRotationArgs& q, const rope::NormRotationArgs& k,
                 const rope::TableArgs& tables, rope::RotationMode mode, rope::NormParams params,
-                const Device& device, Observer* observer, NormLaunchRecord* record,
+                const Device& device, Observer* observer, GridLaunchRecord* record,
                 const void* stream);
+
+// rope::cuda::apply_qk_cache<scalar_t> of kv_cache_kernel.cuh for `storage`, the grid (or the
+// sample of its blocks that `options` names) run serially on this thread. Returns the
+// cudaError_t value (0: success).
+int kv_cache_launch(Storage storage, const rope::KvCacheArgs& args, const rope::TableArgs& tables,
+                    bool interleaved, const Device& device, Observer* observer,
+                    GridLaunchRecord* record, const LaunchOptions& options);
 
 // How often the kernel header asked the (simulated) runtime for occupancy: once per device and
 // kernel variant, thanks to its cache.

@@ -1,21 +1,27 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: BSD-3-Clause
-"""Mutation check of the host run of the CUDA kernel: plants realistic bugs, one at a time, in a
-copy of the kernel headers (csrc/cuda/rope_kernel.cuh, csrc/cuda/launch_plan.h) and of the ops'
-glue (csrc/cuda/cuda_glue.h: device guard, stream), builds the host run against the copy and
-requires it to fail. A bug in launch_plan.h is also run against the launch-plan unit tests
-(tests/cpp/test_launch_plan.cpp, built against the copy): some plan bugs leave every result
-correct and only cost speed. A bug neither catches is a hole in the tests.
+"""Mutation check of the host run of the CUDA kernels: plants realistic bugs, one at a time, in a
+copy of the kernel headers (csrc/cuda/rope_kernel.cuh, rope_launch_plan.h, rms_norm_kernel.cuh,
+kv_cache_kernel.cuh, the device helpers they share in common_device.cuh, the argument headers)
+and of the glue every CUDA op goes through (csrc/cuda/common_glue.h: device guard, stream),
+builds the host run against the copy and requires it to fail. A mutant goes through its checks
+in order until one fails (checks_of): a bug in the KV-cache kernel first meets the torch-free
+run of that kernel (kv_cache_host.cpp, its independent reference), then the host run (bit
+comparisons with the CPU backend, the big cases); a bug in rope_launch_plan.h that the host run
+misses meets the launch-plan unit tests (tests/cpp/test_launch_plan.cpp, built against the copy:
+some plan bugs leave every result correct and only cost speed), then the tuning defaults of
+scripts/sass_report.py. A bug no check catches is a hole in the tests.
 
     python tests/cuda_host/mutation_check.py [--build-dir build] [--cases N] [--only NAME]
 
 The copies go to <build>/tests/cuda_host/mutant_overlay, which the `cuda_host_mutant` target
-searches before csrc/; each mutant costs one compile of host_kernel.cpp, one link and a short
-run. Mutants run in lanes, one mutant per lane at a time (CMake's TORCH_ROPE_MUTATION_LANES, 2 by
-default; lane n > 0 has mutant_overlay_n and targets suffixed _n): one build command compiles
-every lane's mutant at once and the runs go side by side, so two cores check two mutants in the
-time of one. First the unmutated copy must pass with the same arguments in every lane, so a
-broken harness cannot pass as "every mutant caught". Exit status 0 when every mutant was caught.
+searches before csrc/; each mutant costs one compile of host_kernel.cpp (or of the glue's
+translation unit), one link and a short run. Mutants run in lanes, one mutant per lane at a time
+(CMake's TORCH_ROPE_MUTATION_LANES, 2 by default; lane n > 0 has mutant_overlay_n and targets
+suffixed _n): one build command compiles every lane's mutant at once and the runs go side by
+side, so two cores check two mutants in the time of one. First the unmutated copy must pass with
+the same arguments in every lane, so a broken harness cannot pass as "every mutant caught". Exit
+status 0 when every mutant was caught.
 """
 
 import argparse
@@ -30,21 +36,24 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 # overlay path -> source. The kernel's overlay mirrors csrc/ so relative includes resolve; the
 # glue has an overlay of its own (mutant_overlay_glue), searched first only by the glue's
-# translation unit, which also includes csrc/'s kernel_args.h through the op bodies.
+# translation unit, which also includes csrc/'s common_kernel_args.h through the op bodies.
 SOURCES = {
     "cuda/rope_kernel.cuh": REPO / "csrc" / "cuda" / "rope_kernel.cuh",
-    "cuda/launch_plan.h": REPO / "csrc" / "cuda" / "launch_plan.h",
-    "kernel_args.h": REPO / "csrc" / "kernel_args.h",
+    "cuda/rope_launch_plan.h": REPO / "csrc" / "cuda" / "rope_launch_plan.h",
+    "common_kernel_args.h": REPO / "csrc" / "common_kernel_args.h",
     # rope.apply_qk_cache: its kernel and the shared arguments / fp8 quantization.
     "cuda/kv_cache_kernel.cuh": REPO / "csrc" / "cuda" / "kv_cache_kernel.cuh",
     "kv_cache_args.h": REPO / "csrc" / "kv_cache_args.h",
     # rope.rms_norm_apply_qk's kernel (and the args header it includes by a relative path)
-    "cuda/norm_kernel.cuh": REPO / "csrc" / "cuda" / "norm_kernel.cuh",
-    "norm_args.h": REPO / "csrc" / "norm_args.h",
+    "cuda/rms_norm_kernel.cuh": REPO / "csrc" / "cuda" / "rms_norm_kernel.cuh",
+    "rms_norm_args.h": REPO / "csrc" / "rms_norm_args.h",
+    # The device helpers the three kernels share.
+    "cuda/common_device.cuh": REPO / "csrc" / "cuda" / "common_device.cuh",
 }
-# Mutants of these files are run against the apply_qk_cache host run (kv_cache_host.cpp).
+# Mutants of these files meet the torch-free KV-cache host run (kv_cache_host.cpp) first, then
+# the host run, whose apply_qk_cache cases compare bits with the CPU backend.
 KV_FILES = {"cuda/kv_cache_kernel.cuh", "kv_cache_args.h"}
-GLUE_SOURCES = {"cuda/cuda_glue.h": REPO / "csrc" / "cuda" / "cuda_glue.h"}
+GLUE_SOURCES = {"cuda/common_glue.h": REPO / "csrc" / "cuda" / "common_glue.h"}
 
 
 @dataclass
@@ -69,7 +78,7 @@ MUTANTS = [
     ),
     Mutant(
         "swapped-rotation-terms",
-        "cuda/rope_kernel.cuh",
+        "cuda/common_device.cuh",
         "  rb = fused(a, s, b * c);",
         "  rb = fused(b, c, a * s);",
         "same value in exact arithmetic, different rounding: the bit-exactness claim",
@@ -132,7 +141,7 @@ MUTANTS = [
     ),
     Mutant(
         "position-range-off-by-one",
-        "cuda/rope_kernel.cuh",
+        "cuda/common_device.cuh",
         "  return pos >= 0 && pos < tb.max_seq_len;",
         "  return pos >= 0 && pos <= tb.max_seq_len;",
         "position max_seq_len reads one row past the tables",
@@ -146,42 +155,42 @@ MUTANTS = [
     ),
     Mutant(
         "int32-positions-read-as-int64",
-        "cuda/rope_kernel.cuh",
-        "  return t.positions_are_int64\n",
-        "  return !t.positions_are_int64\n",
+        "cuda/common_device.cuh",
+        "  return r.positions_are_int64\n",
+        "  return !r.positions_are_int64\n",
         "positions read with the wrong width",
     ),
     Mutant(
         "half-split-alignment",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "  const int64_t run = interleaved ? a.rotary_dim : half;",
         "  const int64_t run = a.rotary_dim;",
         "vector path for a half split whose b's are not 16-byte aligned",
     ),
     Mutant(
         "table-alignment",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "                               tables.table_stride % piece == 0;",
         "                               true;",
         "vector table loads on rows that are not aligned",
     ),
     Mutant(
         "row-groups-floor",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "  const int64_t row_groups = ceil_div(p.shared_rows, p.rows_per_thread);",
         "  const int64_t row_groups = p.shared_rows / p.rows_per_thread;",
         "the last, partial group of shared rows gets no thread",
     ),
     Mutant(
         "qk-block-split",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "  params.first_blocks = ceil_div(params.tensor[0].num_threads, kBlockThreads);",
         "  params.first_blocks = params.tensor[0].num_threads / kBlockThreads;",
         "q's last, partial block is handed to k",
     ),
     Mutant(
         "tail-lanes-count",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "  const int64_t rest = tail - p.vec_copy_lanes * v.elems;",
         "  const int64_t rest = tail - p.vec_copy_lanes * v.elems - (tail > v.elems);",
         "one tail element too few when the tail is longer than a vector",
@@ -205,14 +214,14 @@ MUTANTS = [
     ),
     Mutant(
         "int32-shared-outer-stride",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "    p.shared_out_outer = g.out_strides[outer];",
         "    p.shared_out_outer = static_cast<int32_t>(g.out_strides[outer]);",
         "a stride of the parameter block narrowed to 32 bits",
     ),
     Mutant(
         "int32-token-in-strides",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "    p.token_in_strides[n] = g.in_strides[d];",
         "    p.token_in_strides[n] = static_cast<int32_t>(g.in_strides[d]);",
         "the input's token strides narrowed to 32 bits",
@@ -220,16 +229,16 @@ MUTANTS = [
     # Grids of >= 65536 blocks and past 2^31 threads (sampled launches of big_cases.cpp).
     Mutant(
         "grid-capped-at-65535",
-        "cuda/rope_kernel.cuh",
-        "dim3(static_cast<unsigned int>(plan.blocks))",
-        "dim3(static_cast<unsigned int>(plan.blocks < 65535 ? plan.blocks : 65535))",
+        "cuda/common_device.cuh",
+        "dim3(static_cast<unsigned int>(blocks))",
+        "dim3(static_cast<unsigned int>(blocks < 65535 ? blocks : 65535))",
         "the grid capped at 65535 blocks, as for gridDim.y",
     ),
     Mutant(
         "grid-in-y",
-        "cuda/rope_kernel.cuh",
-        "dim3(static_cast<unsigned int>(plan.blocks))",
-        "dim3(1, static_cast<unsigned int>(plan.blocks))",
+        "cuda/common_device.cuh",
+        "dim3(static_cast<unsigned int>(blocks))",
+        "dim3(1, static_cast<unsigned int>(blocks))",
         "the blocks counted in gridDim.y (at most 65535)",
     ),
     Mutant(
@@ -242,14 +251,14 @@ MUTANTS = [
     # Device and stream (the glue, run with a simulated runtime).
     Mutant(
         "default-stream",
-        "cuda/cuda_glue.h",
+        "cuda/common_glue.h",
         "  const typename Runtime::Stream stream = Runtime::current_stream();",
         "  const typename Runtime::Stream stream{};",
         "the kernel launched on the legacy default stream",
     ),
     Mutant(
         "no-device-guard",
-        "cuda/cuda_glue.h",
+        "cuda/common_glue.h",
         "  const typename Runtime::Guard guard(Runtime::device_of(x));\n"
         "  return detail::apply_body",
         "  return detail::apply_body",
@@ -257,7 +266,7 @@ MUTANTS = [
     ),
     Mutant(
         "launch-drops-stream",
-        "cuda/rope_kernel.cuh",
+        "cuda/common_device.cuh",
         "kernel_args, 0, stream);",
         "kernel_args, 0, nullptr);",
         "the launcher ignores the stream it was given",
@@ -265,15 +274,15 @@ MUTANTS = [
     # Positions past 32 bits.
     Mutant(
         "position-narrowed-to-int32",
-        "cuda/rope_kernel.cuh",
-        "? static_cast<int64_t>(__ldg(static_cast<const long long*>(t.positions) + pos_off))",
-        "? static_cast<int32_t>(__ldg(static_cast<const long long*>(t.positions) + pos_off))",
+        "cuda/common_device.cuh",
+        "? static_cast<int64_t>(__ldg(static_cast<const long long*>(r.positions) + pos_off))",
+        "? static_cast<int32_t>(__ldg(static_cast<const long long*>(r.positions) + pos_off))",
         "an int64 position narrowed before the range check: 2^32 + p passes as p",
     ),
     # The kernel variant must follow q and k independently (launch-plan tests only).
     Mutant(
         "vector-kernel-needs-both",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "  return rotates_vectors(first) || (second != nullptr && rotates_vectors(*second));",
         "  return rotates_vectors(first) && (second == nullptr || rotates_vectors(*second));",
         "a misaligned k pushes an aligned q onto the scalar kernel (correct, only slower)",
@@ -281,7 +290,7 @@ MUTANTS = [
     # The paired path: two 16-bit elements per 4-byte access, for rows 4- but not 16-byte aligned.
     Mutant(
         "pair-on-2-byte-rows",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "  const bool rows_pair = storage_bytes == 2 && "
         "rows_aligned_to(a, storage_bytes, kPairBytes);",
         "  const bool rows_pair = storage_bytes == 2;",
@@ -289,7 +298,7 @@ MUTANTS = [
     ),
     Mutant(
         "pair-ignores-row-strides",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "  const bool rows_pair = storage_bytes == 2 && "
         "rows_aligned_to(a, storage_bytes, kPairBytes);",
         "  const bool rows_pair =\n"
@@ -299,21 +308,21 @@ MUTANTS = [
     ),
     Mutant(
         "pair-half-split-odd-half",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "  } else if (half > 0 && rows_pair && run % w.elems == 0) {",
         "  } else if (half > 0 && rows_pair) {",
         "half-split pairs with an odd half: the b's 2-byte aligned, the last plane in no lane",
     ),
     Mutant(
         "pair-lanes-counted-in-elements",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "    p.rot_lanes = half / w.planes;",
         "    p.rot_lanes = half / w.elems;",
         "interleaved paired lanes counted per element: half of the planes get no lane",
     ),
     Mutant(
         "pair-elements-swapped",
-        "cuda/rope_kernel.cuh",
+        "cuda/common_device.cuh",
         "  const unsigned int bits = *reinterpret_cast<const unsigned int*>(p);  "
         "// sass: pair load",
         "  const unsigned int word = *reinterpret_cast<const unsigned int*>(p);\n"
@@ -356,7 +365,7 @@ MUTANTS = [
     ),
     Mutant(
         "vector-kernel-for-pairs",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "    return plan_paths(a, sizes.storage, interleaved, true).rot_access == Access::kVector;",
         "    return plan_paths(a, sizes.storage, interleaved, true).rot_access != Access::kScalar;",
         "a paired tensor picks the vector kernel and its register budget (correct, only slower)",
@@ -372,56 +381,56 @@ MUTANTS = [
     ),
     Mutant(
         "every-plane-picks-axis-0",
-        "cuda/rope_kernel.cuh",
+        "cuda/common_device.cuh",
         "    r = a == i ? v[i] : r;",
         "    r = a == i ? v[0] : r;",
         "every axis loaded and checked, but each plane takes axis 0's table row",
     ),
     Mutant(
         "section-boundary-off-by-one",
-        "cuda/rope_kernel.cuh",
+        "cuda/common_device.cuh",
         "    axis += a + 1 < m.num_axes && k >= end ? 1 : 0;",
         "    axis += a + 1 < m.num_axes && k > end ? 1 : 0;",
         "the first plane of each contiguous section reads the previous axis",
     ),
     Mutant(
         "interleaved-ignores-section-limit",
-        "cuda/rope_kernel.cuh",
+        "cuda/common_device.cuh",
         "    return r == 1 && k < 3 * m.sections[1] ? 1 : r == 2 && k < 3 * m.sections[2] ? 2 : 0;",
         "    return r == 1 ? 1 : r == 2 ? 2 : 0;",
         "Qwen3-VL: planes k % 3 == 1, 2 read h, w past 3 * sections[1], 3 * sections[2] too",
     ),
     Mutant(
         "interleaved-read-as-contiguous",
-        "cuda/rope_kernel.cuh",
+        "cuda/common_device.cuh",
         "  if (m.interleaved) {\n    const int64_t r = k % 3;",
         "  if (false) {\n    const int64_t r = k % 3;",
         "mrope_interleaved dropped: Qwen3-VL sections taken as contiguous runs",
     ),
     Mutant(
         "axis-stride-assumed-1",
-        "cuda/rope_kernel.cuh",
-        "read_position(t, pos_off + a * t.axis_stride)",
-        "read_position(t, pos_off + a)",
+        "cuda/common_device.cuh",
+        "read_position(r, pos_off + a * axis_stride)",
+        "read_position(r, pos_off + a)",
         "the axis dim taken as dense and innermost: positions moved from (A, ...) read wrongly",
     ),
     Mutant(
         "axis-stride-not-planned",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "  p.axis_stride = a.axis_stride;\n",
         "",
         "the plan drops the axis stride: every axis reads axis 0's entry",
     ),
     Mutant(
         "axis-map-not-planned",
-        "cuda/launch_plan.h",
+        "cuda/rope_launch_plan.h",
         "  params.tables.axes = tables.axes;\n",
         "",
         "the plan drops the AxisMap: every multi-axis call runs as a one-axis one",
     ),
     Mutant(
         "range-check-axis-0-only",
-        "cuda/rope_kernel.cuh",
+        "cuda/common_device.cuh",
         "      in_range = position_in_range(tb, pos) && in_range;",
         "      in_range = (a > 0 || position_in_range(tb, pos)) && in_range;",
         "only axis 0 of a multi-axis position is range-checked: a bad axis 1 reads past the tables",
@@ -479,7 +488,8 @@ MUTANTS = [
     Mutant(
         "kv-v-not-copied",
         "cuda/kv_cache_kernel.cuh",
-        "  store<scalar_t>(out, feature.rem, widen(in[feature.rem]), vc.format, vc.scale);",
+        "  store<scalar_t>(out, feature.rem, to_acc(load_scalar(in + feature.rem)), vc.format, "
+        "vc.scale);",
         "  (void)out;",
         "v never reaches the v cache",
     ),
@@ -507,10 +517,10 @@ MUTANTS = [
 ]
 
 
-# Bugs in the fused QK-RMSNorm + RoPE kernel (csrc/cuda/norm_kernel.cuh), caught by the host
+# Bugs in the fused QK-RMSNorm + RoPE kernel (csrc/cuda/rms_norm_kernel.cuh), caught by the host
 # run's rms_norm_apply_qk cases (tests/cuda_host/norm_cases.cpp: the extended-precision
 # reference of compare.cpp, eps up to 3, weight_offset 1 and -0.5, partial rotary).
-NORM = "cuda/norm_kernel.cuh"
+NORM = "cuda/rms_norm_kernel.cuh"
 MUTANTS += [
     Mutant(
         "norm-eps-outside-sqrt",
@@ -565,7 +575,7 @@ MUTANTS += [
     Mutant(
         "norm-axis-ignored",
         NORM,
-        "    const int32_t axis = tb.axes.num_axes > 0 ? axis_of_plane(tb.axes, k) : 0;",
+        "    const int32_t axis = tb.axes.num_axes > 0 ? plane_axis(tb.axes, k) : 0;",
         "    const int32_t axis = 0;",
         "multi-axis positions: every plane reads axis 0",
     ),
@@ -584,18 +594,105 @@ MUTANTS += [
         "k's rows shifted by one",
     ),
     Mutant(
-        "norm-missing-last-block",
-        NORM,
-        "(params.total_rows + kNormBlockThreads - 1) / kNormBlockThreads;",
-        "params.total_rows / kNormBlockThreads + (params.total_rows < kNormBlockThreads);",
-        "the grid rounds down: the rows of a partial last block are never written",
+        "grid-rounds-down",
+        "cuda/common_device.cuh",
+        "  return (threads + kThreads - 1) / kThreads;",
+        "  return threads / kThreads + (threads < kThreads);",
+        "the norm and KV-cache grids round down: a partial last block's rows are never written",
     ),
     Mutant(
         "norm-position-unchecked",
         NORM,
-        "  if (!in_range) {\n    return;\n  }",
-        "  (void)in_range;",
+        "    if (!load_position(a, tb, pos_off, pos)) {\n      return;\n    }",
+        "    (void)load_position(a, tb, pos_off, pos);",
         "a row at an out-of-range position reads past the tables",
+    ),
+]
+
+
+# Issue 30, section 1: bugs that passed every CPU-side check before the checks they name.
+MUTANTS += [
+    # rope.rms_norm_apply_qk with multi-axis positions (norm_cases.cpp: axis-first positions,
+    # up to 4 axes, as hf.patch hands Qwen3-VL's to this op).
+    Mutant(
+        "norm-axis-stride-assumed-1",
+        NORM,
+        "load_axis_rows(a, tb, pos_off, a.axis_stride, tb.table_stride, rows)",
+        "load_axis_rows(a, tb, pos_off, 1, tb.table_stride, rows)",
+        "norm kernel: the axis dim taken as dense and innermost (axis-first positions read wrong)",
+    ),
+    Mutant(
+        "norm-axis-3-reads-axis-2",
+        NORM,
+        "    const int32_t axis = tb.axes.num_axes > 0 ? plane_axis(tb.axes, k) : 0;",
+        "    const int32_t any_axis = tb.axes.num_axes > 0 ? plane_axis(tb.axes, k) : 0;\n"
+        "    const int32_t axis = any_axis > 2 ? 2 : any_axis;",
+        "norm kernel: at most 3 axes assumed, a 4th axis reads the 3rd axis's position",
+    ),
+    # Device and stream of the two newest ops (their launches now go through common_glue.h).
+    Mutant(
+        "kv-default-stream",
+        "cuda/common_glue.h",
+        "      return Runtime::launch_kv_cache(dtype, p.args, p.tables.args, interleaved, stream);",
+        "      return Runtime::launch_kv_cache(dtype, p.args, p.tables.args, interleaved,\n"
+        "                                      typename Runtime::Stream{});",
+        "apply_qk_cache launched on the legacy default stream",
+    ),
+    Mutant(
+        "norm-default-stream",
+        "cuda/common_glue.h",
+        "      return Runtime::launch_norm(dtype, q_args, k_args, tables, mode, params, stream);",
+        "      return Runtime::launch_norm(dtype, q_args, k_args, tables, mode, params,\n"
+        "                                  typename Runtime::Stream{});",
+        "rms_norm_apply_qk launched on the legacy default stream",
+    ),
+    Mutant(
+        "kv-no-device-guard",
+        "cuda/common_glue.h",
+        "  const typename Runtime::Guard guard(Runtime::device_of(q));\n"
+        "  return detail::apply_qk_cache_body",
+        "  return detail::apply_qk_cache_body",
+        "apply_qk_cache without the device guard: runs on whatever device is current",
+    ),
+    # The KV-cache kernel past 2^32 work units (big_cases.cpp: a sampled grid of 2^32 + 2^20
+    # threads).
+    Mutant(
+        "kv-int32-thread-index",
+        "cuda/kv_cache_kernel.cuh",
+        "  const int64_t w = grid_thread_index<kBlockThreads>();",
+        "  const int64_t w = blockIdx.x * kBlockThreads + threadIdx.x;",
+        "the KV-cache kernel's thread index in 32 bits: the last rows are never written",
+    ),
+    # Bit-exactness of the KV-cache kernel (kv_cache_cases.cpp: the CPU backend's bits).
+    Mutant(
+        "kv-bf16-truncated",
+        "cuda/kv_cache_kernel.cuh",
+        "    store_scalar(static_cast<scalar_t*>(row) + i, from_acc<scalar_t>(value));",
+        "    A v = value;\n"
+        "    if constexpr (std::is_same_v<scalar_t, __nv_bfloat16>) {\n"
+        "      uint32_t bits;\n"
+        "      memcpy(&bits, &v, sizeof(bits));\n"
+        "      bits &= 0xffff0000u;\n"
+        "      memcpy(&v, &bits, sizeof(bits));\n"
+        "    }\n"
+        "    store_scalar(static_cast<scalar_t*>(row) + i, from_acc<scalar_t>(v));",
+        "bf16 by truncation instead of round to nearest even: within the tolerance, not the bits",
+    ),
+    Mutant(
+        "kv-swapped-rotation-terms",
+        "cuda/kv_cache_kernel.cuh",
+        "  rotate_plane(to_acc(load_scalar(in + ia)), to_acc(load_scalar(in + ib)), c, s, ra, rb);",
+        "  rotate_plane(to_acc(load_scalar(in + ib)), to_acc(load_scalar(in + ia)), c, -s, rb,"
+        " ra);",
+        "the same values in exact arithmetic, the other product rounded first: not the CPU's bits",
+    ),
+    # A tuning default changed (scripts/sass_report.py's own expectation, not the header's).
+    Mutant(
+        "row-batch-default-changed",
+        "cuda/rope_launch_plan.h",
+        "#define ROPE_CUDA_ROW_BATCH 4\n",
+        "#define ROPE_CUDA_ROW_BATCH 2\n",
+        "the row batch halved: every result the same, the SASS rule's expectation must notice",
     ),
 ]
 
@@ -625,8 +722,8 @@ def write_sources(overlay: Path, sources, mutant):
             text = text.replace(mutant.before, mutant.after)
         if not dst.exists() or dst.read_text() != text:
             dst.write_text(text)
-        if rel == "kernel_args.h" and text == src.read_text():
-            # Also reached through csrc/ (prepare.h) by the launch-plan tests: with the same
+        if rel == "common_kernel_args.h" and text == src.read_text():
+            # Also reached through csrc/ (common_prepare.h) by the launch-plan tests: with the same
             # mtime and content, GCC's #pragma once takes the copy for the same file.
             os.utime(dst, ns=(src.stat().st_atime_ns, src.stat().st_mtime_ns))
 
@@ -738,6 +835,78 @@ def first_failure(out: str) -> str:
     return next((text for text in lines if "FAILED" in text), lines[-1] if lines else "")
 
 
+# The checks a mutant goes through, in order, until one fails: the host run of the kernels
+# (cuda_host_run: every op through the glue, bit comparisons with the CPU backend, the big cases),
+# the torch-free host run of the KV-cache kernel against its independent reference
+# (kv_cache_host.cpp: out-of-range slots and positions, float64), the launch-plan unit tests, and
+# the tuning defaults of scripts/sass_report.py (a text check of the plan header).
+CHECK_NAMES = {
+    "kv": "KV-cache host run",
+    "host": "host run",
+    "plan": "launch-plan tests",
+    "tuning": "tuning defaults",
+}
+
+
+def checks_of(m):
+    if m.file in KV_FILES:
+        return ["kv", "host"]
+    if m.file == "cuda/rope_launch_plan.h":
+        return ["host", "plan", "tuning"]
+    return ["host"]
+
+
+def run_tuning_check(overlay: Path):
+    """scripts/sass_report.py --check-tuning on the mutated plan header."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "sass_report.py"),
+            "--check-tuning",
+            str(overlay / "cuda" / "rope_launch_plan.h"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    out = (result.stdout + result.stderr).strip()
+    return ("passed" if result.returncode == 0 else "failed"), out.splitlines()[-1] if out else ""
+
+
+def target_of(lane, check):
+    if check == "plan":
+        return lane.plan_target
+    return lane.host_target(check == "kv")
+
+
+def run_stage(build_dir: Path, items, args):
+    """One check for each (lane, mutant, check): builds what they need in one command, runs them
+    side by side. [(status, how)], or None when a mutant does not compile."""
+    targets = [target_of(lane, c) for lane, _, c in items if c != "tuning"]
+    if targets:
+        ok, log = build(build_dir, targets)
+        if not ok:
+            # Which one: build each alone, for its own log.
+            for lane, m, c in items:
+                if c == "tuning":
+                    continue
+                ok, log = build(build_dir, [target_of(lane, c)])
+                if not ok:
+                    print(log[-3000:])
+                    print(f"mutant {m.name}: does not compile; a mutant must be plausible code")
+                    return None
+
+    def one(lane, m, c):
+        if c == "tuning":
+            return run_tuning_check(lane.overlay)
+        if c == "plan":
+            return run_plan_tests(lane.plan_binary, args.timeout)
+        status, out = run_host(lane.host_binary(c == "kv"), args.cases, args.seed, args.timeout)
+        how = {"failed": first_failure(out), "timeout": "timed out", "passed": "NOT CAUGHT"}[status]
+        return status, how
+
+    return side_by_side(one, items)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--build-dir", default=str(REPO / "build"))
@@ -773,9 +942,8 @@ def main():
     try:
         for lane in lanes:
             write_overlay(lane.overlay)
-        for kv in [False] * any(m.file not in KV_FILES for m in mutants) + [True] * any(
-            m.file in KV_FILES for m in mutants
-        ):
+        # Every host run a selected mutant goes through (KV-cache mutants: both).
+        for kv in [False] + [True] * any(m.file in KV_FILES for m in mutants):
             target = lanes[0].host_target(kv)
             ok, log = build(build_dir, [lane.host_target(kv) for lane in lanes])
             if not ok:
@@ -792,7 +960,7 @@ def main():
                 f"unmutated: {target} passed {args.cases} cases (seed {args.seed}) "
                 f"in {len(lanes)} lane(s)"
             )
-        if any(m.file == "cuda/launch_plan.h" for m in mutants):
+        if any(m.file == "cuda/rope_launch_plan.h" for m in mutants):
             ok, log = build(build_dir, [lane.plan_target for lane in lanes])
             if not ok:
                 print(log[-3000:])
@@ -805,6 +973,12 @@ def main():
                     print("mutation check: the unmutated launch-plan tests do not pass")
                     return 1
             print("unmutated: the launch-plan tests pass")
+            status, how = run_tuning_check(lanes[0].overlay)
+            if status != "passed":
+                print(how)
+                print("mutation check: the unmutated plan header fails the tuning check")
+                return 1
+            print("unmutated: the tuning defaults are the checked ones")
 
         survived = []
         for first in range(0, len(mutants), len(lanes)):
@@ -812,43 +986,31 @@ def main():
             batch = list(zip(lanes, mutants[first : first + len(lanes)]))
             for lane, m in batch:
                 write_overlay(lane.overlay, m)
-            ok, log = build(build_dir, [lane.host_target(m.file in KV_FILES) for lane, m in batch])
-            if not ok:
-                # Which one: build each alone, for its own log.
-                for lane, m in batch:
-                    ok, log = build(build_dir, [lane.host_target(m.file in KV_FILES)])
-                    if not ok:
-                        print(log[-3000:])
+            # Each mutant goes through its checks in order until one catches it; the mutants of
+            # a batch that are still alive take their next check together.
+            alive = [(lane, m, 0) for lane, m in batch]
+            while alive:
+                stage = [(lane, m, checks_of(m)[i]) for lane, m, i in alive]
+                status = run_stage(build_dir, stage, args)
+                if status is None:
+                    return 1
+                nxt = []
+                for (lane, m, i), (result, how) in zip(alive, status):
+                    if result != "passed":
                         print(
-                            f"mutant {m.name}: does not compile; a mutant must be a "
-                            "plausible program"
+                            f"caught   {m.name:38s} {time.time() - t0:5.1f} s  ({m.why})\n"
+                            f"         {how[:200]}"
                         )
-                        return 1
-            runs = [
-                (lane.host_binary(m.file in KV_FILES), args.cases, args.seed, args.timeout)
-                for lane, m in batch
-            ]
-            for (lane, m), (status, out) in zip(batch, side_by_side(run_host, runs)):
-                how = {
-                    "failed": first_failure(out),
-                    "timeout": "timed out",
-                    "passed": "NOT CAUGHT",
-                }[status]
-                if status == "passed" and m.file == "cuda/launch_plan.h":
-                    ok, log = build(build_dir, [lane.plan_target])
-                    if not ok:
-                        print(log[-3000:])
-                        print(f"mutant {m.name}: the launch-plan tests do not compile against it")
-                        return 1
-                    status, how = run_plan_tests(lane.plan_binary, args.timeout)
-                    how = how if status == "failed" else "NOT CAUGHT (host run and plan tests)"
-                caught = status != "passed"
-                if not caught:
-                    survived.append(m)
-                print(
-                    f"{'caught  ' if caught else 'SURVIVED'} {m.name:38s} {time.time() - t0:5.1f} s"
-                    f"  ({m.why})\n         {how[:200]}"
-                )
+                    elif i + 1 < len(checks_of(m)):
+                        nxt.append((lane, m, i + 1))
+                    else:
+                        survived.append(m)
+                        names = " and ".join(CHECK_NAMES[c] for c in checks_of(m))
+                        print(
+                            f"SURVIVED {m.name:38s} {time.time() - t0:5.1f} s  ({m.why})\n"
+                            f"         NOT CAUGHT ({names})"
+                        )
+                alive = nxt
     finally:
         for lane in lanes:
             write_overlay(lane.overlay)  # leave the overlays unmutated

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 #include <torch_rope/ops.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -31,6 +32,7 @@ struct NormCase {
   double eps = 1e-6;
   double weight_offset = 0.0;
   bool positions_in_range = true;
+  bool axes_first = false;  // multi-axis positions built (A, ...) and moved to (..., A)
   std::string layout;
   int device = 0;
 
@@ -47,7 +49,8 @@ struct NormCase {
            s << at::IntArrayRef(section);
            return s.str();
          }())
-      << (mrope_interleaved ? " interleaved" : "") << (positions_in_range ? "" : ", BAD position");
+      << (mrope_interleaved ? " interleaved" : "") << (axes_first ? ", axis-first" : "")
+      << (positions_in_range ? "" : ", BAD position");
     return m.str();
   }
 };
@@ -143,7 +146,9 @@ NormCase make_norm_case(uint64_t seed, int64_t index) {
     pos_shape = pick(2) ? std::vector<int64_t>{S, 1} : std::vector<int64_t>{B, S, 1};
   }
   if (multi) {
-    const int64_t A = 1 + pick(3);
+    // 1 to kMaxAxes axes: hf.patch hands this op 3-axis positions (Qwen3-VL), and 4 is the most
+    // the kernels take, so a 4th axis reading the 3rd one's position must show.
+    const int64_t A = 1 + pick(rope::kMaxAxes);
     c.section.assign(static_cast<size_t>(A), 0);
     for (int64_t k = 0; k < half; ++k) {
       ++c.section[static_cast<size_t>(pick(A))];
@@ -152,12 +157,21 @@ NormCase make_norm_case(uint64_t seed, int64_t index) {
     pos_shape.push_back(A);
   }
   const auto pos_dtype = pick(3) == 0 ? at::kInt : at::kLong;
-  c.positions = at::randint(0, max_seq_len, pos_shape, gen, at::TensorOptions().dtype(pos_dtype));
+  // Multi-axis positions are often built axis-first, (A, ...), and moved to (..., A), as hf.patch
+  // moves Qwen3-VL's position ids: the axis dim then has the largest stride, not 1.
+  c.axes_first = multi && pick(2) == 0;
+  std::vector<int64_t> base_shape = pos_shape;
+  if (c.axes_first) {
+    std::rotate(base_shape.rbegin(), base_shape.rbegin() + 1, base_shape.rend());
+  }
+  const at::Tensor base =
+      at::randint(0, max_seq_len, base_shape, gen, at::TensorOptions().dtype(pos_dtype));
   if (pick(16) == 0) {
     c.positions_in_range = false;
     const int64_t bad = pick(2) ? -1 - pick(3) : max_seq_len + pick(3);
-    c.positions.view({-1})[pick(c.positions.numel())] = bad;
+    base.view({-1})[pick(base.numel())] = bad;
   }
+  c.positions = c.axes_first ? base.movedim(0, -1) : base;
   c.device = static_cast<int>(pick(68));
   return c;
 }
@@ -209,8 +223,8 @@ std::vector<std::string> run_norm_case(const NormCase& c, Tally& tally,
       problems.push_back("input " + std::to_string(i) + " changed");
     }
   }
-  if (ctx.norm_launches.size() != 1) {
-    problems.push_back("expected one launch, got " + std::to_string(ctx.norm_launches.size()));
+  if (ctx.grid_launches.size() != 1) {
+    problems.push_back("expected one launch, got " + std::to_string(ctx.grid_launches.size()));
   }
   if (c.positions_in_range && problems.empty()) {
     for (const auto& [name, got, x, w] :
@@ -235,13 +249,16 @@ std::vector<std::string> run_norm_case(const NormCase& c, Tally& tally,
   hit("norm: partial rotary", c.rotary_dim > 0 && c.rotary_dim < c.head_dim);
   hit("norm: rotary_dim 0", c.rotary_dim == 0);
   hit("norm: multi-axis positions", !c.section.empty());
+  hit("norm: 4-axis positions", c.section.size() == 4);
+  hit("norm: axis-first positions (axis stride > 1)",
+      c.axes_first && c.positions.size(-1) > 1 && c.positions.stride(-1) > 1);
   hit("norm: Qwen3-VL interleaved sections", c.mrope_interleaved);
   hit("norm: fused qkv slices", c.qkv.defined());
   hit("norm: weight_offset", c.weight_offset != 0);
   hit("norm: eps large", c.eps > 0.1);
   hit("norm: out-of-range position asserted", !c.positions_in_range);
   hit("norm: int32 positions", c.positions.scalar_type() == at::kInt);
-  hit("norm: several blocks", !ctx.norm_launches.empty() && ctx.norm_launches[0].blocks > 1);
+  hit("norm: several blocks", !ctx.grid_launches.empty() && ctx.grid_launches[0].blocks > 1);
   return problems;
 }
 

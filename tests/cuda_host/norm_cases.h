@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The host run of rope.rms_norm_apply_qk's CUDA kernel (csrc/cuda/norm_kernel.cuh): random calls
-// through its glue (norm_glue.h) with the simulated runtime, each held against the
+// The host run of rope.rms_norm_apply_qk's CUDA kernel (csrc/cuda/rms_norm_kernel.cuh): random
+// calls through its glue (common_glue.h) with the simulated runtime, each held against the
 // extended-precision reference of compare.h, the CPU backend, the access rules of
 // access_tracker.h and unchanged inputs. Each case is a pure function of (seed, index).
 #pragma once

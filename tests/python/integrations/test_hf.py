@@ -559,7 +559,7 @@ def test_every_rotary_model_type_is_supported_or_refused_with_a_reason():
 
 
 def test_docs_list_every_rotary_model_type_with_its_status():
-    """docs/hf_models.md's table says what hf.py does, type by type."""
+    """docs/hf_models.md's table says what torch_rope.hf does, type by type."""
     path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "hf_models.md")
     with open(path, encoding="utf-8") as f:
         rows = re.findall(r"^\| `([\w-]+)` \| (supported|refused) \| (.*?) \|$", f.read(), re.M)

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""CUDA-only checks of what the launch plan (csrc/cuda/launch_plan.h) decides: per-tensor and
+"""CUDA-only checks of what the launch plan (csrc/cuda/rope_launch_plan.h) decides: per-tensor and
 per-part vector paths, and the range check of positions when nothing rotates. SKIPPED without a
 GPU; the same behaviour is exercised on the host by ``ctest -L cuda-host`` in every run."""
 

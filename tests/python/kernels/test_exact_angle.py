@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""The table-free angle core (csrc/exact_angle.h) against mpmath, step by step.
+"""The table-free angle core (csrc/common_exact_angle.h) against mpmath, step by step.
 
 Each step is reached through the test hooks `_C._exact_angle_test` / `_C._exact_rotation_test`
 (csrc/python/exact_angle_hooks.cpp). The reference is mpmath at 200+ bits (60 decimal digits after

@@ -2,8 +2,8 @@
 """Multi-axis positions in the layouts real models hand the ops, against the oracle.
 
 The CPU backend gathers the angles of each distinct multi-axis position once when several rows
-(the heads of a token) share it, and gathers per row otherwise (csrc/cpu/shared_angles.h,
-csrc/cpu/mixed_rows.h). Both routes are covered here: positions shared by the heads in every
+(the heads of a token) share it, and gathers per row otherwise (csrc/cpu/common_shared_angles.h,
+csrc/cpu/common_mixed_rows.h). Both routes are covered here: positions shared by the heads in every
 layout (B, H, S, D), (B, S, H, D), packed (T, H, D), GQA apply_qk, int32 and strided positions,
 float64 tables; and positions with one entry per row."""
 

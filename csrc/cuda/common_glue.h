@@ -1,0 +1,188 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The glue of every CUDA op (rope.apply, apply_, apply.out, apply_qk, rms_norm_apply_qk,
+// apply_qk_cache): which device is current during the call (the device guard), which stream the
+// kernel goes on, and how a launch status becomes an error. Written once, as templates over a
+// `Runtime` policy, so the same code runs in two places:
+//   - rope_cuda.cu, rms_norm_cuda.cu and kv_cache_cuda.cu instantiate it with the real runtime
+//     (common_runtime.h: c10::cuda::OptionalCUDAGuard, at::cuda::getCurrentCUDAStream, the
+//     device's SM count, C10_CUDA_CHECK) and their kernel's launcher;
+//   - the host run of the kernels (tests/cuda_host/host_backend.cpp) instantiates it with a
+//     simulated runtime that gives every device its own current stream and records the device and
+//     stream of each launch, so dropping the guard, or launching on the default stream, fails a
+//     test on a machine without a GPU, for every op.
+// Keep every decision here; the Runtime's members are one-liners with no choice in them.
+//
+// A Runtime provides:
+//   using Guard;   // RAII: constructed from std::optional<c10::Device>, sets that device current
+//   using Stream;  // cudaStream_t
+//   static std::optional<c10::Device> device_of(const at::Tensor&);  // the CUDA device of t
+//   static Stream current_stream();        // the current stream of the *current* device
+//   static int multiprocessor_count();     // of the current device
+//   static void check(int status);         // throws on a failed launch
+// and the launch of each kernel it serves (each returns a cudaError_t as int):
+//   static int launch(c10::ScalarType, const RotationArgs& first, const RotationArgs* second,
+//                     const TableArgs&, RotationMode, int num_sms, Stream);     // rope_kernel.cuh
+//   static int launch_norm(c10::ScalarType, const NormRotationArgs& q, const NormRotationArgs& k,
+//                          const TableArgs&, RotationMode, NormParams, Stream);  // rms_norm
+//   static int launch_kv_cache(c10::ScalarType, const KvCacheArgs&, const TableArgs&,
+//                              bool interleaved, Stream);                   // kv_cache_kernel.cuh
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <tuple>
+
+// csrc/ is on the include path of every user.
+#include "kv_cache_body.h"
+#include "rms_norm_body.h"
+#include "rope_body.h"
+
+namespace rope::cuda::glue {
+
+// Every launch of every op: on the current stream of the current device, which the op's guard
+// made x's (q's) device, and its status checked. `launch(stream)` enqueues the kernel. The stream
+// is asked after the guard set the device: the current stream is per device, and a stream of
+// another device (or the legacy default stream) would not be ordered after x's producer. Nothing
+// here synchronizes.
+template <typename Runtime, typename Launch>
+void launch_on_current_stream(const Launch& launch) {
+  const typename Runtime::Stream stream = Runtime::current_stream();
+  Runtime::check(launch(stream));
+}
+
+// ---- the backends of the op bodies (rope_body.h, rms_norm_body.h, kv_cache_body.h) -------------
+
+// The range of positions (and of slots) is checked inside the kernels (a device assert): a
+// host-side check would read them back and synchronize with the device on every call.
+template <typename Runtime>
+struct RopeBackend {
+  static void check_positions(const char* /*op*/, const at::Tensor& /*positions*/,
+                              int64_t /*max_seq_len*/, const detail::MultiAxisArgs& /*axes*/) {}
+  static void rotate(c10::ScalarType dtype, const RotationArgs& args, const TableArgs& tables,
+                     RotationMode mode) {
+    rotate_pair_or_one(dtype, args, nullptr, tables, mode);
+  }
+  static void rotate_pair(c10::ScalarType dtype, const RotationArgs& q, const RotationArgs& k,
+                          const TableArgs& tables, RotationMode mode) {
+    rotate_pair_or_one(dtype, q, &k, tables, mode);
+  }
+
+ private:
+  // One launch for `first` and, if given, `second` (apply_qk), sized for the current device.
+  static void rotate_pair_or_one(c10::ScalarType dtype, const RotationArgs& first,
+                                 const RotationArgs* second, const TableArgs& tables,
+                                 RotationMode mode) {
+    const int num_sms = Runtime::multiprocessor_count();
+    launch_on_current_stream<Runtime>([&](typename Runtime::Stream stream) {
+      return Runtime::launch(dtype, first, second, tables, mode, num_sms, stream);
+    });
+  }
+};
+
+template <typename Runtime>
+struct RmsNormBackend {
+  static void check_positions(const char* /*op*/, const at::Tensor& /*positions*/,
+                              int64_t /*max_seq_len*/, const detail::MultiAxisArgs& /*axes*/) {}
+  // The weights go to the kernel contiguous in its math type; the temporaries are freed after
+  // the launch is enqueued, which the stream-ordered caching allocator allows.
+  static void norm_rotate_pair(c10::ScalarType dtype, const RotationArgs& q, const RotationArgs& k,
+                               const at::Tensor& q_weight, const at::Tensor& k_weight,
+                               const TableArgs& tables, RotationMode mode, NormParams params) {
+    const auto acc = dtype == at::kDouble ? at::kDouble : at::kFloat;
+    const at::Tensor qw = q_weight.to(acc).contiguous();
+    const at::Tensor kw = k_weight.to(acc).contiguous();
+    const NormRotationArgs q_args{q, qw.const_data_ptr()};
+    const NormRotationArgs k_args{k, kw.const_data_ptr()};
+    launch_on_current_stream<Runtime>([&](typename Runtime::Stream stream) {
+      return Runtime::launch_norm(dtype, q_args, k_args, tables, mode, params, stream);
+    });
+  }
+};
+
+template <typename Runtime>
+struct KvCacheBackend {
+  static void check_positions(const char* /*op*/, const at::Tensor& /*positions*/,
+                              int64_t /*max_seq_len*/, const detail::MultiAxisArgs& /*axes*/) {}
+  // A repeated slot is not detected either: which token's row the cache keeps is unspecified.
+  static void check_slots(const char* /*op*/, const at::Tensor& /*slot_mapping*/,
+                          int64_t /*num_slots*/) {}
+  static void write_cache(c10::ScalarType dtype, const detail::PreparedKvCache& p,
+                          bool interleaved) {
+    launch_on_current_stream<Runtime>([&](typename Runtime::Stream stream) {
+      return Runtime::launch_kv_cache(dtype, p.args, p.tables.args, interleaved, stream);
+    });
+  }
+};
+
+// ---- the ops -----------------------------------------------------------------------------------
+// x's (q's) device is current for the whole body, allocation included, so the output is allocated
+// there and the launch goes to that device's current stream. When only cos or positions is on
+// the GPU there is no guard to set, and the op body reports the device mismatch.
+
+template <typename Runtime>
+at::Tensor apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                 const at::Tensor& positions, bool interleaved, bool inverse,
+                 at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+  const typename Runtime::Guard guard(Runtime::device_of(x));
+  return detail::apply_body<RopeBackend<Runtime>>(x, cos, sin, positions, interleaved, inverse,
+                                                  {mrope_section, mrope_interleaved});
+}
+
+template <typename Runtime>
+void apply_inplace(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                   const at::Tensor& positions, bool interleaved, bool inverse,
+                   at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+  const typename Runtime::Guard guard(Runtime::device_of(x));
+  detail::apply_inplace_body<RopeBackend<Runtime>>(x, cos, sin, positions, interleaved, inverse,
+                                                   {mrope_section, mrope_interleaved});
+}
+
+template <typename Runtime>
+void apply_out(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+               const at::Tensor& positions, bool interleaved, bool inverse,
+               at::OptionalIntArrayRef mrope_section, bool mrope_interleaved,
+               const at::Tensor& out) {
+  const typename Runtime::Guard guard(Runtime::device_of(x));
+  detail::apply_out_body<RopeBackend<Runtime>>(x, cos, sin, positions, interleaved, inverse,
+                                               {mrope_section, mrope_interleaved}, out);
+}
+
+template <typename Runtime>
+std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tensor& k,
+                                            const at::Tensor& cos, const at::Tensor& sin,
+                                            const at::Tensor& positions, bool interleaved,
+                                            bool inverse, at::OptionalIntArrayRef mrope_section,
+                                            bool mrope_interleaved) {
+  const typename Runtime::Guard guard(Runtime::device_of(q));
+  return detail::apply_qk_body<RopeBackend<Runtime>>(q, k, cos, sin, positions, interleaved,
+                                                     inverse, {mrope_section, mrope_interleaved});
+}
+
+template <typename Runtime>
+std::tuple<at::Tensor, at::Tensor> rms_norm_apply_qk(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
+    const at::Tensor& k_weight, const at::Tensor& cos, const at::Tensor& sin,
+    const at::Tensor& positions, double eps, double weight_offset, bool interleaved, bool inverse,
+    at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+  const typename Runtime::Guard guard(Runtime::device_of(q));
+  return detail::rms_norm_apply_qk_body<RmsNormBackend<Runtime>>(
+      q, k, q_weight, k_weight, cos, sin, positions, eps, weight_offset, interleaved, inverse,
+      {mrope_section, mrope_interleaved});
+}
+
+template <typename Runtime>
+at::Tensor apply_qk_cache(const at::Tensor& q, const at::Tensor& k,
+                          const std::optional<at::Tensor>& v, const at::Tensor& cos,
+                          const at::Tensor& sin, const at::Tensor& positions,
+                          const at::Tensor& k_cache, const std::optional<at::Tensor>& v_cache,
+                          const at::Tensor& slot_mapping, bool interleaved,
+                          const std::optional<at::Tensor>& k_scale,
+                          const std::optional<at::Tensor>& v_scale) {
+  const typename Runtime::Guard guard(Runtime::device_of(q));
+  return detail::apply_qk_cache_body<KvCacheBackend<Runtime>>(
+      {q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping, k_scale, v_scale},
+      interleaved);
+}
+
+}  // namespace rope::cuda::glue

@@ -1,0 +1,53 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The real CUDA runtime of common_glue.h, shared by the three .cu files (rope_cuda.cu,
+// rms_norm_cuda.cu, kv_cache_cuda.cu): device guard, current stream, SM count, error check, and
+// the kernels' storage type of each torch dtype. Each .cu derives its runtime from this one and
+// adds only its kernel's launch. Every member is a one-liner with no choice in it: the decisions
+// are common_glue.h's, which tests/cuda_host runs with a simulated runtime. Only nvcc compiles
+// this header.
+#pragma once
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <optional>
+
+namespace rope::cuda {
+
+// The kernel's storage type for a torch dtype: c10::Half and c10::BFloat16 are bit-compatible
+// with CUDA's __half and __nv_bfloat16, which the torch-free kernel headers use.
+template <typename T>
+struct CudaStorage {
+  using type = T;
+};
+template <>
+struct CudaStorage<c10::Half> {
+  using type = __half;
+};
+template <>
+struct CudaStorage<c10::BFloat16> {
+  using type = __nv_bfloat16;
+};
+
+struct TorchCudaRuntime {
+  using Guard = c10::cuda::OptionalCUDAGuard;
+  using Stream = cudaStream_t;
+  // The CUDA key is also chosen when only cos or positions is on the GPU: then no device.
+  static std::optional<c10::Device> device_of(const at::Tensor& t) {
+    return t.is_cuda() ? std::optional<c10::Device>(t.device()) : std::nullopt;
+  }
+  // The current stream of the current device (the guard's).
+  static Stream current_stream() { return at::cuda::getCurrentCUDAStream(); }
+  // Cached by torch per device after the first call: no driver query on the hot path.
+  static int multiprocessor_count() {
+    return at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  }
+  static void check(int status) { C10_CUDA_CHECK(static_cast<cudaError_t>(status)); }
+};
+
+}  // namespace rope::cuda

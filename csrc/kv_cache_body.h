@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// rope.apply_qk_cache: rotate q and k, write the rotated k and a copy of v into rows of a KV
+// cache (flat or paged, 16/32-bit or fp8). The checks (shared by CPU, CUDA and Meta), the
+// argument preparation and the op body, written once for the computing backends as rope_body.h
+// does for the other ops. A backend supplies:
+//   static void check_positions(const char* op, const at::Tensor& positions, int64_t max_seq_len,
+//                               const MultiAxisArgs& axes);
+//   static void check_slots(const char* op, const at::Tensor& slot_mapping, int64_t num_slots);
+//   static void write_cache(c10::ScalarType dtype, const PreparedKvCache&, bool interleaved);
+// Every check runs before anything is allocated or written.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/MaybeOwned.h>
+
+#include <optional>
+
+#include "common_prepare.h"
+#include "kv_cache_args.h"
+#include "rope_validation.h"
+
+namespace rope::detail {
+
+// The op's arguments, as the dispatcher passes them.
+struct KvCacheInputs {
+  const at::Tensor& q;
+  const at::Tensor& k;
+  const std::optional<at::Tensor>& v;
+  const at::Tensor& cos;
+  const at::Tensor& sin;
+  const at::Tensor& positions;
+  const at::Tensor& k_cache;
+  const std::optional<at::Tensor>& v_cache;
+  const at::Tensor& slot_mapping;
+  const std::optional<at::Tensor>& k_scale;
+  const std::optional<at::Tensor>& v_scale;
+};
+
+// Metadata checks only (SymInt-aware), so the Meta kernel runs them too.
+void check_apply_qk_cache(const char* op, const KvCacheInputs& in);
+
+// Host-side check of the fp8 scales' values (CPU tensors only: a CUDA scale is read by the kernel
+// alone, with no host sync): each finite and > 0. Call after check_apply_qk_cache.
+void check_scales_on_host(const char* op, const KvCacheInputs& in);
+
+// Slots a cache has: size(0) flat, size(0) * size(1) paged. Real (non-symbolic) caches only.
+int64_t cache_slots(const at::Tensor& cache);
+
+// Host-side check of slot_mapping's values (CPU backend): every slot < num_slots, and no
+// non-negative slot twice. Names the offending entry.
+void check_slots_on_host(const char* op, const at::Tensor& slot_mapping, int64_t num_slots);
+
+struct PreparedKvCache {
+  PreparedRotation q_call;        // q -> q_out (the CPU backend runs its row kernel on it)
+  c10::MaybeOwned<at::Tensor> k;  // k, or a copy with unit last stride
+  c10::MaybeOwned<at::Tensor> v;  // likewise (undefined without v)
+  at::Tensor q_out() const { return q_call.output; }
+  PreparedTables tables;
+  KvCacheArgs args;
+};
+
+// Call after check_apply_qk_cache.
+PreparedKvCache prepare_kv_cache(const KvCacheInputs& in);
+
+template <typename Backend>
+at::Tensor apply_qk_cache_body(const KvCacheInputs& in, bool interleaved) {
+  constexpr const char* op = "rope.apply_qk_cache";
+  check_apply_qk_cache(op, in);
+  check_scales_on_host(op, in);
+  const bool any_rows = in.q.numel() > 0 || in.k.numel() > 0;
+  if (any_rows) {
+    Backend::check_positions(op, in.positions, in.cos.size(0), {});
+  }
+  if (in.slot_mapping.numel() > 0) {
+    Backend::check_slots(op, in.slot_mapping, cache_slots(in.k_cache));
+  }
+  PreparedKvCache prepared = prepare_kv_cache(in);
+  if (prepared.args.num_tokens > 0) {
+    Backend::write_cache(in.q.scalar_type(), prepared, interleaved);
+  }
+  return prepared.q_out();
+}
+
+}  // namespace rope::detail

@@ -1,0 +1,367 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "rope_validation.h"
+
+#include <ATen/ExpandUtils.h>
+#include <ATen/MemoryOverlap.h>
+#include <c10/core/SymBool.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <initializer_list>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace rope::detail {
+namespace {
+
+// Exactly the storage types the kernels implement. isFloatingType() would also admit the float8
+// types, which would then fail deep inside a kernel instead of here.
+bool is_supported_storage(at::ScalarType t) {
+  return t == at::kDouble || t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
+}
+
+// An optional-looking argument passed as None reaches C++ as an undefined tensor; say which.
+void check_defined(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.defined(), op, ": ", name, " must be a tensor, got None");
+}
+
+// Devices first: a call that mixes devices (including "meta" with real tensors, which the
+// dispatcher routes to the Meta kernel) must fail here rather than compute on the wrong memory.
+void check_same_device(const char* op, const char* a_name, const at::Tensor& a, const char* b_name,
+                       const at::Tensor& b) {
+  TORCH_CHECK(a.device() == b.device(), op, ": ", a_name, " and ", b_name,
+              " must be on the same device, got ", a_name, " on ", a.device(), " and ", b_name,
+              " on ", b.device());
+}
+
+void check_tables(const char* op, const at::Tensor& cos, const at::Tensor& sin) {
+  check_defined(op, "cos", cos);
+  check_defined(op, "sin", sin);
+  check_same_device(op, "cos", cos, "sin", sin);
+  TORCH_CHECK(cos.dim() == 2, op, ": cos must be a 2-D table [max_seq_len, rotary_dim / 2], got ",
+              cos.dim(), "-D tensor of shape ", cos.sym_sizes());
+  TORCH_CHECK(cos.sym_sizes().equals(sin.sym_sizes()), op,
+              ": cos and sin must have the same shape, got cos ", cos.sym_sizes(), " and sin ",
+              sin.sym_sizes());
+  const auto dtype = cos.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble, op,
+              ": cos must be float32 or float64 (half-precision tables lose accuracy at long "
+              "context), got ",
+              dtype);
+  TORCH_CHECK(sin.scalar_type() == dtype, op, ": cos and sin must have the same dtype, got cos ",
+              dtype, " and sin ", sin.scalar_type());
+}
+
+// mrope_section and mrope_interleaved against the tables: what every multi-axis call needs before
+// positions are looked at.
+void check_multi_axis(const char* op, const at::Tensor& cos, const MultiAxisArgs& axes) {
+  if (!axes.active()) {
+    TORCH_CHECK(!axes.interleaved, op,
+                ": mrope_interleaved=True needs mrope_section (the planes per axis), got "
+                "mrope_section=None");
+    return;
+  }
+  const auto section = *axes.section;
+  const auto num_axes = static_cast<int64_t>(section.size());
+  TORCH_CHECK(num_axes >= 1 && num_axes <= kMaxAxes, op,
+              ": mrope_section must list the planes of 1 to ", kMaxAxes, " axes, got ", num_axes,
+              " entries: ", section);
+  int64_t planes = 0;
+  for (int64_t a = 0; a < num_axes; ++a) {
+    TORCH_CHECK(section[a] >= 0, op, ": mrope_section[", a, "] must be >= 0, got ", section[a],
+                " in mrope_section=", section);
+    planes += section[a];
+  }
+  TORCH_SYM_CHECK(cos.sym_size(1).sym_eq(planes), op,
+                  ": sum(mrope_section) must equal "
+                  "rotary_dim / 2 = cos.size(-1) = ",
+                  cos.sym_size(1), ", got sum(", section, ") = ", planes);
+  TORCH_CHECK(!axes.interleaved || num_axes == 3, op,
+              ": mrope_interleaved=True (Qwen3-VL) needs 3 axes (time, height, width), got "
+              "mrope_section=",
+              section, " with ", num_axes);
+}
+
+// One rotated input (x, q or k); `name` is the argument's name in the op's schema.
+void check_rotated_input(const char* op, const char* name, const at::Tensor& x,
+                         const at::Tensor& cos, const at::Tensor& positions,
+                         const MultiAxisArgs& axes) {
+  check_defined(op, name, x);
+  check_defined(op, "positions", positions);
+  check_same_device(op, name, x, "cos", cos);
+  check_same_device(op, "positions", positions, name, x);
+  TORCH_CHECK(is_supported_storage(x.scalar_type()), op, ": ", name,
+              " must be a floating tensor of dtype float64, float32, float16 or bfloat16, got ",
+              x.scalar_type());
+  TORCH_CHECK(x.dim() >= 1, op, ": ", name, " must have at least 1 dim (..., head_dim), got a ",
+              "0-dim tensor");
+  const c10::SymInt rotary_dim = 2 * cos.sym_size(1);
+  TORCH_SYM_CHECK(x.sym_size(-1).sym_ge(rotary_dim), op, ": ", name,
+                  ".size(-1) (head_dim) must be >= rotary_dim = 2 * cos.size(-1) = ", rotary_dim,
+                  ", got ", x.sym_size(-1));
+
+  const auto pos_dtype = positions.scalar_type();
+  TORCH_CHECK(pos_dtype == at::kInt || pos_dtype == at::kLong, op,
+              ": positions must be an integer tensor (int32 or int64), got ", pos_dtype);
+  const auto row_shape = x.sym_sizes().slice(0, x.dim() - 1);
+  auto pos_shape = positions.sym_sizes();
+  if (axes.active()) {
+    const auto num_axes = static_cast<int64_t>(axes.section->size());
+    TORCH_CHECK(positions.dim() >= 1, op,
+                ": positions must have a trailing axis dim of size len(mrope_section) = ", num_axes,
+                ", got a 0-dim tensor");
+    TORCH_SYM_CHECK(
+        positions.sym_size(-1).sym_eq(num_axes), op,
+        ": positions must have a trailing axis dim of size len(mrope_section) = ", num_axes,
+        " (positions[..., a] is axis a), got positions of shape ", positions.sym_sizes());
+    pos_shape = pos_shape.slice(0, positions.dim() - 1);
+  }
+  TORCH_CHECK(at::is_expandable_to(pos_shape, row_shape), op, ": positions",
+              axes.active() ? ".shape[:-1] (without the axis dim) " : " ", "of shape ", pos_shape,
+              " cannot be broadcast to ", name, ".shape[:-1] = ", row_shape,
+              " (shapes align from the right; use e.g. (S,) for (B, H, S, D) or (S, 1) for "
+              "(B, S, H, D); when ",
+              name,
+              " is a DTensor these are global shapes: positions must be global and "
+              "broadcastable to the global shape)");
+}
+
+// Whether two elements of `t` share an address, decided exactly from its sizes and strides
+// (PyTorch's has_internal_overlap proves overlap only for stride 0 and answers "too hard" for
+// views such as as_strided((4, 64), (32, 1)), whose rows overlap each other). Writing such a view
+// from several threads is a data race, so the writing ops refuse it.
+//
+// First the cheap proof of no overlap: with the dims sorted by stride, each stride must reach past
+// everything the dims inside it can span. Every layout that views, slices, permutes or pads
+// produce passes it. Only a layout that fails it (interleaved dims, or a real overlap) pays for
+// the exact answer, which lists the addresses and looks for a repeat; past kMaxEnumerated
+// elements that is too costly, and such a view is refused as "cannot prove".
+enum class SelfOverlap { No, Yes, TooLarge };
+
+constexpr int64_t kMaxEnumerated = int64_t{1} << 22;
+
+SelfOverlap self_overlap(const at::Tensor& t) {
+  if (t.is_non_overlapping_and_dense()) {
+    return SelfOverlap::No;  // the common case, a flag torch keeps: no per-call work
+  }
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size) of dims with size > 1
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const auto size = t.sym_size(d).maybe_as_int();
+    const auto stride = t.sym_stride(d).maybe_as_int();
+    if (!size || !stride) {
+      return SelfOverlap::No;  // symbolic: decided again on real tensors by the real kernel
+    }
+    if (*size == 0) {
+      return SelfOverlap::No;  // no elements, nothing to overlap
+    }
+    if (*size > 1) {
+      dims.emplace_back(std::abs(*stride), *size);
+    }
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;  // elements covered by the dims inside the current one: max offset + 1
+  bool proven = true;
+  for (const auto& [stride, size] : dims) {
+    if (stride < span) {
+      proven = false;
+      break;
+    }
+    span += stride * (size - 1);
+  }
+  if (proven) {
+    return SelfOverlap::No;
+  }
+  int64_t numel = 1;
+  for (const auto& dim : dims) {
+    numel *= dim.second;
+  }
+  if (numel > kMaxEnumerated) {
+    return SelfOverlap::TooLarge;
+  }
+  std::vector<int64_t> offsets{0};
+  offsets.reserve(numel);
+  for (const auto& [stride, size] : dims) {
+    const size_t inner = offsets.size();
+    for (int64_t i = 1; i < size; ++i) {
+      for (size_t j = 0; j < inner; ++j) {
+        offsets.push_back(offsets[j] + i * stride);
+      }
+    }
+  }
+  std::sort(offsets.begin(), offsets.end());
+  return std::adjacent_find(offsets.begin(), offsets.end()) == offsets.end() ? SelfOverlap::No
+                                                                             : SelfOverlap::Yes;
+}
+
+// What to do instead of writing `name` where it overlaps itself. x (apply_) and out (out=) have
+// the out-of-place op; a KV cache has no out-of-place form: it must be a buffer of its own.
+std::string instead_of_writing(const char* name, bool has_out_of_place_form, bool copy_back) {
+  if (!has_out_of_place_form) {
+    return c10::str("allocate ", name,
+                    " as a buffer of its own (e.g. torch.zeros of its shape), whose elements do "
+                    "not share memory");
+  }
+  return copy_back ? c10::str("pass ", name, ".contiguous() (copy the result back) or use the ",
+                              "out-of-place op")
+                   : c10::str("pass ", name, ".clone() or use the out-of-place op");
+}
+
+void check_writable(const char* op, const char* name, const at::Tensor& t,
+                    bool has_out_of_place_form = true) {
+  TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, op, ": ", name,
+              " has overlapping memory (e.g. a result of expand()), so it cannot be written in "
+              "place; ",
+              instead_of_writing(name, has_out_of_place_form, false));
+  const SelfOverlap overlap = self_overlap(t);
+  TORCH_CHECK(overlap != SelfOverlap::Yes, op, ": ", name,
+              " has overlapping memory: two of its elements share an address (sizes ",
+              t.sym_sizes(), ", strides ", t.sym_strides(), "), so writing it is a data race; ",
+              instead_of_writing(name, has_out_of_place_form, false));
+  TORCH_CHECK(overlap != SelfOverlap::TooLarge, op, ": ", name,
+              " may have overlapping memory: its strides ", t.sym_strides(), " for sizes ",
+              t.sym_sizes(), " interleave, and with more than ", kMaxEnumerated,
+              " elements the exact check is not run; ",
+              instead_of_writing(name, has_out_of_place_form, true));
+}
+
+// The bytes [first, last] a strided tensor can touch, relative to its storage.
+std::pair<int64_t, int64_t> byte_span(const at::Tensor& t) {
+  int64_t lo = t.storage_offset();
+  int64_t hi = t.storage_offset();
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t reach = (t.size(d) - 1) * t.stride(d);
+    (reach < 0 ? lo : hi) += reach;
+  }
+  const int64_t item = static_cast<int64_t>(t.element_size());
+  return {lo * item, hi * item + item - 1};
+}
+
+// Whether `written` may share memory with `read`. Conservative: two views of one storage whose
+// spans intersect count as overlapping even if their elements interleave (buf[::2], buf[1::2]).
+// Meta tensors have no memory, so nothing can overlap there.
+bool may_share_memory(const at::Tensor& written, const at::Tensor& read) {
+  if (written.is_meta() || read.is_meta() || !written.has_storage() || !read.has_storage() ||
+      written.numel() == 0 || read.numel() == 0) {
+    return false;
+  }
+  if (!written.storage().is_alias_of(read.storage())) {
+    return false;
+  }
+  const auto [w_lo, w_hi] = byte_span(written);
+  const auto [r_lo, r_hi] = byte_span(read);
+  return w_lo <= r_hi && r_lo <= w_hi;
+}
+
+void check_no_shared_memory(
+    const char* op, const char* written_name, const at::Tensor& written,
+    std::initializer_list<std::pair<const char*, const at::Tensor*>> reads) {
+  for (const auto& [read_name, read] : reads) {
+    TORCH_CHECK(!may_share_memory(written, *read), op, ": ", written_name, " shares memory with ",
+                read_name, ", which it would overwrite while reading; pass ", read_name,
+                ".clone() or a separate buffer");
+  }
+}
+
+}  // namespace
+
+void check_apply(const char* op, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                 const at::Tensor& positions, const MultiAxisArgs& axes) {
+  check_tables(op, cos, sin);
+  check_multi_axis(op, cos, axes);
+  check_rotated_input(op, "x", x, cos, positions, axes);
+}
+
+void check_apply_inplace(const char* op, const at::Tensor& x, const at::Tensor& cos,
+                         const at::Tensor& sin, const at::Tensor& positions,
+                         const MultiAxisArgs& axes) {
+  check_apply(op, x, cos, sin, positions, axes);
+  check_writable(op, "x", x);
+  check_no_shared_memory(op, "x", x, {{"cos", &cos}, {"sin", &sin}, {"positions", &positions}});
+}
+
+void check_apply_out(const char* op, const at::Tensor& x, const at::Tensor& cos,
+                     const at::Tensor& sin, const at::Tensor& positions, const at::Tensor& out,
+                     const MultiAxisArgs& axes) {
+  check_apply(op, x, cos, sin, positions, axes);
+  check_defined(op, "out", out);
+  check_same_device(op, "out", out, "x", x);
+  TORCH_CHECK(out.scalar_type() == x.scalar_type(), op, ": out must have x's dtype ",
+              x.scalar_type(), ", got ", out.scalar_type());
+  TORCH_CHECK(out.sym_sizes().equals(x.sym_sizes()), op, ": out must have x's shape ",
+              x.sym_sizes(), ", got ", out.sym_sizes(), " (out= never resizes)");
+  check_writable(op, "out", out);
+  check_no_shared_memory(op, "out", out,
+                         {{"x", &x}, {"cos", &cos}, {"sin", &sin}, {"positions", &positions}});
+}
+
+void check_apply_qk(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                    const at::Tensor& sin, const at::Tensor& positions, const MultiAxisArgs& axes) {
+  check_tables(op, cos, sin);
+  check_multi_axis(op, cos, axes);
+  check_rotated_input(op, "q", q, cos, positions, axes);
+  check_rotated_input(op, "k", k, cos, positions, axes);
+  TORCH_CHECK(q.scalar_type() == k.scalar_type(), op, ": q and k must have the same dtype, got q ",
+              q.scalar_type(), " and k ", k.scalar_type());
+  TORCH_SYM_CHECK(q.sym_size(-1).sym_eq(k.sym_size(-1)), op,
+                  ": q and k must have the same head_dim (size(-1)), got q ", q.sym_size(-1),
+                  " and k ", k.sym_size(-1));
+}
+
+void check_positions_in_range(const char* op, const at::Tensor& positions, int64_t max_seq_len,
+                              const MultiAxisArgs& axes) {
+  TORCH_INTERNAL_ASSERT(positions.device().is_cpu(), op, ": host-side range check on ",
+                        positions.device());
+  // positions is usually tiny (S or B entries, before broadcasting): one scan beats a reduction
+  // op plus two .item() calls, and it can name the first offending entry.
+  const at::Tensor p = positions.contiguous();
+  auto scan = [&](const auto* data) {
+    const int64_t n = p.numel();
+    const int64_t num_axes = axes.active() ? static_cast<int64_t>(axes.section->size()) : 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t value = static_cast<int64_t>(data[i]);
+      if (num_axes > 0 && !(value >= 0 && value < max_seq_len)) {
+        TORCH_CHECK_INDEX(
+            false, op, ": positions of axis ", i % num_axes, " (positions[..., ", i % num_axes,
+            "]) must be in [0, max_seq_len) with max_seq_len = cos.size(0) = ", max_seq_len,
+            ", got ", value, " at flat index ", i,
+            " of positions (build longer tables or check the positions)");
+      }
+      TORCH_CHECK_INDEX(value >= 0 && value < max_seq_len, op,
+                        ": positions must be in [0, max_seq_len) with max_seq_len = cos.size(0) = ",
+                        max_seq_len, ", got ", value, " at flat index ", i,
+                        " of positions (build longer tables or check the positions)");
+    }
+  };
+  if (p.scalar_type() == at::kLong) {
+    scan(p.const_data_ptr<int64_t>());
+  } else {
+    scan(p.const_data_ptr<int32_t>());
+  }
+}
+
+void check_writable_arg(const char* op, const char* name, const at::Tensor& t) {
+  check_writable(op, name, t, /*has_out_of_place_form=*/false);
+}
+
+void check_disjoint(const char* op, const char* written_name, const at::Tensor& written,
+                    const char* other_name, const at::Tensor& other) {
+  check_no_shared_memory(op, written_name, written, {{other_name, &other}});
+}
+
+AxisMap axis_map(const MultiAxisArgs& axes) {
+  AxisMap m;
+  if (!axes.active()) {
+    return m;
+  }
+  const auto section = *axes.section;
+  m.num_axes = static_cast<int32_t>(section.size());
+  m.interleaved = axes.interleaved;
+  for (size_t a = 0; a < section.size(); ++a) {
+    m.sections[a] = section[a];
+  }
+  return m;
+}
+
+}  // namespace rope::detail

@@ -1,0 +1,59 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""The diffusers model classes :func:`torch_rope.diffusers.patch` supports: one row each, the only
+place they are listed (the tests list them too, to build each one).
+
+A row says which family patches the class (:mod:`.families`) and where its RoPE module is.
+``SUPPORTED_MODEL_CLASSES``, the dispatch of ``patch`` and the table of docs/diffusers_models.md
+(``scripts/diffusers_models_table.py``) follow from these rows; :mod:`.refused` holds why each
+other RoPE class of diffusers is refused. Each supported class is tested against the unpatched
+model (tests/python/integrations/test_diffusers*.py): adding one is a row here and a tiny build
+in the tests' harness (tests/python/support/diffusers_models.py).
+"""
+
+from typing import NamedTuple, Tuple
+
+from .._patching.registry import Registry
+from .refused import REFUSED
+
+
+class ModelClass(NamedTuple):
+    """How patch puts torch_rope under one model class."""
+
+    family: str  # the family that patches it (.families)
+    rope: Tuple[str, ...] = ()  # the attributes that hold its RoPE module(s)
+
+
+#: A FLUX-style model: ids in, its RoPE module at ``pos_embed``.
+FLUX = ModelClass("flux_ids", ("pos_embed",))
+#: A Wan-style model: the latent grid's positions, its RoPE module at ``rope``.
+WAN = ModelClass("wan_grid", ("rope",))
+#: A model that holds others (``nets``) and runs them.
+WRAPPER = ModelClass("wrapper")
+
+REGISTRY = Registry(
+    "torch_rope.diffusers.patch",
+    {
+        "FluxTransformer2DModel": FLUX,
+        "FluxControlNetModel": FLUX,
+        "FluxMultiControlNetModel": WRAPPER,
+        "ChromaTransformer2DModel": FLUX,
+        "Flux2Transformer2DModel": FLUX,
+        "Flux3Transformer2DModel": FLUX,
+        "BriaTransformer2DModel": FLUX,
+        "BriaFiboTransformer2DModel": FLUX,
+        "LongCatImageTransformer2DModel": FLUX,
+        "OvisImageTransformer2DModel": FLUX,
+        "Krea2Transformer2DModel": ModelClass("flux_ids", ("rotary_emb",)),
+        "WanTransformer3DModel": WAN,
+        "WanVACETransformer3DModel": WAN,
+        "WanAnimateTransformer3DModel": WAN,
+        "SkyReelsV2Transformer3DModel": WAN,
+        "ChronoEditTransformer3DModel": WAN,
+        "SanaVideoTransformer3DModel": WAN,
+    },
+    REFUSED,
+    kind="model class",
+)
+
+#: The model classes patch supports, in the registry's order.
+SUPPORTED_MODEL_CLASSES = REGISTRY.supported

@@ -1,0 +1,424 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Tiny random-weight diffusers models for the integration tests, built from their own configs.
+
+No download: every model comes from its class's ``__init__`` with a few small arguments (most
+from diffusers' own tests, checked against 0.42.1 by building and running each), and its inputs
+are one denoising step's, with integer position ids where the model takes ids (the pipelines'
+ids are integers; diffusers' own tests draw random float ones, which ``test_diffusers.py`` covers
+separately). Models whose pipeline builds the RoPE tables get them from the pipeline's own helper.
+
+``rope_model_classes()`` finds every model class of the installed diffusers that applies RoPE,
+independently of torch_rope's registry.
+"""
+
+import importlib
+import inspect
+import os
+import pathlib
+import re
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+BUILDERS = {}
+
+
+def builder(name):
+    def register(function):
+        BUILDERS[name] = function
+        return function
+
+    return register
+
+
+class _Inputs:
+    """Random inputs from one seeded generator, so every build is the same."""
+
+    def __init__(self, seed=0):
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, *shape):
+        return torch.randn(*shape, generator=self.generator)
+
+
+def grid_ids(rows, columns, frame=0, axes=3):
+    """FLUX's image ids of a rows x columns latent grid, float as the pipelines pass them."""
+    ids = torch.zeros(rows, columns, axes)
+    ids[..., 0] = frame
+    ids[..., 1] = torch.arange(rows)[:, None]
+    ids[..., 2] = torch.arange(columns)[None, :]
+    return ids.reshape(rows * columns, axes)
+
+
+def _diffusers():
+    import diffusers
+
+    return diffusers
+
+
+# --------------------------------------------------------------------- FLUX-style (ids in)
+FLUX = dict(
+    patch_size=1,
+    in_channels=4,
+    num_layers=1,
+    num_single_layers=1,
+    attention_head_dim=16,
+    num_attention_heads=2,
+    joint_attention_dim=32,
+    pooled_projection_dim=32,
+    axes_dims_rope=[4, 4, 8],
+)
+
+
+def _flux_inputs(rn, text=8, rows=4, columns=4, channels=4, pooled=True):
+    inputs = dict(
+        hidden_states=rn(1, rows * columns, channels),
+        encoder_hidden_states=rn(1, text, 32),
+        img_ids=grid_ids(rows, columns),
+        txt_ids=torch.zeros(text, 3),
+        timestep=torch.tensor([1.0]),
+        return_dict=False,
+    )
+    if pooled:
+        inputs["pooled_projections"] = rn(1, 32)
+    return inputs
+
+
+@builder("FluxTransformer2DModel")
+def _(rn):
+    return _diffusers().FluxTransformer2DModel(**FLUX), _flux_inputs(rn)
+
+
+@builder("FluxControlNetModel")
+def _(rn):
+    inputs = _flux_inputs(rn)
+    inputs["controlnet_cond"] = rn(1, 16, 4)
+    return _diffusers().FluxControlNetModel(**FLUX), inputs
+
+
+@builder("FluxMultiControlNetModel")
+def _(rn):
+    inner, inputs = BUILDERS["FluxControlNetModel"](rn)
+    model = _diffusers().FluxMultiControlNetModel([inner])
+    inputs.update(
+        controlnet_cond=[inputs["controlnet_cond"]],
+        controlnet_mode=[torch.tensor([0])],  # read as mode[:, None]; only a union net embeds it
+        conditioning_scale=[1.0],
+    )
+    return model, inputs
+
+
+@builder("ChromaTransformer2DModel")
+def _(rn):
+    config = dict(FLUX, approximator_num_channels=8, approximator_hidden_dim=16)
+    config.update(approximator_layers=1)
+    del config["pooled_projection_dim"]
+    return _diffusers().ChromaTransformer2DModel(**config), _flux_inputs(rn, pooled=False)
+
+
+def _flux2_ids(text, rows, columns, frame=0):
+    image = torch.cartesian_prod(
+        torch.tensor([frame]), torch.arange(rows), torch.arange(columns), torch.arange(1)
+    )
+    tokens = torch.cartesian_prod(
+        torch.arange(1), torch.arange(1), torch.arange(1), torch.arange(text)
+    )
+    return image, tokens
+
+
+@builder("Flux2Transformer2DModel")
+def _(rn):
+    config = dict(FLUX, timestep_guidance_channels=256, axes_dims_rope=[4, 4, 4, 4])
+    del config["pooled_projection_dim"]
+    image, tokens = _flux2_ids(8, 4, 4)
+    inputs = dict(
+        hidden_states=rn(1, 16, 4),
+        encoder_hidden_states=rn(1, 8, 32),
+        img_ids=image[None],
+        txt_ids=tokens[None],
+        timestep=torch.tensor([1.0]),
+        guidance=torch.tensor([1.0]),
+        return_dict=False,
+    )
+    return _diffusers().Flux2Transformer2DModel(**config), inputs
+
+
+@builder("Flux3Transformer2DModel")
+def _(rn):
+    config = dict(
+        in_channels=4,
+        cond_in_channels=4,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        timestep_channels=16,
+        mlp_ratio=2.0,
+        axes_dims_rope=(4, 4, 4, 4),
+    )
+    image, tokens = _flux2_ids(8, 4, 4)
+    cond, _ = _flux2_ids(8, 4, 4, frame=1)
+    inputs = dict(
+        hidden_states=rn(1, 16, 4),
+        encoder_hidden_states=rn(1, 8, 32),
+        timestep=torch.tensor([0.5]),
+        img_ids=image,
+        txt_ids=tokens,
+        image_cond_hidden_states=rn(1, 16, 4),
+        image_cond_ids=cond,
+        return_dict=False,
+    )
+    return _diffusers().Flux3Transformer2DModel(**config), inputs
+
+
+@builder("BriaTransformer2DModel")
+def _(rn):
+    config = dict(FLUX, attention_head_dim=8, pooled_projection_dim=None, axes_dims_rope=[0, 4, 4])
+    return _diffusers().BriaTransformer2DModel(**config), _flux_inputs(rn, pooled=False)
+
+
+@builder("BriaFiboTransformer2DModel")
+def _(rn):
+    config = dict(FLUX, in_channels=48, attention_head_dim=8, joint_attention_dim=64)
+    config.update(text_encoder_dim=32, pooled_projection_dim=None, axes_dims_rope=[0, 4, 4])
+    inputs = _flux_inputs(rn, channels=48, pooled=False)
+    text = rn(1, 8, 64)
+    inputs.update(encoder_hidden_states=text, text_encoder_layers=[text[..., :32]] * 2)
+    return _diffusers().BriaFiboTransformer2DModel(**config), inputs
+
+
+@builder("LongCatImageTransformer2DModel")
+def _(rn):
+    inputs = _flux_inputs(rn, pooled=False)
+    text = torch.zeros(8, 3)
+    text[:, 1] = text[:, 2] = torch.arange(8)  # LongCat's text ids run along both spatial axes
+    image = grid_ids(4, 4, frame=1)
+    image[:, 1:] += 8
+    inputs.update(txt_ids=text, img_ids=image, guidance=torch.tensor([3.5]))
+    return _diffusers().LongCatImageTransformer2DModel(**FLUX), inputs
+
+
+@builder("OvisImageTransformer2DModel")
+def _(rn):
+    config = dict(FLUX, out_channels=4)
+    del config["pooled_projection_dim"]
+    return _diffusers().OvisImageTransformer2DModel(**config), _flux_inputs(rn, pooled=False)
+
+
+@builder("Krea2Transformer2DModel")
+def _(rn):
+    config = dict(
+        in_channels=16,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=32,
+        timestep_embed_dim=8,
+        text_hidden_dim=16,
+        num_text_layers=3,
+        text_num_attention_heads=2,
+        text_num_key_value_heads=1,
+        text_intermediate_size=16,
+        num_layerwise_text_blocks=1,
+        num_refiner_text_blocks=1,
+        axes_dims_rope=(4, 2, 2),
+        rope_theta=1000.0,
+    )
+    text, rows, columns = 4, 2, 2
+    positions = torch.zeros(text + rows * columns, 3)
+    positions[text:, 1:] = grid_ids(rows, columns)[:, 1:]
+    inputs = dict(
+        hidden_states=rn(1, rows * columns, 16),
+        encoder_hidden_states=rn(1, text, 3, 16),
+        timestep=torch.tensor([0.5]),
+        position_ids=positions,
+        encoder_attention_mask=torch.ones(1, text, dtype=torch.bool),
+        return_dict=False,
+    )
+    return _diffusers().Krea2Transformer2DModel(**config), inputs
+
+
+# --------------------------------------------------------------------- Wan-style (video grid)
+WAN = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=2,
+    attention_head_dim=12,
+    in_channels=4,
+    out_channels=4,
+    text_dim=16,
+    freq_dim=256,
+    ffn_dim=32,
+    num_layers=2,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    rope_max_seq_len=32,
+)
+
+
+def _wan_inputs(rn, channels=4, frames=2, text_dim=16):
+    return dict(
+        hidden_states=rn(1, channels, frames, 8, 8),
+        timestep=torch.tensor([500]),
+        encoder_hidden_states=rn(1, 6, text_dim),
+        return_dict=False,
+    )
+
+
+@builder("WanTransformer3DModel")
+def _(rn):
+    return _diffusers().WanTransformer3DModel(**WAN), _wan_inputs(rn, frames=3)
+
+
+@builder("SkyReelsV2Transformer3DModel")
+def _(rn):
+    return _diffusers().SkyReelsV2Transformer3DModel(**WAN), _wan_inputs(rn)
+
+
+@builder("ChronoEditTransformer3DModel")
+def _(rn):
+    config = dict(WAN, in_channels=16, out_channels=16, attention_head_dim=12, text_dim=32)
+    config.update(freq_dim=16, rope_max_seq_len=64, rope_temporal_skip_len=8)
+    # Two frames: ChronoEdit's edit pair, at frame positions 0 and temporal_skip_len - 1.
+    inputs = _wan_inputs(rn, channels=16, text_dim=32)
+    inputs["encoder_hidden_states_image"] = None
+    return _diffusers().ChronoEditTransformer3DModel(**config), inputs
+
+
+@builder("WanVACETransformer3DModel")
+def _(rn):
+    config = dict(WAN, in_channels=16, out_channels=16, text_dim=32, num_layers=4)
+    config.update(vace_layers=[0, 2], vace_in_channels=48)
+    inputs = _wan_inputs(rn, channels=16, text_dim=32)
+    inputs["control_hidden_states"] = rn(1, 48, 2, 8, 8)
+    return _diffusers().WanVACETransformer3DModel(**config), inputs
+
+
+@builder("WanAnimateTransformer3DModel")
+def _(rn):
+    config = dict(WAN, in_channels=12, latent_channels=4, image_dim=16, motion_encoder_size=16)
+    config.update(
+        motion_encoder_channel_sizes={"4": 16, "8": 16, "16": 16},
+        motion_style_dim=8,
+        motion_dim=4,
+        motion_encoder_dim=16,
+        face_encoder_hidden_dim=16,
+        face_encoder_num_heads=2,
+        inject_face_latents_blocks=2,
+    )
+    # As diffusers' test: F + 1 latent frames with F + 1 a multiple of the face encoder's
+    # stride, and 77 face frames (one inference segment).
+    frames = 20
+    inputs = _wan_inputs(rn, channels=12, frames=frames + 1)
+    inputs.update(
+        encoder_hidden_states_image=rn(1, 4, 16),
+        pose_hidden_states=rn(1, 4, frames, 8, 8),
+        face_pixel_values=rn(1, 3, 77, 16, 16),
+    )
+    return _diffusers().WanAnimateTransformer3DModel(**config), inputs
+
+
+@builder("SanaVideoTransformer3DModel")
+def _(rn):
+    config = dict(
+        in_channels=16,
+        out_channels=16,
+        num_attention_heads=2,
+        attention_head_dim=12,
+        num_layers=2,
+        num_cross_attention_heads=2,
+        cross_attention_head_dim=12,
+        cross_attention_dim=24,
+        caption_channels=16,
+        mlp_ratio=2.5,
+        sample_size=8,
+        patch_size=(1, 2, 2),
+        qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=32,
+    )
+    return _diffusers().SanaVideoTransformer3DModel(**config), _wan_inputs(rn, channels=16)
+
+
+# --------------------------------------------------------------------- building and outputs
+def _wake_zero_weights(model, seed):
+    """Give the weights diffusers initialises to zero (controlnets' output projections, adaLN
+    gates) small random values, so that every block contributes to the output the tests
+    compare."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.numel() and not parameter.any():
+                parameter.copy_(0.1 * torch.randn(parameter.shape, generator=generator))
+
+
+def build(name, seed=0):
+    """``(model, inputs)`` of one class, weights seeded, in eval mode."""
+    torch.manual_seed(seed)
+    model, inputs = BUILDERS[name](_Inputs(seed))
+    _wake_zero_weights(model, seed)
+    return model.eval(), inputs
+
+
+def flat(output):
+    """Every tensor of a model's output, flattened into one float tensor."""
+    if isinstance(output, torch.Tensor):
+        return output.reshape(-1)
+    if hasattr(output, "to_tuple"):
+        output = output.to_tuple()
+    if isinstance(output, dict):
+        output = list(output.values())
+    if isinstance(output, (list, tuple)):
+        parts = [flat(o) for o in output if o is not None and not isinstance(o, (int, float))]
+        return torch.cat([p.float() for p in parts if p is not None and p.numel()])
+    return None
+
+
+def cast_inputs(inputs, dtype):
+    """``inputs`` with every floating tensor (also inside lists) cast to ``dtype``."""
+
+    def cast(value):
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.to(dtype)
+        if isinstance(value, list):
+            return [cast(v) for v in value]
+        return value
+
+    return {k: cast(v) for k, v in inputs.items()}
+
+
+# --------------------------------------------------------------------- what diffusers has
+# A model file applies RoPE when it names a rotary embedding or RoPE (word boundaries, so that
+# "property" does not count).
+_ROPE_MARK = re.compile(r"rotary|\brope\b|_rope\b|\brope_|freqs_cis|RoPE")
+
+
+def rope_model_classes():
+    """``{class name: module}`` of every ``ModelMixin`` class of the installed diffusers whose
+    module applies RoPE: the modules under ``diffusers/models`` and the model files of
+    ``diffusers/pipelines`` (not the ``pipeline_*.py`` files), read as text first and imported
+    only when they define a model and mention RoPE."""
+    import diffusers
+    from diffusers.models.modeling_utils import ModelMixin
+
+    root = pathlib.Path(diffusers.__file__).parent
+    found = {}
+    for part in ("models", "pipelines"):
+        for path in sorted((root / part).rglob("*.py")):
+            if part == "pipelines" and path.name.startswith("pipeline_"):
+                continue
+            text = path.read_text(encoding="utf-8")
+            if "ModelMixin" not in text or not _ROPE_MARK.search(text):
+                continue
+            name = "diffusers." + ".".join(path.relative_to(root).with_suffix("").parts)
+            module = importlib.import_module(name)
+            for class_name, cls in vars(module).items():
+                if (
+                    inspect.isclass(cls)
+                    and issubclass(cls, ModelMixin)
+                    and cls.__module__ == name
+                    and cls.__name__ not in ("ModelMixin", "LegacyModelMixin")
+                ):
+                    found[class_name] = name
+    return found

@@ -27,6 +27,10 @@ class ModelClass(NamedTuple):
 FLUX = ModelClass("flux_ids", ("pos_embed",))
 #: A Wan-style model: the latent grid's positions, its RoPE module at ``rope``.
 WAN = ModelClass("wan_grid", ("rope",))
+#: A HunyuanVideo-style model: the latent grid's positions, its RoPE module at ``rope``.
+HUNYUAN = ModelClass("hunyuan_grid", ("rope",))
+#: A Qwen-Image-style model: centred image grids and text after them, its RoPE at ``pos_embed``.
+QWEN = ModelClass("qwen_centered", ("pos_embed",))
 #: A model that holds others (``nets``) and runs them.
 WRAPPER = ModelClass("wrapper")
 
@@ -44,6 +48,14 @@ REGISTRY = Registry(
         "LongCatImageTransformer2DModel": FLUX,
         "OvisImageTransformer2DModel": FLUX,
         "Krea2Transformer2DModel": ModelClass("flux_ids", ("rotary_emb",)),
+        "HunyuanVideoTransformer3DModel": HUNYUAN,
+        "HunyuanVideo15Transformer3DModel": HUNYUAN,
+        "HunyuanImageTransformer2DModel": HUNYUAN,
+        "MotifVideoTransformer3DModel": HUNYUAN,
+        "QwenImageTransformer2DModel": QWEN,
+        "QwenImageControlNetModel": QWEN,
+        "QwenImageMultiControlNetModel": WRAPPER,
+        "NucleusMoEImageTransformer2DModel": QWEN,
         "WanTransformer3DModel": WAN,
         "WanVACETransformer3DModel": WAN,
         "WanAnimateTransformer3DModel": WAN,

@@ -109,6 +109,13 @@ class Tables(nn.Module):
         self._use(*self._integer)
         return origin
 
+    def cover(self, low: int, high: int) -> int:
+        """:meth:`integer_rows` for positions known on the host (Python ints), except while
+        torch.compile traces (the tables stay as they are); returns the origin."""
+        if torch.compiler.is_compiling():
+            return self.origin
+        return self.integer_rows(low, high)
+
     def coordinate_rows(self, key: Hashable, coordinates: Sequence[Tensor]) -> None:
         """Make the current tables those of one set of per-axis coordinates (``coordinates[a]``:
         axis ``a``'s values, float64, in the order of their grid index), built once per ``key``

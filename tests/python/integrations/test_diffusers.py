@@ -150,7 +150,7 @@ def test_patched_forward_matches_unpatched(name):
     got, counter = counted_run(patched, inputs)
     assert torch.equal(first, got)
     if name in FP64_RULE:
-        reference = run(copy.deepcopy(model).double(), dm.cast_inputs(inputs, torch.float64))
+        reference = dm.float64_output(model, inputs)
         ours, theirs = (got - reference).abs().max(), (want - reference).abs().max()
         assert ours <= theirs, (name, ours.item(), theirs.item())
     else:
@@ -184,7 +184,7 @@ def _keep_rope_fp32(model):
 @pytest.mark.parametrize("name", SUPPORTED)
 def test_bf16_error_is_at_most_diffusers_own(name):
     model, inputs = dm.build(name)
-    reference = run(copy.deepcopy(model).double(), dm.cast_inputs(inputs, torch.float64))
+    reference = dm.float64_output(model, inputs)
     bf16_inputs = dm.cast_inputs(inputs, torch.bfloat16)
     theirs_model = _keep_rope_fp32(copy.deepcopy(model).to(torch.bfloat16))
     ours_model = trd.patch(copy.deepcopy(model)).to(torch.bfloat16)

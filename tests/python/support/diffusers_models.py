@@ -11,6 +11,7 @@ separately). Models whose pipeline builds the RoPE tables get them from the pipe
 independently of torch_rope's registry.
 """
 
+import copy
 import importlib
 import inspect
 import os
@@ -241,6 +242,175 @@ def _(rn):
     return _diffusers().Krea2Transformer2DModel(**config), inputs
 
 
+# --------------------------------------------------------------------- HunyuanVideo-style (grid)
+@builder("HunyuanVideoTransformer3DModel")
+def _(rn):
+    config = dict(
+        in_channels=4,
+        out_channels=4,
+        num_attention_heads=2,
+        attention_head_dim=10,
+        num_layers=1,
+        num_single_layers=1,
+        num_refiner_layers=1,
+        patch_size=1,
+        patch_size_t=1,
+        guidance_embeds=True,
+        text_embed_dim=16,
+        pooled_projection_dim=8,
+        rope_axes_dim=(2, 4, 4),
+        image_condition_type=None,
+    )
+    inputs = dict(
+        hidden_states=rn(1, 4, 2, 4, 4),
+        timestep=torch.tensor([500.0]),
+        encoder_hidden_states=rn(1, 6, 16),
+        pooled_projections=rn(1, 8),
+        encoder_attention_mask=torch.ones(1, 6),
+        guidance=torch.tensor([3.0]),
+        return_dict=False,
+    )
+    return _diffusers().HunyuanVideoTransformer3DModel(**config), inputs
+
+
+@builder("HunyuanVideo15Transformer3DModel")
+def _(rn):
+    config = dict(
+        in_channels=4,
+        out_channels=4,
+        num_attention_heads=2,
+        attention_head_dim=8,
+        num_layers=2,
+        num_refiner_layers=1,
+        mlp_ratio=2.0,
+        patch_size=1,
+        patch_size_t=1,
+        text_embed_dim=16,
+        text_embed_2_dim=8,
+        image_embed_dim=12,
+        rope_axes_dim=(2, 2, 4),
+        target_size=16,
+        task_type="t2v",
+    )
+    inputs = dict(
+        hidden_states=rn(1, 4, 2, 4, 4),
+        timestep=torch.tensor([1.0]),
+        encoder_hidden_states=rn(1, 6, 16),
+        encoder_hidden_states_2=rn(1, 4, 8),
+        encoder_attention_mask=torch.ones(1, 6),
+        encoder_attention_mask_2=torch.ones(1, 4),
+        image_embeds=torch.zeros(1, 3, 12),
+        return_dict=False,
+    )
+    return _diffusers().HunyuanVideo15Transformer3DModel(**config), inputs
+
+
+@builder("HunyuanImageTransformer2DModel")
+def _(rn):
+    config = dict(
+        in_channels=4,
+        out_channels=4,
+        num_attention_heads=2,
+        attention_head_dim=8,
+        num_layers=1,
+        num_single_layers=1,
+        num_refiner_layers=1,
+        mlp_ratio=2.0,
+        patch_size=(1, 1),
+        guidance_embeds=False,
+        text_embed_dim=16,
+        text_embed_2_dim=None,
+        rope_axes_dim=(4, 4),
+    )
+    inputs = dict(
+        hidden_states=rn(1, 4, 4, 6),
+        timestep=torch.tensor([500.0]),
+        encoder_hidden_states=rn(1, 6, 16),
+        encoder_attention_mask=torch.ones(1, 6),
+        return_dict=False,
+    )
+    return _diffusers().HunyuanImageTransformer2DModel(**config), inputs
+
+
+@builder("MotifVideoTransformer3DModel")
+def _(rn):
+    config = dict(
+        in_channels=33,
+        out_channels=16,
+        num_attention_heads=2,
+        attention_head_dim=12,
+        num_layers=1,
+        num_single_layers=1,
+        num_decoder_layers=0,
+        mlp_ratio=2.0,
+        patch_size=1,
+        patch_size_t=1,
+        qk_norm="rms_norm",
+        norm_type="layer_norm",
+        text_embed_dim=32,
+        image_embed_dim=4,
+        rope_theta=256.0,
+        rope_axes_dim=(4, 4, 4),
+    )
+    inputs = dict(
+        hidden_states=rn(1, 33, 3, 4, 4),
+        encoder_hidden_states=rn(1, 6, 32),
+        timestep=torch.tensor([500]),
+        return_dict=False,
+    )
+    return _diffusers().MotifVideoTransformer3DModel(**config), inputs
+
+
+# --------------------------------------------------------------------- Qwen-Image-style
+QWEN = dict(
+    patch_size=2,
+    in_channels=16,
+    out_channels=4,
+    num_layers=2,
+    attention_head_dim=16,
+    num_attention_heads=4,
+    joint_attention_dim=16,
+    axes_dims_rope=(8, 4, 4),
+)
+
+
+def _qwen_inputs(rn, rows=4, columns=6):
+    return dict(
+        hidden_states=rn(1, rows * columns, 16),
+        encoder_hidden_states=rn(1, 8, 16),
+        encoder_hidden_states_mask=torch.ones(1, 8, dtype=torch.long),
+        timestep=torch.tensor([1.0]),
+        img_shapes=[(1, rows, columns)],
+        return_dict=False,
+    )
+
+
+@builder("QwenImageTransformer2DModel")
+def _(rn):
+    config = dict(QWEN, guidance_embeds=False)
+    return _diffusers().QwenImageTransformer2DModel(**config), _qwen_inputs(rn)
+
+
+@builder("QwenImageControlNetModel")
+def _(rn):
+    inputs = _qwen_inputs(rn)
+    inputs["controlnet_cond"] = rn(1, 24, 16)
+    return _diffusers().QwenImageControlNetModel(**QWEN), inputs
+
+
+@builder("QwenImageMultiControlNetModel")
+def _(rn):
+    inner, inputs = BUILDERS["QwenImageControlNetModel"](rn)
+    inputs.update(controlnet_cond=[inputs["controlnet_cond"]], conditioning_scale=[1.0])
+    return _diffusers().QwenImageMultiControlNetModel([inner]), inputs
+
+
+@builder("NucleusMoEImageTransformer2DModel")
+def _(rn):
+    config = dict(QWEN, moe_enabled=False, capacity_factors=[8.0, 8.0])
+    return _diffusers().NucleusMoEImageTransformer2DModel(**config), _qwen_inputs(rn)
+
+
 # --------------------------------------------------------------------- Wan-style (video grid)
 WAN = dict(
     patch_size=(1, 2, 2),
@@ -371,8 +541,33 @@ def flat(output):
         output = list(output.values())
     if isinstance(output, (list, tuple)):
         parts = [flat(o) for o in output if o is not None and not isinstance(o, (int, float))]
-        return torch.cat([p.float() for p in parts if p is not None and p.numel()])
+        parts = [p for p in parts if p is not None and p.numel()]
+        dtype = torch.float64 if any(p.dtype == torch.float64 for p in parts) else torch.float32
+        return torch.cat([p.to(dtype) for p in parts])
     return None
+
+
+def _cast(value, dtype):
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != dtype:
+        return value.to(dtype)
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        return type(value)(_cast(v, dtype) for v in value)
+    return value
+
+
+def float64_output(model, inputs):
+    """The model's output computed in float64 (a copy of it cast to float64, every module's
+    floating inputs upcast on the way in: diffusers makes some intermediates float32 whatever the
+    model's dtype, such as its timestep projections), the reference of the precision tests."""
+    reference = copy.deepcopy(model).double()
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(
+        lambda module, args: tuple(_cast(a, torch.float64) for a in args)
+    )
+    try:
+        with torch.no_grad():
+            return flat(reference(**cast_inputs(inputs, torch.float64))).double()
+    finally:
+        handle.remove()
 
 
 def cast_inputs(inputs, dtype):

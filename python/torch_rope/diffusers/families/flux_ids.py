@@ -25,14 +25,15 @@ import functools
 import torch
 from torch import Tensor, nn
 
-from ..._patching.record import PatchRecord, bind
+from ..._patching.record import PatchRecord
 from ..._patching.self_check import probe
 from ...vision import axes_inv_freq
 from .. import self_check
-from ..model_parts import attention_modules, device_of, require_patched
+from ..model_parts import device_of
 from ..processors import ProcessorPatcher, Swap
 from ..rotate import embeddings_apply
 from ..tables import Tables, integer_rows
+from .install import install
 
 #: The names the processors of this family receive the RoPE by.
 ROTARY_ARGUMENTS = ("image_rotary_emb",)
@@ -90,12 +91,9 @@ def patch(model: nn.Module, row, record: PatchRecord, patcher: ProcessorPatcher,
     inv_freq, section = axes_inv_freq(list(rope.axes_dim), float(rope.theta))
     tables = Tables(inv_freq, section, True, rows=options.rows, device=device_of(model))
     _check(rope, tables, embeddings.apply_rotary_emb, type(rope).__name__)
-    record.set(rope, "torch_rope", tables)
-    record.set(rope, "forward", bind(ids_forward, rope))
     swaps = {
         "apply_rotary_emb": Swap(
             functools.partial(embeddings_apply, tables), embeddings.apply_rotary_emb
         )
     }
-    patched = [m for m in attention_modules(model) if patcher.patch_processor(m, swaps)]
-    require_patched(model, patched, ROTARY_ARGUMENTS)
+    install(model, [rope], tables, ids_forward, swaps, ROTARY_ARGUMENTS, record, patcher)

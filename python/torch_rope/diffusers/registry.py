@@ -31,6 +31,8 @@ WAN = ModelClass("wan_grid", ("rope",))
 HUNYUAN = ModelClass("hunyuan_grid", ("rope",))
 #: A Qwen-Image-style model: centred image grids and text after them, its RoPE at ``pos_embed``.
 QWEN = ModelClass("qwen_centered", ("pos_embed",))
+#: A grid over halves (Cosmos, CogView4, GLM-Image), its RoPE module at ``rope``.
+HALF_GRID = ModelClass("half_grid", ("rope",))
 #: A model that holds others (``nets``) and runs them.
 WRAPPER = ModelClass("wrapper")
 
@@ -56,6 +58,10 @@ REGISTRY = Registry(
         "QwenImageControlNetModel": QWEN,
         "QwenImageMultiControlNetModel": WRAPPER,
         "NucleusMoEImageTransformer2DModel": QWEN,
+        "CosmosTransformer3DModel": HALF_GRID,
+        "CosmosControlNetModel": HALF_GRID,
+        "CogView4Transformer2DModel": HALF_GRID,
+        "GlmImageTransformer2DModel": HALF_GRID,
         "WanTransformer3DModel": WAN,
         "WanVACETransformer3DModel": WAN,
         "WanAnimateTransformer3DModel": WAN,

@@ -21,6 +21,7 @@ import re
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from torch.overrides import TorchFunctionMode  # noqa: E402
 
 BUILDERS = {}
 
@@ -411,6 +412,142 @@ def _(rn):
     return _diffusers().NucleusMoEImageTransformer2DModel(**config), _qwen_inputs(rn)
 
 
+# --------------------------------------------------------------------- grids over halves
+@builder("CosmosTransformer3DModel")
+def _(rn):
+    # concat_padding_mask=True would need torchvision, which the test environment does not have.
+    config = dict(
+        in_channels=4,
+        out_channels=4,
+        num_attention_heads=2,
+        attention_head_dim=12,
+        num_layers=2,
+        mlp_ratio=2,
+        text_embed_dim=16,
+        adaln_lora_dim=4,
+        max_size=(4, 32, 32),
+        patch_size=(1, 2, 2),
+        rope_scale=(2.0, 1.0, 1.0),
+        concat_padding_mask=False,
+        extra_pos_embed_type="learnable",
+    )
+    inputs = dict(
+        hidden_states=rn(1, 4, 2, 8, 8),
+        timestep=torch.tensor([500]),
+        encoder_hidden_states=rn(1, 6, 16),
+        attention_mask=torch.ones(1, 6),
+        fps=30,  # a video: the frames' positions scaled by base_fps / fps
+        return_dict=False,
+    )
+    return _diffusers().CosmosTransformer3DModel(**config), inputs
+
+
+def _torchvision_resize_shim():
+    """CosmosControlNetModel resizes its padding mask with torchvision, which the test
+    environment does not have: a nearest resize in its place (the RoPE path does not use it)."""
+    import types
+
+    import diffusers.models.controlnets.controlnet_cosmos as module
+
+    if "transforms" not in vars(module):
+
+        def resize(x, size, interpolation=None):
+            return torch.nn.functional.interpolate(x, size=size, mode="nearest")
+
+        module.transforms = types.SimpleNamespace(
+            functional=types.SimpleNamespace(resize=resize),
+            InterpolationMode=types.SimpleNamespace(NEAREST=None),
+        )
+
+
+@builder("CosmosControlNetModel")
+def _(rn):
+    config = dict(
+        n_controlnet_blocks=2,
+        in_channels=18,
+        latent_channels=18,
+        model_channels=32,
+        num_attention_heads=2,
+        attention_head_dim=16,
+        mlp_ratio=2,
+        text_embed_dim=32,
+        adaln_lora_dim=4,
+        patch_size=(1, 2, 2),
+        max_size=(4, 32, 32),
+        rope_scale=(2.0, 1.0, 1.0),
+        extra_pos_embed_type=None,
+        img_context_dim_in=32,
+        img_context_dim_out=32,
+        use_crossattn_projection=False,
+    )
+    _torchvision_resize_shim()
+    inputs = dict(
+        controls_latents=rn(1, 16, 2, 8, 8),
+        latents=rn(1, 16, 2, 8, 8),
+        timestep=torch.tensor([0.5]),
+        encoder_hidden_states=(rn(1, 12, 32), rn(1, 4, 32)),
+        condition_mask=torch.ones(1, 1, 2, 8, 8),
+        conditioning_scale=1.0,
+        padding_mask=torch.zeros(1, 1, 8, 8),
+        return_dict=False,
+    )
+    return _diffusers().CosmosControlNetModel(**config), inputs
+
+
+@builder("CogView4Transformer2DModel")
+def _(rn):
+    config = dict(
+        patch_size=2,
+        in_channels=4,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=4,
+        out_channels=4,
+        text_embed_dim=8,
+        time_embed_dim=8,
+        condition_dim=4,
+        rope_axes_dim=(16, 16),
+    )
+    size = torch.tensor([[64, 64]])
+    inputs = dict(
+        hidden_states=rn(1, 4, 8, 12),
+        encoder_hidden_states=rn(1, 8, 8),
+        timestep=torch.tensor([500]),
+        original_size=size,
+        target_size=size,
+        crop_coords=torch.tensor([[0, 0]]),
+        return_dict=False,
+    )
+    return _diffusers().CogView4Transformer2DModel(**config), inputs
+
+
+@builder("GlmImageTransformer2DModel")
+def _(rn):
+    config = dict(
+        patch_size=2,
+        in_channels=4,
+        out_channels=4,
+        num_layers=1,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        text_embed_dim=32,
+        time_embed_dim=16,
+        condition_dim=8,
+        prior_vq_quantizer_codebook_size=64,
+    )
+    inputs = dict(
+        hidden_states=rn(1, 4, 8, 12),
+        encoder_hidden_states=rn(1, 12, 32),
+        prior_token_id=torch.arange(24).remainder(64)[None],
+        prior_token_drop=torch.zeros(1, dtype=torch.bool),
+        timestep=torch.tensor([500]),
+        target_size=torch.tensor([[8.0, 12.0]]),
+        crop_coords=torch.tensor([[0.0, 0.0]]),
+        return_dict=False,
+    )
+    return _diffusers().GlmImageTransformer2DModel(**config), inputs
+
+
 # --------------------------------------------------------------------- Wan-style (video grid)
 WAN = dict(
     patch_size=(1, 2, 2),
@@ -555,32 +692,39 @@ def _cast(value, dtype):
     return value
 
 
+class _Float64(TorchFunctionMode):
+    """Where diffusers asks for float32 whatever the model's dtype (``dtype=torch.float32``,
+    ``.float()``, ``.to(torch.float32)``: timestep projections, norms, RoPE angles), float64."""
+
+    def __torch_function__(self, func, types_, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if kwargs.get("dtype") is torch.float32:
+            kwargs["dtype"] = torch.float64
+        if func is torch.Tensor.float:
+            func = torch.Tensor.double
+        elif func is torch.Tensor.to:
+            args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+        return func(*args, **kwargs)
+
+
 def float64_output(model, inputs):
-    """The model's output computed in float64 (a copy of it cast to float64, every module's
-    floating inputs upcast on the way in: diffusers makes some intermediates float32 whatever the
-    model's dtype, such as its timestep projections), the reference of the precision tests."""
+    """The model's output computed in float64, the reference of the precision tests: a copy of
+    the model cast to float64, every module's floating inputs upcast on the way in, and every
+    float32 that diffusers asks for made float64 (:class:`_Float64`)."""
     reference = copy.deepcopy(model).double()
     handle = torch.nn.modules.module.register_module_forward_pre_hook(
         lambda module, args: tuple(_cast(a, torch.float64) for a in args)
     )
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _Float64():
             return flat(reference(**cast_inputs(inputs, torch.float64))).double()
     finally:
         handle.remove()
 
 
 def cast_inputs(inputs, dtype):
-    """``inputs`` with every floating tensor (also inside lists) cast to ``dtype``."""
-
-    def cast(value):
-        if isinstance(value, torch.Tensor) and value.is_floating_point():
-            return value.to(dtype)
-        if isinstance(value, list):
-            return [cast(v) for v in value]
-        return value
-
-    return {k: cast(v) for k, v in inputs.items()}
+    """``inputs`` with every floating tensor (also inside lists and tuples) cast to ``dtype``."""
+    return {k: _cast(v, dtype) for k, v in inputs.items()}
 
 
 # --------------------------------------------------------------------- what diffusers has

@@ -14,11 +14,12 @@ with the class's registry row (:mod:`..registry`), the patch's record
 from types import ModuleType
 from typing import Dict, NamedTuple
 
-from . import flux_ids, hunyuan_grid, qwen_centered, wan_grid, wrapper
+from . import flux_ids, half_grid, hunyuan_grid, qwen_centered, wan_grid, wrapper
 
 #: The families by the name a registry row gives them.
 FAMILIES: Dict[str, ModuleType] = {
     "flux_ids": flux_ids,
+    "half_grid": half_grid,
     "hunyuan_grid": hunyuan_grid,
     "qwen_centered": qwen_centered,
     "wan_grid": wan_grid,

@@ -129,8 +129,17 @@ def _helpers(globals_: Mapping[str, Any], swaps: Swaps) -> Dict[str, types.Funct
     return found
 
 
+def _unwrapped(function: Callable) -> Callable:
+    """The function a decorator (``functools.wraps``: diffusers' ``apply_lora_scale``) wraps."""
+    while isinstance(getattr(function, "__wrapped__", None), types.FunctionType):
+        function = function.__wrapped__
+    return function
+
+
 def uses(function: Callable, swaps: Swaps) -> bool:
-    """Whether ``function`` rotates through one of ``swaps``' names, itself or one helper down."""
+    """Whether ``function`` rotates through one of ``swaps``' names, itself or one helper down (a
+    decorated function: the function it wraps)."""
+    function = _unwrapped(function)
     if not isinstance(function, types.FunctionType):
         return False
     if _direct_use(function, swaps):
@@ -163,6 +172,13 @@ def library_function(function: types.FunctionType, name: str) -> Optional[Callab
             return getattr(importlib.import_module(source), name, None)
         return globals_.get(name)
     return None
+
+
+def _holds(cell: types.CellType, value: Any) -> bool:
+    try:
+        return cell.cell_contents is value
+    except ValueError:  # an empty cell
+        return False
 
 
 def _drop_attribute(owner: Any, name: str) -> None:
@@ -246,12 +262,32 @@ class ProcessorPatcher:
         return code.replace(co_names=tuple(names), co_consts=tuple(consts))
 
     def rebuilt(self, function: types.FunctionType, swaps: Swaps, key: str) -> types.FunctionType:
-        """``function`` rebuilt so that it (and the helpers it calls) rotates with ``swaps``."""
+        """``function`` rebuilt so that it (and the helpers it calls) rotates with ``swaps``; a
+        decorator's wrapper keeps wrapping, its closure pointing at the rebuilt function."""
         cached = self._functions.get((id(function), key))
         if cached is not None:
             return cached
-        namespace = self._namespace(function.__globals__, swaps, key)
-        result = rebuild(function, namespace, self._edited(function, swaps, key))
+        wrapped = getattr(function, "__wrapped__", None)
+        if isinstance(wrapped, types.FunctionType) and not _direct_use(function, swaps):
+            inner = self.rebuilt(wrapped, swaps, key)
+            cells = tuple(
+                types.CellType(inner) if _holds(cell, wrapped) else cell
+                for cell in function.__closure__ or ()
+            )
+            result = types.FunctionType(
+                function.__code__,
+                function.__globals__,
+                function.__name__,
+                function.__defaults__,
+                cells,
+            )
+            result.__kwdefaults__ = function.__kwdefaults__
+            result.__dict__.update(function.__dict__)
+            result.__wrapped__ = inner
+            result.__qualname__ = function.__qualname__
+        else:
+            namespace = self._namespace(function.__globals__, swaps, key)
+            result = rebuild(function, namespace, self._edited(function, swaps, key))
         self._functions[(id(function), key)] = result
         return result
 

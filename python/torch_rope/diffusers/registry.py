@@ -21,6 +21,7 @@ class ModelClass(NamedTuple):
 
     family: str  # the family that patches it (.families)
     rope: Tuple[str, ...] = ()  # the attributes that hold its RoPE module(s)
+    variant: str = ""  # which of its family's forms it takes (the family says)
 
 
 #: A FLUX-style model: ids in, its RoPE module at ``pos_embed``.
@@ -33,6 +34,8 @@ HUNYUAN = ModelClass("hunyuan_grid", ("rope",))
 QWEN = ModelClass("qwen_centered", ("pos_embed",))
 #: A grid over halves (Cosmos, CogView4, GLM-Image), its RoPE module at ``rope``.
 HALF_GRID = ModelClass("half_grid", ("rope",))
+#: ACE-Step's models (the DiT, its encoders and audio tokenizers): RoPE from a function.
+ACE = ModelClass("sequence_1d", variant="ace")
 #: A model that holds others (``nets``) and runs them.
 WRAPPER = ModelClass("wrapper")
 
@@ -62,6 +65,18 @@ REGISTRY = Registry(
         "CosmosControlNetModel": HALF_GRID,
         "CogView4Transformer2DModel": HALF_GRID,
         "GlmImageTransformer2DModel": HALF_GRID,
+        "AceStepTransformer1DModel": ACE,
+        "AceStepAudioTokenizer": ACE,
+        "AceStepAudioTokenDetokenizer": ACE,
+        "AceStepConditionEncoder": ACE,
+        "AceStepLyricEncoder": ACE,
+        "AceStepTimbreEncoder": ACE,
+        "MiniMaxMusic3Transformer1DModel": ModelClass("sequence_1d", ("rotary_emb",), "cos_sin"),
+        "LongCatAudioDiTTransformer": ModelClass("sequence_1d", ("rotary_embed",), "cos_sin"),
+        "StableAudio3DiTModel": ModelClass("sequence_1d", ("rotary_pos_emb",), "angles"),
+        # SAME's RoPE module sits on each attention module ("*rope").
+        "AutoencoderSAME": ModelClass("sequence_1d", ("*rope",), "angles"),
+        "AnimaTextConditioner": ModelClass("sequence_1d", ("rotary_emb",), "position_ids"),
         "WanTransformer3DModel": WAN,
         "WanVACETransformer3DModel": WAN,
         "WanAnimateTransformer3DModel": WAN,

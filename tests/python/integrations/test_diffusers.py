@@ -47,7 +47,7 @@ TRIG = ("aten.cos", "aten.sin", "aten.polar")
 class RopeCounter(TorchDispatchMode):
     """Counts rope ops and trig ops, each attributed to the innermost attention or RoPE module
     running (forward hooks keep the stack), and the calls of each attention module that were
-    handed a RoPE (an argument named like one, not None)."""
+    handed a RoPE (an argument named like one, not None) or compute one."""
 
     def __init__(self, model):
         super().__init__()
@@ -62,7 +62,7 @@ class RopeCounter(TorchDispatchMode):
 
     def _enter(self, module, args, kwargs):
         self.stack.append(module)
-        if _handed_rope(module, args, kwargs):
+        if _handed_rope(module, args, kwargs) or _owns_rope(module):
             self.calls[module] = self.calls.get(module, 0) + 1
 
     def _leave(self, module, args, output):
@@ -99,9 +99,14 @@ def _handed_rope(module, args, kwargs):
         if parameter.kind is inspect.Parameter.VAR_KEYWORD:
             bound.update(bound.pop(parameter.name, None) or {})
     return any(
-        value is not None and any(k in name for k in ("rotary", "rope", "freqs"))
+        value is not None and any(k in name for k in ("rotary", "rope", "freqs", "position_emb"))
         for name, value in bound.items()
     )
+
+
+def _owns_rope(module):
+    """An attention module that computes its RoPE itself (SAME's)."""
+    return hasattr(module, "processor") and any(hasattr(m, "torch_rope") for m in module.modules())
 
 
 def _is_rope(module):

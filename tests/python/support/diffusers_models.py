@@ -548,6 +548,180 @@ def _(rn):
     return _diffusers().GlmImageTransformer2DModel(**config), inputs
 
 
+# --------------------------------------------------------------------- one-axis (audio, text)
+ACE = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    rope_theta=10000.0,
+    sliding_window=16,
+)
+
+
+@builder("AceStepTransformer1DModel")
+def _(rn):
+    config = dict(ACE, num_hidden_layers=2, in_channels=24, audio_acoustic_hidden_dim=8)
+    config.update(patch_size=2, rms_norm_eps=1e-6)
+    inputs = dict(
+        hidden_states=rn(1, 8, 8),
+        timestep=torch.tensor([0.5]),
+        timestep_r=torch.tensor([0.3]),
+        encoder_hidden_states=rn(1, 10, 32),
+        context_latents=rn(1, 8, 16),
+        return_dict=False,
+    )
+    return _diffusers().AceStepTransformer1DModel(**config), inputs
+
+
+@builder("AceStepAudioTokenizer")
+def _(rn):
+    model = _diffusers().AceStepAudioTokenizer(
+        **ACE,
+        audio_acoustic_hidden_dim=8,
+        pool_window_size=5,
+        fsq_dim=32,
+        num_attention_pooler_hidden_layers=1,
+    )
+    return model, dict(hidden_states=rn(1, 2, 5, 8))  # (B, T / window, window, acoustic)
+
+
+@builder("AceStepAudioTokenDetokenizer")
+def _(rn):
+    model = _diffusers().AceStepAudioTokenDetokenizer(
+        **ACE, audio_acoustic_hidden_dim=8, pool_window_size=5, num_attention_pooler_hidden_layers=1
+    )
+    return model, dict(hidden_states=rn(1, 2, 32))
+
+
+@builder("AceStepConditionEncoder")
+def _(rn):
+    model = _diffusers().AceStepConditionEncoder(
+        **ACE,
+        text_hidden_dim=16,
+        timbre_hidden_dim=8,
+        num_lyric_encoder_hidden_layers=1,
+        num_timbre_encoder_hidden_layers=1,
+    )
+    inputs = dict(
+        text_hidden_states=rn(1, 5, 16),
+        text_attention_mask=torch.ones(1, 5),
+        lyric_hidden_states=rn(1, 7, 16),
+        lyric_attention_mask=torch.ones(1, 7),
+        refer_audio_acoustic_hidden_states_packed=rn(1, 6, 8),
+        refer_audio_order_mask=torch.zeros(1, dtype=torch.long),
+    )
+    return model, inputs
+
+
+@builder("AceStepLyricEncoder")
+def _(rn):
+    from diffusers.pipelines.ace_step.modeling_ace_step import AceStepLyricEncoder
+
+    model = AceStepLyricEncoder(**ACE, text_hidden_dim=16, num_lyric_encoder_hidden_layers=2)
+    return model, dict(inputs_embeds=rn(1, 7, 16), attention_mask=torch.ones(1, 7))
+
+
+@builder("AceStepTimbreEncoder")
+def _(rn):
+    from diffusers.pipelines.ace_step.modeling_ace_step import AceStepTimbreEncoder
+
+    model = AceStepTimbreEncoder(**ACE, timbre_hidden_dim=8, num_timbre_encoder_hidden_layers=2)
+    inputs = dict(
+        refer_audio_acoustic_hidden_states_packed=rn(2, 6, 8),
+        refer_audio_order_mask=torch.tensor([0, 0]),
+    )
+    return model, inputs
+
+
+@builder("MiniMaxMusic3Transformer1DModel")
+def _(rn):
+    config = dict(
+        in_channels=8,
+        condition_dim=16,
+        num_layers=2,
+        num_attention_heads=2,
+        attention_head_dim=8,
+        ff_inner_dim=32,
+        rotary_dim=4,
+        fourier_embedding_dim=8,
+    )
+    inputs = dict(
+        hidden_states=rn(1, 8, 24),
+        encoder_hidden_states=rn(1, 24, 16),
+        timestep=torch.full((1,), 0.5),
+        return_dict=False,
+    )
+    return _diffusers().MiniMaxMusic3Transformer1DModel(**config), inputs
+
+
+@builder("StableAudio3DiTModel")
+def _(rn):
+    config = dict(
+        io_channels=8,
+        patch_size=1,
+        embed_dim=32,
+        depth=2,
+        num_heads=4,
+        cond_token_dim=16,
+        global_cond_dim=12,
+        local_add_cond_dim=5,
+        timestep_features_dim=16,
+        ff_mult=2,
+        num_memory_tokens=3,
+        use_differential_attention=False,
+    )
+    inputs = dict(
+        hidden_states=rn(1, 8, 16),
+        timestep=torch.tensor([0.4]),
+        encoder_hidden_states=rn(1, 4, 16),
+        global_hidden_states=rn(1, 12),
+        return_dict=False,
+    )
+    return _diffusers().StableAudio3DiTModel(**config), inputs
+
+
+@builder("LongCatAudioDiTTransformer")
+def _(rn):
+    config = dict(dit_dim=64, dit_depth=2, dit_heads=4, dit_text_dim=32, latent_dim=8)
+    config["text_conv"] = False
+    inputs = dict(
+        hidden_states=rn(1, 16, 8),
+        encoder_hidden_states=rn(1, 10, 32),
+        encoder_attention_mask=torch.ones(1, 10, dtype=torch.bool),
+        attention_mask=torch.ones(1, 16, dtype=torch.bool),
+        timestep=torch.ones(1),
+        return_dict=False,
+    )
+    return _diffusers().LongCatAudioDiTTransformer(**config), inputs
+
+
+@builder("AnimaTextConditioner")
+def _(rn):
+    config = dict(source_dim=16, target_dim=16, model_dim=16, num_layers=1, num_attention_heads=2)
+    config.update(mlp_ratio=2.0, target_vocab_size=64, min_sequence_length=8)
+    inputs = dict(source_hidden_states=rn(1, 5, 16), target_input_ids=torch.arange(6)[None] * 7)
+    return _diffusers().AnimaTextConditioner(**config), inputs
+
+
+@builder("AutoencoderSAME")
+def _(rn):
+    config = dict(
+        audio_channels=2,
+        patch_size=16,
+        encoder_channels=16,
+        encoder_c_mults=(2,),
+        encoder_strides=(2,),
+        encoder_transformer_depths=(1,),
+        latent_dim=8,
+        use_differential_attention=False,
+        dim_heads=8,
+        ff_mult=2,
+    )
+    return _diffusers().AutoencoderSAME(**config), dict(sample=rn(1, 2, 256), return_dict=False)
+
+
 # --------------------------------------------------------------------- Wan-style (video grid)
 WAN = dict(
     patch_size=(1, 2, 2),

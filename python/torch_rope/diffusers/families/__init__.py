@@ -14,7 +14,15 @@ with the class's registry row (:mod:`..registry`), the patch's record
 from types import ModuleType
 from typing import Dict, NamedTuple
 
-from . import flux_ids, half_grid, hunyuan_grid, qwen_centered, wan_grid, wrapper
+from . import (
+    flux_ids,
+    half_grid,
+    hunyuan_grid,
+    qwen_centered,
+    sequence_1d,
+    wan_grid,
+    wrapper,
+)
 
 #: The families by the name a registry row gives them.
 FAMILIES: Dict[str, ModuleType] = {
@@ -22,6 +30,7 @@ FAMILIES: Dict[str, ModuleType] = {
     "half_grid": half_grid,
     "hunyuan_grid": hunyuan_grid,
     "qwen_centered": qwen_centered,
+    "sequence_1d": sequence_1d,
     "wan_grid": wan_grid,
     "wrapper": wrapper,
 }

@@ -36,6 +36,8 @@ QWEN = ModelClass("qwen_centered", ("pos_embed",))
 HALF_GRID = ModelClass("half_grid", ("rope",))
 #: ACE-Step's models (the DiT, its encoders and audio tokenizers): RoPE from a function.
 ACE = ModelClass("sequence_1d", variant="ace")
+#: Z-Image-style: per-axis complex tables gathered by ids through a plain ``rope_embedder``.
+ID_GATHER = ModelClass("id_gather", ("rope_embedder",))
 #: A model that holds others (``nets``) and runs them.
 WRAPPER = ModelClass("wrapper")
 
@@ -77,6 +79,12 @@ REGISTRY = Registry(
         # SAME's RoPE module sits on each attention module ("*rope").
         "AutoencoderSAME": ModelClass("sequence_1d", ("*rope",), "angles"),
         "AnimaTextConditioner": ModelClass("sequence_1d", ("rotary_emb",), "position_ids"),
+        "ZImageTransformer2DModel": ID_GATHER,
+        "ZImageControlNetModel": ID_GATHER,
+        "BriaFibo2Transformer2DModel": ID_GATHER,
+        "Lumina2Transformer2DModel": ModelClass("id_gather", ("rope_embedder",), "module"),
+        "HiDreamImageTransformer2DModel": ModelClass("matrix_pairs", ("pe_embedder",), "qk"),
+        "PRXTransformer2DModel": ModelClass("matrix_pairs", ("pe_embedder",)),
         "WanTransformer3DModel": WAN,
         "WanVACETransformer3DModel": WAN,
         "WanAnimateTransformer3DModel": WAN,

@@ -36,6 +36,7 @@ import torch_rope.diffusers as trd  # noqa: E402
 from torch_rope._patching import record as records  # noqa: E402
 
 SUPPORTED = list(trd.SUPPORTED_MODEL_CLASSES)
+RECIPES = dm.recipes(SUPPORTED)
 
 #: Classes whose fp32 comparison is against a float64 reference (see the module docstring), with
 #: why.
@@ -144,7 +145,7 @@ def close_fp32(want, got):
     return (want - got).abs().max().item() <= 1e-5 * scale
 
 
-@pytest.mark.parametrize("name", SUPPORTED)
+@pytest.mark.parametrize("name", RECIPES)
 def test_patched_forward_matches_unpatched(name):
     model, inputs = dm.build(name)
     want = run(model, inputs)
@@ -175,7 +176,9 @@ def test_patched_forward_matches_unpatched(name):
     assert torch.equal(run(model, inputs), want)
     trd.unpatch(patched)
     assert not trd.is_patched(patched)
-    assert not any(hasattr(m, "torch_rope") for m in patched.modules())
+    assert not any(
+        hasattr(m, "torch_rope") or hasattr(m, "torch_rope_tables") for m in patched.modules()
+    )
     assert torch.equal(run(patched, inputs), want)
 
 
@@ -186,7 +189,7 @@ def _keep_rope_fp32(model):
     return model
 
 
-@pytest.mark.parametrize("name", SUPPORTED)
+@pytest.mark.parametrize("name", RECIPES)
 def test_bf16_error_is_at_most_diffusers_own(name):
     model, inputs = dm.build(name)
     reference = dm.float64_output(model, inputs)

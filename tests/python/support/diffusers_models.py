@@ -722,6 +722,183 @@ def _(rn):
     return _diffusers().AutoencoderSAME(**config), dict(sample=rn(1, 2, 256), return_dict=False)
 
 
+# --------------------------------------------------------------------- ids gathered from tables
+ZIMAGE = dict(
+    all_patch_size=(2,),
+    all_f_patch_size=(1,),
+    in_channels=16,
+    dim=16,
+    n_layers=1,
+    n_refiner_layers=1,
+    n_heads=1,
+    n_kv_heads=2,
+    qk_norm=True,
+    cap_feat_dim=16,
+    rope_theta=256.0,
+    t_scale=1000.0,
+    axes_dims=[8, 4, 4],
+    axes_lens=[256, 32, 32],
+)
+
+
+@builder("ZImageTransformer2DModel")
+def _(rn):
+    inputs = dict(x=[rn(16, 1, 8, 8)], cap_feats=[rn(10, 16)], t=torch.tensor([0.5]))
+    inputs["return_dict"] = False
+    return _diffusers().ZImageTransformer2DModel(**ZIMAGE), inputs
+
+
+@builder("ZImageControlNetModel")
+def _(rn):
+    control = dict(ZIMAGE, control_layers_places=[0], control_refiner_layers_places=[0])
+    control.update(control_in_dim=16)
+    for key in ("in_channels", "n_layers", "cap_feat_dim", "rope_theta", "t_scale"):
+        control.pop(key)
+    for key in ("axes_dims", "axes_lens"):
+        control.pop(key)
+    model = _diffusers().ZImageControlNetModel(**control)
+    base = _diffusers().ZImageTransformer2DModel(**ZIMAGE)
+    model = _diffusers().ZImageControlNetModel.from_transformer(model, base)
+    inputs = dict(
+        x=[rn(16, 1, 8, 8)],
+        t=torch.tensor([0.5]),
+        cap_feats=[rn(10, 16)],
+        control_context=[rn(16, 1, 8, 8)],
+    )
+    return model, inputs
+
+
+@builder("BriaFibo2Transformer2DModel")
+def _(rn):
+    config = dict(
+        in_channels=4,
+        patch_size=2,
+        dim=32,
+        n_layers=2,
+        n_refiner_layers=1,
+        n_heads=2,
+        cap_feat_dim=24,
+        injection_layer_ids=(1,),
+        perceiver_num_layers=1,
+        min_num_gist_tokens=4,
+        max_num_gist_tokens=8,
+        gist_step=4,
+        gist_min_text_len=4,
+        gist_max_text_len=16,
+        axes_dims=(4, 6, 6),
+        axes_lens=(16, 16, 16),
+    )
+    inputs = dict(
+        hidden_states=rn(1, 4, 8, 8),
+        timestep=torch.tensor([0.5]),
+        encoder_hidden_states=rn(1, 2, 6, 24),
+        return_dict=False,
+    )
+    return _diffusers().BriaFibo2Transformer2DModel(**config), inputs
+
+
+@builder("Lumina2Transformer2DModel")
+def _(rn):
+    config = dict(
+        sample_size=16,
+        patch_size=2,
+        in_channels=4,
+        hidden_size=24,
+        num_layers=2,
+        num_refiner_layers=1,
+        num_attention_heads=3,
+        num_kv_heads=1,
+        multiple_of=2,
+        ffn_dim_multiplier=None,
+        norm_eps=1e-5,
+        scaling_factor=1.0,
+        axes_dim_rope=(4, 2, 2),
+        axes_lens=(128, 128, 128),
+        cap_feat_dim=32,
+    )
+    mask = torch.ones(2, 8, dtype=torch.bool)
+    mask[1, 6:] = False  # a padded caption
+    inputs = dict(
+        hidden_states=rn(2, 4, 8, 8),
+        encoder_hidden_states=rn(2, 8, 32),
+        timestep=torch.tensor([0.3, 0.6]),
+        encoder_attention_mask=mask,
+        return_dict=False,
+    )
+    return _diffusers().Lumina2Transformer2DModel(**config), inputs
+
+
+# --------------------------------------------------------------------- 2x2 rotation matrices
+@builder("HiDreamImageTransformer2DModel")
+def _(rn):
+    config = dict(
+        patch_size=2,
+        in_channels=4,
+        out_channels=4,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=8,
+        num_attention_heads=4,
+        caption_channels=[8, 4],
+        text_emb_dim=8,
+        num_routed_experts=2,
+        num_activated_experts=2,
+        axes_dims_rope=(4, 2, 2),
+        max_resolution=(32, 32),
+        llama_layers=(0, 1),
+        force_inference_output=True,
+    )
+    inputs = dict(
+        hidden_states=rn(1, 4, 8, 12),
+        encoder_hidden_states_t5=rn(1, 8, 8),
+        encoder_hidden_states_llama3=rn(2, 1, 8, 4),
+        pooled_embeds=rn(1, 8),
+        timesteps=torch.tensor([500]),
+        return_dict=False,
+    )
+    return _diffusers().HiDreamImageTransformer2DModel(**config), inputs
+
+
+@builder("HiDreamImageTransformer2DModel:half_rope")
+def _(rn):
+    # RoPE over the first half of the head (as the released model's 128 head with 64 rotated):
+    # its processor chunks q and k and rotates the first halves.
+    model, inputs = BUILDERS["HiDreamImageTransformer2DModel"](rn)
+    config = dict(model.config, attention_head_dim=16)
+    return type(model)(**{k: v for k, v in config.items() if not k.startswith("_")}), inputs
+
+
+@builder("QwenImageTransformer2DModel:layered")
+def _(rn):
+    # Qwen-Image-Layered's RoPE: its last image is the condition, at frame -1.
+    config = dict(QWEN, guidance_embeds=False, use_layer3d_rope=True)
+    inputs = _qwen_inputs(rn)
+    inputs.update(hidden_states=rn(1, 2 * 24 + 12, 16), img_shapes=[[(1, 4, 6), (1, 4, 6), (1, 3, 4)]])
+    return _diffusers().QwenImageTransformer2DModel(**config), inputs
+
+
+@builder("PRXTransformer2DModel")
+def _(rn):
+    config = dict(
+        in_channels=4,
+        patch_size=2,
+        context_in_dim=32,
+        hidden_size=64,
+        mlp_ratio=2.0,
+        num_heads=2,
+        depth=2,
+        axes_dim=[16, 16],
+        theta=10_000,
+    )
+    inputs = dict(
+        hidden_states=rn(1, 4, 8, 12),
+        encoder_hidden_states=rn(1, 8, 32),
+        timestep=torch.tensor([1.0]),
+        return_dict=False,
+    )
+    return _diffusers().PRXTransformer2DModel(**config), inputs
+
+
 # --------------------------------------------------------------------- Wan-style (video grid)
 WAN = dict(
     patch_size=(1, 2, 2),
@@ -834,8 +1011,14 @@ def _wake_zero_weights(model, seed):
                 parameter.copy_(0.1 * torch.randn(parameter.shape, generator=generator))
 
 
+def recipes(classes):
+    """The builders of ``classes``: each class's own, and its variants (``Class:variant``)."""
+    return [name for name in BUILDERS if name.split(":")[0] in classes]
+
+
 def build(name, seed=0):
-    """``(model, inputs)`` of one class, weights seeded, in eval mode."""
+    """``(model, inputs)`` of one recipe (a class, or ``Class:variant``), weights seeded, in eval
+    mode."""
     torch.manual_seed(seed)
     model, inputs = BUILDERS[name](_Inputs(seed))
     _wake_zero_weights(model, seed)

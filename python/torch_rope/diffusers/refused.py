@@ -2,8 +2,138 @@
 """Why :func:`torch_rope.diffusers.patch` refuses each RoPE model class of diffusers it does not
 support: one reason per class, shared by a family where the cause is the same.
 docs/diffusers_models.md lists them (a test keeps the table and this dict in step), and another
-test checks that every RoPE model class of the installed diffusers is either supported or here."""
+test checks that every RoPE model class of the installed diffusers is either supported or here.
+
+Three kinds of reason: the RoPE is not a rotation at integer positions that any table can hold
+(learned, mixed, averaged, not norm-preserving); its positions are fractional coordinates or its
+tables come from the caller, which the families here do not build yet; or its attention runs
+outside the processors patch rebuilds.
+"""
 
 from typing import Dict
 
-REFUSED: Dict[str, str] = {}
+_AVERAGED_HISTORY = (
+    "its history latents (2x/4x, mid/long) are rotated by cos/sin averaged over neighbouring "
+    "positions (avg_pool3d of the tables), which is not a rotation at any position: no table "
+    "row holds it"
+)
+_PIPELINE_TABLES = (
+    "its cos/sin are built by its pipeline and handed to the transformer (image_rotary_emb), "
+    "from crop coordinates that are fractional except at the base resolution; patch builds no "
+    "tables for a caller yet"
+)
+_LTX_COORDINATES = (
+    "its RoPE is over fractional normalised coordinates (grid x scale / base size, midpoints of "
+    "patch bounds, seconds), with frequencies theta^linspace(0, 1) * pi / 2 and cos/sin padded "
+    "by leading features; no family builds these coordinate tables yet"
+)
+_MINIMAX_H3 = (
+    "one inv_freq shared by the frame, row and column axes over aspect-normalised fractional "
+    "coordinates computed in float64 by its pipeline, applied to the first 6 * rope_freq_dim "
+    "features; no family builds these coordinate tables yet"
+)
+_KANDINSKY = (
+    "its processors round the rotated q and k to bfloat16 (apply_rotary(...).to(torch.bfloat16)) "
+    "whatever the model's dtype, and its video and text RoPE (Kandinsky 6: a separate key RoPE "
+    "for audio cross-attention) are two modules with positions handed in by the caller; not "
+    "covered yet"
+)
+_MROPE_LARGE = (
+    "interleaved M-RoPE (Qwen3-VL's rule, which the op has) at positions from 15,000 (Cosmos 3's "
+    "modality margin) to 65,536 + the grid (Ideogram 4) handed in by the caller, with float32 "
+    "angles in diffusers: it needs compact tables of the positions used; not covered yet"
+)
+
+#: The other RoPE model classes of diffusers 0.42.1 (as the tests'
+#: ``diffusers_models.rope_model_classes()`` finds them), each with why
+#: :func:`torch_rope.diffusers.patch` refuses it (it raises NotImplementedError with the reason).
+REFUSED: Dict[str, str] = {
+    "MochiTransformer3DModel": (
+        "its RoPE frequencies are a learned parameter (3, heads, head_dim / 2) and each plane's "
+        "angle sums all three axes' positions (centred, rescaled to a fixed area), per head: "
+        "not an axial RoPE with a table per axis"
+    ),
+    "ErnieImageTransformer2DModel": (
+        "its RoPE duplicates angles pairwise ([t0, t0, t1, t1, ...]) but rotates halves, so "
+        "feature k turns by t_(k // 2) and its partner k + D / 2 by t_(k // 2 + D / 4): not a "
+        "rotation (pair norms are not kept), which no RoPE table expresses"
+    ),
+    "SanaWMTransformer3DModel": (
+        "its RoPE is composed with camera ray transforms (UCPE) inside attention modules that "
+        "have no processor (gated delta-net and softmax camera attention), on (B, H, D, S) "
+        "layouts"
+    ),
+    "HunyuanVideoFramepackTransformer3DModel": _AVERAGED_HISTORY,
+    "HeliosTransformer3DModel": _AVERAGED_HISTORY,
+    "AnyFlowFARTransformer3DModel": (
+        "its compressed context frames are rotated by complex tables averaged over a block "
+        "(avg_pool1d) and renormalised: their angles are not those of any integer position"
+    ),
+    "LuminaNextDiT2DModel": (
+        "its 2-D RoPE alternates axes plane by plane (plane 2j by the row, 2j + 1 by the column), "
+        "which neither contiguous sections nor the interleaved M-RoPE rule express, and its "
+        "pipeline hands in a complex table rebuilt every step with time-aware scaling"
+    ),
+    "CogVideoXTransformer3DModel": _PIPELINE_TABLES,
+    "ConsisIDTransformer3DModel": _PIPELINE_TABLES,
+    "HunyuanDiT2DModel": _PIPELINE_TABLES,
+    "HunyuanDiT2DControlNetModel": _PIPELINE_TABLES,
+    "HunyuanDiT2DMultiControlNetModel": _PIPELINE_TABLES,
+    "AllegroTransformer3DModel": (
+        "its pipeline hands in three per-axis tables at the grid divided by an interpolation "
+        "scale and the integer grid, rotated chunk by chunk (frame, row, column thirds of the "
+        "head, each rotate_half) by apply_rotary_emb_allegro; not covered yet"
+    ),
+    "StableAudioDiTModel": (
+        "its pipeline hands in the cos/sin (rotary_embedding) of the first half of the head; "
+        "patch builds no tables for a caller yet"
+    ),
+    "EasyAnimateTransformer3DModel": (
+        "its RoPE module crops a 60 x 90 base grid with linspace coordinates, fractional except "
+        "at the base resolution; no family builds these coordinate tables yet"
+    ),
+    "LTXVideoTransformer3DModel": _LTX_COORDINATES,
+    "LTX2VideoTransformer3DModel": _LTX_COORDINATES,
+    "SanaWMLTX2RefinerTransformer3DModel": _LTX_COORDINATES,
+    "LTX2TextConnectors": _LTX_COORDINATES,
+    "LTX2VideoDiffusionDecoderModel": (
+        "its RoPE module rotates hidden_states itself (no processor calls a rotation function), "
+        "on (B, T, H, W, heads, D) inside flex neighbourhood attention"
+    ),
+    "MiniMaxH3Transformer3DModel": _MINIMAX_H3,
+    "AutoencoderKLMiniMaxH3": (
+        "its ViT decoder's RoPE is over length-normalised coordinates in [-1, 1) x 2 pi, written "
+        "inline in its processor; no family builds these coordinate tables yet"
+    ),
+    "Kandinsky5Transformer3DModel": _KANDINSKY,
+    "Kandinsky6Transformer3DModel": _KANDINSKY,
+    "Kandinsky6SRTransformer3DModel": _KANDINSKY,
+    "Ideogram4Transformer2DModel": _MROPE_LARGE,
+    "Cosmos3OmniTransformer": _MROPE_LARGE,
+    "OmniGenTransformer2DModel": (
+        "its Phi-3 'su' RoPE switches between short and long frequency factors by the largest "
+        "position (a host read) and rotates every sample at the first sample's positions; not "
+        "covered yet"
+    ),
+    "JoyImageEditTransformer3DModel": (
+        "it computes its RoPE in a model method (get_rotary_pos_embed, no RoPE module), text "
+        "positions after the largest visual index on all axes; not covered yet"
+    ),
+    "JoyImageEditPlusTransformer3DModel": (
+        "per-sample tables, a frame offset accumulated over reference images and padding "
+        "rows, built in a model method; not covered yet"
+    ),
+    "QwenImage21Transformer2DModel": (
+        "its RoPE is applied one call down, in _qwenimage21_prepare_qkv, with positions read "
+        "from the image mask on the host every forward (text advancing on all axes, image "
+        "blocks centred); not covered yet"
+    ),
+    "AnyFlowTransformer3DModel": (
+        "its RoPE is complex128 (q and k rotated in float64) through a dict of per-stream "
+        "tables; not covered yet"
+    ),
+    "WanAnimate2Transformer3DModel": (
+        "its rope_apply loops over samples with their own grid sizes, time stride and "
+        "reference offsets (complex128); not covered yet"
+    ),
+}

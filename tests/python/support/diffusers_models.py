@@ -873,7 +873,8 @@ def _(rn):
     # Qwen-Image-Layered's RoPE: its last image is the condition, at frame -1.
     config = dict(QWEN, guidance_embeds=False, use_layer3d_rope=True)
     inputs = _qwen_inputs(rn)
-    inputs.update(hidden_states=rn(1, 2 * 24 + 12, 16), img_shapes=[[(1, 4, 6), (1, 4, 6), (1, 3, 4)]])
+    shapes = [[(1, 4, 6), (1, 4, 6), (1, 3, 4)]]
+    inputs.update(hidden_states=rn(1, 2 * 24 + 12, 16), img_shapes=shapes)
     return _diffusers().QwenImageTransformer2DModel(**config), inputs
 
 

@@ -1119,3 +1119,119 @@ def rope_model_classes():
                 ):
                     found[class_name] = name
     return found
+
+
+# --------------------------------------------------------------------- a whole tiny pipeline
+def _clip_tokenizer(directory):
+    """A CLIP tokenizer over a written vocabulary (a-z, with and without ``</w>``) and no merges:
+    no download."""
+    import json
+
+    from transformers import CLIPTokenizer
+
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for code in range(ord("a"), ord("z") + 1):
+        vocab.setdefault(chr(code), len(vocab))
+        vocab.setdefault(chr(code) + "</w>", len(vocab))
+    with open(os.path.join(directory, "vocab.json"), "w", encoding="utf-8") as f:
+        json.dump(vocab, f)
+    with open(os.path.join(directory, "merges.txt"), "w", encoding="utf-8") as f:
+        f.write("#version: 0.2\n")
+    return CLIPTokenizer(
+        os.path.join(directory, "vocab.json"),
+        os.path.join(directory, "merges.txt"),
+        pad_token="<|endoftext|>",
+        model_max_length=77,
+    )
+
+
+def _t5_tokenizer():
+    """A one-token-per-letter T5 tokenizer built in memory."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "</s>", "<unk>"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="<pad>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        model_max_length=512,
+    )
+
+
+def flux_pipeline(directory, seed=0):
+    """A whole FluxPipeline, every component tiny and built from a config (CLIP and T5 text
+    encoders with tokenizers made here, a one-channel VAE), all in eval mode: no download."""
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    diffusers = _diffusers()
+    torch.manual_seed(seed)
+    transformer = diffusers.FluxTransformer2DModel(**FLUX)
+    clip = CLIPTextConfig(
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+        hidden_size=32,
+        intermediate_size=37,
+        num_attention_heads=4,
+        num_hidden_layers=2,
+        vocab_size=64,
+        projection_dim=32,
+        max_position_embeddings=77,
+    )
+    t5 = T5Config(
+        vocab_size=32,
+        d_model=32,
+        d_kv=8,
+        d_ff=37,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        dropout_rate=0.0,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
+    vae = diffusers.AutoencoderKL(
+        sample_size=32,
+        in_channels=3,
+        out_channels=3,
+        block_out_channels=(4,),
+        layers_per_block=1,
+        latent_channels=1,
+        norm_num_groups=1,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        shift_factor=0.0609,
+        scaling_factor=1.5035,
+    )
+    encoders = (CLIPTextModel(clip), T5EncoderModel(t5))
+    for module in (transformer, vae) + encoders:
+        module.eval()  # built from a config, so in training mode (T5's dropout) until now
+    return diffusers.FluxPipeline(
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(),
+        vae=vae,
+        text_encoder=encoders[0],
+        tokenizer=_clip_tokenizer(directory),
+        text_encoder_2=encoders[1],
+        tokenizer_2=_t5_tokenizer(),
+        transformer=transformer,
+    )
+
+
+def sample(pipeline, steps=3):
+    """The latents after ``steps`` sampling steps of a 32 x 32 image."""
+    generator = torch.Generator().manual_seed(0)
+    return pipeline(
+        prompt="a squirrel eating a burger",
+        generator=generator,
+        num_inference_steps=steps,
+        guidance_scale=5.0,
+        height=32,
+        width=32,
+        max_sequence_length=16,
+        output_type="latent",
+    ).images

@@ -70,6 +70,7 @@ def patch_model(model: nn.Module, options: families.Options) -> bool:
     require_weights(model, CALLER)
     record = records.PatchRecord()
     patcher = ProcessorPatcher(record)
+    record.patcher = patcher
     record.checks.append(patcher.still_installed)
     try:
         families.FAMILIES[row.family].patch(model, row, record, patcher, options)
@@ -125,10 +126,32 @@ def patch(model_or_pipeline: Any, *, max_positions: Optional[int] = None) -> Any
         for _, model in found:
             if patch_model(model, options):
                 done.append(model)
+        _patch_pipeline_rope(model_or_pipeline, [m for _, m in found])
     except BaseException:
         _unpatch_all(reversed(done))
         raise
     return model_or_pipeline
+
+
+def _patch_pipeline_rope(pipeline: Any, models: List[nn.Module]) -> None:
+    """Where a pipeline builds its models' RoPE (CogVideoX, HunyuanDiT, Stable Audio), make it
+    hand them positions: the family's ``patch_pipeline``, once per family and variant, recorded
+    on the first of its models (unpatching that model restores the pipeline)."""
+    groups = {}
+    expanded = []
+    for model in models:  # a multi-controlnet wrapper's nets, each in its own right
+        expanded.extend(getattr(model, "nets", None) or [model])
+    for model in expanded:
+        row = REGISTRY.rows.get(model_class(model))
+        family = families.FAMILIES.get(row.family) if row is not None else None
+        if family is not None and hasattr(family, "patch_pipeline"):
+            groups.setdefault((row.family, row.variant), (family, row, []))[2].append(model)
+    for family, row, group in groups.values():
+        record = records.attached(group[0])
+        if id(pipeline) in record.pipelines:
+            continue
+        if family.patch_pipeline(pipeline, group, row, record, record.patcher):
+            record.pipelines.add(id(pipeline))
 
 
 def _unpatch_all(models: Iterable[nn.Module]) -> None:

@@ -17,11 +17,6 @@ _AVERAGED_HISTORY = (
     "positions (avg_pool3d of the tables), which is not a rotation at any position: no table "
     "row holds it"
 )
-_PIPELINE_TABLES = (
-    "its cos/sin are built by its pipeline and handed to the transformer (image_rotary_emb), "
-    "from crop coordinates that are fractional except at the base resolution; patch builds no "
-    "tables for a caller yet"
-)
 _LTX_COORDINATES = (
     "its RoPE is over fractional normalised coordinates (grid x scale / base size, midpoints of "
     "patch bounds, seconds), with frequencies theta^linspace(0, 1) * pi / 2 and cos/sin padded "
@@ -74,19 +69,10 @@ REFUSED: Dict[str, str] = {
         "which neither contiguous sections nor the interleaved M-RoPE rule express, and its "
         "pipeline hands in a complex table rebuilt every step with time-aware scaling"
     ),
-    "CogVideoXTransformer3DModel": _PIPELINE_TABLES,
-    "ConsisIDTransformer3DModel": _PIPELINE_TABLES,
-    "HunyuanDiT2DModel": _PIPELINE_TABLES,
-    "HunyuanDiT2DControlNetModel": _PIPELINE_TABLES,
-    "HunyuanDiT2DMultiControlNetModel": _PIPELINE_TABLES,
     "AllegroTransformer3DModel": (
         "its pipeline hands in three per-axis tables at the grid divided by an interpolation "
         "scale and the integer grid, rotated chunk by chunk (frame, row, column thirds of the "
         "head, each rotate_half) by apply_rotary_emb_allegro; not covered yet"
-    ),
-    "StableAudioDiTModel": (
-        "its pipeline hands in the cos/sin (rotary_embedding) of the first half of the head; "
-        "patch builds no tables for a caller yet"
     ),
     "EasyAnimateTransformer3DModel": (
         "its RoPE module crops a 60 x 90 base grid with linspace coordinates, fractional except "

@@ -38,6 +38,9 @@ HALF_GRID = ModelClass("half_grid", ("rope",))
 ACE = ModelClass("sequence_1d", variant="ace")
 #: Z-Image-style: per-axis complex tables gathered by ids through a plain ``rope_embedder``.
 ID_GATHER = ModelClass("id_gather", ("rope_embedder",))
+#: Tables built by the pipeline and handed in: CogVideoX-style 3-D, HunyuanDiT's 2-D crops.
+COGVIDEOX = ModelClass("caller_tables", variant="cogvideox")
+HUNYUAN_DIT = ModelClass("caller_tables", variant="hunyuandit")
 #: A model that holds others (``nets``) and runs them.
 WRAPPER = ModelClass("wrapper")
 
@@ -85,6 +88,12 @@ REGISTRY = Registry(
         "Lumina2Transformer2DModel": ModelClass("id_gather", ("rope_embedder",), "module"),
         "HiDreamImageTransformer2DModel": ModelClass("matrix_pairs", ("pe_embedder",), "qk"),
         "PRXTransformer2DModel": ModelClass("matrix_pairs", ("pe_embedder",)),
+        "CogVideoXTransformer3DModel": COGVIDEOX,
+        "ConsisIDTransformer3DModel": COGVIDEOX,
+        "HunyuanDiT2DModel": HUNYUAN_DIT,
+        "HunyuanDiT2DControlNetModel": HUNYUAN_DIT,
+        "HunyuanDiT2DMultiControlNetModel": WRAPPER,
+        "StableAudioDiTModel": ModelClass("caller_tables", variant="stable_audio"),
         "WanTransformer3DModel": WAN,
         "WanVACETransformer3DModel": WAN,
         "WanAnimateTransformer3DModel": WAN,

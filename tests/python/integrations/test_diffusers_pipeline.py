@@ -154,3 +154,71 @@ def test_max_positions_must_be_a_positive_int():
     with pytest.raises(ValueError, match="max_positions must be an int >= 1, got 0"):
         trd.patch(model, max_positions=0)
     assert not trd.is_patched(model)
+
+
+def test_a_cogvideox_pipeline_hands_its_transformer_coordinate_positions():
+    """CogVideoX 1.0's pipeline builds cos/sin from a crop of its base grid, fractional here:
+    patched, its helper returns grid indices into float64-built coordinate tables of the
+    transformer instead, and 2 sampling steps give the same latents."""
+    pipeline = dm.cogvideox_pipeline()
+    pipeline.set_progress_bar_config(disable=True)
+    want = dm.sample_video(pipeline)
+    trd.patch(pipeline)
+    assert "_prepare_rotary_positional_embeddings" in vars(pipeline)
+    rows, _ = pipeline._prepare_rotary_positional_embeddings(32, 48, 2, torch.device("cpu"))
+    assert rows.dtype == torch.long and rows.shape == (2 * 2 * 3, 3)
+    got = dm.sample_video(pipeline)
+    assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
+    trd.unpatch(pipeline)
+    assert "_prepare_rotary_positional_embeddings" not in vars(pipeline)
+    assert torch.equal(dm.sample_video(pipeline), want)
+
+
+def test_hunyuan_dit_positions_at_the_default_resolution_match_diffusers():
+    """At 1024 pixels HunyuanDiT's grid (64 x 64 at patch 2) crops a 32 x 32 base: coordinates
+    0, 0.5, 1, ... The coordinate tables patch builds for them rotate as diffusers' own cos/sin
+    (columns on the first planes)."""
+    from diffusers.models.embeddings import apply_rotary_emb, get_2d_rotary_pos_embed
+    from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import get_resize_crop_region_for_grid
+
+    from torch_rope.diffusers.families import caller_tables
+    from torch_rope.diffusers.rotate import embeddings_apply
+
+    model, _ = dm.build("HunyuanDiT2DModel")
+    tables = caller_tables.make_tables(model, "hunyuandit", torch.device("cpu"))
+    crops = get_resize_crop_region_for_grid((64, 64), 32)
+    want_freqs = get_2d_rotary_pos_embed(8, crops, (64, 64))
+    positions = caller_tables.hunyuandit_positions(tables, 8, crops, (64, 64))
+    q = torch.randn(1, 2, 64 * 64, 8, generator=torch.Generator().manual_seed(0))
+    want = apply_rotary_emb(q.double(), tuple(f.double() for f in want_freqs))
+    got = embeddings_apply(tables, q, positions)
+    assert (got.double() - want).abs().max().item() <= 1e-5
+
+
+def test_hunyuan_dit_and_stable_audio_pipelines_get_their_call_rebuilt():
+    """Their pipelines build the RoPE inline in ``__call__``: patched, the pipeline is a
+    same-named subclass whose ``__call__`` (still under torch.no_grad) calls torch_rope's
+    function in place of diffusers', and unpatch gives the instance its class back."""
+    import functools
+
+    import diffusers
+
+    from torch_rope.diffusers.families import caller_tables
+
+    for pipeline_class, name, recipe in [
+        (diffusers.HunyuanDiTPipeline, "get_2d_rotary_pos_embed", "HunyuanDiT2DModel"),
+        (diffusers.StableAudioPipeline, "get_1d_rotary_pos_embed", "StableAudioDiTModel"),
+    ]:
+        model, _ = dm.build(recipe)
+        trd.patch(model)
+        pipeline = object.__new__(pipeline_class)
+        record = model._torch_rope_patch
+        row = trd.registry.REGISTRY.row(recipe)
+        assert caller_tables.patch_pipeline(pipeline, [model], row, record, record.patcher)
+        installed = type(pipeline)
+        assert installed is not pipeline_class and installed.__name__ == pipeline_class.__name__
+        function = installed.__call__.__wrapped__.__globals__[name]
+        assert isinstance(function, functools.partial)
+        assert function.args[0].tables == [model.torch_rope_tables]
+        trd.unpatch(model)
+        assert type(pipeline) is pipeline_class

@@ -900,6 +900,199 @@ def _(rn):
     return _diffusers().PRXTransformer2DModel(**config), inputs
 
 
+# --------------------------------------------------------------------- tables from the pipeline
+COGVIDEOX = dict(
+    num_attention_heads=2,
+    attention_head_dim=16,
+    in_channels=4,
+    out_channels=4,
+    time_embed_dim=2,
+    text_embed_dim=8,
+    num_layers=2,
+    sample_width=8,
+    sample_height=8,
+    sample_frames=8,
+    patch_size=2,
+    patch_size_t=None,
+    temporal_compression_ratio=4,
+    max_text_seq_length=8,
+    use_rotary_positional_embeddings=True,
+)
+
+
+def cogvideox_rope(model, height, width, frames):
+    """CogVideoXPipeline._prepare_rotary_positional_embeddings on a latent grid: diffusers' own
+    cos/sin (crop linspace for 1.0, integer slices for 1.5)."""
+    from diffusers.models.embeddings import get_3d_rotary_pos_embed
+    from diffusers.pipelines.cogvideo.pipeline_cogvideox import get_resize_crop_region_for_grid
+
+    config = model.config
+    rows, columns = height // config.patch_size, width // config.patch_size
+    base_w, base_h = (
+        config.sample_width // config.patch_size,
+        config.sample_height // config.patch_size,
+    )
+    if getattr(config, "patch_size_t", None) is None:
+        crops = get_resize_crop_region_for_grid((rows, columns), base_w, base_h)
+        return get_3d_rotary_pos_embed(config.attention_head_dim, crops, (rows, columns), frames)
+    frames = (frames + config.patch_size_t - 1) // config.patch_size_t
+    return get_3d_rotary_pos_embed(
+        config.attention_head_dim,
+        None,
+        (rows, columns),
+        frames,
+        grid_type="slice",
+        max_size=(base_h, base_w),
+    )
+
+
+@builder("CogVideoXTransformer3DModel")
+def _(rn):
+    # A 4 x 6 latent grid of a 4 x 4 base: the crop's rows and columns are fractional.
+    model = _diffusers().CogVideoXTransformer3DModel(**COGVIDEOX)
+    inputs = dict(
+        hidden_states=rn(1, 2, 4, 8, 12),
+        encoder_hidden_states=rn(1, 8, 8),
+        timestep=torch.tensor([500]),
+        image_rotary_emb=cogvideox_rope(model, 8, 12, 2),
+        return_dict=False,
+    )
+    return model, inputs
+
+
+@builder("CogVideoXTransformer3DModel:1.5")
+def _(rn):
+    model = _diffusers().CogVideoXTransformer3DModel(**dict(COGVIDEOX, patch_size_t=2))
+    inputs = dict(
+        hidden_states=rn(1, 2, 4, 8, 8),
+        encoder_hidden_states=rn(1, 8, 8),
+        timestep=torch.tensor([500]),
+        image_rotary_emb=cogvideox_rope(model, 8, 8, 2),
+        return_dict=False,
+    )
+    return model, inputs
+
+
+@builder("ConsisIDTransformer3DModel")
+def _(rn):
+    # attention_head_dim a multiple of 16 (the 3-D split); LFE_output_dim 2/3 of the inner dim.
+    config = dict(COGVIDEOX, num_attention_heads=3, num_layers=1, cross_attn_interval=1)
+    del config["patch_size_t"]
+    config.update(is_kps=False, is_train_face=True, cross_attn_dim_head=1, cross_attn_num_heads=1)
+    config.update(LFE_id_dim=2, LFE_vit_dim=2, LFE_depth=5, LFE_dim_head=8, LFE_num_heads=2)
+    config.update(LFE_num_id_token=1, LFE_num_querie=1, LFE_output_dim=32, LFE_ff_mult=1)
+    config.update(LFE_num_scale=1)
+    model = _diffusers().ConsisIDTransformer3DModel(**config)
+    model.config.patch_size_t = None
+    inputs = dict(
+        hidden_states=rn(1, 1, 4, 8, 12),
+        encoder_hidden_states=rn(1, 8, 8),
+        timestep=torch.tensor([500]),
+        id_vit_hidden=[torch.ones(1, 2, 2)],
+        id_cond=torch.ones(1, 2),
+        image_rotary_emb=cogvideox_rope(model, 8, 12, 1),
+        return_dict=False,
+    )
+    return model, inputs
+
+
+HUNYUAN_DIT = dict(
+    sample_size=8,
+    patch_size=2,
+    in_channels=4,
+    num_layers=2,
+    attention_head_dim=8,
+    num_attention_heads=2,
+    cross_attention_dim=8,
+    cross_attention_dim_t5=8,
+    pooled_projection_dim=4,
+    hidden_size=16,
+    text_len=4,
+    text_len_t5=4,
+    activation_fn="gelu-approximate",
+)
+
+
+def hunyuan_dit_rope(rows, columns, base):
+    """HunyuanDiTPipeline's RoPE: a crop of a ``base`` grid (fractional steps when the grid is
+    larger than the base, as at the default 1024 pixels)."""
+    from diffusers.models.embeddings import get_2d_rotary_pos_embed
+    from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import get_resize_crop_region_for_grid
+
+    crops = get_resize_crop_region_for_grid((rows, columns), base)
+    return get_2d_rotary_pos_embed(8, crops, (rows, columns))
+
+
+def _hunyuan_dit_inputs(rn):
+    meta = torch.tensor([[1024, 1024, 64, 64, 0, 0]], dtype=torch.float32)
+    return dict(
+        hidden_states=rn(1, 4, 8, 12),
+        timestep=torch.tensor([500.0]),
+        encoder_hidden_states=rn(1, 4, 8),
+        text_embedding_mask=torch.ones(1, 4),
+        encoder_hidden_states_t5=rn(1, 4, 8),
+        text_embedding_mask_t5=torch.ones(1, 4),
+        image_meta_size=meta,
+        style=torch.zeros(1, dtype=torch.long),
+        image_rotary_emb=hunyuan_dit_rope(4, 6, 3),
+        return_dict=False,
+    )
+
+
+@builder("HunyuanDiT2DModel")
+def _(rn):
+    return _diffusers().HunyuanDiT2DModel(**HUNYUAN_DIT), _hunyuan_dit_inputs(rn)
+
+
+@builder("HunyuanDiT2DControlNetModel")
+def _(rn):
+    # The controlnet builds transformer_num_layers // 2 - 1 blocks.
+    config = dict(HUNYUAN_DIT, conditioning_channels=3, transformer_num_layers=6)
+    for key in ("num_layers", "activation_fn"):
+        del config[key]
+    inputs = _hunyuan_dit_inputs(rn)
+    inputs["controlnet_cond"] = rn(1, 4, 8, 12)  # the pipeline passes the control image's latents
+    return _diffusers().HunyuanDiT2DControlNetModel(**config), inputs
+
+
+@builder("HunyuanDiT2DMultiControlNetModel")
+def _(rn):
+    inner, inputs = BUILDERS["HunyuanDiT2DControlNetModel"](rn)
+    inputs.update(controlnet_cond=[inputs["controlnet_cond"]], conditioning_scale=[1.0])
+    return _diffusers().HunyuanDiT2DMultiControlNetModel([inner]), inputs
+
+
+@builder("StableAudioDiTModel")
+def _(rn):
+    from diffusers.models.embeddings import get_1d_rotary_pos_embed
+
+    config = dict(
+        sample_size=16,
+        in_channels=4,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        num_key_value_attention_heads=1,
+        out_channels=4,
+        cross_attention_dim=8,
+        time_proj_dim=8,
+        global_states_input_dim=8,
+        cross_attention_input_dim=8,
+    )
+    frames = 16
+    # StableAudioPipeline: half the head, the latent frames and one global token.
+    rope = get_1d_rotary_pos_embed(4, frames + 1, use_real=True, repeat_interleave_real=False)
+    inputs = dict(
+        hidden_states=rn(1, 4, frames),
+        timestep=torch.tensor([500]),
+        encoder_hidden_states=rn(1, 6, 8),
+        global_hidden_states=rn(1, 1, 8),
+        rotary_embedding=rope,
+        return_dict=False,
+    )
+    return _diffusers().StableAudioDiTModel(**config), inputs
+
+
 # --------------------------------------------------------------------- Wan-style (video grid)
 WAN = dict(
     patch_size=(1, 2, 2),
@@ -1235,3 +1428,66 @@ def sample(pipeline, steps=3):
         max_sequence_length=16,
         output_type="latent",
     ).images
+
+
+def cogvideox_pipeline(seed=0):
+    """A whole CogVideoXPipeline (CogVideoX 1.0: no temporal patch), tiny: a T5 encoder with the
+    tokenizer made here, a small 3-D VAE, all in eval mode; a 1 x 1 base grid, so that a 2 x 3
+    latent grid takes fractional crop coordinates."""
+    from transformers import T5Config, T5EncoderModel
+
+    diffusers = _diffusers()
+    torch.manual_seed(seed)
+    transformer = diffusers.CogVideoXTransformer3DModel(
+        **dict(COGVIDEOX, num_attention_heads=4, text_embed_dim=32, sample_width=2, sample_height=2)
+    )
+    blocks = 4
+    vae = diffusers.AutoencoderKLCogVideoX(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("CogVideoXDownBlock3D",) * blocks,
+        up_block_types=("CogVideoXUpBlock3D",) * blocks,
+        block_out_channels=(8,) * blocks,
+        latent_channels=4,
+        layers_per_block=1,
+        norm_num_groups=2,
+        temporal_compression_ratio=4,
+    )
+    t5 = T5Config(
+        vocab_size=32,
+        d_model=32,
+        d_kv=8,
+        d_ff=37,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        dropout_rate=0.0,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
+    encoder = T5EncoderModel(t5)
+    for module in (transformer, vae, encoder):
+        module.eval()
+    return diffusers.CogVideoXPipeline(
+        tokenizer=_t5_tokenizer(),
+        text_encoder=encoder,
+        vae=vae,
+        transformer=transformer,
+        scheduler=diffusers.CogVideoXDDIMScheduler(),
+    )
+
+
+def sample_video(pipeline, steps=2):
+    generator = torch.Generator().manual_seed(0)
+    return pipeline(
+        prompt="dance monkey",
+        generator=generator,
+        num_inference_steps=steps,
+        guidance_scale=6.0,
+        height=32,
+        width=48,
+        num_frames=5,
+        max_sequence_length=16,
+        output_type="latent",
+    ).frames

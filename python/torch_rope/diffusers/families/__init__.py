@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Dict, NamedTuple
 
 from . import (
+    caller_tables,
     flux_ids,
     half_grid,
     hunyuan_grid,
@@ -28,6 +29,7 @@ from . import (
 
 #: The families by the name a registry row gives them.
 FAMILIES: Dict[str, ModuleType] = {
+    "caller_tables": caller_tables,
     "flux_ids": flux_ids,
     "half_grid": half_grid,
     "hunyuan_grid": hunyuan_grid,

@@ -74,10 +74,6 @@ REFUSED: Dict[str, str] = {
         "scale and the integer grid, rotated chunk by chunk (frame, row, column thirds of the "
         "head, each rotate_half) by apply_rotary_emb_allegro; not covered yet"
     ),
-    "EasyAnimateTransformer3DModel": (
-        "its RoPE module crops a 60 x 90 base grid with linspace coordinates, fractional except "
-        "at the base resolution; no family builds these coordinate tables yet"
-    ),
     "LTXVideoTransformer3DModel": _LTX_COORDINATES,
     "LTX2VideoTransformer3DModel": _LTX_COORDINATES,
     "SanaWMLTX2RefinerTransformer3DModel": _LTX_COORDINATES,

@@ -94,6 +94,7 @@ REGISTRY = Registry(
         "HunyuanDiT2DControlNetModel": HUNYUAN_DIT,
         "HunyuanDiT2DMultiControlNetModel": WRAPPER,
         "StableAudioDiTModel": ModelClass("caller_tables", variant="stable_audio"),
+        "EasyAnimateTransformer3DModel": ModelClass("caller_tables", variant="easyanimate"),
         "WanTransformer3DModel": WAN,
         "WanVACETransformer3DModel": WAN,
         "WanAnimateTransformer3DModel": WAN,

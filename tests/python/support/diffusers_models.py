@@ -1062,6 +1062,37 @@ def _(rn):
     return _diffusers().HunyuanDiT2DMultiControlNetModel([inner]), inputs
 
 
+@builder("EasyAnimateTransformer3DModel")
+def _(rn):
+    config = dict(
+        attention_head_dim=16,
+        num_attention_heads=2,
+        in_channels=4,
+        mmdit_layers=2,
+        num_layers=2,
+        out_channels=4,
+        patch_size=2,
+        sample_height=60,
+        sample_width=90,
+        text_embed_dim=16,
+        time_embed_dim=8,
+        time_position_encoding_type="3d_rope",
+        timestep_activation_fn="silu",
+    )
+    # A 4 x 6 grid crops its 30 x 45 base: fractional coordinates.
+    inputs = dict(
+        hidden_states=rn(1, 4, 2, 8, 12),
+        timestep=torch.tensor([500]),
+        timestep_cond=None,
+        encoder_hidden_states=rn(1, 8, 16),
+        encoder_hidden_states_t5=None,
+        inpaint_latents=None,
+        control_latents=None,
+        return_dict=False,
+    )
+    return _diffusers().EasyAnimateTransformer3DModel(**config), inputs
+
+
 @builder("StableAudioDiTModel")
 def _(rn):
     from diffusers.models.embeddings import get_1d_rotary_pos_embed

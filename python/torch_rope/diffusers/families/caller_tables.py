@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Models whose pipeline builds the RoPE tables and hands them in: CogVideoX 1.0 / 1.5, ConsisID,
-HunyuanDiT and its controlnet, Stable Audio Open.
+HunyuanDiT and its controlnet, Stable Audio Open; and EasyAnimate, whose RoPE module builds
+CogVideoX's tables over a crop of its own base grid.
 
 The transformer takes cos/sin from its caller (``image_rotary_emb``, ``rotary_embedding``) and
 its processors call diffusers' ``apply_rotary_emb`` on q and k ``(B, H, S, D)`` (CogVideoX: the
@@ -15,7 +16,9 @@ resolution:
 * HunyuanDiT (inline in ``__call__``: ``get_2d_rotary_pos_embed``): (column, row) over ``D / 2``
   features each, a ``linspace`` over the crop of a 512-pixel base grid: 0, 0.5, 1, ... at the
   default 1024 pixels;
-* Stable Audio (inline: ``get_1d_rotary_pos_embed``): 0 .. S - 1 over half the head, halves.
+* Stable Audio (inline: ``get_1d_rotary_pos_embed``): 0 .. S - 1 over half the head, halves;
+* EasyAnimate: CogVideoX 1.0's tables over a crop of a 60 x 90 / patch base grid, built every
+  forward by its RoPE module.
 
 Patched, on this transformer only: the processors rotate with :func:`..rotate.embeddings_apply`
 (:func:`stable_audio_apply`), which takes either positions into the transformer's
@@ -24,7 +27,8 @@ row per token, exactly as diffusers would. Patched with its pipeline (``patch(pi
 pipeline hands positions instead: its RoPE helper (CogVideoX, ConsisID: the method, as an
 instance attribute; HunyuanDiT, Stable Audio: the function its ``__call__`` calls, through a
 per-instance subclass whose ``__call__`` is rebuilt) builds coordinate tables in float64 from the
-same coordinates, once per resolution, and returns the integer grid indices.
+same coordinates, once per resolution, and returns the integer grid indices. EasyAnimate's RoPE
+module does that itself once patched.
 """
 
 import functools
@@ -33,7 +37,7 @@ import sys
 import torch
 from torch import Tensor, nn
 
-from ..._patching.record import PatchRecord
+from ..._patching.record import PatchRecord, bind
 from ..._patching.self_check import probe
 from ...ops import apply
 from .. import self_check
@@ -55,7 +59,7 @@ def make_tables(model: nn.Module, variant: str, device) -> Tables:
     """The transformer's tables: CogVideoX's three axes, HunyuanDiT's (column, row), Stable
     Audio's one axis over half the head."""
     config = model.config
-    if variant == "cogvideox":
+    if variant in ("cogvideox", "easyanimate"):
         d = config.attention_head_dim
         dims = [d // 4, d // 8 * 3, d // 8 * 3]
         inv_freq = torch.cat([_frequencies(n) for n in dims])
@@ -103,6 +107,26 @@ def cogvideox_positions(tables: Tables, model, pipeline, height, width, num_fram
         key = ("cogvideox1.5", frames, rows, columns)
     tables.coordinate_rows(key, coordinates)
     positions = _grid_rows((frames, rows, columns), device)
+    return positions, positions
+
+
+def easyanimate_forward(rope: nn.Module, hidden_states: Tensor):
+    """EasyAnimate's RoPE module's forward once patched: its crop of the 60 x 90 base grid (its
+    own arithmetic), as coordinate tables; the grid indices."""
+    _, _, frames, height, width = hidden_states.shape
+    rows, columns = height // rope.patch_size, width // rope.patch_size
+    crop = rope.get_resize_crop_region_for_grid(
+        (rows, columns), 90 // rope.patch_size, 60 // rope.patch_size
+    )
+    coordinates = [
+        _linspace(0, frames, frames),
+        _linspace(crop[0][0], crop[1][0], rows),
+        _linspace(crop[0][1], crop[1][1], columns),
+    ]
+    tables = rope.torch_rope
+    if not torch.compiler.is_compiling():
+        tables.coordinate_rows(("easyanimate", frames, rows, columns, crop), coordinates)
+    positions = _grid_rows((frames, rows, columns), hidden_states.device)
     return positions, positions
 
 
@@ -227,6 +251,16 @@ def _check(model, variant, tables) -> None:
         ours = hunyuandit_positions(tables, d, crops, grid, device=device)
         unpatched = functools.partial(embeddings.apply_rotary_emb, q, freqs)
         patched = functools.partial(embeddings_apply, tables, q, ours)
+    elif variant == "easyanimate":
+        rope = model.rope_embedding
+        hidden = torch.zeros(1, 1, 2, 4 * rope.patch_size, 7 * rope.patch_size, device=device)
+        q = probe((1, 2, 56, rope.rope_dim), device, torch.float32)
+        freqs = type(rope).forward(rope, hidden)
+        holder = _Holder(rope, tables)
+        unpatched = functools.partial(embeddings.apply_rotary_emb, q, freqs)
+        patched = functools.partial(
+            embeddings_apply, tables, q, easyanimate_forward(holder, hidden)
+        )
     else:
         d = model.config.attention_head_dim
         crops, grid, frames = ((1, 0), (4, 5)), (4, 6), 2
@@ -253,12 +287,27 @@ def _check(model, variant, tables) -> None:
     )
 
 
+class _Holder:
+    """A RoPE module seen with the tables about to be installed, for the self-check."""
+
+    def __init__(self, rope: nn.Module, tables: Tables) -> None:
+        self._rope = rope
+        self.torch_rope = tables
+
+    def __getattr__(self, name):
+        return getattr(self._rope, name)
+
+
 def patch(model: nn.Module, row, record: PatchRecord, patcher: ProcessorPatcher, options) -> None:
     from diffusers.models import embeddings
 
     tables = make_tables(model, row.variant, device_of(model))
     _check(model, row.variant, tables)
-    record.set(model, "torch_rope_tables", tables)
+    if row.variant == "easyanimate":  # its RoPE module builds the tables in the model
+        record.set(model.rope_embedding, "torch_rope", tables)
+        record.set(model.rope_embedding, "forward", bind(easyanimate_forward, model.rope_embedding))
+    else:
+        record.set(model, "torch_rope_tables", tables)
     apply_fn = stable_audio_apply if row.variant == "stable_audio" else embeddings_apply
     swaps = {
         "apply_rotary_emb": Swap(functools.partial(apply_fn, tables), embeddings.apply_rotary_emb)

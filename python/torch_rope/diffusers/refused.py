@@ -33,10 +33,12 @@ _KANDINSKY = (
     "for audio cross-attention) are two modules with positions handed in by the caller; not "
     "covered yet"
 )
-_MROPE_LARGE = (
-    "interleaved M-RoPE (Qwen3-VL's rule, which the op has) at positions from 15,000 (Cosmos 3's "
-    "modality margin) to 65,536 + the grid (Ideogram 4) handed in by the caller, with float32 "
-    "angles in diffusers: it needs compact tables of the positions used; not covered yet"
+_INLINE_MROPE = (
+    "its processor writes the rotation inline (q * cos + _rotate_half(q) * sin, no rotation "
+    "function a patch could replace) on cos/sin its model casts to the model's dtype; its "
+    "interleaved M-RoPE (Qwen3-VL's rule, which the op has) runs at positions from 15,000 "
+    "(Cosmos 3's modality margin) to 65,536 + the grid (Ideogram 4), with float32 angles in "
+    "diffusers"
 )
 
 #: The other RoPE model classes of diffusers 0.42.1 (as the tests'
@@ -90,8 +92,8 @@ REFUSED: Dict[str, str] = {
     "Kandinsky5Transformer3DModel": _KANDINSKY,
     "Kandinsky6Transformer3DModel": _KANDINSKY,
     "Kandinsky6SRTransformer3DModel": _KANDINSKY,
-    "Ideogram4Transformer2DModel": _MROPE_LARGE,
-    "Cosmos3OmniTransformer": _MROPE_LARGE,
+    "Ideogram4Transformer2DModel": _INLINE_MROPE,
+    "Cosmos3OmniTransformer": _INLINE_MROPE,
     "OmniGenTransformer2DModel": (
         "its Phi-3 'su' RoPE switches between short and long frequency factors by the largest "
         "position (a host read) and rotates every sample at the first sample's positions; not "

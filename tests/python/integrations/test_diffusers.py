@@ -149,7 +149,6 @@ def close_fp32(want, got):
 def test_patched_forward_matches_unpatched(name):
     model, inputs = dm.build(name)
     want = run(model, inputs)
-    _, unpatched = counted_run(model, inputs)
     patched = trd.patch(copy.deepcopy(model))
     assert trd.is_patched(patched) and not trd.is_patched(model)
     first = run(patched, inputs)  # the first call may grow the tables
@@ -170,7 +169,6 @@ def test_patched_forward_matches_unpatched(name):
     for module in ran:
         assert counter.count("rope", {module}) >= counter.calls[module], (name, module)
     assert counter.count("trig", inside=True) == 0, (name, counter.ops)
-    assert unpatched.count("rope") == 0
 
     # The original instance is untouched; unpatch restores the exact output.
     assert torch.equal(run(model, inputs), want)

@@ -1191,14 +1191,14 @@ def _(rn):
         face_encoder_num_heads=2,
         inject_face_latents_blocks=2,
     )
-    # As diffusers' test: F + 1 latent frames with F + 1 a multiple of the face encoder's
-    # stride, and 77 face frames (one inference segment).
-    frames = 20
+    # F + 1 latent frames and face frames that its face encoder's strides divide into F
+    # motion tokens (diffusers' test: 20 and 77; 4 and 13 are the smallest that run).
+    frames = 4
     inputs = _wan_inputs(rn, channels=12, frames=frames + 1)
     inputs.update(
         encoder_hidden_states_image=rn(1, 4, 16),
         pose_hidden_states=rn(1, 4, frames, 8, 8),
-        face_pixel_values=rn(1, 3, 77, 16, 16),
+        face_pixel_values=rn(1, 3, 13, 16, 16),
     )
     return _diffusers().WanAnimateTransformer3DModel(**config), inputs
 

@@ -18,9 +18,10 @@ _AVERAGED_HISTORY = (
     "row holds it"
 )
 _LTX_COORDINATES = (
-    "its RoPE is over fractional normalised coordinates (grid x scale / base size, midpoints of "
-    "patch bounds, seconds), with frequencies theta^linspace(0, 1) * pi / 2 and cos/sin padded "
-    "by leading features; no family builds these coordinate tables yet"
+    "LTX-2's RoPE (coordinates at the midpoints of patch bounds, in seconds for audio) comes in "
+    "a 'split' form whose frequency vector spans the heads, (B, H, T, D / 2), with separate "
+    "video, audio and cross-modal tables, q and k of different modalities in cross-attention; "
+    "the ltx_coords family covers LTX-Video's interleaved form only"
 )
 _MINIMAX_H3 = (
     "one inv_freq shared by the frame, row and column axes over aspect-normalised fractional "
@@ -76,7 +77,6 @@ REFUSED: Dict[str, str] = {
         "scale and the integer grid, rotated chunk by chunk (frame, row, column thirds of the "
         "head, each rotate_half) by apply_rotary_emb_allegro; not covered yet"
     ),
-    "LTXVideoTransformer3DModel": _LTX_COORDINATES,
     "LTX2VideoTransformer3DModel": _LTX_COORDINATES,
     "SanaWMLTX2RefinerTransformer3DModel": _LTX_COORDINATES,
     "LTX2TextConnectors": _LTX_COORDINATES,

@@ -95,6 +95,7 @@ REGISTRY = Registry(
         "HunyuanDiT2DMultiControlNetModel": WRAPPER,
         "StableAudioDiTModel": ModelClass("caller_tables", variant="stable_audio"),
         "EasyAnimateTransformer3DModel": ModelClass("caller_tables", variant="easyanimate"),
+        "LTXVideoTransformer3DModel": ModelClass("ltx_coords", ("rope",)),
         "WanTransformer3DModel": WAN,
         "WanVACETransformer3DModel": WAN,
         "WanAnimateTransformer3DModel": WAN,

@@ -40,7 +40,12 @@ RECIPES = dm.recipes(SUPPORTED)
 
 #: Classes whose fp32 comparison is against a float64 reference (see the module docstring), with
 #: why.
-FP64_RULE = {}
+FP64_RULE = {
+    "LTXVideoTransformer3DModel": (
+        "diffusers computes LTX-Video's angles f * (2c - 1) in float32, with f up to "
+        "theta * pi / 2 = 1.6e4 rad: about 1e-3 rad of rounding, which float64 tables do not have"
+    ),
+}
 
 TRIG = ("aten.cos", "aten.sin", "aten.polar")
 
@@ -154,7 +159,7 @@ def test_patched_forward_matches_unpatched(name):
     first = run(patched, inputs)  # the first call may grow the tables
     got, counter = counted_run(patched, inputs)
     assert torch.equal(first, got)
-    if name in FP64_RULE:
+    if name.split(":")[0] in FP64_RULE:
         reference = dm.float64_output(model, inputs)
         ours, theirs = (got - reference).abs().max(), (want - reference).abs().max()
         assert ours <= theirs, (name, ours.item(), theirs.item())

@@ -1124,6 +1124,52 @@ def _(rn):
     return _diffusers().StableAudioDiTModel(**config), inputs
 
 
+# --------------------------------------------------------------------- LTX-Video's coordinates
+LTX = dict(
+    in_channels=4,
+    out_channels=4,
+    num_attention_heads=2,
+    attention_head_dim=8,
+    cross_attention_dim=16,
+    num_layers=1,
+    qk_norm="rms_norm_across_heads",
+    caption_channels=16,
+)
+
+
+def _ltx_inputs(rn, **more):
+    frames, height, width = 2, 4, 4
+    inputs = dict(
+        hidden_states=rn(1, frames * height * width, 4),
+        encoder_hidden_states=rn(1, 6, 16),
+        timestep=torch.tensor([500]),
+        encoder_attention_mask=torch.ones(1, 6).bool(),
+        num_frames=frames,
+        height=height,
+        width=width,
+        rope_interpolation_scale=(torch.tensor(8 / 25.0), 32, 32),  # as LTXPipeline's
+        return_dict=False,
+    )
+    inputs.update(more)
+    return inputs
+
+
+@builder("LTXVideoTransformer3DModel")
+def _(rn):
+    # inner dim 16: 16 % 6 = 4, so two still planes lead (LTX-Video's 2048 has one).
+    return _diffusers().LTXVideoTransformer3DModel(**LTX), _ltx_inputs(rn)
+
+
+@builder("LTXVideoTransformer3DModel:video_coords")
+def _(rn):
+    # Coordinates from the caller (the condition pipeline's), per token and fractional.
+    coords = torch.rand(1, 3, 32, generator=rn.generator) * torch.tensor([20.0, 64, 64])[:, None]
+    model = _diffusers().LTXVideoTransformer3DModel(
+        **dict(LTX, attention_head_dim=6, cross_attention_dim=12)
+    )
+    return model, _ltx_inputs(rn, video_coords=coords, rope_interpolation_scale=None)
+
+
 # --------------------------------------------------------------------- Wan-style (video grid)
 WAN = dict(
     patch_size=(1, 2, 2),

@@ -94,11 +94,6 @@ REFUSED: Dict[str, str] = {
     "Kandinsky6SRTransformer3DModel": _KANDINSKY,
     "Ideogram4Transformer2DModel": _INLINE_MROPE,
     "Cosmos3OmniTransformer": _INLINE_MROPE,
-    "OmniGenTransformer2DModel": (
-        "its Phi-3 'su' RoPE switches between short and long frequency factors by the largest "
-        "position (a host read) and rotates every sample at the first sample's positions; not "
-        "covered yet"
-    ),
     "JoyImageEditTransformer3DModel": (
         "it computes its RoPE in a model method (get_rotary_pos_embed, no RoPE module), text "
         "positions after the largest visual index on all axes; not covered yet"

@@ -96,6 +96,7 @@ REGISTRY = Registry(
         "StableAudioDiTModel": ModelClass("caller_tables", variant="stable_audio"),
         "EasyAnimateTransformer3DModel": ModelClass("caller_tables", variant="easyanimate"),
         "LTXVideoTransformer3DModel": ModelClass("ltx_coords", ("rope",)),
+        "OmniGenTransformer2DModel": ModelClass("su_scaled", ("rope",)),
         "WanTransformer3DModel": WAN,
         "WanVACETransformer3DModel": WAN,
         "WanAnimateTransformer3DModel": WAN,

@@ -138,6 +138,25 @@ class Tables(nn.Module):
         self._coordinates.move_to_end(key)
         self._use(*found)
 
+    def frequency_rows(self, key: Hashable, inv_freq: Tensor, scaling: float, rows: int) -> None:
+        """Make the current tables those of positions ``0 .. rows - 1`` at other frequencies
+        (``inv_freq``, float64) with cos and sin multiplied by ``scaling``: a RoPE that switches
+        between frequency sets by the call (OmniGen's short and long factors). Built once per
+        ``key`` and kept; the origin stays 0."""
+        found = self._coordinates.get(key)
+        if found is None or found[0].device != self.cos.device or found[0].size(0) < rows:
+            found = rope_tables_from_inv_freq(
+                inv_freq.to(torch.float64),
+                max(rows, 1),
+                self.cos.device,
+                attention_scaling=float(scaling),
+            )
+            self._coordinates[key] = found
+            while len(self._coordinates) > COORDINATE_CACHE:
+                self._coordinates.popitem(last=False)
+        self._coordinates.move_to_end(key)
+        self._use(*found)
+
     def token_tables(self, ids: Tensor) -> Tuple[Tensor, Tensor]:
         """diffusers-form cos/sin ``(S, rotary_dim)`` (each plane's value twice, as pairs or
         halves) for per-token coordinates ``ids`` ``(S, A)`` that are not integers, built in

@@ -1170,6 +1170,47 @@ def _(rn):
     return model, _ltx_inputs(rn, video_coords=coords, rope_interpolation_scale=None)
 
 
+# --------------------------------------------------------------------- OmniGen's su-scaled RoPE
+def _omnigen(rn, original):
+    config = dict(
+        hidden_size=16,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=32,
+        num_layers=2,
+        pad_token_id=0,
+        vocab_size=1000,
+        in_channels=4,
+        time_step_dim=4,
+        max_position_embeddings=64,
+        original_max_position_embeddings=original,
+        rope_scaling={"long_factor": [1.0, 2.0], "short_factor": [1.0, 1.5]},
+    )
+    text, rows, columns = 8, 8, 8
+    length = text + 1 + rows * columns // 4
+    inputs = dict(
+        hidden_states=rn(1, 4, rows, columns),
+        timestep=torch.tensor([0.3]),
+        input_ids=torch.arange(1, text + 1)[None],
+        input_img_latents=[],
+        input_image_sizes={},
+        attention_mask=torch.ones(1, length, length),
+        position_ids=torch.arange(length)[None],
+        return_dict=False,
+    )
+    return _diffusers().OmniGenTransformer2DModel(**config), inputs
+
+
+@builder("OmniGenTransformer2DModel")
+def _(rn):
+    return _omnigen(rn, original=32)  # 25 positions: the short factors
+
+
+@builder("OmniGenTransformer2DModel:long")
+def _(rn):
+    return _omnigen(rn, original=16)  # past the original length: the long factors, scaled
+
+
 # --------------------------------------------------------------------- Wan-style (video grid)
 WAN = dict(
     patch_size=(1, 2, 2),

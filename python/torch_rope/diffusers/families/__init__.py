@@ -24,6 +24,7 @@ from . import (
     matrix_pairs,
     qwen_centered,
     sequence_1d,
+    su_scaled,
     wan_grid,
     wrapper,
 )
@@ -39,6 +40,7 @@ FAMILIES: Dict[str, ModuleType] = {
     "matrix_pairs": matrix_pairs,
     "qwen_centered": qwen_centered,
     "sequence_1d": sequence_1d,
+    "su_scaled": su_scaled,
     "wan_grid": wan_grid,
     "wrapper": wrapper,
 }

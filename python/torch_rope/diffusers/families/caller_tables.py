@@ -61,7 +61,7 @@ def make_tables(model: nn.Module, variant: str, device) -> Tables:
     config = model.config
     if variant in ("cogvideox", "easyanimate"):
         d = config.attention_head_dim
-        dims = [d // 4, d // 8 * 3, d // 8 * 3]
+        dims = [n - n % 2 for n in (d // 4, d // 8 * 3, d // 8 * 3)]  # whole pairs: buildable()
         inv_freq = torch.cat([_frequencies(n) for n in dims])
         return Tables(inv_freq, [n // 2 for n in dims], True, rows=1, device=device)
     if variant == "hunyuandit":
@@ -202,6 +202,8 @@ def patch_pipeline(pipeline, models, row, record: PatchRecord, patcher) -> bool:
     (the models then rotate the pipeline's own cos/sin)."""
     model = models[0]
     tables = TablesGroup(m.torch_rope_tables for m in models)
+    if not all(buildable(m, row.variant) for m in models):
+        return False
     if row.variant == "cogvideox":
         if not hasattr(type(pipeline), "_prepare_rotary_positional_embeddings"):
             return False
@@ -298,11 +300,22 @@ class _Holder:
         return getattr(self._rope, name)
 
 
+def buildable(model: nn.Module, variant: str) -> bool:
+    """Whether the pipeline's RoPE exists for this config: CogVideoX's split of the head
+    (``D / 4, 3 D / 8, 3 D / 8``) must be whole pairs, as diffusers' own helper asserts (its
+    tests' configs, head 8, cannot build it: such a model only runs without RoPE)."""
+    if variant not in ("cogvideox", "easyanimate"):
+        return True
+    d = model.config.attention_head_dim
+    return all(n % 2 == 0 and n > 0 for n in (d // 4, d // 8 * 3))
+
+
 def patch(model: nn.Module, row, record: PatchRecord, patcher: ProcessorPatcher, options) -> None:
     from diffusers.models import embeddings
 
     tables = make_tables(model, row.variant, device_of(model))
-    _check(model, row.variant, tables)
+    if buildable(model, row.variant):
+        _check(model, row.variant, tables)
     if row.variant == "easyanimate":  # its RoPE module builds the tables in the model
         record.set(model.rope_embedding, "torch_rope", tables)
         record.set(model.rope_embedding, "forward", bind(easyanimate_forward, model.rope_embedding))

@@ -43,13 +43,15 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$requirements" ]; then
   echo "$requirements" > "$stamp"
 fi
 
-# Optional integrations (torch_rope.hf, torch_rope.hf_kernel, torch_rope.torchtune): torch_rope
-# never needs them, but their tests run against the real libraries, so the test environment has
-# them. Pinned to versions that install with torch 2.13: torchtune 0.6.1 imports
-# torchao.dtypes.nf4tensor, which torchao 0.18 no longer has. kernels (transformers' kernel hook)
-# 0.17.2 is the newest on PyPI here, below the 0.18.2 transformers 5.23 asks for: the hook's tests
-# say how they cope. Set TORCH_ROPE_NO_INTEGRATIONS=1 to skip (their tests then skip).
-integrations="transformers==5.23.0 torchtune==0.6.1 torchao==0.17.0 kernels==0.17.2"
+# Optional integrations (torch_rope.hf, torch_rope.hf_kernel, torch_rope.diffusers,
+# torch_rope.torchtune): torch_rope never needs them, but their tests run against the real
+# libraries, so the test environment has them. Pinned to versions that install with torch 2.13:
+# torchtune 0.6.1 imports torchao.dtypes.nf4tensor, which torchao 0.18 no longer has. kernels
+# (transformers' kernel hook) 0.17.2 is the newest on PyPI here, below the 0.18.2 transformers
+# 5.23 asks for: the hook's tests say how they cope. diffusers 0.42.1 brings no package the others
+# do not already install at the same version. Set TORCH_ROPE_NO_INTEGRATIONS=1 to skip (their
+# tests then skip).
+integrations="transformers==5.23.0 diffusers==0.42.1 torchtune==0.6.1 torchao==0.17.0 kernels==0.17.2"
 integrations_stamp=.venv/.torch-rope-integrations
 if [ -z "${TORCH_ROPE_NO_INTEGRATIONS:-}" ] &&
    [ "$(cat "$integrations_stamp" 2>/dev/null)" != "$integrations" ]; then

@@ -40,7 +40,7 @@ distributed.register_if_loaded()
 # Submodules loaded on first use as attributes (torch_rope.hf.patch(model) after a bare
 # `import torch_rope`), so that importing torch_rope never imports transformers, kernels or
 # torchtune.
-_LAZY_SUBMODULES = ("compat", "hf", "hf_kernel", "torchtune")
+_LAZY_SUBMODULES = ("compat", "diffusers", "hf", "hf_kernel", "torchtune")
 
 
 def __getattr__(name):

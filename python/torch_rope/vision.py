@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Multi-axis RoPE for images: the frequencies of axial (2-D, 3-D) RoPE and the positions of
-image patches.
+"""Multi-axis RoPE for images and video: the frequencies of axial (2-D, 3-D) RoPE and the
+positions of image patches and video tokens.
 
 A vision encoder's 2-D RoPE is the ops' multi-axis form with one axis per image dimension: plane
 ``k`` turns by the row or the column of its patch, as ``mrope_section`` deals the planes::
@@ -11,15 +11,33 @@ A vision encoder's 2-D RoPE is the ops' multi-axis form with one axis per image 
     q, k = torch_rope.apply_qk(q, k, cos, sin, positions.unsqueeze(-2),           # (N, H, D)
                                interleaved=False, mrope_section=section)
 
-Nothing here rotates: these are the two inputs the models build in Python before calling RoPE.
+A diffusion transformer (DiT) gives each axis a share of the head of its own (FLUX: 16, 56 and 56
+of 128 features for frame, row and column; Wan: 44, 42, 42) and rotates GPT-J pairs::
+
+    cos, sin, section = torch_rope.vision.axes_tables((16, 56, 56), 10000.0, max_position=512)
+    ids = torch_rope.vision.flux_ids(text_len=512, rows=64, columns=64)     # (512 + 4096, 3)
+    q = torch_rope.apply(q, cos, sin, ids.unsqueeze(-2),                    # q: (B, S, H, D)
+                         interleaved=True, mrope_section=section)
+    positions = torch_rope.vision.grid_positions(frames=21, rows=30, columns=52)  # (T*H*W, 3)
+
+Nothing here rotates: these are the inputs the models build in Python before calling RoPE.
 """
 
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
-__all__ = ["axial_inv_freq", "patch_positions"]
+from ._scaling import rope_tables_from_inv_freq
+
+__all__ = [
+    "axes_inv_freq",
+    "axes_tables",
+    "axial_inv_freq",
+    "flux_ids",
+    "grid_positions",
+    "patch_positions",
+]
 
 
 def axial_inv_freq(
@@ -110,3 +128,118 @@ def patch_positions(
     if not pieces:
         return torch.empty(0, 3 if temporal else 2, dtype=torch.long, device=device)
     return torch.cat(pieces)
+
+
+def _per_axis(name: str, value, axes: int) -> List[float]:
+    values = list(value) if isinstance(value, (list, tuple)) else [value] * axes
+    if len(values) != axes:
+        raise ValueError(f"axes_inv_freq: {name} must be a number or {axes} numbers, got {value!r}")
+    return [float(v) for v in values]
+
+
+def axes_inv_freq(
+    axes_dims: Sequence[int],
+    theta: Union[float, Sequence[float]] = 10000.0,
+    *,
+    scales: Union[float, Sequence[float]] = 1.0,
+) -> Tuple[Tensor, List[int]]:
+    """Float64 ``inv_freq`` of a DiT's axial RoPE, where each position axis has a share of the
+    head of its own, and the ``mrope_section`` that goes with it.
+
+    ``axes_dims[a]`` features (an even number; 0 for an unused axis) rotate by axis ``a``, with the
+    frequencies of plain RoPE over that share, ``theta_a ** (-2 j / axes_dims[a]) / scales[a]``
+    for ``j < axes_dims[a] / 2``: FLUX's ``axes_dims_rope`` (16, 56, 56), HunyuanVideo's
+    ``rope_axes_dim``, Wan's (44, 42, 42) for a 128 head. ``theta`` is one base or one per axis
+    (Cosmos scales it per axis); ``scales`` divides an axis' frequencies, the same as dividing its
+    positions (an interpolation scale, a frame rate ratio). Section ``a`` is ``axes_dims[a] / 2``
+    planes, contiguous, in axis order.
+    """
+    dims = list(axes_dims)
+    if not dims or any(not isinstance(d, int) or d < 0 or d % 2 for d in dims):
+        raise ValueError(
+            "axes_inv_freq: axes_dims must be even non-negative ints, one per axis, got "
+            f"{axes_dims!r}"
+        )
+    thetas = _per_axis("theta", theta, len(dims))
+    factors = _per_axis("scales", scales, len(dims))
+    if any(not t > 1.0 for t in thetas) or any(not f > 0.0 for f in factors):
+        raise ValueError(
+            f"axes_inv_freq: theta must be > 1 and scales > 0, got theta={theta!r}, "
+            f"scales={scales!r}"
+        )
+    parts = [
+        t ** (-torch.arange(0, d, 2, dtype=torch.float64) / d) / f if d else torch.zeros(0)
+        for d, t, f in zip(dims, thetas, factors)
+    ]
+    return torch.cat(parts).to(torch.float64), [d // 2 for d in dims]
+
+
+def axes_tables(
+    axes_dims: Sequence[int],
+    theta: Union[float, Sequence[float]] = 10000.0,
+    max_position: int = 4096,
+    device: Optional[torch.device] = None,
+    *,
+    scales: Union[float, Sequence[float]] = 1.0,
+) -> Tuple[Tensor, Tensor, List[int]]:
+    """``(cos, sin, mrope_section)`` of a DiT's axial RoPE in one call: float32 tables of
+    ``max_position`` rows (positions ``0 .. max_position - 1`` on every axis) built in float64
+    from :func:`axes_inv_freq`, and the section to pass to the ops with positions
+    ``(..., len(axes_dims))``."""
+    inv_freq, section = axes_inv_freq(axes_dims, theta, scales=scales)
+    cos, sin = rope_tables_from_inv_freq(inv_freq, max_position, device)
+    return cos, sin, section
+
+
+def grid_positions(
+    frames: int,
+    rows: int,
+    columns: int,
+    *,
+    start: Sequence[int] = (0, 0, 0),
+    device: Optional[torch.device] = None,
+) -> Tensor:
+    """The (frame, row, column) position of every token of a video latent grid, int64
+    ``(frames * rows * columns, 3)``, frame-major then row-major: the order in which DiTs flatten
+    their patches (Wan, HunyuanVideo, CogVideoX 1.5, Cosmos). ``start`` offsets each axis (a
+    second clip after a first, a reference frame at another index)."""
+    for name, n in (("frames", frames), ("rows", rows), ("columns", columns)):
+        if not isinstance(n, int) or n < 0:
+            raise ValueError(f"grid_positions: {name} must be an int >= 0, got {n!r}")
+    if len(start) != 3:
+        raise ValueError(
+            f"grid_positions: start must be 3 ints (frame, row, column), got {start!r}"
+        )
+    axes = [torch.arange(s, s + n, device=device) for s, n in zip(start, (frames, rows, columns))]
+    grid = torch.meshgrid(*axes, indexing="ij")
+    return torch.stack(grid, dim=-1).reshape(-1, 3)
+
+
+def flux_ids(
+    text_len: int,
+    rows: int,
+    columns: int,
+    *,
+    frame: int = 0,
+    axes: int = 3,
+    device: Optional[torch.device] = None,
+) -> Tensor:
+    """FLUX-style position ids of a joint text + image sequence, text first: int64
+    ``(text_len + rows * columns, axes)``.
+
+    ``axes=3`` (FLUX.1, Chroma, Bria, Ovis ...): text tokens at (0, 0, 0), image tokens at
+    ``(frame, row, column)`` (FLUX.1 Kontext puts its reference image at ``frame=1``).
+    ``axes=4`` (FLUX.2): (frame, row, column, index): text tokens at (0, 0, 0, i) for the i-th
+    token, image tokens at ``(frame, row, column, 0)``. The diffusers pipelines hand these as
+    float ``txt_ids``/``img_ids``; with :func:`axes_tables`, pass them to the ops as they are."""
+    if axes not in (3, 4):
+        raise ValueError(f"flux_ids: axes must be 3 (FLUX.1) or 4 (FLUX.2), got {axes!r}")
+    if not isinstance(text_len, int) or text_len < 0:
+        raise ValueError(f"flux_ids: text_len must be an int >= 0, got {text_len!r}")
+    text = torch.zeros(text_len, axes, dtype=torch.long, device=device)
+    if axes == 4:
+        text[:, 3] = torch.arange(text_len, device=device)
+    image = grid_positions(1, rows, columns, start=(frame, 0, 0), device=device)
+    if axes == 4:
+        image = torch.cat([image, torch.zeros_like(image[:, :1])], dim=-1)
+    return torch.cat([text, image])

@@ -1,18 +1,74 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""A class's ``forward`` rebuilt over a patched copy of its module's globals.
+"""Functions rebuilt over a patched copy of their module's globals.
 
-A modeling library's attention layer calls a module-level rotation function (transformers'
-``apply_rotary_pos_emb``) from its ``forward``. Swapping that global in the library's module would
-patch every model of the process; rebinding the class's forward would patch every instance. Instead
-the forward's code is rebuilt as a new function over a *copy* of the module's globals in which the
-rotation names are ours, and each patched instance calls that function. The copy is registered as
-a module of its own (``<prefix><module name>``), because torch.compile finds a function's globals
-by their module's ``__name__``.
+A modeling library's attention code calls a module-level rotation function (transformers'
+``apply_rotary_pos_emb``, diffusers' ``apply_rotary_emb``). Swapping that global in the library's
+module would patch every model of the process; rebinding a class's method would patch every
+instance. Instead the function's code is rebuilt as a new function over a *copy* of the module's
+globals in which the rotation names are ours, and each patched instance calls that function. The
+copy is registered as a module of its own (in ``sys.modules``), because torch.compile finds a
+function's globals by their module's ``__name__``.
+
+* :func:`register_copy` / :func:`release_copy`: one such copy, and its removal;
+* :func:`rebuild`: a function's code (or an edited copy of it) over a copy;
+* :class:`PatchedNamespaces`: one copy per modeling module, shared by every patched model of the
+  process, and the classes' forwards rebuilt over it (what ``torch_rope.hf`` uses).
 """
 
 import sys
 import types
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Mapping, Optional
+
+
+def register_copy(
+    name: str, original_globals: Mapping[str, Any], replacements: Mapping[str, Any]
+) -> types.ModuleType:
+    """A module named ``name``, registered in ``sys.modules``, whose globals are a copy of
+    ``original_globals`` with ``replacements`` on top."""
+    module = types.ModuleType(name)
+    fill_copy(module, original_globals, replacements)
+    sys.modules[name] = module
+    return module
+
+
+def fill_copy(
+    module: types.ModuleType, original_globals: Mapping[str, Any], replacements: Mapping[str, Any]
+) -> None:
+    """Refill ``module``'s globals from ``original_globals`` and ``replacements``, in place (the
+    dict object stays the same, so functions built over it earlier see the new names)."""
+    name = module.__name__
+    module.__dict__.clear()
+    module.__dict__.update(original_globals)
+    module.__dict__["__name__"] = name
+    module.__dict__.update(replacements)
+
+
+def release_copy(module: types.ModuleType) -> None:
+    """Remove a copy from ``sys.modules`` (functions built over it keep working: they hold its
+    globals dict)."""
+    if sys.modules.get(module.__name__) is module:
+        del sys.modules[module.__name__]
+
+
+def rebuild(
+    original: types.FunctionType,
+    namespace: Dict[str, Any],
+    code: Optional[types.CodeType] = None,
+) -> types.FunctionType:
+    """``original`` as a new function over ``namespace`` (a registered copy's ``__dict__``), with
+    its name, defaults, closure and attributes (so the same signature); ``code`` replaces its code
+    object (an edited copy of it, with the same arguments)."""
+    function = types.FunctionType(
+        original.__code__ if code is None else code,
+        namespace,
+        original.__name__,
+        original.__defaults__,
+        original.__closure__,
+    )
+    function.__kwdefaults__ = original.__kwdefaults__
+    function.__dict__.update(original.__dict__)
+    function.__qualname__ = original.__qualname__
+    return function
 
 
 class PatchedNamespaces:
@@ -37,16 +93,10 @@ class PatchedNamespaces:
         module = self._namespaces.get(source)
         if module is None:
             name = self.prefix + source.replace(".", "_")
-            module = types.ModuleType(name)
-            sys.modules[name] = module
+            module = register_copy(name, original_globals, self.replacements(original_globals))
             self._namespaces[source] = module
-            refresh = True
-        if refresh:
-            name = module.__name__
-            module.__dict__.clear()
-            module.__dict__.update(original_globals)
-            module.__dict__["__name__"] = name
-            module.__dict__.update(self.replacements(original_globals))
+        elif refresh:
+            fill_copy(module, original_globals, self.replacements(original_globals))
         return module.__dict__
 
     def forward(self, cls: type, refresh: bool = False) -> types.FunctionType:
@@ -57,16 +107,6 @@ class PatchedNamespaces:
         function = self._forwards.get(cls)
         if function is None or refresh:
             original = cls.forward
-            namespace = self._namespace(original.__globals__, refresh)
-            function = types.FunctionType(
-                original.__code__,
-                namespace,
-                original.__name__,
-                original.__defaults__,
-                original.__closure__,
-            )
-            function.__kwdefaults__ = original.__kwdefaults__
-            function.__dict__.update(original.__dict__)
-            function.__qualname__ = original.__qualname__
+            function = rebuild(original, self._namespace(original.__globals__, refresh))
             self._forwards[cls] = function
         return function

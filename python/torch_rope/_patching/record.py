@@ -30,6 +30,11 @@ class PatchRecord:
     def __init__(self) -> None:
         self._undo: List[Callable[[], Any]] = []
         self.attention: List[nn.Module] = []
+        #: Callables that say whether the patch is still whole (diffusers: every processor it
+        #: installed is still in place); none for a patch nothing can undo from outside.
+        self.checks: List[Callable[[], bool]] = []
+        #: ids of the pipelines this patch also changed (diffusers: their RoPE helpers).
+        self.pipelines: set = set()
 
     def on_undo(self, callback: Callable[[], Any]) -> None:
         """Run ``callback`` on undo (a picklable one: a partial of a module-level function)."""

@@ -11,19 +11,27 @@ from typing import Dict, Generic, Mapping, Tuple, TypeVar
 
 Row = TypeVar("Row")
 
-#: The reason given for a model type the registry has never heard of.
-UNKNOWN = "not one of the model types this project tests"
+#: The reason given for a model type (or class: ``{kind}``) the registry has never heard of.
+UNKNOWN = "not one of the {kind}s this project tests"
 
 
 class Registry(Generic[Row]):
     """``rows``: model type -> its row; ``refused``: model type -> why it is refused. ``caller``
-    starts every refusal (``"torch_rope.hf.patch"``)."""
+    starts every refusal (``"torch_rope.hf.patch"``); ``kind`` names the keys in it (``"model
+    type"``: transformers' ``config.model_type``; ``"model class"``: a diffusers class name)."""
 
-    def __init__(self, caller: str, rows: Mapping[str, Row], refused: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        caller: str,
+        rows: Mapping[str, Row],
+        refused: Mapping[str, str],
+        kind: str = "model type",
+    ) -> None:
         both = set(rows) & set(refused)
         if both:
-            raise ValueError(f"{caller}: model types both supported and refused: {sorted(both)}")
+            raise ValueError(f"{caller}: {kind}s both supported and refused: {sorted(both)}")
         self.caller = caller
+        self.kind = kind
         self.rows: Dict[str, Row] = dict(rows)
         self.refused: Dict[str, str] = dict(refused)
 
@@ -36,9 +44,9 @@ class Registry(Generic[Row]):
         """The row of ``model_type``; ``NotImplementedError`` naming the reason for any other."""
         row = self.rows.get(model_type)
         if row is None:
-            reason = self.refused.get(model_type, UNKNOWN)
+            reason = self.refused.get(model_type, UNKNOWN.format(kind=self.kind))
             raise NotImplementedError(
-                f"{self.caller}: model type {model_type!r} is not supported: {reason} "
+                f"{self.caller}: {self.kind} {model_type!r} is not supported: {reason} "
                 f"(supported: {', '.join(self.rows)})"
             )
         return row

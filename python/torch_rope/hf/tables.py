@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from .._patching.host_reads import readable as _positions_readable
 from .._scaling import rope_frequencies, rope_tables_from_inv_freq
 from ..nn import RotaryPositionalEmbedding, apply_keeping_table_dtypes
 
@@ -185,15 +186,6 @@ def follow_dynamic(rotary: nn.Module, key: str, state: DynamicState, seq_len: in
         state.cached = state.original
     # The rebuilt tables keep the layout the check found (GPT-J pairs, minus the angle).
     rotary.torch_rope[key].inverse = old.inverse
-
-
-def _positions_readable(positions: Tensor) -> bool:
-    """Whether the positions' values may be read on the host now: not while torch.compile or
-    torch.jit traces (the read would break the graph, or be baked in as a constant), on the meta
-    device, or while a CUDA graph is captured (a sync is not allowed then)."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or positions.device.type == "meta":
-        return False
-    return not (positions.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def serving(rotary: nn.Module, key: str, position_ids: Tensor) -> RotaryPositionalEmbedding:

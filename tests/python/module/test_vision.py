@@ -119,3 +119,62 @@ def test_2d_rope_of_patches_matches_the_math(device, interleaved):
             want[p, :, a] = x[p, :, a] * c - x[p, :, b] * s
             want[p, :, b] = x[p, :, a] * s + x[p, :, b] * c
     torch.testing.assert_close(got.cpu().double(), want, atol=2e-6, rtol=2e-6)
+
+
+# --------------------------------------------------------------------- DiT helpers
+def test_axes_inv_freq_gives_each_axis_a_share_of_its_own():
+    inv, section = torch_rope.vision.axes_inv_freq((4, 0, 6), (100.0, 7.0, 50.0), scales=2.0)
+    assert section == [2, 0, 3]
+    want = [100.0 ** (-0 / 4), 100.0 ** (-2 / 4), 50.0 ** (-0 / 6), 50.0 ** (-2 / 6)]
+    want += [50.0 ** (-4 / 6)]
+    assert inv.dtype == torch.float64
+    assert torch.allclose(inv, torch.tensor(want, dtype=torch.float64) / 2.0, rtol=1e-15, atol=0)
+
+
+def test_axes_inv_freq_bad_arguments():
+    with pytest.raises(ValueError, match="even non-negative ints"):
+        torch_rope.vision.axes_inv_freq((3, 4))
+    with pytest.raises(ValueError, match="theta must be a number or 2 numbers"):
+        torch_rope.vision.axes_inv_freq((4, 4), (1e4, 1e4, 1e4))
+    with pytest.raises(ValueError, match="theta must be > 1 and scales > 0"):
+        torch_rope.vision.axes_inv_freq((4, 4), scales=0.0)
+
+
+def test_grid_positions_are_frame_major_then_row_major():
+    got = torch_rope.vision.grid_positions(2, 3, 4, start=(5, 0, 1))
+    want = [[5 + f, r, 1 + c] for f in range(2) for r in range(3) for c in range(4)]
+    assert got.dtype == torch.long and torch.equal(got, torch.tensor(want))
+    with pytest.raises(ValueError, match="rows must be an int >= 0"):
+        torch_rope.vision.grid_positions(1, -1, 2)
+
+
+@pytest.mark.parametrize("axes", [3, 4])
+def test_flux_ids_put_text_first_then_the_image(axes):
+    got = torch_rope.vision.flux_ids(3, 2, 2, frame=1, axes=axes)
+    text = [[0, 0, 0] + ([i] if axes == 4 else []) for i in range(3)]
+    image = [[1, r, c] + ([0] if axes == 4 else []) for r in range(2) for c in range(2)]
+    assert torch.equal(got, torch.tensor(text + image))
+    with pytest.raises(ValueError, match="axes must be 3"):
+        torch_rope.vision.flux_ids(1, 1, 1, axes=2)
+
+
+def test_a_dit_rope_from_the_helpers_matches_the_math():
+    """FLUX-style: per-axis shares (4, 6, 6) of a 16 head, GPT-J pairs, ids from flux_ids; the
+    reference rotates each pair by its axis' position times its frequency, in float64."""
+    dims, theta = (4, 6, 6), 10000.0
+    cos, sin, section = torch_rope.vision.axes_tables(dims, theta, max_position=16)
+    ids = torch_rope.vision.flux_ids(2, 3, 4)
+    x = torch.randn(1, ids.size(0), 2, 16, dtype=torch.float64)
+    got = torch_rope.apply(x, cos, sin, ids.unsqueeze(-2), interleaved=True, mrope_section=section)
+    want = x.clone()
+    plane = 0
+    for axis, d in enumerate(dims):
+        for j in range(d // 2):
+            angle = ids[:, axis].double() * theta ** (-2 * j / d)
+            c, s = torch.cos(angle)[None, :, None], torch.sin(angle)[None, :, None]
+            x0, x1 = x[..., 2 * plane], x[..., 2 * plane + 1]
+            want[..., 2 * plane] = x0 * c - x1 * s
+            want[..., 2 * plane + 1] = x0 * s + x1 * c
+            plane += 1
+    assert torch.allclose(got, want, atol=1e-6, rtol=0)
+    assert not math.isnan(got.sum().item())

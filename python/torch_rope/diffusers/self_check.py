@@ -1,0 +1,53 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""The self-check of a patched diffusers RoPE, before anything is installed.
+
+diffusers' processors rotate with the cos/sin their RoPE module computes; a patched processor
+rotates with our tables at the positions the patched RoPE module returns. Each family checks, for
+each RoPE module it patches, that the two agree on a probe: the RoPE module's own forward and the
+library's rotation function, against our positions and our rotation, on probe q/k drawn from a
+seeded generator (:func:`torch_rope._patching.self_check.probe`), in eval mode without autograd
+(:func:`torch_rope._patching.self_check.check_against_unpatched`). A disagreement (another
+frequency rule, another pair layout, axes in another order) refuses the model instead of patching
+it wrongly. The probe positions are small, so diffusers' float32 angles are exact enough there;
+where they are not (LTX-Video's angles reach 1.6e4 rad), diffusers' formula is run in float64
+(:class:`InFloat64`).
+"""
+
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+
+from .._patching.self_check import check_against_unpatched
+
+CALLER = "torch_rope.diffusers.patch"
+
+
+def check(
+    module: nn.Module, what: str, unpatched: Callable[[], Tensor], patched: Callable[[], Tensor]
+) -> None:
+    """Refuse (``NotImplementedError`` naming ``what``) unless ``patched()`` agrees with
+    ``unpatched()``, each the probe rotated one way, within float32 rounding."""
+    refusal = NotImplementedError(
+        f"{CALLER}: {what}: torch_rope's rotation does not match diffusers' on a probe input "
+        "(the self-check); not patching"
+    )
+    check_against_unpatched(module, unpatched, patched, torch.float32, refusal)
+
+
+class InFloat64(TorchFunctionMode):
+    """diffusers' code run in float64 where it asks for float32 by name (``dtype=torch.float32``,
+    ``.float()``, ``.to(torch.float32)``): for the self-check of a RoPE whose float32 angles are
+    large enough that their rounding shows (LTX-Video's reach 1.6e4 rad), diffusers' own formula
+    evaluated exactly enough to judge ours by."""
+
+    def __torch_function__(self, func, types_, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if kwargs.get("dtype") is torch.float32:
+            kwargs["dtype"] = torch.float64
+        if func is torch.Tensor.float:
+            func = torch.Tensor.double
+        elif func is torch.Tensor.to:
+            args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+        return func(*args, **kwargs)

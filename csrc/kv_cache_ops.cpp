@@ -4,7 +4,7 @@
 // to the real kernels), the Autograd kernel (not differentiable, as apply.out) and the
 // ADInplaceOrView kernel (the caches' version counters where autograd is excluded). The schema is
 // in rope_ops.cpp with the others; CPU and CUDA register in cpu/kv_cache_cpu.cpp and
-// cuda/kv_cache_cuda.cu.
+// cuda/kv_cache_cuda.cpp.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <torch/autograd.h>

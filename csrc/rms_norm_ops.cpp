@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // rope.rms_norm_apply_qk (schema in rope_ops.cpp): its C++ API, its Meta kernel and its Autograd
 // kernel, in the style of rope_ops.cpp, rope_meta.cpp and rope_autograd.cpp. The CPU kernel is
-// cpu/rms_norm_cpu.cpp, the CUDA kernel cuda/rms_norm_cuda.cu.
+// cpu/rms_norm_cpu.cpp, the CUDA kernel cuda/rms_norm_cuda.cpp.
 //
 // Backward is a composite of ATen ops and rope.apply with `inverse` flipped (the transpose of the
 // rotation), recomputing the normalisation from the saved inputs: with n = x * r,

@@ -3,7 +3,7 @@
 // apply_qk_cache): which device is current during the call (the device guard), which stream the
 // kernel goes on, and how a launch status becomes an error. Written once, as templates over a
 // `Runtime` policy, so the same code runs in two places:
-//   - rope_cuda.cu, rms_norm_cuda.cu and kv_cache_cuda.cu instantiate it with the real runtime
+//   - rope_cuda.cpp, rms_norm_cuda.cpp and kv_cache_cuda.cpp instantiate it with the real runtime
 //     (common_runtime.h: c10::cuda::OptionalCUDAGuard, at::cuda::getCurrentCUDAStream, the
 //     device's SM count, C10_CUDA_CHECK) and their kernel's launcher;
 //   - the host run of the kernels (tests/cuda_host/host_backend.cpp) instantiates it with a

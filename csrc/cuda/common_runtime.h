@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The real CUDA runtime of common_glue.h, shared by the three .cu files (rope_cuda.cu,
-// rms_norm_cuda.cu, kv_cache_cuda.cu): device guard, current stream, SM count, error check, and
+// The real CUDA runtime of common_glue.h, shared by the three glue files (rope_cuda.cpp,
+// rms_norm_cuda.cpp, kv_cache_cuda.cpp): device guard, current stream, SM count, error check, and
 // the kernels' storage type of each torch dtype. Each .cu derives its runtime from this one and
 // adds only its kernel's launch. Every member is a one-liner with no choice in it: the decisions
-// are common_glue.h's, which tests/cuda_host runs with a simulated runtime. Only nvcc compiles
-// this header.
+// are common_glue.h's, which tests/cuda_host runs with a simulated runtime. Compiled by the host
+// compiler only (common_launchers.h says why no torch header goes through nvcc).
 #pragma once
 
 #include <ATen/cuda/CUDAContext.h>

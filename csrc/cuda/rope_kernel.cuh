@@ -3,7 +3,7 @@
 //
 // Like FlashInfer's include/flashinfer/pos_enc.cuh, this header sees only raw pointers, int64
 // element strides and a cudaStream_t, and reports failure as a cudaError_t. The torch glue
-// (rope_cuda.cu, common_glue.h) validates the tensors, fills the structs of common_kernel_args.h,
+// (rope_cuda.cpp, common_glue.h) validates the tensors, fills the structs of common_kernel_args.h,
 // picks the stream and turns the status into an error. How rows, lanes and threads are planned is
 // rope_launch_plan.h, plain C++ shared with the unit tests; the device helpers the three kernels
 // share (loads and stores, rounding, the plane rotation, positions) are common_device.cuh.

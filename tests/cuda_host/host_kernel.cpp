@@ -199,7 +199,7 @@ int rotate(Storage storage, const rope::RotationArgs& first, const rope::Rotatio
   }
   rope_shim::state().device = device.ordinal;
   int status = 0;
-  // The storage type of each dtype, as in rope_cuda.cu.
+  // The storage type of each dtype, as in rope_cuda.cpp.
   switch (storage) {
     case Storage::kDouble:
       status = rotate_typed<double>(first, second, tables, mode, options.stream);

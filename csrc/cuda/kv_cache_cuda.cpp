@@ -9,10 +9,9 @@
 #include <c10/macros/Macros.h>
 #include <torch/library.h>
 
-#define ROPE_DEVICE_ASSERT(cond) CUDA_KERNEL_ASSERT(cond)
 #include "common_glue.h"
 #include "common_runtime.h"
-#include "kv_cache_kernel.cuh"
+#include "common_launchers.h"
 
 namespace rope::cuda {
 namespace {

@@ -13,12 +13,9 @@
 #include <c10/macros/Macros.h>
 #include <torch/library.h>
 
-// Positions outside [0, max_seq_len) trip CUDA_KERNEL_ASSERT inside the kernel, as PyTorch's own
-// indexing kernels do: it stays on in release builds and costs no device-to-host sync.
-#define ROPE_DEVICE_ASSERT(cond) CUDA_KERNEL_ASSERT(cond)
 #include "common_glue.h"
 #include "common_runtime.h"
-#include "rope_kernel.cuh"
+#include "common_launchers.h"
 
 namespace rope::cuda {
 namespace {

@@ -1,16 +1,15 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // CUDA backend of rope.rms_norm_apply_qk: registration, and the kernel's launch added to the real
 // runtime (common_runtime.h) of the glue that every CUDA op shares (common_glue.h: device guard,
-// current stream, error check), as rope_cuda.cu does for the rotation ops. The kernel is
+// current stream, error check), as rope_cuda.cpp does for the rotation ops. The kernel is
 // rms_norm_kernel.cuh. Nothing here synchronizes.
 #include <ATen/Dispatch.h>
 #include <c10/macros/Macros.h>
 #include <torch/library.h>
 
-#define ROPE_DEVICE_ASSERT(cond) CUDA_KERNEL_ASSERT(cond)
 #include "common_glue.h"
 #include "common_runtime.h"
-#include "rms_norm_kernel.cuh"
+#include "common_launchers.h"
 
 namespace rope::cuda {
 namespace {

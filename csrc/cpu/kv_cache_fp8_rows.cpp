@@ -11,10 +11,11 @@
 // plain `?:` on the float sum is not if-converted, masks are). Row tails (and float64 rows, divided
 // in float64 first) take the same scalar form.
 //
-// Saturation: the quantized value is saturate(x / scale), then rounded as c10 rounds. c10's
-// e4m3fn conversion saturates by itself (>= 448 and inf give 0x7E, NaN 0x7F), so only e5m2, whose
-// overflow is inf, clamps first on the at::vec path; encode_saturated clamps the magnitude,
-// keeping NaN.
+// Saturation: the quantized value is saturate(x / scale), then rounded as c10 rounds. Both formats
+// clamp before at::vec's conversion: torch's vectorised e4m3fn conversion does not saturate in
+// every version (torch 2.11's AVX-512 one, on an Intel Xeon, gave NaN, 0x7F, above 448 where
+// torch 2.13's gives 0x7E; ApiKvCache.Fp8MatchesTorchsQuantization caught it on the first GPU
+// machine), and e5m2's overflow is inf. encode_saturated clamps the magnitude, keeping NaN.
 //
 // Measured on an AMD EPYC (Zen 4, AVX512_BF16 copy), 131072 values: division alone 13 us, torch's
 // conversion 38 us, encode_saturated 26 us, division + torch's conversion in one pass 39 us; in
@@ -73,7 +74,6 @@ struct E4M3 {
   static constexpr float kMax = kFp8E4M3Max;
   static constexpr uint32_t kMaxBits = 0x43E00000u;  // 448.0f
   static constexpr uint32_t kMaxCode = 0x7Eu;
-  static constexpr bool kConvertSaturates = true;  // c10: >= 480 and inf give 0x7E too
 };
 struct E5M2 {
   using type = c10::Float8_e5m2;
@@ -84,7 +84,6 @@ struct E5M2 {
   static constexpr float kMax = kFp8E5M2Max;
   static constexpr uint32_t kMaxBits = 0x47600000u;  // 57344.0f
   static constexpr uint32_t kMaxCode = 0x7Bu;
-  static constexpr bool kConvertSaturates = false;  // c10: overflow gives inf (0x7C)
 };
 
 // The fp8 byte of saturate(x): c10's rounding (round to nearest even on the bit pattern for
@@ -137,13 +136,11 @@ inline void encode_chunk(const float* x, uint8_t* dst, int64_t n) {
 }
 
 #if ROPE_FP8_AT_VEC_CONVERT
-// kW quotients rounded with torch's conversion; e5m2 saturated first (its overflow is inf).
+// kW quotients saturated, then rounded with torch's conversion (which need not saturate).
 template <typename F>
 inline void store_fp8(Vec v, uint8_t* dst) {
-  if constexpr (!F::kConvertSaturates) {
-    v = Vec::blendv(v, Vec(F::kMax), v > Vec(F::kMax));  // NaN compares false: stays NaN
-    v = Vec::blendv(v, Vec(-F::kMax), v < Vec(-F::kMax));
-  }
+  v = Vec::blendv(v, Vec(F::kMax), v > Vec(F::kMax));  // NaN compares false: stays NaN
+  v = Vec::blendv(v, Vec(-F::kMax), v < Vec(-F::kMax));
   at::vec::convert<typename F::type>(v).store(dst, kW);
 }
 #endif

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 #include <torch_rope/ops.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -26,6 +27,29 @@ using rope_test::reference_tables;
 constexpr int64_t kMaxSeqLen = 64;
 
 // The rows of `slots` of a flat (S, H, D) or paged (N, B, H, D) cache.
+// Where two fp8 tensors differ: the first few elements as (input, got, want), so that a failure
+// says which values round differently (the bytes alone do not).
+::testing::AssertionResult same_fp8_bytes(const torch::Tensor& got, const torch::Tensor& want,
+                                          const torch::Tensor& input) {
+  const auto g = got.reshape(-1).view(torch::kByte);
+  const auto w = want.reshape(-1).view(torch::kByte);
+  const auto differ = g.ne(w).nonzero().reshape(-1);
+  if (differ.numel() == 0) return ::testing::AssertionSuccess();
+  auto failure = ::testing::AssertionFailure();
+  failure << differ.numel() << " of " << g.numel() << " bytes differ; first:";
+  const auto in = input.reshape(-1).to(torch::kFloat);
+  const auto g_f = got.reshape(-1).to(torch::kFloat);
+  const auto w_f = want.reshape(-1).to(torch::kFloat);
+  for (int64_t i = 0; i < std::min<int64_t>(differ.numel(), 6); ++i) {
+    const int64_t at = differ[i].item<int64_t>();
+    failure << " [" << at << "] input " << in[at].item<float>() << " got "
+            << g_f[at].item<float>() << " (0x" << std::hex << int(g[at].item<uint8_t>())
+            << ") want " << w_f[at].item<float>() << " (0x" << int(w[at].item<uint8_t>())
+            << std::dec << ")";
+  }
+  return failure;
+}
+
 torch::Tensor rows_of(const torch::Tensor& cache, const torch::Tensor& slots) {
   // Slot s of a paged cache is (s / block_size, s % block_size): row s of the flattened blocks.
   return (cache.dim() == 3 ? cache : cache.flatten(0, 1)).index_select(0, slots);
@@ -102,10 +126,8 @@ TEST(ApiKvCache, Fp8MatchesTorchsQuantization) {
       (c.k.index_select(0, real) / scale).clamp(-448, 448).to(torch::kFloat8_e4m3fn);
   const auto want_v =
       (c.v.index_select(0, real) / scale).clamp(-448, 448).to(torch::kFloat8_e4m3fn);
-  EXPECT_TRUE(
-      torch::equal(rows_of(c.k_cache, slots).view(torch::kByte), want_k.view(torch::kByte)));
-  EXPECT_TRUE(
-      torch::equal(rows_of(c.v_cache, slots).view(torch::kByte), want_v.view(torch::kByte)));
+  EXPECT_TRUE(same_fp8_bytes(rows_of(c.k_cache, slots), want_k, c.k.index_select(0, real) / scale));
+  EXPECT_TRUE(same_fp8_bytes(rows_of(c.v_cache, slots), want_v, c.v.index_select(0, real) / scale));
 }
 
 TEST(ApiKvCache, ErrorsAreTypedNameTheArgumentAndWriteNothing) {

@@ -71,6 +71,21 @@ def test_runs_on_the_current_stream(op):
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_apply_qk_of_inputs_made_on_the_device_matches_the_cpu():
+    # The apply_qk call of test_apply_qk_is_one_kernel_launch without the profiler, so that the
+    # sanitizer steps of scripts/gpu_check.sh run it (the profiler cannot run under them). On the
+    # first H100 run, initcheck flagged that call's reads of q and k (made by torch.randn on the
+    # device) as uninitialized; the same reads through rope.apply were clean.
+    cos, sin = make_tables(64, 64, "cuda")
+    q = torch.randn(2, 8, 16, 64, device="cuda")
+    k = torch.randn(2, 2, 16, 64, device="cuda")
+    positions = torch.arange(16, device="cuda")
+    q_out, k_out = torch_rope.apply_qk(q, k, cos, sin, positions)
+    q_want, k_want = torch_rope.apply_qk(q.cpu(), k.cpu(), cos.cpu(), sin.cpu(), positions.cpu())
+    torch.testing.assert_close(q_out.cpu(), q_want, **TOLERANCES[torch.float32])
+    torch.testing.assert_close(k_out.cpu(), k_want, **TOLERANCES[torch.float32])
+
+
 def test_apply_qk_is_one_kernel_launch():
     cos, sin = make_tables(64, 64, "cuda")
     q = torch.randn(2, 8, 16, 64, device="cuda")

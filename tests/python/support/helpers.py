@@ -122,6 +122,17 @@ def rotation_error_bound(
     return bound
 
 
+def same_bits(a, b):
+    """``a`` and ``b`` hold the same bytes (same shape and dtype): torch.equal, also for float8,
+    which torch.equal refuses before torch 2.5, and NaN == NaN."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point():
+        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        a, b = a.contiguous().view(bits), b.contiguous().view(bits)
+    return torch.equal(a, b)
+
+
 def randn(*shape, dtype=torch.float32, device="cpu"):
     return torch.randn(*shape, dtype=torch.float64).to(dtype=dtype, device=device)
 

@@ -19,7 +19,7 @@ from typing import Optional, Tuple
 import pytest
 import references as ref
 import torch
-from helpers import cpu_and_cuda
+from helpers import cpu_and_cuda, rotation_error_bound
 
 import torch_rope
 
@@ -206,29 +206,17 @@ def reference(x, cos, sin, positions, *, interleaved, inverse, **mrope):
     )
 
 
-def _plane_indices(half, interleaved):
-    ia = torch.arange(0, 2 * half, 2) if interleaved else torch.arange(half)
-    return ia, (ia + 1 if interleaved else ia + half)
-
-
 def error_bound(x, cos, sin, positions, case, want):
     """|library - reference| allowed per element: one rounding to the storage type, plus a few
     roundings of the float32 (float64 for float64 x) math, relative to the plane's terms
-    (|a| + |b|)(|c| + |s|). That also covers float64 tables rounded to float32 for the math."""
+    (|a| + |b|)(|c| + |s|) (helpers.rotation_error_bound). That also covers float64 tables
+    rounded to float32 for the math."""
     store_eps = torch.finfo(case.dtype).eps / 2
-    math_eps = torch.finfo(torch.float64 if case.dtype == torch.float64 else torch.float32).eps / 2
+    math_dtype = torch.float64 if case.dtype == torch.float64 else torch.float32
     bound = store_eps * want.abs() + torch.finfo(case.dtype).tiny
-    half = cos.shape[1]
-    if half and x.numel():
-        x64 = x.detach().cpu().to(torch.float64)
-        p = ref.plane_positions(positions, x64.shape[:-1], half, **case.mrope)
-        k = torch.arange(half)
-        mag = cos.cpu().double()[p, k].abs() + sin.cpu().double()[p, k].abs()
-        ia, ib = _plane_indices(half, case.interleaved)
-        plane = 4 * math_eps * (x64[..., ia].abs() + x64[..., ib].abs()) * mag
-        bound[..., ia] += plane
-        bound[..., ib] += plane
-    return bound
+    return bound + rotation_error_bound(
+        x, cos, sin, positions, interleaved=case.interleaved, math_dtype=math_dtype, **case.mrope
+    )
 
 
 # ---- the property --------------------------------------------------------------------------

@@ -171,7 +171,7 @@ def test_kv_cache_samples_cover_every_dtype_cache_and_slot_kind():
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
-@pytest.mark.parametrize("name", _names(False))
+@pytest.mark.parametrize("name", _names(False), ids=str)
 def test_sample_matches_oracle(name, device):
     sample = _sample(device, False, name)
     before = sample.snapshot()
@@ -183,7 +183,7 @@ def test_sample_matches_oracle(name, device):
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
-@pytest.mark.parametrize("name", _names(True))
+@pytest.mark.parametrize("name", _names(True), ids=str)
 def test_sample_gradient_matches_differentiated_oracle(name, device):
     sample = _sample(device, True, name)
     results = sample.call()
@@ -203,7 +203,7 @@ def test_sample_gradient_matches_differentiated_oracle(name, device):
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
-@pytest.mark.parametrize("name", _names(True, lambda s: s.dtype == torch.float64))
+@pytest.mark.parametrize("name", _names(True, lambda s: s.dtype == torch.float64), ids=str)
 def test_sample_gradcheck(name, device):
     sample = _sample(device, True, name)
     assert gradcheck(sample.call, sample.inputs)
@@ -236,7 +236,7 @@ def test_sample_opcheck(requires_grad, name, device):
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
-@pytest.mark.parametrize("name", _names(False))
+@pytest.mark.parametrize("name", _names(False), ids=str)
 def test_sample_under_compile_fullgraph(name, device):
     # Two copies of the sample, same values and layouts: one eager, one compiled. The same
     # kernels run in both, so results (and apply_'s / out='s / the caches' writes) agree bit for

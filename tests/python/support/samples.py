@@ -880,7 +880,7 @@ _RMS_NORM_PLAN = [
     ("packed_T1", 2, 1, torch.float64, 10, 6, False, True, "random", True, 0.1, 1.0, "own", None),
     ("bshd_decode", 2, 1, torch.float64, 8, 8, False, False, "random", False, 0.5, 0.5, "own",
      ((1, 2, 1), False, False)),
-    ("transposed_bshd", 2, 2, torch.float64, 8, 8, True, True, "real", True, 1e-5, 0.0, "own",
+    ("transposed_bshd", 2, 2, torch.float64, 8, 8, True, True, "real", True, 1e-6, 0.0, "own",
      ((2, 1, 1), True, True)),
     ("single_row_1d", 1, 1, torch.float64, 10, 6, True, False, "random", False, 1e-6, 1.0, "own",
      None),
@@ -943,7 +943,7 @@ def rms_norm_sample(
     name = (
         f"rms_norm_apply_qk-{geometry}-q{hq}k{hk}-{dtype_id(dtype)}-d{D}r{rotary_dim}-"
         f"{'il' if interleaved else 'half'}{'-inv' if inverse else ''}-{tables}"
-        f"{'-int32' if int32 else ''}-eps{eps:g}"
+        f"{'-int32' if int32 else ''}{f'-eps{eps:g}' if eps != 1e-6 else ''}"
         f"{f'-offset{weight_offset:g}' if weight_offset else ''}"
         f"{'' if weights == 'own' else '-w_' + weights}"
         f"{_mrope_id(section, mrope_interleaved) if section is not None else ''}"
@@ -1059,35 +1059,35 @@ CACHE_GEOMETRIES: Dict[str, Callable] = {
 }
 
 
-def _cache_buffer(shape, dtype, device):
+def _cache_buffer(shape, dtype, device, gen=None):
     """Random contents in ``dtype`` (float8 included): rows the op must not write keep them."""
-    return torch.randn(shape, dtype=torch.float32).to(dtype).to(device)
+    return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype).to(device)
 
 
-def _caches(layout, hkv, D, Dv, k_dtype, v_dtype, device):
-    """``(k_cache, v_cache, bases)``: the caches (v_cache None when v_dtype is) and the
-    allocations they are views of, each contiguous. ``flat`` / ``paged``: a buffer each;
-    ``halves``: both caches in one (2, num_blocks, block_size, H, max(D, Dv) + 16) buffer, rows
-    padded; ``padded_rows``: flat caches whose rows sit 8 elements into a wider row."""
-    paged = layout in ("paged", "halves")
-    slots_shape = (CACHE_BLOCKS, CACHE_BLOCK_SIZE) if paged else (CACHE_BLOCKS * CACHE_BLOCK_SIZE,)
+def make_caches(layout, slots_shape, hkv, D, Dv, k_dtype, v_dtype, device, gen=None):
+    """``(k_cache, v_cache, bases)``: caches of ``slots_shape`` (``(num_slots,)`` or
+    ``(num_blocks, block_size)``) rows (v_cache None when v_dtype is), and the allocations they
+    are views of, each contiguous. ``contiguous``: a buffer each; ``halves``: both caches in one
+    (2, *slots_shape, H, max(D, Dv) + 16) buffer, rows padded; ``padded_rows``: rows 8 elements
+    into a wider row."""
     if layout == "halves":
         assert v_dtype in (k_dtype, None)
         width = max(D, Dv) + 16
-        base = _cache_buffer((2, *slots_shape, hkv, width), k_dtype, device)
+        base = _cache_buffer((2, *slots_shape, hkv, width), k_dtype, device, gen)
         v_cache = None if v_dtype is None else base[1, ..., 16 : 16 + Dv]
         return base[0, ..., :D], v_cache, (base,)
     if layout == "padded_rows":
-        k_base = _cache_buffer((*slots_shape, hkv, D + 12), k_dtype, device)
+        k_base = _cache_buffer((*slots_shape, hkv, D + 12), k_dtype, device, gen)
         k_cache = k_base[..., 8 : 8 + D]
         if v_dtype is None:
             return k_cache, None, (k_base,)
-        v_base = _cache_buffer((*slots_shape, hkv, Dv + 12), v_dtype, device)
+        v_base = _cache_buffer((*slots_shape, hkv, Dv + 12), v_dtype, device, gen)
         return k_cache, v_base[..., 8 : 8 + Dv], (k_base, v_base)
-    k_cache = _cache_buffer((*slots_shape, hkv, D), k_dtype, device)
+    assert layout == "contiguous", layout
+    k_cache = _cache_buffer((*slots_shape, hkv, D), k_dtype, device, gen)
     if v_dtype is None:
         return k_cache, None, (k_cache,)
-    v_cache = _cache_buffer((*slots_shape, hkv, Dv), v_dtype, device)
+    v_cache = _cache_buffer((*slots_shape, hkv, Dv), v_dtype, device, gen)
     return k_cache, v_cache, (k_cache, v_cache)
 
 
@@ -1335,7 +1335,13 @@ def kv_cache_sample(
     """One apply_qk_cache sample of a plan row (test_apply_qk_cache.py crosses its own rows with
     every dtype, cache layout and pair layout through this)."""
     q, k, v, positions = CACHE_GEOMETRIES[geometry](T, hq, hkv, D, Dv, dtype, device)
-    k_cache, v_cache, bases = _caches(layout, hkv, D, Dv, k_cache_dtype, v_cache_dtype, device)
+    # flat and paged: a buffer each; halves and padded rows: paged and flat views.
+    paged = layout in ("paged", "halves")
+    slots_shape = (CACHE_BLOCKS, CACHE_BLOCK_SIZE) if paged else (CACHE_BLOCKS * CACHE_BLOCK_SIZE,)
+    kind = "contiguous" if layout in ("flat", "paged") else layout
+    k_cache, v_cache, bases = make_caches(
+        kind, slots_shape, hkv, D, Dv, k_cache_dtype, v_cache_dtype, device
+    )
     slot_mapping = _slot_mapping(slots, q.size(0), device)
     cos, sin = _tables(tables, rotary_dim, dtype, device)
     form, k_value, v_value = scales or (None, None, None)
@@ -1343,14 +1349,14 @@ def kv_cache_sample(
     v_scale = None if v_value is None else _scale(form, v_value, device)
     inputs = (q, k) if v_cache is None else (q, k, v)
 
-    def cache_id(c):
-        return "none" if c is None else dtype_id(c)
+    def cache_id(c):  # the source's own dtype, a float8 format, or no cache
+        return "same" if c == dtype else "none" if c is None else str(c)[len("torch.float8_") :]
 
     name = (
         f"apply_qk_cache-{geometry}-{dtype_id(dtype)}-{layout}-k_{cache_id(k_cache_dtype)}-"
         f"v_{cache_id(v_cache_dtype)}-d{D}r{rotary_dim}v{Dv}-q{hq}kv{hkv}-"
         f"{'il' if interleaved else 'half'}-{tables}{'-int32' if int32 else ''}-{slots}"
-        f"{f'-scale_{form}' if form else ''}"
+        f"{f'-{form}' if form else ''}"
     )
     return KvCacheSample(
         name,

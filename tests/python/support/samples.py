@@ -877,10 +877,11 @@ class RmsNormSample(OpSample):
 # with an offset, arbitrary tables, multi-axis.
 _RMS_NORM_PLAN = [
     ("bhsd_S", 2, 1, torch.float64, 8, 8, True, False, "real", False, 1e-6, 0.0, "own", None),
+    ("bhsd_B1S", 2, 1, torch.float64, 8, 8, False, False, "real", False, 0.1, 0.0, "own", None),
     ("packed_T1", 2, 1, torch.float64, 10, 6, False, True, "random", True, 0.1, 1.0, "own", None),
     ("bshd_decode", 2, 1, torch.float64, 8, 8, False, False, "random", False, 0.5, 0.5, "own",
      ((1, 2, 1), False, False)),
-    ("transposed_bshd", 2, 2, torch.float64, 8, 8, True, True, "real", True, 1e-6, 0.0, "own",
+    ("transposed_bshd", 2, 2, torch.float64, 8, 8, True, True, "real", True, 1e-6, 0.5, "own",
      ((2, 1, 1), True, True)),
     ("single_row_1d", 1, 1, torch.float64, 10, 6, True, False, "random", False, 1e-6, 1.0, "own",
      None),

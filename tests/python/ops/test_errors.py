@@ -1,18 +1,136 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""The bad-input catalogue: every case raises the expected exception type with a message that
-names the argument, what was expected and what came; it is run on CPU, on meta tensors (the
-kernels torch.compile and export trace with, which must reject exactly what CPU rejects) and on
-CUDA when present; and a call that raises writes nothing."""
+"""The bad-input catalogue, one block of bad calls per op family: every case raises the expected
+exception type with a message that names the argument, what was expected and what came; it is run
+on CPU, on meta tensors (the kernels torch.compile and export trace with, which must reject
+exactly what CPU rejects) and on CUDA when present; and a call that raises writes nothing: every
+tensor of the call (a KV cache included) keeps its bits.
+
+A family block is a :class:`Family` (a valid call's arguments on a device, how to run each of its
+ops, and its cases, each a :class:`Bad` that changes the valid call) passed to
+:func:`register_family`; the three ``test_bad_input_*`` tests run every registered case on every
+device it applies to (pytest_generate_tests, so a block appended below this file's tests is
+collected too). After the catalogue: the rope family's out= table and the checks that need more
+than one bad call (late bad positions, strided views on the autograd path, compile)."""
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import pytest
 import torch
-from helpers import make_tables, needs_cuda
+from helpers import make_tables, needs_cuda, same_bits
+from torch import Tensor
 
 import torch_rope
+
+# ---- the catalogue: families of bad calls and the tests that run them ----------------------------
+
+DEVICES = ("cpu", "meta", "cuda")
+
+
+@dataclass
+class Bad:
+    change: Callable[[dict], None]  # edits the good inputs in place
+    error: object  # exception type (or tuple)
+    pattern: str  # after "rope.<op>: "; {x} stands for the argument's name
+    ops: Optional[Tuple[str, ...]] = None  # None: every op of the family
+    needs_data: bool = False  # a value check: CPU only (meta has no data, CUDA asserts)
+    needs_memory: bool = False  # a memory-overlap check: not on meta (no memory)
+    devices: Tuple[str, ...] = field(default=DEVICES)
+    absent: Optional[str] = None  # a pattern the message must not contain
+
+
+@dataclass
+class Family:
+    """One op family's bad calls. ``good_inputs(device)``: a valid call's arguments by name
+    (tensors made on ``device``, meta included, so views keep their strides); ``call(op, args)``
+    runs one of ``ops``; ``cases`` change the valid call, each in one way. ``op_name(op)`` is
+    the name messages start with, ``arg_name(op)`` what ``{x}`` in a pattern stands for;
+    ``prepare(op, args)`` completes a changed call for one op (apply.out's buffer)."""
+
+    ops: Tuple[str, ...]
+    good_inputs: Callable[[str], dict]
+    call: Callable[[str, dict], object]
+    cases: Dict[str, Bad]
+    op_name: Callable[[str], str]
+    arg_name: Callable[[str], str] = lambda op: "x"
+    prepare: Callable[[str, dict], None] = lambda op, args: None  # e.g. adds an out buffer
+
+
+CATALOGUE: Dict[str, Family] = {}
+_FAMILY_OF_CASE: Dict[str, Family] = {}
+
+
+def register_family(name: str, family: Family):
+    assert name not in CATALOGUE, f"family {name} registered twice"
+    clash = set(family.cases) & set(_FAMILY_OF_CASE)
+    assert not clash, f"bad-call names used by two families: {sorted(clash)}"
+    for case_name, bad in family.cases.items():
+        assert set(bad.ops or family.ops) <= set(family.ops), (name, case_name)
+        _FAMILY_OF_CASE[case_name] = family
+    CATALOGUE[name] = family
+
+
+def _params(device):
+    return [
+        pytest.param(name, op, id=f"{name}-{op}")
+        for family in CATALOGUE.values()
+        for name, bad in family.cases.items()
+        for op in bad.ops or family.ops
+        if device in bad.devices
+        and not (bad.needs_data and device != "cpu")
+        and not (bad.needs_memory and device == "meta")
+    ]
+
+
+def _tensors(args):
+    return {k: v for k, v in args.items() if isinstance(v, Tensor)}
+
+
+def _run_case(name, op, device):
+    family = _FAMILY_OF_CASE[name]
+    bad = family.cases[name]
+    args = family.good_inputs(device)
+    bad.change(args)
+    family.prepare(op, args)
+    # Every tensor with data (the call may mix meta tensors in) must keep its bits.
+    before = {k: v.clone() for k, v in _tensors(args).items() if not v.is_meta}
+    message = re.escape(family.op_name(op)) + r": .*" + bad.pattern.format(x=family.arg_name(op))
+    with pytest.raises(bad.error, match=message) as info:
+        family.call(op, args)
+    if bad.absent is not None:
+        assert not re.search(bad.absent, str(info.value)), str(info.value)
+    for k, v in before.items():
+        assert same_bits(args[k], v), f"{k} was written by a call that raised"
+
+
+def pytest_generate_tests(metafunc):
+    # At collection, after the whole module ran: every family registered, wherever its block is.
+    device = {
+        "test_bad_input_cpu": "cpu",
+        "test_bad_input_meta": "meta",
+        "test_bad_input_cuda": "cuda",
+    }.get(metafunc.function.__name__)
+    if device is not None:
+        metafunc.parametrize("name,op", _params(device))
+
+
+def test_bad_input_cpu(name, op):
+    _run_case(name, op, "cpu")
+
+
+def test_bad_input_meta(name, op):
+    """Meta (and so FakeTensor under torch.compile/export) rejects what CPU rejects, with the
+    same exception type and words."""
+    _run_case(name, op, "meta")
+
+
+@needs_cuda
+def test_bad_input_cuda(name, op):
+    _run_case(name, op, "cuda")
+
+
+# ---- family: rope (apply, apply_, apply.out, apply_qk) -------------------------------------------
 
 MAX_SEQ_LEN, ROTARY_DIM, HEAD_DIM = 16, 8, 16
 # The op under test; for apply_qk the bad tensor is passed as q or as k, the other one is valid.
@@ -56,17 +174,6 @@ def op_name(op):
 
 def arg_name(op):
     return op.split(":")[1] if ":" in op else "x"
-
-
-@dataclass
-class Bad:
-    change: Callable[[dict], None]  # edits the good inputs in place
-    error: object  # exception type (or tuple)
-    pattern: str  # after "rope.<op>: "; {x} stands for the argument's name
-    ops: Tuple[str, ...] = tuple(OPS)
-    needs_data: bool = False  # a value check: CPU only (meta has no data, CUDA asserts)
-    needs_memory: bool = False  # a memory-overlap check: not on meta (no memory)
-    devices: Tuple[str, ...] = field(default=("cpu", "meta", "cuda"))
 
 
 X_OPS = tuple(OPS)
@@ -479,6 +586,28 @@ def _self_overlapping(t, shape=(2, 3, 5, HEAD_DIM), strides=(120, 40, 8, 1)):
     return t.new_zeros(256).normal_().as_strided(shape, strides)
 
 
+def _add_out(op, args):
+    # apply.out writes a filled buffer of x's dtype (when that dtype is one the op takes): the
+    # catalogue then sees that out keeps its bits.
+    x = args["x"]
+    if op == "apply.out" and isinstance(x, Tensor) and x.dtype in SUPPORTED:
+        args["out"] = torch.full(x.shape, 7.0, dtype=x.dtype, device=x.device)
+
+
+register_family(
+    "rope",
+    Family(
+        ops=tuple(OPS),
+        good_inputs=good_inputs,
+        call=lambda op, args: call(op, **args),
+        cases=BAD_INPUTS,
+        prepare=_add_out,
+        op_name=op_name,
+        arg_name=arg_name,
+    ),
+)
+
+
 # out= only: (change to the good inputs and a good `out`, error, pattern, needs_memory)
 BAD_OUTS = {
     "out_wrong_shape": (
@@ -519,66 +648,6 @@ def _out_over_table(a):
     buf = torch.randn(2 * 3 * 5 * HEAD_DIM, device=a["x"].device)
     a["cos"] = buf[: MAX_SEQ_LEN * (ROTARY_DIM // 2)].view(MAX_SEQ_LEN, ROTARY_DIM // 2)
     return a, buf.view(2, 3, 5, HEAD_DIM)
-
-
-def _params(device):
-    return [
-        pytest.param(
-            name,
-            op,
-            id=f"{name}-{op}",
-        )
-        for name, bad in BAD_INPUTS.items()
-        for op in bad.ops
-        if device in bad.devices
-        and not (bad.needs_data and device != "cpu")
-        and not (bad.needs_memory and device == "meta")
-    ]
-
-
-def _run_case(name, op, device):
-    bad = BAD_INPUTS[name]
-    # Meta inputs are made on meta, so that views (expand, slices) keep their strides.
-    args = good_inputs(device)
-    bad.change(args)
-    out = None
-    if op == "apply.out" and args["x"].dtype in SUPPORTED:
-        out = torch.full(args["x"].shape, 7.0, dtype=args["x"].dtype, device=args["x"].device)
-    has_data = device != "meta" and not args["x"].is_meta
-    x_before = args["x"].clone() if has_data else None
-    out_before = out.clone() if out is not None and has_data else None
-    message = re.escape(op_name(op)) + r": .*" + bad.pattern.format(x=arg_name(op))
-    with pytest.raises(bad.error, match=message):
-        call(op, **args, out=out)
-    if has_data:
-        assert same_bits(args["x"], x_before), "the input was modified by a call that raised"
-        if out is not None:
-            assert torch.equal(out, out_before), "out was written by a call that raised"
-
-
-def same_bits(a, b):
-    """torch.equal, also for float8 (which torch.equal refuses before torch 2.5)."""
-    if a.is_floating_point() and a.element_size() == 1:
-        a, b = a.view(torch.uint8), b.view(torch.uint8)
-    return torch.equal(a, b)
-
-
-@pytest.mark.parametrize("name,op", _params("cpu"))
-def test_bad_input_cpu(name, op):
-    _run_case(name, op, "cpu")
-
-
-@pytest.mark.parametrize("name,op", _params("meta"))
-def test_bad_input_meta(name, op):
-    """Meta (and so FakeTensor under torch.compile/export) rejects what CPU rejects, with the
-    same exception type and words."""
-    _run_case(name, op, "meta")
-
-
-@needs_cuda
-@pytest.mark.parametrize("name,op", _params("cuda"))
-def test_bad_input_cuda(name, op):
-    _run_case(name, op, "cuda")
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta", pytest.param("cuda", marks=needs_cuda)])
@@ -858,3 +927,523 @@ def test_interleaved_view_too_large_to_check_is_refused(op):
             torch_rope.apply_(big, cos, sin, positions)
         else:
             torch_rope.apply(torch.empty(big.shape, device="meta"), cos, sin, positions, out=big)
+
+
+# ---- family: rms_norm (rms_norm_apply_qk) --------------------------------------------------------
+# The valid call: q (2, 4, 3, 16), k (2, 2, 3, 16), weights (16,), tables (8, 8), positions (3,).
+# Each op runs through the typed wrapper and as the raw op (the wrapper takes a C++ fast path).
+
+RMS_NORM_OPS = ("rms_norm_apply_qk", "raw.rms_norm_apply_qk")
+
+
+def _rms_norm_good_inputs(device):
+    cos, sin = make_tables(8, 16, device)
+    return dict(
+        q=torch.randn(2, 4, 3, 16, device=device),
+        k=torch.randn(2, 2, 3, 16, device=device),
+        q_weight=torch.ones(16, device=device),
+        k_weight=torch.ones(16, device=device),
+        cos=cos,
+        sin=sin,
+        positions=torch.arange(3, device=device),
+    )
+
+
+def _rms_norm_call(op, args):
+    args = dict(args)
+    tensors = [args.pop(n) for n in ("q", "k", "q_weight", "k_weight", "cos", "sin", "positions")]
+    if op.startswith("raw."):
+        return torch.ops.rope.rms_norm_apply_qk(*tensors, **args)
+    return torch_rope.rms_norm_apply_qk(*tensors, **args)
+
+
+def _zeros_qk(dtype):
+    """q and k of zeros in ``dtype`` on the call's device: the rows eps must keep finite."""
+
+    def change(a):
+        a["q"] = torch.zeros(2, 4, 3, 16, dtype=dtype, device=a["q"].device)
+        a["k"] = torch.zeros(2, 2, 3, 16, dtype=dtype, device=a["q"].device)
+
+    return change
+
+
+_EPS_FLOAT32 = (
+    r"eps must be a normal float32 number, in \[1\.17549e-38, 3\.40282e\+38\], for {dtype} inputs "
+    r"\(they are normalised in float32, where a smaller eps rounds to 0 or to a subnormal, which "
+    r"flush-to-zero makes 0, so an all-zero row would give NaN, and a larger one rounds to inf\), "
+    r"got {got}$"
+)
+
+RMS_NORM_BAD_INPUTS = {
+    "q_weight_wrong_shape": Bad(
+        lambda a: a.update(q_weight=torch.ones(8, device=a["q"].device)),
+        RuntimeError,
+        r"q_weight must have shape \(head_dim,\) = \(16,\) of q, got shape \[8\]",
+    ),
+    "k_weight_2d": Bad(
+        lambda a: a.update(k_weight=torch.ones(1, 16, device=a["q"].device)),
+        RuntimeError,
+        r"k_weight must be 1-D of shape \(head_dim,\) = \(16,\), got shape \[1, 16\]",
+    ),
+    "q_weight_integer": Bad(
+        lambda a: a.update(q_weight=torch.ones(16, dtype=torch.long, device=a["q"].device)),
+        RuntimeError,
+        r"q_weight must be a floating tensor of dtype float64, float32, float16 or bfloat16, "
+        r"got Long",
+    ),
+    "k_weight_none": Bad(
+        lambda a: a.update(k_weight=None), RuntimeError, r"k_weight must be a tensor, got None"
+    ),
+    "q_weight_on_meta": Bad(
+        lambda a: a.update(q_weight=torch.ones(16, device="meta")),
+        RuntimeError,
+        r"q_weight and q must be on the same device, got q_weight on meta and q on cpu",
+        devices=("cpu",),
+    ),
+    "k_weight_on_cpu": Bad(
+        lambda a: a.update(k_weight=torch.ones(16)),
+        RuntimeError,
+        r"k_weight and k must be on the same device, got k_weight on cpu and k on cuda:0",
+        devices=("cuda",),
+    ),
+    "eps_zero": Bad(
+        lambda a: a.update(eps=0.0), RuntimeError, r"eps must be a finite number > 0, got 0$"
+    ),
+    "eps_negative": Bad(
+        lambda a: a.update(eps=-1e-6),
+        RuntimeError,
+        r"eps must be a finite number > 0, got -1e-06$",
+    ),
+    "eps_nan": Bad(
+        lambda a: a.update(eps=float("nan")),
+        RuntimeError,
+        r"eps must be a finite number > 0, got nan$",
+    ),
+    # eps is added to mean(x^2) in float32 for float32/16-bit inputs: it must stay a normal
+    # float32 (1e-300 rounds to 0 there, and an all-zero row would give NaN).
+    "eps_0_in_float32": Bad(
+        lambda a: a.update(eps=1e-300),
+        RuntimeError,
+        _EPS_FLOAT32.format(dtype="Float", got="1e-300"),
+    ),
+    "eps_subnormal_in_float32": Bad(
+        lambda a: a.update(eps=1e-40), RuntimeError, _EPS_FLOAT32.format(dtype="Float", got="1e-40")
+    ),
+    "eps_inf_in_float32": Bad(
+        lambda a: a.update(eps=1e39),
+        RuntimeError,
+        _EPS_FLOAT32.format(dtype="Float", got=r"1e\+39"),
+    ),
+    "eps_0_in_float32_for_bfloat16": Bad(
+        lambda a: (_zeros_qk(torch.bfloat16)(a), a.update(eps=1e-300)),
+        RuntimeError,
+        _EPS_FLOAT32.format(dtype="BFloat16", got="1e-300"),
+    ),
+    "eps_subnormal_in_float64": Bad(
+        lambda a: (_zeros_qk(torch.float64)(a), a.update(eps=1e-310)),
+        RuntimeError,
+        r"eps must be a normal float64 number, >= 2\.22507e-308 \(float64 inputs are normalised "
+        r"in float64, where a smaller eps is subnormal, which flush-to-zero makes 0: an all-zero "
+        r"row would give NaN\), got 1e-310$",
+    ),
+    "weight_offset_inf": Bad(
+        lambda a: a.update(weight_offset=float("inf")),
+        RuntimeError,
+        r"weight_offset must be finite, got inf$",
+    ),
+    "rms_norm_position_above_table": Bad(
+        lambda a: a.update(positions=torch.tensor([0, 1, 8])),
+        IndexError,
+        r"positions must be in \[0, max_seq_len\) with max_seq_len = cos\.size\(0\) = 8, got 8 "
+        r"at flat index 2 of positions",
+        needs_data=True,
+    ),
+    "rms_norm_head_dims_differ": Bad(
+        lambda a: a.update(k=torch.randn(2, 2, 3, 24, device=a["q"].device)),
+        RuntimeError,
+        r"q and k must have the same head_dim \(size\(-1\)\), got q 16 and k 24",
+    ),
+    "rms_norm_dtypes_differ": Bad(
+        lambda a: a.update(k=a["k"].double()),
+        RuntimeError,
+        r"q and k must have the same dtype, got q Float and k Double",
+    ),
+    "rms_norm_integer_q": Bad(
+        lambda a: a.update(q=torch.ones(2, 4, 3, 16, dtype=torch.long, device=a["q"].device)),
+        RuntimeError,
+        r"q must be a floating tensor of dtype float64, float32, float16 or bfloat16, got Long",
+    ),
+    "rms_norm_float_positions": Bad(
+        lambda a: a.update(positions=a["positions"].float()),
+        RuntimeError,
+        r"positions must be an integer tensor \(int32 or int64\), got Float",
+    ),
+    "rms_norm_positions_of_q_heads": Bad(
+        # Per-head positions for 4 query heads cannot serve 2 key heads.
+        lambda a: a.update(positions=torch.zeros(2, 4, 3, dtype=torch.long, device=a["q"].device)),
+        RuntimeError,
+        r"positions of shape \[2, 4, 3\] cannot be broadcast to k\.shape\[:-1\] = \[2, 2, 3\]",
+    ),
+    "rms_norm_half_tables": Bad(
+        lambda a: a.update(cos=a["cos"].half(), sin=a["sin"].half()),
+        RuntimeError,
+        r"cos must be float32 or float64 \(half-precision tables lose accuracy at long context\), "
+        r"got Half",
+    ),
+    "rms_norm_mrope_section_sum": Bad(
+        lambda a: a.update(mrope_section=[1, 2]),
+        RuntimeError,
+        r"sum\(mrope_section\) must equal rotary_dim / 2 = cos\.size\(-1\) = 8, got "
+        r"sum\(\[1, 2\]\) = 3",
+    ),
+}
+
+register_family(
+    "rms_norm",
+    Family(
+        ops=RMS_NORM_OPS,
+        good_inputs=_rms_norm_good_inputs,
+        call=_rms_norm_call,
+        cases=RMS_NORM_BAD_INPUTS,
+        op_name=lambda op: "rope." + op.removeprefix("raw."),
+    ),
+)
+
+
+# ---- family: kv_cache (apply_qk_cache) ----------------------------------------------------------
+# The valid call: q (6, 8, 64), k and v (6, 2, 64), tables (96, 32), positions (6, 1), paged
+# caches (5, 4, 2, 64) (20 slots), slot_mapping [3, 17, 0, -1, 9, 12]. Each op runs through the
+# typed wrapper (which turns a Python-number scale into a tensor and checks it) and, where the
+# arguments are tensors, as the raw op.
+
+KV_CACHE_OPS = ("apply_qk_cache", "raw.apply_qk_cache")
+WRAPPER_ONLY = ("apply_qk_cache",)
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+_CACHE_REMEDY = (
+    r"allocate k_cache as a buffer of its own \(e\.g\. torch\.zeros of its shape\), whose "
+    r"elements do not share memory$"
+)
+
+
+def _cache_good_inputs(device):
+    cos, sin = make_tables(96, 64, device)
+    return dict(
+        q=torch.randn(6, 8, 64, device=device),
+        k=torch.randn(6, 2, 64, device=device),
+        v=torch.randn(6, 2, 64, device=device),
+        cos=cos,
+        sin=sin,
+        positions=torch.tensor([[5], [0], [95], [7], [40], [3]], device=device),
+        k_cache=torch.full((5, 4, 2, 64), 3.0, device=device),
+        v_cache=torch.full((5, 4, 2, 64), 3.0, device=device),
+        slot_mapping=torch.tensor([3, 17, 0, -1, 9, 12], device=device),
+    )
+
+
+def _cache_call(op, args):
+    args = dict(args)
+    names = ("q", "k", "v", "cos", "sin", "positions", "k_cache", "v_cache", "slot_mapping")
+    tensors = [args.pop(n) for n in names]
+    if op.startswith("raw."):
+        return torch.ops.rope.apply_qk_cache(*tensors, **args)
+    return torch_rope.apply_qk_cache(*tensors, **args)
+
+
+def _device_of(a):
+    return a["q"].device
+
+
+def _slots(*values, dtype=torch.int64):
+    return lambda a: a.update(slot_mapping=torch.tensor(values, dtype=dtype, device=_device_of(a)))
+
+
+def _cache(name, shape, dtype=torch.float32):
+    return lambda a: a.update({name: torch.full(shape, 3.0, device=_device_of(a)).to(dtype)})
+
+
+def _fp8_caches(fp8, k_scale=0.5, v_scale=0.5):
+    """Both caches float8 with scales (each a change to the valid call)."""
+
+    def change(a):
+        a["k_cache"], a["v_cache"] = a["k_cache"].to(fp8), a["v_cache"].to(fp8)
+        a.update(k_scale=k_scale, v_scale=v_scale)
+
+    return change
+
+
+def _then(*changes):
+    def change(a):
+        for c in changes:
+            c(a)
+
+    return change
+
+
+def _heads_share_memory(a):
+    # Heads 32 elements apart in rows of 64: each head shares half its row with the next.
+    a["k_cache"] = torch.zeros(5 * 4 * 2 * 64, device=_device_of(a)).as_strided(
+        (5, 4, 2, 64), (512, 128, 32, 1)
+    )
+
+
+def _too_large_to_list(a):
+    # (32769, 2, 64) at 192 s + 256 h + d: no two elements share an address, but the strides
+    # interleave, so only listing the 4194432 addresses (past the 2^22 limit) could prove it.
+    n = 32769
+    buf = torch.zeros(192 * n + 320, device=_device_of(a))
+    a.update(k_cache=buf.as_strided((n, 2, 64), (192, 256, 1)), v=None, v_cache=None)
+
+
+KV_CACHE_BAD_INPUTS = {
+    # ---- slot_mapping
+    "slot_out_of_range": Bad(
+        _slots(0, 1, 2, 20, 4, 5),
+        IndexError,
+        r"slot_mapping must be < the caches' slot count 20 \(negative = padding\), got 20 at "
+        r"index 3",
+        needs_data=True,  # on CUDA: a device assert
+    ),
+    "slot_repeated": Bad(
+        _slots(0, 1, 2, 3, 4, 2),
+        RuntimeError,
+        r"slot_mapping holds slot 2 twice \(tokens 2 and 5\); each token needs its own slot",
+        needs_data=True,  # on CUDA: not detected, which row the cache keeps is unspecified
+    ),
+    "slot_int32": Bad(
+        _slots(3, 17, 0, -1, 9, 12, dtype=torch.int32),
+        RuntimeError,
+        r"slot_mapping must be int64 \(one cache slot per token, negative = padding\), got Int",
+    ),
+    "slot_wrong_length": Bad(
+        _slots(0, 1, 2),
+        RuntimeError,
+        r"slot_mapping must have one entry per token, q\.size\(0\) = 6, got 3",
+    ),
+    "slot_2d": Bad(
+        lambda a: a.update(slot_mapping=a["slot_mapping"].view(6, 1)),
+        RuntimeError,
+        r"slot_mapping must be 1-D \(num_tokens,\), got shape \[6, 1\]",
+    ),
+    # ---- q, k, v, positions
+    "cache_position_out_of_range": Bad(
+        lambda a: a["positions"].__setitem__((2, 0), 96),
+        IndexError,
+        r"positions must be in \[0, max_seq_len\) with max_seq_len = cos\.size\(0\) = 96, got 96 "
+        r"at flat index 2 of positions",
+        needs_data=True,
+    ),
+    "q_2d": Bad(
+        lambda a: a.update(q=a["q"][:, 0]),
+        RuntimeError,
+        r"q must be 3-D \(num_tokens, num_heads, head_dim\), got shape \[6, 64\]",
+    ),
+    "k_tokens": Bad(
+        lambda a: a.update(k=a["k"][:5]),
+        RuntimeError,
+        r"k\.size\(0\) \(tokens\) must equal q\.size\(0\) = 6, got k of shape \[5, 2, 64\]",
+    ),
+    "v_without_v_cache": Bad(
+        lambda a: a.update(v_cache=None),
+        RuntimeError,
+        r"v and v_cache go together, got v a tensor and v_cache None",
+    ),
+    "v_dtype": Bad(
+        lambda a: a.update(v=a["v"].double()),
+        RuntimeError,
+        r"v must have k's dtype Float, got Double",
+    ),
+    "v_heads": Bad(
+        lambda a: a.update(v=torch.randn(6, 3, 64, device=_device_of(a))),
+        RuntimeError,
+        r"v must have k's head count k\.size\(1\) = 2, got v of shape \[6, 3, 64\]",
+    ),
+    # ---- the caches
+    "k_cache_heads": Bad(
+        _cache("k_cache", (5, 4, 3, 64)),
+        RuntimeError,
+        r"k_cache\.size\(-2\) \(heads\) must equal k\.size\(1\) = 2, got k_cache of shape "
+        r"\[5, 4, 3, 64\]",
+    ),
+    "k_cache_head_dim": Bad(
+        _cache("k_cache", (5, 4, 2, 32)),
+        RuntimeError,
+        r"k_cache\.size\(-1\) \(head_dim\) must equal k\.size\(-1\) = 64, got k_cache of shape "
+        r"\[5, 4, 2, 32\]",
+    ),
+    "k_cache_dtype": Bad(
+        _cache("k_cache", (5, 4, 2, 64), torch.float16),
+        RuntimeError,
+        r"k_cache must have k's dtype Float or be float8 \(torch\.float8_e4m3fn, "
+        r"torch\.float8_e5m2\), got Half",
+    ),
+    "v_cache_dtype": Bad(
+        _cache("v_cache", (5, 4, 2, 64), torch.float64),
+        RuntimeError,
+        r"v_cache must have v's dtype Float or be float8 \(torch\.float8_e4m3fn, "
+        r"torch\.float8_e5m2\), got Double",
+    ),
+    "k_cache_5d": Bad(
+        _cache("k_cache", (1, 5, 4, 2, 64)),
+        RuntimeError,
+        r"k_cache must be \(num_slots, num_heads, head_dim\) or paged \(num_blocks, block_size, "
+        r"num_heads, head_dim\), got a 5-D tensor of shape \[1, 5, 4, 2, 64\]",
+    ),
+    "v_cache_slots": Bad(
+        _cache("v_cache", (4, 4, 2, 64)),
+        RuntimeError,
+        r"v_cache must have k_cache's slots \(leading dims \[5, 4\]\), got v_cache of shape "
+        r"\[4, 4, 2, 64\]",
+    ),
+    "k_cache_strided_last": Bad(
+        lambda a: a.update(k_cache=torch.full((5, 4, 2, 128), 3.0, device=_device_of(a))[..., ::2]),
+        RuntimeError,
+        r"k_cache must have a unit last stride \(stride\(-1\) == 1\), got strides "
+        r"\[1024, 256, 128, 2\]",
+    ),
+    "k_cache_aliases_k": Bad(
+        lambda a: a.update(
+            k_cache=a["k"], v=None, v_cache=None, slot_mapping=torch.arange(6, device=a["k"].device)
+        ),
+        RuntimeError,
+        r"k_cache shares memory with k, which it would overwrite while reading; pass k\.clone\(\) "
+        r"or a separate buffer",
+        needs_memory=True,
+    ),
+    "v_cache_aliases_k_cache": Bad(
+        lambda a: a.update(v_cache=a["k_cache"]),
+        RuntimeError,
+        r"k_cache shares memory with v_cache, which it would overwrite while reading; pass "
+        r"v_cache\.clone\(\) or a separate buffer",
+        needs_memory=True,
+    ),
+    # An overlapping cache: apply_qk_cache has no out-of-place form, so the message must not
+    # recommend one but a cache of its own. (apply_ and out= do have the out-of-place op to
+    # recommend: the rope family.)
+    "k_cache_expanded": Bad(
+        lambda a: a.update(
+            k_cache=torch.full((5, 4, 1, 64), 3.0, device=_device_of(a)).expand(5, 4, 2, 64)
+        ),
+        RuntimeError,
+        r"k_cache has overlapping memory \(e\.g\. a result of expand\(\)\), so it cannot be "
+        r"written in place; " + _CACHE_REMEDY,
+        absent="out-of-place",
+    ),
+    "k_cache_heads_share_memory": Bad(
+        _heads_share_memory,
+        RuntimeError,
+        r"k_cache has overlapping memory: two of its elements share an address \(sizes "
+        r"\[5, 4, 2, 64\], strides \[512, 128, 32, 1\]\), so writing it is a data race; "
+        + _CACHE_REMEDY,
+        absent="out-of-place",
+    ),
+    "k_cache_too_large_to_list": Bad(
+        _too_large_to_list,
+        RuntimeError,
+        r"k_cache may have overlapping memory: its strides \[192, 256, 1\] for sizes "
+        r"\[32769, 2, 64\] interleave, and with more than 4194304 elements the exact check is "
+        r"not run; " + _CACHE_REMEDY,
+        absent="out-of-place",
+    ),
+    # ---- scales
+    "fp8_without_scale": Bad(
+        lambda a: a.update(k_cache=a["k_cache"].to(torch.float8_e4m3fn)),
+        RuntimeError,
+        r"k_scale is required with a float8 k_cache \(stored = saturate\(value / k_scale\) in "
+        r"Float8_e4m3fn\), got None",
+    ),
+    "fp8_scale_dtype": Bad(
+        _then(
+            _fp8_caches(torch.float8_e4m3fn),
+            lambda a: a.update(
+                k_scale=torch.tensor(1.0, dtype=torch.float64, device=_device_of(a)),
+                v_scale=torch.tensor(1.0, device=_device_of(a)),
+            ),
+        ),
+        RuntimeError,
+        r"k_scale must be a float32 tensor \(or a Python float\), got Double",
+    ),  # fmt: skip
+    "fp8_scale_numel": Bad(
+        _then(
+            _fp8_caches(torch.float8_e4m3fn),
+            lambda a: a.update(
+                k_scale=torch.ones(2, device=_device_of(a)),
+                v_scale=torch.tensor(1.0, device=_device_of(a)),
+            ),
+        ),
+        RuntimeError,
+        r"k_scale must hold one value \(0-d or 1 element\), got shape \[2\]",
+    ),  # fmt: skip
+    "k_scale_float_on_float32_cache": Bad(
+        lambda a: a.update(k_scale=2.0),
+        ValueError,
+        r"k_scale=2\.0 applies to float8 caches only; the cache is torch\.float32 \(values are "
+        r"stored unscaled\), so pass k_scale=None or 1$",
+        WRAPPER_ONLY,
+    ),
+    "v_scale_tensor_on_float32_cache": Bad(
+        lambda a: a.update(v_scale=torch.tensor(1.0, device=_device_of(a))),
+        RuntimeError,
+        r"v_scale applies to float8 caches only; v_cache is Float \(values are stored "
+        r"unscaled\), so pass v_scale=None",
+    ),
+    "v_scale_float_without_v_cache": Bad(
+        lambda a: a.update(v=None, v_cache=None, v_scale=0.5),
+        ValueError,
+        r"v_scale given without its cache \(None\)$",
+        WRAPPER_ONLY,
+    ),
+    "v_scale_tensor_without_v_cache": Bad(
+        lambda a: a.update(v=None, v_cache=None, v_scale=torch.tensor(0.5, device=_device_of(a))),
+        RuntimeError,
+        r"v_scale given without v_cache$",
+    ),
+}
+
+
+# A scale that quantizes nothing: 0 would store +-max (NaN for a zero value), a negative scale
+# flips signs, NaN stores NaN and inf zeros. Python numbers are checked by the wrapper on every
+# device; tensor scales (0-d or (1,)) by the CPU kernel, through the wrapper and the raw op alike;
+# a CUDA tensor scale is read by the kernel alone (no host sync, docs/api.md), so not here.
+BAD_SCALES = [0.0, -0.5, float("nan"), float("inf"), float("-inf")]
+
+
+def _bad_scale(fp8, which, value, form):
+    def change(a):
+        _fp8_caches(fp8)(a)
+        if form == "python_float":
+            a[which] = value
+        else:
+            t = torch.tensor(value, device=_device_of(a))
+            a[which] = t if form == "tensor_0d" else t.view(1)
+            other = "v_scale" if which == "k_scale" else "k_scale"
+            a[other] = torch.tensor(0.5, device=_device_of(a))
+
+    # Python's repr for a float, C++'s stream for the tensor's float32 value.
+    got = repr(value) if form == "python_float" else {0.0: "0"}.get(value, repr(value))
+    return Bad(
+        change,
+        ValueError,
+        rf"{which} must be a finite number > 0 \(stored = saturate\(value / {which}\)\), got "
+        rf"{re.escape(got)}$",
+        WRAPPER_ONLY if form == "python_float" else KV_CACHE_OPS,
+        needs_data=form != "python_float",
+    )
+
+
+for _fp8 in FP8:
+    for _which in ("k_scale", "v_scale"):
+        for _value in BAD_SCALES:
+            for _form in ("python_float", "tensor_0d", "tensor_1"):
+                _name = f"{_which}_{_value}_{_form}_{str(_fp8).replace('torch.float8_', '')}"
+                KV_CACHE_BAD_INPUTS[_name] = _bad_scale(_fp8, _which, _value, _form)
+
+register_family(
+    "kv_cache",
+    Family(
+        ops=KV_CACHE_OPS,
+        good_inputs=_cache_good_inputs,
+        call=_cache_call,
+        cases=KV_CACHE_BAD_INPUTS,
+        op_name=lambda op: "rope." + op.removeprefix("raw."),
+    ),
+)

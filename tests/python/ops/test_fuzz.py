@@ -1,15 +1,23 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Differential fuzzing of every op against an independent float64 reference written here.
+"""Differential fuzzing of every op against the float64 references (references.py), one block
+per op family, each with a fast count (every run) and a ``slow`` count.
 
-Hypothesis draws the geometry first (op, dtypes, layout, rank, head_dim, rotary_dim, the memory
-layout of x and of each table, the shape and dtype of positions, the fused-qkv split of apply_qk)
-and the data after, from a drawn seed, so a failure shrinks to a small geometry. The error bound
-follows from the dtypes: the library computes in float32 (float64 for float64 x) and rounds once
-to the storage type. Gradients are checked through the transpose (the same op with sin negated,
-which is the transpose for any tables, rotations or not), and a call with one bad position must
-raise and write nothing.
+Hypothesis draws the geometry first (dtypes, layout, rank, head_dim, rotary_dim, the memory layout
+of each tensor and table, the shape and dtype of positions, ...) and the data after, from a drawn
+seed, so a failure shrinks to a small geometry.
 
-A shrunk failure becomes a named regression test (test_regression_* in test_apply.py).
+* **rope** (apply, apply_, apply.out, apply_qk; then again with multi-axis positions): the error
+  bound follows from the dtypes: the library computes in float32 (float64 for float64 x) and
+  rounds once to the storage type. Gradients are checked through the transpose (the same op with
+  sin negated, which is the transpose for any tables, rotations or not), and a call with one bad
+  position must raise and write nothing.
+* **rms_norm** (rms_norm_apply_qk) and **kv_cache** (apply_qk_cache): each drawn call becomes a
+  sample of samples.py and is judged by that family's own check (the one the sample matrix runs);
+  the norm's four gradients against the differentiated oracle; bad positions and slots must raise
+  and leave every cache byte as it was.
+
+A new op family appends a block: a strategy, a check (usually its sample class's), and the two
+tests. A shrunk failure becomes a named regression test (test_regression_* in test_apply.py).
 """
 
 import math
@@ -19,13 +27,16 @@ from typing import Optional, Tuple
 import pytest
 import references as ref
 import torch
-from helpers import cpu_and_cuda
+from helpers import TOLERANCES, cpu_and_cuda, rotation_error_bound, same_bits
+from samples import KvCacheSample, RmsNormSample, make_caches
 
 import torch_rope
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+
+# ---- family: rope (apply, apply_, apply.out, apply_qk) ------------------------------------------
 
 FAST_EXAMPLES = 250
 SLOW_EXAMPLES = 4000
@@ -206,29 +217,17 @@ def reference(x, cos, sin, positions, *, interleaved, inverse, **mrope):
     )
 
 
-def _plane_indices(half, interleaved):
-    ia = torch.arange(0, 2 * half, 2) if interleaved else torch.arange(half)
-    return ia, (ia + 1 if interleaved else ia + half)
-
-
 def error_bound(x, cos, sin, positions, case, want):
     """|library - reference| allowed per element: one rounding to the storage type, plus a few
     roundings of the float32 (float64 for float64 x) math, relative to the plane's terms
-    (|a| + |b|)(|c| + |s|). That also covers float64 tables rounded to float32 for the math."""
+    (|a| + |b|)(|c| + |s|) (helpers.rotation_error_bound). That also covers float64 tables
+    rounded to float32 for the math."""
     store_eps = torch.finfo(case.dtype).eps / 2
-    math_eps = torch.finfo(torch.float64 if case.dtype == torch.float64 else torch.float32).eps / 2
+    math_dtype = torch.float64 if case.dtype == torch.float64 else torch.float32
     bound = store_eps * want.abs() + torch.finfo(case.dtype).tiny
-    half = cos.shape[1]
-    if half and x.numel():
-        x64 = x.detach().cpu().to(torch.float64)
-        p = ref.plane_positions(positions, x64.shape[:-1], half, **case.mrope)
-        k = torch.arange(half)
-        mag = cos.cpu().double()[p, k].abs() + sin.cpu().double()[p, k].abs()
-        ia, ib = _plane_indices(half, case.interleaved)
-        plane = 4 * math_eps * (x64[..., ia].abs() + x64[..., ib].abs()) * mag
-        bound[..., ia] += plane
-        bound[..., ib] += plane
-    return bound
+    return bound + rotation_error_bound(
+        x, cos, sin, positions, interleaved=case.interleaved, math_dtype=math_dtype, **case.mrope
+    )
 
 
 # ---- the property --------------------------------------------------------------------------
@@ -397,3 +396,402 @@ def test_fuzz_multi_axis_against_float64_reference(case, device):
 @given(case=multi_axis_cases())
 def test_fuzz_multi_axis_against_float64_reference_many(case, device):
     check_case(case, device)
+
+
+# ---- shared by the families below --------------------------------------------------------------
+
+
+@st.composite
+def positions_shape(draw, rows, heads_dim):
+    """A positions shape that broadcasts (aligned right) to ``rows``, with a 1 at ``heads_dim``
+    (an index into rows, or None) so that it also broadcasts to the other tensor's head count."""
+    rank = len(rows)
+    n_pos = draw(st.integers(0, rank))
+    shape = []
+    for i, size in enumerate(rows[rank - n_pos :]):
+        shape.append(1 if rank - n_pos + i == heads_dim or draw(st.booleans()) else size)
+    return tuple(shape)
+
+
+@st.composite
+def mrope_sections(draw, half):
+    """None (one axis) two times in three; else 1 to 4 axes whose sizes (zeros allowed) add up
+    to ``half``, and whether the Qwen3-VL interleaving is used (3 axes)."""
+    if draw(st.integers(0, 2)):
+        return None, False
+    num_axes = draw(st.integers(1, 4))
+    cuts = sorted(
+        draw(st.lists(st.integers(0, half), min_size=num_axes - 1, max_size=num_axes - 1))
+    )
+    bounds = [0] + cuts + [half]
+    section = tuple(b - a for a, b in zip(bounds, bounds[1:]))
+    return section, num_axes == 3 and draw(st.booleans())
+
+
+def make_positions(shape, max_seq_len, dtype, transposed, device, gen):
+    pos = torch.randint(0, max_seq_len, shape, generator=gen).to(dtype)
+    if transposed and pos.dim() >= 2:  # same values, last two dims swapped in memory
+        pos = pos.transpose(-1, -2).contiguous().transpose(-1, -2)
+    return pos.to(device)
+
+
+def poison_last_position(pos, max_seq_len, seed):
+    """One out-of-range position, the last entry (a kernel that checked as it went would have
+    written everything before it), above the table or negative."""
+    pos[tuple(n - 1 for n in pos.shape)] = max_seq_len + 3 if seed % 2 else -1
+
+
+# ---- family: rms_norm (rms_norm_apply_qk) -------------------------------------------------------
+# q and k of any rank and layout (k differs in its heads dim), weights of any floating dtype,
+# contiguous or strided, eps and weight_offset, every table layout, one or more axes. Compared by
+# the sample matrix's own check (samples.RmsNormSample: the float64 oracle within the dtype's
+# tolerance, inputs unchanged); float64 and float32 draws also compare their four gradients with
+# the differentiated oracle; a bad position (CPU) must raise.
+
+NORM_FAST_EXAMPLES = 100
+NORM_SLOW_EXAMPLES = 2000
+
+
+@dataclass
+class NormCase:
+    dtype: torch.dtype
+    table_dtype: torch.dtype
+    interleaved: bool
+    inverse: bool
+    half: int
+    head_dim: int
+    rows: Tuple[int, ...]  # q.shape[:-1]; k's differs in the last (heads) dim
+    k_heads: int
+    q_layout: str
+    k_layout: str
+    weight_dtypes: Tuple[torch.dtype, torch.dtype]
+    weights_strided: Tuple[bool, bool]
+    eps: float
+    weight_offset: float
+    cos_layout: str
+    sin_layout: str
+    max_seq_len: int
+    pos_shape: Tuple[int, ...]
+    pos_dtype: torch.dtype
+    pos_transposed: bool
+    mrope_section: Optional[Tuple[int, ...]]
+    mrope_interleaved: bool
+    bad_position: bool
+    grad: bool
+    seed: int
+
+
+@st.composite
+def norm_cases(draw):
+    half = draw(st.integers(0, 40))
+    rank = draw(st.integers(1, 4))
+    rows = tuple(draw(st.lists(st.integers(1, 5), min_size=rank, max_size=rank)))
+    if draw(st.integers(0, 19)) == 0:
+        rows = rows[:-1] + (0,)
+    pos_shape = draw(positions_shape(rows, rank - 1))
+    section, mrope_interleaved = draw(mrope_sections(half))
+    if section is not None:
+        pos_shape += (len(section),)
+    dtype = draw(st.sampled_from(DTYPES))
+    float_dtype = st.sampled_from(DTYPES)
+    return NormCase(
+        dtype=dtype,
+        table_dtype=draw(st.sampled_from([torch.float32, torch.float64])),
+        interleaved=draw(st.booleans()),
+        inverse=draw(st.booleans()),
+        half=half,
+        head_dim=2 * half + draw(st.integers(0 if half else 1, 12)),
+        rows=rows,
+        k_heads=draw(st.integers(1, 4)),
+        q_layout=draw(st.sampled_from(X_LAYOUTS)),
+        k_layout=draw(st.sampled_from(X_LAYOUTS)),
+        weight_dtypes=(draw(float_dtype), draw(float_dtype)),
+        weights_strided=(draw(st.booleans()), draw(st.booleans())),
+        eps=draw(st.sampled_from([1e-6, 1e-5, 0.1, 1.0])),
+        weight_offset=draw(st.sampled_from([0.0, 1.0, 0.5])),
+        cos_layout=draw(st.sampled_from(TABLE_LAYOUTS)),
+        sin_layout=draw(st.sampled_from(TABLE_LAYOUTS)),
+        max_seq_len=draw(st.integers(1, 70)),
+        pos_shape=pos_shape,
+        pos_dtype=draw(st.sampled_from([torch.int32, torch.int64])),
+        pos_transposed=draw(st.booleans()),
+        mrope_section=section,
+        mrope_interleaved=mrope_interleaved,
+        bad_position=draw(st.integers(0, 9)) == 0,
+        grad=dtype in (torch.float64, torch.float32) and draw(st.booleans()),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+def _weight(D, dtype, strided, device, gen):
+    w = 1.0 + 0.5 * torch.randn(2 * D if strided else D, generator=gen, dtype=torch.float64)
+    w = w.to(dtype).to(device)
+    return w[::2] if strided else w
+
+
+def check_norm_case(case: NormCase, device: str):
+    gen = torch.Generator().manual_seed(case.seed)
+    cos = make_table(case.max_seq_len, case.half, case.cos_layout, case.table_dtype, device, gen)
+    sin = make_table(case.max_seq_len, case.half, case.sin_layout, case.table_dtype, device, gen)
+    pos = make_positions(
+        case.pos_shape, case.max_seq_len, case.pos_dtype, case.pos_transposed, "cpu", gen
+    )
+    q = make_with_layout(case.rows + (case.head_dim,), case.q_layout, case.dtype, device, gen)
+    k_shape = case.rows[:-1] + (case.k_heads, case.head_dim)
+    k = make_with_layout(k_shape, case.k_layout, case.dtype, device, gen)
+    weights = tuple(
+        _weight(case.head_dim, dtype, strided, device, gen)
+        for dtype, strided in zip(case.weight_dtypes, case.weights_strided)
+    )
+    kw = dict(eps=case.eps, weight_offset=case.weight_offset, interleaved=case.interleaved)
+    kw.update(inverse=case.inverse, mrope_interleaved=case.mrope_interleaved)
+    if case.bad_position and device == "cpu" and pos.numel() and q.numel() + k.numel():
+        poison_last_position(pos, case.max_seq_len, case.seed)
+        q_before, k_before = q.clone(), k.clone()
+        with pytest.raises(IndexError, match=r"rope\.rms_norm_apply_qk: positions "):
+            torch_rope.rms_norm_apply_qk(
+                q, k, *weights, cos, sin, pos.to(device), mrope_section=case.mrope_section, **kw
+            )
+        assert torch.equal(q, q_before) and torch.equal(k, k_before)
+        return
+    inputs = (q, k, *weights)
+    if case.grad:
+        inputs = tuple(t.detach().requires_grad_() for t in inputs)
+    sample = RmsNormSample(
+        f"fuzz-{case.seed}", inputs, cos, sin, pos.to(device), mrope_section=case.mrope_section,
+        heads=(case.rows[-1], case.k_heads), **kw,
+    )  # fmt: skip
+    before = sample.snapshot()
+    results = sample.call()
+    sample.check(results, before)
+    if case.grad and any(out.numel() for out in results):
+        grads_out = [torch.randn(out.shape, generator=gen, dtype=torch.float64) for out in results]
+        got = torch.autograd.grad(
+            results, inputs, [g.to(out) for g, out in zip(grads_out, results)]
+        )
+        leaves = [x.detach().cpu().double().requires_grad_() for x in inputs]
+        want = torch.autograd.grad(sample.expected(tuple(leaves)), leaves, grads_out)
+        for grad, expected, x in zip(got, want, inputs):
+            assert grad.dtype == x.dtype and grad.shape == x.shape
+            # No more precise than the op's math (a float64 weight of a float32 call).
+            tolerance = max(TOLERANCES[x.dtype], TOLERANCES[case.dtype], key=lambda t: t["rtol"])
+            torch.testing.assert_close(grad.cpu(), expected.to(grad.dtype), **tolerance)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@settings(max_examples=NORM_FAST_EXAMPLES)
+@given(case=norm_cases())
+def test_fuzz_rms_norm_against_float64_reference(case, device):
+    check_norm_case(case, device)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@settings(max_examples=NORM_SLOW_EXAMPLES)
+@given(case=norm_cases())
+def test_fuzz_rms_norm_against_float64_reference_many(case, device):
+    check_norm_case(case, device)
+
+
+# ---- family: kv_cache (apply_qk_cache) ----------------------------------------------------------
+# Random token counts (none included), head counts (MHA, GQA, MQA), head_dims and v head_dims,
+# q/k/v layouts (slices of one fused projection among them), positions shapes, table layouts,
+# flat or paged caches of any block size, contiguous, with padded rows or halves of one buffer,
+# in the sources' dtype or either float8 format (scales as a Python float, a 0-d or a (1,) tensor,
+# small enough to saturate now and then), slots in any order with padding, with or without v.
+# Compared by the sample matrix's own check (samples.KvCacheSample: q and the stored rows against
+# the float64 oracle and the float8 rule, every other byte of the caches' allocations unchanged);
+# on the CPU a bad slot (out of range, repeated) or position must raise and write nothing.
+
+CACHE_FAST_EXAMPLES = 150
+CACHE_SLOW_EXAMPLES = 3000
+CACHE_FORMATS = ["same", torch.float8_e4m3fn, torch.float8_e5m2]
+QKV_LAYOUTS = ["contiguous", "fused", "padded", "offset", "last_strided", "permuted"]
+BAD_CACHE_CALLS = ["slot_out_of_range", "slot_repeated", "position_out_of_range"]
+
+
+@dataclass
+class CacheCase:
+    dtype: torch.dtype
+    table_dtype: torch.dtype
+    interleaved: bool
+    half: int
+    head_dim: int
+    v_dim: int
+    tokens: int
+    q_heads: int
+    kv_heads: int
+    with_v: bool
+    k_format: object  # "same" or a float8 dtype
+    v_format: object
+    slots_shape: Tuple[int, ...]  # (num_slots,) or (num_blocks, block_size)
+    cache_layout: str  # contiguous, padded_rows, halves
+    qkv_layout: str
+    cos_layout: str
+    sin_layout: str
+    max_seq_len: int
+    pos_shape: Tuple[int, ...]
+    pos_dtype: torch.dtype
+    pos_strided: bool
+    padding: Tuple[bool, ...]  # per token: a negative slot
+    scale_form: str  # float, tensor_0d, tensor_1
+    k_scale: float
+    v_scale: float
+    bad: Optional[str]  # one of BAD_CACHE_CALLS (CPU): must raise, write nothing
+    seed: int
+
+
+@st.composite
+def cache_cases(draw):
+    half = draw(st.integers(0, 24))
+    tokens = draw(st.integers(0, 7))
+    kv_heads = draw(st.integers(1, 3))
+    q_heads = kv_heads * draw(st.integers(1, 3))
+    with_v = draw(st.booleans())
+    k_format = draw(st.sampled_from(CACHE_FORMATS))
+    v_format = draw(st.sampled_from(CACHE_FORMATS))
+    cache_layout = draw(st.sampled_from(["contiguous", "padded_rows", "halves"]))
+    if cache_layout == "halves":  # one buffer: one dtype
+        v_format = k_format
+    num_slots = tokens + draw(st.integers(0, 8))
+    if draw(st.booleans()):  # paged
+        block_size = draw(st.integers(1, 5))
+        slots_shape = (max(1, -(-num_slots // block_size)), block_size)
+    else:
+        slots_shape = (max(1, num_slots),)
+    # positions broadcast to (T, Hq) and to (T, Hkv): (T, H) only when the counts agree.
+    pos_shape = draw(
+        st.sampled_from(
+            [(tokens, 1), (1, 1), (), (1,)] + ([(tokens, q_heads)] if q_heads == kv_heads else [])
+        )
+    )
+    dtype = draw(st.sampled_from(DTYPES))
+    return CacheCase(
+        dtype=dtype,
+        table_dtype=draw(st.sampled_from([torch.float32, torch.float64])),
+        interleaved=draw(st.booleans()),
+        half=half,
+        head_dim=2 * half + draw(st.integers(0 if half else 1, 8)),
+        v_dim=draw(st.integers(1, 20)),
+        tokens=tokens,
+        q_heads=q_heads,
+        kv_heads=kv_heads,
+        with_v=with_v,
+        k_format=k_format,
+        v_format=v_format,
+        slots_shape=slots_shape,
+        cache_layout=cache_layout,
+        qkv_layout=draw(st.sampled_from(QKV_LAYOUTS)),
+        cos_layout=draw(st.sampled_from(TABLE_LAYOUTS)),
+        sin_layout=draw(st.sampled_from(TABLE_LAYOUTS)),
+        max_seq_len=draw(st.integers(1, 70)),
+        pos_shape=pos_shape,
+        pos_dtype=draw(st.sampled_from([torch.int32, torch.int64])),
+        pos_strided=draw(st.booleans()),
+        padding=tuple(draw(st.lists(st.booleans(), min_size=tokens, max_size=tokens))),
+        scale_form=draw(st.sampled_from(["float", "tensor_0d", "tensor_1"])),
+        k_scale=2.0 ** draw(st.integers(-9, 3)) * draw(st.sampled_from([1.0, 0.75, 1.3])),
+        v_scale=2.0 ** draw(st.integers(-9, 3)) * draw(st.sampled_from([1.0, 0.75, 1.3])),
+        bad=draw(st.sampled_from(BAD_CACHE_CALLS)) if draw(st.integers(0, 9)) == 0 else None,
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+def _qkv(case, device, gen):
+    """q (T, Hq, D), k (T, Hkv, D), v (T, Hkv, Dv) in the case's layout."""
+    T, hq, hkv, D, Dv = case.tokens, case.q_heads, case.kv_heads, case.head_dim, case.v_dim
+    if case.qkv_layout == "fused":  # one (T, Hq D + Hkv D + Hkv Dv + 3) projection
+        width = (hq + hkv) * D + hkv * Dv
+        qkv = _filled((T, width + 3), case.dtype, device, gen)
+        q = qkv[:, : hq * D].view(T, hq, D)
+        k = qkv[:, hq * D : (hq + hkv) * D].view(T, hkv, D)
+        return q, k, qkv[:, (hq + hkv) * D : width].view(T, hkv, Dv)
+    return tuple(
+        make_with_layout(shape, case.qkv_layout, case.dtype, device, gen)
+        for shape in ((T, hq, D), (T, hkv, D), (T, hkv, Dv))
+    )
+
+
+def _slot_mapping(case, bad, gen):
+    """Distinct slots, padding tokens negative; ``bad``: the last token's slot past the caches, or
+    the first token's slot again."""
+    num_slots = math.prod(case.slots_shape)
+    perm = torch.randperm(num_slots, generator=gen)[: case.tokens]
+    negative = -1 - torch.randint(0, 5, (case.tokens,), generator=gen)
+    slots = torch.where(torch.tensor(case.padding, dtype=torch.bool), negative, perm)
+    if bad == "slot_out_of_range":
+        slots[-1] = num_slots + int(torch.randint(0, 3, (), generator=gen))
+    elif bad == "slot_repeated":
+        slots[0] = slots[-1] = perm[0]
+    return slots
+
+
+def check_cache_case(case: CacheCase, device: str):
+    gen = torch.Generator().manual_seed(case.seed)
+    cos = make_table(case.max_seq_len, case.half, case.cos_layout, case.table_dtype, device, gen)
+    sin = make_table(case.max_seq_len, case.half, case.sin_layout, case.table_dtype, device, gen)
+    q, k, v = _qkv(case, device, gen)
+    pos = torch.randint(0, case.max_seq_len, case.pos_shape + (2,), generator=gen)
+    pos = (pos[..., 1] if case.pos_strided else pos[..., 0].contiguous()).to(case.pos_dtype)
+    bad = case.bad if device == "cpu" else None  # CUDA: device asserts, no host check
+    if bad == "position_out_of_range" and not (pos.numel() and case.tokens):
+        bad = None
+    if case.tokens < {"slot_out_of_range": 1, "slot_repeated": 2}.get(bad, 0):
+        bad = None  # no token (no two tokens) to give the bad slot
+    if bad == "position_out_of_range":
+        poison_last_position(pos, case.max_seq_len, case.seed)
+    slot_mapping = _slot_mapping(case, bad, gen)
+
+    def cache_dtype(fmt):
+        return case.dtype if fmt == "same" else fmt
+
+    k_cache, v_cache, bases = make_caches(
+        case.cache_layout, case.slots_shape, case.kv_heads, case.head_dim, case.v_dim,
+        cache_dtype(case.k_format), cache_dtype(case.v_format) if case.with_v else None,
+        device, gen,
+    )  # fmt: skip
+
+    def scale(fmt, value):
+        if fmt == "same":
+            return None
+        if case.scale_form == "float":
+            return value
+        t = torch.tensor(value, dtype=torch.float32, device=device)
+        return t if case.scale_form == "tensor_0d" else t.view(1)
+
+    k_scale = scale(case.k_format, case.k_scale)
+    v_scale = scale(case.v_format, case.v_scale) if case.with_v else None
+    sample = KvCacheSample(
+        f"fuzz-{case.seed}", (q, k, v) if case.with_v else (q, k), cos, sin, pos.to(device),
+        k_cache, v_cache, slot_mapping.to(device), bases, interleaved=case.interleaved,
+        k_scale=k_scale, v_scale=v_scale,
+    )  # fmt: skip
+    before = sample.snapshot()
+    if bad is not None:
+        message = {
+            "slot_out_of_range": r"slot_mapping must be < the caches' slot count",
+            "slot_repeated": r"slot_mapping holds slot \d+ twice",
+            "position_out_of_range": r"positions must be in \[0, max_seq_len\)",
+        }[bad]
+        with pytest.raises((IndexError, RuntimeError), match=r"rope\.apply_qk_cache: " + message):
+            sample.call()
+        _, bases_before = before
+        for base, base_before in zip(bases, bases_before):
+            assert same_bits(base, base_before), "a call that raised wrote a cache"
+        return
+    sample.check(sample.call(), before)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@settings(max_examples=CACHE_FAST_EXAMPLES)
+@given(case=cache_cases())
+def test_fuzz_apply_qk_cache_against_float64_reference(case, device):
+    check_cache_case(case, device)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@settings(max_examples=CACHE_SLOW_EXAMPLES)
+@given(case=cache_cases())
+def test_fuzz_apply_qk_cache_against_float64_reference_many(case, device):
+    check_cache_case(case, device)

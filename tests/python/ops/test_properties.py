@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""The properties that make RoPE what it is, shown on the library's output (and a check that the
-two test oracles agree with each other and with the explicit rotation matrix)."""
+"""The properties that make RoPE what it is, shown on the library's output (and checks of the test
+oracles themselves: the two RoPE routes against each other and the explicit rotation matrix, the
+RMSNorm one against scalar math, the float8 storage rule and the cache's slots)."""
 
 import math
 
@@ -49,6 +50,64 @@ def test_oracles_related_by_deinterleave_permutation():
     complex_form = ref.rope_complex(x, ang)
     rotate_half_form = ref.rope_rotate_half(x[..., perm], ang)
     torch.testing.assert_close(complex_form[..., perm], rotate_half_form, rtol=1e-13, atol=1e-13)
+
+
+def test_rms_norm_oracle_equals_scalar_math():
+    # Row by row with Python's own floats (math.fsum, math.sqrt), not torch's reductions; and
+    # through tables that turn nothing (cos 1, sin 0) the fused oracle is the norm alone.
+    x = torch.randn(3, 2, 10, dtype=torch.float64)
+    w = torch.randn(10, dtype=torch.float64)
+    got = ref.rms_norm(x, w, eps=0.25, weight_offset=1.0)
+    for index in range(6):
+        row = x.reshape(-1, 10)[index].tolist()
+        r = 1.0 / math.sqrt(math.fsum(v * v for v in row) / 10 + 0.25)
+        want = [v * r * (wi + 1.0) for v, wi in zip(row, w.tolist())]
+        torch.testing.assert_close(got.reshape(-1, 10)[index].tolist(), want, rtol=1e-14, atol=0)
+    cos, sin = torch.ones(4, 3, dtype=torch.float64), torch.zeros(4, 3, dtype=torch.float64)
+    fused = ref.rms_norm_rope_with_tables(
+        x, w, cos, sin, torch.tensor([0, 3]), eps=0.25, weight_offset=1.0,
+        interleaved=False,
+    )  # fmt: skip
+    torch.testing.assert_close(fused, got, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fp8", ref.FP8_DTYPES, ids=dtype_id)
+def test_fp8_oracle_is_the_storage_rule(fp8):
+    # The formats' largest values, written from their encodings, are torch's; every finite byte
+    # pattern is stored as itself at scale 1; past the largest value it saturates, with the sign;
+    # a scale divides; zero slack brackets one byte.
+    assert ref.FP8_MAX[fp8] == torch.finfo(fp8).max
+    every = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(fp8)
+    finite = every[every.float().isfinite()]
+    stored = ref.quantize_fp8(finite.float(), 1.0, fp8)
+    assert torch.equal(stored.view(torch.uint8), finite.view(torch.uint8))
+    big = torch.tensor([1e30, -1e30, 2 * ref.FP8_MAX[fp8]], dtype=torch.float64)
+    assert ref.quantize_fp8(big, 1.0, fp8).double().tolist() == [
+        ref.FP8_MAX[fp8], -ref.FP8_MAX[fp8], ref.FP8_MAX[fp8]
+    ]  # fmt: skip
+    assert ref.quantize_fp8(torch.tensor([3.0]), 0.5, fp8).double().item() == 6.0
+    lo, hi = ref.fp8_bounds(finite.double(), torch.zeros(()), 1.0, fp8, torch.float32)
+    assert torch.equal(lo.double(), hi.double())  # (-0 - 0 is -0, -0 + 0 is +0: equal values)
+
+
+def test_cache_oracle_finds_a_slot_in_a_flat_and_a_paged_cache_alike():
+    # Slot s of a paged (num_blocks, block_size, H, D) cache is row s of the same memory viewed
+    # flat (num_slots, H, D).
+    paged = torch.randn(5, 4, 2, 3)
+    flat = paged.view(20, 2, 3)
+    slots = torch.tensor([0, 3, 4, 19, 7])
+    assert torch.equal(
+        paged[ref.cache_row_index(paged, slots)], flat[ref.cache_row_index(flat, slots)]
+    )
+    q = torch.randn(5, 2, 4, dtype=torch.float64)
+    cos, sin = torch.randn(8, 2, dtype=torch.float64), torch.randn(8, 2, dtype=torch.float64)
+    positions = torch.tensor([1, 2, 3, 4, 5]).view(5, 1)
+    q_out, k_rows, v_rows, stored = ref.rope_into_cache(
+        q, q[:, :1], None, cos, sin, positions, torch.tensor([3, -1, 0, -7, 2]), interleaved=True
+    )
+    assert stored.tolist() == [3, 0, 2] and v_rows is None
+    # (the complex product is vectorised differently for 2 heads and for 1: an ulp apart)
+    torch.testing.assert_close(k_rows, q_out[[0, 2, 4], :1], rtol=1e-14, atol=1e-14)
 
 
 # ---- the library --------------------------------------------------------------------------------

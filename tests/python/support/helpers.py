@@ -89,6 +89,50 @@ def assert_matches_reference(
     torch.testing.assert_close(out.cpu(), want.to(x.dtype), **TOLERANCES[x.dtype])
 
 
+def rotation_error_bound(
+    x,
+    cos,
+    sin,
+    positions,
+    *,
+    interleaved,
+    math_dtype,
+    mrope_section=None,
+    mrope_interleaved=False,
+):
+    """How far a correct rotation of ``x`` by the tables, computed in ``math_dtype`` (float32, or
+    float64 for float64 x), may be from the float64 oracle, per element (float64, on the CPU): a
+    few roundings of each plane's terms, ``4 eps (|a| + |b|)(|c| + |s|)``, which also covers
+    float64 tables rounded to float32 for the math; 0 for the features past rotary_dim. Storage
+    rounding is the caller's to add."""
+    x64 = x.detach().cpu().to(torch.float64)
+    bound = torch.zeros_like(x64)
+    half = cos.shape[-1]
+    if half == 0 or x64.numel() == 0:
+        return bound
+    math_eps = torch.finfo(math_dtype).eps / 2
+    p = ref.plane_positions(positions, x64.shape[:-1], half, mrope_section, mrope_interleaved)
+    k = torch.arange(half)
+    magnitude = cos.detach().cpu().double()[p, k].abs() + sin.detach().cpu().double()[p, k].abs()
+    ia = torch.arange(0, 2 * half, 2) if interleaved else torch.arange(half)
+    ib = ia + 1 if interleaved else ia + half
+    plane = 4 * math_eps * (x64[..., ia].abs() + x64[..., ib].abs()) * magnitude
+    bound[..., ia] += plane
+    bound[..., ib] += plane
+    return bound
+
+
+def same_bits(a, b):
+    """``a`` and ``b`` hold the same bytes (same shape and dtype): torch.equal, also for float8,
+    which torch.equal refuses before torch 2.5, and NaN == NaN."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point():
+        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        a, b = a.contiguous().view(bits), b.contiguous().view(bits)
+    return torch.equal(a, b)
+
+
 def randn(*shape, dtype=torch.float32, device="cpu"):
     return torch.randn(*shape, dtype=torch.float64).to(dtype=dtype, device=device)
 

@@ -1,9 +1,19 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Test oracles for RoPE, written from the math and independent of torch_rope.
+"""Test oracles, written from the math and independent of torch_rope: one section per op family.
 
-Nothing here imports the library. Angles are computed in float64 from the positions, and the two
-oracles get there by different routes, so a bug would have to be made twice, in two different
-ways, to slip through:
+Nothing here imports the library. Each family's oracle is a separate block, so a new op family
+appends its own section (and reuses the rotation below rather than writing a third one):
+
+* **RoPE** (``apply``, ``apply_``, ``apply.out``, ``apply_qk``): :func:`rope_with_tables`,
+  :func:`rope`, :func:`angles` and what they are built from (below).
+* **Fused QK-RMSNorm + RoPE** (``rms_norm_apply_qk``): :func:`rms_norm` and
+  :func:`rms_norm_rope_with_tables`.
+* **RoPE into a KV cache** (``apply_qk_cache``): :func:`rope_into_cache` (q rotated, the rows
+  written and where), :func:`cache_row_index` (flat or paged slots) and the float8 storage rule
+  :func:`quantize_fp8` / :func:`fp8_bounds`.
+
+The RoPE oracle: angles are computed in float64 from the positions, and two oracles get there by
+different routes, so a bug would have to be made twice, in two different ways, to slip through:
 
 * :func:`rope_complex` - the interleaved layout as complex multiplication (Meta Llama's
   ``view_as_complex(x) * polar(1, angle)``), in complex128.
@@ -29,8 +39,12 @@ and both :func:`angles` and :func:`rope_with_tables` take it from there, so both
 the caller's tables, each through the complex and the rotate_half form) see multi-axis positions.
 """
 
+from typing import Optional, Tuple
+
 import torch
 from torch import Tensor
+
+# ---- RoPE: apply, apply_, apply.out, apply_qk ----------------------------------------------------
 
 
 def inv_freq(rotary_dim: int, theta: float = 10000.0) -> Tensor:
@@ -211,3 +225,117 @@ def rope_matrix(angle_row: Tensor, head_dim: int, *, interleaved: bool) -> Tenso
         c, s = torch.cos(angle_row[k]), torch.sin(angle_row[k])
         m[a, a], m[a, b], m[b, a], m[b, b] = c, -s, s, c
     return m
+
+
+# ---- fused QK-RMSNorm + RoPE: rms_norm_apply_qk -------------------------------------------------
+# Normalise each row over its whole head_dim, then rotate it as apply_qk does (the tables' own
+# values, so real, float64 and arbitrary tables all compare tightly).
+
+
+def rms_norm(x: Tensor, weight: Tensor, *, eps: float, weight_offset: float = 0.0) -> Tensor:
+    """float64 ``x / sqrt(mean(x**2) + eps) * (weight + weight_offset)`` over the last dim, on the
+    CPU; differentiable in ``x`` and ``weight``."""
+    x64 = x.cpu().to(torch.float64)
+    w64 = weight.cpu().to(torch.float64)
+    return x64 / torch.sqrt(x64.square().mean(-1, keepdim=True) + eps) * (w64 + weight_offset)
+
+
+def rms_norm_rope_with_tables(
+    x: Tensor,
+    weight: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    positions: Tensor,
+    *,
+    eps: float,
+    weight_offset: float = 0.0,
+    interleaved: bool,
+    inverse: bool = False,
+    mrope_section=None,
+    mrope_interleaved: bool = False,
+) -> Tensor:
+    """float64 oracle of one output of ``rms_norm_apply_qk``: :func:`rms_norm`, then
+    :func:`rope_with_tables` (features past rotary_dim only normalised). Differentiable in ``x``
+    and ``weight``, so the gradients of the four inputs can be compared too."""
+    return rope_with_tables(
+        rms_norm(x, weight, eps=eps, weight_offset=weight_offset),
+        cos,
+        sin,
+        positions,
+        interleaved=interleaved,
+        inverse=inverse,
+        mrope_section=mrope_section,
+        mrope_interleaved=mrope_interleaved,
+    )
+
+
+# ---- RoPE into a KV cache: apply_qk_cache --------------------------------------------------------
+# q rotated as apply_qk rotates it; token t stores its rotated k row (and its v row as it is) at
+# slot slot_mapping[t] of the caches, nothing for a negative (padding) slot. A 16/32-bit cache
+# holds the values in its dtype; a float8 cache the storage rule below.
+
+# The largest finite value of each float8 format, from its encoding: e4m3fn's 1.110 x 2^8 (its
+# all-ones pattern is NaN, so 1.111 x 2^8 is not a number) and e5m2's 1.11 x 2^15 (an IEEE layout).
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+FP8_DTYPES = tuple(FP8_MAX)
+
+
+def rope_into_cache(
+    q: Tensor,
+    k: Tensor,
+    v: Optional[Tensor],
+    cos: Tensor,
+    sin: Tensor,
+    positions: Tensor,
+    slot_mapping: Tensor,
+    *,
+    interleaved: bool,
+) -> Tuple[Tensor, Tensor, Optional[Tensor], Tensor]:
+    """float64 oracle of ``apply_qk_cache``, on the CPU: ``(q_out, k_rows, v_rows, slots)``.
+
+    ``q_out`` is ``q`` rotated; ``k_rows`` (``v_rows``) are the rotated k rows (the v rows, None
+    without v) of the tokens whose slot is >= 0, in token order, and ``slots`` their slots.
+    positions broadcast to ``(T, H)`` of q and of k, as in apply_qk."""
+    q_out = rope_with_tables(q.detach(), cos, sin, positions, interleaved=interleaved)
+    k_out = rope_with_tables(k.detach(), cos, sin, positions, interleaved=interleaved)
+    slots = slot_mapping.detach().cpu().to(torch.int64)
+    stored = slots >= 0
+    v_rows = None if v is None else v.detach().cpu().to(torch.float64)[stored]
+    return q_out, k_out[stored], v_rows, slots[stored]
+
+
+def cache_row_index(cache: Tensor, slots: Tensor) -> Tuple[Tensor, ...]:
+    """The index of the rows of ``slots`` (>= 0) in a flat ``(num_slots, H, D)`` cache, or a paged
+    ``(num_blocks, block_size, H, D)`` one: slot ``s`` is block ``s // block_size``, row
+    ``s % block_size``. ``cache[cache_row_index(cache, slots)]`` is ``(len(slots), H, D)``."""
+    slots = slots.to(device=cache.device, dtype=torch.int64)
+    if cache.dim() == 3:
+        return (slots,)
+    block_size = cache.size(1)
+    return (torch.div(slots, block_size, rounding_mode="floor"), slots % block_size)
+
+
+def quantize_fp8(value: Tensor, scale, fp8_dtype: torch.dtype) -> Tensor:
+    """The float8 storage rule: ``(value / scale).clamp(-max, max).to(fp8_dtype)`` with PyTorch's
+    own conversion (round to nearest even; NaN stays NaN). ``scale`` is a float32 number (the
+    op's scale is a float32 tensor; a Python float is rounded to float32 first). The division is
+    in ``value``'s dtype: pass float32 values (16-bit ones widened) or float64 ones, as the op
+    computes them. On the CPU."""
+    value = value.detach().cpu()
+    assert value.dtype in (torch.float32, torch.float64), "widen 16-bit values first"
+    s = torch.as_tensor(scale).detach().cpu().to(torch.float32).reshape(())
+    m = FP8_MAX[fp8_dtype]
+    return (value / s.to(value.dtype)).clamp(-m, m).to(fp8_dtype)
+
+
+def fp8_bounds(
+    value: Tensor, slack: Tensor, scale, fp8_dtype: torch.dtype, math_dtype: torch.dtype
+) -> Tuple[Tensor, Tensor]:
+    """float8 bytes ``(lo, hi)`` that the stored byte must lie between (decoded) when the op
+    computes ``value`` (float64) in ``math_dtype`` with an error of at most ``slack``: the
+    storage rule is monotone, so whatever the op computed within the slack quantizes between
+    the quantizations of the slack's two ends. With zero slack they decode alike: the exact byte."""
+    value = value.detach().cpu().to(torch.float64)
+    lo = quantize_fp8((value - slack).to(math_dtype), scale, fp8_dtype)
+    hi = quantize_fp8((value + slack).to(math_dtype), scale, fp8_dtype)
+    return lo, hi

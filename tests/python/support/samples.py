@@ -1,26 +1,60 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""The suite's one catalogue of op inputs, kept the way pytorch/extension-cpp keeps it.
+"""The suite's one catalogue of op inputs, kept the way pytorch/extension-cpp keeps it: one block
+per op family, every block feeding the same checks.
 
 ``GEOMETRIES`` builds ``(x, positions)`` for every documented layout and positions shape, and for
 the awkward strides callers hand over (slices of fused projections, transposes, misaligned and
-padded rows, expanded inputs and positions). ``sample_inputs(device, requires_grad)`` turns them
-into small :class:`Sample` calls of every op - ``apply``, ``apply_``, ``apply.out``,
-``apply_qk`` - over every dtype, both pair layouts, forward and inverse, full and partial rotary,
-int32 and int64 positions, and trigonometric, float64 and arbitrary tables; and the same again
-with multi-axis positions (``mrope_section``: both section layouts, one to four axes, an axis of
-no planes, positions with the axis dim last in memory or first, as HF's ``(3, B, S)``
-position_ids permuted). Those samples feed
-the correctness test (against references.py), gradcheck / gradgradcheck and the differentiated
-oracle, ``torch.library.opcheck`` and ``torch.compile`` (test_samples.py); test_apply.py crosses
-``GEOMETRIES`` with dtypes, head_dims and both pair layouts.
+padded rows, expanded inputs and positions). Each op family then has a block of three parts:
+
+1. a sample class (an :class:`OpSample`): one call of one of its ops, run through the typed API
+   (``call``) or as the raw op with its arguments (``overload``, ``op_args``, for opcheck), its
+   float64 oracle from references.py (``expected``, differentiable in the inputs), and ``check``:
+   the call's results against that oracle within the dtype's tolerance, and everything the call
+   must leave alone left alone;
+2. a plan: rows of inputs chosen so that every dtype, both pair layouts, partial rotary, int32
+   and int64 positions, multi-axis positions and the awkward strides each meet every op;
+3. a builder, ``<family>_samples(device, requires_grad)``, registered with
+   :func:`register_family`.
+
+``sample_inputs(device, requires_grad)`` returns every family's samples; test_samples.py runs each
+through the correctness check, the gradients of the differentiable ones (the differentiated
+oracle in every dtype, gradcheck and gradgradcheck in float64), ``torch.library.opcheck`` and
+``torch.compile(fullgraph=True)``. A new op (or a new form of one) appends its block; nothing in
+test_samples.py changes. The families:
+
+* **rope** - ``apply``, ``apply_``, ``apply.out``, ``apply_qk`` over every geometry, forward and
+  inverse, trigonometric, float64 and arbitrary tables, and again with multi-axis positions
+  (``mrope_section``: both section layouts, one to four axes, an axis of no planes, positions with
+  the axis dim last in memory or first, as HF's ``(3, B, S)`` position_ids permuted);
+* **rms_norm** - ``rms_norm_apply_qk`` over ``QK_GEOMETRIES`` (q and k of GQA/MQA head counts:
+  decode, packed, fused-qkv slices, a last-dim stride, a misaligned start, transposes, strided and
+  expanded positions, an empty q), eps and Gemma's weight offset, weights of another dtype or
+  strided, multi-axis positions;
+* **kv_cache** - ``apply_qk_cache`` over ``CACHE_GEOMETRIES`` (q, k, v of ``(T, H, D)``: fused-qkv
+  slices, a last-dim stride, a misaligned start, per-head, broadcast and strided positions, no
+  tokens) into flat and paged caches, caches that are halves of one buffer or rows padded for
+  alignment, 16/32-bit and float8 caches (both formats, the scale as a Python float, a 0-d or a
+  1-element tensor), padding (negative) slots, and no v.
+
+test_apply.py crosses ``GEOMETRIES`` with dtypes, head_dims and both pair layouts;
+test_rms_norm_apply_qk.py and test_apply_qk_cache.py cross their family's geometries with dtypes
+and layouts through the same builders and checks.
 """
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import references as ref
 import torch
-from helpers import dtype_id, make_tables, randn, table_dtype_for
+from helpers import (
+    TOLERANCES,
+    dtype_id,
+    make_tables,
+    randn,
+    rotation_error_bound,
+    same_bits,
+    table_dtype_for,
+)
 from torch import Tensor
 
 import torch_rope
@@ -170,14 +204,102 @@ GEOMETRIES: Dict[str, Callable] = {
 READ_ONLY_GEOMETRIES = {"expanded"}
 
 
-# ---- samples -------------------------------------------------------------------------------------
+# ---- the sample protocol and the family registry -----------------------------------------------
 
-OPS = ("apply", "apply_", "apply.out", "apply_qk")
+
+class OpSample:
+    """What every family's sample provides; test_samples.py uses nothing else.
+
+    ``inputs`` are the tensors ``call`` takes (``call()`` uses the sample's own): the leaves the
+    gradient checks differentiate, and the compiled function's arguments."""
+
+    name: str
+    op: str
+    inputs: Tuple[Tensor, ...]
+    # torch.library.opcheck's keyword arguments (e.g. the test_utils a float8 call can run), and
+    # the torch it needs, as needs_torch's (version, what) (None: any torch the project builds on).
+    opcheck_kwargs: dict = {}
+    opcheck_needs_torch: Optional[Tuple[str, str]] = None
+
+    @property
+    def overload(self):
+        """The raw op, ``torch.ops.rope.<op>.<overload>``."""
+        raise NotImplementedError
+
+    @property
+    def differentiable(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.inputs[0].dtype
+
+    def op_args(self):
+        """``(args, kwargs)`` of the raw op, as torch.library.opcheck takes them."""
+        raise NotImplementedError
+
+    def call(self, *inputs: Tensor) -> Tuple[Tensor, ...]:
+        """Runs the op through the typed API (torch_rope.*) and returns its results."""
+        raise NotImplementedError
+
+    def expected(self, inputs: Optional[Tuple[Tensor, ...]] = None) -> Tuple[Tensor, ...]:
+        """The float64 oracle (on the CPU) of each of ``call``'s results, differentiable in
+        ``inputs`` (default: the sample's own)."""
+        raise NotImplementedError
+
+    def written(self) -> Tuple[Tensor, ...]:
+        """The tensors a call writes besides its results (apply_'s x, out, the caches)."""
+        return ()
+
+    def snapshot(self):
+        """What ``check`` needs of the state before the call: copies of what the call reads."""
+        return tuple(x.detach().clone() for x in self.inputs)
+
+    def check(self, results: Tuple[Tensor, ...], before) -> None:
+        """``results`` of ``call()`` against the oracle, and nothing written that must not be."""
+        raise NotImplementedError
+
+
+# family name -> (its ops, its builder ``(device, requires_grad) -> [samples]``), in order.
+FAMILIES: Dict[str, Tuple[Tuple[str, ...], Callable[..., List[OpSample]]]] = {}
+
+
+def register_family(name: str, ops: Tuple[str, ...], builder: Callable[..., List[OpSample]]):
+    assert name not in FAMILIES, f"family {name} registered twice"
+    FAMILIES[name] = (tuple(ops), builder)
+
+
+def all_ops() -> Tuple[str, ...]:
+    """Every op of every family."""
+    return tuple(op for ops, _ in FAMILIES.values() for op in ops)
+
+
+def sample_inputs(device, requires_grad: bool) -> List[OpSample]:
+    """Every family's samples, built on ``device``. With ``requires_grad`` the differentiable
+    inputs are leaves that require grad, and the ops that are not differentiable (apply.out,
+    apply_qk_cache) have no samples."""
+    samples = [s for _, builder in FAMILIES.values() for s in builder(device, requires_grad)]
+    assert not requires_grad or all(s.differentiable for s in samples)
+    return samples
+
+
+def sample_ids(requires_grad: bool):
+    """The samples' names, for pytest ids (built once on the CPU at collection)."""
+    return [s.name for s in sample_inputs("cpu", requires_grad)]
+
+
+def _assert_unchanged(now: Tensor, before: Tensor, what: str):
+    assert same_bits(now, before), f"{what} was modified"
+
+
+# ---- family: rope (apply, apply_, apply.out, apply_qk) -----------------------------------------
+
+ROPE_OPS = ("apply", "apply_", "apply.out", "apply_qk")
 
 
 @dataclass
-class Sample:
-    """One call of one op. ``inputs`` are the tensors it rotates: ``(x,)``, or ``(q, k)``."""
+class RopeSample(OpSample):
+    """One call of one rope op. ``inputs`` are the tensors it rotates: ``(x,)``, or ``(q, k)``."""
 
     name: str
     op: str
@@ -203,10 +325,6 @@ class Sample:
     @property
     def differentiable(self) -> bool:
         return self.op != "apply.out"  # out= is not differentiable, as aten's out= ops
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.inputs[0].dtype
 
     @property
     def kwargs(self) -> dict:
@@ -252,6 +370,30 @@ class Sample:
             ref.rope_with_tables(x, self.cos, self.sin, self.positions, **self.kwargs)
             for x in inputs
         )
+
+    def written(self) -> Tuple[Tensor, ...]:
+        return (self.out,) if self.op == "apply.out" else ()
+
+    def check(self, results, before):
+        # before: copies of the inputs (apply_ overwrites its x).
+        want = self.expected(before)
+        rotary_dim = 2 * self.cos.size(-1)
+        for out, x_before, expected in zip(results, before, want):
+            assert out.shape == x_before.shape and out.dtype == x_before.dtype
+            assert out.device == x_before.device
+            torch.testing.assert_close(out.cpu(), expected.to(out.dtype), **TOLERANCES[out.dtype])
+            assert torch.equal(out[..., rotary_dim:], x_before[..., rotary_dim:]), (
+                "pass-through features changed"
+            )
+        if self.op == "apply_":
+            assert results[0] is self.inputs[0], "apply_ must return x itself"
+        elif self.op == "apply.out":
+            assert results[0] is self.out, "apply(..., out=) must return out"
+        else:
+            assert all(out.is_contiguous() for out in results)
+        if self.op != "apply_":
+            for x, x_before in zip(self.inputs, before):
+                assert torch.equal(x, x_before), f"{self.op} modified its input"
 
 
 def _tables(kind, rotary_dim, dtype, device):
@@ -429,9 +571,9 @@ def _mrope_id(section, mrope_interleaved):
     return f"-mrope{'_'.join(map(str, section))}{'-il3' if mrope_interleaved else ''}"
 
 
-def sample_inputs(device, requires_grad: bool):
-    """Every sample, built on ``device``. With ``requires_grad`` the rotated inputs are leaves
-    that require grad, and apply.out (not differentiable) has no samples."""
+def rope_samples(device, requires_grad: bool) -> List[OpSample]:
+    """The rope family's samples, built on ``device``. With ``requires_grad`` the rotated inputs
+    are leaves that require grad, and apply.out (not differentiable) has no samples."""
 
     def leaf(t):
         return t.detach().requires_grad_() if requires_grad else t
@@ -451,7 +593,7 @@ def sample_inputs(device, requires_grad: bool):
             f"{'-int32' if int32 else ''}"
         )
         samples.append(
-            Sample(
+            RopeSample(
                 name,
                 op,
                 (leaf(x),),
@@ -471,7 +613,9 @@ def sample_inputs(device, requires_grad: bool):
             f"{'il' if interleaved else 'half'}{'-inv' if inverse else ''}-{tables}"
         )
         samples.append(
-            Sample(name, "apply_qk", (leaf(q), leaf(k)), cos, sin, positions, interleaved, inverse)
+            RopeSample(
+                name, "apply_qk", (leaf(q), leaf(k)), cos, sin, positions, interleaved, inverse
+            )
         )
     for i, row in enumerate(_MROPE_PLAN):
         op, geometry, dtype, D, rotary_dim, interleaved, inverse, tables, int32 = row[:9]
@@ -492,7 +636,7 @@ def sample_inputs(device, requires_grad: bool):
             f"{'-axis_first' if axis_first else ''}"
         )
         samples.append(
-            Sample(
+            RopeSample(
                 name,
                 op,
                 (leaf(x),),
@@ -518,7 +662,7 @@ def sample_inputs(device, requires_grad: bool):
             f"{_mrope_id(section, mrope_interleaved)}"
         )
         samples.append(
-            Sample(
+            RopeSample(
                 name,
                 "apply_qk",
                 (leaf(q), leaf(k)),
@@ -534,6 +678,708 @@ def sample_inputs(device, requires_grad: bool):
     return samples
 
 
-def sample_ids(requires_grad: bool):
-    """The samples' names, for pytest ids (built once on the CPU at collection)."""
-    return [s.name for s in sample_inputs("cpu", requires_grad)]
+register_family("rope", ROPE_OPS, rope_samples)
+
+
+# ---- family: rms_norm (rms_norm_apply_qk) -------------------------------------------------------
+# q and k of their own head counts (GQA, MQA) with positions that broadcast to both. Each builder
+# returns (q, k, positions) for head_dim D: values N(0, 1), positions int64 in [0, MAX_SEQ_LEN).
+# Small sizes: gradcheck builds a numel x numel Jacobian.
+
+RMS_NORM_OPS = ("rms_norm_apply_qk",)
+
+
+def _qk(q_shape, k_shape, dtype, device):
+    return randn(*q_shape, dtype=dtype, device=device), randn(*k_shape, dtype=dtype, device=device)
+
+
+def _qk_bhsd_seq_positions(hq, hk, D, dtype, device, b=2, s=3):
+    q, k = _qk((b, hq, s, D), (b, hk, s, D), dtype, device)
+    return q, k, spread_positions(s, device)
+
+
+def _qk_bhsd_per_sequence(hq, hk, D, dtype, device, b=2, s=3):
+    q, k = _qk((b, hq, s, D), (b, hk, s, D), dtype, device)
+    return q, k, torch.randint(0, MAX_SEQ_LEN, (b, 1, s), device=device)
+
+
+def _qk_bshd_decode(hq, hk, D, dtype, device, b=2, s=3):
+    # (B, 1, H, D): one new token per sequence, each at its own cache length.
+    q, k = _qk((b, 1, hq, D), (b, 1, hk, D), dtype, device)
+    lengths = MAX_SEQ_LEN - 1 - 23 * torch.arange(b - 1, -1, -1)
+    return q, k, lengths.to(device).view(b, 1, 1)
+
+
+def _qk_packed_varlen(hq, hk, D, dtype, device, b=2, s=3):
+    lengths = (2, 1)  # two sequences, one of a single token
+    positions = torch.cat([torch.arange(n) for n in lengths]).to(device).unsqueeze(-1)  # (T, 1)
+    return (*_qk((3, hq, D), (3, hk, D), dtype, device), positions)
+
+
+def _qk_from_fused_qkv_bshd(hq, hk, D, dtype, device, b=2, s=3):
+    # q and k sliced out of one (B, S, (Hq + 2 Hk) D) projection: rows strided, last dim stride 1.
+    fused = randn(b, s, (hq + 2 * hk) * D, dtype=dtype, device=device)
+    q = fused[..., : hq * D].view(b, s, hq, D)
+    k = fused[..., hq * D : (hq + hk) * D].view(b, s, hk, D)
+    return q, k, (20 + torch.arange(s, device=device)).unsqueeze(-1)
+
+
+def _qk_last_dim_strided(hq, hk, D, dtype, device, b=2, s=3):
+    # q with last-dim stride 2 (read through a copy), k plain.
+    q, k = _qk((b, s, hq, 2 * D), (b, s, hk, D), dtype, device)
+    return q[..., ::2], k, spread_positions(s, device).unsqueeze(-1)
+
+
+def _qk_misaligned_storage_offset(hq, hk, D, dtype, device, b=2, s=3):
+    # Data pointers one element past an allocation: wide vector loads must not assume alignment.
+    q, k = _qk((b * s * hq * D + 1,), (b * s * hk * D + 1,), dtype, device)
+    q, k = q[1:].view(b, s, hq, D), k[1:].view(b, s, hk, D)
+    return q, k, spread_positions(s, device).unsqueeze(-1)
+
+
+def _qk_bshd_transposed_to_bhsd(hq, hk, D, dtype, device, b=2, s=3):
+    q, k = _qk((b, s, hq, D), (b, s, hk, D), dtype, device)
+    return q.transpose(1, 2), k.transpose(1, 2), spread_positions(s, device)
+
+
+def _qk_strided_positions(hq, hk, D, dtype, device, b=2, s=3):
+    # positions as a column of a wider tensor (stride 2).
+    q, k = _qk((b, hq, s, D), (b, hk, s, D), dtype, device)
+    return q, k, torch.randint(0, MAX_SEQ_LEN, (s, 2), device=device)[:, 1]
+
+
+def _qk_expanded_positions(hq, hk, D, dtype, device, b=2, s=3):
+    # One decode position for every row, as a stride-0 view.
+    q, k = _qk((b, s, hq, D), (b, s, hk, D), dtype, device)
+    return q, k, torch.tensor([41], device=device).expand(b, s, 1)
+
+
+def _qk_empty_q(hq, hk, D, dtype, device, b=2, s=3):
+    # No query tokens, three key tokens: one empty output, one full.
+    q, k = _qk((0, hq, D), (s, hk, D), dtype, device)
+    return q, k, torch.tensor([[MAX_SEQ_LEN - 1]], device=device)
+
+
+def _qk_single_row(hq, hk, D, dtype, device, b=2, s=3):
+    # 1-D q and k: one row each, a 0-dim position.
+    return (*_qk((D,), (D,), dtype, device), torch.tensor(29, device=device))
+
+
+QK_GEOMETRIES: Dict[str, Callable] = {
+    "bhsd_S": _qk_bhsd_seq_positions,
+    "bhsd_B1S": _qk_bhsd_per_sequence,
+    "bshd_decode": _qk_bshd_decode,
+    "packed_T1": _qk_packed_varlen,
+    "fused_qkv_bshd": _qk_from_fused_qkv_bshd,
+    "last_dim_strided": _qk_last_dim_strided,
+    "storage_offset_1": _qk_misaligned_storage_offset,
+    "transposed_bshd": _qk_bshd_transposed_to_bhsd,
+    "strided_positions": _qk_strided_positions,
+    "expanded_positions": _qk_expanded_positions,
+    "empty_q": _qk_empty_q,
+    "single_row_1d": _qk_single_row,
+}
+
+
+def _norm_weights(kind, D, dtype, device):
+    """``(q_weight, k_weight)``, values 1 + N(0, 0.5^2). ``own``: q's dtype; ``float32_k``:
+    k_weight float32 whatever q is; ``mixed``: bfloat16 and float64; ``strided``: q_weight a
+    stride-2 float32 view."""
+    g = torch.Generator().manual_seed(7 + D)
+    values = [1.0 + 0.5 * torch.randn(D, generator=g, dtype=torch.float64) for _ in range(2)]
+    if kind == "own":
+        dtypes = (dtype, dtype)
+    elif kind == "float32_k":
+        dtypes = (dtype, torch.float32)
+    elif kind == "mixed":
+        dtypes = (torch.bfloat16, torch.float64)
+    else:
+        assert kind == "strided", kind
+        wide = torch.stack([values[0], values[0]], dim=-1).reshape(2 * D)
+        return wide.to(torch.float32).to(device)[::2], values[1].to(dtype).to(device)
+    return tuple(v.to(d).to(device) for v, d in zip(values, dtypes))
+
+
+@dataclass
+class RmsNormSample(OpSample):
+    """One call of rms_norm_apply_qk. ``inputs``: ``(q, k, q_weight, k_weight)``."""
+
+    name: str
+    inputs: Tuple[Tensor, ...]
+    cos: Tensor
+    sin: Tensor
+    positions: Tensor
+    eps: float = 1e-6
+    weight_offset: float = 0.0
+    interleaved: bool = True
+    inverse: bool = False
+    mrope_section: Optional[Tuple[int, ...]] = None
+    mrope_interleaved: bool = False
+    heads: Tuple[int, int] = (1, 1)  # (q heads, k heads), for the coverage test
+    op: str = "rms_norm_apply_qk"
+
+    @property
+    def overload(self):
+        return torch.ops.rope.rms_norm_apply_qk.default
+
+    @property
+    def differentiable(self) -> bool:
+        return True
+
+    @property
+    def kwargs(self) -> dict:
+        kw = dict(
+            eps=self.eps,
+            weight_offset=self.weight_offset,
+            interleaved=self.interleaved,
+            inverse=self.inverse,
+        )
+        if self.mrope_section is not None:
+            kw.update(
+                mrope_section=list(self.mrope_section), mrope_interleaved=self.mrope_interleaved
+            )
+        return kw
+
+    def op_args(self):
+        return (*self.inputs, self.cos, self.sin, self.positions), self.kwargs
+
+    def call(self, *inputs: Tensor) -> Tuple[Tensor, ...]:
+        inputs = inputs or self.inputs
+        return tuple(
+            torch_rope.rms_norm_apply_qk(*inputs, self.cos, self.sin, self.positions, **self.kwargs)
+        )
+
+    def expected(self, inputs=None) -> Tuple[Tensor, ...]:
+        q, k, q_weight, k_weight = inputs or self.inputs
+        kw = self.kwargs
+        return tuple(
+            ref.rms_norm_rope_with_tables(x, w, self.cos, self.sin, self.positions, **kw)
+            for x, w in ((q, q_weight), (k, k_weight))
+        )
+
+    def check(self, results, before):
+        want = self.expected(before)
+        assert len(results) == 2
+        for out, x, expected in zip(results, before[:2], want):
+            assert out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
+            assert out.is_contiguous(), "rms_norm_apply_qk returns new contiguous tensors"
+            torch.testing.assert_close(out.cpu(), expected.to(out.dtype), **TOLERANCES[out.dtype])
+        for name, x, x_before in zip(("q", "k", "q_weight", "k_weight"), self.inputs, before):
+            _assert_unchanged(x, x_before, name)
+
+
+# (geometry, q heads, k heads, dtype, head_dim, rotary_dim, interleaved, inverse, tables,
+#  int32 positions, eps, weight_offset, weights, mrope (section, mrope_interleaved, axis_first))
+# Every dtype, both pair layouts forward and inverse, partial rotary, int32 and int64 positions,
+# GQA and MQA, Gemma's offset, weights of another dtype and strided, every QK geometry, and
+# multi-axis positions (both section layouts, 1 to 4 axes, an axis of no planes, axis-first
+# positions). The float64 rows are the gradcheck set: both pair layouts, inverse, partial rotary
+# with an offset, arbitrary tables, multi-axis.
+_RMS_NORM_PLAN = [
+    ("bhsd_S", 2, 1, torch.float64, 8, 8, True, False, "real", False, 1e-6, 0.0, "own", None),
+    ("bhsd_B1S", 2, 1, torch.float64, 8, 8, False, False, "real", False, 0.1, 0.0, "own", None),
+    ("packed_T1", 2, 1, torch.float64, 10, 6, False, True, "random", True, 0.1, 1.0, "own", None),
+    ("bshd_decode", 2, 1, torch.float64, 8, 8, False, False, "random", False, 0.5, 0.5, "own",
+     ((1, 2, 1), False, False)),
+    ("transposed_bshd", 2, 2, torch.float64, 8, 8, True, True, "real", True, 1e-6, 0.5, "own",
+     ((2, 1, 1), True, True)),
+    ("single_row_1d", 1, 1, torch.float64, 10, 6, True, False, "random", False, 1e-6, 1.0, "own",
+     None),
+    ("fused_qkv_bshd", 4, 2, torch.bfloat16, 24, 16, True, False, "real", False, 1e-6, 0.0,
+     "float32_k", None),
+    ("last_dim_strided", 2, 1, torch.float32, 16, 8, False, True, "float64", True, 1e-5, 1.0,
+     "strided", None),
+    ("storage_offset_1", 2, 2, torch.float16, 24, 24, True, False, "real", False, 1e-6, 0.0, "own",
+     None),
+    ("bhsd_B1S", 3, 1, torch.float32, 16, 16, False, False, "random", False, 0.5, 0.0, "mixed",
+     None),
+    ("strided_positions", 2, 2, torch.bfloat16, 16, 16, True, True, "real", True, 1e-6, 1.0,
+     "own", None),
+    ("packed_T1", 2, 1, torch.float16, 16, 16, True, True, "float64", True, 1e-6, 1.0, "own",
+     ((2, 3, 3), True, False)),
+    ("bhsd_S", 2, 1, torch.bfloat16, 16, 8, False, True, "real", False, 1e-6, 0.0, "own",
+     ((1, 1, 1, 1), False, True)),
+    ("expanded_positions", 2, 1, torch.float32, 16, 12, True, False, "real", False, 1e-6, 0.0,
+     "own", ((0, 3, 3), False, False)),
+    ("empty_q", 2, 1, torch.float32, 16, 16, False, False, "real", False, 1e-6, 0.0, "own", None),
+]  # fmt: skip
+
+
+def rms_norm_sample(
+    geometry,
+    hq,
+    hk,
+    dtype,
+    D,
+    rotary_dim,
+    interleaved,
+    inverse,
+    tables,
+    int32,
+    eps,
+    weight_offset,
+    weights,
+    mrope,
+    device,
+    requires_grad=False,
+    b=2,
+    s=3,
+) -> RmsNormSample:
+    """One rms_norm_apply_qk sample of a plan row (test_rms_norm_apply_qk.py crosses its own rows
+    with every dtype and layout through this). q is scaled by 3 and k by 0.2: the norm must not
+    care."""
+    q, k, positions = QK_GEOMETRIES[geometry](hq, hk, D, dtype, device, b=b, s=s)
+    with torch.no_grad():
+        q.mul_(3.0)
+        k.mul_(0.2)
+    section, mrope_interleaved, axis_first = mrope if mrope else (None, False, False)
+    pos_dtype = torch.int32 if int32 else torch.int64
+    if section is not None:
+        assert sum(section) == rotary_dim // 2, (geometry, section, rotary_dim)
+        positions = multi_axis_positions(positions, len(section), pos_dtype, axis_first)
+    else:
+        positions = positions.to(pos_dtype)
+    q_weight, k_weight = _norm_weights(weights, D, dtype, device)
+    cos, sin = _tables(tables, rotary_dim, dtype, device)
+    name = (
+        f"rms_norm_apply_qk-{geometry}-q{hq}k{hk}-{dtype_id(dtype)}-d{D}r{rotary_dim}-"
+        f"{'il' if interleaved else 'half'}{'-inv' if inverse else ''}-{tables}"
+        f"{'-int32' if int32 else ''}{f'-eps{eps:g}' if eps != 1e-6 else ''}"
+        f"{f'-offset{weight_offset:g}' if weight_offset else ''}"
+        f"{'' if weights == 'own' else '-w_' + weights}"
+        f"{_mrope_id(section, mrope_interleaved) if section is not None else ''}"
+        f"{'-axis_first' if axis_first else ''}"
+    )
+    inputs = (q, k, q_weight, k_weight)
+    if requires_grad:
+        inputs = tuple(t.detach().requires_grad_() for t in inputs)
+    return RmsNormSample(
+        name,
+        inputs,
+        cos,
+        sin,
+        positions,
+        eps=eps,
+        weight_offset=weight_offset,
+        interleaved=interleaved,
+        inverse=inverse,
+        mrope_section=section,
+        mrope_interleaved=mrope_interleaved,
+        heads=(hq, hk),
+    )
+
+
+def rms_norm_samples(device, requires_grad: bool) -> List[OpSample]:
+    """The rms_norm family's samples; with ``requires_grad`` q, k and both weights are leaves
+    that require grad."""
+    return [rms_norm_sample(*row, device, requires_grad) for row in _RMS_NORM_PLAN]
+
+
+register_family("rms_norm", RMS_NORM_OPS, rms_norm_samples)
+
+
+# ---- family: kv_cache (apply_qk_cache) ----------------------------------------------------------
+# q (T, Hq, D), k (T, Hkv, D), v (T, Hkv, Dv) and positions that broadcast to (T, H) of each; the
+# rows go to slots of a flat (num_slots, H, D) or paged (num_blocks, block_size, H, D) cache.
+
+KV_CACHE_OPS = ("apply_qk_cache",)
+CACHE_TOKENS = 5
+CACHE_BLOCKS, CACHE_BLOCK_SIZE = 4, 3  # 12 slots, flat or paged
+
+
+def _cache_contiguous(T, hq, hkv, D, Dv, dtype, device):
+    q = randn(T, hq, D, dtype=dtype, device=device)
+    k, v = (
+        randn(T, hkv, D, dtype=dtype, device=device),
+        randn(T, hkv, Dv, dtype=dtype, device=device),
+    )
+    return q, k, v, torch.randint(0, MAX_SEQ_LEN, (T, 1), device=device)
+
+
+def _cache_fused_qkv(T, hq, hkv, D, Dv, dtype, device):
+    # q, k, v sliced out of one (T, Hq D + Hkv D + Hkv Dv + 8) projection row (8: padding).
+    width = (hq + hkv) * D + hkv * Dv
+    qkv = randn(T, width + 8, dtype=dtype, device=device)
+    q = qkv[:, : hq * D].view(T, hq, D)
+    k = qkv[:, hq * D : (hq + hkv) * D].view(T, hkv, D)
+    v = qkv[:, (hq + hkv) * D : width].view(T, hkv, Dv)
+    return q, k, v, (10 + torch.arange(T, device=device)).view(T, 1)
+
+
+def _cache_last_dim_strided(T, hq, hkv, D, Dv, dtype, device):
+    # q and v with a last-dim stride of 2 (each copied once by the op), k plain.
+    q = randn(T, hq, 2 * D, dtype=dtype, device=device)[..., ::2]
+    v = randn(T, hkv, 2 * Dv, dtype=dtype, device=device)[..., ::2]
+    k = randn(T, hkv, D, dtype=dtype, device=device)
+    return q, k, v, spread_positions(T, device).view(T, 1)
+
+
+def _cache_misaligned(T, hq, hkv, D, Dv, dtype, device):
+    def offset_by_one(*shape):
+        n = 1
+        for size in shape:
+            n *= size
+        return randn(n + 1, dtype=dtype, device=device)[1:].view(*shape)
+
+    q, k, v = offset_by_one(T, hq, D), offset_by_one(T, hkv, D), offset_by_one(T, hkv, Dv)
+    return q, k, v, spread_positions(T, device).view(T, 1)
+
+
+def _cache_per_head_positions(T, hq, hkv, D, Dv, dtype, device):
+    # (T, H) positions: every head at its own position (as many q heads as k heads).
+    assert hq == hkv
+    q, k, v, _ = _cache_contiguous(T, hq, hkv, D, Dv, dtype, device)
+    return q, k, v, torch.randint(0, MAX_SEQ_LEN, (T, hq), device=device)
+
+
+def _cache_one_position(T, hq, hkv, D, Dv, dtype, device):
+    # A (1, 1) position for every token and head.
+    q, k, v, _ = _cache_contiguous(T, hq, hkv, D, Dv, dtype, device)
+    return q, k, v, torch.tensor([[MAX_SEQ_LEN - 1]], device=device)
+
+
+def _cache_strided_positions(T, hq, hkv, D, Dv, dtype, device):
+    # (T, 1) positions as a column of a wider tensor.
+    q, k, v, _ = _cache_contiguous(T, hq, hkv, D, Dv, dtype, device)
+    return q, k, v, torch.randint(0, MAX_SEQ_LEN, (T, 3), device=device)[:, 1:2]
+
+
+def _cache_no_tokens(T, hq, hkv, D, Dv, dtype, device):
+    return _cache_contiguous(0, hq, hkv, D, Dv, dtype, device)
+
+
+CACHE_GEOMETRIES: Dict[str, Callable] = {
+    "contiguous": _cache_contiguous,
+    "fused_qkv": _cache_fused_qkv,
+    "last_dim_strided": _cache_last_dim_strided,
+    "storage_offset_1": _cache_misaligned,
+    "per_head_positions": _cache_per_head_positions,
+    "one_position": _cache_one_position,
+    "strided_positions": _cache_strided_positions,
+    "no_tokens": _cache_no_tokens,
+}
+
+
+def _cache_buffer(shape, dtype, device, gen=None):
+    """Random contents in ``dtype`` (float8 included): rows the op must not write keep them."""
+    return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype).to(device)
+
+
+def make_caches(layout, slots_shape, hkv, D, Dv, k_dtype, v_dtype, device, gen=None):
+    """``(k_cache, v_cache, bases)``: caches of ``slots_shape`` (``(num_slots,)`` or
+    ``(num_blocks, block_size)``) rows (v_cache None when v_dtype is), and the allocations they
+    are views of, each contiguous. ``contiguous``: a buffer each; ``halves``: both caches in one
+    (2, *slots_shape, H, max(D, Dv) + 16) buffer, rows padded; ``padded_rows``: rows 8 elements
+    into a wider row."""
+    if layout == "halves":
+        assert v_dtype in (k_dtype, None)
+        width = max(D, Dv) + 16
+        base = _cache_buffer((2, *slots_shape, hkv, width), k_dtype, device, gen)
+        v_cache = None if v_dtype is None else base[1, ..., 16 : 16 + Dv]
+        return base[0, ..., :D], v_cache, (base,)
+    if layout == "padded_rows":
+        k_base = _cache_buffer((*slots_shape, hkv, D + 12), k_dtype, device, gen)
+        k_cache = k_base[..., 8 : 8 + D]
+        if v_dtype is None:
+            return k_cache, None, (k_base,)
+        v_base = _cache_buffer((*slots_shape, hkv, Dv + 12), v_dtype, device, gen)
+        return k_cache, v_base[..., 8 : 8 + Dv], (k_base, v_base)
+    assert layout == "contiguous", layout
+    k_cache = _cache_buffer((*slots_shape, hkv, D), k_dtype, device, gen)
+    if v_dtype is None:
+        return k_cache, None, (k_cache,)
+    v_cache = _cache_buffer((*slots_shape, hkv, Dv), v_dtype, device, gen)
+    return k_cache, v_cache, (k_cache, v_cache)
+
+
+def _slot_mapping(kind, T, device):
+    """int64 (T,) slots of the 12: ``padding``: distinct random slots, two tokens padding (-1 and
+    -5); ``all_padding``: every token padding; ``dense``: 0..T-1; ``scattered``: from the last
+    slot down, every other."""
+    num_slots = CACHE_BLOCKS * CACHE_BLOCK_SIZE
+    if kind == "padding":
+        slots = torch.randperm(num_slots)[:T]
+        if T >= 2:
+            slots[T // 2], slots[-1] = -1, -5
+    elif kind == "all_padding":
+        slots = -1 - 2 * torch.arange(T)
+    elif kind == "dense":
+        slots = torch.arange(T)
+    else:
+        assert kind == "scattered", kind
+        slots = num_slots - 1 - 2 * torch.arange(T)
+    return slots.to(device=device, dtype=torch.int64)
+
+
+def _scale(form, value, device):
+    """A float8 cache's scale: a Python float, a 0-d or a (1,) float32 tensor."""
+    if form == "float":
+        return value
+    t = torch.tensor(value, dtype=torch.float32, device=device)
+    return t if form == "tensor_0d" else t.view(1)
+
+
+@dataclass
+class KvCacheSample(OpSample):
+    """One call of apply_qk_cache. ``inputs``: ``(q, k, v)``, or ``(q, k)`` without v; ``bases``:
+    the allocations the caches are views of (every element the call must not write is checked,
+    row padding and the other half of a shared buffer included)."""
+
+    name: str
+    inputs: Tuple[Tensor, ...]
+    cos: Tensor
+    sin: Tensor
+    positions: Tensor
+    k_cache: Tensor
+    v_cache: Optional[Tensor]
+    slot_mapping: Tensor
+    bases: Tuple[Tensor, ...]
+    interleaved: bool = True
+    k_scale: object = None  # a Python float or a float32 tensor (float8 caches)
+    v_scale: object = None
+    op: str = "apply_qk_cache"
+    opcheck_needs_torch = (
+        "2.5",
+        "torch.library.opcheck of a mutating op with optional mutable args",
+    )
+
+    @property
+    def overload(self):
+        return torch.ops.rope.apply_qk_cache.default
+
+    @property
+    def differentiable(self) -> bool:
+        return False  # the cache write has no gradient (docs/api.md)
+
+    @property
+    def has_fp8(self) -> bool:
+        return any(
+            c is not None and c.dtype in ref.FP8_DTYPES for c in (self.k_cache, self.v_cache)
+        )
+
+    @property
+    def opcheck_kwargs(self) -> dict:
+        # opcheck's schema test compares mutated inputs with arithmetic that float8 lacks (mul is
+        # not implemented for Float8_e4m3fn); every other test runs on the float8 calls too.
+        if self.has_fp8:
+            return dict(
+                test_utils=(
+                    "test_faketensor",
+                    "test_aot_dispatch_dynamic",
+                    "test_autograd_registration",
+                )
+            )
+        return {}
+
+    def _split(self, inputs):
+        q, k = inputs[:2]
+        return q, k, inputs[2] if len(inputs) > 2 else None
+
+    def op_args(self):
+        q, k, v = self._split(self.inputs)
+        scales = {}
+        for name, scale, cache in (
+            ("k_scale", self.k_scale, self.k_cache),
+            ("v_scale", self.v_scale, self.v_cache),
+        ):
+            if isinstance(scale, float):  # the raw op takes tensors; the wrapper makes them so
+                scale = torch.tensor(scale, dtype=torch.float32, device=cache.device)
+            scales[name] = scale
+        args = (q, k, v, self.cos, self.sin, self.positions, self.k_cache, self.v_cache)
+        return (*args, self.slot_mapping), dict(interleaved=self.interleaved, **scales)
+
+    def call(self, *inputs: Tensor) -> Tuple[Tensor, ...]:
+        q, k, v = self._split(inputs or self.inputs)
+        q_out = torch_rope.apply_qk_cache(
+            q, k, v, self.cos, self.sin, self.positions, self.k_cache, self.v_cache,
+            self.slot_mapping, interleaved=self.interleaved, k_scale=self.k_scale,
+            v_scale=self.v_scale,
+        )  # fmt: skip
+        return (q_out,)
+
+    def expected(self, inputs=None) -> Tuple[Tensor, ...]:
+        return self._oracle(inputs or self.inputs)[:1]
+
+    def _oracle(self, inputs):
+        q, k, v = self._split(inputs)
+        return ref.rope_into_cache(
+            q, k, v, self.cos, self.sin, self.positions, self.slot_mapping,
+            interleaved=self.interleaved,
+        )  # fmt: skip
+
+    def written(self) -> Tuple[Tensor, ...]:
+        return tuple(c for c in (self.k_cache, self.v_cache) if c is not None)
+
+    def snapshot(self):
+        reads = (*self.inputs, self.cos, self.sin, self.positions, self.slot_mapping)
+        return (
+            tuple(t.clone() for t in reads),
+            tuple(base.clone() for base in self.bases),
+        )
+
+    def check(self, results, before):
+        reads_before, bases_before = before
+        inputs_before = reads_before[: len(self.inputs)]
+        q_want, k_rows, v_rows, slots = self._oracle(inputs_before)
+        (q_out,) = results
+        q = self.inputs[0]
+        assert q_out.shape == q.shape and q_out.dtype == q.dtype and q_out.device == q.device
+        assert q_out.is_contiguous(), "apply_qk_cache returns a new contiguous q"
+        torch.testing.assert_close(q_out.cpu(), q_want.to(q.dtype), **TOLERANCES[q.dtype])
+        # The stored k rows: the rotation within the dtype's tolerance, or for a float8 cache a
+        # byte between the quantizations of the rotation's error bounds (the op rotates in
+        # float32, float64 for float64, and quantizes that once).
+        k = inputs_before[1]
+        index = ref.cache_row_index(self.k_cache, slots)
+        got_k = self.k_cache[index].cpu()
+        math_dtype = torch.float64 if k.dtype == torch.float64 else torch.float32
+        if self.k_cache.dtype in ref.FP8_DTYPES:
+            # (the stored tokens' bounds, in token order, as k_rows)
+            slack = rotation_error_bound(
+                k, self.cos, self.sin, self.positions, interleaved=self.interleaved,
+                math_dtype=math_dtype,
+            )[self.slot_mapping.cpu() >= 0]  # fmt: skip
+            lo, hi = ref.fp8_bounds(k_rows, slack, self.k_scale, self.k_cache.dtype, math_dtype)
+            decoded = got_k.double()
+            assert (lo.double() <= decoded).all() and (decoded <= hi.double()).all(), (
+                "a float8 k row is not the quantization of the rotated k"
+            )
+        else:
+            torch.testing.assert_close(got_k, k_rows.to(k.dtype), **TOLERANCES[k.dtype])
+        # The stored v rows: v itself, or its quantization, bit for bit.
+        if self.v_cache is not None:
+            got_v = self.v_cache[ref.cache_row_index(self.v_cache, slots)].cpu()
+            v_dtype = inputs_before[2].dtype
+            if self.v_cache.dtype in ref.FP8_DTYPES:
+                math = torch.float64 if v_dtype == torch.float64 else torch.float32
+                want_v = ref.quantize_fp8(v_rows.to(math), self.v_scale, self.v_cache.dtype)
+            else:
+                want_v = v_rows.to(v_dtype)
+            assert same_bits(got_v, want_v), "a v row is not v as stored"
+        # Every other element of the caches' allocations is as it was.
+        for base, base_before in zip(self.bases, bases_before):
+            keep = torch.ones(base.shape, dtype=torch.bool)
+            for cache in self.written():
+                if cache.untyped_storage().data_ptr() != base.untyped_storage().data_ptr():
+                    continue
+                rows = keep.as_strided(
+                    cache.shape, cache.stride(), cache.storage_offset() - base.storage_offset()
+                )
+                rows[ref.cache_row_index(rows, slots)] = False
+            assert same_bits(base.cpu()[keep], base_before.cpu()[keep]), (
+                "an element outside the stored rows was written"
+            )
+        names = ("q", "k", "v")[: len(self.inputs)] + ("cos", "sin", "positions", "slot_mapping")
+        reads = (*self.inputs, self.cos, self.sin, self.positions, self.slot_mapping)
+        for name, t, t_before in zip(names, reads, reads_before):
+            _assert_unchanged(t, t_before, name)
+
+
+# (geometry, dtype, k_cache dtype, v_cache dtype (None: no v), cache layout, head_dim,
+#  rotary_dim, v head_dim, q heads, kv heads, interleaved, tables, int32 positions, slots,
+#  (scale form, k_scale, v_scale))
+# Every dtype into caches of its own dtype and into both float8 formats (from every dtype),
+# flat, paged, halves of one buffer and padded rows, both pair layouts, partial rotary, MHA / GQA
+# / MQA, int32 and int64 positions, per-head, broadcast and strided positions, padding slots
+# (some and all), no v, no tokens, every scale form, a float8 k cache beside a 16/32-bit v one,
+# and a k scale small enough that the largest values saturate.
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+_KV_CACHE_PLAN = [
+    ("contiguous", torch.bfloat16, torch.bfloat16, torch.bfloat16, "paged", 16, 16, 8, 4, 2,
+     True, "real", False, "padding", None),
+    ("contiguous", torch.float32, torch.float32, None, "flat", 16, 8, 16, 4, 1, False, "random",
+     True, "padding", None),
+    ("per_head_positions", torch.float64, torch.float64, torch.float64, "paged", 10, 6, 10, 2, 2,
+     True, "float64", False, "dense", None),
+    ("storage_offset_1", torch.float16, torch.float16, torch.float16, "flat", 24, 24, 24, 3, 3,
+     False, "float64", False, "scattered", None),
+    ("fused_qkv", torch.bfloat16, torch.bfloat16, torch.bfloat16, "halves", 16, 16, 16, 4, 2,
+     True, "real", False, "padding", None),
+    ("contiguous", torch.bfloat16, E4M3, E4M3, "paged", 16, 16, 16, 4, 2, True, "real", False,
+     "padding", ("float", 0.05, 0.02)),
+    ("last_dim_strided", torch.float32, E5M2, E5M2, "flat", 16, 8, 8, 2, 1, False, "random",
+     True, "padding", ("tensor_0d", 0.25, 0.5)),
+    ("contiguous", torch.float16, E4M3, E5M2, "paged", 24, 16, 8, 2, 2, False, "real", False,
+     "scattered", ("tensor_1", 0.004, 0.1)),
+    ("storage_offset_1", torch.float64, E5M2, E5M2, "padded_rows", 10, 6, 10, 2, 1, True,
+     "float64", False, "padding", ("float", 0.125, 0.125)),
+    ("strided_positions", torch.float32, E4M3, torch.float32, "paged", 16, 16, 16, 2, 2, True,
+     "real", True, "padding", ("float", 0.05, None)),
+    ("one_position", torch.float32, torch.float32, torch.float32, "padded_rows", 16, 12, 16, 4,
+     2, False, "real", False, "all_padding", None),
+    ("strided_positions", torch.bfloat16, E4M3, None, "flat", 16, 16, 16, 2, 1, True, "real",
+     False, "dense", ("tensor_0d", 0.05, None)),
+    ("no_tokens", torch.bfloat16, torch.bfloat16, torch.bfloat16, "paged", 16, 16, 16, 4, 2,
+     True, "real", False, "dense", None),
+]  # fmt: skip
+
+
+def kv_cache_sample(
+    geometry,
+    dtype,
+    k_cache_dtype,
+    v_cache_dtype,
+    layout,
+    D,
+    rotary_dim,
+    Dv,
+    hq,
+    hkv,
+    interleaved,
+    tables,
+    int32,
+    slots,
+    scales,
+    device,
+    T=CACHE_TOKENS,
+) -> KvCacheSample:
+    """One apply_qk_cache sample of a plan row (test_apply_qk_cache.py crosses its own rows with
+    every dtype, cache layout and pair layout through this)."""
+    q, k, v, positions = CACHE_GEOMETRIES[geometry](T, hq, hkv, D, Dv, dtype, device)
+    # flat and paged: a buffer each; halves and padded rows: paged and flat views.
+    paged = layout in ("paged", "halves")
+    slots_shape = (CACHE_BLOCKS, CACHE_BLOCK_SIZE) if paged else (CACHE_BLOCKS * CACHE_BLOCK_SIZE,)
+    kind = "contiguous" if layout in ("flat", "paged") else layout
+    k_cache, v_cache, bases = make_caches(
+        kind, slots_shape, hkv, D, Dv, k_cache_dtype, v_cache_dtype, device
+    )
+    slot_mapping = _slot_mapping(slots, q.size(0), device)
+    cos, sin = _tables(tables, rotary_dim, dtype, device)
+    form, k_value, v_value = scales or (None, None, None)
+    k_scale = None if k_value is None else _scale(form, k_value, device)
+    v_scale = None if v_value is None else _scale(form, v_value, device)
+    inputs = (q, k) if v_cache is None else (q, k, v)
+
+    def cache_id(c):  # the source's own dtype, a float8 format, or no cache
+        return "same" if c == dtype else "none" if c is None else str(c)[len("torch.float8_") :]
+
+    name = (
+        f"apply_qk_cache-{geometry}-{dtype_id(dtype)}-{layout}-k_{cache_id(k_cache_dtype)}-"
+        f"v_{cache_id(v_cache_dtype)}-d{D}r{rotary_dim}v{Dv}-q{hq}kv{hkv}-"
+        f"{'il' if interleaved else 'half'}-{tables}{'-int32' if int32 else ''}-{slots}"
+        f"{f'-{form}' if form else ''}"
+    )
+    return KvCacheSample(
+        name,
+        inputs,
+        cos,
+        sin,
+        positions.to(torch.int32 if int32 else torch.int64),
+        k_cache,
+        v_cache,
+        slot_mapping,
+        bases,
+        interleaved=interleaved,
+        k_scale=k_scale,
+        v_scale=v_scale,
+    )
+
+
+def kv_cache_samples(device, requires_grad: bool) -> List[OpSample]:
+    """The kv_cache family's samples (none with ``requires_grad``: not differentiable)."""
+    if requires_grad:
+        return []
+    return [kv_cache_sample(*row, device) for row in _KV_CACHE_PLAN]
+
+
+register_family("kv_cache", KV_CACHE_OPS, kv_cache_samples)

@@ -34,9 +34,10 @@ PATH_RE = re.compile(
 )
 PLACEHOLDER_RE = re.compile(r"<[^>]*>?|\.\.\.|\b[A-Z][A-Z_]{2,}\b")
 # A source file named by itself (not the tail of a path, an #include <...> or a dotted name).
-NAME_RE = re.compile(r"(?<![\w./<-])([A-Za-z_][\w-]*\.(?:h|cpp|cu|cuh|py|sh))\b(?![\w(])")
+NAME_RE = re.compile(r"(?<![\w./<*-])([A-Za-z_][\w-]*\.(?:h|cpp|cu|cuh|py|sh)(?:\.in)?)\b(?![\w(])")
 # Files of other projects that comments name by themselves.
 EXTERNAL_NAMES = {
+    "Python.h",  # CPython's header (scripts/gpu_check.sh checks that it is installed)
     "Float8_e5m2.h",  # c10/util/, the fp8 rounding the KV cache follows
     "driver_types.h",  # the CUDA runtime's, whose error values the host shim copies
     "modeling_rope_utils.py",  # transformers', whose RoPE scaling formulas csrc/scaling.cpp follows

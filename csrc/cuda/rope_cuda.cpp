@@ -14,8 +14,8 @@
 #include <torch/library.h>
 
 #include "common_glue.h"
-#include "common_runtime.h"
 #include "common_launchers.h"
+#include "common_runtime.h"
 
 namespace rope::cuda {
 namespace {

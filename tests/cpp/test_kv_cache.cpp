@@ -42,10 +42,9 @@ constexpr int64_t kMaxSeqLen = 64;
   const auto w_f = want.reshape(-1).to(torch::kFloat);
   for (int64_t i = 0; i < std::min<int64_t>(differ.numel(), 6); ++i) {
     const int64_t at = differ[i].item<int64_t>();
-    failure << " [" << at << "] input " << in[at].item<float>() << " got "
-            << g_f[at].item<float>() << " (0x" << std::hex << int(g[at].item<uint8_t>())
-            << ") want " << w_f[at].item<float>() << " (0x" << int(w[at].item<uint8_t>())
-            << std::dec << ")";
+    failure << " [" << at << "] input " << in[at].item<float>() << " got " << g_f[at].item<float>()
+            << " (0x" << std::hex << int(g[at].item<uint8_t>()) << ") want "
+            << w_f[at].item<float>() << " (0x" << int(w[at].item<uint8_t>()) << std::dec << ")";
   }
   return failure;
 }

@@ -19,8 +19,10 @@ LOCAL_INCLUDE = re.compile(r'#include\s*"([^"]+)"')
 
 
 def nvcc_sources():
-    return sorted(CUDA_DIR.glob("*.cu")) + sorted(CUDA_DIR.glob("*.cuh")) + sorted(
-        CUDA_DIR.glob("*.cu.in")
+    return (
+        sorted(CUDA_DIR.glob("*.cu"))
+        + sorted(CUDA_DIR.glob("*.cuh"))
+        + sorted(CUDA_DIR.glob("*.cu.in"))
     )
 
 
@@ -47,7 +49,7 @@ def test_the_glue_of_every_cuda_op_is_plain_cpp():
     for path in CUDA_DIR.glob("*_cuda.cpp"):
         text = path.read_text()
         assert '#include "common_launchers.h"' in text, path.name
-        assert "_kernel.cuh" not in "".join(LOCAL_INCLUDE.findall(text)), path.name
+        assert not any(n.endswith(".cuh") for n in LOCAL_INCLUDE.findall(text)), path.name
 
 
 def test_nothing_nvcc_compiles_includes_torch_headers():

@@ -50,6 +50,18 @@ class CMakeBuild(build_ext):
             f"-DTORCH_ROPE_CUDA={os.environ.get('TORCH_ROPE_CUDA', 'AUTO')}",
             "-DTORCH_ROPE_BUILD_TESTS=OFF",
         ]
+        # TORCH_ROPE_CUDA_ARCHITECTURES (CMake's form, e.g. "90-real") replaces the default list
+        # of CMakeLists.txt: scripts/wheel_smoke.sh builds for one architecture, since it tests
+        # the packaging, not the kernels (the main build compiles and checks all of them).
+        architectures = os.environ.get("TORCH_ROPE_CUDA_ARCHITECTURES")
+        if architectures:
+            arch_list = ";".join(
+                f"{a.split('-')[0][:-1]}.{a.split('-')[0][-1]}" for a in architectures.split(";")
+            )
+            configure += [
+                f"-DCMAKE_CUDA_ARCHITECTURES={architectures}",
+                f"-DTORCH_CUDA_ARCH_LIST={arch_list}",
+            ]
         if (
             subprocess.call(
                 ["ninja", "--version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

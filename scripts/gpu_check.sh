@@ -174,7 +174,7 @@ CURRENT_STEP_PID=""
 # --collect: whatever happens (a failure, the budget, an outer timeout's TERM), the logs come back.
 collect() {
   [ -n "$COLLECT" ] || return 0
-  [ -n "$CURRENT_STEP_PID" ] && kill -KILL -- "-$CURRENT_STEP_PID" 2>/dev/null
+  [ -n "$CURRENT_STEP_PID" ] && kill_tree KILL "$CURRENT_STEP_PID"
   mkdir -p "$COLLECT"
   cp "$SUMMARY" "$COLLECT/" 2>/dev/null
   mkdir -p "$OUT/results"
@@ -210,7 +210,16 @@ GPU_SLUG="$(echo "$GPU_NAME" | tr ' /' '__')"
 # step NAME CMD...: runs CMD with its output in $OUT/NAME.log, under what is left of --budget;
 # exit 77 means a visible skip. The summary line is written as soon as the step ends.
 RUN_START=$SECONDS
-set -m  # each step runs in a process group of its own, so the deadline can stop all of it
+# A step's whole process tree, children first (pytest and its workers, compute-sanitizer and its
+# target). Not job control (`set -m`): a background job of a shell with job control could stop on
+# SIGTTOU and hang its step until the deadline (seen in the test command).
+kill_tree() {
+  local sig="$1" pid="$2" child
+  for child in $(pgrep -P "$pid" 2>/dev/null); do
+    kill_tree "$sig" "$child"
+  done
+  kill -"$sig" "$pid" 2>/dev/null
+}
 step() {
   local name="$1"; shift
   local log="$OUT/$name.log"
@@ -231,12 +240,12 @@ step() {
   local why_stopped="the --budget of ${BUDGET}s ran out"
   [ "$capped" = 1 ] && why_stopped="its cap of ${left}s ran out (STEP_CAP; what ran is above)"
   ( sleep "$left"; echo "gpu_check: stopped: $why_stopped" >> "$log"
-    kill -TERM -- "-$pid" 2>/dev/null; sleep 10; kill -KILL -- "-$pid" 2>/dev/null ) &
+    kill_tree TERM "$pid"; sleep 10; kill_tree KILL "$pid" ) &
   local watchdog=$!
   wait "$pid"
   local rc=$?
   CURRENT_STEP_PID=""
-  kill -- "-$watchdog" 2>/dev/null
+  kill_tree TERM "$watchdog"
   wait "$watchdog" 2>/dev/null
   local took=$((SECONDS - start))
   if [ $rc -eq 0 ]; then
@@ -399,6 +408,7 @@ run_sanitizer() {
 }
 
 run_sass() {
+  [ -z "$REUSE_BUILD" ] || { skip "--reuse-build: the test command's ctest (cuda_sass_check) read this build's SASS"; return 77; }
   "$PY" "$REPO/scripts/sass_report.py" --check --markdown "$OUT/sass.md" --json "$OUT/sass.json" \
     "$BUILD_DIR/librope.so"
 }

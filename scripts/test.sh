@@ -5,7 +5,9 @@
 #   bash scripts/test.sh             # everything (what .ci/run and the README run): install, lint,
 #                                    # build,
 #                                    # ctest (C++ tests, host run of the CUDA kernel, SASS check),
-#                                    # the CUDA mutation check, the LibTorch examples against the
+#                                    # the CUDA mutation check (in full when its inputs changed
+#                                    # since its committed record), the GPU check's dry run and its
+#                                    # CPU-side steps, the LibTorch examples against the
 #                                    # installed CMake package, the wheel in a fresh venv, and all
 #                                    # of pytest, the `slow` marks included
 #   bash scripts/test.sh --fast      # the development loop: lint, build, ctest, pytest -m "not slow"
@@ -38,7 +40,13 @@ if [ "$stage" = fast ]; then
 fi
 
 echo "== CUDA kernel mutation check: every planted bug must fail the host run"
-"$PY" tests/cuda_host/mutation_check.py --build-dir build
+# In full whenever its inputs (csrc/, tests/cuda_host/, ...) changed since the full run recorded
+# in tests/cuda_host/mutation_record.json; otherwise it says it did not run and on what record.
+"$PY" tests/cuda_host/mutation_gate.py --build-dir build
+
+echo "== the GPU check, checked without a GPU: its plan (--dry-run), then its CPU-side steps"
+bash scripts/gpu_check.sh --dry-run
+FUZZ_EXAMPLES=50 bash scripts/gpu_check.sh --without-gpu --reuse-build build --out build/gpu_check
 
 echo "== C++ example built against the installed package (find_package(TorchRope))"
 rm -rf build/install build/example

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# Builds the wheel with `pip wheel .`, installs it into a fresh virtual environment and smoke-tests
-# it there: Python (tests/wheel/smoke.py) and C++ (the LibTorch example configured against the
-# CMake package inside the installed wheel). torch itself comes from the project's .venv through
-# a .pth file, so only our wheel is installed into the new environment.
+# Builds the wheel with `pip wheel .` (CUDA code for one architecture), installs it into a fresh
+# virtual environment and smoke-tests it there: Python (tests/wheel/smoke.py) and C++ (the
+# LibTorch example configured against the CMake package inside the installed wheel). torch itself
+# comes from the project's .venv through a .pth file, so only our wheel is installed into the new
+# environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 out=build/wheel-smoke
 rm -rf "$out"
 mkdir -p "$out"
-"$PY" -m pip wheel . --no-build-isolation --no-deps -q -w "$out/dist"
+# One CUDA architecture: this tests the packaging (the wheel's layout, its CMake package, its
+# rpaths); every architecture's code is compiled, and its SASS read, by the main build and ctest.
+TORCH_ROPE_CUDA_ARCHITECTURES="${TORCH_ROPE_WHEEL_CUDA_ARCHITECTURES:-90-real}" \
+  "$PY" -m pip wheel . --no-build-isolation --no-deps -q -w "$out/dist"
 "$PY" -m venv "$out/venv"
 project_site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 venv_site=$("$out/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

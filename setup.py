@@ -10,6 +10,7 @@ headers in torch_rope/include and the CMake package in torch_rope/lib/cmake/Torc
 """
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,12 @@ class CMakeBuild(build_ext):
         import torch
 
         package_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
-        build_dir = Path(self.build_temp).resolve() / "cmake"
+        # TORCH_ROPE_CMAKE_BUILD_DIR: scripts/wheel_smoke.sh builds in build-wheel/, beside build/
+        # at the same depth, so that ccache (with CCACHE_BASEDIR) finds the main build's objects.
+        build_dir = Path(
+            os.environ.get("TORCH_ROPE_CMAKE_BUILD_DIR")
+            or Path(self.build_temp).resolve() / "cmake"
+        ).resolve()
         build_dir.mkdir(parents=True, exist_ok=True)
         configure = [
             "cmake",
@@ -61,6 +67,12 @@ class CMakeBuild(build_ext):
             configure += [
                 f"-DCMAKE_CUDA_ARCHITECTURES={architectures}",
                 f"-DTORCH_CUDA_ARCH_LIST={arch_list}",
+            ]
+        if shutil.which("ccache"):
+            os.environ.setdefault("CCACHE_BASEDIR", str(ROOT))
+            configure += [
+                "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache",
+                "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache",
             ]
         if (
             subprocess.call(

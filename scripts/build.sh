@@ -11,6 +11,14 @@ PY=${PYTHON:-.venv/bin/python}
 # The venv's own interpreter (not the one its symlink points to), so scripts that CMake and
 # ctest run with it see the venv's packages.
 PY_ABS="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
+# ccache, where installed (scripts/setup.sh installs it), with paths under the repository hashed
+# relative to the build directory: the wheel smoke's build (build-wheel/, the same depth) then
+# compiles none of the CPU code again.
+launcher=()
+if command -v ccache >/dev/null; then
+  export CCACHE_BASEDIR="$PWD"
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
 mkdir -p build
 exec 9>build/.lock
 flock 9
@@ -21,6 +29,6 @@ if [ ! -f build/CMakeCache.txt ] || [ $# -gt 0 ]; then
     -DCMAKE_PREFIX_PATH="$torch_prefix" \
     -DPython3_EXECUTABLE="$PY_ABS" \
     -DTORCH_ROPE_BUILD_TESTS=ON \
-    "$@"
+    "${launcher[@]}" "$@"
 fi
 cmake --build build --parallel "${BUILD_JOBS:-$(nproc)}"

@@ -10,6 +10,8 @@ need_apt=()
 command -v cmake >/dev/null || need_apt+=(cmake)
 command -v ninja >/dev/null || need_apt+=(ninja-build)
 command -v g++ >/dev/null || need_apt+=(g++)
+# ccache: the wheel smoke's build reuses the main build's objects (scripts/build.sh, setup.py).
+command -v ccache >/dev/null || need_apt+=(ccache)
 [ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
 command -v python3 >/dev/null || need_apt+=(python3 python3-venv python3-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -13,7 +13,11 @@ rm -rf "$out"
 mkdir -p "$out"
 # One CUDA architecture: this tests the packaging (the wheel's layout, its CMake package, its
 # rpaths); every architecture's code is compiled, and its SASS read, by the main build and ctest.
+# build-wheel/ sits beside build/ at the same depth: with ccache, the CPU code is not compiled
+# again.
+rm -rf build-wheel
 TORCH_ROPE_CUDA_ARCHITECTURES="${TORCH_ROPE_WHEEL_CUDA_ARCHITECTURES:-90-real}" \
+  TORCH_ROPE_CMAKE_BUILD_DIR="$PWD/build-wheel" \
   "$PY" -m pip wheel . --no-build-isolation --no-deps -q -w "$out/dist"
 "$PY" -m venv "$out/venv"
 project_site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

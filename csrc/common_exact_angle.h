@@ -70,8 +70,6 @@ namespace exact_angle {
 namespace detail {
 inline constexpr uint64_t kInvTwoPiWords[] = ROPE_EXACT_ANGLE_INV_2PI_WORDS;
 inline constexpr float kSinTable[][2] = ROPE_EXACT_ANGLE_SIN_TABLE_F;
-inline constexpr double kSinPoly[] = ROPE_EXACT_ANGLE_SIN_POLY;
-inline constexpr double kCosPoly[] = ROPE_EXACT_ANGLE_COS_POLY;
 constexpr int kPadBits = ROPE_EXACT_ANGLE_PAD_BITS;
 constexpr int kTableSteps = ROPE_EXACT_ANGLE_SIN_TABLE_STEPS;
 // Below this exponent (f = m * 2^e, m < 2^53) |f| < 2^-125 < 2pi * 2^-128: the fraction is 0.
@@ -266,8 +264,10 @@ ROPE_HOST_DEVICE inline double fmadd(double a, double b, double c) {
 // tests/python/kernels/test_exact_angle.py).
 template <typename T>
 ROPE_HOST_DEVICE inline void sincos_core(const T& hi, const T& lo, T& sin_out, T& cos_out) {
-  using detail::kCosPoly;
-  using detail::kSinPoly;
+  // Local, not namespace-scope, arrays: device code (the float64 kernels) cannot read a host
+  // constexpr array, and with constant indices the coefficients become immediates.
+  constexpr double kSinPoly[] = ROPE_EXACT_ANGLE_SIN_POLY;
+  constexpr double kCosPoly[] = ROPE_EXACT_ANGLE_COS_POLY;
   const T z = hi * hi;
   const T half = T(0.5) * z;  // exact
   // sin(hi + lo) = hi + hi^3 S(z) + lo cos(hi) + O(lo^2 hi): the correction is below 0.11 hi and

@@ -192,7 +192,9 @@ def _bad(device):
     """name -> (kwargs that replace the good ones, exception, message pattern, needs data)."""
     d = device
     return {
-        "not_monotone": (dict(cu_seqlens=torch.tensor([0, 5, 3, 6], device=d)), ValueError,
+        # three sequences, so three offsets: only the order is wrong
+        "not_monotone": (dict(cu_seqlens=torch.tensor([0, 5, 3, 6], device=d),
+                              seq_offsets=torch.tensor([0, 1, 2], device=d)), ValueError,
                          r"cu_seqlens must be non-decreasing.*cu_seqlens\[2\] = 3 after "
                          r"cu_seqlens\[1\] = 5", True),
         "first_not_zero": (dict(cu_seqlens=torch.tensor([1, 3, 6], device=d)), ValueError,

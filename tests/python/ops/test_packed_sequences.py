@@ -233,9 +233,10 @@ def _bad(device):
         "cp_wrong_end": (dict(cu_seqlens=torch.tensor([0, 4, 8], device=d), cp_size=2),
                          ValueError, r"cu_seqlens\[-1\] must equal x\.size\(0\) \* cp_size = "
                          r"6 \* 2.*got 8", True),
-        "position_past_the_tables": (dict(seq_offsets=torch.tensor([0, 60], device=d)),
+        # sequence 1 (3 tokens) at 62, 63, 64: its last position is one past the 64-row tables
+        "position_past_the_tables": (dict(seq_offsets=torch.tensor([0, 62], device=d)),
                                      IndexError, r"positions from cu_seqlens and seq_offsets must "
-                                     r"be < max_seq_len = cos\.size\(0\) = 64, got 62 for "
+                                     r"be < max_seq_len = cos\.size\(0\) = 64, got 64 for "
                                      r"sequence 1", True),
         "cu_seqlens_on_meta": (dict(cu_seqlens=torch.tensor([0, 3, 6], device="meta")),
                                RuntimeError, r"cu_seqlens must be on x's device", False),

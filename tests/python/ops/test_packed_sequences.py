@@ -239,7 +239,7 @@ def _bad(device):
                                      r"be < max_seq_len = cos\.size\(0\) = 64, got 64 for "
                                      r"sequence 1", True),
         "cu_seqlens_on_meta": (dict(cu_seqlens=torch.tensor([0, 3, 6], device="meta")),
-                               RuntimeError, r"cu_seqlens must be on x's device", False),
+                               RuntimeError, r"cu_seqlens must be on (x|q)'s device", False),
     }  # fmt: skip
 
 

@@ -17,6 +17,7 @@ from .distributed import (
     _x_choices,
 )
 
+
 def _varlen_x_choices(x_ndim: int):
     """Placements of x for one mesh dimension with packed sequences: not dim 0 (tokens), not the
     last (head_dim)."""

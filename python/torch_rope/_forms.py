@@ -14,6 +14,7 @@ suffixes on ``apply_`` and ``apply_qk``, ``apply.freqs_out``, ...).
 """
 
 import numbers
+
 import torch
 from torch import Tensor
 

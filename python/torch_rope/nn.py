@@ -18,8 +18,8 @@ from torch.nn.modules.module import (  # noqa: E402
 
 from . import _C, _module_forms
 from . import distributed as _distributed
-from ._module_forms import apply_keeping_table_dtypes  # noqa: F401  (also torch_rope.hf's)
 from ._dtensor_args import as_dtensors_like
+from ._module_forms import apply_keeping_table_dtypes  # noqa: F401  (also torch_rope.hf's)
 from ._scaling import _integer, _number, parse_scaling
 from .ops import apply, eager_fast_path
 

@@ -276,8 +276,8 @@ PreparedRotation prepare_packed_rotation(const at::Tensor& x, const PackedArgs& 
       p.output = new_output(x);
       p.write_back_to = out;
     }
-    geometry = make_row_geometry(row_shape, batch_strides(*p.input), batch_strides(p.output),
-                                 pos_strides);
+    geometry =
+        make_row_geometry(row_shape, batch_strides(*p.input), batch_strides(p.output), pos_strides);
   }
   p.positions = c10::MaybeOwned<at::Tensor>::owned(at::Tensor());
   p.cu_seqlens = packed.cu_seqlens.contiguous();

@@ -126,8 +126,8 @@ void RotaryPositionalEmbeddingImpl::build_tables(std::optional<torch::Device> de
 }
 
 void RotaryPositionalEmbeddingImpl::build_frequencies(std::optional<torch::Device> device) {
-  auto f = detail::module_frequencies(theta_, rotary_dim_, max_seq_len_, options_.scaling(),
-                                      device);
+  auto f =
+      detail::module_frequencies(theta_, rotary_dim_, max_seq_len_, options_.scaling(), device);
   attention_factor_ = f.attention_factor;
   long_after_ = f.long_after;
   long_offset_ = 0;
@@ -212,10 +212,9 @@ torch::Tensor RotaryPositionalEmbeddingImpl::forward(
   const auto& section = options_.mrope_section();
   const auto section_ref = section ? at::OptionalIntArrayRef(*section) : std::nullopt;
   if (!options_.tables()) {
-    return detail::module_apply_frequencies(x, token_positions, freqs_, long_freqs_,
-                                            attention_factor_, long_after_, options_.seq_dim(),
-                                            options_.interleaved(), section_ref,
-                                            options_.mrope_interleaved());
+    return detail::module_apply_frequencies(
+        x, token_positions, freqs_, long_freqs_, attention_factor_, long_after_, options_.seq_dim(),
+        options_.interleaved(), section_ref, options_.mrope_interleaved());
   }
   return detail::module_apply(x, token_positions, cos_, sin_, options_.seq_dim(),
                               options_.interleaved(), long_offset_, long_after_, section_ref,

@@ -323,9 +323,9 @@ struct FormCall {
   bool packed() const { return cu_seqlens.defined(); }
   Frequencies frequency_source() const { return {freqs, attention_factor}; }
   PackedSequences packed_source() const {
-    return {cu_seqlens, seq_offsets.defined() ? std::optional<at::Tensor>(seq_offsets)
-                                              : std::nullopt,
-            cp_size, cp_rank};
+    return {cu_seqlens,
+            seq_offsets.defined() ? std::optional<at::Tensor>(seq_offsets) : std::nullopt, cp_size,
+            cp_rank};
   }
   at::OptionalIntArrayRef section() const {
     return mrope_section ? at::OptionalIntArrayRef(*mrope_section) : std::nullopt;
@@ -482,8 +482,7 @@ struct AutogradForms {
     return FormRotateFunction::apply(x, call, inverse);
   }
 
-  static void apply_inplace(const char* op, const at::Tensor& x,
-                            const detail::AngleSource& angles,
+  static void apply_inplace(const char* op, const at::Tensor& x, const detail::AngleSource& angles,
                             const detail::PositionSource& where, bool interleaved, bool inverse,
                             const detail::MultiAxisArgs& axes) {
     refuse_functorch_autodiff(op, python_api_of(op), x);
@@ -501,14 +500,13 @@ struct AutogradForms {
     }
     if (records_grad(x)) {
       // As apply_inplace_autograd: checked here under this overload's name, plain tensors only.
-      const bool plain =
-          !is_subclass(x) && !is_subclass(call.freqs) && !is_subclass(call.cos) &&
-          !is_subclass(call.positions) && !is_subclass(call.cu_seqlens);
+      const bool plain = !is_subclass(x) && !is_subclass(call.freqs) && !is_subclass(call.cos) &&
+                         !is_subclass(call.positions) && !is_subclass(call.cu_seqlens);
       if (plain) {
         detail::check_apply_inplace_form(op, x, angles, where, axes);
         if (x.numel() > 0 || where.is_packed()) {
-          detail::check_form_values_on_host(op, angles, where,
-                                            where.is_packed() ? x.size(0) : 0, axes);
+          detail::check_form_values_on_host(op, angles, where, where.is_packed() ? x.size(0) : 0,
+                                            axes);
         }
       }
       const auto rotated = FormRotateFunction::apply(x, call, inverse);
@@ -535,8 +533,7 @@ struct AutogradForms {
                 ": functions with out=... arguments don't support automatic differentiation, "
                 "but one of the arguments requires grad; call torch_rope.apply without out= to "
                 "get gradients, or run under torch.no_grad()");
-    TORCH_CHECK(!x._fw_grad(kForwardLevel).defined() && !out._fw_grad(kForwardLevel).defined(),
-                op,
+    TORCH_CHECK(!x._fw_grad(kForwardLevel).defined() && !out._fw_grad(kForwardLevel).defined(), op,
                 ": functions with out=... arguments don't support forward-mode automatic "
                 "differentiation; call torch_rope.apply without out=");
     {
@@ -642,24 +639,23 @@ void apply_inplace_freqs_view(c10::DispatchKeySet keys, const at::Tensor& x,
                      mrope_section, mrope_interleaved);
 }
 
-void apply_inplace_varlen_view(c10::DispatchKeySet keys, const at::Tensor& x,
-                               const at::Tensor& cos, const at::Tensor& sin,
-                               const at::Tensor& cu_seqlens, const OptTensor& seq_offsets,
-                               int64_t cp_size, int64_t cp_rank, bool interleaved, bool inverse) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("rope::apply_", "varlen")
-                       .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                   const at::Tensor&, const OptTensor&, int64_t, int64_t, bool,
-                                   bool)>();
+void apply_inplace_varlen_view(c10::DispatchKeySet keys, const at::Tensor& x, const at::Tensor& cos,
+                               const at::Tensor& sin, const at::Tensor& cu_seqlens,
+                               const OptTensor& seq_offsets, int64_t cp_size, int64_t cp_rank,
+                               bool interleaved, bool inverse) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("rope::apply_", "varlen")
+          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                      const OptTensor&, int64_t, int64_t, bool, bool)>();
   redispatch_writing(keys, op, x, x, cos, sin, cu_seqlens, seq_offsets, cp_size, cp_rank,
                      interleaved, inverse);
 }
 
 void apply_inplace_freqs_varlen_view(c10::DispatchKeySet keys, const at::Tensor& x,
                                      const at::Tensor& freqs, const at::Tensor& cu_seqlens,
-                                     const OptTensor& seq_offsets, int64_t cp_size,
-                                     int64_t cp_rank, double attention_factor, bool interleaved,
-                                     bool inverse) {
+                                     const OptTensor& seq_offsets, int64_t cp_size, int64_t cp_rank,
+                                     double attention_factor, bool interleaved, bool inverse) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("rope::apply_", "freqs_varlen")
                        .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
@@ -684,11 +680,11 @@ void apply_out_varlen_view(c10::DispatchKeySet keys, const at::Tensor& x, const 
                            const at::Tensor& sin, const at::Tensor& cu_seqlens,
                            const OptTensor& seq_offsets, int64_t cp_size, int64_t cp_rank,
                            bool interleaved, bool inverse, const at::Tensor& out) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("rope::apply", "varlen_out")
-                       .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                   const at::Tensor&, const OptTensor&, int64_t, int64_t, bool,
-                                   bool, const at::Tensor&)>();
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("rope::apply", "varlen_out")
+          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                      const OptTensor&, int64_t, int64_t, bool, bool, const at::Tensor&)>();
   redispatch_writing(keys, op, out, x, cos, sin, cu_seqlens, seq_offsets, cp_size, cp_rank,
                      interleaved, inverse, out);
 }
@@ -698,11 +694,11 @@ void apply_out_freqs_varlen_view(c10::DispatchKeySet keys, const at::Tensor& x,
                                  const OptTensor& seq_offsets, int64_t cp_size, int64_t cp_rank,
                                  double attention_factor, bool interleaved, bool inverse,
                                  const at::Tensor& out) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("rope::apply", "freqs_varlen_out")
-                       .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                   const OptTensor&, int64_t, int64_t, double, bool, bool,
-                                   const at::Tensor&)>();
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("rope::apply", "freqs_varlen_out")
+          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&,
+                      int64_t, int64_t, double, bool, bool, const at::Tensor&)>();
   redispatch_writing(keys, op, out, x, freqs, cu_seqlens, seq_offsets, cp_size, cp_rank,
                      attention_factor, interleaved, inverse, out);
 }

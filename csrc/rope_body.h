@@ -212,12 +212,9 @@ void apply_out_form_body(const char* op, const at::Tensor& x, const AngleSource&
 }
 
 template <typename Backend>
-std::tuple<at::Tensor, at::Tensor> apply_qk_form_body(const char* op, const at::Tensor& q,
-                                                      const at::Tensor& k,
-                                                      const AngleSource& angles,
-                                                      const PositionSource& where,
-                                                      bool interleaved, bool inverse,
-                                                      const MultiAxisArgs& axes = {}) {
+std::tuple<at::Tensor, at::Tensor> apply_qk_form_body(
+    const char* op, const at::Tensor& q, const at::Tensor& k, const AngleSource& angles,
+    const PositionSource& where, bool interleaved, bool inverse, const MultiAxisArgs& axes = {}) {
   check_apply_qk_form(op, q, k, angles, where, axes);
   const bool work = q.numel() > 0 || k.numel() > 0;
   if (work || where.is_packed()) {

@@ -82,9 +82,8 @@ struct FormOps {
   static void apply_inplace_freqs_varlen(const at::Tensor& x, const at::Tensor& freqs,
                                          const at::Tensor& cu_seqlens,
                                          const std::optional<at::Tensor>& seq_offsets,
-                                         int64_t cp_size, int64_t cp_rank,
-                                         double attention_factor, bool interleaved,
-                                         bool inverse) {
+                                         int64_t cp_size, int64_t cp_rank, double attention_factor,
+                                         bool interleaved, bool inverse) {
     const PackedArgs packed = packed_args(cu_seqlens, seq_offsets, cp_size, cp_rank);
     P::apply_inplace("rope.apply_.freqs_varlen", x,
                      AngleSource::of_frequencies(freqs, attention_factor),
@@ -94,9 +93,8 @@ struct FormOps {
   // ---- rope.apply.*_out -------------------------------------------------------------------
   static void apply_out_freqs(const at::Tensor& x, const at::Tensor& freqs,
                               const at::Tensor& positions, double attention_factor,
-                              bool interleaved, bool inverse,
-                              at::OptionalIntArrayRef mrope_section, bool mrope_interleaved,
-                              const at::Tensor& out) {
+                              bool interleaved, bool inverse, at::OptionalIntArrayRef mrope_section,
+                              bool mrope_interleaved, const at::Tensor& out) {
     P::apply_out("rope.apply.freqs_out", x, AngleSource::of_frequencies(freqs, attention_factor),
                  PositionSource{&positions, nullptr}, interleaved, inverse,
                  {mrope_section, mrope_interleaved}, out);
@@ -112,9 +110,9 @@ struct FormOps {
   }
   static void apply_out_freqs_varlen(const at::Tensor& x, const at::Tensor& freqs,
                                      const at::Tensor& cu_seqlens,
-                                     const std::optional<at::Tensor>& seq_offsets,
-                                     int64_t cp_size, int64_t cp_rank, double attention_factor,
-                                     bool interleaved, bool inverse, const at::Tensor& out) {
+                                     const std::optional<at::Tensor>& seq_offsets, int64_t cp_size,
+                                     int64_t cp_rank, double attention_factor, bool interleaved,
+                                     bool inverse, const at::Tensor& out) {
     const PackedArgs packed = packed_args(cu_seqlens, seq_offsets, cp_size, cp_rank);
     P::apply_out("rope.apply.freqs_varlen_out", x,
                  AngleSource::of_frequencies(freqs, attention_factor),
@@ -133,17 +131,16 @@ struct FormOps {
   }
   static std::tuple<at::Tensor, at::Tensor> apply_qk_varlen(
       const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
-      const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& seq_offsets,
-      int64_t cp_size, int64_t cp_rank, bool interleaved, bool inverse) {
+      const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& seq_offsets, int64_t cp_size,
+      int64_t cp_rank, bool interleaved, bool inverse) {
     const PackedArgs packed = packed_args(cu_seqlens, seq_offsets, cp_size, cp_rank);
     return P::apply_qk("rope.apply_qk.varlen", q, k, AngleSource::tables(cos, sin),
                        PositionSource{nullptr, &packed}, interleaved, inverse, {});
   }
   static std::tuple<at::Tensor, at::Tensor> apply_qk_freqs_varlen(
       const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs,
-      const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& seq_offsets,
-      int64_t cp_size, int64_t cp_rank, double attention_factor, bool interleaved,
-      bool inverse) {
+      const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& seq_offsets, int64_t cp_size,
+      int64_t cp_rank, double attention_factor, bool interleaved, bool inverse) {
     const PackedArgs packed = packed_args(cu_seqlens, seq_offsets, cp_size, cp_rank);
     return P::apply_qk("rope.apply_qk.freqs_varlen", q, k,
                        AngleSource::of_frequencies(freqs, attention_factor),

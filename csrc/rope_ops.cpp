@@ -134,14 +134,13 @@ at::Tensor apply(const at::Tensor& x, const Frequencies& angles, const at::Tenso
 
 at::Tensor apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                  const PackedSequences& packed, bool interleaved, bool inverse) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("rope::apply", "varlen")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                            const at::Tensor&, const std::optional<at::Tensor>&, int64_t, int64_t,
-                            bool, bool)>();
-  return op.call(x, cos, sin, packed.cu_seqlens, offsets_of(packed), packed.cp_size,
-                 packed.cp_rank, interleaved, inverse);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply", "varlen")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&, const std::optional<at::Tensor>&,
+                                         int64_t, int64_t, bool, bool)>();
+  return op.call(x, cos, sin, packed.cu_seqlens, offsets_of(packed), packed.cp_size, packed.cp_rank,
+                 interleaved, inverse);
 }
 
 at::Tensor apply(const at::Tensor& x, const Frequencies& angles, const PackedSequences& packed,
@@ -149,41 +148,40 @@ at::Tensor apply(const at::Tensor& x, const Frequencies& angles, const PackedSeq
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("rope::apply", "freqs_varlen")
                        .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                         const std::optional<at::Tensor>&, int64_t, int64_t,
-                                         double, bool, bool)>();
+                                         const std::optional<at::Tensor>&, int64_t, int64_t, double,
+                                         bool, bool)>();
   return op.call(x, angles.freqs, packed.cu_seqlens, offsets_of(packed), packed.cp_size,
                  packed.cp_rank, angles.attention_factor, interleaved, inverse);
 }
 
-void apply_(at::Tensor& x, const Frequencies& angles, const at::Tensor& positions,
-            bool interleaved, bool inverse, at::OptionalIntArrayRef mrope_section,
-            bool mrope_interleaved) {
+void apply_(at::Tensor& x, const Frequencies& angles, const at::Tensor& positions, bool interleaved,
+            bool inverse, at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("rope::apply_", "freqs")
                        .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
                                    bool, bool, at::OptionalIntArrayRef, bool)>();
-  op.call(x, angles.freqs, positions, angles.attention_factor, interleaved, inverse,
-          mrope_section, mrope_interleaved);
+  op.call(x, angles.freqs, positions, angles.attention_factor, interleaved, inverse, mrope_section,
+          mrope_interleaved);
 }
 
 void apply_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
             const PackedSequences& packed, bool interleaved, bool inverse) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("rope::apply_", "varlen")
-                       .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                   const at::Tensor&, const std::optional<at::Tensor>&, int64_t,
-                                   int64_t, bool, bool)>();
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("rope::apply_", "varlen")
+          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                      const std::optional<at::Tensor>&, int64_t, int64_t, bool, bool)>();
   op.call(x, cos, sin, packed.cu_seqlens, offsets_of(packed), packed.cp_size, packed.cp_rank,
           interleaved, inverse);
 }
 
 void apply_(at::Tensor& x, const Frequencies& angles, const PackedSequences& packed,
             bool interleaved, bool inverse) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("rope::apply_", "freqs_varlen")
-                       .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                   const std::optional<at::Tensor>&, int64_t, int64_t, double,
-                                   bool, bool)>();
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("rope::apply_", "freqs_varlen")
+          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                      const std::optional<at::Tensor>&, int64_t, int64_t, double, bool, bool)>();
   op.call(x, angles.freqs, packed.cu_seqlens, offsets_of(packed), packed.cp_size, packed.cp_rank,
           angles.attention_factor, interleaved, inverse);
 }
@@ -191,11 +189,10 @@ void apply_(at::Tensor& x, const Frequencies& angles, const PackedSequences& pac
 at::Tensor& apply_out(at::Tensor& out, const at::Tensor& x, const Frequencies& angles,
                       const at::Tensor& positions, bool interleaved, bool inverse,
                       at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("rope::apply", "freqs_out")
-          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, bool, bool,
-                      at::OptionalIntArrayRef, bool, const at::Tensor&)>();
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply", "freqs_out")
+                       .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                                   bool, bool, at::OptionalIntArrayRef, bool, const at::Tensor&)>();
   op.call(x, angles.freqs, positions, angles.attention_factor, interleaved, inverse, mrope_section,
           mrope_interleaved, out);
   return out;
@@ -204,12 +201,11 @@ at::Tensor& apply_out(at::Tensor& out, const at::Tensor& x, const Frequencies& a
 at::Tensor& apply_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& cos,
                       const at::Tensor& sin, const PackedSequences& packed, bool interleaved,
                       bool inverse) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("rope::apply", "varlen_out")
-          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                      const std::optional<at::Tensor>&, int64_t, int64_t, bool, bool,
-                      const at::Tensor&)>();
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply", "varlen_out")
+                       .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const at::Tensor&, const std::optional<at::Tensor>&, int64_t,
+                                   int64_t, bool, bool, const at::Tensor&)>();
   op.call(x, cos, sin, packed.cu_seqlens, offsets_of(packed), packed.cp_size, packed.cp_rank,
           interleaved, inverse, out);
   return out;
@@ -217,28 +213,26 @@ at::Tensor& apply_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& co
 
 at::Tensor& apply_out(at::Tensor& out, const at::Tensor& x, const Frequencies& angles,
                       const PackedSequences& packed, bool interleaved, bool inverse) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("rope::apply", "freqs_varlen_out")
-          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                      const std::optional<at::Tensor>&, int64_t, int64_t, double, bool, bool,
-                      const at::Tensor&)>();
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply", "freqs_varlen_out")
+                       .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const std::optional<at::Tensor>&, int64_t, int64_t, double, bool,
+                                   bool, const at::Tensor&)>();
   op.call(x, angles.freqs, packed.cu_seqlens, offsets_of(packed), packed.cp_size, packed.cp_rank,
           angles.attention_factor, interleaved, inverse, out);
   return out;
 }
 
 std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tensor& k,
-                                            const Frequencies& angles,
-                                            const at::Tensor& positions, bool interleaved,
-                                            bool inverse, at::OptionalIntArrayRef mrope_section,
+                                            const Frequencies& angles, const at::Tensor& positions,
+                                            bool interleaved, bool inverse,
+                                            at::OptionalIntArrayRef mrope_section,
                                             bool mrope_interleaved) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("rope::apply_qk", "freqs")
-          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                    const at::Tensor&, const at::Tensor&, double,
-                                                    bool, bool, at::OptionalIntArrayRef, bool)>();
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply_qk", "freqs")
+                       .typed<std::tuple<at::Tensor, at::Tensor>(
+                           const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                           const at::Tensor&, double, bool, bool, at::OptionalIntArrayRef, bool)>();
   return op.call(q, k, angles.freqs, positions, angles.attention_factor, interleaved, inverse,
                  mrope_section, mrope_interleaved);
 }

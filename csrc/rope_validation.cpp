@@ -83,8 +83,8 @@ void check_multi_axis_planes(const char* op, const c10::SymInt& planes_given,
                 " in mrope_section=", section);
     planes += section[a];
   }
-  TORCH_SYM_CHECK(planes_given.sym_eq(planes), op, ": sum(mrope_section) must equal ",
-                  planes_name, " = ", planes_given, ", got sum(", section, ") = ", planes);
+  TORCH_SYM_CHECK(planes_given.sym_eq(planes), op, ": sum(mrope_section) must equal ", planes_name,
+                  " = ", planes_given, ", got sum(", section, ") = ", planes);
   TORCH_CHECK(!axes.interleaved || num_axes == 3, op,
               ": mrope_interleaved=True (Qwen3-VL) needs 3 axes (time, height, width), got "
               "mrope_section=",
@@ -320,8 +320,8 @@ AngleShape check_angle_source(const char* op, const AngleSource& angles,
               ": freqs must be float64 (plane k turns by position * freqs[k] exactly, with "
               "freqs[k] as stored), got ",
               freqs.scalar_type());
-  TORCH_CHECK(std::isfinite(angles.attention_factor), op,
-              ": attention_factor must be finite, got ", angles.attention_factor);
+  TORCH_CHECK(std::isfinite(angles.attention_factor), op, ": attention_factor must be finite, got ",
+              angles.attention_factor);
   check_multi_axis_planes(op, freqs.sym_size(0), "rotary_dim / 2 = freqs.size(0)", axes);
   return {"freqs", &freqs, 2 * freqs.sym_size(0), "2 * freqs.size(0)"};
 }
@@ -412,9 +412,9 @@ std::vector<std::pair<const char*, const at::Tensor*>> read_tensors(const AngleS
   return reads;
 }
 
-void check_no_shared_memory_with(const char* op, const char* written_name,
-                                 const at::Tensor& written,
-                                 const std::vector<std::pair<const char*, const at::Tensor*>>& reads) {
+void check_no_shared_memory_with(
+    const char* op, const char* written_name, const at::Tensor& written,
+    const std::vector<std::pair<const char*, const at::Tensor*>>& reads) {
   for (const auto& [read_name, read] : reads) {
     check_no_shared_memory(op, written_name, written, {{read_name, read}});
   }
@@ -663,8 +663,8 @@ void check_packed_values(const char* op, const PackedArgs& packed, int64_t num_t
       TORCH_CHECK_INDEX(last_position < max_seq_len, op,
                         ": positions from cu_seqlens and seq_offsets must be < max_seq_len = "
                         "cos.size(0) = ",
-                        max_seq_len, ", got ", last_position, " for sequence ", i,
-                        " (length ", length, ", seq_offsets[", i, "] = ", offset,
+                        max_seq_len, ", got ", last_position, " for sequence ", i, " (length ",
+                        length, ", seq_offsets[", i, "] = ", offset,
                         cp > 1 ? c10::str(", cp_rank ", r, " of ", cp) : std::string(),
                         "); build longer tables or check the offsets");
     }

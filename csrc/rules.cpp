@@ -264,10 +264,10 @@ at::Tensor module_apply_frequencies(const at::Tensor& x,
       mrope_section.has_value() ? static_cast<int64_t>(mrope_section->size()) : 0;
   const auto positions = module_positions(x, token_positions, seq_dim, num_axes);
   try {
-    return rope::apply(
-        x, Frequencies{long_rope_frequencies(freqs, long_freqs, positions, long_after),
-                       attention_factor},
-        positions, interleaved, /*inverse=*/false, mrope_section, mrope_interleaved);
+    return rope::apply(x,
+                       Frequencies{long_rope_frequencies(freqs, long_freqs, positions, long_after),
+                                   attention_factor},
+                       positions, interleaved, /*inverse=*/false, mrope_section, mrope_interleaved);
   } catch (const c10::Error&) {
     if (token_positions.has_value()) {
       check_positions_fit(x, *token_positions, positions, seq_dim, num_axes);

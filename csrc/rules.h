@@ -102,8 +102,7 @@ struct ModuleFrequencies {
   int64_t long_after = 0;
 };
 ModuleFrequencies module_frequencies(double theta, int64_t rotary_dim, int64_t max_seq_len,
-                                     const RopeScaling& scaling,
-                                     std::optional<c10::Device> device);
+                                     const RopeScaling& scaling, std::optional<c10::Device> device);
 
 // LongRoPE's switch for the frequency form, on the device (no host sync): long_freqs when the
 // call's largest position is >= long_after, else freqs. Undefined long_freqs: freqs.
@@ -122,8 +121,9 @@ at::Tensor module_apply_frequencies(const at::Tensor& x,
 
 // The largest position packed sequences give this rank, as a 0-dim int64 tensor on cu_seqlens'
 // device (no host sync); -1 when no sequence has a token. For LongRoPE's switch.
-at::Tensor packed_last_position(const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& seq_offsets,
-                                int64_t cp_size, int64_t cp_rank);
+at::Tensor packed_last_position(const at::Tensor& cu_seqlens,
+                                const std::optional<at::Tensor>& seq_offsets, int64_t cp_size,
+                                int64_t cp_rank);
 
 // A module's forward with packed sequences (both modes: tables when cos is defined, else the
 // frequencies), x (T, ..., d_k): LongRoPE's switch from the largest position (tables: the

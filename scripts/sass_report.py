@@ -163,7 +163,8 @@ def demangle(names):
 
 
 # Double-precision SASS: arithmetic, compares, min/max, the 64-bit MUFU halves, and conversions
-# from or to F64 (F2F.F64.F32, F2I.S32.F64, I2F.F64...). As tests/cuda_host/check_exact_angle_sass.py.
+# from or to F64 (F2F.F64.F32, F2I.S32.F64, I2F.F64...). As
+# tests/cuda_host/check_exact_angle_sass.py.
 FP64 = re.compile(r"^(DADD|DMUL|DFMA|DSETP|DSET|DMNMX|DMMA)\b|\.F64\b|^MUFU\.\w+64H\b")
 
 

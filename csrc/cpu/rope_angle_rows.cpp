@@ -23,7 +23,8 @@
 #endif
 
 #ifndef CPU_CAPABILITY
-#error "rope_angle_rows.cpp must be compiled with -DCPU_CAPABILITY=<DEFAULT|AVX2|AVX512|AVX512_BF16>"
+#error \
+    "rope_angle_rows.cpp must be compiled with -DCPU_CAPABILITY=<DEFAULT|AVX2|AVX512|AVX512_BF16>"
 #endif
 
 namespace rope::cpu::CPU_CAPABILITY {
@@ -102,12 +103,13 @@ inline void sincos_lanes(RawU p, const uint64_t* g_hi, const uint64_t* g_lo, dou
   const RawU ub = biased & ((uint64_t{1} << 62) - 1);
   const RawD high = (RawD)((ub >> 32) | uint64_t{0x4530000000000000}) - (0x1p84 + 0x1p61);
   const RawD low = (RawD)((ub & 0xffffffffu) | uint64_t{0x4330000000000000}) - 0x1p52;
-  const RawD a = high + low;     // r rounded
+  const RawD a = high + low;        // r rounded
   const RawD b = low - (a - high);  // r - a, exactly
   constexpr double kHi = ROPE_EXACT_ANGLE_PI_HI * 0x1p-63;
   constexpr double kLo = ROPE_EXACT_ANGLE_PI_LO * 0x1p-63;
   const RawD prod = a * kHi;
-  const RawD rest = fmsub(VecD(a), VecD(kHi), VecD(prod)).v + fmadd(VecD(a), VecD(kLo), VecD(b * kHi)).v;
+  const RawD rest =
+      fmsub(VecD(a), VecD(kHi), VecD(prod)).v + fmadd(VecD(a), VecD(kLo), VecD(b * kHi)).v;
   const RawD th = prod + rest;
   const RawD tl = rest - (th - prod);
   VecD s;
@@ -130,16 +132,15 @@ inline void sincos_scalar(const AngleRowsArgs& a, const int64_t* plane_pos, int6
   for (; k < a.half; ++k) {
     const int64_t p = plane_pos != nullptr ? plane_pos[k] : one_pos;
     const ea::SinCos64 cs = ea::sincos_turns(
-        ea::turns_at(p, ea::TurnFraction{a.fraction_hi[k], a.fraction_lo[k]}),
-        a.attention_factor);
+        ea::turns_at(p, ea::TurnFraction{a.fraction_hi[k], a.fraction_lo[k]}), a.attention_factor);
     c[k] = cs.cos;
     s[k] = cs.sin;
   }
 }
 
 // One row: every plane at position one_pos, or plane k at plane_pos[k] (multi-axis positions).
-inline void fill_row(const AngleRowsArgs& a, const int64_t* plane_pos, int64_t one_pos,
-                     double* c, double* s) {
+inline void fill_row(const AngleRowsArgs& a, const int64_t* plane_pos, int64_t one_pos, double* c,
+                     double* s) {
   int64_t k = 0;
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
   for (; k + kLanes <= a.half; k += kLanes) {

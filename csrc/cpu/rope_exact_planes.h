@@ -69,8 +69,8 @@ inline int64_t half_split(const scalar_t* x, scalar_t* y, const double* cos, con
                          _mm256_cvtps_pd(_mm256_castps256_ps128(b)), _mm256_loadu_pd(cos + k),
                          _mm256_loadu_pd(sin + k), ra0, rb0);
     avx2::turn<kInverse>(_mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)),
-                         _mm256_cvtps_pd(_mm256_extractf128_ps(b, 1)),
-                         _mm256_loadu_pd(cos + k + 4), _mm256_loadu_pd(sin + k + 4), ra1, rb1);
+                         _mm256_cvtps_pd(_mm256_extractf128_ps(b, 1)), _mm256_loadu_pd(cos + k + 4),
+                         _mm256_loadu_pd(sin + k + 4), ra1, rb1);
     store8f(y + k, to_floats(ra0, ra1));
     store8f(y + half + k, to_floats(rb0, rb1));
   }

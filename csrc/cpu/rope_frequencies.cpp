@@ -78,9 +78,9 @@ AngleTables build_angle_tables(const RotationArgs& a, const at::Tensor& position
   const int64_t half = a.rotary_dim / 2;
   const bool packed = a.position_kind == PositionKind::kPacked;
   const int64_t num_axes = std::max<int64_t>(1, freqs.axes.num_axes);
-  TORCH_INTERNAL_ASSERT(packed || (positions.is_contiguous() &&
-                                   positions.const_data_ptr() == a.positions),
-                        "rope: the frequency form's positions must be the compact tensor");
+  TORCH_INTERNAL_ASSERT(
+      packed || (positions.is_contiguous() && positions.const_data_ptr() == a.positions),
+      "rope: the frequency form's positions must be the compact tensor");
   const int64_t rows = packed ? a.packed.num_tokens : positions.numel() / num_axes;
   const TurnFractions& fractions = turn_fractions(freqs.frequencies, half);
 
@@ -148,9 +148,9 @@ void rotate_frequencies(c10::ScalarType dtype, const RotationArgs& first,
   }
   // q and k read the same positions (apply_qk): one set of tables for both, unless one of them
   // was copied to a layout of its own (prepare_rotation's fallback for > kMaxRowDims dims).
-  const bool shared = first.position_kind == second->position_kind &&
-                      (first.position_kind == PositionKind::kPacked ||
-                       first.positions == second->positions);
+  const bool shared =
+      first.position_kind == second->position_kind &&
+      (first.position_kind == PositionKind::kPacked || first.positions == second->positions);
   if (shared) {
     RotationArgs k = *second;
     k.position_kind = one.args.position_kind;

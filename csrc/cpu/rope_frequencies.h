@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The frequency form (table-free) on the CPU: each distinct position's (each packed token's) float64
-// cos / sin of its exact angles is computed once, into compact tables that the row kernel then
-// reads for every head of q and k, with the exact rotation (TableArgs::exact_rotation).
+// The frequency form (table-free) on the CPU: each distinct position's (each packed token's)
+// float64 cos / sin of its exact angles is computed once, into compact tables that the row kernel
+// then reads for every head of q and k, with the exact rotation (TableArgs::exact_rotation).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -222,9 +222,8 @@ __device__ __forceinline__ bool packed_position(const PackedSequenceArgs& s, int
   const int64_t start = cu(i);
   const int64_t length = cu(i + 1) - start;
   const int64_t last = cu(s.num_seqs);
-  const int64_t offset = s.seq_offsets == nullptr
-                             ? 0
-                             : read_index(s.seq_offsets, s.seq_offsets_are_int64, i);
+  const int64_t offset =
+      s.seq_offsets == nullptr ? 0 : read_index(s.seq_offsets, s.seq_offsets_are_int64, i);
   const int64_t begin = start / cp;
   const int64_t j = t - begin;
   bool ok = cu(0) == 0 && last % cp == 0 && last / cp == s.num_tokens && length >= 0 &&

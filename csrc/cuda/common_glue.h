@@ -102,8 +102,7 @@ struct RopeBackend {
   static void rotate_frequencies(c10::ScalarType dtype, const detail::PreparedRotation& first,
                                  const detail::PreparedRotation* second, const TableArgs& freqs,
                                  RotationMode mode) {
-    rotate_pair_or_one(dtype, first.args, second != nullptr ? &second->args : nullptr, freqs,
-                       mode);
+    rotate_pair_or_one(dtype, first.args, second != nullptr ? &second->args : nullptr, freqs, mode);
   }
 
  private:
@@ -226,8 +225,7 @@ struct Forms {
                                                      bool interleaved, bool inverse,
                                                      const detail::MultiAxisArgs& axes) {
     const typename Runtime::Guard guard(Runtime::device_of(q));
-    return detail::apply_qk_form_body<Backend>(op, q, k, angles, where, interleaved, inverse,
-                                               axes);
+    return detail::apply_qk_form_body<Backend>(op, q, k, angles, where, interleaved, inverse, axes);
   }
 };
 

@@ -484,11 +484,11 @@ __device__ __forceinline__ void rotate_freqs_lane_of(const TensorPlan& t, const 
                                                      RowWalker walker, int64_t h_begin,
                                                      int64_t h_end) {
   if (tb.axes.num_axes == 0) {
-    rotate_freqs_lane<scalar_t, kInterleaved, kAccess, false>(t, tb, inverse, lane, pos_off,
-                                                              walker, h_begin, h_end);
+    rotate_freqs_lane<scalar_t, kInterleaved, kAccess, false>(t, tb, inverse, lane, pos_off, walker,
+                                                              h_begin, h_end);
   } else {
-    rotate_freqs_lane<scalar_t, kInterleaved, kAccess, true>(t, tb, inverse, lane, pos_off,
-                                                             walker, h_begin, h_end);
+    rotate_freqs_lane<scalar_t, kInterleaved, kAccess, true>(t, tb, inverse, lane, pos_off, walker,
+                                                             h_begin, h_end);
   }
 }
 
@@ -496,14 +496,13 @@ __device__ __forceinline__ void rotate_freqs_lane_of(const TensorPlan& t, const 
 template <typename scalar_t, typename table_t, bool kInterleaved, Access kAccess, bool kFreqs>
 __device__ __forceinline__ void rotate_any_lane(const TensorPlan& t, const TablePlan& tb,
                                                 bool inverse, int64_t lane, int64_t pos_off,
-                                                RowWalker walker, int64_t h_begin,
-                                                int64_t h_end) {
+                                                RowWalker walker, int64_t h_begin, int64_t h_end) {
   if constexpr (kFreqs) {
     rotate_freqs_lane_of<scalar_t, kInterleaved, kAccess>(t, tb, inverse, lane, pos_off, walker,
                                                           h_begin, h_end);
   } else {
-    rotate_lane_of<scalar_t, table_t, kInterleaved, kAccess>(t, tb, inverse, lane, pos_off,
-                                                             walker, h_begin, h_end);
+    rotate_lane_of<scalar_t, table_t, kInterleaved, kAccess>(t, tb, inverse, lane, pos_off, walker,
+                                                             h_begin, h_end);
   }
 }
 
@@ -696,8 +695,9 @@ __global__ void __launch_bounds__(
 // pairs (doubles for float64 storage), twice the table kernel's angle registers.
 template <bool kInterleaved, bool kVectorKernel>
 constexpr int kFreqsMinBlocksPerSm = ROPE_CUDA_MIN_BLOCKS_PER_SM > 0 ? ROPE_CUDA_MIN_BLOCKS_PER_SM
-                                     : kSmallSm || !kVectorKernel  ? 2
-                                                                  : kInterleaved ? 2 : 1;
+                                     : kSmallSm || !kVectorKernel    ? 2
+                                     : kInterleaved                  ? 2
+                                                                     : 1;
 
 template <typename scalar_t, bool kInterleaved, bool kVectorKernel>
 __global__ void __launch_bounds__(kBlockThreads, kFreqsMinBlocksPerSm<kInterleaved, kVectorKernel>)
@@ -822,12 +822,10 @@ cudaError_t rotate(const RotationArgs& first, const RotationArgs* second, const 
                     std::is_same_v<scalar_t, __half> || std::is_same_v<scalar_t, __nv_bfloat16>,
                 "rope::cuda::rotate: storage must be double, float, __half or __nv_bfloat16");
   if (tables.from_frequencies()) {
-    return mode.interleaved ? kernel::launch_freqs_layout<scalar_t, true>(first, second, tables,
-                                                                          mode.inverse, num_sms,
-                                                                          stream)
-                            : kernel::launch_freqs_layout<scalar_t, false>(first, second, tables,
-                                                                           mode.inverse, num_sms,
-                                                                           stream);
+    return mode.interleaved ? kernel::launch_freqs_layout<scalar_t, true>(
+                                  first, second, tables, mode.inverse, num_sms, stream)
+                            : kernel::launch_freqs_layout<scalar_t, false>(
+                                  first, second, tables, mode.inverse, num_sms, stream);
   }
   if (tables.tables_are_double) {
     return mode.interleaved ? kernel::launch_layout<scalar_t, double, true>(

@@ -420,10 +420,9 @@ inline LaunchPlan plan_launch(const RotationArgs& first, const RotationArgs* sec
   params.tables.from_frequencies = tables.from_frequencies();
   params.tables.frequencies = tables.frequencies;
   // A vector lane's slice starts at a multiple of `planes`, which is a multiple of `piece`.
-  params.tables.vector_loads = piece > 1 && !tables.from_frequencies() &&
-                               aligned_to(tables.cos, piece * sizes.table) &&
-                               aligned_to(tables.sin, piece * sizes.table) &&
-                               tables.table_stride % piece == 0;
+  params.tables.vector_loads =
+      piece > 1 && !tables.from_frequencies() && aligned_to(tables.cos, piece * sizes.table) &&
+      aligned_to(tables.sin, piece * sizes.table) && tables.table_stride % piece == 0;
   params.inverse = mode.inverse;
   params.first_blocks = ceil_div(params.tensor[0].num_threads, kBlockThreads);
   plan.blocks = params.first_blocks + ceil_div(params.tensor[1].num_threads, kBlockThreads);

@@ -106,12 +106,12 @@ PYBIND11_MODULE(_C, m) {
       "module_frequencies",
       [](double theta, int64_t rotary_dim, int64_t max_seq_len, const Scaling& scaling,
          std::optional<c10::Device> device) {
-        auto f = rope::detail::module_frequencies(theta, rotary_dim, max_seq_len, scaling.value,
-                                                  device);
-        return std::make_tuple(f.freqs,
-                               f.long_freqs.defined() ? std::optional<at::Tensor>(f.long_freqs)
-                                                      : std::nullopt,
-                               f.attention_factor, f.long_after);
+        auto f =
+            rope::detail::module_frequencies(theta, rotary_dim, max_seq_len, scaling.value, device);
+        return std::make_tuple(
+            f.freqs,
+            f.long_freqs.defined() ? std::optional<at::Tensor>(f.long_freqs) : std::nullopt,
+            f.attention_factor, f.long_after);
       },
       py::arg("theta"), py::arg("rotary_dim"), py::arg("max_seq_len"), py::arg("scaling"),
       py::arg("device"),
@@ -124,31 +124,29 @@ PYBIND11_MODULE(_C, m) {
         py::arg("long_freqs"), py::arg("positions"), py::arg("long_after"));
   m.def("packed_last_position", &rope::detail::packed_last_position, py::arg("cu_seqlens"),
         py::arg("seq_offsets"), py::arg("cp_size"), py::arg("cp_rank"));
-  m.def(
-      "_module_forward_frequencies",
-      [](const at::Tensor& x, const std::optional<at::Tensor>& positions, const at::Tensor& freqs,
-         const std::optional<at::Tensor>& long_freqs, double attention_factor, int64_t long_after,
-         int64_t d_k, int64_t seq_dim, bool interleaved) {
-        rope::detail::check_module_input(x, d_k, seq_dim, positions.has_value());
-        py::gil_scoped_release no_gil;
-        return rope::detail::module_apply_frequencies(
-            x, positions, freqs, long_freqs.value_or(at::Tensor()), attention_factor, long_after,
-            seq_dim, interleaved);
-      });
-  m.def(
-      "_module_forward_packed",
-      [](const at::Tensor& x, const std::optional<at::Tensor>& cos,
-         const std::optional<at::Tensor>& sin, int64_t long_offset,
-         const std::optional<at::Tensor>& freqs, const std::optional<at::Tensor>& long_freqs,
-         double attention_factor, int64_t long_after, const at::Tensor& cu_seqlens,
-         const std::optional<at::Tensor>& seq_offsets, int64_t cp_size, int64_t cp_rank,
-         bool interleaved) {
-        py::gil_scoped_release no_gil;
-        return rope::detail::module_apply_packed(
-            x, cos.value_or(at::Tensor()), sin.value_or(at::Tensor()), long_offset,
-            freqs.value_or(at::Tensor()), long_freqs.value_or(at::Tensor()), attention_factor,
-            long_after, cu_seqlens, seq_offsets, cp_size, cp_rank, interleaved);
-      });
+  m.def("_module_forward_frequencies",
+        [](const at::Tensor& x, const std::optional<at::Tensor>& positions, const at::Tensor& freqs,
+           const std::optional<at::Tensor>& long_freqs, double attention_factor, int64_t long_after,
+           int64_t d_k, int64_t seq_dim, bool interleaved) {
+          rope::detail::check_module_input(x, d_k, seq_dim, positions.has_value());
+          py::gil_scoped_release no_gil;
+          return rope::detail::module_apply_frequencies(
+              x, positions, freqs, long_freqs.value_or(at::Tensor()), attention_factor, long_after,
+              seq_dim, interleaved);
+        });
+  m.def("_module_forward_packed",
+        [](const at::Tensor& x, const std::optional<at::Tensor>& cos,
+           const std::optional<at::Tensor>& sin, int64_t long_offset,
+           const std::optional<at::Tensor>& freqs, const std::optional<at::Tensor>& long_freqs,
+           double attention_factor, int64_t long_after, const at::Tensor& cu_seqlens,
+           const std::optional<at::Tensor>& seq_offsets, int64_t cp_size, int64_t cp_rank,
+           bool interleaved) {
+          py::gil_scoped_release no_gil;
+          return rope::detail::module_apply_packed(
+              x, cos.value_or(at::Tensor()), sin.value_or(at::Tensor()), long_offset,
+              freqs.value_or(at::Tensor()), long_freqs.value_or(at::Tensor()), attention_factor,
+              long_after, cu_seqlens, seq_offsets, cp_size, cp_rank, interleaved);
+        });
   m.def(
       "check_table_length",
       [](const std::string& who, int64_t max_seq_len, int64_t rotary_dim) {
@@ -260,8 +258,7 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("x"), py::arg("freqs"), py::arg("cu_seqlens"), py::kw_only(),
       py::arg("seq_offsets") = py::none(), py::arg("cp_size") = 1, py::arg("cp_rank") = 0,
-      py::arg("attention_factor") = 1.0, py::arg("interleaved") = true,
-      py::arg("inverse") = false);
+      py::arg("attention_factor") = 1.0, py::arg("interleaved") = true, py::arg("inverse") = false);
   m.def(
       "_apply_inplace_freqs",
       [section_ref](at::Tensor& x, const at::Tensor& freqs, const at::Tensor& positions,
@@ -298,8 +295,7 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("x"), py::arg("freqs"), py::arg("cu_seqlens"), py::kw_only(),
       py::arg("seq_offsets") = py::none(), py::arg("cp_size") = 1, py::arg("cp_rank") = 0,
-      py::arg("attention_factor") = 1.0, py::arg("interleaved") = true,
-      py::arg("inverse") = false);
+      py::arg("attention_factor") = 1.0, py::arg("interleaved") = true, py::arg("inverse") = false);
   m.def(
       "_apply_qk_freqs",
       [section_ref](const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs,
@@ -307,8 +303,7 @@ PYBIND11_MODULE(_C, m) {
                     bool inverse, const Section& mrope_section, bool mrope_interleaved) {
         py::gil_scoped_release no_gil;
         return rope::apply_qk(q, k, rope::Frequencies{freqs, attention_factor}, positions,
-                              interleaved, inverse, section_ref(mrope_section),
-                              mrope_interleaved);
+                              interleaved, inverse, section_ref(mrope_section), mrope_interleaved);
       },
       py::arg("q"), py::arg("k"), py::arg("freqs"), py::arg("positions"), py::kw_only(),
       py::arg("attention_factor") = 1.0, py::arg("interleaved") = true, py::arg("inverse") = false,
@@ -338,8 +333,7 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("q"), py::arg("k"), py::arg("freqs"), py::arg("cu_seqlens"), py::kw_only(),
       py::arg("seq_offsets") = py::none(), py::arg("cp_size") = 1, py::arg("cp_rank") = 0,
-      py::arg("attention_factor") = 1.0, py::arg("interleaved") = true,
-      py::arg("inverse") = false);
+      py::arg("attention_factor") = 1.0, py::arg("interleaved") = true, py::arg("inverse") = false);
   m.def("_apply_qk_cache",
         [](const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& v,
            const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,

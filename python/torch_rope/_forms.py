@@ -57,8 +57,7 @@ def resolve(
         )
     if cu_seqlens is not None and positions is not None:
         raise TypeError(
-            f"{op}: give one position source, positions or cu_seqlens= (packed sequences), not "
-            "both"
+            f"{op}: give one position source, positions or cu_seqlens= (packed sequences), not both"
         )
     if cu_seqlens is None and positions is None:
         raise TypeError(f"{op}: give positions or cu_seqlens= (packed sequences)")
@@ -102,8 +101,22 @@ def _packed_kw(seq_offsets, cp_size, cp_rank) -> dict:
     return kw
 
 
-def op_args(form, cos, sin, positions, freqs, attention_factor, cu_seqlens, seq_offsets, cp_size,
-            cp_rank, interleaved, inverse, mrope_section, mrope_interleaved):
+def op_args(
+    form,
+    cos,
+    sin,
+    positions,
+    freqs,
+    attention_factor,
+    cu_seqlens,
+    seq_offsets,
+    cp_size,
+    cp_rank,
+    interleaved,
+    inverse,
+    mrope_section,
+    mrope_interleaved,
+):
     """(positional tensors after x, keywords) of the overload of ``form``."""
     kw = {}
     if not interleaved or inverse:
@@ -129,15 +142,55 @@ def _fast(form, tensors, seq_offsets) -> bool:
     return (seq_offsets is None or type(seq_offsets) is Tensor) and eager_fast_path(*tensors)
 
 
-def apply(x, cos, sin, positions, freqs, attention_factor, cu_seqlens, seq_offsets, cp_size,
-          cp_rank, interleaved, inverse, mrope_section, mrope_interleaved, out):
+def apply(
+    x,
+    cos,
+    sin,
+    positions,
+    freqs,
+    attention_factor,
+    cu_seqlens,
+    seq_offsets,
+    cp_size,
+    cp_rank,
+    interleaved,
+    inverse,
+    mrope_section,
+    mrope_interleaved,
+    out,
+):
     name = "rope.apply" if out is None else "rope.apply.out"
-    form = resolve(name, cos, sin, positions, freqs, attention_factor, cu_seqlens, seq_offsets,
-                   cp_size, cp_rank, mrope_section, mrope_interleaved)
+    form = resolve(
+        name,
+        cos,
+        sin,
+        positions,
+        freqs,
+        attention_factor,
+        cu_seqlens,
+        seq_offsets,
+        cp_size,
+        cp_rank,
+        mrope_section,
+        mrope_interleaved,
+    )
     mrope_section = _section(name, mrope_section)
-    args, kw = op_args(form, cos, sin, positions, freqs, attention_factor, cu_seqlens,
-                       seq_offsets, cp_size, cp_rank, interleaved, inverse, mrope_section,
-                       mrope_interleaved)
+    args, kw = op_args(
+        form,
+        cos,
+        sin,
+        positions,
+        freqs,
+        attention_factor,
+        cu_seqlens,
+        seq_offsets,
+        cp_size,
+        cp_rank,
+        interleaved,
+        inverse,
+        mrope_section,
+        mrope_interleaved,
+    )
     if out is None and _fast(form, (x,) + args, seq_offsets):
         return _FAST_APPLY[form](x, *args, **kw)
     if type(x) is not Tensor:  # a subclass such as DTensor
@@ -160,15 +213,54 @@ def apply(x, cos, sin, positions, freqs, attention_factor, cu_seqlens, seq_offse
     return _overload(_ops.apply, form)(x, *args, **kw)
 
 
-def apply_(x, cos, sin, positions, freqs, attention_factor, cu_seqlens, seq_offsets, cp_size,
-           cp_rank, interleaved, inverse, mrope_section, mrope_interleaved):
+def apply_(
+    x,
+    cos,
+    sin,
+    positions,
+    freqs,
+    attention_factor,
+    cu_seqlens,
+    seq_offsets,
+    cp_size,
+    cp_rank,
+    interleaved,
+    inverse,
+    mrope_section,
+    mrope_interleaved,
+):
     name = "rope.apply_"
-    form = resolve(name, cos, sin, positions, freqs, attention_factor, cu_seqlens, seq_offsets,
-                   cp_size, cp_rank, mrope_section, mrope_interleaved)
+    form = resolve(
+        name,
+        cos,
+        sin,
+        positions,
+        freqs,
+        attention_factor,
+        cu_seqlens,
+        seq_offsets,
+        cp_size,
+        cp_rank,
+        mrope_section,
+        mrope_interleaved,
+    )
     mrope_section = _section(name, mrope_section)
-    args, kw = op_args(form, cos, sin, positions, freqs, attention_factor, cu_seqlens,
-                       seq_offsets, cp_size, cp_rank, interleaved, inverse, mrope_section,
-                       mrope_interleaved)
+    args, kw = op_args(
+        form,
+        cos,
+        sin,
+        positions,
+        freqs,
+        attention_factor,
+        cu_seqlens,
+        seq_offsets,
+        cp_size,
+        cp_rank,
+        interleaved,
+        inverse,
+        mrope_section,
+        mrope_interleaved,
+    )
     if _fast(form, (x,) + args, seq_offsets):
         _FAST_APPLY_INPLACE[form](x, *args, **kw)
         return x
@@ -180,15 +272,55 @@ def apply_(x, cos, sin, positions, freqs, attention_factor, cu_seqlens, seq_offs
     return x
 
 
-def apply_qk(q, k, cos, sin, positions, freqs, attention_factor, cu_seqlens, seq_offsets,
-             cp_size, cp_rank, interleaved, inverse, mrope_section, mrope_interleaved):
+def apply_qk(
+    q,
+    k,
+    cos,
+    sin,
+    positions,
+    freqs,
+    attention_factor,
+    cu_seqlens,
+    seq_offsets,
+    cp_size,
+    cp_rank,
+    interleaved,
+    inverse,
+    mrope_section,
+    mrope_interleaved,
+):
     name = "rope.apply_qk"
-    form = resolve(name, cos, sin, positions, freqs, attention_factor, cu_seqlens, seq_offsets,
-                   cp_size, cp_rank, mrope_section, mrope_interleaved)
+    form = resolve(
+        name,
+        cos,
+        sin,
+        positions,
+        freqs,
+        attention_factor,
+        cu_seqlens,
+        seq_offsets,
+        cp_size,
+        cp_rank,
+        mrope_section,
+        mrope_interleaved,
+    )
     mrope_section = _section(name, mrope_section)
-    args, kw = op_args(form, cos, sin, positions, freqs, attention_factor, cu_seqlens,
-                       seq_offsets, cp_size, cp_rank, interleaved, inverse, mrope_section,
-                       mrope_interleaved)
+    args, kw = op_args(
+        form,
+        cos,
+        sin,
+        positions,
+        freqs,
+        attention_factor,
+        cu_seqlens,
+        seq_offsets,
+        cp_size,
+        cp_rank,
+        interleaved,
+        inverse,
+        mrope_section,
+        mrope_interleaved,
+    )
     if _fast(form, (q, k) + args, seq_offsets):
         return _FAST_APPLY_QK[form](q, k, *args, **kw)
     if type(q) is not Tensor or type(k) is not Tensor:

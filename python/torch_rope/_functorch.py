@@ -309,8 +309,7 @@ def _refuse_batched_offsets(op, kwargs):
     offsets = kwargs.get("seq_offsets")
     if offsets is not None and torch._C._functorch.is_batchedtensor(offsets):
         raise RuntimeError(
-            f"{op}: vmap over seq_offsets is not supported; vmap over x (or call once per "
-            "example)"
+            f"{op}: vmap over seq_offsets is not supported; vmap over x (or call once per example)"
         )
 
 

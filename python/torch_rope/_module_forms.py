@@ -180,6 +180,4 @@ def _replicated_like(x, *tensors):
     from ._dtensor_args import wrap_global
 
     replicated = (dtensor_module.Replicate(),) * x.device_mesh.ndim
-    return tuple(
-        None if t is None else wrap_global(t, x.device_mesh, replicated) for t in tensors
-    )
+    return tuple(None if t is None else wrap_global(t, x.device_mesh, replicated) for t in tensors)

@@ -141,8 +141,7 @@ void AccessTracker::add_tensor(const rope::RotationArgs& a, const rope::TableArg
       }
       const int64_t value = a.positions_are_int64 ? static_cast<const int64_t*>(a.positions)[at]
                                                   : static_cast<const int32_t*>(a.positions)[at];
-      bad_row = bad_row || value < 0 ||
-                (!tables.from_frequencies() && value >= tables.max_seq_len);
+      bad_row = bad_row || value < 0 || (!tables.from_frequencies() && value >= tables.max_seq_len);
     }
     for (int64_t f = 0; f < a.head_dim; ++f) {
       cells_[address(a.in, in + f, storage_bytes_)].readable = true;

@@ -593,8 +593,7 @@ int main(int argc, char** argv) {
   // rope.rms_norm_apply_qk (rms_norm_kernel.cuh): its own random cases (norm_cases.h).
   NormRun norm;
   Tally norm_tally;
-  if (opt.only < 0 && opt.kv_only < 0 && opt.forms_only < 0 &&
-      totals.failures < opt.max_failures) {
+  if (opt.only < 0 && opt.kv_only < 0 && opt.forms_only < 0 && totals.failures < opt.max_failures) {
     const int64_t n = opt.norm_cases >= 0 ? opt.norm_cases : std::max<int64_t>(opt.cases / 4, 1);
     norm = run_norm_cases(opt.seed, n, opt.norm_only, opt.max_failures - totals.failures,
                           opt.verbose, norm_tally);
@@ -622,10 +621,8 @@ int main(int argc, char** argv) {
   // sequence lookup, through the glue's Forms.
   FormsRun forms;
   Tally forms_tally;
-  if (opt.only < 0 && opt.norm_only < 0 && opt.kv_only < 0 &&
-      totals.failures < opt.max_failures) {
-    const int64_t n =
-        opt.forms_cases >= 0 ? opt.forms_cases : std::max<int64_t>(opt.cases / 4, 1);
+  if (opt.only < 0 && opt.norm_only < 0 && opt.kv_only < 0 && totals.failures < opt.max_failures) {
+    const int64_t n = opt.forms_cases >= 0 ? opt.forms_cases : std::max<int64_t>(opt.cases / 4, 1);
     forms = run_form_cases(opt.seed, n, opt.forms_only, opt.max_failures - totals.failures,
                            opt.verbose, cpu_path, forms_tally);
     totals.failures += forms.failures;
@@ -691,8 +688,7 @@ int main(int argc, char** argv) {
       "error %.3f of the bound; %lld elements of the packed forms bit-exact vs the same op given "
       "the rules' positions\n",
       static_cast<long long>(forms.cases), static_cast<long long>(forms.assert_cases),
-      static_cast<long long>(forms.bounded), forms.worst,
-      static_cast<long long>(forms.same_bits));
+      static_cast<long long>(forms.bounded), forms.worst, static_cast<long long>(forms.same_bits));
   const int64_t want_queries =
       static_cast<int64_t>(totals.cached_queries.size()) + totals.uncached_queries;
   std::printf(

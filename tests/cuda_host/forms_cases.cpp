@@ -105,9 +105,9 @@ struct FormCase {
     return rope::detail::PackedArgs{cu_seqlens, seq_offsets, cp_size, cp_rank};
   }
   rope::detail::MultiAxisArgs axes() const {
-    return section.empty() ? rope::detail::MultiAxisArgs{}
-                           : rope::detail::MultiAxisArgs{at::IntArrayRef(section),
-                                                         mrope_interleaved};
+    return section.empty()
+               ? rope::detail::MultiAxisArgs{}
+               : rope::detail::MultiAxisArgs{at::IntArrayRef(section), mrope_interleaved};
   }
 };
 
@@ -305,9 +305,9 @@ FormCase make_form_case(uint64_t seed, int64_t index) {
     const int64_t H = 1 + pick(4);
     const bool two_dim = pick(6) == 0;
     c.layout = two_dim ? "td " : "thd ";
-    const View v = make_view(rng, gen, two_dim ? std::vector<int64_t>{T, D}
-                                               : std::vector<int64_t>{T, H, D},
-                             c.dtype, scale, c.layout);
+    const View v =
+        make_view(rng, gen, two_dim ? std::vector<int64_t>{T, D} : std::vector<int64_t>{T, H, D},
+                  c.dtype, scale, c.layout);
     c.x = v.view;
     c.x_buffer = v.buffer;
     const at::ScalarType index_type = pick(2) ? at::kLong : at::kInt;
@@ -438,8 +438,8 @@ double check_frequencies(const FormCase& c, const at::Tensor& got, const at::Ten
         if (!(err <= bound) && reported++ < 3) {
           std::ostringstream m;
           m << "row " << r << " plane " << k << (e == 0 ? " a" : " b") << " at position "
-            << pa[r * half + k] << ": got " << y << ", exact " << want[e] << " (error "
-            << ratio << " of the bound)";
+            << pa[r * half + k] << ": got " << y << ", exact " << want[e] << " (error " << ratio
+            << " of the bound)";
           problems.push_back(m.str());
         }
       }
@@ -501,25 +501,25 @@ bool outside_unchanged(const at::Tensor& before, const at::Tensor& after, const 
 bool cpu_accepts(const FormCase& c) {
   try {
     if (c.frequencies() && c.packed()) {
-      (void)rope::apply(c.x, rope::Frequencies{c.freqs, c.attention_factor},
-                        rope::PackedSequences{c.cu_seqlens, c.seq_offsets.defined()
-                                                                ? std::optional(c.seq_offsets)
-                                                                : std::nullopt,
-                                              c.cp_size, c.cp_rank},
-                        c.interleaved, c.inverse);
+      (void)rope::apply(
+          c.x, rope::Frequencies{c.freqs, c.attention_factor},
+          rope::PackedSequences{
+              c.cu_seqlens, c.seq_offsets.defined() ? std::optional(c.seq_offsets) : std::nullopt,
+              c.cp_size, c.cp_rank},
+          c.interleaved, c.inverse);
     } else if (c.frequencies()) {
-      (void)rope::apply(c.x, rope::Frequencies{c.freqs, c.attention_factor}, c.positions,
-                        c.interleaved, c.inverse,
-                        c.section.empty() ? at::OptionalIntArrayRef()
-                                          : at::OptionalIntArrayRef(c.section),
-                        c.mrope_interleaved);
+      (void)rope::apply(
+          c.x, rope::Frequencies{c.freqs, c.attention_factor}, c.positions, c.interleaved,
+          c.inverse,
+          c.section.empty() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(c.section),
+          c.mrope_interleaved);
     } else {
-      (void)rope::apply(c.x, c.cos, c.sin,
-                        rope::PackedSequences{c.cu_seqlens, c.seq_offsets.defined()
-                                                                ? std::optional(c.seq_offsets)
-                                                                : std::nullopt,
-                                              c.cp_size, c.cp_rank},
-                        c.interleaved, c.inverse);
+      (void)rope::apply(
+          c.x, c.cos, c.sin,
+          rope::PackedSequences{
+              c.cu_seqlens, c.seq_offsets.defined() ? std::optional(c.seq_offsets) : std::nullopt,
+              c.cp_size, c.cp_rank},
+          c.interleaved, c.inverse);
     }
     return true;
   } catch (const c10::Error&) {
@@ -536,8 +536,7 @@ at::Tensor host_with_positions(CaseContext& ctx, const FormCase& c, const at::Te
   ctx.place(positions);
   if (c.frequencies()) {
     const rope::detail::PositionSource where{&positions, nullptr};
-    return host_apply_form(ctx, "rope.apply.freqs", x, c.angles(), where, c.interleaved,
-                           c.inverse);
+    return host_apply_form(ctx, "rope.apply.freqs", x, c.angles(), where, c.interleaved, c.inverse);
   }
   return host_apply(ctx, x, c.cos, c.sin, positions, c.interleaved, c.inverse);
 }
@@ -548,8 +547,8 @@ std::vector<std::string> run_form_case(const FormCase& c, const CpuVectorPath& c
   ctx.device = Device{c.device, 1 + c.device % 5};
   ctx.start_device = (c.device + 1) % 8;
   ctx.positions_in_range = c.valid;
-  for (const at::Tensor* t : {&c.x_buffer, &c.k_buffer, &c.out_buffer, &c.freqs_buffer, &c.cos,
-                              &c.sin, &c.positions}) {
+  for (const at::Tensor* t :
+       {&c.x_buffer, &c.k_buffer, &c.out_buffer, &c.freqs_buffer, &c.cos, &c.sin, &c.positions}) {
     ctx.place(*t);
   }
   if (!c.packed_on_host) {
@@ -633,16 +632,15 @@ std::vector<std::string> run_form_case(const FormCase& c, const CpuVectorPath& c
   if (c.op == FormOp::kQK && !same_bits(k_buffer_before, c.k_buffer)) {
     problems.push_back("k's buffer changed");
   }
-  if (!raised && c.x.numel() + (c.k.defined() ? c.k.numel() : 0) > 0 &&
-      ctx.launches.size() != 1) {
+  if (!raised && c.x.numel() + (c.k.defined() ? c.k.numel() : 0) > 0 && ctx.launches.size() != 1) {
     problems.push_back("expected one launch, got " + std::to_string(ctx.launches.size()));
   }
 
   if (c.valid && problems.empty() && host_x.defined()) {
     const std::vector<std::pair<at::Tensor, at::Tensor>> results =
-        c.op == FormOp::kQK ? std::vector<std::pair<at::Tensor, at::Tensor>>{{host_x, x_before},
-                                                                               {host_k, k_before}}
-                            : std::vector<std::pair<at::Tensor, at::Tensor>>{{host_x, x_before}};
+        c.op == FormOp::kQK
+            ? std::vector<std::pair<at::Tensor, at::Tensor>>{{host_x, x_before}, {host_k, k_before}}
+            : std::vector<std::pair<at::Tensor, at::Tensor>>{{host_x, x_before}};
     for (const auto& [got, input] : results) {
       if (c.frequencies()) {
         run.worst = std::max(run.worst, check_frequencies(c, got, input, plane_positions(c, input),
@@ -715,7 +713,8 @@ std::vector<std::string> run_form_case(const FormCase& c, const CpuVectorPath& c
                         .item<bool>());
   hit("forms: packed sequences given on the host", c.packed() && c.packed_on_host);
   hit("forms: bad packed sequences asserted", !c.valid && c.packed() && !c.packed_on_host);
-  hit("forms: bad packed sequences refused on the host", !c.valid && c.packed() && c.packed_on_host);
+  hit("forms: bad packed sequences refused on the host",
+      !c.valid && c.packed() && c.packed_on_host);
   hit("forms: inverse", c.inverse);
   hit("forms: half split", !c.interleaved);
   return problems;

@@ -29,9 +29,9 @@ struct FormsRun {
   int64_t failures = 0;
   int64_t assert_cases = 0;
   int64_t launches = 0;
-  double worst = 0;         // largest error / bound of the frequency form against binary128
-  int64_t bounded = 0;      // elements held to that bound
-  int64_t same_bits = 0;    // elements bit for bit against the positions form
+  double worst = 0;       // largest error / bound of the frequency form against binary128
+  int64_t bounded = 0;    // elements held to that bound
+  int64_t same_bits = 0;  // elements bit for bit against the positions form
   std::map<std::string, int64_t> coverage;
   // (device, kernel) of every launch below device 64, and the launches above: for the driver's
   // check of the occupancy cache.

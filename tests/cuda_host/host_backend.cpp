@@ -266,7 +266,7 @@ at::Tensor host_apply_qk_cache(CaseContext& ctx, const at::Tensor& q, const at::
       q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping, interleaved, k_scale, v_scale);
 }
 
-// ---- the frequency and packed-sequence forms: common_glue.h's Forms with the simulated runtime ----
+// ---- the new forms (frequencies, packed sequences): common_glue.h's Forms, simulated runtime --
 
 at::Tensor host_apply_form(CaseContext& ctx, const char* op, const at::Tensor& x,
                            const rope::detail::AngleSource& angles,
@@ -288,12 +288,11 @@ void host_apply_inplace_form(CaseContext& ctx, const char* op, const at::Tensor&
 
 void host_apply_out_form(CaseContext& ctx, const char* op, const at::Tensor& x,
                          const rope::detail::AngleSource& angles,
-                         const rope::detail::PositionSource& where, bool interleaved,
-                         bool inverse, const rope::detail::MultiAxisArgs& axes,
-                         const at::Tensor& out) {
+                         const rope::detail::PositionSource& where, bool interleaved, bool inverse,
+                         const rope::detail::MultiAxisArgs& axes, const at::Tensor& out) {
   Enter enter(ctx);
-  rope::cuda::glue::Forms<HostRuntime>::apply_out(op, x, angles, where, interleaved, inverse,
-                                                  axes, out);
+  rope::cuda::glue::Forms<HostRuntime>::apply_out(op, x, angles, where, interleaved, inverse, axes,
+                                                  out);
 }
 
 std::tuple<at::Tensor, at::Tensor> host_apply_qk_form(CaseContext& ctx, const char* op,

@@ -97,9 +97,8 @@ void host_apply_inplace_form(CaseContext& ctx, const char* op, const at::Tensor&
                              bool inverse, const rope::detail::MultiAxisArgs& axes = {});
 void host_apply_out_form(CaseContext& ctx, const char* op, const at::Tensor& x,
                          const rope::detail::AngleSource& angles,
-                         const rope::detail::PositionSource& where, bool interleaved,
-                         bool inverse, const rope::detail::MultiAxisArgs& axes,
-                         const at::Tensor& out);
+                         const rope::detail::PositionSource& where, bool interleaved, bool inverse,
+                         const rope::detail::MultiAxisArgs& axes, const at::Tensor& out);
 std::tuple<at::Tensor, at::Tensor> host_apply_qk_form(CaseContext& ctx, const char* op,
                                                       const at::Tensor& q, const at::Tensor& k,
                                                       const rope::detail::AngleSource& angles,

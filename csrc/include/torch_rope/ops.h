@@ -134,26 +134,24 @@ at::Tensor& apply_out(at::Tensor& out, const at::Tensor& x, const Frequencies& a
                       at::OptionalIntArrayRef mrope_section = std::nullopt,
                       bool mrope_interleaved = false);
 at::Tensor& apply_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& cos,
-                      const at::Tensor& sin, const PackedSequences& packed,
-                      bool interleaved = true, bool inverse = false);
-at::Tensor& apply_out(at::Tensor& out, const at::Tensor& x, const Frequencies& angles,
-                      const PackedSequences& packed, bool interleaved = true,
+                      const at::Tensor& sin, const PackedSequences& packed, bool interleaved = true,
                       bool inverse = false);
+at::Tensor& apply_out(at::Tensor& out, const at::Tensor& x, const Frequencies& angles,
+                      const PackedSequences& packed, bool interleaved = true, bool inverse = false);
 
 std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tensor& k,
-                                            const Frequencies& angles,
-                                            const at::Tensor& positions, bool interleaved = true,
-                                            bool inverse = false,
+                                            const Frequencies& angles, const at::Tensor& positions,
+                                            bool interleaved = true, bool inverse = false,
                                             at::OptionalIntArrayRef mrope_section = std::nullopt,
                                             bool mrope_interleaved = false);
 std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tensor& k,
                                             const at::Tensor& cos, const at::Tensor& sin,
-                                            const PackedSequences& packed,
-                                            bool interleaved = true, bool inverse = false);
+                                            const PackedSequences& packed, bool interleaved = true,
+                                            bool inverse = false);
 std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tensor& k,
                                             const Frequencies& angles,
-                                            const PackedSequences& packed,
-                                            bool interleaved = true, bool inverse = false);
+                                            const PackedSequences& packed, bool interleaved = true,
+                                            bool inverse = false);
 
 // Rotates q and k as apply_qk and writes the rotated k, and v, into row slot_mapping[t] of
 // k_cache / v_cache; returns the rotated q (a new tensor). q (T, Hq, D), k (T, Hkv, D), v

@@ -30,8 +30,9 @@ def _forms():
             lambda x: torch_rope.apply(x, cos, sin, p),
         ),
         "freqs_varlen": (
-            lambda x: torch_rope.apply(x, freqs=freqs, cu_seqlens=CU, seq_offsets=OFFSETS,
-                                       interleaved=False),  # fmt: skip
+            lambda x: torch_rope.apply(
+                x, freqs=freqs, cu_seqlens=CU, seq_offsets=OFFSETS, interleaved=False
+            ),  # fmt: skip
             lambda x: torch_rope.apply(x, freqs=freqs, positions=p, interleaved=False),
         ),
     }
@@ -89,9 +90,7 @@ def test_inplace_and_qk_under_grad_and_vmap(form):
     got = torch.func.vmap(inplace)(xs)
     want = torch.stack([torch_rope.apply(x, **angles, **where) for x in xs])
     assert torch.equal(got, want)
-    q_out, k_out = torch.func.vmap(lambda a: torch_rope.apply_qk(a, k, **angles, **where))(
-        xs
-    )
+    q_out, k_out = torch.func.vmap(lambda a: torch_rope.apply_qk(a, k, **angles, **where))(xs)
     assert torch.equal(q_out, want)
 
 
@@ -117,7 +116,8 @@ def test_raw_overloads_vmap():
 def test_raw_overloads_refuse_grad_and_point_to_the_api():
     x = torch.randn(9, 8, dtype=torch.float64)
     with pytest.raises(RuntimeError, match="call torch_rope.apply"):
-        torch.func.grad(lambda v: torch.ops.rope.apply.freqs(v, ref.inv_freq(8), POSITIONS).sum())(x)
+        raw = torch.ops.rope.apply.freqs
+        torch.func.grad(lambda v: raw(v, ref.inv_freq(8), POSITIONS).sum())(x)
     with pytest.raises(RuntimeError, match="call torch_rope.apply_qk"):
         torch.func.grad(
             lambda v: torch.ops.rope.apply_qk.freqs_varlen(v, v, ref.inv_freq(8), CU)[0].sum()

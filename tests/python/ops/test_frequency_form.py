@@ -167,9 +167,7 @@ def test_float64_within_a_few_ulps_of_the_pair(device):
             positions=positions.to(device).unsqueeze(-1),
             interleaved=interleaved,
         )
-        want = ref.rope_with_frequencies(
-            x, freqs, positions.unsqueeze(-1), interleaved=interleaved
-        )
+        want = ref.rope_with_frequencies(x, freqs, positions.unsqueeze(-1), interleaved=interleaved)
         bound = pair_bound(x, interleaved, 1.0) * 2.0**-50
         assert ((got.cpu() - want).abs() <= bound).all()
 
@@ -192,7 +190,8 @@ def test_table_free_tables_would_fail_where_it_holds(device):
     angle = positions.float().unsqueeze(-1) * freqs.float()
     c, s = angle.cos(), angle.sin()
     a, b = x[..., :8], x[..., 8:]
-    hf = torch.cat([a * c.unsqueeze(1) - b * s.unsqueeze(1), a * s.unsqueeze(1) + b * c.unsqueeze(1)], -1)
+    c, s = c.unsqueeze(1), s.unsqueeze(1)
+    hf = torch.cat([a * c - b * s, a * s + b * c], -1)
     assert ((hf.double() - want).abs() > 1e3 * U23 * pair_bound(x, False, 1.0)).any()
 
 
@@ -336,7 +335,8 @@ def test_every_cpu_kernel_copy_gives_the_same_bits(tmp_path):
         if flags is None or missing_cpu_flags(kernel, flags):
             continue  # a copy this CPU cannot run (test_cpu_capability names the skip)
         path = tmp_path / f"{kernel}.pt"
-        script = _SCRIPT.replace('sys.argv[1] if len(sys.argv) > 1 else "/dev/null"', repr(str(path)))
+        default_path = 'sys.argv[1] if len(sys.argv) > 1 else "/dev/null"'
+        script = _SCRIPT.replace(default_path, repr(str(path)))
         done = run_python(script, with_test_modules=True, TORCH_ROPE_CPU_KERNEL=kernel)
         assert done.returncode == 0, done.stderr
         results[kernel] = torch.load(path)
@@ -381,9 +381,8 @@ def test_float32_bound_at_the_worst_positions(theta, rotary_dim):
     for k in range(0, rotary_dim // 2, 4):
         f = float(freqs[k])
         with mpmath.workprec(400):
-            ps = sorted(
-                set(convergent_positions(f, mpmath.pi / 2)) | set(convergent_positions(f, mpmath.pi))
-            )
+            near_quarter = set(convergent_positions(f, mpmath.pi / 2))
+            ps = sorted(near_quarter | set(convergent_positions(f, mpmath.pi)))
         positions = torch.tensor(ps)
         x = adversarial_pairs(positions.numel(), rotary_dim // 2, rng).view(
             positions.numel(), 1, rotary_dim

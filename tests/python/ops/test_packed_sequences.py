@@ -25,7 +25,9 @@ def packing(rng, num_seqs, cp_size, max_len=12, empty=0.2):
     """cu_seqlens (int64) of num_seqs sequences, each length a multiple of 2 cp_size (0 with
     probability `empty`), and their random seq_offsets."""
     unit = 2 * cp_size if cp_size > 1 else 1
-    lengths = [0 if rng.random() < empty else unit * rng.randint(1, max_len) for _ in range(num_seqs)]
+    lengths = [
+        0 if rng.random() < empty else unit * rng.randint(1, max_len) for _ in range(num_seqs)
+    ]
     cu = torch.tensor([0] + lengths).cumsum(0)
     offsets = torch.tensor([rng.randint(0, 100) for _ in range(num_seqs)])
     return cu, offsets

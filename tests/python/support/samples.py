@@ -1635,7 +1635,15 @@ def form_sample_inputs(device, requires_grad: bool):
         )
         samples.append(
             FormSample(
-                name, op, form, (leaf(x),), angles, positions, packed, interleaved, inverse,
+                name,
+                op,
+                form,
+                (leaf(x),),
+                angles,
+                positions,
+                packed,
+                interleaved,
+                inverse,
                 out=_out_buffer(x, i) if op == "apply.out" else None,
             )  # fmt: skip
         )
@@ -1657,8 +1665,15 @@ def form_sample_inputs(device, requires_grad: bool):
         )
         samples.append(
             FormSample(
-                name, "apply_qk", form, (leaf(q), leaf(k)), angles, positions, packed,
-                interleaved, inverse,
+                name,
+                "apply_qk",
+                form,
+                (leaf(q), leaf(k)),
+                angles,
+                positions,
+                packed,
+                interleaved,
+                inverse,
             )  # fmt: skip
         )
     for i, row in enumerate(_FORM_MROPE_PLAN):
@@ -1674,8 +1689,17 @@ def form_sample_inputs(device, requires_grad: bool):
         )
         samples.append(
             FormSample(
-                name, op, "freqs", (leaf(x),), angles, positions, None, interleaved, False,
-                out=_out_buffer(x, i) if op == "apply.out" else None, mrope_section=section,
+                name,
+                op,
+                "freqs",
+                (leaf(x),),
+                angles,
+                positions,
+                None,
+                interleaved,
+                False,
+                out=_out_buffer(x, i) if op == "apply.out" else None,
+                mrope_section=section,
                 mrope_interleaved=mrope_interleaved,
             )  # fmt: skip
         )

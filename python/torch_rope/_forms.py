@@ -267,7 +267,7 @@ def apply_(
     if type(x) is not Tensor:
         _maybe_register_for(x)
     if _functorch.transforms_active():
-        return _functorch.FormRotateInplace.apply(x, form, *_functorch.form_inputs(args, kw))
+        return _functorch.form_rotate_inplace(x, form, *_functorch.form_inputs(args, kw))
     _overload(_ops.apply_, form)(x, *args, **kw)
     return x
 

@@ -223,34 +223,17 @@ class Rotate(torch.autograd.Function):
         return _rotate(ctx, x_t, back=False)
 
 
-class RotateInplace(torch.autograd.Function):
-    """rope.apply_ (returns the mutated x) with a backward, an in-place jvp and a vmap rule."""
+def rotate_inplace(
+    x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved
+):
+    """rope.apply_ under a functorch transform: the out-of-place rotation copied into x.
 
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved):
-        kw = _kw(interleaved, inverse, mrope_section, mrope_interleaved)
-        _apply_inplace(x, cos, sin, positions, **kw)
-        return x
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.mark_dirty(inputs[0])
-        _save(ctx, inputs, 1)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _rotate(ctx, grad, back=True), None, None, None, None, None, None, None
-
-    @staticmethod
-    def jvp(ctx, x_t, *_):
-        if x_t is None:
-            return None
-        cos, sin, positions = ctx.saved_tensors
-        return RotateInplace.apply(
-            x_t, cos, sin, positions, ctx.interleaved, ctx.inverse, *ctx.mrope
-        )
+    Not an autograd.Function with mark_dirty: functorch's generated vmap rule cannot return a
+    dirtied input (torch raises "Some elements marked as dirty ... were not returned"), while
+    copy_ has its own grad, jvp and batching rules, and Rotate supplies the rotation's."""
+    return x.copy_(
+        Rotate.apply(x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved)
+    )
 
 
 class RotateQK(torch.autograd.Function):
@@ -521,32 +504,10 @@ class FormRotate(torch.autograd.Function):
         return _rotate_form(ctx, x_t, back=False)
 
 
-class FormRotateInplace(torch.autograd.Function):
-    """rope.apply_.<form> (returns the mutated x) with a backward, a jvp and a vmap rule."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x, form, kw, offsets, *tensors):
-        _form_op("apply_", form)(x, *tensors, **_form_kwargs(kw, offsets))
-        return x
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.mark_dirty(inputs[0])
-        _, form, kw, offsets, *tensors = inputs
-        _save_form(ctx, form, kw, offsets, tensors)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return (_rotate_form(ctx, grad, back=True), None, None, None) + (None,) * ctx.num_tensors
-
-    @staticmethod
-    def jvp(ctx, x_t, *_):
-        if x_t is None:
-            return None
-        offsets, *tensors = ctx.saved_tensors
-        return FormRotateInplace.apply(x_t, ctx.form, ctx.kw, offsets, *tensors)
+def form_rotate_inplace(x, form, kw, offsets, *tensors):
+    """rope.apply_.<form> under a functorch transform: as rotate_inplace, the out-of-place
+    rotation copied into x."""
+    return x.copy_(FormRotate.apply(x, form, kw, offsets, *tensors))
 
 
 class FormRotateQK(torch.autograd.Function):

@@ -180,7 +180,7 @@ def apply_(
     if type(x) is not Tensor:  # a subclass such as DTensor
         _maybe_register_for(x)
     if _functorch.transforms_active():
-        return _functorch.RotateInplace.apply(
+        return _functorch.rotate_inplace(
             x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved
         )
     _apply_inplace(

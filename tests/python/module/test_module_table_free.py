@@ -24,7 +24,8 @@ def test_only_float64_frequencies_as_non_persistent_buffers():
     assert buffers["freqs"].dtype == torch.float64 and buffers["freqs"].shape == (32,)
     assert m.state_dict() == {}
     assert not hasattr(m, "cos") or "cos" not in m._buffers
-    torch.testing.assert_close(m.freqs, ref.inv_freq(64), rtol=0, atol=0)
+    # The C++ builder's float64 frequencies: within an ulp of theta^(-2k/d) (pow, not exp/log).
+    torch.testing.assert_close(m.freqs, ref.inv_freq(64), rtol=2.3e-16, atol=0)
     for cast in (torch.bfloat16, torch.float16, torch.float32):
         m.to(cast)
         assert m.freqs.dtype == torch.float64
@@ -55,7 +56,8 @@ def test_forward_equals_the_tables_module_and_the_op(interleaved, seq_dim, devic
     kw = dict(interleaved=interleaved, seq_dim=seq_dim, rotary_dim=24, dtype=torch.float64)
     tables = RotaryPositionalEmbedding(5e5, 32, 512, device, **kw)
     free = RotaryPositionalEmbedding(5e5, 32, 512, device, tables=False, **kw)
-    x = torch.randn(2, 4, 7, 32, dtype=torch.float64, device=device)
+    shape = (2, 4, 7, 32) if seq_dim == -2 else (2, 7, 4, 32)  # (B, H, S, D) or (B, S, H, D)
+    x = torch.randn(*shape, dtype=torch.float64, device=device)
     positions = torch.randint(0, 512, (2, 7), device=device)
     torch.testing.assert_close(free(x), tables(x), rtol=0, atol=1e-12)
     torch.testing.assert_close(free(x, positions), tables(x, positions), rtol=0, atol=1e-12)
@@ -118,7 +120,7 @@ def test_packed_sequences_forward_in_both_modes(tables, device):
     m = RotaryPositionalEmbedding(1e4, 16, 128, device, tables=tables, dtype=torch.float64)
     cu = torch.tensor([0, 8, 8, 16], device=device)
     offsets = torch.tensor([3, 0, 10], device=device)
-    x = torch.randn(8, 3, 16, dtype=torch.float64, device=device)
+    x = torch.randn(8, 2, 3, 16, dtype=torch.float64, device=device)  # (T, H, 3, D)
     for cp_rank in (0, 1):
         got = m(x, cu_seqlens=cu, seq_offsets=offsets, cp_size=2, cp_rank=cp_rank)
         positions = ref.packed_positions(cu.cpu(), offsets.cpu(), 2, cp_rank).to(device)

@@ -99,7 +99,7 @@ def test_raw_overloads_vmap():
     freqs = ref.inv_freq(8)
     xs = torch.randn(4, 9, 2, 8)
     positions = torch.randint(0, 2**40, (4, 9, 1))
-    got = torch.func.vmap(torch.ops.rope.apply.freqs)(xs, freqs, positions)
+    got = torch.func.vmap(torch.ops.rope.apply.freqs, in_dims=(0, None, 0))(xs, freqs, positions)
     want = torch.stack([torch.ops.rope.apply.freqs(x, freqs, p) for x, p in zip(xs, positions)])
     assert torch.equal(got, want)
     got = torch.func.vmap(torch.ops.rope.apply.freqs_varlen, in_dims=(0, None, None))(xs, freqs, CU)

@@ -674,15 +674,25 @@ void check_packed_values(const char* op, const PackedArgs& packed, int64_t num_t
 void check_form_values_on_host(const char* op, const AngleSource& angles,
                                const PositionSource& where, int64_t num_tokens,
                                const MultiAxisArgs& axes) {
-  if (angles.frequencies() && angles.freqs->device().is_cpu()) {
+  check_form_values_on_host(op, angles, where, num_tokens, axes,
+                            [](const at::Tensor& t) { return t.device().is_cpu(); });
+}
+
+void check_form_values_on_host(const char* op, const AngleSource& angles,
+                               const PositionSource& where, int64_t num_tokens,
+                               const MultiAxisArgs& axes,
+                               const std::function<bool(const at::Tensor&)>& on_host) {
+  if (angles.frequencies() && on_host(*angles.freqs)) {
     check_frequencies_finite(op, *angles.freqs);
   }
   if (where.is_packed()) {
-    if (where.packed->cu_seqlens.device().is_cpu()) {
-      check_packed_values(op, *where.packed, num_tokens,
-                          angles.frequencies() ? -1 : angles.cos->size(0));
+    const PackedArgs& packed = *where.packed;
+    // seq_offsets are read with cu_seqlens: both on the host, or both asserted on the device.
+    if (on_host(packed.cu_seqlens) &&
+        (!packed.seq_offsets.defined() || on_host(packed.seq_offsets))) {
+      check_packed_values(op, packed, num_tokens, angles.frequencies() ? -1 : angles.cos->size(0));
     }
-  } else if (angles.frequencies() && where.positions->device().is_cpu()) {
+  } else if (angles.frequencies() && on_host(*where.positions)) {
     check_positions_not_negative(op, *where.positions, axes);
   }
 }

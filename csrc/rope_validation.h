@@ -9,6 +9,8 @@
 // reads data, check_positions_in_range, is the CPU backend's alone.
 #pragma once
 
+#include <functional>
+
 #include <ATen/core/Tensor.h>
 
 #include "common_kernel_args.h"
@@ -94,6 +96,12 @@ void check_packed_values(const char* op, const PackedArgs& packed, int64_t num_t
 void check_form_values_on_host(const char* op, const AngleSource& angles,
                                const PositionSource& where, int64_t num_tokens,
                                const MultiAxisArgs& axes = {});
+// The same, with `on_host(t)` saying whose data can be read now (the CUDA glue asks its runtime:
+// a tensor on no CUDA device; the host run of the CUDA code simulates devices with CPU tensors).
+void check_form_values_on_host(const char* op, const AngleSource& angles,
+                               const PositionSource& where, int64_t num_tokens,
+                               const MultiAxisArgs& axes,
+                               const std::function<bool(const at::Tensor&)>& on_host);
 
 // rope.apply: x (..., head_dim) against the tables and positions.
 void check_apply(const char* op, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,

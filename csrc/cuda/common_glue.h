@@ -77,11 +77,11 @@ struct RopeBackend {
   static void check_form_values(const char* op, const detail::AngleSource& angles,
                                 const detail::PositionSource& where, int64_t num_tokens,
                                 const detail::MultiAxisArgs& axes) {
-    detail::check_form_values_on_host(op, angles, where, num_tokens, axes);
+    detail::check_form_values_on_host(op, angles, where, num_tokens, axes, on_host);
   }
   static detail::PackedArgs packed_for_kernel(const detail::PackedArgs& packed,
                                               const at::Tensor& x) {
-    if (!packed.cu_seqlens.device().is_cpu()) {
+    if (!on_host(packed.cu_seqlens)) {
       return packed;
     }
     detail::PackedArgs on_device = packed;
@@ -91,6 +91,8 @@ struct RopeBackend {
     }
     return on_device;
   }
+  // Whether t's data is on the host: on no CUDA device, as the runtime sees it.
+  static bool on_host(const at::Tensor& t) { return !Runtime::device_of(t).has_value(); }
   static at::Tensor frequency_positions(const at::Tensor& positions,
                                         const detail::MultiAxisArgs& /*axes*/) {
     return positions;

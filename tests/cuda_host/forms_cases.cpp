@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -310,7 +311,14 @@ FormCase make_form_case(uint64_t seed, int64_t index) {
                   c.dtype, scale, c.layout);
     c.x = v.view;
     c.x_buffer = v.buffer;
-    const at::ScalarType index_type = pick(2) ? at::kLong : at::kInt;
+    // int32 only where every boundary and offset fits (a frequency-form offset may be 2^62).
+    const bool wide = pick(2) != 0;
+    const auto fits_int32 = [](int64_t v) { return v <= std::numeric_limits<int32_t>::max(); };
+    const at::ScalarType index_type =
+        wide || !std::all_of(cu.begin(), cu.end(), fits_int32) ||
+                !std::all_of(offsets.begin(), offsets.end(), fits_int32)
+            ? at::kLong
+            : at::kInt;
     c.packed_on_host = pick(4) == 0;
     const int64_t max_position =
         c.rule_positions.numel() > 0 ? c.rule_positions.max().item<int64_t>() : 0;
@@ -654,6 +662,15 @@ std::vector<std::string> run_form_case(const FormCase& c, const CpuVectorPath& c
         ref_ctx.place(input);
         for (const at::Tensor* t : {&c.freqs_buffer, &c.cos, &c.sin}) ref_ctx.place(*t);
         const at::Tensor want = host_with_positions(ref_ctx, c, input);
+        // The reference's launches query the occupancy cache too (once per device and kernel).
+        run.launches += static_cast<int64_t>(ref_ctx.launches.size());
+        for (const LaunchRecord& r : ref_ctx.launches) {
+          if (c.device < 64) {
+            run.cached_queries.emplace(c.device, r.kernel);
+          } else {
+            ++run.uncached_queries;
+          }
+        }
         if (!same_bits(got, want)) {
           problems.push_back("the packed form differs from the same op given the rules' positions");
         } else {

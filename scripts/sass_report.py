@@ -190,10 +190,11 @@ def describe(demangled):
             "vector" if info["vector"] else "scalar-only",
         )
         return name, info
-    m = re.search(r"rope_kernel<([^>]*)>", demangled)
+    m = re.search(r"rope_(packed_)?kernel<([^>]*)>", demangled)
     if not m:
         return demangled, None
-    args = [a.strip() for a in m.group(1).split(",")]
+    packed = m.group(1) is not None  # the tables with packed sequences (rope_packed_kernel)
+    args = [a.strip() for a in m.group(2).split(",")]
     if len(args) != 4:
         return demangled, None
     storage, table, interleaved, vector = args
@@ -202,12 +203,14 @@ def describe(demangled):
         "tables": STORAGE_NAMES.get(table, table),
         "interleaved": interleaved == "true",
         "vector": vector == "true",
+        "packed": packed,
     }
-    name = "{} / {} tables / {} / {}".format(
+    name = "{} / {} tables / {} / {}{}".format(
         info["storage"],
         info["tables"],
         "interleaved" if info["interleaved"] else "half split",
         "vector" if info["vector"] else "scalar-only",
+        " / packed" if packed else "",
     )
     return name, info
 

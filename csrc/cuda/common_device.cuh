@@ -241,10 +241,13 @@ __device__ __forceinline__ bool packed_position(const PackedSequenceArgs& s, int
 
 // The position of a row of any position source, checked against the angle source: in the
 // tables' range [0, max_seq_len), or >= 0 for the frequency form (which has no upper bound).
-template <typename Rows, typename Tables>
+// kPacked (r.position_kind == kPacked): a compile-time choice, made by the launch (the table
+// form's packed sequences have a kernel of their own, rope_packed_kernel), so that the positions
+// form's code carries none of the lookup's registers (in one kernel both spilled on sm_75-90).
+template <bool kPacked, typename Rows, typename Tables>
 __device__ __forceinline__ bool load_row_position(const Rows& r, const Tables& tb, int64_t pos_off,
                                                   int64_t& pos) {
-  if (r.position_kind == PositionKind::kPacked) {
+  if constexpr (kPacked) {
     if (!packed_position(r.packed, pos_off, pos)) {
       return false;
     }

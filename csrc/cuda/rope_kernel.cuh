@@ -206,7 +206,8 @@ constexpr bool kHasPairs = sizeof(T) * 2 == kPairBytes;
 // from up to kMaxAxes table rows with a batch of x in registers spilled the vector kernels at
 // their register budgets. One-axis positions (kMultiAxis false) load theirs after the first x
 // loads, so their latency overlaps those loads.
-template <typename scalar_t, typename table_t, bool kInterleaved, Access kAccess, bool kMultiAxis>
+template <typename scalar_t, typename table_t, bool kInterleaved, Access kAccess, bool kMultiAxis,
+          bool kPacked>
 __device__ __forceinline__ void rotate_lane(const TensorPlan& t, const TablePlan& tb, bool inverse,
                                             int64_t lane, int64_t pos_off, RowWalker walker,
                                             int64_t h_begin, int64_t h_end) {
@@ -262,7 +263,7 @@ __device__ __forceinline__ void rotate_lane(const TensorPlan& t, const TablePlan
     // The angles after the first x loads, so their latency overlaps those loads.
     if (!have_angles) {
       int64_t pos;
-      if (!load_row_position(t, tb, pos_off, pos)) {
+      if (!load_row_position<kPacked>(t, tb, pos_off, pos)) {
         return;
       }
       const int64_t row = pos * tb.stride + lane * P;
@@ -307,15 +308,15 @@ __device__ __forceinline__ void rotate_lane(const TensorPlan& t, const TablePlan
 // rotate_lane for one-axis or multi-axis positions, behind a branch uniform over the launch: the
 // one-axis instance is the code it was before multi-axis positions existed (same registers, same
 // schedule), the multi-axis one a copy of it with the angles gathered up front.
-template <typename scalar_t, typename table_t, bool kInterleaved, Access kAccess>
+template <typename scalar_t, typename table_t, bool kInterleaved, Access kAccess, bool kPacked>
 __device__ __forceinline__ void rotate_lane_of(const TensorPlan& t, const TablePlan& tb,
                                                bool inverse, int64_t lane, int64_t pos_off,
                                                RowWalker walker, int64_t h_begin, int64_t h_end) {
   if (tb.axes.num_axes == 0) {
-    rotate_lane<scalar_t, table_t, kInterleaved, kAccess, false>(t, tb, inverse, lane, pos_off,
+    rotate_lane<scalar_t, table_t, kInterleaved, kAccess, false, kPacked>(t, tb, inverse, lane, pos_off,
                                                                  walker, h_begin, h_end);
   } else {
-    rotate_lane<scalar_t, table_t, kInterleaved, kAccess, true>(t, tb, inverse, lane, pos_off,
+    rotate_lane<scalar_t, table_t, kInterleaved, kAccess, true, kPacked>(t, tb, inverse, lane, pos_off,
                                                                 walker, h_begin, h_end);
   }
 }
@@ -393,7 +394,7 @@ __device__ __forceinline__ void rotate_exact(double a, double b,
 
 // rotate_lane for the frequency form: the lane's angles first (position, every axis of a
 // multi-axis one, then each plane's cos / sin), then the rows in batches as rotate_lane does.
-template <typename scalar_t, bool kInterleaved, Access kAccess, bool kMultiAxis>
+template <typename scalar_t, bool kInterleaved, Access kAccess, bool kMultiAxis, bool kPacked>
 __device__ __forceinline__ void rotate_freqs_lane(const TensorPlan& t, const TablePlan& tb,
                                                   bool inverse, int64_t lane, int64_t pos_off,
                                                   RowWalker walker, int64_t h_begin,
@@ -422,7 +423,7 @@ __device__ __forceinline__ void rotate_freqs_lane(const TensorPlan& t, const Tab
     }
   } else {
     int64_t pos;
-    if (!load_row_position(t, tb, pos_off, pos)) {
+    if (!load_row_position<kPacked>(t, tb, pos_off, pos)) {
       return;
     }
 #pragma unroll
@@ -478,30 +479,31 @@ __device__ __forceinline__ void rotate_freqs_lane(const TensorPlan& t, const Tab
   }
 }
 
-template <typename scalar_t, bool kInterleaved, Access kAccess>
+template <typename scalar_t, bool kInterleaved, Access kAccess, bool kPacked>
 __device__ __forceinline__ void rotate_freqs_lane_of(const TensorPlan& t, const TablePlan& tb,
                                                      bool inverse, int64_t lane, int64_t pos_off,
                                                      RowWalker walker, int64_t h_begin,
                                                      int64_t h_end) {
   if (tb.axes.num_axes == 0) {
-    rotate_freqs_lane<scalar_t, kInterleaved, kAccess, false>(t, tb, inverse, lane, pos_off, walker,
+    rotate_freqs_lane<scalar_t, kInterleaved, kAccess, false, kPacked>(t, tb, inverse, lane, pos_off, walker,
                                                               h_begin, h_end);
   } else {
-    rotate_freqs_lane<scalar_t, kInterleaved, kAccess, true>(t, tb, inverse, lane, pos_off, walker,
+    rotate_freqs_lane<scalar_t, kInterleaved, kAccess, true, kPacked>(t, tb, inverse, lane, pos_off, walker,
                                                              h_begin, h_end);
   }
 }
 
 // The rotating lane of either angle source: tables (rotate_lane_of) or frequencies.
-template <typename scalar_t, typename table_t, bool kInterleaved, Access kAccess, bool kFreqs>
+template <typename scalar_t, typename table_t, bool kInterleaved, Access kAccess, bool kFreqs,
+          bool kPacked>
 __device__ __forceinline__ void rotate_any_lane(const TensorPlan& t, const TablePlan& tb,
                                                 bool inverse, int64_t lane, int64_t pos_off,
                                                 RowWalker walker, int64_t h_begin, int64_t h_end) {
   if constexpr (kFreqs) {
-    rotate_freqs_lane_of<scalar_t, kInterleaved, kAccess>(t, tb, inverse, lane, pos_off, walker,
+    rotate_freqs_lane_of<scalar_t, kInterleaved, kAccess, kPacked>(t, tb, inverse, lane, pos_off, walker,
                                                           h_begin, h_end);
   } else {
-    rotate_lane_of<scalar_t, table_t, kInterleaved, kAccess>(t, tb, inverse, lane, pos_off, walker,
+    rotate_lane_of<scalar_t, table_t, kInterleaved, kAccess, kPacked>(t, tb, inverse, lane, pos_off, walker,
                                                              h_begin, h_end);
   }
 }
@@ -541,8 +543,8 @@ __device__ __forceinline__ void copy_lane(const TensorPlan& t, int64_t feature, 
 }
 
 // The work of thread w of one tensor; kFreqs: the frequency form (table_t unused).
-template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel,
-          bool kFreqs = false>
+template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel, bool kFreqs,
+          bool kPacked>
 __device__ __forceinline__ void rope_thread(const TensorPlan& t, const TablePlan& tb, bool inverse,
                                             int64_t w) {
   if (w >= t.num_threads) {
@@ -583,19 +585,19 @@ __device__ __forceinline__ void rope_thread(const TensorPlan& t, const TablePlan
   if (lane < t.rot_lanes) {
     if constexpr (kVectorKernel) {
       if (t.rot_access == Access::kVector) {
-        rotate_any_lane<scalar_t, table_t, kInterleaved, Access::kVector, kFreqs>(
+        rotate_any_lane<scalar_t, table_t, kInterleaved, Access::kVector, kFreqs, kPacked>(
             t, tb, inverse, lane, pos_off, walker, h_begin, h_end);
         return;
       }
     }
     if constexpr (kHasPairs<scalar_t>) {
       if (t.rot_access == Access::kPair) {
-        rotate_any_lane<scalar_t, table_t, kInterleaved, Access::kPair, kFreqs>(
+        rotate_any_lane<scalar_t, table_t, kInterleaved, Access::kPair, kFreqs, kPacked>(
             t, tb, inverse, lane, pos_off, walker, h_begin, h_end);
         return;
       }
     }
-    rotate_any_lane<scalar_t, table_t, kInterleaved, Access::kScalar, kFreqs>(
+    rotate_any_lane<scalar_t, table_t, kInterleaved, Access::kScalar, kFreqs, kPacked>(
         t, tb, inverse, lane, pos_off, walker, h_begin, h_end);
     return;
   }
@@ -604,7 +606,7 @@ __device__ __forceinline__ void rope_thread(const TensorPlan& t, const TablePlan
   if (t.rot_lanes == 0) {
     if (tb.axes.num_axes == 0) {
       int64_t pos;
-      if (!load_row_position(t, tb, pos_off, pos)) {
+      if (!load_row_position<kPacked>(t, tb, pos_off, pos)) {
         return;
       }
     } else if (kFreqs) {
@@ -646,6 +648,17 @@ __device__ __forceinline__ void rope_thread(const TensorPlan& t, const TablePlan
   }
 }
 
+// rope_thread with the tensor's position source as a compile-time choice (load_row_position).
+template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel, bool kFreqs>
+__device__ __forceinline__ void rope_tensor_thread(const TensorPlan& t, const TablePlan& tb,
+                                                   bool inverse, int64_t w) {
+  if (t.position_kind == PositionKind::kPacked) {
+    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel, kFreqs, true>(t, tb, inverse, w);
+  } else {
+    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel, kFreqs, false>(t, tb, inverse, w);
+  }
+}
+
 // Minimum resident blocks per SM, i.e. a register budget. The vector kernels hold kRowBatch
 // rows of 16 bytes (32 half split) in flight per thread: 3 blocks (<= 80 registers) interleaved,
 // 2 (<= 128) half split, which has more live registers. The scalar-only kernels need fewer.
@@ -681,10 +694,31 @@ __global__ void __launch_bounds__(
     rope_kernel(const __grid_constant__ KernelParams params) {
   const int64_t block = blockIdx.x;
   if (block < params.first_blocks) {
-    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel>(
+    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel, false, false>(
         params.tensor[0], params.tables, params.inverse, block * kBlockThreads + threadIdx.x);
   } else {
-    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel>(
+    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel, false, false>(
+        params.tensor[1], params.tables, params.inverse,
+        (block - params.first_blocks) * kBlockThreads + threadIdx.x);
+  }
+}
+
+// The tables with packed sequences (rope.*.varlen): the same work, each token's position found
+// from cu_seqlens (load_row_position<true>). A kernel of its own so that the lookup's registers
+// stay out of the positions form's (both spilled on sm_75 and sm_80/90 when one kernel held
+// both), with one block per SM as its floor: the lookup runs once per thread, and a spill there
+// would cost more than the occupancy.
+template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel>
+__global__ void __launch_bounds__(kBlockThreads, ROPE_CUDA_MIN_BLOCKS_PER_SM > 0
+                                                     ? ROPE_CUDA_MIN_BLOCKS_PER_SM
+                                                     : 1) rope_packed_kernel(const __grid_constant__
+                                                                             KernelParams params) {
+  const int64_t block = blockIdx.x;
+  if (block < params.first_blocks) {
+    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel, false, true>(
+        params.tensor[0], params.tables, params.inverse, block * kBlockThreads + threadIdx.x);
+  } else {
+    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel, false, true>(
         params.tensor[1], params.tables, params.inverse,
         (block - params.first_blocks) * kBlockThreads + threadIdx.x);
   }
@@ -704,10 +738,10 @@ __global__ void __launch_bounds__(kBlockThreads, kFreqsMinBlocksPerSm<kInterleav
     rope_freqs_kernel(const __grid_constant__ KernelParams params) {
   const int64_t block = blockIdx.x;
   if (block < params.first_blocks) {
-    rope_thread<scalar_t, float, kInterleaved, kVectorKernel, true>(
+    rope_tensor_thread<scalar_t, float, kInterleaved, kVectorKernel, true>(
         params.tensor[0], params.tables, params.inverse, block * kBlockThreads + threadIdx.x);
   } else {
-    rope_thread<scalar_t, float, kInterleaved, kVectorKernel, true>(
+    rope_tensor_thread<scalar_t, float, kInterleaved, kVectorKernel, true>(
         params.tensor[1], params.tables, params.inverse,
         (block - params.first_blocks) * kBlockThreads + threadIdx.x);
   }
@@ -719,7 +753,7 @@ __global__ void __launch_bounds__(kBlockThreads, kFreqsMinBlocksPerSm<kInterleav
 // and kernel (the answer depends only on the kernel's registers and the device). Cached per
 // template instance, i.e. per kernel, for device ordinals below kMaxCachedDevices.
 template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel,
-          bool kFreqs = false>
+          bool kFreqs = false, bool kPacked = false>
 cudaError_t resident_blocks_per_sm(int& blocks) {
   constexpr int kMaxCachedDevices = 64;
   static std::atomic<int> cache[kMaxCachedDevices] = {};
@@ -738,6 +772,10 @@ cudaError_t resident_blocks_per_sm(int& blocks) {
   if constexpr (kFreqs) {
     status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &blocks, rope_freqs_kernel<scalar_t, kInterleaved, kVectorKernel>, kBlockThreads, 0);
+  } else if constexpr (kPacked) {
+    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &blocks, rope_packed_kernel<scalar_t, table_t, kInterleaved, kVectorKernel>, kBlockThreads,
+        0);
   } else {
     status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &blocks, rope_kernel<scalar_t, table_t, kInterleaved, kVectorKernel>, kBlockThreads, 0);
@@ -748,12 +786,14 @@ cudaError_t resident_blocks_per_sm(int& blocks) {
   return status;
 }
 
-template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel>
-cudaError_t launch(const RotationArgs& first, const RotationArgs* second, const TableArgs& tables,
-                   bool inverse, int num_sms, cudaStream_t stream) {
+template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel,
+          bool kPacked>
+cudaError_t launch_tables(const RotationArgs& first, const RotationArgs* second,
+                          const TableArgs& tables, bool inverse, int num_sms, cudaStream_t stream) {
   int resident = 0;
   const cudaError_t status =
-      resident_blocks_per_sm<scalar_t, table_t, kInterleaved, kVectorKernel>(resident);
+      resident_blocks_per_sm<scalar_t, table_t, kInterleaved, kVectorKernel, false, kPacked>(
+          resident);
   if (status != cudaSuccess) {
     return status;
   }
@@ -761,8 +801,24 @@ cudaError_t launch(const RotationArgs& first, const RotationArgs* second, const 
   LaunchPlan plan = plan_launch(first, second, tables, RotationMode{kInterleaved, inverse}, sizes,
                                 kVectorKernel, DeviceShape{num_sms, resident});
   // Past grid.x's limit needs > 5e11 lanes, so that error is unreachable.
-  return launch_grid(rope_kernel<scalar_t, table_t, kInterleaved, kVectorKernel>, plan.blocks,
-                     kBlockThreads, plan.params, stream);
+  if constexpr (kPacked) {
+    return launch_grid(rope_packed_kernel<scalar_t, table_t, kInterleaved, kVectorKernel>,
+                       plan.blocks, kBlockThreads, plan.params, stream);
+  } else {
+    return launch_grid(rope_kernel<scalar_t, table_t, kInterleaved, kVectorKernel>, plan.blocks,
+                       kBlockThreads, plan.params, stream);
+  }
+}
+
+template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel>
+cudaError_t launch(const RotationArgs& first, const RotationArgs* second, const TableArgs& tables,
+                   bool inverse, int num_sms, cudaStream_t stream) {
+  if (first.position_kind == PositionKind::kPacked) {
+    return launch_tables<scalar_t, table_t, kInterleaved, kVectorKernel, true>(
+        first, second, tables, inverse, num_sms, stream);
+  }
+  return launch_tables<scalar_t, table_t, kInterleaved, kVectorKernel, false>(
+      first, second, tables, inverse, num_sms, stream);
 }
 
 // The frequency form's launch: the same plan (a thread takes kMaxRowsPerThread shared rows).

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from . import _C, _functorch
+from ._functorch_forms import FormRotate, FormRotateQK, form_inputs, form_rotate_inplace
 from ._op_arguments import _is_compiling, _section, eager_fast_path
 from .distributed import maybe_register_for as _maybe_register_for
 
@@ -209,7 +210,7 @@ def apply(
         _overload(_ops.apply, form, out=True)(x, *args, out=out, **kw)
         return out
     if _functorch.transforms_active():
-        return _functorch.FormRotate.apply(x, form, *_functorch.form_inputs(args, kw))
+        return FormRotate.apply(x, form, *form_inputs(args, kw))
     return _overload(_ops.apply, form)(x, *args, **kw)
 
 
@@ -267,7 +268,7 @@ def apply_(
     if type(x) is not Tensor:
         _maybe_register_for(x)
     if _functorch.transforms_active():
-        return _functorch.form_rotate_inplace(x, form, *_functorch.form_inputs(args, kw))
+        return form_rotate_inplace(x, form, *form_inputs(args, kw))
     _overload(_ops.apply_, form)(x, *args, **kw)
     return x
 
@@ -326,7 +327,7 @@ def apply_qk(
     if type(q) is not Tensor or type(k) is not Tensor:
         _maybe_register_for(q, k)
     if _functorch.transforms_active():
-        return _functorch.FormRotateQK.apply(q, k, form, *_functorch.form_inputs(args, kw))
+        return FormRotateQK.apply(q, k, form, *form_inputs(args, kw))
     return _overload(_ops.apply_qk, form)(q, k, *args, **kw)
 
 

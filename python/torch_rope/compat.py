@@ -28,12 +28,16 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from ._compat_flash_attn import apply_rotary_emb
+from ._compat_transformer_engine import apply_rotary_pos_emb
 from .ops import apply_
 
 __all__ = [
     "rotary_embedding",
     "apply_rope_with_cos_sin_cache",
     "apply_rope_with_cos_sin_cache_inplace",
+    "apply_rotary_pos_emb",
+    "apply_rotary_emb",
 ]
 
 

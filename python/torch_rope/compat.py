@@ -29,6 +29,16 @@ import torch
 from torch import Tensor
 
 from ._compat_flash_attn import apply_rotary_emb
+from ._compat_flashinfer import (
+    apply_llama31_rope,
+    apply_llama31_rope_inplace,
+    apply_llama31_rope_pos_ids,
+    apply_llama31_rope_pos_ids_inplace,
+    apply_rope,
+    apply_rope_inplace,
+    apply_rope_pos_ids,
+    apply_rope_pos_ids_inplace,
+)
 from ._compat_transformer_engine import apply_rotary_pos_emb
 from .ops import apply_
 
@@ -38,6 +48,14 @@ __all__ = [
     "apply_rope_with_cos_sin_cache_inplace",
     "apply_rotary_pos_emb",
     "apply_rotary_emb",
+    "apply_rope",
+    "apply_rope_inplace",
+    "apply_rope_pos_ids",
+    "apply_rope_pos_ids_inplace",
+    "apply_llama31_rope",
+    "apply_llama31_rope_inplace",
+    "apply_llama31_rope_pos_ids",
+    "apply_llama31_rope_pos_ids_inplace",
 ]
 
 

@@ -29,7 +29,6 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ._op_arguments import _is_compiling
 from ._scaling import rope_frequencies
 from .ops import apply_, apply_qk
 
@@ -49,11 +48,12 @@ def _cached_frequencies(rotary_dim, theta, scaling_items, device) -> Tensor:
         return _build_frequencies(rotary_dim, theta, scaling_items, device)
 
 
+# Traced as a constant: the builder is C++ (Dynamo cannot look inside it) and its result depends
+# on Python numbers only, so a compiled graph holds the frequencies like a buffer.
+@torch.compiler.assume_constant_result
 def _frequencies(rotary_dim, theta, scaling_items, device) -> Tensor:
-    """The float64 frequencies on ``device``: built once per parameter set in eager mode (no
-    host-to-device copy per call); while tracing, built in the graph rather than cached."""
-    if _is_compiling():
-        return _build_frequencies(rotary_dim, theta, scaling_items, device)
+    """The float64 frequencies on ``device``, built once per parameter set (no host-to-device
+    copy per call)."""
     return _cached_frequencies(rotary_dim, theta, scaling_items, device)
 
 

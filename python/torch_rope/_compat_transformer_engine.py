@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ._op_arguments import _is_compiling
 from .ops import apply
 
 _FORMATS = ("sbhd", "bshd", "thd")
@@ -68,8 +69,9 @@ def _tables(freqs: Tensor, t: Tensor, interleaved: bool):
         (angles[:, 0::2], angles[:, 1::2]) if interleaved else (angles[:, :half], angles[:, half:])
     )
     # TE's kernel turns every feature by its own angle: a rotation only when both features of a
-    # plane share theirs. Checked where it costs no host sync.
-    if first.device.type == "cpu" and not torch.equal(first, second):
+    # plane share theirs. Checked where it costs no host sync (and not while tracing: the check
+    # reads values).
+    if first.device.type == "cpu" and not _is_compiling() and not torch.equal(first, second):
         raise ValueError(
             "apply_rotary_pos_emb: freqs must hold each plane's angle twice, as TE's "
             "RotaryPositionEmbedding builds it ("

@@ -309,3 +309,18 @@ def test_frequencies_first_built_under_inference_mode_still_train():
     q_rope, _ = compat.apply_rope_pos_ids(q, q.detach(), torch.arange(3), rope_theta=12345.0)
     (grad,) = torch.autograd.grad(q_rope.sum(), q)
     assert grad.shape == q.shape
+
+
+def test_compile_fullgraph():
+    # The frequencies are a traced constant (their builder is C++): no graph break.
+    q, k = torch.randn(9, 2, 16), torch.randn(9, 1, 16)
+    indptr, offsets = torch.tensor(INDPTR), torch.tensor(OFFSETS)
+
+    def call():
+        return compat.apply_llama31_rope(q, k, indptr, offsets, rotary_dim=12, interleave=True)
+
+    torch._dynamo.reset()
+    got = torch.compile(call, fullgraph=True)()
+    want = call()
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])

@@ -553,3 +553,21 @@ def test_fa_tensor_offset_past_the_table_is_refused_in_place_untouched():
     with pytest.raises((ValueError, IndexError, RuntimeError), match="positions"):
         compat.apply_rotary_emb(x, cos, sin, inplace=True, seqlen_offsets=torch.tensor([0, 6]))
     assert torch.equal(x, before)
+
+
+def test_compile_fullgraph():
+    # Both entry points trace without a graph break (TE's angle check reads values: skipped while
+    # tracing) and give the eager result.
+    freqs = te_freqs(16, 8, False)
+    t = torch.randn(4, 2, 8)
+    cu = torch.tensor([0, 4, 8])
+    cos, sin = fa_tables(16, 8)
+    x = torch.randn(2, 4, 2, 8)
+    offsets = torch.tensor([0, 3])
+    calls = [
+        lambda: compat.apply_rotary_pos_emb(t, freqs, "thd", cu_seqlens=cu, cp_size=2, cp_rank=1),
+        lambda: compat.apply_rotary_emb(x, cos, sin, seqlen_offsets=offsets),
+    ]
+    for call in calls:
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(call, fullgraph=True)(), call())

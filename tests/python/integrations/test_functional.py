@@ -192,3 +192,13 @@ def test_module_buffers_and_limits():
     with pytest.raises(ValueError, match="dim"):
         F.RotaryEmbedding(7)
     assert F.RotaryEmbedding(8).cos.shape == (2048, 4)  # the proposal's defaults
+
+
+def test_compile_fullgraph():
+    rope = F.RotaryEmbedding(8, max_seq_len=16)
+    x = torch.randn(2, 2, 4, 8)
+    ids = torch.tensor([[0, 5, 2, 15], [1, 1, 1, 1]])
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(rope, fullgraph=True)(x, ids), rope(x, ids))
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(rope, fullgraph=True)(x), rope(x))

@@ -14,6 +14,7 @@ the packed-sequence form (``cu_seqlens``, ``seq_offsets = start_positions``, ``c
 """
 
 import numbers
+import weakref
 from typing import Optional
 
 import torch
@@ -47,6 +48,36 @@ def _index_tensor(name: str, value: Tensor, length: int, device: torch.device) -
             f"apply_rotary_pos_emb: {name} must be on t's device {device}, got {value.device}"
         )
     return value
+
+
+class _LastTables:
+    """The tables of the last angles seen. A model passes the same ``freqs`` to every layer (q and
+    k each): they are converted once, until ``freqs`` is freed or written in place (its version
+    counter moves)."""
+
+    key = None  # (weakref to freqs, freqs._version, interleaved, table dtype)
+    tables = None
+
+    @classmethod
+    def get(cls, freqs: Tensor, t: Tensor, interleaved: bool):
+        table_dtype = torch.float64 if t.dtype == torch.float64 else torch.float32
+        if type(freqs) is not Tensor or _is_compiling():
+            return _tables(freqs, t, interleaved)
+        if cls.key is not None:
+            ref, version, was_interleaved, dtype = cls.key
+            if (
+                ref() is freqs
+                and version == freqs._version
+                and was_interleaved == interleaved
+                and dtype == table_dtype
+            ):
+                return cls.tables
+        # Normal tensors even under inference_mode: a later training call saves them for backward.
+        with torch.inference_mode(False):
+            tables = _tables(freqs, t, interleaved)
+        cls.key = (weakref.ref(freqs), freqs._version, interleaved, table_dtype)
+        cls.tables = tables
+        return tables
 
 
 def _tables(freqs: Tensor, t: Tensor, interleaved: bool):
@@ -143,7 +174,7 @@ def apply_rotary_pos_emb(
             f"apply_rotary_pos_emb: t must be {want_dim}-D for tensor_format={tensor_format!r}, "
             f"got shape {list(t.shape)}"
         )
-    cos, sin = _tables(freqs, t, interleaved)
+    cos, sin = _LastTables.get(freqs, t, interleaved)
     if 2 * cos.size(-1) > t.size(-1):
         raise ValueError(
             f"apply_rotary_pos_emb: freqs' last dim d2 = {2 * cos.size(-1)} must be <= the head "

@@ -571,3 +571,41 @@ def test_compile_fullgraph():
     for call in calls:
         torch._dynamo.reset()
         torch.testing.assert_close(torch.compile(call, fullgraph=True)(), call())
+
+
+def test_te_angles_written_in_place_are_read_again():
+    # The tables of the last freqs are reused while freqs is unchanged; an in-place write must
+    # not leave the old angles in use.
+    t = torch.randn(4, 1, 1, 8, dtype=torch.float64)
+    freqs = te_freqs(8, 8, False)
+    first = compat.apply_rotary_pos_emb(t, freqs)
+    torch.testing.assert_close(first, te_reference(t, freqs))
+    freqs.mul_(3.0)
+    second = compat.apply_rotary_pos_emb(t, freqs)
+    torch.testing.assert_close(second, te_reference(t, freqs))
+    assert not torch.allclose(first, second)
+
+
+@pytest.mark.parametrize("tensor_format", ["sbhd", "bshd"])
+@pytest.mark.parametrize("cp_size,cp_rank", [(2, 0), (2, 1), (4, 0), (4, 1), (4, 2), (4, 3)])
+@LAYOUTS
+def test_te_sbhd_bshd_context_parallel(tensor_format, cp_size, cp_rank, interleaved):
+    shape = (4, 3, 2, 16) if tensor_format == "sbhd" else (3, 4, 2, 16)
+    t = torch.randn(shape, dtype=torch.float32)
+    start = torch.tensor([0, 3, 11])
+    freqs = te_freqs(32, 12, interleaved)
+    for start_positions in (None, start):
+        out = compat.apply_rotary_pos_emb(t, freqs, tensor_format, start_positions, interleaved,
+                                          cp_size=cp_size, cp_rank=cp_rank)  # fmt: skip
+        want = te_reference(t, freqs, tensor_format, start_positions, interleaved,
+                            cp_size=cp_size, cp_rank=cp_rank)  # fmt: skip
+        assert_close_to(out, want)
+
+
+def test_te_tables_first_built_under_inference_mode_still_train():
+    freqs = te_freqs(8, 8, False)
+    with torch.inference_mode():
+        compat.apply_rotary_pos_emb(torch.randn(4, 1, 1, 8), freqs)
+    t = torch.randn(4, 1, 1, 8, requires_grad=True)
+    (grad,) = torch.autograd.grad(compat.apply_rotary_pos_emb(t, freqs).sum(), t)
+    assert grad.shape == t.shape

@@ -329,13 +329,20 @@ FormCase make_form_case(uint64_t seed, int64_t index) {
           c.bad = "cu_seqlens ends past x's tokens";
           c.valid = false;
           break;
-        case 1:
-          if (!offsets.empty()) {
-            offsets[pick(n)] = -1;
+        case 1: {
+          // On a sequence with tokens: the kernel checks what a token's own sequence shows (an
+          // empty sequence's offset is read by no token; the host check refuses it on the CPU).
+          std::vector<int64_t> with_tokens;
+          for (int64_t i = 0; i < n && !offsets.empty(); ++i) {
+            if (cu[i + 1] > cu[i]) with_tokens.push_back(i);
+          }
+          if (!with_tokens.empty()) {
+            offsets[with_tokens[pick(static_cast<int64_t>(with_tokens.size()))]] = -1;
             c.bad = "a negative offset";
             c.valid = false;
           }
           break;
+        }
         default:
           if (!c.frequencies() && T > 0 && max_position >= 1) {
             c.bad = "a position past the tables";

@@ -9,9 +9,9 @@
 // reads data, check_positions_in_range, is the CPU backend's alone.
 #pragma once
 
-#include <functional>
-
 #include <ATen/core/Tensor.h>
+
+#include <functional>
 
 #include "common_kernel_args.h"
 

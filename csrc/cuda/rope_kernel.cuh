@@ -313,11 +313,11 @@ __device__ __forceinline__ void rotate_lane_of(const TensorPlan& t, const TableP
                                                bool inverse, int64_t lane, int64_t pos_off,
                                                RowWalker walker, int64_t h_begin, int64_t h_end) {
   if (tb.axes.num_axes == 0) {
-    rotate_lane<scalar_t, table_t, kInterleaved, kAccess, false, kPacked>(t, tb, inverse, lane, pos_off,
-                                                                 walker, h_begin, h_end);
+    rotate_lane<scalar_t, table_t, kInterleaved, kAccess, false, kPacked>(
+        t, tb, inverse, lane, pos_off, walker, h_begin, h_end);
   } else {
-    rotate_lane<scalar_t, table_t, kInterleaved, kAccess, true, kPacked>(t, tb, inverse, lane, pos_off,
-                                                                walker, h_begin, h_end);
+    rotate_lane<scalar_t, table_t, kInterleaved, kAccess, true, kPacked>(
+        t, tb, inverse, lane, pos_off, walker, h_begin, h_end);
   }
 }
 
@@ -485,11 +485,11 @@ __device__ __forceinline__ void rotate_freqs_lane_of(const TensorPlan& t, const 
                                                      RowWalker walker, int64_t h_begin,
                                                      int64_t h_end) {
   if (tb.axes.num_axes == 0) {
-    rotate_freqs_lane<scalar_t, kInterleaved, kAccess, false, kPacked>(t, tb, inverse, lane, pos_off, walker,
-                                                              h_begin, h_end);
+    rotate_freqs_lane<scalar_t, kInterleaved, kAccess, false, kPacked>(
+        t, tb, inverse, lane, pos_off, walker, h_begin, h_end);
   } else {
-    rotate_freqs_lane<scalar_t, kInterleaved, kAccess, true, kPacked>(t, tb, inverse, lane, pos_off, walker,
-                                                             h_begin, h_end);
+    rotate_freqs_lane<scalar_t, kInterleaved, kAccess, true, kPacked>(t, tb, inverse, lane, pos_off,
+                                                                      walker, h_begin, h_end);
   }
 }
 
@@ -500,11 +500,11 @@ __device__ __forceinline__ void rotate_any_lane(const TensorPlan& t, const Table
                                                 bool inverse, int64_t lane, int64_t pos_off,
                                                 RowWalker walker, int64_t h_begin, int64_t h_end) {
   if constexpr (kFreqs) {
-    rotate_freqs_lane_of<scalar_t, kInterleaved, kAccess, kPacked>(t, tb, inverse, lane, pos_off, walker,
-                                                          h_begin, h_end);
+    rotate_freqs_lane_of<scalar_t, kInterleaved, kAccess, kPacked>(t, tb, inverse, lane, pos_off,
+                                                                   walker, h_begin, h_end);
   } else {
-    rotate_lane_of<scalar_t, table_t, kInterleaved, kAccess, kPacked>(t, tb, inverse, lane, pos_off, walker,
-                                                             h_begin, h_end);
+    rotate_lane_of<scalar_t, table_t, kInterleaved, kAccess, kPacked>(t, tb, inverse, lane, pos_off,
+                                                                      walker, h_begin, h_end);
   }
 }
 
@@ -709,10 +709,9 @@ __global__ void __launch_bounds__(
 // both), with one block per SM as its floor: the lookup runs once per thread, and a spill there
 // would cost more than the occupancy.
 template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel>
-__global__ void __launch_bounds__(kBlockThreads, ROPE_CUDA_MIN_BLOCKS_PER_SM > 0
-                                                     ? ROPE_CUDA_MIN_BLOCKS_PER_SM
-                                                     : 1) rope_packed_kernel(const __grid_constant__
-                                                                             KernelParams params) {
+__global__ void __launch_bounds__(kBlockThreads,
+                                  ROPE_CUDA_MIN_BLOCKS_PER_SM > 0 ? ROPE_CUDA_MIN_BLOCKS_PER_SM : 1)
+    rope_packed_kernel(const __grid_constant__ KernelParams params) {
   const int64_t block = blockIdx.x;
   if (block < params.first_blocks) {
     rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel, false, true>(
@@ -786,8 +785,7 @@ cudaError_t resident_blocks_per_sm(int& blocks) {
   return status;
 }
 
-template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel,
-          bool kPacked>
+template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel, bool kPacked>
 cudaError_t launch_tables(const RotationArgs& first, const RotationArgs* second,
                           const TableArgs& tables, bool inverse, int num_sms, cudaStream_t stream) {
   int resident = 0;

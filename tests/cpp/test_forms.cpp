@@ -5,12 +5,11 @@
 // that each C++ overload reaches its form and means what ops.h says, against references written
 // in the test (long double angles; positions the test derives from the packing rules itself).
 #include <gtest/gtest.h>
+#include <quadmath.h>
 #include <torch/torch.h>
 #include <torch_rope/module.h>
 #include <torch_rope/ops.h>
 #include <torch_rope/tables.h>
-
-#include <quadmath.h>
 
 #include <cmath>
 #include <vector>
@@ -116,8 +115,7 @@ TEST(Frequencies, Float32WithinAnUlpOfThePairAtLargePositions) {
   for (int64_t r = 0; r < 5; ++r) {
     for (int64_t k = 0; k < 4; ++k) {
       const __float128 angle = fmodq(
-          static_cast<__float128>(values[r]) / static_cast<__float128>(int64_t{1} << k),
-          2 * M_PIq);
+          static_cast<__float128>(values[r]) / static_cast<__float128>(int64_t{1} << k), 2 * M_PIq);
       cos[r][k] = static_cast<double>(cosq(angle));
       sin[r][k] = static_cast<double>(sinq(angle));
     }
@@ -131,9 +129,9 @@ TEST(Frequencies, Float32WithinAnUlpOfThePairAtLargePositions) {
 }
 
 TEST(Frequencies, TheBuilderGivesEveryScalingVariantsFrequencies) {
-  const auto f = rope::rope_frequencies(10000.0, 32,
-                                        rope::YarnScaling().factor(4.0).original_max_position_embeddings(64),
-                                        /*seq_len=*/256);
+  const auto f = rope::rope_frequencies(
+      10000.0, 32, rope::YarnScaling().factor(4.0).original_max_position_embeddings(64),
+      /*seq_len=*/256);
   ASSERT_EQ(f.inv_freq.scalar_type(), torch::kDouble);
   ASSERT_EQ(f.inv_freq.size(0), 16);
   EXPECT_GT(f.attention_scaling, 1.0);  // YaRN's mscale travels as the attention factor
@@ -180,7 +178,7 @@ TEST(PackedSequences, BadPackingsAreRefusedBeforeAnyWrite) {
   const auto [cos, sin] = rope::rope_tables(10000.0, 8, 64);
   const auto x = torch::randn({6, 2, 8});
   struct Bad {
-    torch::Tensor cu;
+    torch::Tensor cu_seqlens;
     std::optional<torch::Tensor> offsets;
     int64_t cp_size, cp_rank;
     std::vector<std::string> words;
@@ -189,7 +187,10 @@ TEST(PackedSequences, BadPackingsAreRefusedBeforeAnyWrite) {
       {torch::tensor({0, 4, 2, 6}, torch::kInt), std::nullopt, 1, 0, {"cu_seqlens", "decreas"}},
       {torch::tensor({0, 4, 5}, torch::kInt), std::nullopt, 1, 0, {"cu_seqlens", "6"}},
       {torch::tensor({0.0, 6.0}), std::nullopt, 1, 0, {"cu_seqlens", "int"}},
-      {torch::tensor({0, 6}, torch::kInt), torch::tensor({1, 2}, torch::kLong), 1, 0,
+      {torch::tensor({0, 6}, torch::kInt),
+       torch::tensor({1, 2}, torch::kLong),
+       1,
+       0,
        {"seq_offsets"}},
       {torch::tensor({0, 12}, torch::kInt), std::nullopt, 2, 2, {"cp_rank"}},
       {torch::tensor({0, 2, 12}, torch::kInt), std::nullopt, 2, 0, {"2 * cp_size"}},
@@ -198,7 +199,8 @@ TEST(PackedSequences, BadPackingsAreRefusedBeforeAnyWrite) {
     auto y = x.clone();
     std::string message;
     try {  // c10::Error or a subclass (ValueError for bad values, TypeError for a bad dtype)
-      rope::apply_(y, cos, sin, rope::PackedSequences{c.cu, c.offsets, c.cp_size, c.cp_rank});
+      rope::apply_(y, cos, sin,
+                   rope::PackedSequences{c.cu_seqlens, c.offsets, c.cp_size, c.cp_rank});
       ADD_FAILURE() << "accepted a bad packing: " << c.words.front();
     } catch (const c10::Error& e) {
       message = e.what_without_backtrace();
@@ -212,11 +214,10 @@ TEST(PackedSequences, BadPackingsAreRefusedBeforeAnyWrite) {
 
 TEST(TableFreeModule, HoldsOnlyFloat64FrequenciesAndMatchesTheTablesModule) {
   torch::manual_seed(2);
-  rope::RotaryPositionalEmbedding tables(10000.0, 32, 512,
-                                         rope::RotaryPositionalEmbeddingOptions().dtype(
-                                             torch::kDouble));
-  rope::RotaryPositionalEmbedding free(
-      10000.0, 32, int64_t{1} << 62, rope::RotaryPositionalEmbeddingOptions().tables(false));
+  rope::RotaryPositionalEmbedding tables(
+      10000.0, 32, 512, rope::RotaryPositionalEmbeddingOptions().dtype(torch::kDouble));
+  rope::RotaryPositionalEmbedding free(10000.0, 32, int64_t{1} << 62,
+                                       rope::RotaryPositionalEmbeddingOptions().tables(false));
   const auto buffers = free->named_buffers();
   ASSERT_EQ(buffers.size(), 1u);
   EXPECT_EQ(buffers.begin()->key(), "freqs");

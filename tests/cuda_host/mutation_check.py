@@ -65,6 +65,9 @@ class Mutant:
     before: str  # must occur exactly once
     after: str
     why: str
+    # How many times `before` occurs: code the frequency form repeats (its lane, its kernels) is
+    # mutated in every copy, so a planted bug reaches each kernel that carries that line.
+    copies: int = 1
 
 
 # A mutant must not change the layout of a struct that the driver (built against csrc/) shares
@@ -140,6 +143,7 @@ MUTANTS = [
         "  const int64_t a_feature = kInterleaved ? lane * (2 * P) : lane * P;",
         "  const int64_t a_feature = kInterleaved ? lane * P : lane * P;",
         "interleaved lanes step by planes, not features: they overlap",
+        copies=2,
     ),
     Mutant(
         "position-range-off-by-one",
@@ -172,8 +176,8 @@ MUTANTS = [
     Mutant(
         "table-alignment",
         "cuda/rope_launch_plan.h",
-        "                               tables.table_stride % piece == 0;",
-        "                               true;",
+        "      aligned_to(tables.sin, piece * sizes.table) && tables.table_stride % piece == 0;",
+        "      aligned_to(tables.sin, piece * sizes.table) && true;",
         "vector table loads on rows that are not aligned",
     ),
     Mutant(
@@ -249,6 +253,7 @@ MUTANTS = [
         "  const int64_t block = blockIdx.x;",
         "  const int block = blockIdx.x;",
         "block * 256 + threadIdx.x in 32 bits: wraps past 2^31 threads",
+        copies=3,
     ),
     # Device and stream (the glue, run with a simulated runtime).
     Mutant(
@@ -342,6 +347,7 @@ MUTANTS = [
         "        if constexpr (!kInterleaved) {\n"
         "          store_elems<kAccess>(out + dst[u] + (kSwap ? a_feature : b_feature), yb);",
         "the half-split paired path writes the a's where the b's go and back",
+        copies=2,
     ),
     Mutant(
         "pair-tail-lane-stride",
@@ -415,6 +421,7 @@ MUTANTS = [
         "read_position(r, pos_off + a * axis_stride)",
         "read_position(r, pos_off + a)",
         "the axis dim taken as dense and innermost: positions moved from (A, ...) read wrongly",
+        copies=2,
     ),
     Mutant(
         "axis-stride-not-planned",
@@ -794,10 +801,10 @@ def write_sources(overlay: Path, sources, mutant):
         text = src.read_text()
         if mutant is not None and rel == mutant.file:
             count = text.count(mutant.before)
-            if count != 1:
+            if count != mutant.copies:
                 raise SystemExit(
                     f"mutant {mutant.name}: its text occurs {count} times in "
-                    f"{src} (expected once); update MUTANTS to the current code"
+                    f"{src} (expected {mutant.copies}); update MUTANTS to the current code"
                 )
             text = text.replace(mutant.before, mutant.after)
         if not dst.exists() or dst.read_text() != text:

@@ -19,11 +19,13 @@
 //      truncated: 0 <= frac(p * f / 2pi) - t / 2^64 < 2^-64 + p * 2^-128 turns (under
 //      1.25 * 2^-64 turns, 4.3e-19 rad, for p <= 2^62). Once per (position, plane).
 //   3. cos and sin of 2pi * t / 2^64 (optionally times an attention factor af):
-//      a. sincos_turns(t, af), double, the CPU path: quarter-turn reduction, minimax polynomials
-//         on [-pi/4, pi/4] written once as a template over the arithmetic type (sincos_core), so
-//         that at::vec::Vectorized<double> instantiates it unchanged. Within 1 ulp of double of
+//      a. sincos_turns(t, af), double, the CPU path (and the float64 kernels'): quarter-turn
+//         reduction, minimax polynomials on [-pi/4, pi/4] written once as a template over the
+//         arithmetic type (sincos_core), so that at::vec::Vectorized<double> instantiates it
+//         unchanged. Within 1 ulp of double of
 //         cos / sin of 2pi * t / 2^64 (measured max in tests/python/kernels/test_exact_angle.py).
-//         Host only: a device caller gets a compile error instead of FP64 instructions.
+//         Device code calls it only from float64 kernels (the frequency form's float64 storage);
+//         scripts/sass_report.py --check asserts that no other kernel has an FP64 instruction.
 //      b. sincos_turns_f32(t, af), FP32 arithmetic only, the CUDA path: a float-float angle
 //         from the integer t, a 65-entry float-float table of sin(i * pi / 128) and short
 //         polynomials. It returns float-float pairs: hi is af * cos (af * sin) rounded to float,
@@ -68,8 +70,6 @@ namespace exact_angle {
 namespace detail {
 inline constexpr uint64_t kInvTwoPiWords[] = ROPE_EXACT_ANGLE_INV_2PI_WORDS;
 inline constexpr float kSinTable[][2] = ROPE_EXACT_ANGLE_SIN_TABLE_F;
-inline constexpr double kSinPoly[] = ROPE_EXACT_ANGLE_SIN_POLY;
-inline constexpr double kCosPoly[] = ROPE_EXACT_ANGLE_COS_POLY;
 constexpr int kPadBits = ROPE_EXACT_ANGLE_PAD_BITS;
 constexpr int kTableSteps = ROPE_EXACT_ANGLE_SIN_TABLE_STEPS;
 // Below this exponent (f = m * 2^e, m < 2^53) |f| < 2^-125 < 2pi * 2^-128: the fraction is 0.
@@ -143,8 +143,15 @@ struct TurnFraction {
 // 128 guard bits, and the continued-fraction check of the generator shows that no m * 2^e comes
 // closer than 2^-61.54 to an integer after the scaling, where a wrong carry would need 2^-75.
 // Subnormal and tiny f (|f| < 2^-125) give 0 (-0 too), negative tiny f all ones, non-finite f 0.
+// turn_fraction of the double whose bits are `bits` (device code reads a frequency as its bits:
+// no FP64 register, no FP64 instruction).
+ROPE_HOST_DEVICE ROPE_EXACT_ANGLE_CONSTEXPR inline TurnFraction turn_fraction_bits(uint64_t bits);
+
 ROPE_HOST_DEVICE ROPE_EXACT_ANGLE_CONSTEXPR inline TurnFraction turn_fraction(double f) {
-  const uint64_t bits = double_bits(f);
+  return turn_fraction_bits(double_bits(f));
+}
+
+ROPE_HOST_DEVICE ROPE_EXACT_ANGLE_CONSTEXPR inline TurnFraction turn_fraction_bits(uint64_t bits) {
   const int biased = static_cast<int>((bits >> 52) & 0x7ff);
   const bool negative = (bits >> 63) != 0;
   uint64_t m = bits & ((uint64_t{1} << 52) - 1);
@@ -231,7 +238,7 @@ ROPE_HOST_DEVICE inline U turns_at_limbs(U p, U g_hi, U g_lo) {
 }
 
 // ---- step 3a: cos and sin in double (the CPU path) ----------------------------------------------
-// Host functions (no ROPE_HOST_DEVICE): nvcc refuses a call from device code.
+// Host and device functions; device code calls them only from float64 kernels (see step 3a).
 struct SinCos64 {
   double cos = 1.0;
   double sin = 0.0;
@@ -241,7 +248,13 @@ struct SinCos64 {
 // at::vec::Vectorized<double>, argument-dependent lookup finds at::vec::fmadd (fused on AVX2 and
 // AVX-512; the generic copy computes a * b + c with two roundings, which leaves the core within
 // about 1 ulp instead of 0.7).
-inline double fmadd(double a, double b, double c) { return std::fma(a, b, c); }
+ROPE_HOST_DEVICE inline double fmadd(double a, double b, double c) {
+#if defined(__CUDA_ARCH__)
+  return __fma_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
 
 // sin and cos of theta = hi + lo for |theta| <= pi/4 (plus rounding), |lo| <= ulp(hi) / 2 (lo is
 // taken to first order: lo cos(hi) ~ lo (1 - hi^2/2), -lo sin(hi) ~ -lo hi). T needs T(double), +,
@@ -250,9 +263,11 @@ inline double fmadd(double a, double b, double c) { return std::fma(a, b, c); }
 // the result is the rounding of a value within about 0.2 ulp, at most 0.70 ulp in all (measured in
 // tests/python/kernels/test_exact_angle.py).
 template <typename T>
-inline void sincos_core(const T& hi, const T& lo, T& sin_out, T& cos_out) {
-  using detail::kCosPoly;
-  using detail::kSinPoly;
+ROPE_HOST_DEVICE inline void sincos_core(const T& hi, const T& lo, T& sin_out, T& cos_out) {
+  // Local, not namespace-scope, arrays: device code (the float64 kernels) cannot read a host
+  // constexpr array, and with constant indices the coefficients become immediates.
+  constexpr double kSinPoly[] = ROPE_EXACT_ANGLE_SIN_POLY;
+  constexpr double kCosPoly[] = ROPE_EXACT_ANGLE_COS_POLY;
   const T z = hi * hi;
   const T half = T(0.5) * z;  // exact
   // sin(hi + lo) = hi + hi^3 S(z) + lo cos(hi) + O(lo^2 hi): the correction is below 0.11 hi and
@@ -294,7 +309,7 @@ struct ReducedAngle {
   double hi = 0.0;
   double lo = 0.0;
 };
-inline ReducedAngle reduce_turns(uint64_t t) {
+ROPE_HOST_DEVICE inline ReducedAngle reduce_turns(uint64_t t) {
   constexpr double kHi = ROPE_EXACT_ANGLE_PI_HI * 0x1p-63;  // K as a double-double (exact scaling)
   constexpr double kLo = ROPE_EXACT_ANGLE_PI_LO * 0x1p-63;
   const uint64_t j = (t + (uint64_t{1} << 61)) >> 62;
@@ -305,7 +320,7 @@ inline ReducedAngle reduce_turns(uint64_t t) {
   const double a = high + low;                                                  // r rounded
   const double b = low - (a - high);                                            // r - a, exactly
   const double p = a * kHi;
-  const double rest = std::fma(a, kHi, -p) + std::fma(a, kLo, b * kHi);
+  const double rest = fmadd(a, kHi, -p) + fmadd(a, kLo, b * kHi);
   ReducedAngle out;
   out.quadrant = static_cast<uint32_t>(j & 3);
   out.hi = p + rest;
@@ -314,16 +329,20 @@ inline ReducedAngle reduce_turns(uint64_t t) {
 }
 
 // x with its sign flipped when `flip` is 1 (branch-free: the quadrant is unpredictable).
-inline double flip_sign(double x, uint64_t flip) {
+ROPE_HOST_DEVICE inline double flip_sign(double x, uint64_t flip) {
+#if defined(__CUDA_ARCH__)
+  return __longlong_as_double(static_cast<long long>(double_bits(x) ^ (flip << 63)));
+#else
   uint64_t bits = 0;
   std::memcpy(&bits, &x, sizeof bits);
   bits ^= flip << 63;
   std::memcpy(&x, &bits, sizeof x);
   return x;
+#endif
 }
 
 // af * cos(2pi t / 2^64) and af * sin(...), each rounded once more when af != 1.
-inline SinCos64 sincos_turns(uint64_t t, double attention_factor = 1.0) {
+ROPE_HOST_DEVICE inline SinCos64 sincos_turns(uint64_t t, double attention_factor = 1.0) {
   const ReducedAngle a = reduce_turns(t);
   double s = 0.0;
   double c = 1.0;
@@ -533,7 +552,8 @@ ROPE_HOST_DEVICE inline void rotate_f32(float xa, float xb, const SinCos32& cs, 
   yb = dot2_f32(xa, cs.sin, xb, cs.cos);
 }
 
-// The CPU paths (host functions), with cos / sin from sincos_turns (double, already scaled by af).
+// The double paths (the CPU's, and the float64 kernels'), with cos / sin from sincos_turns
+// (double, already scaled by af).
 // Float x: rotate in double, round once to float. |c - af cos| <= 1.5 ulp_d (sincos_turns within
 // 1 ulp, af's rounding 0.5), the product and the fma round by 2^-53 each, so the double result
 // is within 2^-50.5 af (A + B) of y and the float within u |y| + 2^-50.4 af (A + B) + 2^-150:
@@ -545,9 +565,10 @@ inline void rotate_via_f64(float xa, float xb, const SinCos64& cs, float& ya, fl
   yb = static_cast<float>(std::fma(a, cs.sin, b * cs.cos));
 }
 // Float64 x: |ya - y| <= 2^-50.5 af (A + B) (same accounting, no final rounding to float).
-inline void rotate_f64(double xa, double xb, const SinCos64& cs, double& ya, double& yb) {
-  ya = std::fma(xa, cs.cos, -(xb * cs.sin));
-  yb = std::fma(xa, cs.sin, xb * cs.cos);
+ROPE_HOST_DEVICE inline void rotate_f64(double xa, double xb, const SinCos64& cs, double& ya,
+                                        double& yb) {
+  ya = fmadd(xa, cs.cos, -(xb * cs.sin));
+  yb = fmadd(xa, cs.sin, xb * cs.cos);
 }
 
 }  // namespace exact_angle

@@ -61,6 +61,14 @@ void advise_huge_pages(const at::Tensor& fresh) {
   if (last > first) {
     // Advice only: without transparent huge pages (or if the kernel refuses) nothing changes.
     (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+    // Fault the huge pages in here, from this one thread, before the kernel's threads write.
+    // Measured on the 2-core VM (benchmarks/fresh_output_probe.py, docs/performance.md): with two
+    // threads taking the first-touch faults of one fresh 64 MiB output, calls fell into phases
+    // of 72-79 ms against 6-12 ms (x.clone(): 18 ms), while one faulting thread was steady. The
+    // tensor is fresh and uninitialised, so the zero written changes nothing.
+    for (uintptr_t page = first; page < last; page += kHuge) {
+      *reinterpret_cast<volatile char*>(page) = 0;
+    }
   }
 #else
   (void)fresh;
@@ -216,6 +224,93 @@ PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positio
   a.copy_tail = destination != Destination::kInPlace;
   a.geometry = geometry;
   a.axis_stride = axis_stride;
+  return p;
+}
+
+PreparedFrequencies prepare_frequencies(const at::Tensor& freqs, double attention_factor,
+                                        const MultiAxisArgs& axes) {
+  PreparedFrequencies f;
+  f.args.frequencies.freqs = freqs.const_data_ptr<double>();
+  f.args.frequencies.freq_stride = freqs.size(0) > 1 ? freqs.stride(0) : 1;
+  f.args.frequencies.attention_factor = attention_factor;
+  const float hi = static_cast<float>(attention_factor);
+  f.args.frequencies.af_hi = hi;
+  f.args.frequencies.af_lo = static_cast<float>(attention_factor - static_cast<double>(hi));
+  f.args.axes = axis_map(axes);
+  return f;
+}
+
+PreparedRotation prepare_packed_rotation(const at::Tensor& x, const PackedArgs& packed,
+                                         int64_t rotary_dim, Destination destination,
+                                         const at::Tensor& out) {
+  PreparedRotation p;
+  const bool x_last_dim_contiguous = last_dim_contiguous(x);
+  p.input = x_last_dim_contiguous ? c10::MaybeOwned<at::Tensor>::borrowed(x)
+                                  : c10::MaybeOwned<at::Tensor>::owned(x.contiguous());
+  switch (destination) {
+    case Destination::kNewTensor:
+      p.output = new_output(x);
+      break;
+    case Destination::kInPlace:
+      p.output = *p.input;
+      if (!x_last_dim_contiguous) {
+        p.write_back_to = x;
+      }
+      break;
+    case Destination::kOut:
+      if (last_dim_contiguous(out)) {
+        p.output = out;
+      } else {
+        p.output = new_output(x);
+        p.write_back_to = out;
+      }
+      break;
+  }
+  const auto row_shape = x.sizes().slice(0, x.dim() - 1);
+  // Virtual position offsets: a row's offset is its token's index along dim 0.
+  c10::SmallVector<int64_t, kMaxRowDims> pos_strides(row_shape.size(), 0);
+  pos_strides[0] = 1;
+  const auto batch_strides = [&](const at::Tensor& t) { return t.strides().slice(0, x.dim() - 1); };
+  RowGeometry geometry;
+  if (!build_row_geometry(row_shape, batch_strides(*p.input), batch_strides(p.output), pos_strides,
+                          geometry)) {
+    // More than kMaxRowDims dims that do not merge: contiguous copies, whose dims after the token
+    // dim always merge into one.
+    p.input = c10::MaybeOwned<at::Tensor>::owned(x.contiguous());
+    if (destination == Destination::kInPlace) {
+      p.output = *p.input;
+      p.write_back_to = p.input->is_same(x) ? at::Tensor() : x;
+    } else if (destination == Destination::kOut && !p.output.is_contiguous()) {
+      p.output = new_output(x);
+      p.write_back_to = out;
+    }
+    geometry =
+        make_row_geometry(row_shape, batch_strides(*p.input), batch_strides(p.output), pos_strides);
+  }
+  p.positions = c10::MaybeOwned<at::Tensor>::owned(at::Tensor());
+  p.cu_seqlens = packed.cu_seqlens.contiguous();
+  if (packed.seq_offsets.defined()) {
+    p.seq_offsets = packed.seq_offsets.contiguous();
+  }
+
+  auto& a = p.args;
+  a.in = p.input->const_data_ptr();
+  a.out = p.output.data_ptr();
+  a.positions = nullptr;
+  a.head_dim = x.size(-1);
+  a.rotary_dim = rotary_dim;
+  a.copy_tail = destination != Destination::kInPlace;
+  a.geometry = geometry;
+  a.position_kind = PositionKind::kPacked;
+  a.packed.cu_seqlens = p.cu_seqlens.const_data_ptr();
+  a.packed.cu_seqlens_are_int64 = p.cu_seqlens.scalar_type() == at::kLong;
+  a.packed.seq_offsets = p.seq_offsets.defined() ? p.seq_offsets.const_data_ptr() : nullptr;
+  a.packed.seq_offsets_are_int64 =
+      !p.seq_offsets.defined() || p.seq_offsets.scalar_type() == at::kLong;
+  a.packed.num_seqs = p.cu_seqlens.size(0) - 1;
+  a.packed.num_tokens = x.size(0);
+  a.packed.cp_size = packed.cp_size;
+  a.packed.cp_rank = packed.cp_rank;
   return p;
 }
 

@@ -29,6 +29,10 @@ struct PreparedRotation {
                                           // contiguous copy expanded to x.shape[:-1]
   at::Tensor write_back_to;  // defined when `output` is a temporary standing in for x or out
   RotationArgs args;
+  // Packed sequences (PositionKind kPacked): the cu_seqlens and seq_offsets the kernel reads
+  // (contiguous copies where the caller's were strided).
+  at::Tensor cu_seqlens;
+  at::Tensor seq_offsets;
 
   // After the kernel ran: copies a temporary result back into x (in place) or out (out=) when
   // their layout could not be written directly. No-op otherwise.
@@ -65,6 +69,23 @@ void advise_huge_pages(const at::Tensor& fresh);
 PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positions,
                                   int64_t rotary_dim, Destination destination,
                                   const at::Tensor& out = {}, const MultiAxisArgs& axes = {});
+
+// The frequency form's angle source: TableArgs with no tables and `frequencies` set (the float64
+// freqs read through their stride, the attention factor also as a float-float), and the
+// multi-axis map. Call after the checks of rope_validation.h.
+struct PreparedFrequencies {
+  TableArgs args;
+};
+PreparedFrequencies prepare_frequencies(const at::Tensor& freqs, double attention_factor,
+                                        const MultiAxisArgs& axes = {});
+
+// As prepare_rotation, for packed sequences: x is (T, ..., head_dim) with its tokens on dim 0, and
+// the rows' position offsets are virtual (1 along dim 0, 0 elsewhere: a row's offset is its
+// token's index), PositionKind kPacked. `packed` holds the cu_seqlens and seq_offsets the kernel
+// reads (on its device). Call after the checks of rope_validation.h.
+PreparedRotation prepare_packed_rotation(const at::Tensor& x, const PackedArgs& packed,
+                                         int64_t rotary_dim, Destination destination,
+                                         const at::Tensor& out = {});
 
 // Builds the row geometry of `sizes` for three stride sets, dropping size-1 dims and merging dims
 // that are contiguous in all three. Returns false (and leaves `g` unusable) when more than

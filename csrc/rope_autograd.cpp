@@ -22,8 +22,10 @@
 #include <torch_rope/ops.h>
 
 #include <optional>
+#include <string>
 #include <vector>
 
+#include "rope_forms.h"
 #include "rope_validation.h"
 
 namespace rope::autograd {
@@ -272,6 +274,306 @@ void apply_out_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Te
   torch::autograd::increment_version(out);
 }
 
+// ---- the frequency and packed-sequence forms -------------------------------------------------
+// The same autograd for the twelve overloads of rope_forms.h: a call's arguments other than the
+// rotated tensors are kept in a FormCall, which calls the matching overload of the C++ API again
+// (backward: the same overload with `inverse` flipped).
+
+struct FormCall {
+  at::Tensor freqs;  // the angle source: freqs, or cos and sin
+  at::Tensor cos;
+  at::Tensor sin;
+  at::Tensor positions;  // the position source: positions, or the packed sequences
+  at::Tensor cu_seqlens;
+  at::Tensor seq_offsets;
+  double attention_factor = 1.0;
+  int64_t cp_size = 1;
+  int64_t cp_rank = 0;
+  std::optional<std::vector<int64_t>> mrope_section;
+  bool mrope_interleaved = false;
+  bool interleaved = true;
+
+  static FormCall of(const detail::AngleSource& angles, const detail::PositionSource& where,
+                     bool interleaved, const detail::MultiAxisArgs& axes) {
+    FormCall c;
+    if (angles.frequencies()) {
+      c.freqs = *angles.freqs;
+      c.attention_factor = angles.attention_factor;
+    } else {
+      c.cos = *angles.cos;
+      c.sin = *angles.sin;
+    }
+    if (where.is_packed()) {
+      c.cu_seqlens = where.packed->cu_seqlens;
+      c.seq_offsets = where.packed->seq_offsets;
+      c.cp_size = where.packed->cp_size;
+      c.cp_rank = where.packed->cp_rank;
+    } else {
+      c.positions = *where.positions;
+    }
+    if (axes.active()) {
+      c.mrope_section = axes.section->vec();
+    }
+    c.mrope_interleaved = axes.interleaved;
+    c.interleaved = interleaved;
+    return c;
+  }
+
+  bool frequencies() const { return freqs.defined(); }
+  bool packed() const { return cu_seqlens.defined(); }
+  Frequencies frequency_source() const { return {freqs, attention_factor}; }
+  PackedSequences packed_source() const {
+    return {cu_seqlens,
+            seq_offsets.defined() ? std::optional<at::Tensor>(seq_offsets) : std::nullopt, cp_size,
+            cp_rank};
+  }
+  at::OptionalIntArrayRef section() const {
+    return mrope_section ? at::OptionalIntArrayRef(*mrope_section) : std::nullopt;
+  }
+
+  // The overload of this call, through the dispatcher.
+  at::Tensor apply(const at::Tensor& x, bool inverse) const {
+    if (frequencies() && packed()) {
+      return rope::apply(x, frequency_source(), packed_source(), interleaved, inverse);
+    }
+    if (frequencies()) {
+      return rope::apply(x, frequency_source(), positions, interleaved, inverse, section(),
+                         mrope_interleaved);
+    }
+    return rope::apply(x, cos, sin, packed_source(), interleaved, inverse);
+  }
+  void apply_(at::Tensor& x, bool inverse) const {
+    if (frequencies() && packed()) {
+      return rope::apply_(x, frequency_source(), packed_source(), interleaved, inverse);
+    }
+    if (frequencies()) {
+      return rope::apply_(x, frequency_source(), positions, interleaved, inverse, section(),
+                          mrope_interleaved);
+    }
+    rope::apply_(x, cos, sin, packed_source(), interleaved, inverse);
+  }
+  void apply_out(at::Tensor& out, const at::Tensor& x, bool inverse) const {
+    if (frequencies() && packed()) {
+      rope::apply_out(out, x, frequency_source(), packed_source(), interleaved, inverse);
+    } else if (frequencies()) {
+      rope::apply_out(out, x, frequency_source(), positions, interleaved, inverse, section(),
+                      mrope_interleaved);
+    } else {
+      rope::apply_out(out, x, cos, sin, packed_source(), interleaved, inverse);
+    }
+  }
+  std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tensor& k,
+                                              bool inverse) const {
+    if (frequencies() && packed()) {
+      return rope::apply_qk(q, k, frequency_source(), packed_source(), interleaved, inverse);
+    }
+    if (frequencies()) {
+      return rope::apply_qk(q, k, frequency_source(), positions, interleaved, inverse, section(),
+                            mrope_interleaved);
+    }
+    return rope::apply_qk(q, k, cos, sin, packed_source(), interleaved, inverse);
+  }
+
+  // Saved once per forward and unpacked once per backward (activation checkpointing).
+  void save(AutogradContext* ctx, bool inverse) const {
+    ctx->save_for_backward({freqs, cos, sin, positions, cu_seqlens, seq_offsets});
+    ctx->saved_data["attention_factor"] = attention_factor;
+    ctx->saved_data["cp_size"] = cp_size;
+    ctx->saved_data["cp_rank"] = cp_rank;
+    if (mrope_section) {
+      ctx->saved_data["mrope_section"] = *mrope_section;
+    }
+    ctx->saved_data["mrope_interleaved"] = mrope_interleaved;
+    ctx->saved_data["interleaved"] = interleaved;
+    ctx->saved_data["inverse"] = inverse;
+  }
+  static FormCall restore(AutogradContext* ctx, const variable_list& saved) {
+    FormCall c;
+    c.freqs = saved[0];
+    c.cos = saved[1];
+    c.sin = saved[2];
+    c.positions = saved[3];
+    c.cu_seqlens = saved[4];
+    c.seq_offsets = saved[5];
+    c.attention_factor = ctx->saved_data["attention_factor"].toDouble();
+    c.cp_size = ctx->saved_data["cp_size"].toInt();
+    c.cp_rank = ctx->saved_data["cp_rank"].toInt();
+    const auto section = ctx->saved_data.find("mrope_section");
+    if (section != ctx->saved_data.end()) {
+      c.mrope_section = section->second.toIntVector();
+    }
+    c.mrope_interleaved = ctx->saved_data["mrope_interleaved"].toBool();
+    c.interleaved = ctx->saved_data["interleaved"].toBool();
+    return c;
+  }
+};
+
+at::Tensor rotate_form_back(AutogradContext* ctx, const FormCall& call, const at::Tensor& grad) {
+  if (!grad.defined()) {
+    return {};
+  }
+  return call.apply(grad, !ctx->saved_data["inverse"].toBool());
+}
+
+class FormRotateFunction : public torch::autograd::Function<FormRotateFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const FormCall& call,
+                            bool inverse) {
+    call.save(ctx, inverse);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return call.apply(x, inverse);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const FormCall call = FormCall::restore(ctx, ctx->get_saved_variables());
+    return {rotate_form_back(ctx, call, grads[0]), {}, {}};
+  }
+};
+
+class FormRotateQKFunction : public torch::autograd::Function<FormRotateQKFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const FormCall& call, bool inverse) {
+    call.save(ctx, inverse);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [q_out, k_out] = call.apply_qk(q, k, inverse);
+    if (!q.requires_grad()) {
+      ctx->mark_non_differentiable({q_out});
+    }
+    if (!k.requires_grad()) {
+      ctx->mark_non_differentiable({k_out});
+    }
+    return {q_out, k_out};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const FormCall call = FormCall::restore(ctx, ctx->get_saved_variables());
+    return {rotate_form_back(ctx, call, grads[0]), rotate_form_back(ctx, call, grads[1]), {}, {}};
+  }
+};
+
+// The Python API's name of an overload's op, for the functorch refusal.
+const char* python_api_of(const char* op) {
+  const std::string name(op);
+  if (name.rfind("rope.apply_qk", 0) == 0) return "torch_rope.apply_qk";
+  if (name.rfind("rope.apply_.", 0) == 0) return "torch_rope.apply_";
+  return "torch_rope.apply";
+}
+
+bool is_subclass(const at::Tensor& t) {
+  return t.defined() && t.key_set().has(c10::DispatchKey::Python);
+}
+
+struct AutogradForms {
+  static at::Tensor apply(const char* op, const at::Tensor& x, const detail::AngleSource& angles,
+                          const detail::PositionSource& where, bool interleaved, bool inverse,
+                          const detail::MultiAxisArgs& axes) {
+    refuse_functorch_autodiff(op, python_api_of(op), x);
+    const FormCall call = FormCall::of(angles, where, interleaved, axes);
+    const at::Tensor& x_tangent = x._fw_grad(kForwardLevel);
+    if (x_tangent.defined()) {
+      const at::Tensor out =
+          apply(op, x._fw_primal(kForwardLevel), angles, where, interleaved, inverse, axes);
+      out._set_fw_grad(call.apply(x_tangent, inverse), kForwardLevel, /*is_inplace_op=*/false);
+      return out;
+    }
+    if (!records_grad(x)) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call.apply(x, inverse);
+    }
+    return FormRotateFunction::apply(x, call, inverse);
+  }
+
+  static void apply_inplace(const char* op, const at::Tensor& x, const detail::AngleSource& angles,
+                            const detail::PositionSource& where, bool interleaved, bool inverse,
+                            const detail::MultiAxisArgs& axes) {
+    refuse_functorch_autodiff(op, python_api_of(op), x);
+    const FormCall call = FormCall::of(angles, where, interleaved, axes);
+    const at::Tensor& x_tangent = x._fw_grad(kForwardLevel);
+    if (x_tangent.defined()) {
+      apply_inplace(op, x._fw_primal(kForwardLevel), angles, where, interleaved, inverse, axes);
+      if (at::has_internal_overlap(x_tangent) == at::MemOverlap::Yes) {
+        x._set_fw_grad(call.apply(x_tangent, inverse), kForwardLevel, /*is_inplace_op=*/true);
+      } else {
+        at::Tensor tangent = x_tangent;
+        apply_inplace(op, tangent, angles, where, interleaved, inverse, axes);
+      }
+      return;
+    }
+    if (records_grad(x)) {
+      // As apply_inplace_autograd: checked here under this overload's name, plain tensors only.
+      const bool plain = !is_subclass(x) && !is_subclass(call.freqs) && !is_subclass(call.cos) &&
+                         !is_subclass(call.positions) && !is_subclass(call.cu_seqlens);
+      if (plain) {
+        detail::check_apply_inplace_form(op, x, angles, where, axes);
+        if (x.numel() > 0 || where.is_packed()) {
+          detail::check_form_values_on_host(op, angles, where, where.is_packed() ? x.size(0) : 0,
+                                            axes);
+        }
+      }
+      const auto rotated = FormRotateFunction::apply(x, call, inverse);
+      const_cast<at::Tensor&>(x).copy_(rotated);
+      return;
+    }
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      at::Tensor target = x;
+      call.apply_(target, inverse);
+    }
+    torch::autograd::increment_version(x);
+  }
+
+  static void apply_out(const char* op, const at::Tensor& x, const detail::AngleSource& angles,
+                        const detail::PositionSource& where, bool interleaved, bool inverse,
+                        const detail::MultiAxisArgs& axes, const at::Tensor& out) {
+    const FormCall call = FormCall::of(angles, where, interleaved, axes);
+    const auto needs_grad = [](const at::Tensor& t) { return t.defined() && t.requires_grad(); };
+    const bool wants_grad = at::GradMode::is_enabled() &&
+                            (needs_grad(x) || needs_grad(call.freqs) || needs_grad(call.cos) ||
+                             needs_grad(call.sin) || needs_grad(out));
+    TORCH_CHECK(!wants_grad, op,
+                ": functions with out=... arguments don't support automatic differentiation, "
+                "but one of the arguments requires grad; call torch_rope.apply without out= to "
+                "get gradients, or run under torch.no_grad()");
+    TORCH_CHECK(!x._fw_grad(kForwardLevel).defined() && !out._fw_grad(kForwardLevel).defined(), op,
+                ": functions with out=... arguments don't support forward-mode automatic "
+                "differentiation; call torch_rope.apply without out=");
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      at::Tensor target = out;
+      call.apply_out(target, x, inverse);
+    }
+    torch::autograd::increment_version(out);
+  }
+
+  static std::tuple<at::Tensor, at::Tensor> apply_qk(const char* op, const at::Tensor& q,
+                                                     const at::Tensor& k,
+                                                     const detail::AngleSource& angles,
+                                                     const detail::PositionSource& where,
+                                                     bool interleaved, bool inverse,
+                                                     const detail::MultiAxisArgs& axes) {
+    refuse_functorch_autodiff(op, python_api_of(op), q, k);
+    const FormCall call = FormCall::of(angles, where, interleaved, axes);
+    const at::Tensor& q_tangent = q._fw_grad(kForwardLevel);
+    const at::Tensor& k_tangent = k._fw_grad(kForwardLevel);
+    if (q_tangent.defined() || k_tangent.defined()) {
+      auto [q_out, k_out] = apply_qk(op, q._fw_primal(kForwardLevel), k._fw_primal(kForwardLevel),
+                                     angles, where, interleaved, inverse, axes);
+      if (q_tangent.defined()) {
+        q_out._set_fw_grad(call.apply(q_tangent, inverse), kForwardLevel, false);
+      }
+      if (k_tangent.defined()) {
+        k_out._set_fw_grad(call.apply(k_tangent, inverse), kForwardLevel, false);
+      }
+      return {q_out, k_out};
+    }
+    if (!records_grad(q) && !records_grad(k)) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return call.apply_qk(q, k, inverse);
+    }
+    auto out = FormRotateQKFunction::apply(q, k, call, inverse);
+    return {out[0], out[1]};
+  }
+};
+
 // ---- ADInplaceOrView: the version counter of the written tensor -----------------------------
 // The Autograd kernels above skip this key and bump the version themselves. Where autograd is
 // excluded (torch.inference_mode(), or a caller below Autograd), a normal (non-inference) tensor
@@ -312,6 +614,95 @@ void apply_out_view(c10::DispatchKeySet keys, const at::Tensor& x, const at::Ten
   torch::autograd::increment_version(out);
 }
 
+// The writing overloads of the new forms: redispatched below this key, then the version bump.
+template <typename Signature, typename... Args>
+void redispatch_writing(c10::DispatchKeySet keys, const c10::TypedOperatorHandle<Signature>& op,
+                        const at::Tensor& written, const Args&... args) {
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.redispatch(keys & c10::after_ADInplaceOrView_keyset, args...);
+  }
+  torch::autograd::increment_version(written);
+}
+
+using OptTensor = std::optional<at::Tensor>;
+
+void apply_inplace_freqs_view(c10::DispatchKeySet keys, const at::Tensor& x,
+                              const at::Tensor& freqs, const at::Tensor& positions,
+                              double attention_factor, bool interleaved, bool inverse,
+                              at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply_", "freqs")
+                       .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                                   bool, bool, at::OptionalIntArrayRef, bool)>();
+  redispatch_writing(keys, op, x, x, freqs, positions, attention_factor, interleaved, inverse,
+                     mrope_section, mrope_interleaved);
+}
+
+void apply_inplace_varlen_view(c10::DispatchKeySet keys, const at::Tensor& x, const at::Tensor& cos,
+                               const at::Tensor& sin, const at::Tensor& cu_seqlens,
+                               const OptTensor& seq_offsets, int64_t cp_size, int64_t cp_rank,
+                               bool interleaved, bool inverse) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("rope::apply_", "varlen")
+          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                      const OptTensor&, int64_t, int64_t, bool, bool)>();
+  redispatch_writing(keys, op, x, x, cos, sin, cu_seqlens, seq_offsets, cp_size, cp_rank,
+                     interleaved, inverse);
+}
+
+void apply_inplace_freqs_varlen_view(c10::DispatchKeySet keys, const at::Tensor& x,
+                                     const at::Tensor& freqs, const at::Tensor& cu_seqlens,
+                                     const OptTensor& seq_offsets, int64_t cp_size, int64_t cp_rank,
+                                     double attention_factor, bool interleaved, bool inverse) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply_", "freqs_varlen")
+                       .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const OptTensor&, int64_t, int64_t, double, bool, bool)>();
+  redispatch_writing(keys, op, x, x, freqs, cu_seqlens, seq_offsets, cp_size, cp_rank,
+                     attention_factor, interleaved, inverse);
+}
+
+void apply_out_freqs_view(c10::DispatchKeySet keys, const at::Tensor& x, const at::Tensor& freqs,
+                          const at::Tensor& positions, double attention_factor, bool interleaved,
+                          bool inverse, at::OptionalIntArrayRef mrope_section,
+                          bool mrope_interleaved, const at::Tensor& out) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply", "freqs_out")
+                       .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                                   bool, bool, at::OptionalIntArrayRef, bool, const at::Tensor&)>();
+  redispatch_writing(keys, op, out, x, freqs, positions, attention_factor, interleaved, inverse,
+                     mrope_section, mrope_interleaved, out);
+}
+
+void apply_out_varlen_view(c10::DispatchKeySet keys, const at::Tensor& x, const at::Tensor& cos,
+                           const at::Tensor& sin, const at::Tensor& cu_seqlens,
+                           const OptTensor& seq_offsets, int64_t cp_size, int64_t cp_rank,
+                           bool interleaved, bool inverse, const at::Tensor& out) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("rope::apply", "varlen_out")
+          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                      const OptTensor&, int64_t, int64_t, bool, bool, const at::Tensor&)>();
+  redispatch_writing(keys, op, out, x, cos, sin, cu_seqlens, seq_offsets, cp_size, cp_rank,
+                     interleaved, inverse, out);
+}
+
+void apply_out_freqs_varlen_view(c10::DispatchKeySet keys, const at::Tensor& x,
+                                 const at::Tensor& freqs, const at::Tensor& cu_seqlens,
+                                 const OptTensor& seq_offsets, int64_t cp_size, int64_t cp_rank,
+                                 double attention_factor, bool interleaved, bool inverse,
+                                 const at::Tensor& out) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("rope::apply", "freqs_varlen_out")
+          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&,
+                      int64_t, int64_t, double, bool, bool, const at::Tensor&)>();
+  redispatch_writing(keys, op, out, x, freqs, cu_seqlens, seq_offsets, cp_size, cp_rank,
+                     attention_factor, interleaved, inverse, out);
+}
+
 }  // namespace
 }  // namespace rope::autograd
 
@@ -320,9 +711,16 @@ TORCH_LIBRARY_IMPL(rope, Autograd, m) {
   m.impl("apply_", &rope::autograd::apply_inplace_autograd);
   m.impl("apply.out", &rope::autograd::apply_out_autograd);
   m.impl("apply_qk", &rope::autograd::apply_qk_autograd);
+  rope::detail::register_forms<rope::autograd::AutogradForms>(m);
 }
 
 TORCH_LIBRARY_IMPL(rope, ADInplaceOrView, m) {
   m.impl("apply_", &rope::autograd::apply_inplace_view);
   m.impl("apply.out", &rope::autograd::apply_out_view);
+  m.impl("apply_.freqs", &rope::autograd::apply_inplace_freqs_view);
+  m.impl("apply_.varlen", &rope::autograd::apply_inplace_varlen_view);
+  m.impl("apply_.freqs_varlen", &rope::autograd::apply_inplace_freqs_varlen_view);
+  m.impl("apply.freqs_out", &rope::autograd::apply_out_freqs_view);
+  m.impl("apply.varlen_out", &rope::autograd::apply_out_varlen_view);
+  m.impl("apply.freqs_varlen_out", &rope::autograd::apply_out_freqs_varlen_view);
 }

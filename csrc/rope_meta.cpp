@@ -8,6 +8,7 @@
 
 #include <tuple>
 
+#include "rope_forms.h"
 #include "rope_validation.h"
 
 namespace rope::meta {
@@ -51,6 +52,36 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_meta(const at::Tensor& q, const at::
   return {empty_like_contiguous(q), empty_like_contiguous(k)};
 }
 
+// The twelve overloads of the new forms (rope_forms.h): the same checks as the computing
+// backends, then empty results of the same shapes.
+struct MetaForms {
+  static at::Tensor apply(const char* op, const at::Tensor& x, const detail::AngleSource& angles,
+                          const detail::PositionSource& where, bool /*interleaved*/,
+                          bool /*inverse*/, const detail::MultiAxisArgs& axes) {
+    detail::check_apply_form(op, x, angles, where, axes);
+    return empty_like_contiguous(x);
+  }
+  static void apply_inplace(const char* op, const at::Tensor& x, const detail::AngleSource& angles,
+                            const detail::PositionSource& where, bool /*interleaved*/,
+                            bool /*inverse*/, const detail::MultiAxisArgs& axes) {
+    detail::check_apply_inplace_form(op, x, angles, where, axes);
+  }
+  static void apply_out(const char* op, const at::Tensor& x, const detail::AngleSource& angles,
+                        const detail::PositionSource& where, bool /*interleaved*/, bool /*inverse*/,
+                        const detail::MultiAxisArgs& axes, const at::Tensor& out) {
+    detail::check_apply_out_form(op, x, angles, where, out, axes);
+  }
+  static std::tuple<at::Tensor, at::Tensor> apply_qk(const char* op, const at::Tensor& q,
+                                                     const at::Tensor& k,
+                                                     const detail::AngleSource& angles,
+                                                     const detail::PositionSource& where,
+                                                     bool /*interleaved*/, bool /*inverse*/,
+                                                     const detail::MultiAxisArgs& axes) {
+    detail::check_apply_qk_form(op, q, k, angles, where, axes);
+    return {empty_like_contiguous(q), empty_like_contiguous(k)};
+  }
+};
+
 }  // namespace
 }  // namespace rope::meta
 
@@ -59,4 +90,5 @@ TORCH_LIBRARY_IMPL(rope, Meta, m) {
   m.impl("apply_", &rope::meta::apply_inplace_meta);
   m.impl("apply.out", &rope::meta::apply_out_meta);
   m.impl("apply_qk", &rope::meta::apply_qk_meta);
+  rope::detail::register_forms<rope::meta::MetaForms>(m);
 }

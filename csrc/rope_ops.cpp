@@ -7,6 +7,9 @@
 #include <torch/library.h>
 #include <torch_rope/ops.h>
 
+#include <string>
+#include <utility>
+
 TORCH_LIBRARY(rope, m) {
   m.def(
       "apply(Tensor x, Tensor cos, Tensor sin, Tensor positions, *, bool interleaved=True, "
@@ -24,6 +27,31 @@ TORCH_LIBRARY(rope, m) {
       "apply_qk(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor positions, *, "
       "bool interleaved=True, bool inverse=False, int[]? mrope_section=None, "
       "bool mrope_interleaved=False) -> (Tensor, Tensor)");
+  // The other argument forms of the four ops above, one overload per (angle source, position
+  // source) pair (docs/architecture.md, "Angle sources and position sources"): `freqs`, the
+  // float64 frequency of each plane and an attention factor, instead of cos/sin tables; packed
+  // sequences (`varlen`: cu_seqlens, seq_offsets, cp_size, cp_rank) instead of positions. They are
+  // defined after the default overloads, so a call by the op's bare name keeps resolving to the
+  // tables-and-positions form.
+  constexpr const char* kFreqs =
+      "Tensor freqs, Tensor positions, *, float attention_factor=1., bool interleaved=True, "
+      "bool inverse=False, int[]? mrope_section=None, bool mrope_interleaved=False";
+  constexpr const char* kVarlen =
+      "Tensor cos, Tensor sin, Tensor cu_seqlens, *, Tensor? seq_offsets=None, int cp_size=1, "
+      "int cp_rank=0, bool interleaved=True, bool inverse=False";
+  constexpr const char* kFreqsVarlen =
+      "Tensor freqs, Tensor cu_seqlens, *, Tensor? seq_offsets=None, int cp_size=1, "
+      "int cp_rank=0, float attention_factor=1., bool interleaved=True, bool inverse=False";
+  for (const auto& [suffix, args] :
+       {std::pair{"freqs", kFreqs}, {"varlen", kVarlen}, {"freqs_varlen", kFreqsVarlen}}) {
+    for (const std::string& schema :
+         {c10::str("apply.", suffix, "(Tensor x, ", args, ") -> Tensor"),
+          c10::str("apply_.", suffix, "(Tensor(a!) x, ", args, ") -> ()"),
+          c10::str("apply.", suffix, "_out(Tensor x, ", args, ", Tensor(a!) out) -> ()"),
+          c10::str("apply_qk.", suffix, "(Tensor q, Tensor k, ", args, ") -> (Tensor, Tensor)")}) {
+      m.def(schema.c_str());
+    }
+  }
   // Rotates q and k, writes the rotated k and v into cache rows (csrc/kv_cache_body.h); returns q.
   m.def(
       "apply_qk_cache(Tensor q, Tensor k, Tensor? v, Tensor cos, Tensor sin, Tensor positions, "
@@ -84,6 +112,157 @@ std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tenso
               const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
               const at::Tensor&, bool, bool, at::OptionalIntArrayRef, bool)>();
   return op.call(q, k, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved);
+}
+
+// ---- the frequency and packed-sequence forms ----------------------------------------------------
+namespace {
+
+std::optional<at::Tensor> offsets_of(const PackedSequences& packed) { return packed.seq_offsets; }
+
+}  // namespace
+
+at::Tensor apply(const at::Tensor& x, const Frequencies& angles, const at::Tensor& positions,
+                 bool interleaved, bool inverse, at::OptionalIntArrayRef mrope_section,
+                 bool mrope_interleaved) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply", "freqs")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         double, bool, bool, at::OptionalIntArrayRef, bool)>();
+  return op.call(x, angles.freqs, positions, angles.attention_factor, interleaved, inverse,
+                 mrope_section, mrope_interleaved);
+}
+
+at::Tensor apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                 const PackedSequences& packed, bool interleaved, bool inverse) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply", "varlen")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&, const std::optional<at::Tensor>&,
+                                         int64_t, int64_t, bool, bool)>();
+  return op.call(x, cos, sin, packed.cu_seqlens, offsets_of(packed), packed.cp_size, packed.cp_rank,
+                 interleaved, inverse);
+}
+
+at::Tensor apply(const at::Tensor& x, const Frequencies& angles, const PackedSequences& packed,
+                 bool interleaved, bool inverse) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply", "freqs_varlen")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const std::optional<at::Tensor>&, int64_t, int64_t, double,
+                                         bool, bool)>();
+  return op.call(x, angles.freqs, packed.cu_seqlens, offsets_of(packed), packed.cp_size,
+                 packed.cp_rank, angles.attention_factor, interleaved, inverse);
+}
+
+void apply_(at::Tensor& x, const Frequencies& angles, const at::Tensor& positions, bool interleaved,
+            bool inverse, at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply_", "freqs")
+                       .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                                   bool, bool, at::OptionalIntArrayRef, bool)>();
+  op.call(x, angles.freqs, positions, angles.attention_factor, interleaved, inverse, mrope_section,
+          mrope_interleaved);
+}
+
+void apply_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+            const PackedSequences& packed, bool interleaved, bool inverse) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("rope::apply_", "varlen")
+          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                      const std::optional<at::Tensor>&, int64_t, int64_t, bool, bool)>();
+  op.call(x, cos, sin, packed.cu_seqlens, offsets_of(packed), packed.cp_size, packed.cp_rank,
+          interleaved, inverse);
+}
+
+void apply_(at::Tensor& x, const Frequencies& angles, const PackedSequences& packed,
+            bool interleaved, bool inverse) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("rope::apply_", "freqs_varlen")
+          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                      const std::optional<at::Tensor>&, int64_t, int64_t, double, bool, bool)>();
+  op.call(x, angles.freqs, packed.cu_seqlens, offsets_of(packed), packed.cp_size, packed.cp_rank,
+          angles.attention_factor, interleaved, inverse);
+}
+
+at::Tensor& apply_out(at::Tensor& out, const at::Tensor& x, const Frequencies& angles,
+                      const at::Tensor& positions, bool interleaved, bool inverse,
+                      at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply", "freqs_out")
+                       .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                                   bool, bool, at::OptionalIntArrayRef, bool, const at::Tensor&)>();
+  op.call(x, angles.freqs, positions, angles.attention_factor, interleaved, inverse, mrope_section,
+          mrope_interleaved, out);
+  return out;
+}
+
+at::Tensor& apply_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& cos,
+                      const at::Tensor& sin, const PackedSequences& packed, bool interleaved,
+                      bool inverse) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply", "varlen_out")
+                       .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const at::Tensor&, const std::optional<at::Tensor>&, int64_t,
+                                   int64_t, bool, bool, const at::Tensor&)>();
+  op.call(x, cos, sin, packed.cu_seqlens, offsets_of(packed), packed.cp_size, packed.cp_rank,
+          interleaved, inverse, out);
+  return out;
+}
+
+at::Tensor& apply_out(at::Tensor& out, const at::Tensor& x, const Frequencies& angles,
+                      const PackedSequences& packed, bool interleaved, bool inverse) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply", "freqs_varlen_out")
+                       .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const std::optional<at::Tensor>&, int64_t, int64_t, double, bool,
+                                   bool, const at::Tensor&)>();
+  op.call(x, angles.freqs, packed.cu_seqlens, offsets_of(packed), packed.cp_size, packed.cp_rank,
+          angles.attention_factor, interleaved, inverse, out);
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tensor& k,
+                                            const Frequencies& angles, const at::Tensor& positions,
+                                            bool interleaved, bool inverse,
+                                            at::OptionalIntArrayRef mrope_section,
+                                            bool mrope_interleaved) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply_qk", "freqs")
+                       .typed<std::tuple<at::Tensor, at::Tensor>(
+                           const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                           const at::Tensor&, double, bool, bool, at::OptionalIntArrayRef, bool)>();
+  return op.call(q, k, angles.freqs, positions, angles.attention_factor, interleaved, inverse,
+                 mrope_section, mrope_interleaved);
+}
+
+std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tensor& k,
+                                            const at::Tensor& cos, const at::Tensor& sin,
+                                            const PackedSequences& packed, bool interleaved,
+                                            bool inverse) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("rope::apply_qk", "varlen")
+          .typed<std::tuple<at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              const at::Tensor&, const std::optional<at::Tensor>&, int64_t, int64_t, bool, bool)>();
+  return op.call(q, k, cos, sin, packed.cu_seqlens, offsets_of(packed), packed.cp_size,
+                 packed.cp_rank, interleaved, inverse);
+}
+
+std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tensor& k,
+                                            const Frequencies& angles,
+                                            const PackedSequences& packed, bool interleaved,
+                                            bool inverse) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("rope::apply_qk", "freqs_varlen")
+          .typed<std::tuple<at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              const std::optional<at::Tensor>&, int64_t, int64_t, double, bool, bool)>();
+  return op.call(q, k, angles.freqs, packed.cu_seqlens, offsets_of(packed), packed.cp_size,
+                 packed.cp_rank, angles.attention_factor, interleaved, inverse);
 }
 
 }  // namespace rope

@@ -3,6 +3,9 @@
 
 #include <ATen/ExpandUtils.h>
 #include <ATen/ops/arange.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <torch_rope/ops.h>
 
@@ -105,15 +108,19 @@ void throw_tables_do_not_fit(const char* who, int64_t max_seq_len, int64_t rows,
 }
 
 void check_module_arguments(double theta, int64_t d_k, int64_t rotary_dim, int64_t max_seq_len,
-                            c10::ScalarType dtype, int64_t seq_dim) {
+                            c10::ScalarType dtype, int64_t seq_dim, bool tables) {
   TORCH_CHECK_VALUE(std::isfinite(theta) && theta > 0, kModule,
                     ": theta must be a positive finite number, got ", theta);
   TORCH_CHECK_VALUE(d_k >= 1, kModule, ": d_k must be >= 1, got ", d_k);
   TORCH_CHECK_VALUE(rotary_dim % 2 == 0 && rotary_dim >= 2 && rotary_dim <= d_k, kModule,
                     ": rotary_dim must be even and in [2, d_k = ", d_k,
                     "] (features rotate in pairs), got ", rotary_dim);
-  check_table_length(kModule, max_seq_len, rotary_dim);
-  check_table_dtype(kModule, dtype);
+  if (tables) {
+    check_table_length(kModule, max_seq_len, rotary_dim);
+    check_table_dtype(kModule, dtype);
+  } else {
+    check_position_count(kModule, max_seq_len);
+  }
   TORCH_CHECK_VALUE(seq_dim <= -2, kModule,
                     ": seq_dim must be a negative axis before the feature axis (-2 for "
                     "[..., seq_len, d_k] and [b, h, s, d], -3 for [b, s, h, d]), got ",
@@ -230,6 +237,95 @@ at::Tensor module_apply(const at::Tensor& x, const std::optional<at::Tensor>& to
     }
     throw;
   }
+}
+
+void check_position_count(const char* who, int64_t max_seq_len) {
+  TORCH_CHECK_VALUE(max_seq_len >= 1 && max_seq_len <= (int64_t{1} << 62), who,
+                    ": max_seq_len must be in [1, 2^62] (the table-free module allocates nothing "
+                    "per position), got ",
+                    max_seq_len);
+}
+
+at::Tensor long_rope_frequencies(const at::Tensor& freqs, const at::Tensor& long_freqs,
+                                 const at::Tensor& positions, int64_t long_after) {
+  if (!long_freqs.defined() || positions.numel() == 0) {
+    return freqs;
+  }
+  return at::where(positions.max().ge(long_after), long_freqs, freqs);
+}
+
+at::Tensor module_apply_frequencies(const at::Tensor& x,
+                                    const std::optional<at::Tensor>& token_positions,
+                                    const at::Tensor& freqs, const at::Tensor& long_freqs,
+                                    double attention_factor, int64_t long_after, int64_t seq_dim,
+                                    bool interleaved, at::OptionalIntArrayRef mrope_section,
+                                    bool mrope_interleaved) {
+  const int64_t num_axes =
+      mrope_section.has_value() ? static_cast<int64_t>(mrope_section->size()) : 0;
+  const auto positions = module_positions(x, token_positions, seq_dim, num_axes);
+  try {
+    return rope::apply(x,
+                       Frequencies{long_rope_frequencies(freqs, long_freqs, positions, long_after),
+                                   attention_factor},
+                       positions, interleaved, /*inverse=*/false, mrope_section, mrope_interleaved);
+  } catch (const c10::Error&) {
+    if (token_positions.has_value()) {
+      check_positions_fit(x, *token_positions, positions, seq_dim, num_axes);
+    }
+    throw;
+  }
+}
+
+at::Tensor packed_last_position(const at::Tensor& cu_seqlens,
+                                const std::optional<at::Tensor>& seq_offsets, int64_t cp_size,
+                                int64_t cp_rank) {
+  const at::Tensor cu = cu_seqlens.to(at::kLong);
+  const int64_t n = cu.size(0) - 1;
+  if (n <= 0) {
+    return at::full({}, -1, cu.options());
+  }
+  const at::Tensor lengths = cu.narrow(0, 1, n).sub(cu.narrow(0, 0, n));
+  // The last position of a sequence on this rank: its last token (cp_size 1), or the last of
+  // chunk 2 cp_size - 1 - cp_rank (packed_position_in).
+  at::Tensor last = lengths.sub(1);
+  if (cp_size > 1) {
+    last = last.sub(lengths.div(2 * cp_size, "floor").mul(cp_rank));
+  }
+  if (seq_offsets.has_value() && seq_offsets->defined()) {
+    last = last.add(seq_offsets->to(at::kLong).to(last.device()));
+  }
+  return at::where(lengths.gt(0), last, at::full({}, -1, last.options())).max();
+}
+
+at::Tensor module_apply_packed(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                               int64_t long_offset, const at::Tensor& freqs,
+                               const at::Tensor& long_freqs, double attention_factor,
+                               int64_t long_after, const at::Tensor& cu_seqlens,
+                               const std::optional<at::Tensor>& seq_offsets, int64_t cp_size,
+                               int64_t cp_rank, bool interleaved) {
+  const bool switches = cos.defined() ? long_offset != 0 : long_freqs.defined();
+  std::optional<at::Tensor> offsets = seq_offsets;
+  at::Tensor use_freqs = freqs;
+  if (switches && cu_seqlens.defined() && cu_seqlens.dim() == 1 && cu_seqlens.size(0) > 1) {
+    const at::Tensor is_long =
+        packed_last_position(cu_seqlens, seq_offsets, cp_size, cp_rank).ge(long_after);
+    if (cos.defined()) {
+      // Tables: every position moves long_offset rows down, so the offsets do.
+      const at::Tensor base =
+          seq_offsets.has_value() && seq_offsets->defined()
+              ? seq_offsets->to(at::kLong)
+              : at::zeros({cu_seqlens.size(0) - 1}, cu_seqlens.options().dtype(at::kLong));
+      offsets = base.add(is_long.to(at::kLong).mul(long_offset).to(base.device()));
+    } else {
+      use_freqs = at::where(is_long.to(freqs.device()), long_freqs, freqs);
+    }
+  }
+  const PackedSequences packed{cu_seqlens, offsets, cp_size, cp_rank};
+  if (cos.defined()) {
+    return rope::apply(x, cos, sin, packed, interleaved, /*inverse=*/false);
+  }
+  return rope::apply(x, Frequencies{use_freqs, attention_factor}, packed, interleaved,
+                     /*inverse=*/false);
 }
 
 at::Tensor long_rope_positions(const at::Tensor& positions, int64_t long_offset,

@@ -42,8 +42,10 @@ void check_table_memory(const char* who, int64_t max_seq_len, int64_t rows, int6
 
 // The module constructor's arguments (the C++ and the Python module's): theta positive and finite,
 // d_k >= 1, rotary_dim even in [2, d_k], the table length, the table dtype, seq_dim <= -2.
+// A table-free module (tables = false) takes any max_seq_len up to 2^62 (check_position_count)
+// and no table dtype.
 void check_module_arguments(double theta, int64_t d_k, int64_t rotary_dim, int64_t max_seq_len,
-                            c10::ScalarType dtype, int64_t seq_dim);
+                            c10::ScalarType dtype, int64_t seq_dim, bool tables = true);
 
 // A module's multi-axis options (M-RoPE): mrope_section lists 1 to kMaxAxes non-negative plane
 // counts adding up to rotary_dim / 2; mrope_interleaved needs a section of 3 axes.
@@ -82,6 +84,56 @@ at::Tensor module_apply(const at::Tensor& x, const std::optional<at::Tensor>& to
 // largest position is >= long_after (transformers' rule). long_offset == 0: unchanged.
 at::Tensor long_rope_positions(const at::Tensor& positions, int64_t long_offset,
                                int64_t long_after);
+
+// ---- the table-free module (tables = false) and packed sequences --------------------------------
+
+// A table-free module's max_seq_len: 1 <= max_seq_len <= 2^62 (nothing is allocated per position;
+// the bound keeps positions, offsets and default arange lengths far from int64's end).
+void check_position_count(const char* who, int64_t max_seq_len);
+
+// The frequencies a table-free module holds (module.cpp): float64 (rotary_dim / 2,) on `device`,
+// evaluated as module_tables evaluates its variant (dynamic and longrope at max_seq_len), and for
+// LongRoPE without a seq_len both sets: `freqs` the short one, `long_freqs` the long one (else
+// undefined), with the switch at long_after (as the tables' long_offset / long_after).
+struct ModuleFrequencies {
+  at::Tensor freqs;
+  at::Tensor long_freqs;
+  double attention_factor = 1.0;
+  int64_t long_after = 0;
+};
+ModuleFrequencies module_frequencies(double theta, int64_t rotary_dim, int64_t max_seq_len,
+                                     const RopeScaling& scaling, std::optional<c10::Device> device);
+
+// LongRoPE's switch for the frequency form, on the device (no host sync): long_freqs when the
+// call's largest position is >= long_after, else freqs. Undefined long_freqs: freqs.
+at::Tensor long_rope_frequencies(const at::Tensor& freqs, const at::Tensor& long_freqs,
+                                 const at::Tensor& positions, int64_t long_after);
+
+// A table-free module's forward after check_module_input: module_positions, the LongRoPE switch,
+// then rope::apply with rope::Frequencies (the C++ module and the Python eager fast path).
+at::Tensor module_apply_frequencies(const at::Tensor& x,
+                                    const std::optional<at::Tensor>& token_positions,
+                                    const at::Tensor& freqs, const at::Tensor& long_freqs,
+                                    double attention_factor, int64_t long_after, int64_t seq_dim,
+                                    bool interleaved,
+                                    at::OptionalIntArrayRef mrope_section = std::nullopt,
+                                    bool mrope_interleaved = false);
+
+// The largest position packed sequences give this rank, as a 0-dim int64 tensor on cu_seqlens'
+// device (no host sync); -1 when no sequence has a token. For LongRoPE's switch.
+at::Tensor packed_last_position(const at::Tensor& cu_seqlens,
+                                const std::optional<at::Tensor>& seq_offsets, int64_t cp_size,
+                                int64_t cp_rank);
+
+// A module's forward with packed sequences (both modes: tables when cos is defined, else the
+// frequencies), x (T, ..., d_k): LongRoPE's switch from the largest position (tables: the
+// sequences' offsets shifted by long_offset; frequencies: the long set), then rope::apply.
+at::Tensor module_apply_packed(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                               int64_t long_offset, const at::Tensor& freqs,
+                               const at::Tensor& long_freqs, double attention_factor,
+                               int64_t long_after, const at::Tensor& cu_seqlens,
+                               const std::optional<at::Tensor>& seq_offsets, int64_t cp_size,
+                               int64_t cp_rank, bool interleaved);
 
 // The tables a module holds for a scaling variant (defined in module.cpp). For LongRopeScaling
 // without a seq_len, rows [0, max_seq_len) hold the short-factor tables and rows

@@ -49,19 +49,26 @@ class CausalSelfAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, s, -1))
 
 
-def median_ms(fn, device, reps=20):
-    for _ in range(3):
+def spread_ms(candidates, device, rounds=15):
+    """{name: (min, median, max) ms per call} over interleaved rounds: each round calls every
+    candidate once, in an order that rotates, so a slow stretch of the machine (another process,
+    memory compaction, a page-fault storm) lands on all of them rather than on one. Several
+    rounds, and the spread shown, so that no single round can mislead."""
+    names = list(candidates)
+    for fn in candidates.values():  # warm-up: first-call costs
         fn()
-    times = []
-    for _ in range(reps):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            candidates[name]()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    return {n: (min(t), statistics.median(t), max(t)) for n, t in times.items()}
 
 
 def main():
@@ -107,8 +114,12 @@ def main():
         diff = (compiled_block(x, positions) - ours).abs().max().item()
     print(f"3. torch.compile(fullgraph=True) of the block vs eager: max |diff| = {diff:.2e}")
 
-    # 4. Speed of the rotation itself: ours vs eager PyTorch vs torch.compile of the reference.
-    print("\n4. RoPE on q and k of a (B=4, S=1024, H=32/8 GQA, D=128) prefill, median ms:")
+    # 4. Speed of the rotation itself: ours vs eager PyTorch vs torch.compile of the reference,
+    # in interleaved rounds; min / median / max per candidate, ratios of medians.
+    print(
+        "\n4. RoPE on q and k of a (B=4, S=1024, H=32/8 GQA, D=128) prefill, ms per call over 15 "
+        "interleaved rounds (min / median / max):"
+    )
     print(
         "| device | dtype | ours | x.clone() | eager reference | compiled reference "
         "| eager / ours | compiled / ours |"
@@ -122,13 +133,21 @@ def main():
             pos = torch.arange(1024, device=device).view(1024, 1)
             compiled_ref = torch.compile(eager.apply_qk, fullgraph=True)
             with torch.no_grad():
-                t_ours = median_ms(lambda: torch_rope.apply_qk(q, k, cos, sin, pos), device)
-                t_clone = median_ms(lambda: (q.clone(), k.clone()), device)
-                t_eager = median_ms(lambda: eager.apply_qk(q, k, cos, sin, pos), device)
-                t_comp = median_ms(lambda: compiled_ref(q, k, cos, sin, pos), device)
+                t = spread_ms(
+                    {
+                        "ours": lambda: torch_rope.apply_qk(q, k, cos, sin, pos),
+                        "clone": lambda: (q.clone(), k.clone()),
+                        "eager": lambda: eager.apply_qk(q, k, cos, sin, pos),
+                        "compiled": lambda: compiled_ref(q, k, cos, sin, pos),
+                    },
+                    device,
+                )
+            cell = {n: "{:.2f} / {:.2f} / {:.2f}".format(*v) for n, v in t.items()}
+            ours = t["ours"][1]
             print(
-                f"| {device} | {str(dtype)[6:]} | {t_ours:.2f} | {t_clone:.2f} | {t_eager:.2f} "
-                f"| {t_comp:.2f} | {t_eager / t_ours:.1f}x | {t_comp / t_ours:.1f}x |"
+                f"| {device} | {str(dtype)[6:]} | {cell['ours']} | {cell['clone']} | "
+                f"{cell['eager']} | {cell['compiled']} | {t['eager'][1] / ours:.1f}x | "
+                f"{t['compiled'][1] / ours:.1f}x |"
             )
     if not torch.cuda.is_available():
         print("\n(no GPU on this machine: CUDA rows are absent; see README for GPU status)")

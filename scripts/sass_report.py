@@ -26,7 +26,11 @@ csrc/cuda/common_device.cuh, marked `// sass: vector store`, `// sass: vector lo
     (tests/cuda_host) is faithful only without them;
   - a vector variant does not have a whole batch of 16-byte loads in flight before it stores:
     see "Loads in flight" below.
-    Likewise for the 32-bit loads of the paired path in every bf16 / fp16 variant.
+    Likewise for the 32-bit loads of the paired path in every bf16 / fp16 variant;
+  - a kernel of the frequency form (rope_freqs_kernel) for 16- or 32-bit storage has any FP64
+    instruction (arithmetic, compare or conversion): its angles are computed with integer and
+    FP32 arithmetic only (csrc/common_exact_angle.h), since consumer and Blackwell GPUs run FP64
+    at 1/64 of the FP32 rate; there must be such kernels at all.
 
 Loads in flight. A thread of a vector variant reads kRowBatch rows (ROPE_CUDA_ROW_BATCH, 4 by
 default; --row-batch) of 16 bytes, 32 half split, before it computes and stores any of them, so
@@ -158,13 +162,39 @@ def demangle(names):
     return dict(zip(names, out))
 
 
+# Double-precision SASS: arithmetic, compares, min/max, the 64-bit MUFU halves, and conversions
+# from or to F64 (F2F.F64.F32, F2I.S32.F64, I2F.F64...). As
+# tests/cuda_host/check_exact_angle_sass.py.
+FP64 = re.compile(r"^(DADD|DMUL|DFMA|DSETP|DSET|DMNMX|DMMA)\b|\.F64\b|^MUFU\.\w+64H\b")
+
+
 def describe(demangled):
     """'bf16 / fp32 tables / interleaved / vector' from rope_kernel<__nv_bfloat16, float, true,
-    true>; the raw name for anything else."""
-    m = re.search(r"rope_kernel<([^>]*)>", demangled)
+    true>, 'bf16 / freqs / ...' from rope_freqs_kernel<__nv_bfloat16, true, true>; the raw name
+    for anything else."""
+    f = re.search(r"rope_freqs_kernel<([^>]*)>", demangled)
+    if f:
+        args = [a.strip() for a in f.group(1).split(",")]
+        if len(args) != 3:
+            return demangled, None
+        storage, interleaved, vector = args
+        info = {
+            "storage": STORAGE_NAMES.get(storage, storage),
+            "tables": "freqs",
+            "interleaved": interleaved == "true",
+            "vector": vector == "true",
+        }
+        name = "{} / freqs / {} / {}".format(
+            info["storage"],
+            "interleaved" if info["interleaved"] else "half split",
+            "vector" if info["vector"] else "scalar-only",
+        )
+        return name, info
+    m = re.search(r"rope_(packed_)?kernel<([^>]*)>", demangled)
     if not m:
         return demangled, None
-    args = [a.strip() for a in m.group(1).split(",")]
+    packed = m.group(1) is not None  # the tables with packed sequences (rope_packed_kernel)
+    args = [a.strip() for a in m.group(2).split(",")]
     if len(args) != 4:
         return demangled, None
     storage, table, interleaved, vector = args
@@ -173,12 +203,14 @@ def describe(demangled):
         "tables": STORAGE_NAMES.get(table, table),
         "interleaved": interleaved == "true",
         "vector": vector == "true",
+        "packed": packed,
     }
-    name = "{} / {} tables / {} / {}".format(
+    name = "{} / {} tables / {} / {}{}".format(
         info["storage"],
         info["tables"],
         "interleaved" if info["interleaved"] else "half split",
         "vector" if info["vector"] else "scalar-only",
+        " / packed" if packed else "",
     )
     return name, info
 
@@ -288,9 +320,11 @@ def analyse(cubin, arch, tools, markers):
         loads = {}
         vector_loads = {}  # loads of x from the vector load (16 bytes)
         pair_loads = {}  # loads of x from the pair load (4 bytes)
-        counts = {"spill": 0, "forbidden": []}
+        counts = {"spill": 0, "forbidden": [], "fp64": []}
         for opcode, chain in instructions:
             base = opcode.split(".")[0]
+            if FP64.search(opcode):
+                counts["fp64"].append(opcode)
             if base in ("STL", "LDL"):
                 counts["spill"] += 1
             if base in ("STS", "LDS", "ATOM", "ATOMS", "ATOMG", "RED", "SHFL", "BAR", "LDSM"):
@@ -341,6 +375,7 @@ def analyse(cubin, arch, tools, markers):
                 "loads_in_flight": min(in_flight) if in_flight else None,
                 "pair_loads_in_flight": min(pair_in_flight) if pair_in_flight else None,
                 "forbidden": sorted(set(counts["forbidden"])),
+                "fp64": sorted(set(counts["fp64"])),
             }
         )
     return rows
@@ -360,9 +395,9 @@ def markdown(rows):
             "| kernel (storage / tables / layout / variant) | regs | spills | blocks/SM "
             "(occupancy) | rotated stores, vector | tail stores, vector | paired stores / "
             "loads | stores, scalar path | other stores | global loads | x loads in flight "
-            "(16-byte / paired) |"
+            "(16-byte / paired) | FP64 instructions |"
         )
-        out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in sorted((r for r in rows if r["arch"] == arch), key=lambda r: r["kernel"]):
             spills = (
                 f"{r['stack']}/{r['local']} B, {r['spill_instructions']} STL/LDL"
@@ -381,7 +416,7 @@ def markdown(rows):
                 f"{fmt_widths(s['pair'])} / {fmt_widths(r['pair_loads'])} | "
                 f"{fmt_widths(s['scalar'])} | {fmt_widths(s['other'])} | "
                 f"{fmt_widths(r['loads'])} | {r['loads_in_flight'] or '-'} / "
-                f"{r['pair_loads_in_flight'] or '-'} |"
+                f"{r['pair_loads_in_flight'] or '-'} | {len(r['fp64']) or '-'} |"
             )
         out.append("")
     out.append(
@@ -428,6 +463,8 @@ def check(rows, markers, row_batch):
         problems.append(
             "no store is attributed to a marked line: was the CUDA code built without -lineinfo?"
         )
+    if rows and not any(r["variant"] and r["variant"]["tables"] == "freqs" for r in rows):
+        problems.append("no frequency-form kernel (rope_freqs_kernel) in the machine code")
     for r in rows:
         where = f"{r['arch']} {r['kernel']}"
         if r["stack"] or r["local"] or r["spill_instructions"]:
@@ -473,6 +510,12 @@ def check(rows, markers, row_batch):
                 )
         elif info is not None and (r["stores"]["pair"] or r["pair_loads"]):
             problems.append(f"{where}: a {info['storage']} variant with paired accesses")
+        if info is not None and info["tables"] == "freqs" and info["storage"] != "fp64":
+            if r["fp64"]:
+                problems.append(
+                    f"{where}: FP64 instructions in a frequency-form kernel of "
+                    f"{info['storage']} storage: {', '.join(r['fp64'][:8])}"
+                )
         if info is not None and info["vector"] and not r["stores"]["rotated_vector"].get("128"):
             problems.append(f"{where}: a vector variant without a single 128-bit rotated store")
         if info is not None and not info["vector"] and r["stores"]["rotated_vector"]:
@@ -579,7 +622,7 @@ def main():
         print(
             f"\nPASSED: {len(rows)} kernels, no spills, every vector store 128 bits wide, "
             f"every paired access 32 bits wide, a whole batch of loads in flight "
-            f"(kRowBatch {row_batch})"
+            f"(kRowBatch {row_batch}), no FP64 instruction in the 16/32-bit frequency-form kernels"
         )
     return 0
 

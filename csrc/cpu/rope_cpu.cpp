@@ -4,6 +4,8 @@
 #include <torch/library.h>
 
 #include "../rope_body.h"
+#include "../rope_forms.h"
+#include "rope_frequencies.h"
 #include "rope_parallel.h"
 
 namespace rope::cpu {
@@ -21,6 +23,65 @@ struct CpuBackend {
   static void rotate_pair(c10::ScalarType dtype, const RotationArgs& q, const RotationArgs& k,
                           const TableArgs& tables, RotationMode mode) {
     cpu::rotate_pair(dtype, q, k, tables, mode);
+  }
+
+  // The new forms (rope_body.h): every value is read here, before anything is written.
+  static void check_form_values(const char* op, const detail::AngleSource& angles,
+                                const detail::PositionSource& where, int64_t num_tokens,
+                                const detail::MultiAxisArgs& axes) {
+    detail::check_form_values_on_host(op, angles, where, num_tokens, axes);
+  }
+  static detail::PackedArgs packed_for_kernel(const detail::PackedArgs& packed,
+                                              const at::Tensor& /*x*/) {
+    return packed;
+  }
+  // The distinct positions, contiguous: a dim along which positions broadcast (stride 0) is kept
+  // once, so each distinct position's angles are computed once (rope_frequencies.h).
+  static at::Tensor frequency_positions(const at::Tensor& positions,
+                                        const detail::MultiAxisArgs& axes) {
+    at::Tensor p = positions;
+    const int64_t row_dims = positions.dim() - (axes.active() ? 1 : 0);
+    for (int64_t d = 0; d < row_dims; ++d) {
+      if (p.size(d) > 1 && p.stride(d) == 0) {
+        p = p.narrow(d, 0, 1);
+      }
+    }
+    return p.contiguous();
+  }
+  static void rotate_frequencies(c10::ScalarType dtype, const detail::PreparedRotation& first,
+                                 const detail::PreparedRotation* second, const TableArgs& freqs,
+                                 RotationMode mode) {
+    cpu::rotate_frequencies(dtype, first.args, *first.positions,
+                            second != nullptr ? &second->args : nullptr,
+                            second != nullptr ? &*second->positions : nullptr, freqs, mode);
+  }
+};
+
+// The twelve overloads of the new forms (rope_forms.h) on the CPU backend.
+struct CpuForms {
+  static at::Tensor apply(const char* op, const at::Tensor& x, const detail::AngleSource& angles,
+                          const detail::PositionSource& where, bool interleaved, bool inverse,
+                          const detail::MultiAxisArgs& axes) {
+    return detail::apply_form_body<CpuBackend>(op, x, angles, where, interleaved, inverse, axes);
+  }
+  static void apply_inplace(const char* op, const at::Tensor& x, const detail::AngleSource& angles,
+                            const detail::PositionSource& where, bool interleaved, bool inverse,
+                            const detail::MultiAxisArgs& axes) {
+    detail::apply_inplace_form_body<CpuBackend>(op, x, angles, where, interleaved, inverse, axes);
+  }
+  static void apply_out(const char* op, const at::Tensor& x, const detail::AngleSource& angles,
+                        const detail::PositionSource& where, bool interleaved, bool inverse,
+                        const detail::MultiAxisArgs& axes, const at::Tensor& out) {
+    detail::apply_out_form_body<CpuBackend>(op, x, angles, where, interleaved, inverse, out, axes);
+  }
+  static std::tuple<at::Tensor, at::Tensor> apply_qk(const char* op, const at::Tensor& q,
+                                                     const at::Tensor& k,
+                                                     const detail::AngleSource& angles,
+                                                     const detail::PositionSource& where,
+                                                     bool interleaved, bool inverse,
+                                                     const detail::MultiAxisArgs& axes) {
+    return detail::apply_qk_form_body<CpuBackend>(op, q, k, angles, where, interleaved, inverse,
+                                                  axes);
   }
 };
 
@@ -64,4 +125,5 @@ TORCH_LIBRARY_IMPL(rope, CPU, m) {
   m.impl("apply_", &rope::cpu::apply_inplace_cpu);
   m.impl("apply.out", &rope::cpu::apply_out_cpu);
   m.impl("apply_qk", &rope::cpu::apply_qk_cpu);
+  rope::detail::register_forms<rope::cpu::CpuForms>(m);
 }

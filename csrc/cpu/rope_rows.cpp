@@ -16,16 +16,21 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
 #include "common_mixed_rows.h"
 #include "common_row_cursor.h"
+#include "rope_packed_lookup.h"
 
 #if defined(CPU_CAPABILITY_AVX512)
 #include "common_planes_avx512.h"
 #elif defined(CPU_CAPABILITY_AVX2)
 #include "common_planes_avx2.h"
+#endif
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+#include "rope_exact_planes.h"
 #endif
 
 #ifndef CPU_CAPABILITY
@@ -176,6 +181,57 @@ inline void rotate_planes_scalar(const scalar_t* in, scalar_t* out, const table_
   }
 }
 
+// The frequency form's exact rotation (tables.exact_rotation: float64 tables of exact angles),
+// planes [k_begin, half): double math and one rounding to float for every storage type, then one
+// more to 16-bit storage (rope_exact_planes.h says why, and computes the same bits in vectors).
+template <bool kInterleaved, bool kInverse, typename scalar_t>
+inline void rotate_planes_exact_scalar(const scalar_t* in, scalar_t* out, const double* cos,
+                                       const double* sin, int64_t half, int64_t k_begin) {
+  for (int64_t k = k_begin; k < half; ++k) {
+    const int64_t ia = kInterleaved ? 2 * k : k;
+    const int64_t ib = kInterleaved ? 2 * k + 1 : k + half;
+    const double a = static_cast<double>(static_cast<float>(in[ia]));
+    const double b = static_cast<double>(static_cast<float>(in[ib]));
+    const double c = cos[k];
+    const double s = kInverse ? -sin[k] : sin[k];
+    const float ra = static_cast<float>(std::fma(a, c, -(b * s)));
+    const float rb = static_cast<float>(std::fma(a, s, b * c));
+    out[ia] = static_cast<scalar_t>(ra);
+    out[ib] = static_cast<scalar_t>(rb);
+  }
+}
+
+// Float64 rows with the exact tables: double math, fused as rotate_f64 of the angle core.
+template <bool kInterleaved, bool kInverse>
+inline void rotate_planes_exact_scalar(const double* in, double* out, const double* cos,
+                                       const double* sin, int64_t half, int64_t k_begin) {
+  for (int64_t k = k_begin; k < half; ++k) {
+    const int64_t ia = kInterleaved ? 2 * k : k;
+    const int64_t ib = kInterleaved ? 2 * k + 1 : k + half;
+    const double a = in[ia];
+    const double b = in[ib];
+    const double c = cos[k];
+    const double s = kInverse ? -sin[k] : sin[k];
+    out[ia] = std::fma(a, c, -(b * s));
+    out[ib] = std::fma(a, s, b * c);
+  }
+}
+
+// The exact rotation of one row's planes, vectors first where this copy has them.
+template <bool kInterleaved, bool kInverse, typename scalar_t>
+inline void rotate_planes_exact(const scalar_t* x, scalar_t* y, const double* cos,
+                                const double* sin, int64_t half) {
+  int64_t k = 0;
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  if constexpr (std::is_same_v<scalar_t, double>) {
+    k = avx2::rotate_planes_f64<kInterleaved, kInverse>(x, y, cos, sin, half, 0);
+  } else {
+    k = exact::rotate_planes<kInterleaved, kInverse>(x, y, cos, sin, half, 0);
+  }
+#endif
+  rotate_planes_exact_scalar<kInterleaved, kInverse>(x, y, cos, sin, half, k);
+}
+
 // One row at table row `pos`. kHalf: the number of planes when it is a compile-time constant (the
 // common rotary dims), else 0. A constant lets the vector loops unroll fully and drops the
 // remainder and scalar code, which is a large part of a row's cost at head_dim 64..128.
@@ -203,6 +259,10 @@ ROPE_ROW_INLINE void rotate_row(const scalar_t* x, scalar_t* y, int64_t pos,
       k = rotate_planes_vec<kInterleaved, kInverse>(x, y, cos, sin, half);
     }
     rotate_planes_scalar<kInterleaved, kInverse>(x, y, cos, sin, half, k);
+  } else if (tables.exact_rotation) {
+    rotate_planes_exact<kInterleaved, kInverse>(
+        x, y, static_cast<const double*>(tables.cos) + table_offset,
+        static_cast<const double*>(tables.sin) + table_offset, half);
   } else {
     // The double vector planes (double storage only), then the scalar loop, with either table.
     const auto rotate_with = [&](const auto* cos, const auto* sin) {
@@ -315,6 +375,47 @@ void rotate_rows_runs(const RotationArgs& args, Angles& angles, int64_t row_begi
   }
 }
 
+// ---- positions without a positions tensor (PositionKind kPacked, kIndex) ----------------------
+
+// kIndex: the virtual offset is the row of the compact tables itself.
+struct IndexLookup {
+  int64_t operator()(int64_t t) const { return t; }
+};
+
+// Rows [row_begin, row_end) whose position offsets are virtual (RowGeometry::pos_strides of 1 on
+// the token dim): runs along the innermost row dim, one lookup per run where the run shares its
+// token (the heads of (T, H, D)), one per row otherwise.
+template <typename scalar_t, bool kInterleaved, bool kInverse, int64_t kHalf, typename Lookup>
+void rotate_rows_virtual(const RotationArgs& args, const TableArgs& tables, Lookup& lookup,
+                         int64_t row_begin, int64_t row_end) {
+  const auto* in = static_cast<const scalar_t*>(args.in);
+  auto* out = static_cast<scalar_t*>(args.out);
+  const RowGeometry& g = args.geometry;
+  const int32_t inner = g.ndim - 1;
+  const int64_t in_step = inner >= 0 ? g.in_strides[inner] : 0;
+  const int64_t out_step = inner >= 0 ? g.out_strides[inner] : 0;
+  const int64_t pos_step = inner >= 0 ? g.pos_strides[inner] : 0;
+  RowCursor cur(g, row_begin);
+  for (int64_t row = row_begin; row < row_end;) {
+    const int64_t run = std::min(row_end - row, cur.rows_left_in_run());
+    const scalar_t* x = in + cur.in();
+    scalar_t* y = out + cur.out();
+    if (pos_step == 0) {
+      const int64_t table_row = lookup(cur.pos());
+      for (int64_t i = 0; i < run; ++i, x += in_step, y += out_step) {
+        rotate_row<scalar_t, kInterleaved, kInverse, kHalf>(x, y, table_row, args, tables);
+      }
+    } else {
+      int64_t offset = cur.pos();
+      for (int64_t i = 0; i < run; ++i, x += in_step, y += out_step, offset += pos_step) {
+        rotate_row<scalar_t, kInterleaved, kInverse, kHalf>(x, y, lookup(offset), args, tables);
+      }
+    }
+    row += run;
+    cur.skip(run);
+  }
+}
+
 template <typename scalar_t, bool kInterleaved, bool kInverse, int64_t kHalf, typename pos_t>
 void rotate_rows_positioned(const RotationArgs& args, const TableArgs& tables, int64_t row_begin,
                             int64_t row_end) {
@@ -339,6 +440,16 @@ void rotate_rows_positioned(const RotationArgs& args, const TableArgs& tables, i
 template <typename scalar_t, bool kInterleaved, bool kInverse, int64_t kHalf>
 void rotate_rows_typed(const RotationArgs& args, const TableArgs& tables, int64_t row_begin,
                        int64_t row_end) {
+  if (args.position_kind == PositionKind::kPacked) {
+    PackedLookup lookup(args.packed);
+    return rotate_rows_virtual<scalar_t, kInterleaved, kInverse, kHalf>(args, tables, lookup,
+                                                                        row_begin, row_end);
+  }
+  if (args.position_kind == PositionKind::kIndex) {
+    IndexLookup lookup;
+    return rotate_rows_virtual<scalar_t, kInterleaved, kInverse, kHalf>(args, tables, lookup,
+                                                                        row_begin, row_end);
+  }
   if (args.positions_are_int64) {
     rotate_rows_positioned<scalar_t, kInterleaved, kInverse, kHalf, int64_t>(args, tables,
                                                                              row_begin, row_end);

@@ -199,6 +199,68 @@ __device__ __forceinline__ bool load_position(const Rows& r, const Tables& tb, i
   return position_in_range(tb, pos);
 }
 
+// ---- packed sequences and the frequency form's positions -------------------------------------
+
+// Element i of a read-only int32 / int64 index tensor (cu_seqlens, seq_offsets), as int64.
+__device__ __forceinline__ int64_t read_index(const void* p, bool is_int64, int64_t i) {
+  return is_int64 ? static_cast<int64_t>(__ldg(static_cast<const long long*>(p) + i))
+                  : static_cast<int64_t>(__ldg(static_cast<const int*>(p) + i));
+}
+
+// The position of local token t of packed sequences (common_kernel_args.h's PackedSequenceArgs):
+// a binary search over cu_seqlens for its sequence, then TransformerEngine's zigzag rule. What the
+// host checks on the CPU is asserted here, as far as the token's own sequence shows it:
+// cu_seqlens[0] == 0 and cu_seqlens[N] == num_tokens * cp_size, the sequence's boundaries in
+// order, its length divisible by 2 * cp_size with context parallelism, the token inside its
+// local range, seq_offsets >= 0 and a position that fits in int64. False (after the assert, which
+// may be compiled out) when any fails: the caller then writes nothing for the token.
+__device__ __forceinline__ bool packed_position(const PackedSequenceArgs& s, int64_t t,
+                                                int64_t& pos) {
+  const auto cu = [&](int64_t i) { return read_index(s.cu_seqlens, s.cu_seqlens_are_int64, i); };
+  const int64_t cp = s.cp_size;
+  const int64_t i = packed_sequence_of(s.num_seqs, cp, t, cu);
+  const int64_t start = cu(i);
+  const int64_t length = cu(i + 1) - start;
+  const int64_t last = cu(s.num_seqs);
+  const int64_t offset =
+      s.seq_offsets == nullptr ? 0 : read_index(s.seq_offsets, s.seq_offsets_are_int64, i);
+  const int64_t begin = start / cp;
+  const int64_t j = t - begin;
+  bool ok = cu(0) == 0 && last % cp == 0 && last / cp == s.num_tokens && length >= 0 &&
+            start % cp == 0 && (cp == 1 || length % (2 * cp) == 0) && j >= 0 && j < length / cp &&
+            offset >= 0;
+  int64_t relative = 0;
+  if (ok) {
+    relative = packed_position_in(j, length, 0, cp, s.cp_rank);
+    ok = relative <= INT64_MAX - offset;
+  }
+  ROPE_DEVICE_ASSERT(ok);
+  pos = offset + relative;
+  return ok;
+}
+
+// The position of a row of any position source, checked against the angle source: in the
+// tables' range [0, max_seq_len), or >= 0 for the frequency form (which has no upper bound).
+// kPacked (r.position_kind == kPacked): a compile-time choice, made by the launch (the table
+// form's packed sequences have a kernel of their own, rope_packed_kernel), so that the positions
+// form's code carries none of the lookup's registers (in one kernel both spilled on sm_75-90).
+template <bool kPacked, typename Rows, typename Tables>
+__device__ __forceinline__ bool load_row_position(const Rows& r, const Tables& tb, int64_t pos_off,
+                                                  int64_t& pos) {
+  if constexpr (kPacked) {
+    if (!packed_position(r.packed, pos_off, pos)) {
+      return false;
+    }
+  } else {
+    pos = read_position(r, pos_off);
+  }
+  if (tb.from_frequencies) {
+    ROPE_DEVICE_ASSERT(pos >= 0);
+    return pos >= 0;
+  }
+  return position_in_range(tb, pos);
+}
+
 // ---- multi-axis positions (M-RoPE) -------------------------------------------------------------
 
 // The axis plane k reads: axis_of_plane of common_kernel_args.h, written without its loop (the
@@ -249,6 +311,25 @@ __device__ __forceinline__ bool load_axis_rows(const Rows& r, const Tables& tb, 
     }
   }
   return in_range;
+}
+
+// The positions of every axis of a row's multi-axis position for the frequency form, each
+// asserted >= 0; false when any is negative. positions[a] is 0 for a >= num_axes.
+template <typename Rows, typename Tables>
+__device__ __forceinline__ bool load_axis_positions(const Rows& r, const Tables& tb,
+                                                    int64_t pos_off, int64_t axis_stride,
+                                                    int64_t (&positions)[kMaxAxes]) {
+  bool ok = true;
+#pragma unroll
+  for (int a = 0; a < kMaxAxes; ++a) {
+    positions[a] = 0;
+    if (a < tb.axes.num_axes) {
+      positions[a] = read_position(r, pos_off + a * axis_stride);
+      ROPE_DEVICE_ASSERT(positions[a] >= 0);
+      ok = positions[a] >= 0 && ok;
+    }
+  }
+  return ok;
 }
 
 // ---- host side: the launch of a one-dimensional grid -------------------------------------------

@@ -19,6 +19,8 @@
 //   static Stream current_stream();        // the current stream of the *current* device
 //   static int multiprocessor_count();     // of the current device
 //   static void check(int status);         // throws on a failed launch
+//   static at::Tensor to_device(const at::Tensor& host, const at::Tensor& like);
+//                                          // a CPU tensor copied to like's device (no sync)
 // and the launch of each kernel it serves (each returns a cudaError_t as int):
 //   static int launch(c10::ScalarType, const RotationArgs& first, const RotationArgs* second,
 //                     const TableArgs&, RotationMode, int num_sms, Stream);     // rope_kernel.cuh
@@ -37,6 +39,7 @@
 #include "kv_cache_body.h"
 #include "rms_norm_body.h"
 #include "rope_body.h"
+#include "rope_forms.h"
 
 namespace rope::cuda::glue {
 
@@ -66,6 +69,42 @@ struct RopeBackend {
   static void rotate_pair(c10::ScalarType dtype, const RotationArgs& q, const RotationArgs& k,
                           const TableArgs& tables, RotationMode mode) {
     rotate_pair_or_one(dtype, q, &k, tables, mode);
+  }
+
+  // The new forms (rope_body.h). Values on the device are asserted in the kernel; only packed
+  // sequences a caller passed as CPU tensors are checked here, on the host, before anything is
+  // copied or launched, and then copied to x's device.
+  static void check_form_values(const char* op, const detail::AngleSource& angles,
+                                const detail::PositionSource& where, int64_t num_tokens,
+                                const detail::MultiAxisArgs& axes) {
+    detail::check_form_values_on_host(op, angles, where, num_tokens, axes, on_host);
+  }
+  static detail::PackedArgs packed_for_kernel(const detail::PackedArgs& packed,
+                                              const at::Tensor& x) {
+    if (!on_host(packed.cu_seqlens)) {
+      return packed;
+    }
+    detail::PackedArgs on_device = packed;
+    on_device.cu_seqlens = Runtime::to_device(packed.cu_seqlens, x);
+    if (packed.seq_offsets.defined()) {
+      on_device.seq_offsets = Runtime::to_device(packed.seq_offsets, x);
+    }
+    return on_device;
+  }
+  // Whether t's data is on the host: on no CUDA device, as the runtime sees it.
+  static bool on_host(const at::Tensor& t) { return !Runtime::device_of(t).has_value(); }
+  static at::Tensor frequency_positions(const at::Tensor& positions,
+                                        const detail::MultiAxisArgs& /*axes*/) {
+    return positions;
+  }
+  // The kernel computes each lane's angles from the frequencies (rope_kernel.cuh's
+  // rope_freqs_kernel): one launch, as for tables, through the same launcher (rotate<T> of
+  // common_launchers.h chooses the frequency kernel from TableArgs::from_frequencies), so the
+  // form needs no launcher of its own and this glue sees no kernel header.
+  static void rotate_frequencies(c10::ScalarType dtype, const detail::PreparedRotation& first,
+                                 const detail::PreparedRotation* second, const TableArgs& freqs,
+                                 RotationMode mode) {
+    rotate_pair_or_one(dtype, first.args, second != nullptr ? &second->args : nullptr, freqs, mode);
   }
 
  private:
@@ -158,6 +197,39 @@ std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tenso
   return detail::apply_qk_body<RopeBackend<Runtime>>(q, k, cos, sin, positions, interleaved,
                                                      inverse, {mrope_section, mrope_interleaved});
 }
+
+// The twelve overloads of the new forms (rope_forms.h), each with x's (q's) device current.
+template <typename Runtime>
+struct Forms {
+  using Backend = RopeBackend<Runtime>;
+  static at::Tensor apply(const char* op, const at::Tensor& x, const detail::AngleSource& angles,
+                          const detail::PositionSource& where, bool interleaved, bool inverse,
+                          const detail::MultiAxisArgs& axes) {
+    const typename Runtime::Guard guard(Runtime::device_of(x));
+    return detail::apply_form_body<Backend>(op, x, angles, where, interleaved, inverse, axes);
+  }
+  static void apply_inplace(const char* op, const at::Tensor& x, const detail::AngleSource& angles,
+                            const detail::PositionSource& where, bool interleaved, bool inverse,
+                            const detail::MultiAxisArgs& axes) {
+    const typename Runtime::Guard guard(Runtime::device_of(x));
+    detail::apply_inplace_form_body<Backend>(op, x, angles, where, interleaved, inverse, axes);
+  }
+  static void apply_out(const char* op, const at::Tensor& x, const detail::AngleSource& angles,
+                        const detail::PositionSource& where, bool interleaved, bool inverse,
+                        const detail::MultiAxisArgs& axes, const at::Tensor& out) {
+    const typename Runtime::Guard guard(Runtime::device_of(x));
+    detail::apply_out_form_body<Backend>(op, x, angles, where, interleaved, inverse, out, axes);
+  }
+  static std::tuple<at::Tensor, at::Tensor> apply_qk(const char* op, const at::Tensor& q,
+                                                     const at::Tensor& k,
+                                                     const detail::AngleSource& angles,
+                                                     const detail::PositionSource& where,
+                                                     bool interleaved, bool inverse,
+                                                     const detail::MultiAxisArgs& axes) {
+    const typename Runtime::Guard guard(Runtime::device_of(q));
+    return detail::apply_qk_form_body<Backend>(op, q, k, angles, where, interleaved, inverse, axes);
+  }
+};
 
 template <typename Runtime>
 std::tuple<at::Tensor, at::Tensor> rms_norm_apply_qk(

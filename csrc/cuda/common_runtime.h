@@ -48,6 +48,10 @@ struct TorchCudaRuntime {
     return at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   }
   static void check(int status) { C10_CUDA_CHECK(static_cast<cudaError_t>(status)); }
+  // A CPU tensor (packed sequences) on like's device, ordered on the current stream.
+  static at::Tensor to_device(const at::Tensor& host, const at::Tensor& like) {
+    return host.to(like.device(), /*non_blocking=*/true);
+  }
 };
 
 }  // namespace rope::cuda

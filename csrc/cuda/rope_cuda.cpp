@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// CUDA backend: registers rope.apply, rope.apply.out, rope.apply_ and rope.apply_qk for the CUDA
-// dispatch key.
+// CUDA backend: registers rope.apply, rope.apply.out, rope.apply_ and rope.apply_qk, and their
+// frequency and packed-sequence overloads (rope_forms.h), for the CUDA dispatch key.
 //
 // Thin glue, mirroring csrc/cpu/rope_cpu.cpp: the op bodies (checks, allocation, argument
 // preparation) are shared through rope_body.h; the kernel and its launcher are rope_kernel.cuh,
@@ -43,4 +43,5 @@ TORCH_LIBRARY_IMPL(rope, CUDA, m) {
   m.impl("apply_", &rope::cuda::glue::apply_inplace<Runtime>);
   m.impl("apply.out", &rope::cuda::glue::apply_out<Runtime>);
   m.impl("apply_qk", &rope::cuda::glue::apply_qk<Runtime>);
+  rope::detail::register_forms<rope::cuda::glue::Forms<Runtime>>(m);
 }

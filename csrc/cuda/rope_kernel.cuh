@@ -24,8 +24,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
+#include "../common_exact_angle.h"
 #include "common_device.cuh"
 #include "rope_launch_plan.h"
 
@@ -204,7 +206,8 @@ constexpr bool kHasPairs = sizeof(T) * 2 == kPairBytes;
 // from up to kMaxAxes table rows with a batch of x in registers spilled the vector kernels at
 // their register budgets. One-axis positions (kMultiAxis false) load theirs after the first x
 // loads, so their latency overlaps those loads.
-template <typename scalar_t, typename table_t, bool kInterleaved, Access kAccess, bool kMultiAxis>
+template <typename scalar_t, typename table_t, bool kInterleaved, Access kAccess, bool kMultiAxis,
+          bool kPacked>
 __device__ __forceinline__ void rotate_lane(const TensorPlan& t, const TablePlan& tb, bool inverse,
                                             int64_t lane, int64_t pos_off, RowWalker walker,
                                             int64_t h_begin, int64_t h_end) {
@@ -260,7 +263,7 @@ __device__ __forceinline__ void rotate_lane(const TensorPlan& t, const TablePlan
     // The angles after the first x loads, so their latency overlaps those loads.
     if (!have_angles) {
       int64_t pos;
-      if (!load_position(t, tb, pos_off, pos)) {
+      if (!load_row_position<kPacked>(t, tb, pos_off, pos)) {
         return;
       }
       const int64_t row = pos * tb.stride + lane * P;
@@ -305,16 +308,203 @@ __device__ __forceinline__ void rotate_lane(const TensorPlan& t, const TablePlan
 // rotate_lane for one-axis or multi-axis positions, behind a branch uniform over the launch: the
 // one-axis instance is the code it was before multi-axis positions existed (same registers, same
 // schedule), the multi-axis one a copy of it with the angles gathered up front.
-template <typename scalar_t, typename table_t, bool kInterleaved, Access kAccess>
+template <typename scalar_t, typename table_t, bool kInterleaved, Access kAccess, bool kPacked>
 __device__ __forceinline__ void rotate_lane_of(const TensorPlan& t, const TablePlan& tb,
                                                bool inverse, int64_t lane, int64_t pos_off,
                                                RowWalker walker, int64_t h_begin, int64_t h_end) {
   if (tb.axes.num_axes == 0) {
-    rotate_lane<scalar_t, table_t, kInterleaved, kAccess, false>(t, tb, inverse, lane, pos_off,
-                                                                 walker, h_begin, h_end);
+    rotate_lane<scalar_t, table_t, kInterleaved, kAccess, false, kPacked>(
+        t, tb, inverse, lane, pos_off, walker, h_begin, h_end);
   } else {
-    rotate_lane<scalar_t, table_t, kInterleaved, kAccess, true>(t, tb, inverse, lane, pos_off,
-                                                                walker, h_begin, h_end);
+    rotate_lane<scalar_t, table_t, kInterleaved, kAccess, true, kPacked>(
+        t, tb, inverse, lane, pos_off, walker, h_begin, h_end);
+  }
+}
+
+// ---- the frequency form (table-free) -----------------------------------------------------------
+// A rotating lane computes the cos / sin of its planes itself, once for all the rows it walks
+// (the heads of its token), from the float64 frequencies read as bits: csrc/common_exact_angle.h's
+// exact reduction (turn_fraction_bits, turns_at: integer arithmetic only), then, for 16- and
+// 32-bit storage, sincos_turns_f32 (FP32 arithmetic only, float-float results) and rotate_f32,
+// every output within 2^-23 af (|a| + |b|) of the exact rotation, with no FP64 instruction
+// (scripts/sass_report.py checks); for float64 storage the double paths, sincos_turns and
+// rotate_f64.
+
+template <typename A>
+struct FreqAngle {
+  using type = ::rope::exact_angle::SinCos32;
+};
+template <>
+struct FreqAngle<double> {
+  using type = ::rope::exact_angle::SinCos64;
+};
+
+// The frequency of plane k, as its bits.
+__device__ __forceinline__ uint64_t frequency_bits(const TablePlan& tb, int64_t k) {
+  return static_cast<uint64_t>(__ldg(reinterpret_cast<const long long*>(tb.frequencies.freqs) +
+                                     k * tb.frequencies.freq_stride));
+}
+
+__device__ __forceinline__ bool finite_bits(uint64_t bits) {
+  return ((bits >> 52) & 0x7ff) != 0x7ff;
+}
+
+// Plane k's cos / sin at position pos (>= 0), times the attention factor, for the float path.
+// A non-finite frequency gives NaN, as a NaN in a table would.
+__device__ __forceinline__ void plane_angle(const TablePlan& tb, int64_t k, int64_t pos,
+                                            bool inverse, ::rope::exact_angle::SinCos32& out) {
+  namespace ea = ::rope::exact_angle;
+  const uint64_t bits = frequency_bits(tb, k);
+  ea::SinCos32 cs = ea::sincos_turns_f32(ea::turns_at(pos, ea::turn_fraction_bits(bits)),
+                                         tb.frequencies.af_hi, tb.frequencies.af_lo);
+  if (!finite_bits(bits)) {
+    constexpr float nan = std::numeric_limits<float>::quiet_NaN();
+    cs = ea::SinCos32{ea::FloatFloat{nan, 0.0f}, ea::FloatFloat{nan, 0.0f}};
+  }
+  out = inverse ? ea::inverse(cs) : cs;
+}
+
+// The same for the float64 path.
+__device__ __forceinline__ void plane_angle(const TablePlan& tb, int64_t k, int64_t pos,
+                                            bool inverse, ::rope::exact_angle::SinCos64& out) {
+  namespace ea = ::rope::exact_angle;
+  const uint64_t bits = frequency_bits(tb, k);
+  ea::SinCos64 cs = ea::sincos_turns(ea::turns_at(pos, ea::turn_fraction_bits(bits)),
+                                     tb.frequencies.attention_factor);
+  if (!finite_bits(bits)) {
+    constexpr double nan = std::numeric_limits<double>::quiet_NaN();
+    cs = ea::SinCos64{nan, nan};
+  }
+  if (inverse) {
+    cs.sin = -cs.sin;
+  }
+  out = cs;
+}
+
+__device__ __forceinline__ void rotate_exact(float a, float b,
+                                             const ::rope::exact_angle::SinCos32& cs, float& ra,
+                                             float& rb) {
+  ::rope::exact_angle::rotate_f32(a, b, cs, ra, rb);
+}
+__device__ __forceinline__ void rotate_exact(double a, double b,
+                                             const ::rope::exact_angle::SinCos64& cs, double& ra,
+                                             double& rb) {
+  ::rope::exact_angle::rotate_f64(a, b, cs, ra, rb);
+}
+
+// rotate_lane for the frequency form: the lane's angles first (position, every axis of a
+// multi-axis one, then each plane's cos / sin), then the rows in batches as rotate_lane does.
+template <typename scalar_t, bool kInterleaved, Access kAccess, bool kMultiAxis, bool kPacked>
+__device__ __forceinline__ void rotate_freqs_lane(const TensorPlan& t, const TablePlan& tb,
+                                                  bool inverse, int64_t lane, int64_t pos_off,
+                                                  RowWalker walker, int64_t h_begin,
+                                                  int64_t h_end) {
+  using Lane = RotLane<scalar_t, kInterleaved, kAccess>;
+  using acc_t = typename AccType<scalar_t>::type;
+  using Angle = typename FreqAngle<acc_t>::type;
+  constexpr int P = Lane::kPlanes;
+  constexpr int E = Lane::kElems;
+
+  const auto* in = static_cast<const scalar_t*>(t.in);
+  auto* out = static_cast<scalar_t*>(t.out);
+  const int64_t a_feature = kInterleaved ? lane * (2 * P) : lane * P;
+  [[maybe_unused]] const int64_t b_feature = a_feature + t.rotary_dim / 2;  // half split only
+
+  Angle cs[P];
+  if constexpr (kMultiAxis) {
+    int64_t axis_pos[kMaxAxes];
+    if (!load_axis_positions(t, tb, pos_off, t.axis_stride, axis_pos)) {
+      return;
+    }
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      const int64_t k = lane * P + j;
+      plane_angle(tb, k, pick_axis(axis_pos, plane_axis(tb.axes, k)), inverse, cs[j]);
+    }
+  } else {
+    int64_t pos;
+    if (!load_row_position<kPacked>(t, tb, pos_off, pos)) {
+      return;
+    }
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      plane_angle(tb, lane * P + j, pos, inverse, cs[j]);
+    }
+  }
+  for (int64_t h = h_begin; h < h_end; h += kRowBatch) {
+    int64_t src[kRowBatch];
+    int64_t dst[kRowBatch];
+#pragma unroll
+    for (int u = 0; u < kRowBatch; ++u) {
+      src[u] = walker.in;
+      dst[u] = walker.out;
+      walker.step(t);
+    }
+    scalar_t xa[kRowBatch][E];
+    [[maybe_unused]] scalar_t xb[kRowBatch][E];
+#pragma unroll
+    for (int u = 0; u < kRowBatch; ++u) {
+      if (h + u < h_end) {
+        load_elems<kAccess>(in + src[u] + a_feature, xa[u]);  // sass: rotated load
+        if constexpr (!kInterleaved) {
+          load_elems<kAccess>(in + src[u] + b_feature, xb[u]);  // sass: rotated load
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kRowBatch; ++u) {
+      if (h + u < h_end) {
+        scalar_t ya[E];
+        [[maybe_unused]] scalar_t yb[E];
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+          acc_t ra;
+          acc_t rb;
+          if constexpr (kInterleaved) {
+            rotate_exact(to_acc(xa[u][2 * j]), to_acc(xa[u][2 * j + 1]), cs[j], ra, rb);
+            ya[2 * j] = from_acc<scalar_t>(ra);
+            ya[2 * j + 1] = from_acc<scalar_t>(rb);
+          } else {
+            rotate_exact(to_acc(xa[u][j]), to_acc(xb[u][j]), cs[j], ra, rb);
+            ya[j] = from_acc<scalar_t>(ra);
+            yb[j] = from_acc<scalar_t>(rb);
+          }
+        }
+        store_elems<kAccess>(out + dst[u] + a_feature, ya);  // sass: rotated store
+        if constexpr (!kInterleaved) {
+          store_elems<kAccess>(out + dst[u] + b_feature, yb);  // sass: rotated store
+        }
+      }
+    }
+  }
+}
+
+template <typename scalar_t, bool kInterleaved, Access kAccess, bool kPacked>
+__device__ __forceinline__ void rotate_freqs_lane_of(const TensorPlan& t, const TablePlan& tb,
+                                                     bool inverse, int64_t lane, int64_t pos_off,
+                                                     RowWalker walker, int64_t h_begin,
+                                                     int64_t h_end) {
+  if (tb.axes.num_axes == 0) {
+    rotate_freqs_lane<scalar_t, kInterleaved, kAccess, false, kPacked>(
+        t, tb, inverse, lane, pos_off, walker, h_begin, h_end);
+  } else {
+    rotate_freqs_lane<scalar_t, kInterleaved, kAccess, true, kPacked>(t, tb, inverse, lane, pos_off,
+                                                                      walker, h_begin, h_end);
+  }
+}
+
+// The rotating lane of either angle source: tables (rotate_lane_of) or frequencies.
+template <typename scalar_t, typename table_t, bool kInterleaved, Access kAccess, bool kFreqs,
+          bool kPacked>
+__device__ __forceinline__ void rotate_any_lane(const TensorPlan& t, const TablePlan& tb,
+                                                bool inverse, int64_t lane, int64_t pos_off,
+                                                RowWalker walker, int64_t h_begin, int64_t h_end) {
+  if constexpr (kFreqs) {
+    rotate_freqs_lane_of<scalar_t, kInterleaved, kAccess, kPacked>(t, tb, inverse, lane, pos_off,
+                                                                   walker, h_begin, h_end);
+  } else {
+    rotate_lane_of<scalar_t, table_t, kInterleaved, kAccess, kPacked>(t, tb, inverse, lane, pos_off,
+                                                                      walker, h_begin, h_end);
   }
 }
 
@@ -352,8 +542,9 @@ __device__ __forceinline__ void copy_lane(const TensorPlan& t, int64_t feature, 
   }
 }
 
-// The work of thread w of one tensor.
-template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel>
+// The work of thread w of one tensor; kFreqs: the frequency form (table_t unused).
+template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel, bool kFreqs,
+          bool kPacked>
 __device__ __forceinline__ void rope_thread(const TensorPlan& t, const TablePlan& tb, bool inverse,
                                             int64_t w) {
   if (w >= t.num_threads) {
@@ -394,20 +585,20 @@ __device__ __forceinline__ void rope_thread(const TensorPlan& t, const TablePlan
   if (lane < t.rot_lanes) {
     if constexpr (kVectorKernel) {
       if (t.rot_access == Access::kVector) {
-        rotate_lane_of<scalar_t, table_t, kInterleaved, Access::kVector>(
+        rotate_any_lane<scalar_t, table_t, kInterleaved, Access::kVector, kFreqs, kPacked>(
             t, tb, inverse, lane, pos_off, walker, h_begin, h_end);
         return;
       }
     }
     if constexpr (kHasPairs<scalar_t>) {
       if (t.rot_access == Access::kPair) {
-        rotate_lane_of<scalar_t, table_t, kInterleaved, Access::kPair>(
+        rotate_any_lane<scalar_t, table_t, kInterleaved, Access::kPair, kFreqs, kPacked>(
             t, tb, inverse, lane, pos_off, walker, h_begin, h_end);
         return;
       }
     }
-    rotate_lane_of<scalar_t, table_t, kInterleaved, Access::kScalar>(t, tb, inverse, lane, pos_off,
-                                                                     walker, h_begin, h_end);
+    rotate_any_lane<scalar_t, table_t, kInterleaved, Access::kScalar, kFreqs, kPacked>(
+        t, tb, inverse, lane, pos_off, walker, h_begin, h_end);
     return;
   }
   // With no rotating lane nobody else reads this token's position; it must still be in range,
@@ -415,7 +606,12 @@ __device__ __forceinline__ void rope_thread(const TensorPlan& t, const TablePlan
   if (t.rot_lanes == 0) {
     if (tb.axes.num_axes == 0) {
       int64_t pos;
-      if (!load_position(t, tb, pos_off, pos)) {
+      if (!load_row_position<kPacked>(t, tb, pos_off, pos)) {
+        return;
+      }
+    } else if (kFreqs) {
+      int64_t positions[kMaxAxes];
+      if (!load_axis_positions(t, tb, pos_off, t.axis_stride, positions)) {
         return;
       }
     } else {
@@ -449,6 +645,17 @@ __device__ __forceinline__ void rope_thread(const TensorPlan& t, const TablePlan
   if (scalar_copy < t.scalar_copy_lanes) {
     copy_lane<scalar_t, Access::kScalar>(
         t, after_vectors + t.pair_copy_lanes * kPairElems + scalar_copy, walker, h_begin, h_end);
+  }
+}
+
+// rope_thread with the tensor's position source as a compile-time choice (load_row_position).
+template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel, bool kFreqs>
+__device__ __forceinline__ void rope_tensor_thread(const TensorPlan& t, const TablePlan& tb,
+                                                   bool inverse, int64_t w) {
+  if (t.position_kind == PositionKind::kPacked) {
+    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel, kFreqs, true>(t, tb, inverse, w);
+  } else {
+    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel, kFreqs, false>(t, tb, inverse, w);
   }
 }
 
@@ -487,10 +694,53 @@ __global__ void __launch_bounds__(
     rope_kernel(const __grid_constant__ KernelParams params) {
   const int64_t block = blockIdx.x;
   if (block < params.first_blocks) {
-    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel>(
+    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel, false, false>(
         params.tensor[0], params.tables, params.inverse, block * kBlockThreads + threadIdx.x);
   } else {
-    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel>(
+    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel, false, false>(
+        params.tensor[1], params.tables, params.inverse,
+        (block - params.first_blocks) * kBlockThreads + threadIdx.x);
+  }
+}
+
+// The tables with packed sequences (rope.*.varlen): the same work, each token's position found
+// from cu_seqlens (load_row_position<true>). A kernel of its own so that the lookup's registers
+// stay out of the positions form's (both spilled on sm_75 and sm_80/90 when one kernel held
+// both), with one block per SM as its floor: the lookup runs once per thread, and a spill there
+// would cost more than the occupancy.
+template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel>
+__global__ void __launch_bounds__(kBlockThreads,
+                                  ROPE_CUDA_MIN_BLOCKS_PER_SM > 0 ? ROPE_CUDA_MIN_BLOCKS_PER_SM : 1)
+    rope_packed_kernel(const __grid_constant__ KernelParams params) {
+  const int64_t block = blockIdx.x;
+  if (block < params.first_blocks) {
+    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel, false, true>(
+        params.tensor[0], params.tables, params.inverse, block * kBlockThreads + threadIdx.x);
+  } else {
+    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel, false, true>(
+        params.tensor[1], params.tables, params.inverse,
+        (block - params.first_blocks) * kBlockThreads + threadIdx.x);
+  }
+}
+
+// The frequency form's kernel: the same work, with the angles computed by each rotating lane
+// (rotate_freqs_lane). Its own register budget: a lane holds its planes' cos / sin as float-float
+// pairs (doubles for float64 storage), twice the table kernel's angle registers.
+template <bool kInterleaved, bool kVectorKernel>
+constexpr int kFreqsMinBlocksPerSm = ROPE_CUDA_MIN_BLOCKS_PER_SM > 0 ? ROPE_CUDA_MIN_BLOCKS_PER_SM
+                                     : kSmallSm || !kVectorKernel    ? 2
+                                     : kInterleaved                  ? 2
+                                                                     : 1;
+
+template <typename scalar_t, bool kInterleaved, bool kVectorKernel>
+__global__ void __launch_bounds__(kBlockThreads, kFreqsMinBlocksPerSm<kInterleaved, kVectorKernel>)
+    rope_freqs_kernel(const __grid_constant__ KernelParams params) {
+  const int64_t block = blockIdx.x;
+  if (block < params.first_blocks) {
+    rope_tensor_thread<scalar_t, float, kInterleaved, kVectorKernel, true>(
+        params.tensor[0], params.tables, params.inverse, block * kBlockThreads + threadIdx.x);
+  } else {
+    rope_tensor_thread<scalar_t, float, kInterleaved, kVectorKernel, true>(
         params.tensor[1], params.tables, params.inverse,
         (block - params.first_blocks) * kBlockThreads + threadIdx.x);
   }
@@ -501,7 +751,8 @@ __global__ void __launch_bounds__(
 // Resident blocks per SM of `kernel` on the current device, asked of the runtime once per device
 // and kernel (the answer depends only on the kernel's registers and the device). Cached per
 // template instance, i.e. per kernel, for device ordinals below kMaxCachedDevices.
-template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel>
+template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel,
+          bool kFreqs = false, bool kPacked = false>
 cudaError_t resident_blocks_per_sm(int& blocks) {
   constexpr int kMaxCachedDevices = 64;
   static std::atomic<int> cache[kMaxCachedDevices] = {};
@@ -517,20 +768,30 @@ cudaError_t resident_blocks_per_sm(int& blocks) {
       return cudaSuccess;
     }
   }
-  status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &blocks, rope_kernel<scalar_t, table_t, kInterleaved, kVectorKernel>, kBlockThreads, 0);
+  if constexpr (kFreqs) {
+    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &blocks, rope_freqs_kernel<scalar_t, kInterleaved, kVectorKernel>, kBlockThreads, 0);
+  } else if constexpr (kPacked) {
+    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &blocks, rope_packed_kernel<scalar_t, table_t, kInterleaved, kVectorKernel>, kBlockThreads,
+        0);
+  } else {
+    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &blocks, rope_kernel<scalar_t, table_t, kInterleaved, kVectorKernel>, kBlockThreads, 0);
+  }
   if (status == cudaSuccess && cacheable && blocks > 0) {
     cache[device].store(blocks, std::memory_order_relaxed);
   }
   return status;
 }
 
-template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel>
-cudaError_t launch(const RotationArgs& first, const RotationArgs* second, const TableArgs& tables,
-                   bool inverse, int num_sms, cudaStream_t stream) {
+template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel, bool kPacked>
+cudaError_t launch_tables(const RotationArgs& first, const RotationArgs* second,
+                          const TableArgs& tables, bool inverse, int num_sms, cudaStream_t stream) {
   int resident = 0;
   const cudaError_t status =
-      resident_blocks_per_sm<scalar_t, table_t, kInterleaved, kVectorKernel>(resident);
+      resident_blocks_per_sm<scalar_t, table_t, kInterleaved, kVectorKernel, false, kPacked>(
+          resident);
   if (status != cudaSuccess) {
     return status;
   }
@@ -538,8 +799,54 @@ cudaError_t launch(const RotationArgs& first, const RotationArgs* second, const 
   LaunchPlan plan = plan_launch(first, second, tables, RotationMode{kInterleaved, inverse}, sizes,
                                 kVectorKernel, DeviceShape{num_sms, resident});
   // Past grid.x's limit needs > 5e11 lanes, so that error is unreachable.
-  return launch_grid(rope_kernel<scalar_t, table_t, kInterleaved, kVectorKernel>, plan.blocks,
+  if constexpr (kPacked) {
+    return launch_grid(rope_packed_kernel<scalar_t, table_t, kInterleaved, kVectorKernel>,
+                       plan.blocks, kBlockThreads, plan.params, stream);
+  } else {
+    return launch_grid(rope_kernel<scalar_t, table_t, kInterleaved, kVectorKernel>, plan.blocks,
+                       kBlockThreads, plan.params, stream);
+  }
+}
+
+template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel>
+cudaError_t launch(const RotationArgs& first, const RotationArgs* second, const TableArgs& tables,
+                   bool inverse, int num_sms, cudaStream_t stream) {
+  if (first.position_kind == PositionKind::kPacked) {
+    return launch_tables<scalar_t, table_t, kInterleaved, kVectorKernel, true>(
+        first, second, tables, inverse, num_sms, stream);
+  }
+  return launch_tables<scalar_t, table_t, kInterleaved, kVectorKernel, false>(
+      first, second, tables, inverse, num_sms, stream);
+}
+
+// The frequency form's launch: the same plan (a thread takes kMaxRowsPerThread shared rows).
+template <typename scalar_t, bool kInterleaved, bool kVectorKernel>
+cudaError_t launch_freqs(const RotationArgs& first, const RotationArgs* second,
+                         const TableArgs& tables, bool inverse, int num_sms, cudaStream_t stream) {
+  int resident = 0;
+  const cudaError_t status =
+      resident_blocks_per_sm<scalar_t, float, kInterleaved, kVectorKernel, true>(resident);
+  if (status != cudaSuccess) {
+    return status;
+  }
+  const ElementSizes sizes{static_cast<int>(sizeof(scalar_t)), static_cast<int>(sizeof(float))};
+  LaunchPlan plan = plan_launch(first, second, tables, RotationMode{kInterleaved, inverse}, sizes,
+                                kVectorKernel, DeviceShape{num_sms, resident});
+  return launch_grid(rope_freqs_kernel<scalar_t, kInterleaved, kVectorKernel>, plan.blocks,
                      kBlockThreads, plan.params, stream);
+}
+
+template <typename scalar_t, bool kInterleaved>
+cudaError_t launch_freqs_layout(const RotationArgs& first, const RotationArgs* second,
+                                const TableArgs& tables, bool inverse, int num_sms,
+                                cudaStream_t stream) {
+  const ElementSizes sizes{static_cast<int>(sizeof(scalar_t)), static_cast<int>(sizeof(float))};
+  if (wants_vector_kernel(first, second, sizes, kInterleaved)) {
+    return launch_freqs<scalar_t, kInterleaved, true>(first, second, tables, inverse, num_sms,
+                                                      stream);
+  }
+  return launch_freqs<scalar_t, kInterleaved, false>(first, second, tables, inverse, num_sms,
+                                                     stream);
 }
 
 template <typename scalar_t, typename table_t, bool kInterleaved>
@@ -568,6 +875,12 @@ cudaError_t rotate(const RotationArgs& first, const RotationArgs* second, const 
   static_assert(std::is_same_v<scalar_t, double> || std::is_same_v<scalar_t, float> ||
                     std::is_same_v<scalar_t, __half> || std::is_same_v<scalar_t, __nv_bfloat16>,
                 "rope::cuda::rotate: storage must be double, float, __half or __nv_bfloat16");
+  if (tables.from_frequencies()) {
+    return mode.interleaved ? kernel::launch_freqs_layout<scalar_t, true>(
+                                  first, second, tables, mode.inverse, num_sms, stream)
+                            : kernel::launch_freqs_layout<scalar_t, false>(
+                                  first, second, tables, mode.inverse, num_sms, stream);
+  }
   if (tables.tables_are_double) {
     return mode.interleaved ? kernel::launch_layout<scalar_t, double, true>(
                                   first, second, tables, mode.inverse, num_sms, stream)

@@ -131,6 +131,11 @@ struct TensorPlan {
   int64_t axis_stride = 0;
   Access rot_access = Access::kScalar;  // of the rotating lanes; kVector only in a vector kernel
   bool positions_are_int64 = true;
+  // The position source (common_kernel_args.h): kTensor reads `positions`; kPacked computes the
+  // position of token pos_off from `packed` (the token dims' position strides are then virtual:
+  // 1 along x's token dim).
+  PositionKind position_kind = PositionKind::kTensor;
+  PackedSequenceArgs packed;
 };
 
 struct TablePlan {
@@ -147,6 +152,10 @@ struct TablePlan {
   // Which axis of a multi-axis position each plane reads; num_axes == 0 for one-axis positions,
   // whose path in the kernel is the one-axis code behind a uniform branch.
   AxisMap axes;
+  // The frequency form (rope_freqs_kernel): cos and sin are null, plane k turns by
+  // position * frequencies.freqs[k * freq_stride], positions need only be >= 0.
+  bool from_frequencies = false;
+  FrequencyArgs frequencies;
 };
 
 struct KernelParams {
@@ -302,6 +311,8 @@ inline TensorPlan plan_tensor(const RotationArgs& a, const TensorPaths& paths,
   p.rot_access = paths.rot_access;
   p.rotary_dim = a.rotary_dim;
   p.axis_stride = a.axis_stride;
+  p.position_kind = a.position_kind;
+  p.packed = a.packed;
 
   // The two innermost dims along which positions broadcast become the shared dims; any further
   // broadcast dims stay token dims (correct, just without reuse along them).
@@ -388,6 +399,11 @@ inline LaunchPlan plan_launch(const RotationArgs& first, const RotationArgs* sec
   while (rows_per_thread < kMaxRowsPerThread && 2 * rows_per_thread * wave <= lane_rows) {
     rows_per_thread *= 2;
   }
+  // The frequency form computes each lane's angles itself, which costs several rows' rotations:
+  // a thread takes as many of a token's shared rows (heads) as it may, whatever the wave.
+  if (tables.from_frequencies()) {
+    rows_per_thread = kMaxRowsPerThread;
+  }
 
   KernelParams& params = plan.params;
   params.tensor[0] = plan_tensor(first, paths[0], rows_per_thread);
@@ -401,10 +417,12 @@ inline LaunchPlan plan_launch(const RotationArgs& first, const RotationArgs* sec
   params.tables.max_seq_len = tables.max_seq_len;
   params.tables.stride = tables.table_stride;
   params.tables.axes = tables.axes;
+  params.tables.from_frequencies = tables.from_frequencies();
+  params.tables.frequencies = tables.frequencies;
   // A vector lane's slice starts at a multiple of `planes`, which is a multiple of `piece`.
-  params.tables.vector_loads = piece > 1 && aligned_to(tables.cos, piece * sizes.table) &&
-                               aligned_to(tables.sin, piece * sizes.table) &&
-                               tables.table_stride % piece == 0;
+  params.tables.vector_loads =
+      piece > 1 && !tables.from_frequencies() && aligned_to(tables.cos, piece * sizes.table) &&
+      aligned_to(tables.sin, piece * sizes.table) && tables.table_stride % piece == 0;
   params.inverse = mode.inverse;
   params.first_blocks = ceil_div(params.tensor[0].num_threads, kBlockThreads);
   plan.blocks = params.first_blocks + ceil_div(params.tensor[1].num_threads, kBlockThreads);

@@ -100,7 +100,53 @@ PYBIND11_MODULE(_C, m) {
   // extend_tables: one definition for both modules.
   m.def("check_module_arguments", &rope::detail::check_module_arguments, py::arg("theta"),
         py::arg("d_k"), py::arg("rotary_dim"), py::arg("max_seq_len"), py::arg("dtype"),
-        py::arg("seq_dim"));
+        py::arg("seq_dim"), py::arg("tables") = true);
+  // The table-free module (tables=False): its frequencies, and its forwards.
+  m.def(
+      "module_frequencies",
+      [](double theta, int64_t rotary_dim, int64_t max_seq_len, const Scaling& scaling,
+         std::optional<c10::Device> device) {
+        auto f =
+            rope::detail::module_frequencies(theta, rotary_dim, max_seq_len, scaling.value, device);
+        return std::make_tuple(
+            f.freqs,
+            f.long_freqs.defined() ? std::optional<at::Tensor>(f.long_freqs) : std::nullopt,
+            f.attention_factor, f.long_after);
+      },
+      py::arg("theta"), py::arg("rotary_dim"), py::arg("max_seq_len"), py::arg("scaling"),
+      py::arg("device"),
+      "(freqs, long_freqs or None, attention_factor, long_after) of a table-free "
+      "RotaryPositionalEmbedding; see rope::detail::module_frequencies");
+  m.def("check_position_count", [](const std::string& who, int64_t max_seq_len) {
+    rope::detail::check_position_count(who.c_str(), max_seq_len);
+  });
+  m.def("long_rope_frequencies", &rope::detail::long_rope_frequencies, py::arg("freqs"),
+        py::arg("long_freqs"), py::arg("positions"), py::arg("long_after"));
+  m.def("packed_last_position", &rope::detail::packed_last_position, py::arg("cu_seqlens"),
+        py::arg("seq_offsets"), py::arg("cp_size"), py::arg("cp_rank"));
+  m.def("_module_forward_frequencies",
+        [](const at::Tensor& x, const std::optional<at::Tensor>& positions, const at::Tensor& freqs,
+           const std::optional<at::Tensor>& long_freqs, double attention_factor, int64_t long_after,
+           int64_t d_k, int64_t seq_dim, bool interleaved) {
+          rope::detail::check_module_input(x, d_k, seq_dim, positions.has_value());
+          py::gil_scoped_release no_gil;
+          return rope::detail::module_apply_frequencies(
+              x, positions, freqs, long_freqs.value_or(at::Tensor()), attention_factor, long_after,
+              seq_dim, interleaved);
+        });
+  m.def("_module_forward_packed",
+        [](const at::Tensor& x, const std::optional<at::Tensor>& cos,
+           const std::optional<at::Tensor>& sin, int64_t long_offset,
+           const std::optional<at::Tensor>& freqs, const std::optional<at::Tensor>& long_freqs,
+           double attention_factor, int64_t long_after, const at::Tensor& cu_seqlens,
+           const std::optional<at::Tensor>& seq_offsets, int64_t cp_size, int64_t cp_rank,
+           bool interleaved) {
+          py::gil_scoped_release no_gil;
+          return rope::detail::module_apply_packed(
+              x, cos.value_or(at::Tensor()), sin.value_or(at::Tensor()), long_offset,
+              freqs.value_or(at::Tensor()), long_freqs.value_or(at::Tensor()), attention_factor,
+              long_after, cu_seqlens, seq_offsets, cp_size, cp_rank, interleaved);
+        });
   m.def(
       "check_table_length",
       [](const std::string& who, int64_t max_seq_len, int64_t rotary_dim) {
@@ -172,6 +218,122 @@ PYBIND11_MODULE(_C, m) {
       py::arg("q"), py::arg("k"), py::arg("cos"), py::arg("sin"), py::arg("positions"),
       py::arg("interleaved"), py::arg("inverse"), py::arg("mrope_section") = py::none(),
       py::arg("mrope_interleaved") = false);
+  // The frequency and packed-sequence forms (python/torch_rope/_forms.py), same arguments and
+  // keywords as their overloads.
+  using OptTensor = std::optional<at::Tensor>;
+  m.def(
+      "_apply_freqs",
+      [section_ref](const at::Tensor& x, const at::Tensor& freqs, const at::Tensor& positions,
+                    double attention_factor, bool interleaved, bool inverse,
+                    const Section& mrope_section, bool mrope_interleaved) {
+        py::gil_scoped_release no_gil;
+        return rope::apply(x, rope::Frequencies{freqs, attention_factor}, positions, interleaved,
+                           inverse, section_ref(mrope_section), mrope_interleaved);
+      },
+      py::arg("x"), py::arg("freqs"), py::arg("positions"), py::kw_only(),
+      py::arg("attention_factor") = 1.0, py::arg("interleaved") = true, py::arg("inverse") = false,
+      py::arg("mrope_section") = py::none(), py::arg("mrope_interleaved") = false);
+  m.def(
+      "_apply_varlen",
+      [](const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+         const at::Tensor& cu_seqlens, const OptTensor& seq_offsets, int64_t cp_size,
+         int64_t cp_rank, bool interleaved, bool inverse) {
+        py::gil_scoped_release no_gil;
+        return rope::apply(x, cos, sin,
+                           rope::PackedSequences{cu_seqlens, seq_offsets, cp_size, cp_rank},
+                           interleaved, inverse);
+      },
+      py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("cu_seqlens"), py::kw_only(),
+      py::arg("seq_offsets") = py::none(), py::arg("cp_size") = 1, py::arg("cp_rank") = 0,
+      py::arg("interleaved") = true, py::arg("inverse") = false);
+  m.def(
+      "_apply_freqs_varlen",
+      [](const at::Tensor& x, const at::Tensor& freqs, const at::Tensor& cu_seqlens,
+         const OptTensor& seq_offsets, int64_t cp_size, int64_t cp_rank, double attention_factor,
+         bool interleaved, bool inverse) {
+        py::gil_scoped_release no_gil;
+        return rope::apply(x, rope::Frequencies{freqs, attention_factor},
+                           rope::PackedSequences{cu_seqlens, seq_offsets, cp_size, cp_rank},
+                           interleaved, inverse);
+      },
+      py::arg("x"), py::arg("freqs"), py::arg("cu_seqlens"), py::kw_only(),
+      py::arg("seq_offsets") = py::none(), py::arg("cp_size") = 1, py::arg("cp_rank") = 0,
+      py::arg("attention_factor") = 1.0, py::arg("interleaved") = true, py::arg("inverse") = false);
+  m.def(
+      "_apply_inplace_freqs",
+      [section_ref](at::Tensor& x, const at::Tensor& freqs, const at::Tensor& positions,
+                    double attention_factor, bool interleaved, bool inverse,
+                    const Section& mrope_section, bool mrope_interleaved) {
+        py::gil_scoped_release no_gil;
+        rope::apply_(x, rope::Frequencies{freqs, attention_factor}, positions, interleaved, inverse,
+                     section_ref(mrope_section), mrope_interleaved);
+      },
+      py::arg("x"), py::arg("freqs"), py::arg("positions"), py::kw_only(),
+      py::arg("attention_factor") = 1.0, py::arg("interleaved") = true, py::arg("inverse") = false,
+      py::arg("mrope_section") = py::none(), py::arg("mrope_interleaved") = false);
+  m.def(
+      "_apply_inplace_varlen",
+      [](at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& cu_seqlens,
+         const OptTensor& seq_offsets, int64_t cp_size, int64_t cp_rank, bool interleaved,
+         bool inverse) {
+        py::gil_scoped_release no_gil;
+        rope::apply_(x, cos, sin, rope::PackedSequences{cu_seqlens, seq_offsets, cp_size, cp_rank},
+                     interleaved, inverse);
+      },
+      py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("cu_seqlens"), py::kw_only(),
+      py::arg("seq_offsets") = py::none(), py::arg("cp_size") = 1, py::arg("cp_rank") = 0,
+      py::arg("interleaved") = true, py::arg("inverse") = false);
+  m.def(
+      "_apply_inplace_freqs_varlen",
+      [](at::Tensor& x, const at::Tensor& freqs, const at::Tensor& cu_seqlens,
+         const OptTensor& seq_offsets, int64_t cp_size, int64_t cp_rank, double attention_factor,
+         bool interleaved, bool inverse) {
+        py::gil_scoped_release no_gil;
+        rope::apply_(x, rope::Frequencies{freqs, attention_factor},
+                     rope::PackedSequences{cu_seqlens, seq_offsets, cp_size, cp_rank}, interleaved,
+                     inverse);
+      },
+      py::arg("x"), py::arg("freqs"), py::arg("cu_seqlens"), py::kw_only(),
+      py::arg("seq_offsets") = py::none(), py::arg("cp_size") = 1, py::arg("cp_rank") = 0,
+      py::arg("attention_factor") = 1.0, py::arg("interleaved") = true, py::arg("inverse") = false);
+  m.def(
+      "_apply_qk_freqs",
+      [section_ref](const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs,
+                    const at::Tensor& positions, double attention_factor, bool interleaved,
+                    bool inverse, const Section& mrope_section, bool mrope_interleaved) {
+        py::gil_scoped_release no_gil;
+        return rope::apply_qk(q, k, rope::Frequencies{freqs, attention_factor}, positions,
+                              interleaved, inverse, section_ref(mrope_section), mrope_interleaved);
+      },
+      py::arg("q"), py::arg("k"), py::arg("freqs"), py::arg("positions"), py::kw_only(),
+      py::arg("attention_factor") = 1.0, py::arg("interleaved") = true, py::arg("inverse") = false,
+      py::arg("mrope_section") = py::none(), py::arg("mrope_interleaved") = false);
+  m.def(
+      "_apply_qk_varlen",
+      [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+         const at::Tensor& cu_seqlens, const OptTensor& seq_offsets, int64_t cp_size,
+         int64_t cp_rank, bool interleaved, bool inverse) {
+        py::gil_scoped_release no_gil;
+        return rope::apply_qk(q, k, cos, sin,
+                              rope::PackedSequences{cu_seqlens, seq_offsets, cp_size, cp_rank},
+                              interleaved, inverse);
+      },
+      py::arg("q"), py::arg("k"), py::arg("cos"), py::arg("sin"), py::arg("cu_seqlens"),
+      py::kw_only(), py::arg("seq_offsets") = py::none(), py::arg("cp_size") = 1,
+      py::arg("cp_rank") = 0, py::arg("interleaved") = true, py::arg("inverse") = false);
+  m.def(
+      "_apply_qk_freqs_varlen",
+      [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs,
+         const at::Tensor& cu_seqlens, const OptTensor& seq_offsets, int64_t cp_size,
+         int64_t cp_rank, double attention_factor, bool interleaved, bool inverse) {
+        py::gil_scoped_release no_gil;
+        return rope::apply_qk(q, k, rope::Frequencies{freqs, attention_factor},
+                              rope::PackedSequences{cu_seqlens, seq_offsets, cp_size, cp_rank},
+                              interleaved, inverse);
+      },
+      py::arg("q"), py::arg("k"), py::arg("freqs"), py::arg("cu_seqlens"), py::kw_only(),
+      py::arg("seq_offsets") = py::none(), py::arg("cp_size") = 1, py::arg("cp_rank") = 0,
+      py::arg("attention_factor") = 1.0, py::arg("interleaved") = true, py::arg("inverse") = false);
   m.def("_apply_qk_cache",
         [](const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& v,
            const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,

@@ -7,8 +7,9 @@ Importing this package registers ``torch.ops.rope.apply`` (and its ``out=`` over
 
 Integrations load on first use, so their libraries stay optional: ``torch_rope.hf`` (Hugging
 Face transformers), ``torch_rope.hf_kernel`` (a layer for transformers' kernel hook),
-``torch_rope.torchtune`` and ``torch_rope.compat`` (the inference engines' ``rotary_embedding``
-signature) work after a bare ``import torch_rope``.
+``torch_rope.torchtune``, ``torch_rope.compat`` (the inference engines' and training stacks'
+entry points under their own names) and ``torch_rope.functional`` (the signatures proposed for
+PyTorch core) work after a bare ``import torch_rope``.
 """
 
 from pathlib import Path as _Path
@@ -40,7 +41,7 @@ distributed.register_if_loaded()
 # Submodules loaded on first use as attributes (torch_rope.hf.patch(model) after a bare
 # `import torch_rope`), so that importing torch_rope never imports transformers, kernels or
 # torchtune.
-_LAZY_SUBMODULES = ("compat", "diffusers", "hf", "hf_kernel", "torchtune")
+_LAZY_SUBMODULES = ("compat", "diffusers", "functional", "hf", "hf_kernel", "torchtune")
 
 
 def __getattr__(name):

@@ -223,34 +223,15 @@ class Rotate(torch.autograd.Function):
         return _rotate(ctx, x_t, back=False)
 
 
-class RotateInplace(torch.autograd.Function):
-    """rope.apply_ (returns the mutated x) with a backward, an in-place jvp and a vmap rule."""
+def rotate_inplace(x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved):
+    """rope.apply_ under a functorch transform: the out-of-place rotation copied into x.
 
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved):
-        kw = _kw(interleaved, inverse, mrope_section, mrope_interleaved)
-        _apply_inplace(x, cos, sin, positions, **kw)
-        return x
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.mark_dirty(inputs[0])
-        _save(ctx, inputs, 1)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _rotate(ctx, grad, back=True), None, None, None, None, None, None, None
-
-    @staticmethod
-    def jvp(ctx, x_t, *_):
-        if x_t is None:
-            return None
-        cos, sin, positions = ctx.saved_tensors
-        return RotateInplace.apply(
-            x_t, cos, sin, positions, ctx.interleaved, ctx.inverse, *ctx.mrope
-        )
+    Not an autograd.Function with mark_dirty: functorch's generated vmap rule cannot return a
+    dirtied input (torch raises "Some elements marked as dirty ... were not returned"), while
+    copy_ has its own grad, jvp and batching rules, and Rotate supplies the rotation's."""
+    return x.copy_(
+        Rotate.apply(x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved)
+    )
 
 
 class RotateQK(torch.autograd.Function):

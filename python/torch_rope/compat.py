@@ -1,5 +1,19 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""The inference engines' entry points, as thin layers over :func:`torch_rope.apply_`.
+"""Other libraries' RoPE entry points under their own names and argument meanings, as thin layers
+over :func:`torch_rope.apply`, :func:`torch_rope.apply_` and :func:`torch_rope.apply_qk`:
+
+* :func:`apply_rotary_pos_emb`: TransformerEngine's (angles ``(s2, 1, 1, d2)`` in TE's duplicated
+  layout; ``sbhd``/``bshd``/``thd``; start positions; context-parallel zigzag). Differentiable.
+* :func:`apply_rotary_emb`: flash-attn's (cos/sin tables, ``seqlen_offsets``, varlen with
+  ``cu_seqlens``/``max_seqlen``, ``inplace``). Differentiable.
+* :func:`apply_rope`, :func:`apply_rope_pos_ids`, :func:`apply_llama31_rope`,
+  :func:`apply_llama31_rope_pos_ids` and their ``_inplace`` variants: FlashInfer's table-free ops
+  (``rope_theta``, ``rope_scale``, Llama 3.1's factors; ``indptr``/``offsets`` or ``pos_ids``).
+* :func:`rotary_embedding`, :func:`apply_rope_with_cos_sin_cache` and ``_inplace``: the inference
+  engines' cache form, below.
+
+Each peer's own conventions are in its module (``_compat_transformer_engine``,
+``_compat_flash_attn``, ``_compat_flashinfer``); the rest of this docstring is the cache form.
 
 vLLM, SGLang and FlashInfer share one calling convention::
 
@@ -28,12 +42,34 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from ._compat_flash_attn import apply_rotary_emb
+from ._compat_flashinfer import (
+    apply_llama31_rope,
+    apply_llama31_rope_inplace,
+    apply_llama31_rope_pos_ids,
+    apply_llama31_rope_pos_ids_inplace,
+    apply_rope,
+    apply_rope_inplace,
+    apply_rope_pos_ids,
+    apply_rope_pos_ids_inplace,
+)
+from ._compat_transformer_engine import apply_rotary_pos_emb
 from .ops import apply_
 
 __all__ = [
     "rotary_embedding",
     "apply_rope_with_cos_sin_cache",
     "apply_rope_with_cos_sin_cache_inplace",
+    "apply_rotary_pos_emb",
+    "apply_rotary_emb",
+    "apply_rope",
+    "apply_rope_inplace",
+    "apply_rope_pos_ids",
+    "apply_rope_pos_ids_inplace",
+    "apply_llama31_rope",
+    "apply_llama31_rope_inplace",
+    "apply_llama31_rope_pos_ids",
+    "apply_llama31_rope_pos_ids_inplace",
 ]
 
 

@@ -69,6 +69,9 @@ def register_sharding_rules() -> None:
         _key_on_mrope_section(op)
     if hasattr(ops.apply, "out"):
         _register_out_rule(ops.apply.out)
+    from ._distributed_forms import register_form_rules
+
+    register_form_rules(ops)
     _registered = True
 
 

@@ -16,9 +16,10 @@ from torch.nn.modules.module import (  # noqa: E402
     _global_forward_pre_hooks,
 )
 
-from . import _C
+from . import _C, _module_forms
 from . import distributed as _distributed
 from ._dtensor_args import as_dtensors_like
+from ._module_forms import apply_keeping_table_dtypes  # noqa: F401  (also torch_rope.hf's)
 from ._scaling import _integer, _number, parse_scaling
 from .ops import apply, eager_fast_path
 
@@ -100,6 +101,7 @@ class RotaryPositionalEmbedding(nn.Module):
         seq_dim: int = -2,
         mrope_section: Optional[Sequence[int]] = None,
         mrope_interleaved: bool = False,
+        tables: bool = True,
     ) -> None:
         super().__init__()
         _distributed.register_if_loaded()  # DTensor rules, if DTensor is already loaded
@@ -120,7 +122,9 @@ class RotaryPositionalEmbedding(nn.Module):
             raise TypeError(
                 f"mrope_interleaved must be a bool, got {type(mrope_interleaved).__name__}"
             )
-        _C.check_module_arguments(theta, d_k, rotary_dim, max_seq_len, dtype, seq_dim)
+        if not isinstance(tables, bool):
+            raise TypeError(f"tables must be a bool, got {type(tables).__name__}")
+        _C.check_module_arguments(theta, d_k, rotary_dim, max_seq_len, dtype, seq_dim, tables)
         _C.check_module_multi_axis(rotary_dim, mrope_section, mrope_interleaved)
         self.mrope_section = mrope_section
         self.mrope_interleaved = mrope_interleaved
@@ -132,6 +136,8 @@ class RotaryPositionalEmbedding(nn.Module):
         self.scaling = copy.deepcopy(dict(scaling)) if scaling is not None else None
         self.dtype = dtype
         self.seq_dim = seq_dim
+        self.tables = tables
+        self.attention_factor = 1.0  # the table-free mode's; tables carry theirs in cos and sin
         parse_scaling(scaling, theta)  # validate now; _build parses the stored plain copy
         # Like nn.Linear, follow `with torch.device(...)` / set_default_device when no device is
         # given (torchtune builds models on the meta device that way).
@@ -142,6 +148,21 @@ class RotaryPositionalEmbedding(nn.Module):
     def _build(self, max_seq_len: int, device: Optional[torch.device]) -> None:
         # The C++ option object is made per build and never stored: the module stays picklable
         # and deep-copyable (torch.save(model), copy.deepcopy, FSDP/TP model copies).
+        if not self.tables:
+            # Table-free: the float64 frequencies (LongRoPE's two sets), nothing per position.
+            freqs, long_freqs, self.attention_factor, self._long_after = _C.module_frequencies(
+                self.theta,
+                self.rotary_dim,
+                max_seq_len,
+                parse_scaling(self.scaling, self.theta),
+                device,
+            )
+            self._long_offset = 0
+            self.max_seq_len = max_seq_len
+            self.register_buffer("freqs", freqs, persistent=False)
+            if long_freqs is not None:
+                self.register_buffer("long_freqs", long_freqs, persistent=False)
+            return
         cos, sin, self._long_offset, self._long_after = _C.module_tables(
             self.theta,
             self.rotary_dim,
@@ -164,6 +185,10 @@ class RotaryPositionalEmbedding(nn.Module):
         ``seq_len`` is re-evaluated at the new length, as transformers does when a sequence grows.
         """
         max_seq_len = _integer("max_seq_len", max_seq_len)
+        if not self.tables:  # nothing to grow: only a dynamic variant is re-evaluated
+            _C.check_position_count("RotaryPositionalEmbedding.extend_tables", max_seq_len)
+            self._build(max_seq_len, self.freqs.device)
+            return
         _C.check_table_length(
             "RotaryPositionalEmbedding.extend_tables", max_seq_len, self.rotary_dim
         )
@@ -198,6 +223,7 @@ class RotaryPositionalEmbedding(nn.Module):
             or not self._plain_forward
             or "forward" in self.__dict__
             or self.mrope_section is not None
+            or not self.tables
         ):
             return super().__call__(*args, **kwargs)
         if len(args) == 2:
@@ -228,14 +254,38 @@ class RotaryPositionalEmbedding(nn.Module):
             )  # fmt: skip
         return super().__call__(*args)
 
-    def forward(self, x: Tensor, token_positions: Optional[Tensor] = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        token_positions: Optional[Tensor] = None,
+        *,
+        cu_seqlens: Optional[Tensor] = None,
+        seq_offsets: Optional[Tensor] = None,
+        cp_size: int = 1,
+        cp_rank: int = 0,
+    ) -> Tensor:
         """Rotate ``x`` by ``token_positions`` (int32/int64).
 
         ``None`` means ``arange`` along ``seq_dim``. Positions of shape ``(S,)`` or ``(B, S)`` are
         aligned with the sequence axis (and ``B`` with ``x``'s first axis) whatever the layout;
         positions of 3 or more dims broadcast to ``x.shape[:-1]`` as the op does. Returns a new
         tensor of ``x``'s shape and dtype.
+
+        ``cu_seqlens`` (with ``seq_offsets``, ``cp_size``, ``cp_rank``): packed sequences instead
+        of positions, ``x`` ``(T, ..., d_k)`` with its tokens on dim 0 (see
+        :func:`torch_rope.apply`).
         """
+        if cu_seqlens is not None or seq_offsets is not None or cp_size != 1 or cp_rank != 0:
+            if cu_seqlens is None:
+                raise TypeError(
+                    "RotaryPositionalEmbedding: seq_offsets, cp_size and cp_rank describe packed "
+                    "sequences; they need cu_seqlens="
+                )
+            return _module_forms.forward_packed(
+                self, x, token_positions, cu_seqlens, seq_offsets, cp_size, cp_rank
+            )
+        if not self.tables:
+            return _module_forms.forward_frequencies(self, x, token_positions)
         if (
             not self._long_offset
             and self.mrope_section is None
@@ -292,7 +342,9 @@ class RotaryPositionalEmbedding(nn.Module):
         )
         if self.scaling is not None:
             text += f", scaling={parse_scaling(self.scaling, self.theta).rope_type!r}"
-        if self.dtype != torch.float32:
+        if not self.tables:
+            text += ", tables=False"
+        elif self.dtype != torch.float32:
             text += f", dtype={self.dtype}"
         if self.seq_dim != -2:
             text += f", seq_dim={self.seq_dim}"
@@ -309,19 +361,6 @@ class RotaryPositionalEmbedding(nn.Module):
 # the same messages. tests/python pins each to its C++ original over the sample inputs.
 
 _MODULE = "RotaryPositionalEmbedding"
-
-
-def apply_keeping_table_dtypes(module: nn.Module, apply_fn, fn, recurse) -> nn.Module:
-    """``nn.Module._apply`` for a module with ``cos``/``sin`` table buffers: device moves apply to
-    the tables, dtype casts do not. The exact originals are kept and only follow the device the
-    cast sent them to (no bf16 round trip)."""
-    tables = {"cos": module.cos, "sin": module.sin}
-    apply_fn(fn, recurse)
-    for name, original in tables.items():
-        moved = module._buffers[name]
-        if moved.dtype != original.dtype:
-            module._buffers[name] = original.to(device=moved.device)
-    return module
 
 
 def check_module_input(x: Tensor, d_k: int, seq_dim: int, has_positions: bool) -> None:

@@ -33,7 +33,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from . import _C, _functorch
+from . import _C, _forms, _functorch
 from ._op_arguments import (
     _flags,
     _is_compiling,
@@ -58,10 +58,16 @@ _fast_apply_qk = _C._apply_qk
 
 def apply(
     x: Tensor,
-    cos: Tensor,
-    sin: Tensor,
-    positions: Tensor,
+    cos: Optional[Tensor] = None,
+    sin: Optional[Tensor] = None,
+    positions: Optional[Tensor] = None,
     *,
+    freqs: Optional[Tensor] = None,
+    attention_factor: float = 1.0,
+    cu_seqlens: Optional[Tensor] = None,
+    seq_offsets: Optional[Tensor] = None,
+    cp_size: int = 1,
+    cp_rank: int = 0,
     interleaved: bool = True,
     inverse: bool = False,
     mrope_section: Optional[Sequence[int]] = None,
@@ -75,7 +81,24 @@ def apply(
     KV-cache slot: any strides, ``x``'s shape and dtype, never resized, sharing no memory with
     an input) and ``out`` is returned; ``out=`` is not differentiable. ``mrope_section`` and
     ``mrope_interleaved``: multi-axis positions (see the module docstring).
+
+    Other forms (docs/api.md): ``freqs=`` (float64 ``(rotary_dim // 2,)``, with
+    ``attention_factor``) instead of ``cos, sin``: table-free, every float32 output within
+    ``2^-23 * attention_factor * (|a| + |b|)`` of the exact rotation at any position >= 0;
+    ``cu_seqlens=`` (with ``seq_offsets``, ``cp_size``, ``cp_rank``) instead of ``positions``:
+    packed sequences, x ``(T, ..., head_dim)`` with its tokens on dim 0.
     """
+    if (
+        freqs is not None
+        or cu_seqlens is not None
+        or seq_offsets is not None
+        or cp_size != 1
+        or cp_rank != 0
+        or attention_factor != 1.0
+    ):
+        return _forms.apply(x, cos, sin, positions, freqs, attention_factor, cu_seqlens,
+                            seq_offsets, cp_size, cp_rank, interleaved, inverse, mrope_section,
+                            mrope_interleaved, out)  # fmt: skip
     if (
         out is None
         and (mrope_section is None or _typed_section(mrope_section))
@@ -115,16 +138,34 @@ def apply(
 
 def apply_(
     x: Tensor,
-    cos: Tensor,
-    sin: Tensor,
-    positions: Tensor,
+    cos: Optional[Tensor] = None,
+    sin: Optional[Tensor] = None,
+    positions: Optional[Tensor] = None,
     *,
+    freqs: Optional[Tensor] = None,
+    attention_factor: float = 1.0,
+    cu_seqlens: Optional[Tensor] = None,
+    seq_offsets: Optional[Tensor] = None,
+    cp_size: int = 1,
+    cp_rank: int = 0,
     interleaved: bool = True,
     inverse: bool = False,
     mrope_section: Optional[Sequence[int]] = None,
     mrope_interleaved: bool = False,
 ) -> Tensor:
-    """Rotate ``x`` in place and return it. Every check runs before anything is written."""
+    """Rotate ``x`` in place and return it. Every check runs before anything is written.
+    ``freqs=`` and ``cu_seqlens=`` forms as :func:`apply`."""
+    if (
+        freqs is not None
+        or cu_seqlens is not None
+        or seq_offsets is not None
+        or cp_size != 1
+        or cp_rank != 0
+        or attention_factor != 1.0
+    ):
+        return _forms.apply_(x, cos, sin, positions, freqs, attention_factor, cu_seqlens,
+                             seq_offsets, cp_size, cp_rank, interleaved, inverse, mrope_section,
+                             mrope_interleaved)  # fmt: skip
     if (mrope_section is None or _typed_section(mrope_section)) and eager_fast_path(
         x, cos, sin, positions
     ):
@@ -139,7 +180,7 @@ def apply_(
     if type(x) is not Tensor:  # a subclass such as DTensor
         _maybe_register_for(x)
     if _functorch.transforms_active():
-        return _functorch.RotateInplace.apply(
+        return _functorch.rotate_inplace(
             x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved
         )
     _apply_inplace(
@@ -151,10 +192,16 @@ def apply_(
 def apply_qk(
     q: Tensor,
     k: Tensor,
-    cos: Tensor,
-    sin: Tensor,
-    positions: Tensor,
+    cos: Optional[Tensor] = None,
+    sin: Optional[Tensor] = None,
+    positions: Optional[Tensor] = None,
     *,
+    freqs: Optional[Tensor] = None,
+    attention_factor: float = 1.0,
+    cu_seqlens: Optional[Tensor] = None,
+    seq_offsets: Optional[Tensor] = None,
+    cp_size: int = 1,
+    cp_rank: int = 0,
     interleaved: bool = True,
     inverse: bool = False,
     mrope_section: Optional[Sequence[int]] = None,
@@ -163,8 +210,20 @@ def apply_qk(
     """Rotate queries and keys together (one kernel launch on CUDA).
 
     ``q`` and ``k`` may have different head counts (GQA/MQA); ``positions`` is broadcast against
-    ``q.shape[:-1]`` and ``k.shape[:-1]`` separately.
+    ``q.shape[:-1]`` and ``k.shape[:-1]`` separately. ``freqs=`` and ``cu_seqlens=`` forms as
+    :func:`apply` (with packed sequences, q and k share their tokens on dim 0).
     """
+    if (
+        freqs is not None
+        or cu_seqlens is not None
+        or seq_offsets is not None
+        or cp_size != 1
+        or cp_rank != 0
+        or attention_factor != 1.0
+    ):
+        return _forms.apply_qk(q, k, cos, sin, positions, freqs, attention_factor, cu_seqlens,
+                               seq_offsets, cp_size, cp_rank, interleaved, inverse,
+                               mrope_section, mrope_interleaved)  # fmt: skip
     if (mrope_section is None or _typed_section(mrope_section)) and eager_fast_path(
         q, k, cos, sin, positions
     ):

@@ -48,6 +48,15 @@ AccessTracker::AccessTracker(const rope::RotationArgs& first, const rope::Rotati
     add_tensor(*second, tables);
   }
   const int64_t half = first.rotary_dim / 2;
+  if (tables.from_frequencies()) {
+    // The frequency form reads each plane's frequency (through its stride), and no table.
+    for (int64_t k = 0; k < half; ++k) {
+      const uintptr_t a = address(tables.frequencies.freqs, k * tables.frequencies.freq_stride, 8);
+      ldg_ok_.insert(a);
+      ldg_ok_.insert(a + 4);
+    }
+    return;
+  }
   for (int64_t row = 0; row < tables.max_seq_len; ++row) {
     for (int64_t col = 0; col < half; ++col) {
       for (const void* table : {tables.cos, tables.sin}) {
@@ -60,13 +69,71 @@ AccessTracker::AccessTracker(const rope::RotationArgs& first, const rope::Rotati
   }
 }
 
+namespace {
+
+// Element i of an int32 / int64 index tensor.
+int64_t index_at(const void* p, bool is64, int64_t i) {
+  return is64 ? static_cast<const int64_t*>(p)[i]
+              : static_cast<int64_t>(static_cast<const int32_t*>(p)[i]);
+}
+
+// The position of token t of packed sequences, or false when the packing does not give it one
+// (the checks the kernel asserts: the boundaries' ends, and the token's own sequence). Written
+// here with a linear scan for the sequence (the kernel searches), for the tracker's view of which
+// rows must stay unwritten.
+bool packed_reference(const rope::PackedSequenceArgs& s, int64_t t, int64_t& pos) {
+  const auto cu = [&](int64_t i) { return index_at(s.cu_seqlens, s.cu_seqlens_are_int64, i); };
+  const int64_t cp = s.cp_size;
+  int64_t i = 0;
+  for (int64_t m = 1; m < s.num_seqs; ++m) {
+    if (cu(m) / cp <= t) {
+      i = m;
+    }
+  }
+  const int64_t length = cu(i + 1) - cu(i);
+  const int64_t j = t - cu(i) / cp;
+  const int64_t offset =
+      s.seq_offsets == nullptr ? 0 : index_at(s.seq_offsets, s.seq_offsets_are_int64, i);
+  if (cu(0) != 0 || cu(s.num_seqs) != s.num_tokens * cp || length < 0 || cu(i) % cp != 0 ||
+      (cp > 1 && length % (2 * cp) != 0) || j < 0 || j >= length / cp || offset < 0) {
+    return false;
+  }
+  const int64_t c = length / (2 * cp);
+  pos = offset + (cp == 1 ? j : j < c ? s.cp_rank * c + j : (2 * cp - 1 - s.cp_rank) * c + j - c);
+  return true;
+}
+
+}  // namespace
+
 void AccessTracker::add_tensor(const rope::RotationArgs& a, const rope::TableArgs& tables) {
   const int64_t pos_bytes = a.positions_are_int64 ? 8 : 4;
   // One-axis positions are one axis here; a multi-axis row reads axis j at pos + j * axis_stride.
   const int64_t num_axes = tables.axes.num_axes > 0 ? tables.axes.num_axes : 1;
+  const bool packed = a.position_kind == rope::PositionKind::kPacked;
+  if (packed) {
+    // The whole of cu_seqlens and seq_offsets may be read (the search), and nothing else.
+    const rope::PackedSequenceArgs& s = a.packed;
+    for (int64_t i = 0; i <= s.num_seqs; ++i) {
+      const uintptr_t p = address(s.cu_seqlens, i, s.cu_seqlens_are_int64 ? 8 : 4);
+      for (int64_t u = 0; u < (s.cu_seqlens_are_int64 ? 8 : 4); u += 4) {
+        ldg_ok_.insert(p + u);
+      }
+      if (s.seq_offsets != nullptr && i < s.num_seqs) {
+        const uintptr_t q = address(s.seq_offsets, i, s.seq_offsets_are_int64 ? 8 : 4);
+        for (int64_t u = 0; u < (s.seq_offsets_are_int64 ? 8 : 4); u += 4) {
+          ldg_ok_.insert(q + u);
+        }
+      }
+    }
+  }
   for_each_row(a.geometry, [&](int64_t in, int64_t out, int64_t pos) {
     bool bad_row = false;
-    for (int64_t axis = 0; axis < num_axes; ++axis) {
+    if (packed) {
+      int64_t position = 0;
+      bad_row = !packed_reference(a.packed, pos, position) ||
+                (!tables.from_frequencies() && position >= tables.max_seq_len);
+    }
+    for (int64_t axis = 0; axis < (packed ? 0 : num_axes); ++axis) {
       const int64_t at = pos + axis * a.axis_stride;
       const uintptr_t p = address(a.positions, at, pos_bytes);
       for (int64_t u = 0; u < pos_bytes; u += 4) {
@@ -74,7 +141,7 @@ void AccessTracker::add_tensor(const rope::RotationArgs& a, const rope::TableArg
       }
       const int64_t value = a.positions_are_int64 ? static_cast<const int64_t*>(a.positions)[at]
                                                   : static_cast<const int32_t*>(a.positions)[at];
-      bad_row = bad_row || value < 0 || value >= tables.max_seq_len;
+      bad_row = bad_row || value < 0 || (!tables.from_frequencies() && value >= tables.max_seq_len);
     }
     for (int64_t f = 0; f < a.head_dim; ++f) {
       cells_[address(a.in, in + f, storage_bytes_)].readable = true;

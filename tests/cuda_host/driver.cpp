@@ -35,6 +35,7 @@
 #include "big_cases.h"
 #include "cases.h"
 #include "compare.h"
+#include "forms_cases.h"
 #include "host_backend.h"
 #include "host_kernel.h"
 #include "kv_cache_cases.h"
@@ -468,6 +469,8 @@ struct Options {
   int64_t norm_only = -1;
   int64_t kv_cases = -1;  // rope.apply_qk_cache cases; -1: cases / 4
   int64_t kv_only = -1;
+  int64_t forms_cases = -1;  // the frequency and packed-sequence forms; -1: cases / 4
+  int64_t forms_only = -1;
 };
 
 Options parse(int argc, char** argv) {
@@ -497,6 +500,10 @@ Options parse(int argc, char** argv) {
       o.kv_cases = std::atoll(next());
     } else if (a == "--kv-only") {
       o.kv_only = std::atoll(next());
+    } else if (a == "--forms-cases") {
+      o.forms_cases = std::atoll(next());
+    } else if (a == "--forms-only") {
+      o.forms_only = std::atoll(next());
     } else if (a == "--no-coverage-gate") {
       o.coverage_gate = false;
     } else if (a == "-v" || a == "--verbose") {
@@ -505,6 +512,7 @@ Options parse(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: cuda_host_run [--cases N] [--seed S] [--only I] [--max-failures F] "
                    "[--norm-cases N] [--norm-only I] [--kv-cases N] [--kv-only I] "
+                   "[--forms-cases N] [--forms-only I] "
                    "[--no-coverage-gate] [-v]\n");
       std::exit(2);
     }
@@ -519,7 +527,7 @@ int main(int argc, char** argv) {
   using namespace rope_host;
   const Options opt = parse(argc, argv);
   // --norm-only / --kv-only rerun one case of that op alone.
-  const bool one_family = opt.norm_only >= 0 || opt.kv_only >= 0;
+  const bool one_family = opt.norm_only >= 0 || opt.kv_only >= 0 || opt.forms_only >= 0;
   const auto start = std::chrono::steady_clock::now();
   const CpuVectorPath cpu_path = cpu_vector_path();
   std::printf("cuda host run: seed %llu, %lld cases; CPU backend kernel %s (%s)\n",
@@ -585,7 +593,7 @@ int main(int argc, char** argv) {
   // rope.rms_norm_apply_qk (rms_norm_kernel.cuh): its own random cases (norm_cases.h).
   NormRun norm;
   Tally norm_tally;
-  if (opt.only < 0 && opt.kv_only < 0 && totals.failures < opt.max_failures) {
+  if (opt.only < 0 && opt.kv_only < 0 && opt.forms_only < 0 && totals.failures < opt.max_failures) {
     const int64_t n = opt.norm_cases >= 0 ? opt.norm_cases : std::max<int64_t>(opt.cases / 4, 1);
     norm = run_norm_cases(opt.seed, n, opt.norm_only, opt.max_failures - totals.failures,
                           opt.verbose, norm_tally);
@@ -598,12 +606,30 @@ int main(int argc, char** argv) {
   // rope.apply_qk_cache (kv_cache_kernel.cuh): its own random cases (kv_cache_cases.h), bit for
   // bit against the CPU backend.
   KvCacheRun kv;
-  if (opt.only < 0 && opt.norm_only < 0 && totals.failures < opt.max_failures) {
+  if (opt.only < 0 && opt.norm_only < 0 && opt.forms_only < 0 &&
+      totals.failures < opt.max_failures) {
     const int64_t n = opt.kv_cases >= 0 ? opt.kv_cases : std::max<int64_t>(opt.cases / 4, 1);
     kv = run_kv_cache_cases(opt.seed, n, opt.kv_only, opt.max_failures - totals.failures,
                             opt.verbose, cpu_path);
     totals.failures += kv.failures;
     for (const auto& [what, hits] : kv.coverage) {
+      totals.coverage.hits[what] += hits;
+    }
+  }
+
+  // The frequency and packed-sequence forms (forms_cases.h): rope_freqs_kernel and the
+  // sequence lookup, through the glue's Forms.
+  FormsRun forms;
+  Tally forms_tally;
+  if (opt.only < 0 && opt.norm_only < 0 && opt.kv_only < 0 && totals.failures < opt.max_failures) {
+    const int64_t n = opt.forms_cases >= 0 ? opt.forms_cases : std::max<int64_t>(opt.cases / 4, 1);
+    forms = run_form_cases(opt.seed, n, opt.forms_only, opt.max_failures - totals.failures,
+                           opt.verbose, cpu_path, forms_tally);
+    totals.failures += forms.failures;
+    totals.launches += forms.launches;
+    totals.cached_queries.insert(forms.cached_queries.begin(), forms.cached_queries.end());
+    totals.uncached_queries += forms.uncached_queries;
+    for (const auto& [what, hits] : forms.coverage) {
       totals.coverage.hits[what] += hits;
     }
   }
@@ -656,6 +682,13 @@ int main(int argc, char** argv) {
         "cannot match the CUDA kernel's; only kv_cache_host checks that kernel on this machine\n",
         cpu_path.name.c_str());
   }
+  std::printf(
+      "frequency / packed-sequence form cases: %lld (%lld with a bad position or packing); "
+      "%lld elements of the frequency form within the bound of the binary128 reference, worst "
+      "error %.3f of the bound; %lld elements of the packed forms bit-exact vs the same op given "
+      "the rules' positions\n",
+      static_cast<long long>(forms.cases), static_cast<long long>(forms.assert_cases),
+      static_cast<long long>(forms.bounded), forms.worst, static_cast<long long>(forms.same_bits));
   const int64_t want_queries =
       static_cast<int64_t>(totals.cached_queries.size()) + totals.uncached_queries;
   std::printf(

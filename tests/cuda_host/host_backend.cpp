@@ -163,6 +163,15 @@ struct HostRuntime {
   static void check(int status) {
     TORCH_CHECK(status == 0, "host launch of the CUDA kernel failed with cudaError_t ", status);
   }
+  // A host (CPU) tensor copied to the call's device: a copy placed on it.
+  static at::Tensor to_device(const at::Tensor& host, const at::Tensor& like) {
+    at::Tensor copy = host.clone();
+    if (g_ctx != nullptr && device_of(like).has_value()) {
+      g_ctx->place(copy);
+      ++g_ctx->host_copies;
+    }
+    return copy;
+  }
 };
 
 // Enters the call: the caller's device is current, not x's. Leaving checks it is again.
@@ -255,6 +264,46 @@ at::Tensor host_apply_qk_cache(CaseContext& ctx, const at::Tensor& q, const at::
   Enter enter(ctx);
   return rope::cuda::glue::apply_qk_cache<HostRuntime>(
       q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping, interleaved, k_scale, v_scale);
+}
+
+// ---- the new forms (frequencies, packed sequences): common_glue.h's Forms, simulated runtime --
+
+at::Tensor host_apply_form(CaseContext& ctx, const char* op, const at::Tensor& x,
+                           const rope::detail::AngleSource& angles,
+                           const rope::detail::PositionSource& where, bool interleaved,
+                           bool inverse, const rope::detail::MultiAxisArgs& axes) {
+  Enter enter(ctx);
+  return rope::cuda::glue::Forms<HostRuntime>::apply(op, x, angles, where, interleaved, inverse,
+                                                     axes);
+}
+
+void host_apply_inplace_form(CaseContext& ctx, const char* op, const at::Tensor& x,
+                             const rope::detail::AngleSource& angles,
+                             const rope::detail::PositionSource& where, bool interleaved,
+                             bool inverse, const rope::detail::MultiAxisArgs& axes) {
+  Enter enter(ctx);
+  rope::cuda::glue::Forms<HostRuntime>::apply_inplace(op, x, angles, where, interleaved, inverse,
+                                                      axes);
+}
+
+void host_apply_out_form(CaseContext& ctx, const char* op, const at::Tensor& x,
+                         const rope::detail::AngleSource& angles,
+                         const rope::detail::PositionSource& where, bool interleaved, bool inverse,
+                         const rope::detail::MultiAxisArgs& axes, const at::Tensor& out) {
+  Enter enter(ctx);
+  rope::cuda::glue::Forms<HostRuntime>::apply_out(op, x, angles, where, interleaved, inverse, axes,
+                                                  out);
+}
+
+std::tuple<at::Tensor, at::Tensor> host_apply_qk_form(CaseContext& ctx, const char* op,
+                                                      const at::Tensor& q, const at::Tensor& k,
+                                                      const rope::detail::AngleSource& angles,
+                                                      const rope::detail::PositionSource& where,
+                                                      bool interleaved, bool inverse,
+                                                      const rope::detail::MultiAxisArgs& axes) {
+  Enter enter(ctx);
+  return rope::cuda::glue::Forms<HostRuntime>::apply_qk(op, q, k, angles, where, interleaved,
+                                                        inverse, axes);
 }
 
 }  // namespace rope_host

@@ -18,6 +18,7 @@
 
 #include "common_kernel_args.h"
 #include "host_kernel.h"
+#include "rope_validation.h"
 
 namespace rope_host {
 
@@ -36,6 +37,7 @@ struct CaseContext {
   std::vector<LaunchRecord> launches;
   std::vector<rope::TableArgs> tables;
   std::vector<GridLaunchRecord> grid_launches;  // of rms_norm_kernel.cuh and kv_cache_kernel.cuh
+  int64_t host_copies = 0;  // CPU tensors (packed sequences) the glue copied to the device
 
   // Puts t's storage (and so every view of it) on `device`.
   void place(const at::Tensor& t);
@@ -82,5 +84,26 @@ at::Tensor host_apply_qk_cache(CaseContext& ctx, const at::Tensor& q, const at::
                                const at::Tensor& slot_mapping, bool interleaved,
                                const std::optional<at::Tensor>& k_scale = std::nullopt,
                                const std::optional<at::Tensor>& v_scale = std::nullopt);
+
+// The frequency and packed-sequence forms (csrc/rope_forms.h) through common_glue.h's Forms with
+// the simulated runtime; `op` is the overload's name in messages.
+at::Tensor host_apply_form(CaseContext& ctx, const char* op, const at::Tensor& x,
+                           const rope::detail::AngleSource& angles,
+                           const rope::detail::PositionSource& where, bool interleaved,
+                           bool inverse, const rope::detail::MultiAxisArgs& axes = {});
+void host_apply_inplace_form(CaseContext& ctx, const char* op, const at::Tensor& x,
+                             const rope::detail::AngleSource& angles,
+                             const rope::detail::PositionSource& where, bool interleaved,
+                             bool inverse, const rope::detail::MultiAxisArgs& axes = {});
+void host_apply_out_form(CaseContext& ctx, const char* op, const at::Tensor& x,
+                         const rope::detail::AngleSource& angles,
+                         const rope::detail::PositionSource& where, bool interleaved, bool inverse,
+                         const rope::detail::MultiAxisArgs& axes, const at::Tensor& out);
+std::tuple<at::Tensor, at::Tensor> host_apply_qk_form(CaseContext& ctx, const char* op,
+                                                      const at::Tensor& q, const at::Tensor& k,
+                                                      const rope::detail::AngleSource& angles,
+                                                      const rope::detail::PositionSource& where,
+                                                      bool interleaved, bool inverse,
+                                                      const rope::detail::MultiAxisArgs& axes = {});
 
 }  // namespace rope_host

@@ -90,8 +90,32 @@ void add_variants(Variant* out, int& n) {
   out[n++] = {reinterpret_cast<const void*>(&rope_kernel<scalar_t, table_t, false, false>), false};
 }
 
+// The frequency form's kernel (rope_freqs_kernel: no table type).
+template <typename scalar_t>
+void add_freqs_variants(Variant* out, int& n) {
+  using rope::cuda::kernel::rope_freqs_kernel;
+  out[n++] = {reinterpret_cast<const void*>(&rope_freqs_kernel<scalar_t, true, true>), true};
+  out[n++] = {reinterpret_cast<const void*>(&rope_freqs_kernel<scalar_t, true, false>), false};
+  out[n++] = {reinterpret_cast<const void*>(&rope_freqs_kernel<scalar_t, false, true>), true};
+  out[n++] = {reinterpret_cast<const void*>(&rope_freqs_kernel<scalar_t, false, false>), false};
+}
+
+// The tables with packed sequences (rope_packed_kernel: the table kernel's work, its own kernel).
+template <typename scalar_t, typename table_t>
+void add_packed_variants(Variant* out, int& n) {
+  using rope::cuda::kernel::rope_packed_kernel;
+  out[n++] = {reinterpret_cast<const void*>(&rope_packed_kernel<scalar_t, table_t, true, true>),
+              true};
+  out[n++] = {reinterpret_cast<const void*>(&rope_packed_kernel<scalar_t, table_t, true, false>),
+              false};
+  out[n++] = {reinterpret_cast<const void*>(&rope_packed_kernel<scalar_t, table_t, false, true>),
+              true};
+  out[n++] = {reinterpret_cast<const void*>(&rope_packed_kernel<scalar_t, table_t, false, false>),
+              false};
+}
+
 struct Variants {
-  Variant v[32];
+  Variant v[80];
   int n = 0;
   Variants() {
     add_variants<double, float>(v, n);
@@ -102,6 +126,19 @@ struct Variants {
     add_variants<__half, double>(v, n);
     add_variants<__nv_bfloat16, float>(v, n);
     add_variants<__nv_bfloat16, double>(v, n);
+    // After the table kernels, whose indices (and so simulated occupancies) stay as they were.
+    add_freqs_variants<double>(v, n);
+    add_freqs_variants<float>(v, n);
+    add_freqs_variants<__half>(v, n);
+    add_freqs_variants<__nv_bfloat16>(v, n);
+    add_packed_variants<double, float>(v, n);
+    add_packed_variants<double, double>(v, n);
+    add_packed_variants<float, float>(v, n);
+    add_packed_variants<float, double>(v, n);
+    add_packed_variants<__half, float>(v, n);
+    add_packed_variants<__half, double>(v, n);
+    add_packed_variants<__nv_bfloat16, float>(v, n);
+    add_packed_variants<__nv_bfloat16, double>(v, n);
   }
   const Variant* find(const void* kernel) const {
     for (int i = 0; i < n; ++i) {

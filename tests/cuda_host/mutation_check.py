@@ -49,6 +49,8 @@ SOURCES = {
     "rms_norm_args.h": REPO / "csrc" / "rms_norm_args.h",
     # The device helpers the three kernels share.
     "cuda/common_device.cuh": REPO / "csrc" / "cuda" / "common_device.cuh",
+    # The frequency form's exact reduction and sin/cos (issue 34).
+    "common_exact_angle.h": REPO / "csrc" / "common_exact_angle.h",
 }
 # Mutants of these files meet the torch-free KV-cache host run (kv_cache_host.cpp) first, then
 # the host run, whose apply_qk_cache cases compare bits with the CPU backend.
@@ -63,6 +65,9 @@ class Mutant:
     before: str  # must occur exactly once
     after: str
     why: str
+    # How many times `before` occurs: code the frequency form repeats (its lane, its kernels) is
+    # mutated in every copy, so a planted bug reaches each kernel that carries that line.
+    copies: int = 1
 
 
 # A mutant must not change the layout of a struct that the driver (built against csrc/) shares
@@ -138,6 +143,7 @@ MUTANTS = [
         "  const int64_t a_feature = kInterleaved ? lane * (2 * P) : lane * P;",
         "  const int64_t a_feature = kInterleaved ? lane * P : lane * P;",
         "interleaved lanes step by planes, not features: they overlap",
+        copies=2,
     ),
     Mutant(
         "position-range-off-by-one",
@@ -170,8 +176,8 @@ MUTANTS = [
     Mutant(
         "table-alignment",
         "cuda/rope_launch_plan.h",
-        "                               tables.table_stride % piece == 0;",
-        "                               true;",
+        "      aligned_to(tables.sin, piece * sizes.table) && tables.table_stride % piece == 0;",
+        "      aligned_to(tables.sin, piece * sizes.table) && true;",
         "vector table loads on rows that are not aligned",
     ),
     Mutant(
@@ -247,6 +253,7 @@ MUTANTS = [
         "  const int64_t block = blockIdx.x;",
         "  const int block = blockIdx.x;",
         "block * 256 + threadIdx.x in 32 bits: wraps past 2^31 threads",
+        copies=3,
     ),
     # Device and stream (the glue, run with a simulated runtime).
     Mutant(
@@ -340,6 +347,7 @@ MUTANTS = [
         "        if constexpr (!kInterleaved) {\n"
         "          store_elems<kAccess>(out + dst[u] + (kSwap ? a_feature : b_feature), yb);",
         "the half-split paired path writes the a's where the b's go and back",
+        copies=2,
     ),
     Mutant(
         "pair-tail-lane-stride",
@@ -413,6 +421,7 @@ MUTANTS = [
         "read_position(r, pos_off + a * axis_stride)",
         "read_position(r, pos_off + a)",
         "the axis dim taken as dense and innermost: positions moved from (A, ...) read wrongly",
+        copies=2,
     ),
     Mutant(
         "axis-stride-not-planned",
@@ -610,6 +619,84 @@ MUTANTS += [
 ]
 
 
+# The new argument forms (issues 34, 35), caught by the host run's forms cases
+# (tests/cuda_host/forms_cases.cpp: a binary128 reference of the exact angle p * f, positions to
+# 2^62, packings with empty sequences, seq_offsets and every rank of cp_size 2, 4, 8).
+EXACT = "common_exact_angle.h"
+MUTANTS += [
+    Mutant(
+        "exact-turn-fraction-carry-dropped",
+        EXACT,
+        "    g.hi = hi1 + lo0 + carry128;",
+        "    g.hi = hi1 + lo0;",
+        "a carry lost in the 128-bit frac(f / 2 pi): 2^-64 turn per position, 3.7e-7 rad at 2^40",
+    ),
+    Mutant(
+        "exact-turns-low-word-ignored",
+        EXACT,
+        "  return u * g.hi + mul_hi(u, g.lo);",
+        "  return u * g.hi;",
+        "the reduction with 64 bits of 1 / 2 pi past the binary point: fails at large positions",
+    ),
+    Mutant(
+        "exact-f32-cubic-term-dropped",
+        EXACT,
+        "fma_f32(C.hi, tl, C.lo * th) + C.hi * sigma;",
+        "fma_f32(C.hi, tl, C.lo * th);",
+        "sin of the reduced angle without its cubic term: 3e-7 off near 1/512 turn",
+    ),
+    Mutant(
+        "exact-f32-quadrant-cos",
+        EXACT,
+        "  const FloatFloat c = q == 0 ? cos_phi : q == 1 ? neg_sin : q == 2 ? neg_cos : sin_phi;",
+        "  const FloatFloat c = q == 0 ? cos_phi : q == 1 ? sin_phi : q == 2 ? neg_cos : sin_phi;",
+        "cos in the second quadrant with the wrong sign",
+    ),
+    Mutant(
+        "exact-f64-quadrant-sign",
+        EXACT,
+        "  out.cos = flip_sign(swap ? s : c, ((q + 1) >> 1) & 1) * attention_factor;",
+        "  out.cos = flip_sign(swap ? s : c, (q >> 1) & 1) * attention_factor;",
+        "the float64 path's cos with the sine's quadrant sign",
+    ),
+    Mutant(
+        "freqs-attention-factor-dropped",
+        "cuda/rope_kernel.cuh",
+        "                                         tb.frequencies.af_hi, tb.frequencies.af_lo);",
+        "                                         1.0f, 0.0f);",
+        "the 32-bit frequency path ignores the attention factor (YaRN's mscale)",
+    ),
+    Mutant(
+        "packed-zigzag-second-chunk",
+        "common_kernel_args.h",
+        "(2 * cp_size - 1 - cp_rank) * c + (j - c)",
+        "(2 * cp_size - 2 - cp_rank) * c + (j - c)",
+        "a rank's second chunk taken from its neighbour's place in the zigzag",
+    ),
+    Mutant(
+        "packed-search-strict",
+        "common_kernel_args.h",
+        "    if ((cp_size == 1 ? start : start / cp_size) <= t) {",
+        "    if ((cp_size == 1 ? start : start / cp_size) < t) {",
+        "a sequence's first token attributed to the sequence before it",
+    ),
+    Mutant(
+        "packed-local-begin-global",
+        "cuda/common_device.cuh",
+        "  const int64_t begin = start / cp;",
+        "  const int64_t begin = start;",
+        "a rank's local token counted from the global boundary (cp_size > 1 only)",
+    ),
+    Mutant(
+        "packed-offsets-ignored",
+        "cuda/common_device.cuh",
+        "  pos = offset + relative;",
+        "  pos = relative;",
+        "seq_offsets read and checked, then not added",
+    ),
+]
+
+
 # Issue 30, section 1: bugs that passed every CPU-side check before the checks they name.
 MUTANTS += [
     # rope.rms_norm_apply_qk with multi-axis positions (norm_cases.cpp: axis-first positions,
@@ -714,10 +801,10 @@ def write_sources(overlay: Path, sources, mutant):
         text = src.read_text()
         if mutant is not None and rel == mutant.file:
             count = text.count(mutant.before)
-            if count != 1:
+            if count != mutant.copies:
                 raise SystemExit(
                     f"mutant {mutant.name}: its text occurs {count} times in "
-                    f"{src} (expected once); update MUTANTS to the current code"
+                    f"{src} (expected {mutant.copies}); update MUTANTS to the current code"
                 )
             text = text.replace(mutant.before, mutant.after)
         if not dst.exists() or dst.read_text() != text:

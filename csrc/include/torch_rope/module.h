@@ -24,6 +24,7 @@
 #include <torch/nn/modules/container/any_value.h>
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
+#include <torch_rope/ops.h>
 #include <torch_rope/tables.h>
 
 #include <optional>
@@ -58,6 +59,11 @@ struct RotaryPositionalEmbeddingOptions {
   TORCH_ARG(std::optional<std::vector<int64_t>>, mrope_section) = std::nullopt;
   // Qwen3-VL's interleaved assignment of planes to 3 axes instead of contiguous runs.
   TORCH_ARG(bool, mrope_interleaved) = false;
+  // false: table-free (the frequency form of rope::apply). The module then holds only the float64
+  // frequencies (buffer "freqs", and LongRoPE's long set "long_freqs") and the attention factor:
+  // no memory per position, any max_seq_len up to 2^62, every float32 output within
+  // 2^-23 * attention_factor * (|a| + |b|) of the exact rotation at any position. dtype is unused.
+  TORCH_ARG(bool, tables) = true;
 };
 
 class RotaryPositionalEmbeddingImpl : public torch::nn::Cloneable<RotaryPositionalEmbeddingImpl> {
@@ -77,8 +83,12 @@ class RotaryPositionalEmbeddingImpl : public torch::nn::Cloneable<RotaryPosition
   // as the op does; absent means arange(x.size(seq_dim)) on x's device. With mrope_section,
   // token_positions carry a trailing axis dim ((S, A), (B, S, A), ...). Returns a new tensor of
   // x's shape and dtype. Positions must be < max_seq_len (see extend_tables).
+  //
+  // packed: packed sequences instead of positions (rope::PackedSequences, as rope::apply takes
+  // them): x is (T, ..., d_k) with its tokens on dim 0, token_positions must be absent.
   torch::Tensor forward(const torch::Tensor& x,
-                        const std::optional<torch::Tensor>& token_positions = std::nullopt);
+                        const std::optional<torch::Tensor>& token_positions = std::nullopt,
+                        const std::optional<PackedSequences>& packed = std::nullopt);
 
   // Rebuilds the tables with max_seq_len rows, on the device and in the dtype they have now, so
   // positions up to max_seq_len - 1 work (extrapolation, or Meta's 2 * max_seq_len habit).
@@ -91,6 +101,12 @@ class RotaryPositionalEmbeddingImpl : public torch::nn::Cloneable<RotaryPosition
 
   const torch::Tensor& cos_table() const { return cos_; }
   const torch::Tensor& sin_table() const { return sin_; }
+  // The table-free module's float64 frequencies (undefined with tables), LongRoPE's long set
+  // (undefined unless it switches), and the attention factor (1 with tables: they carry it).
+  const torch::Tensor& frequencies() const { return freqs_; }
+  const torch::Tensor& long_frequencies() const { return long_freqs_; }
+  double attention_factor() const { return attention_factor_; }
+  bool tables() const { return options_.tables(); }
   double theta() const { return theta_; }
   int64_t d_k() const { return d_k_; }
   int64_t max_seq_len() const { return max_seq_len_; }
@@ -113,10 +129,13 @@ class RotaryPositionalEmbeddingImpl : public torch::nn::Cloneable<RotaryPosition
   void pretty_print(std::ostream& stream) const override;
 
  protected:
-  FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(std::optional<torch::Tensor>())})
+  FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(std::optional<torch::Tensor>())},
+                           {2, torch::nn::AnyValue(std::optional<PackedSequences>())})
 
  private:
   void build_tables(std::optional<torch::Device> device);
+  void build_frequencies(std::optional<torch::Device> device);
+  void reread_buffers();
 
   double theta_;
   int64_t d_k_;
@@ -127,6 +146,9 @@ class RotaryPositionalEmbeddingImpl : public torch::nn::Cloneable<RotaryPosition
   int64_t long_after_ = 0;  // the switch: a call whose largest position is >= this uses long
   torch::Tensor cos_;
   torch::Tensor sin_;
+  torch::Tensor freqs_;       // tables = false
+  torch::Tensor long_freqs_;  // tables = false, LongRoPE's switch
+  double attention_factor_ = 1.0;
 };
 
 TORCH_MODULE(RotaryPositionalEmbedding);

@@ -72,6 +72,87 @@ std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tenso
                                             at::OptionalIntArrayRef mrope_section = std::nullopt,
                                             bool mrope_interleaved = false);
 
+// ---- the frequency and packed-sequence forms (docs/architecture.md, "Angle sources and position
+// sources"). Two small value types select them, so each call reads as what it does:
+//   rope::apply(x, cos, sin, positions)                                   tables, positions
+//   rope::apply(x, rope::Frequencies{freqs, af}, positions)               table-free
+//   rope::apply(x, cos, sin, rope::PackedSequences{cu_seqlens})           packed sequences
+//   rope::apply(x, rope::Frequencies{freqs}, rope::PackedSequences{cu})   both
+// and likewise apply_, apply_out and apply_qk.
+
+// The frequency form (table-free): plane k at position p turns by the exact real number
+// p * freqs[k], freqs a float64 (rotary_dim / 2,) tensor on x's device (with multi-axis positions,
+// plane k's own axis frequency), and the outputs are scaled by attention_factor (the tables carry
+// it in cos and sin). Every float32 output of a pair (a, b) is within 2^-23 * attention_factor *
+// (|a| + |b|) of the exact rotation, at any position p >= 0 (int64); 16-bit outputs are that
+// float32 result rounded once; float64 ones are rotated in double. No memory per position, no
+// position bound: positions need only be >= 0. freqs must be finite (checked on CPU tensors).
+// rope::rope_frequencies (tables.h) gives a scaling variant's freqs and attention factor.
+struct Frequencies {
+  at::Tensor freqs;
+  double attention_factor = 1.0;
+};
+
+// Packed sequences instead of positions (TransformerEngine's thd, flash-attn's varlen): x is
+// (T, ..., head_dim) with its tokens on dim 0; cu_seqlens (N + 1,) int32/int64 holds the
+// boundaries of N sequences (cu_seqlens[0] == 0, non-decreasing, cu_seqlens[N] == T * cp_size);
+// token t of sequence i has position t - cu_seqlens[i] + seq_offsets[i] (seq_offsets (N,),
+// default 0, >= 0). With context parallelism (cp_size > 1, TransformerEngine's zigzag layout)
+// cu_seqlens holds the global, padded boundaries: every length divisible by 2 * cp_size, cut into
+// 2 * cp_size chunks of c tokens, of which rank cp_rank holds chunks cp_rank and
+// 2 * cp_size - 1 - cp_rank; local token j of sequence i (its local tokens start at
+// cu_seqlens[i] / cp_size) has position cp_rank * c + j for j < c, else
+// (2 * cp_size - 1 - cp_rank) * c + j - c, plus seq_offsets[i]. cu_seqlens and seq_offsets live on
+// x's device or, for a CUDA x, on the CPU. Values are checked before anything is written where
+// they are on the CPU; on CUDA, device values are checked by a device assert (no host sync).
+struct PackedSequences {
+  at::Tensor cu_seqlens;
+  std::optional<at::Tensor> seq_offsets = std::nullopt;
+  int64_t cp_size = 1;
+  int64_t cp_rank = 0;
+};
+
+at::Tensor apply(const at::Tensor& x, const Frequencies& angles, const at::Tensor& positions,
+                 bool interleaved = true, bool inverse = false,
+                 at::OptionalIntArrayRef mrope_section = std::nullopt,
+                 bool mrope_interleaved = false);
+at::Tensor apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                 const PackedSequences& packed, bool interleaved = true, bool inverse = false);
+at::Tensor apply(const at::Tensor& x, const Frequencies& angles, const PackedSequences& packed,
+                 bool interleaved = true, bool inverse = false);
+
+void apply_(at::Tensor& x, const Frequencies& angles, const at::Tensor& positions,
+            bool interleaved = true, bool inverse = false,
+            at::OptionalIntArrayRef mrope_section = std::nullopt, bool mrope_interleaved = false);
+void apply_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+            const PackedSequences& packed, bool interleaved = true, bool inverse = false);
+void apply_(at::Tensor& x, const Frequencies& angles, const PackedSequences& packed,
+            bool interleaved = true, bool inverse = false);
+
+at::Tensor& apply_out(at::Tensor& out, const at::Tensor& x, const Frequencies& angles,
+                      const at::Tensor& positions, bool interleaved = true, bool inverse = false,
+                      at::OptionalIntArrayRef mrope_section = std::nullopt,
+                      bool mrope_interleaved = false);
+at::Tensor& apply_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& cos,
+                      const at::Tensor& sin, const PackedSequences& packed, bool interleaved = true,
+                      bool inverse = false);
+at::Tensor& apply_out(at::Tensor& out, const at::Tensor& x, const Frequencies& angles,
+                      const PackedSequences& packed, bool interleaved = true, bool inverse = false);
+
+std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tensor& k,
+                                            const Frequencies& angles, const at::Tensor& positions,
+                                            bool interleaved = true, bool inverse = false,
+                                            at::OptionalIntArrayRef mrope_section = std::nullopt,
+                                            bool mrope_interleaved = false);
+std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tensor& k,
+                                            const at::Tensor& cos, const at::Tensor& sin,
+                                            const PackedSequences& packed, bool interleaved = true,
+                                            bool inverse = false);
+std::tuple<at::Tensor, at::Tensor> apply_qk(const at::Tensor& q, const at::Tensor& k,
+                                            const Frequencies& angles,
+                                            const PackedSequences& packed, bool interleaved = true,
+                                            bool inverse = false);
+
 // Rotates q and k as apply_qk and writes the rotated k, and v, into row slot_mapping[t] of
 // k_cache / v_cache; returns the rotated q (a new tensor). q (T, Hq, D), k (T, Hkv, D), v
 // (T, Hkv, Dv) or nullopt (then v_cache too); caches (num_slots, H, D) or paged (num_blocks,

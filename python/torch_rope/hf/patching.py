@@ -28,7 +28,11 @@ def is_patched(model: nn.Module) -> bool:
 
 
 def patch(
-    model: nn.Module, *, max_seq_len: Optional[int] = None, max_vision_positions: int = 4096
+    model: nn.Module,
+    *,
+    max_seq_len: Optional[int] = None,
+    max_vision_positions: int = 4096,
+    tables: bool = True,
 ) -> nn.Module:
     """Put torch_rope under every RoPE of a loaded transformers model. Returns ``model``.
 
@@ -44,6 +48,11 @@ def patch(
     config declares, :func:`.tables.default_rows`); in eager mode they grow past it when a call
     needs more (:func:`.tables.serving`), under torch.compile they do not.
     ``max_vision_positions``: the rows and columns a vision tower's tables cover.
+    ``tables=False``: the text RoPE table-free (each rotary module holds only its float64
+    frequencies, :class:`~torch_rope.RotaryPositionalEmbedding` ``(..., tables=False)``, and the
+    layers call the ops' frequency form: exact angles at any position, nothing to grow). Layers
+    with per-head q/k norms then keep them unfused (the fused op has no frequency form yet); a
+    vision tower keeps its tables (its positions are bounded by the image grid).
 
     What each kind of model needs, and the supported types, are in docs/huggingface.md and
     docs/hf_models.md.
@@ -58,7 +67,9 @@ def patch(
     if is_patched(model):
         return model
     require_weights(model, "torch_rope.hf.patch")
-    options = families.Options(max_seq_len, max_vision_positions)
+    if not isinstance(tables, bool):
+        raise TypeError(f"torch_rope.hf.patch: tables must be a bool, got {type(tables).__name__}")
+    options = families.Options(max_seq_len, max_vision_positions, tables)
     record = records.PatchRecord()
     try:
         for family in families.for_row(row):

@@ -12,6 +12,7 @@ from typing import Tuple
 import torch
 from torch import Tensor, nn
 
+from .._module_forms import long_rope_frequencies
 from ..ops import apply, apply_qk
 from . import qk_norm
 
@@ -71,6 +72,7 @@ def rotate_qk(
     mrope_interleaved=False,
     normed=None,
     inverse=False,
+    angles=None,
 ):
     """apply_qk at ``positions`` (B, S), or (B, S, A) with ``mrope_section`` (A position axes),
     for q/k laid out as transformers' attention has them; with ``normed`` (a
@@ -79,8 +81,11 @@ def rotate_qk(
     HF's q and k are (B, H, S, D) views of (B, S, H, D) projections. Rotating the (B, S, H, D)
     views (positions (B, S, 1[, A])) walks memory in order, which the CPU kernel does 2-5x faster
     than the transposed order; the results are handed back as (B, H, S, D) views, as HF's are.
+    ``angles``: the frequency form's keywords (freqs, attention_factor) instead of the tables.
     """
     flags = {"interleaved": interleaved, "inverse": inverse}
+    if angles is not None:
+        flags.update(angles)
     if mrope_section is not None:
         flags.update(mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)
     batch_dims = positions.dim() - (mrope_section is not None)
@@ -90,7 +95,7 @@ def rotate_qk(
     else:
         positions = positions.unsqueeze(unsqueeze_dim)
     if normed is None:
-        q_out, k_out = apply_qk(q, k, cos_table, sin_table, positions, **flags)
+        q_out, k_out = apply_qk(q, k, cos_table, sin_table, positions=positions, **flags)
     else:
         q_out, k_out = qk_norm.norm_rotate(q, k, positions, normed, flags)
     if seq_major:
@@ -108,11 +113,12 @@ def apply_with_tables(q, k, cos, sin=None, unsqueeze_dim=1):
     positions, tables, normed = cos, sin, None
     if isinstance(tables, qk_norm.NormedTables):  # a layer with fused q/k norms
         tables, normed = tables.tables, tables
+    cos_table, sin_table, angles = _angle_source(tables, positions)
     return rotate_qk(
         q,
         k,
-        tables.cos,
-        tables.sin,
+        cos_table,
+        sin_table,
         positions,
         unsqueeze_dim,
         tables.interleaved,
@@ -120,16 +126,30 @@ def apply_with_tables(q, k, cos, sin=None, unsqueeze_dim=1):
         getattr(tables, "mrope_interleaved", False),
         normed,
         getattr(tables, "inverse", False),
+        angles,
     )
+
+
+def _angle_source(tables: nn.Module, positions: Tensor):
+    """(cos, sin, None) of a tables module, or (None, None, the frequency form's keywords) of a
+    table-free one, LongRoPE's frequency set chosen by the call's positions on the device."""
+    if getattr(tables, "tables", True):
+        return tables.cos, tables.sin, None
+    freqs = long_rope_frequencies(
+        tables.freqs, tables._buffers.get("long_freqs"), positions, tables.long_after
+    )
+    return None, None, {"freqs": freqs, "attention_factor": tables.attention_factor}
 
 
 def _rotate_one(x: Tensor, positions: Tensor, tables: nn.Module, unsqueeze_dim: int) -> Tensor:
     """One tensor (B, H, S, D) or (B, S, H, D) rotated at ``positions`` (B, S)."""
+    cos, sin, angles = _angle_source(tables, positions)
     return apply(
         x,
-        tables.cos,
-        tables.sin,
-        positions.unsqueeze(unsqueeze_dim),
+        cos,
+        sin,
+        positions=positions.unsqueeze(unsqueeze_dim),
         interleaved=tables.interleaved,
         inverse=getattr(tables, "inverse", False),
+        **(angles or {}),
     )

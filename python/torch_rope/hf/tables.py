@@ -93,10 +93,12 @@ def make_tables(
     max_seq_len: int,
     axes: Optional[Tuple[bool, Optional[List[int]], bool]] = None,
     seq_len: Optional[int] = None,
+    use_tables: bool = True,
 ) -> RotaryPositionalEmbedding:
     """The tables of layer type ``key`` of ``rotary``, ``max_seq_len`` rows (more if ``seq_len``,
     the length ``dynamic`` is evaluated at, is larger). ``axes``: a multi-axis text tower's
-    ``(interleaved, mrope_section, mrope_interleaved)``."""
+    ``(interleaved, mrope_section, mrope_interleaved)``. ``use_tables=False``: the table-free
+    module (float64 frequencies only), for any position."""
     config = rotary.config
     params = rope_parameters(config, key)
     scaling = _scaling_dict(params, config)
@@ -110,6 +112,7 @@ def make_tables(
         device_of(rotary, key),
         interleaved=interleaved,
         scaling=scaling,
+        tables=use_tables,
     )
     # Multi-axis positions: read by the patched layers (rotate.apply_with_tables), never by the
     # module's own forward, which patch does not call.
@@ -176,13 +179,14 @@ def follow_dynamic(rotary: nn.Module, key: str, state: DynamicState, seq_len: in
     axes = (old.interleaved, old.mrope_section, old.mrope_interleaved)
     if seq_len > state.cached:
         rotary.torch_rope[key] = make_tables(
-            rotary, key, old.rotary_dim, seq_len, axes, seq_len=seq_len
+            rotary, key, old.rotary_dim, seq_len, axes, seq_len=seq_len, use_tables=old.tables
         )
         state.cached = seq_len
     if seq_len < state.original < state.cached:
         rotary.torch_rope[key] = make_tables(
-            rotary, key, old.rotary_dim, state.original, axes, seq_len=state.original
-        )
+            rotary, key, old.rotary_dim, state.original, axes, seq_len=state.original,
+            use_tables=old.tables,
+        )  # fmt: skip
         state.cached = state.original
     # The rebuilt tables keep the layout the check found (GPT-J pairs, minus the angle).
     rotary.torch_rope[key].inverse = old.inverse
@@ -202,13 +206,16 @@ def serving(rotary: nn.Module, key: str, position_ids: Tensor) -> RotaryPosition
     ``max_seq_len`` to ``patch`` to size them for that. ``dynamic`` is read whatever the mode, as
     transformers reads it (a graph break under torch.compile)."""
     dynamic = rotary._torch_rope_dynamic.get(key)
-    if position_ids.numel() == 0 or (dynamic is None and not _positions_readable(position_ids)):
-        return rotary.torch_rope[key]
+    found = rotary.torch_rope[key]
+    if position_ids.numel() == 0 or (
+        dynamic is None and (not found.tables or not _positions_readable(position_ids))
+    ):
+        return found  # (table-free and not dynamic: nothing follows the positions, no sync)
     seq_len = int(position_ids.max()) + 1
     if dynamic is not None:
         follow_dynamic(rotary, key, dynamic, seq_len)
     found = rotary.torch_rope[key]
-    if seq_len > found.max_seq_len:
+    if found.tables and seq_len > found.max_seq_len:  # (table-free: no position bound)
         found.extend_tables(max(seq_len, 2 * found.max_seq_len))
     return found
 

@@ -339,3 +339,105 @@ def fp8_bounds(
     lo = quantize_fp8((value - slack).to(math_dtype), scale, fp8_dtype)
     hi = quantize_fp8((value + slack).to(math_dtype), scale, fp8_dtype)
     return lo, hi
+
+
+# ---- the frequency form (table-free): angles p * f exactly ------------------------------------
+# The angle of plane k at integer position p is the exact real number p * freqs[k] (freqs[k] the
+# float64 value as stored). Its cosine and sine come from mpmath, with the reduction modulo 2 pi
+# carried out at the angle's own magnitude plus 100 bits, so they are correct to float64 rounding
+# at any position up to 2^63. Nothing here knows how the library reduces angles.
+
+
+def exact_cos_sin(position: int, freq: float):
+    """(cos, sin) of position * freq as Python floats, correctly rounded in practice (the error
+    before rounding is below 2^-90)."""
+    import mpmath
+
+    p = int(position)
+    f = float(freq)
+    if p == 0 or f == 0.0:
+        return 1.0, 0.0
+    magnitude = max(0, int(mpmath.mag(mpmath.mpf(f) * p)))
+    with mpmath.workprec(magnitude + 160):
+        angle = mpmath.mpf(f) * p  # exact: 53 x 63 bits fit
+        return float(mpmath.cos(angle)), float(mpmath.sin(angle))
+
+
+def exact_tables(positions, freqs, attention_factor: float = 1.0):
+    """float64 (cos, sin) of shape ``positions.shape + (len(freqs),)``: attention_factor times the
+    cos / sin of every (position, plane) pair, each pair computed once."""
+    pos = positions.cpu().to(torch.int64)
+    f = [float(v) for v in freqs.cpu().to(torch.float64).tolist()]
+    flat = pos.reshape(-1).tolist()
+    cache = {}
+    cos = torch.empty(len(flat), len(f), dtype=torch.float64)
+    sin = torch.empty(len(flat), len(f), dtype=torch.float64)
+    for i, p in enumerate(flat):
+        for k, fk in enumerate(f):
+            key = (p, fk)
+            if key not in cache:
+                cache[key] = exact_cos_sin(p, fk)
+            c, s = cache[key]
+            cos[i, k] = c * attention_factor
+            sin[i, k] = s * attention_factor
+    shape = tuple(pos.shape) + (len(f),)
+    return cos.view(shape), sin.view(shape)
+
+
+def rope_with_frequencies(
+    x: Tensor,
+    freqs: Tensor,
+    positions: Tensor,
+    *,
+    attention_factor: float = 1.0,
+    interleaved: bool,
+    inverse: bool = False,
+    mrope_section=None,
+    mrope_interleaved: bool = False,
+) -> Tensor:
+    """float64 oracle of the frequency form: plane k of each row turns by its position (its
+    axis' position with ``mrope_section``) times freqs[k], exactly, and is scaled by the attention
+    factor. Returns float64 on the CPU, differentiable in x."""
+    half = freqs.numel()
+    pos = plane_positions(positions, x.shape[:-1], half, mrope_section, mrope_interleaved)
+    # Every distinct (position, plane) once.
+    distinct, inverse_index = torch.unique(pos.reshape(-1, half), dim=0, return_inverse=True)
+    c = torch.empty(distinct.shape, dtype=torch.float64)
+    s = torch.empty(distinct.shape, dtype=torch.float64)
+    f = [float(v) for v in freqs.cpu().to(torch.float64).tolist()]
+    for r, row in enumerate(distinct.tolist()):
+        for k, p in enumerate(row):
+            ck, sk = exact_cos_sin(p, f[k])
+            c[r, k] = ck * attention_factor
+            s[r, k] = sk * attention_factor
+    c = c[inverse_index].view(pos.shape)
+    s = s[inverse_index].view(pos.shape)
+    if inverse:
+        s = -s
+    if interleaved:
+        return _turn_complex(x, torch.complex(c, s))
+    return _turn_rotate_half(x, c, s)
+
+
+# ---- packed sequences: the positions the rules give ----------------------------------------------
+
+
+def packed_positions(cu_seqlens, seq_offsets=None, cp_size: int = 1, cp_rank: int = 0):
+    """int64 (T,) positions of the local tokens of packed sequences, written out token by token
+    from the rules (docs/architecture.md; TransformerEngine's zigzag layout): sequence i holds
+    global tokens [cu[i], cu[i + 1]); with cp_size > 1 it is cut into 2 cp_size chunks of
+    c = len / (2 cp_size) and rank r keeps chunks r and 2 cp_size - 1 - r, in that order."""
+    cu = [int(v) for v in cu_seqlens.cpu().tolist()]
+    offsets = [0] * (len(cu) - 1) if seq_offsets is None else [int(v) for v in seq_offsets.tolist()]
+    out = []
+    for i in range(len(cu) - 1):
+        length = cu[i + 1] - cu[i]
+        global_positions = list(range(length))  # position of global token j of the sequence
+        if cp_size == 1:
+            mine = global_positions
+        else:
+            c = length // (2 * cp_size)
+            chunks = [global_positions[n * c : (n + 1) * c] for n in range(2 * cp_size)]
+            mine = chunks[cp_rank] + chunks[2 * cp_size - 1 - cp_rank]
+        out += [offsets[i] + p for p in mine]
+    return torch.tensor(out, dtype=torch.int64)

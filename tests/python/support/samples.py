@@ -1383,3 +1383,328 @@ def kv_cache_samples(device, requires_grad: bool) -> List[OpSample]:
 
 
 register_family("kv_cache", KV_CACHE_OPS, kv_cache_samples)
+
+
+# ---- the frequency and packed-sequence forms (issues 34 and 35) ---------------------------------
+# One sample per (op, form) and more: every op (apply, apply_, apply.out, apply_qk) with each of
+# the three forms (freqs, varlen, freqs_varlen), every dtype, both pair layouts, forward and
+# inverse, partial rotary, int32 and int64 positions or boundaries, an attention factor, seq_offsets
+# and context parallelism, multi-axis positions with freqs, positions past 2^32. The float64 ones
+# are the gradcheck set. Their oracle is references.py's: rope_with_frequencies (exact angles
+# from mpmath) or rope_with_tables at the positions references.packed_positions writes out.
+
+FORMS = ("freqs", "varlen", "freqs_varlen")
+
+
+@dataclass
+class FormSample:
+    """One call of one op in one of the new forms. ``inputs`` are the tensors it rotates."""
+
+    name: str
+    op: str
+    form: str
+    inputs: Tuple[Tensor, ...]
+    angles: dict  # {"freqs", "attention_factor"} or {"cos", "sin"}
+    positions: Optional[Tensor] = None  # freqs form
+    packed: Optional[dict] = None  # {"cu_seqlens", "seq_offsets", "cp_size", "cp_rank"}
+    interleaved: bool = True
+    inverse: bool = False
+    out: Optional[Tensor] = None
+    mrope_section: Optional[Tuple[int, ...]] = None
+    mrope_interleaved: bool = False
+
+    @property
+    def overload(self):
+        if self.op == "apply.out":
+            return getattr(torch.ops.rope.apply, f"{self.form}_out")
+        return getattr(getattr(torch.ops.rope, self.op), self.form)
+
+    @property
+    def differentiable(self) -> bool:
+        return self.op != "apply.out"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.inputs[0].dtype
+
+    def api_kwargs(self) -> dict:
+        """The torch_rope.* keywords of the call (angle and position sources, flags)."""
+        kw = dict(self.angles, interleaved=self.interleaved, inverse=self.inverse)
+        if self.positions is not None:
+            kw["positions"] = self.positions
+        if self.packed is not None:
+            kw.update(self.packed)
+        if self.mrope_section is not None:
+            kw.update(
+                mrope_section=list(self.mrope_section), mrope_interleaved=self.mrope_interleaved
+            )
+        return kw
+
+    def op_args(self):
+        """``(args, kwargs)`` of the raw overload, as torch.library.opcheck takes them."""
+        inputs = self.inputs
+        if self.op == "apply_" and inputs[0].requires_grad:
+            inputs = (inputs[0].clone(),)
+        kw = dict(interleaved=self.interleaved, inverse=self.inverse)
+        if "freqs" in self.angles:
+            angle_args = (self.angles["freqs"],)
+            kw["attention_factor"] = self.angles["attention_factor"]
+        else:
+            angle_args = (self.angles["cos"], self.angles["sin"])
+        if self.positions is not None:
+            where = (self.positions,)
+            if self.mrope_section is not None:
+                kw.update(
+                    mrope_section=list(self.mrope_section),
+                    mrope_interleaved=self.mrope_interleaved,
+                )
+        else:
+            where = (self.packed["cu_seqlens"],)
+            kw.update(
+                seq_offsets=self.packed["seq_offsets"],
+                cp_size=self.packed["cp_size"],
+                cp_rank=self.packed["cp_rank"],
+            )
+        if self.op == "apply.out":
+            kw["out"] = self.out
+        return (*inputs, *angle_args, *where), kw
+
+    def call(self, *inputs: Tensor) -> Tuple[Tensor, ...]:
+        """The op through the typed API (torch_rope.*), as Sample.call."""
+        inputs = inputs or self.inputs
+        kw = self.api_kwargs()
+        if self.op == "apply":
+            return (torch_rope.apply(inputs[0], **kw),)
+        if self.op == "apply_":
+            x = inputs[0].clone() if inputs[0].requires_grad else inputs[0]
+            return (torch_rope.apply_(x, **kw),)
+        if self.op == "apply.out":
+            return (torch_rope.apply(inputs[0], out=self.out, **kw),)
+        return tuple(torch_rope.apply_qk(*inputs, **kw))
+
+    def row_positions(self, x: Tensor) -> Tensor:
+        """The positions of x's rows: the given ones, or the packed sequences' (T, 1, ..., 1)."""
+        if self.positions is not None:
+            return self.positions
+        p = ref.packed_positions(
+            self.packed["cu_seqlens"],
+            self.packed["seq_offsets"],
+            self.packed["cp_size"],
+            self.packed["cp_rank"],
+        )
+        return p.view(-1, *([1] * (x.dim() - 2)))
+
+    def expected(self, inputs: Optional[Tuple[Tensor, ...]] = None) -> Tuple[Tensor, ...]:
+        """The float64 oracle (on the CPU) for each of ``inputs``, differentiable in them."""
+        inputs = inputs or self.inputs
+        out = []
+        for x in inputs:
+            positions = self.row_positions(x)
+            kw = dict(interleaved=self.interleaved, inverse=self.inverse)
+            if self.mrope_section is not None:
+                kw.update(
+                    mrope_section=self.mrope_section, mrope_interleaved=self.mrope_interleaved
+                )
+            if "freqs" in self.angles:
+                out.append(
+                    ref.rope_with_frequencies(
+                        x,
+                        self.angles["freqs"],
+                        positions,
+                        attention_factor=self.angles["attention_factor"],
+                        **kw,
+                    )
+                )
+            else:
+                out.append(
+                    ref.rope_with_tables(x, self.angles["cos"], self.angles["sin"], positions, **kw)
+                )
+        return tuple(out)
+
+
+def _form_angles(form, rotary_dim, dtype, device, attention_factor):
+    if form == "varlen":
+        cos, sin = _tables("real", rotary_dim, dtype, device)
+        return {"cos": cos, "sin": sin}
+    return {
+        "freqs": ref.inv_freq(rotary_dim, 500000.0).to(device),
+        "attention_factor": attention_factor,
+    }
+
+
+# Packed sequences: (cu_seqlens global boundaries, seq_offsets or None, cp_size, cp_rank).
+_PACKINGS = {
+    "three": ([0, 3, 3, 5], [1, 0, 7], 1, 0),
+    "one": ([0, 4], None, 1, 0),
+    "cp2_rank1": ([0, 8, 12], [2, 5], 2, 1),
+    "cp4_rank2": ([0, 8, 8, 16], [0, 3, 0], 4, 2),
+}
+
+# (op, form, dtype, head_dim, rotary_dim, interleaved, inverse, geometry or packing, int32,
+#  attention factor)
+_FORM_PLAN = [
+    # apply
+    ("apply", "freqs", torch.float64, 8, 8, True, False, "bhsd_S", False, 1.0),
+    ("apply", "freqs", torch.float64, 10, 6, False, True, "bshd_BS1", True, 0.8),
+    ("apply", "freqs", torch.float32, 16, 16, True, True, "decode_per_sequence", False, 1.0),
+    ("apply", "freqs", torch.bfloat16, 24, 16, False, False, "packed_T1", True, 1.3),
+    ("apply", "varlen", torch.float64, 8, 8, True, False, "three", False, 1.0),
+    ("apply", "varlen", torch.float64, 10, 6, False, True, "cp2_rank1", True, 1.0),
+    ("apply", "varlen", torch.float16, 16, 16, True, True, "cp4_rank2", False, 1.0),
+    ("apply", "freqs_varlen", torch.float64, 8, 8, False, False, "cp2_rank1", False, 1.2),
+    ("apply", "freqs_varlen", torch.float64, 10, 6, True, True, "three", True, 1.0),
+    ("apply", "freqs_varlen", torch.float32, 16, 16, False, False, "one", False, 0.9),
+    # apply_
+    ("apply_", "freqs", torch.float64, 8, 8, False, True, "bhsd_B1S", False, 1.1),
+    ("apply_", "freqs", torch.float16, 16, 8, True, False, "transposed_bshd", True, 1.0),
+    ("apply_", "varlen", torch.float64, 10, 6, True, False, "cp4_rank2", True, 1.0),
+    ("apply_", "varlen", torch.bfloat16, 16, 16, False, True, "three", False, 1.0),
+    ("apply_", "freqs_varlen", torch.float64, 8, 8, True, True, "cp2_rank1", False, 0.7),
+    ("apply_", "freqs_varlen", torch.float32, 24, 16, False, False, "three", True, 1.0),
+    # apply.out
+    ("apply.out", "freqs", torch.float32, 24, 16, True, False, "bshd_S1", False, 1.0),
+    ("apply.out", "freqs", torch.float64, 10, 6, False, True, "expanded", True, 1.4),
+    ("apply.out", "varlen", torch.float32, 16, 16, False, False, "cp2_rank1", False, 1.0),
+    ("apply.out", "varlen", torch.bfloat16, 16, 8, True, True, "three", True, 1.0),
+    ("apply.out", "freqs_varlen", torch.float16, 16, 16, True, False, "cp4_rank2", False, 1.0),
+    ("apply.out", "freqs_varlen", torch.float64, 8, 8, False, True, "one", True, 0.5),
+]
+
+# apply_qk: (q heads, k heads, form, dtype, head_dim, rotary_dim, interleaved, inverse, packing)
+_FORM_QK_PLAN = [
+    (4, 2, "freqs", torch.float64, 8, 8, True, False, None),
+    (2, 1, "freqs", torch.bfloat16, 16, 16, False, True, None),
+    (4, 1, "varlen", torch.float64, 10, 6, False, False, "cp2_rank1"),
+    (2, 2, "varlen", torch.float32, 16, 16, True, True, "three"),
+    (2, 1, "freqs_varlen", torch.float64, 8, 8, True, True, "cp4_rank2"),
+    (3, 1, "freqs_varlen", torch.float16, 24, 16, False, False, "three"),
+]
+
+# Multi-axis positions with freqs: (op, dtype, head_dim, rotary_dim, interleaved, section,
+# mrope_interleaved)
+_FORM_MROPE_PLAN = [
+    ("apply", torch.float64, 8, 8, False, (2, 1, 1), True),
+    ("apply_", torch.float32, 16, 12, True, (3, 3), False),
+    ("apply.out", torch.bfloat16, 16, 16, False, (2, 3, 3), True),
+]
+
+# Positions far from the tables' world: past 2^32 (int64), for the frequency form only.
+_BIG = 2**32 + 12345
+
+
+def _packed(name, device, int32):
+    cu, offsets, cp_size, cp_rank = _PACKINGS[name]
+    dtype = torch.int32 if int32 else torch.int64
+    return {
+        "cu_seqlens": torch.tensor(cu, dtype=dtype, device=device),
+        "seq_offsets": None if offsets is None else torch.tensor(offsets, dtype=dtype).to(device),
+        "cp_size": cp_size,
+        "cp_rank": cp_rank,
+    }
+
+
+def _packed_tokens(name):
+    cu, _, cp_size, _ = _PACKINGS[name]
+    return cu[-1] // cp_size
+
+
+def form_sample_inputs(device, requires_grad: bool):
+    """Every sample of the new forms, built on ``device`` (as sample_inputs)."""
+
+    def leaf(t):
+        return t.detach().requires_grad_() if requires_grad else t
+
+    samples = []
+    for i, row in enumerate(_FORM_PLAN):
+        op, form, dtype, D, rotary_dim, interleaved, inverse, where, int32, af = row
+        if requires_grad and op == "apply.out":
+            continue
+        angles = _form_angles(form, rotary_dim, dtype, device, af)
+        positions = packed = None
+        if form == "freqs":
+            x, positions = GEOMETRIES[where](D, dtype, device, b=2, h=2, s=3)
+            # Far positions for the table-free form (int64), or as they are (int32).
+            positions = positions.to(torch.int32) if int32 else positions + _BIG
+        else:
+            x = randn(_packed_tokens(where), 2, D, dtype=dtype, device=device)
+            packed = _packed(where, device, int32)
+        name = (
+            f"{op}-{form}-{where}-{dtype_id(dtype)}-d{D}r{rotary_dim}-"
+            f"{'il' if interleaved else 'half'}{'-inv' if inverse else ''}"
+            f"{'-int32' if int32 else ''}{f'-af{af}' if af != 1.0 else ''}"
+        )
+        samples.append(
+            FormSample(
+                name,
+                op,
+                form,
+                (leaf(x),),
+                angles,
+                positions,
+                packed,
+                interleaved,
+                inverse,
+                out=_out_buffer(x, i) if op == "apply.out" else None,
+            )  # fmt: skip
+        )
+    for row in _FORM_QK_PLAN:
+        hq, hk, form, dtype, D, rotary_dim, interleaved, inverse, where = row
+        angles = _form_angles(form, rotary_dim, dtype, device, 1.25)
+        if form == "freqs":
+            q, k, positions = _qk_inputs("bhsd", hq, hk, D, dtype, device)
+            positions, packed = positions + _BIG, None
+            where = "bhsd"
+        else:
+            t = _packed_tokens(where)
+            q = randn(t, hq, D, dtype=dtype, device=device)
+            k = randn(t, hk, D, dtype=dtype, device=device)
+            positions, packed = None, _packed(where, device, False)
+        name = (
+            f"apply_qk-{form}-{where}-q{hq}k{hk}-{dtype_id(dtype)}-d{D}r{rotary_dim}-"
+            f"{'il' if interleaved else 'half'}{'-inv' if inverse else ''}"
+        )
+        samples.append(
+            FormSample(
+                name,
+                "apply_qk",
+                form,
+                (leaf(q), leaf(k)),
+                angles,
+                positions,
+                packed,
+                interleaved,
+                inverse,
+            )  # fmt: skip
+        )
+    for i, row in enumerate(_FORM_MROPE_PLAN):
+        op, dtype, D, rotary_dim, interleaved, section, mrope_interleaved = row
+        if requires_grad and op == "apply.out":
+            continue
+        x, positions = GEOMETRIES["bhsd_S"](D, dtype, device, b=2, h=2, s=3)
+        positions = multi_axis_positions(positions, len(section), torch.int64, i % 2 == 1) + _BIG
+        angles = _form_angles("freqs", rotary_dim, dtype, device, 1.0)
+        name = (
+            f"{op}-freqs-mrope{'_'.join(map(str, section))}{'-il3' if mrope_interleaved else ''}-"
+            f"{dtype_id(dtype)}-d{D}r{rotary_dim}-{'il' if interleaved else 'half'}"
+        )
+        samples.append(
+            FormSample(
+                name,
+                op,
+                "freqs",
+                (leaf(x),),
+                angles,
+                positions,
+                None,
+                interleaved,
+                False,
+                out=_out_buffer(x, i) if op == "apply.out" else None,
+                mrope_section=section,
+                mrope_interleaved=mrope_interleaved,
+            )  # fmt: skip
+        )
+    return samples
+
+
+def form_sample_ids(requires_grad: bool):
+    return [s.name for s in form_sample_inputs("cpu", requires_grad)]

@@ -35,6 +35,7 @@ class Options(NamedTuple):
 
     max_seq_len: Optional[int]  # text positions the tables cover at first (None: the config's)
     max_vision_positions: int  # rows and columns of a vision tower's tables
+    tables: bool = True  # False: the text RoPE table-free (the ops' frequency form)
 
 
 def for_row(row) -> List[ModuleType]:

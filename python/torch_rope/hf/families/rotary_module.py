@@ -106,7 +106,9 @@ def text_stacks(
 def patch(model: nn.Module, model_type: str, row, record: PatchRecord, options, form=FORM):
     """Put torch_rope under every text rotary module of ``model`` and the layers it feeds."""
     for rotary, attentions in text_stacks(model, model_type, form.names):
-        _patch_stack(model_type, row, rotary, attentions, record, options.max_seq_len, form)
+        _patch_stack(
+            model_type, row, rotary, attentions, record, options.max_seq_len, form, options.tables
+        )
 
 
 def _multi_axis(model_type: str, row, rotary: nn.Module, keys: List[str]):
@@ -137,8 +139,10 @@ def _patch_stack(
     record: PatchRecord,
     max_seq_len,
     form: Form,
+    use_tables: bool = True,
 ) -> None:
-    """Put torch_rope under one text rotary module and the attention layers it feeds."""
+    """Put torch_rope under one text rotary module and the attention layers it feeds
+    (``use_tables=False``: table-free)."""
     config = rotary.config
     keys = tables.layer_types(rotary) or [tables.ALL_LAYERS]
     axes = _multi_axis(model_type, row, rotary, keys)
@@ -154,7 +158,9 @@ def _patch_stack(
             seq_len = config.max_position_embeddings
         rotary_dim = 2 * hf[0].numel()
         key_axes = None if axes is None else axes[key]
-        built[key] = tables.make_tables(rotary, key, rotary_dim, rows, key_axes, seq_len=seq_len)
+        built[key] = tables.make_tables(
+            rotary, key, rotary_dim, rows, key_axes, seq_len=seq_len, use_tables=use_tables
+        )
         tables.check_frequencies(rotary, key, built[key], hf)
         if key_axes is not None and sum(key_axes[1]) != rotary_dim // 2:
             raise NotImplementedError(
@@ -170,7 +176,8 @@ def _patch_stack(
     _check_layout(rotary, keys, attentions, form, layouts)
     for attention in attentions:
         record.attention.append(attention)
-        _fuse_qk_norms(rotary, keys, attention, form, record)
+        if use_tables:  # the fused q/k norm op has tables only
+            _fuse_qk_norms(rotary, keys, attention, form, record)
         record.set(attention, "forward", bind(patched_attention_forward, attention))
     record.set(rotary, "forward", bind(form.rotary_forward, rotary))
 

@@ -1,0 +1,67 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""hf.patch(model, tables=False) (issue 34): the text RoPE table-free. Every patched rotary module
+holds only float64 frequencies (no cos/sin tables, nothing per position), the patched model
+matches the unpatched one as the tabled patch does, past max_position_embeddings too (nothing to
+grow), through generate's KV-cache decode, with every scaling variant the test models carry and
+with q/k norms (kept unfused: the fused norm op has no frequency form)."""
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+
+import hf_models  # noqa: E402
+from test_hf import generate, logits, rel_err  # noqa: E402
+
+import torch_rope.hf  # noqa: E402
+
+
+def rope_modules(model):
+    return [t for m in model.modules() if hasattr(m, "torch_rope") for t in m.torch_rope.values()]
+
+
+def ids_of(length, seed=1):
+    return torch.randint(2, 256, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+# max_position_embeddings 64; qwen3 has q/k norms, gemma3 (gemma3_text) sliding and full layers
+# with their own bases, phi3 LongRoPE (long factors past original_max_position_embeddings 16),
+# and llama with each scaling variant of hf_models.LLAMA_SCALINGS (YaRN's attention factor,
+# dynamic NTK re-evaluated as generation outgrows max_position_embeddings 16, ...).
+@pytest.mark.parametrize(
+    "name", ["qwen3", "gemma3", "phi3"] + [f"llama-{v}" for v in hf_models.LLAMA_SCALINGS]
+)
+def test_the_table_free_patch_matches_the_unpatched_model(name):
+    reference = hf_models.build(name)
+    model = torch_rope.hf.patch(copy.deepcopy(reference), tables=False)
+    modules = rope_modules(model)
+    assert modules and all(not m.tables for m in modules)
+    for m in modules:
+        floating = {n: b for n, b in m.named_buffers() if b.is_floating_point()}
+        assert set(floating) <= {"freqs", "long_freqs"}, floating.keys()
+        assert all(b.dtype == torch.float64 for b in floating.values())
+    ids = ids_of(150)  # past max_position_embeddings (64): nothing grows
+    mask = torch.ones_like(ids)
+    assert rel_err(logits(model, ids, mask), logits(reference, ids, mask)) <= 1e-5
+    assert all(not m.tables for m in rope_modules(model))
+    short = ids_of(20, seed=2)
+    short_mask = torch.ones_like(short)
+    assert torch.equal(generate(model, short, short_mask), generate(reference, short, short_mask))
+
+
+def test_the_table_free_patch_and_the_tabled_one_agree():
+    reference = hf_models.build("llama")
+    tabled = torch_rope.hf.patch(copy.deepcopy(reference))
+    free = torch_rope.hf.patch(copy.deepcopy(reference), tables=False)
+    ids = ids_of(60)
+    mask = torch.ones_like(ids)
+    # Both rotate by cos/sin of the same float64 angle p * f (the tables rounded to float32 once,
+    # the table-free path within an ulp of the pair): the logits agree to float32 precision.
+    assert rel_err(logits(free, ids, mask), logits(tabled, ids, mask)) <= 1e-6
+
+
+def test_tables_must_be_a_bool():
+    with pytest.raises(TypeError, match="tables must be a bool"):
+        torch_rope.hf.patch(hf_models.build("llama"), tables="no")

@@ -143,6 +143,23 @@ def _fast(form, tensors, seq_offsets) -> bool:
     return (seq_offsets is None or type(seq_offsets) is Tensor) and eager_fast_path(*tensors)
 
 
+def _form_call(
+    name, cos, sin, positions, freqs, attention_factor, cu_seqlens, seq_offsets, cp_size, cp_rank,
+    interleaved, inverse, mrope_section, mrope_interleaved,
+):  # fmt: skip
+    """(form, positional args, keywords) of the overload a wrapper's keywords select: the one
+    angle source and one position source checked (resolve), then the overload's arguments."""
+    form = resolve(
+        name, cos, sin, positions, freqs, attention_factor, cu_seqlens, seq_offsets, cp_size,
+        cp_rank, mrope_section, mrope_interleaved,
+    )  # fmt: skip
+    args, kw = op_args(
+        form, cos, sin, positions, freqs, attention_factor, cu_seqlens, seq_offsets, cp_size,
+        cp_rank, interleaved, inverse, _section(name, mrope_section), mrope_interleaved,
+    )  # fmt: skip
+    return form, args, kw
+
+
 def apply(
     x,
     cos,
@@ -161,37 +178,10 @@ def apply(
     out,
 ):
     name = "rope.apply" if out is None else "rope.apply.out"
-    form = resolve(
-        name,
-        cos,
-        sin,
-        positions,
-        freqs,
-        attention_factor,
-        cu_seqlens,
-        seq_offsets,
-        cp_size,
-        cp_rank,
-        mrope_section,
-        mrope_interleaved,
-    )
-    mrope_section = _section(name, mrope_section)
-    args, kw = op_args(
-        form,
-        cos,
-        sin,
-        positions,
-        freqs,
-        attention_factor,
-        cu_seqlens,
-        seq_offsets,
-        cp_size,
-        cp_rank,
-        interleaved,
-        inverse,
-        mrope_section,
-        mrope_interleaved,
-    )
+    form, args, kw = _form_call(
+        name, cos, sin, positions, freqs, attention_factor, cu_seqlens, seq_offsets, cp_size,
+        cp_rank, interleaved, inverse, mrope_section, mrope_interleaved,
+    )  # fmt: skip
     if out is None and _fast(form, (x,) + args, seq_offsets):
         return _FAST_APPLY[form](x, *args, **kw)
     if type(x) is not Tensor:  # a subclass such as DTensor
@@ -231,37 +221,10 @@ def apply_(
     mrope_interleaved,
 ):
     name = "rope.apply_"
-    form = resolve(
-        name,
-        cos,
-        sin,
-        positions,
-        freqs,
-        attention_factor,
-        cu_seqlens,
-        seq_offsets,
-        cp_size,
-        cp_rank,
-        mrope_section,
-        mrope_interleaved,
-    )
-    mrope_section = _section(name, mrope_section)
-    args, kw = op_args(
-        form,
-        cos,
-        sin,
-        positions,
-        freqs,
-        attention_factor,
-        cu_seqlens,
-        seq_offsets,
-        cp_size,
-        cp_rank,
-        interleaved,
-        inverse,
-        mrope_section,
-        mrope_interleaved,
-    )
+    form, args, kw = _form_call(
+        name, cos, sin, positions, freqs, attention_factor, cu_seqlens, seq_offsets, cp_size,
+        cp_rank, interleaved, inverse, mrope_section, mrope_interleaved,
+    )  # fmt: skip
     if _fast(form, (x,) + args, seq_offsets):
         _FAST_APPLY_INPLACE[form](x, *args, **kw)
         return x
@@ -291,37 +254,10 @@ def apply_qk(
     mrope_interleaved,
 ):
     name = "rope.apply_qk"
-    form = resolve(
-        name,
-        cos,
-        sin,
-        positions,
-        freqs,
-        attention_factor,
-        cu_seqlens,
-        seq_offsets,
-        cp_size,
-        cp_rank,
-        mrope_section,
-        mrope_interleaved,
-    )
-    mrope_section = _section(name, mrope_section)
-    args, kw = op_args(
-        form,
-        cos,
-        sin,
-        positions,
-        freqs,
-        attention_factor,
-        cu_seqlens,
-        seq_offsets,
-        cp_size,
-        cp_rank,
-        interleaved,
-        inverse,
-        mrope_section,
-        mrope_interleaved,
-    )
+    form, args, kw = _form_call(
+        name, cos, sin, positions, freqs, attention_factor, cu_seqlens, seq_offsets, cp_size,
+        cp_rank, interleaved, inverse, mrope_section, mrope_interleaved,
+    )  # fmt: skip
     if _fast(form, (q, k) + args, seq_offsets):
         return _FAST_APPLY_QK[form](q, k, *args, **kw)
     if type(q) is not Tensor or type(k) is not Tensor:

@@ -144,17 +144,35 @@ ROPE_HOST_DEVICE inline A saturate(A x, A max) {
   return x > max ? max : (x < -max ? -max : x);  // NaN compares false: stays NaN
 }
 
-// The stored byte of `value` (float32 math) in an fp8 cache with `scale`.
-ROPE_HOST_DEVICE inline uint8_t quantize_fp8(float value, float scale, CacheFormat format) {
-  if (format == CacheFormat::kFp8E4M3) {
-    return fp8_e4m3_from_float(saturate(value / scale, kFp8E4M3Max));
-  }
-  return fp8_e5m2_from_float(saturate(value / scale, kFp8E5M2Max));
+// How an fp8 value meets its per-tensor scale. torch-rope's own convention divides (the value is
+// stored as value / scale, as torch's scaled_mm scales and vLLM's caches read it); FlashInfer's
+// rope_quantize_fp8 family multiplies (value * quant_scale). The two are not interchangeable:
+// value * (1 / s) and value / s round differently, so the compat layer needs the multiply itself.
+enum class ScaleRule : int32_t {
+  kDivide = 0,    // stored = saturate(value / scale)
+  kMultiply = 1,  // stored = saturate(value * scale)
+};
+
+// value / scale or value * scale, one IEEE operation in the math type.
+template <typename A>
+ROPE_HOST_DEVICE inline A apply_scale(A value, A scale, ScaleRule rule) {
+  return rule == ScaleRule::kMultiply ? value * scale : value / scale;
 }
 
-// float64 math: divided and saturated in float64, then rounded to float32 and to fp8.
-ROPE_HOST_DEVICE inline uint8_t quantize_fp8(double value, float scale, CacheFormat format) {
-  const double x = value / static_cast<double>(scale);
+// The stored byte of `value` (float32 math) in an fp8 cache with `scale`.
+ROPE_HOST_DEVICE inline uint8_t quantize_fp8(float value, float scale, CacheFormat format,
+                                             ScaleRule rule = ScaleRule::kDivide) {
+  const float x = apply_scale(value, scale, rule);
+  if (format == CacheFormat::kFp8E4M3) {
+    return fp8_e4m3_from_float(saturate(x, kFp8E4M3Max));
+  }
+  return fp8_e5m2_from_float(saturate(x, kFp8E5M2Max));
+}
+
+// float64 math: scaled and saturated in float64, then rounded to float32 and to fp8.
+ROPE_HOST_DEVICE inline uint8_t quantize_fp8(double value, float scale, CacheFormat format,
+                                             ScaleRule rule = ScaleRule::kDivide) {
+  const double x = apply_scale(value, static_cast<double>(scale), rule);
   if (format == CacheFormat::kFp8E4M3) {
     return fp8_e4m3_from_float(static_cast<float>(saturate(x, double{kFp8E4M3Max})));
   }

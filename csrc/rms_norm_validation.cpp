@@ -60,6 +60,12 @@ void check_rms_norm_apply_qk(const char* op, const at::Tensor& q, const at::Tens
                              const at::Tensor& positions, double eps, double weight_offset,
                              const MultiAxisArgs& axes) {
   check_apply_qk(op, q, k, cos, sin, positions, axes);
+  check_norm_weights(op, q, k, q_weight, k_weight, eps, weight_offset);
+}
+
+void check_norm_weights(const char* op, const at::Tensor& q, const at::Tensor& k,
+                        const at::Tensor& q_weight, const at::Tensor& k_weight, double eps,
+                        double weight_offset) {
   check_weight(op, "q_weight", q_weight, "q", q);
   check_weight(op, "k_weight", k_weight, "k", k);
   TORCH_CHECK(std::isfinite(eps) && eps > 0, op, ": eps must be a finite number > 0, got ", eps);

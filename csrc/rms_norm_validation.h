@@ -10,6 +10,12 @@
 
 namespace rope::detail {
 
+// The norm's own arguments against checked q and k: the two weights, eps and weight_offset
+// (rope.rms_norm_apply_qk_cache runs them after apply_qk_cache's checks).
+void check_norm_weights(const char* op, const at::Tensor& q, const at::Tensor& k,
+                        const at::Tensor& q_weight, const at::Tensor& k_weight, double eps,
+                        double weight_offset);
+
 void check_rms_norm_apply_qk(const char* op, const at::Tensor& q, const at::Tensor& k,
                              const at::Tensor& q_weight, const at::Tensor& k_weight,
                              const at::Tensor& cos, const at::Tensor& sin,

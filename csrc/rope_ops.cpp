@@ -63,6 +63,23 @@ TORCH_LIBRARY(rope, m) {
       "Tensor sin, Tensor positions, *, float eps=1e-06, float weight_offset=0., "
       "bool interleaved=True, bool inverse=False, int[]? mrope_section=None, "
       "bool mrope_interleaved=False) -> (Tensor, Tensor)");
+
+  // ---- the serving fusions (issue 33): the row streams of common_row_streams.h -----------------
+  // RoPE with float8 q and k outputs (and their no-RoPE parts quantized alongside); scale rule:
+  // stored = saturate(value / scale), or value * scale with multiply_by_scale (FlashInfer's).
+  // Body and checks in qk_fp8_body.h; C++ API, Meta and Autograd in qk_fp8_ops.cpp.
+  m.def(
+      "apply_qk_fp8(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor positions, *, "
+      "Tensor? q_nope=None, Tensor? k_nope=None, Tensor? q_scale=None, Tensor? k_scale=None, "
+      "ScalarType? dtype=None, bool interleaved=True, bool multiply_by_scale=False, "
+      "int[]? mrope_section=None, bool mrope_interleaved=False) -> (Tensor, Tensor, Tensor, "
+      "Tensor)");
+  m.def(
+      "apply_qk_fp8.out(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor positions, *, "
+      "Tensor? q_nope=None, Tensor? k_nope=None, Tensor? q_scale=None, Tensor? k_scale=None, "
+      "bool interleaved=True, bool multiply_by_scale=False, int[]? mrope_section=None, "
+      "bool mrope_interleaved=False, Tensor(a!) q_out, Tensor(b!) k_out, "
+      "Tensor(c!)? q_nope_out=None, Tensor(d!)? k_nope_out=None) -> ()");
 }
 
 namespace rope {

@@ -436,6 +436,13 @@ void check_apply(const char* op, const at::Tensor& x, const at::Tensor& cos, con
   check_rotated_input(op, "x", x, cos, positions, axes);
 }
 
+void check_rotated(const char* op, const char* name, const at::Tensor& x, const at::Tensor& cos,
+                   const at::Tensor& sin, const at::Tensor& positions, const MultiAxisArgs& axes) {
+  check_tables(op, cos, sin);
+  check_multi_axis(op, cos, axes);
+  check_rotated_input(op, name, x, cos, positions, axes);
+}
+
 void check_apply_inplace(const char* op, const at::Tensor& x, const at::Tensor& cos,
                          const at::Tensor& sin, const at::Tensor& positions,
                          const MultiAxisArgs& axes) {

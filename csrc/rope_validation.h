@@ -129,6 +129,12 @@ void check_apply_qk(const char* op, const at::Tensor& q, const at::Tensor& k, co
 void check_positions_in_range(const char* op, const at::Tensor& positions, int64_t max_seq_len,
                               const MultiAxisArgs& axes = {});
 
+// One rotated input `name` (..., head_dim) against the tables and positions, as check_apply does
+// for x: for ops whose rotated inputs have other names (rope.mla_apply_cache's q_pe and k_pe).
+void check_rotated(const char* op, const char* name, const at::Tensor& x, const at::Tensor& cos,
+                   const at::Tensor& sin, const at::Tensor& positions,
+                   const MultiAxisArgs& axes = {});
+
 // For ops checked outside this file (kv_cache_validation.cpp): the writability check of apply_ /
 // out= for a tensor that has no out-of-place form (a KV cache: the message says to allocate a
 // buffer of its own), and the overlap check of one written tensor against one read (or written)

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The planes of one row, 8 at a time (4 for float64), with AVX2 + FMA + F16C intrinsics.
 //
-// Included only by rope_rows.cpp in its AVX2 and AVX512 copies (the AVX512 copy finishes the
-// planes its 16-wide steps leave with these). Every step loads and stores whole 128- or 256-bit
+// Included by the row kernels' AVX2 and AVX512 copies (rope_rows.cpp; the others through
+// common_load_floats.h's conversions); the AVX512 copy of rope_rows.cpp finishes the planes its
+// 16-wide steps leave with these. Every step loads and stores whole 128- or 256-bit
 // vectors of both halves or both pair members, so no masked or partial stores; each step reads
 // all its inputs before it writes, so in == out (the in-place op) is safe.
 //

@@ -2,8 +2,9 @@
 // The planes of one row, 16 or 32 at a time, with AVX-512 (F, BW, VL, DQ) intrinsics; the
 // AVX512_BF16 copy of the kernel also converts to bfloat16 with the native instruction.
 //
-// Included only by rope_rows.cpp in its AVX512 copies; common_planes_avx2.h finishes what the wide
-// steps leave (8 planes), the scalar loop in rope_rows.cpp the rest. Whole-vector loads and
+// Included by the row kernels' AVX512 copies (rope_rows.cpp; the others through
+// common_load_floats.h's conversions); in rope_rows.cpp common_planes_avx2.h finishes what the wide
+// steps leave (8 planes), the scalar loop the rest. Whole-vector loads and
 // stores only, each step reads before it writes (in == out is safe). The layout tricks are the
 // AVX2 ones (see common_planes_avx2.h), at twice the width:
 //  - float/half pairs: in-lane shuffle_ps/unpck, one 64-bit permute per table vector;

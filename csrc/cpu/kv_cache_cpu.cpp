@@ -119,7 +119,7 @@ void write_tokens(const KvCacheArgs& a, const TableArgs& tables, RotationMode mo
       for (int64_t h = 0; h < a.kv_heads; ++h) {
         fp8.quantize(acc_dtype, scratch.data() + h * D,
                      at_offset<uint8_t>(kc.data, k_row0 + h * kc.head_stride), D, k_scale,
-                     kc.format);
+                     kc.format, ScaleRule::kDivide);
       }
     }
     if (a.v == nullptr) {
@@ -132,7 +132,8 @@ void write_tokens(const KvCacheArgs& a, const TableArgs& tables, RotationMode mo
       if (vc.format == CacheFormat::kSame) {
         std::memcpy(at_offset<scalar_t>(vc.data, row), v, sizeof(scalar_t) * a.v_dim);
       } else {
-        fp8.quantize(dtype, v, at_offset<uint8_t>(vc.data, row), a.v_dim, v_scale, vc.format);
+        fp8.quantize(dtype, v, at_offset<uint8_t>(vc.data, row), a.v_dim, v_scale, vc.format,
+                     ScaleRule::kDivide);
       }
     }
   }

@@ -1,15 +1,15 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The fp8 row helpers of rope.apply_qk_cache (see kv_cache_fp8_rows.h). Compiled once per CPU
-// capability, like rope_rows.cpp.
+// The fp8 row helpers of rope.apply_qk_cache and of the row streams (see kv_cache_fp8_rows.h).
+// Compiled once per CPU capability, like rope_rows.cpp.
 //
-// The quotients x / scale are IEEE divisions, lane by lane (at::vec), so they are the scalar
-// ones; the rounding to fp8 is c10's algorithm. The AVX-512 copies divide and round in one pass
-// with torch's own conversion (at::vec::convert to Float8_e4m3fn / Float8_e5m2,
-// ATen/cpu/vec/vec512/vec512_float8.h). at::vec has no fp8 conversion at the other widths: DEFAULT
-// and AVX2 divide a chunk of the row into an L1 buffer, then round it with encode_saturated below,
-// c10's algorithm without branches, a loop the compiler vectorises (16- and 32-byte vectors; a
-// plain `?:` on the float sum is not if-converted, masks are). Row tails (and float64 rows, divided
-// in float64 first) take the same scalar form.
+// The quotients x / scale (or products x * scale, ScaleRule::kMultiply) are IEEE operations, lane
+// by lane (at::vec), so they are the scalar ones; the rounding to fp8 is c10's algorithm. The
+// AVX-512 copies divide and round in one pass with torch's own conversion (at::vec::convert to
+// Float8_e4m3fn / Float8_e5m2, ATen/cpu/vec/vec512/vec512_float8.h). at::vec has no fp8 conversion
+// at the other widths: DEFAULT and AVX2 divide a chunk of the row into an L1 buffer, then round it
+// with encode_saturated below, c10's algorithm without branches, a loop the compiler vectorises
+// (16- and 32-byte vectors; a plain `?:` on the float sum is not if-converted, masks are). Row
+// tails (and float64 rows, divided in float64 first) take the same scalar form.
 //
 // Saturation: the quantized value is saturate(x / scale), then rounded as c10 rounds. Both formats
 // clamp before at::vec's conversion: torch's vectorised e4m3fn conversion does not saturate in
@@ -105,25 +105,35 @@ inline uint8_t encode_saturated(float x) {
   return static_cast<uint8_t>(r | ((bits >> 24) & 0x80u));
 }
 
-// out[i] = the quotient quantize_fp8 (kv_cache_args.h) rounds: src[i] / scale in float32, or
-// for double src float(src[i] / scale) in float64. (quantize_fp8 saturates the float64 quotient
-// before rounding it to float32; float rounding is monotonic and the max is a float, so
-// saturating after gives the same value.)
-template <typename scalar_t>
-inline void divide_chunk(const scalar_t* src, float* out, int64_t n, float scale) {
+// x / s or x * s, one IEEE operation per lane.
+template <ScaleRule kRule, typename V>
+inline V scaled(V x, V s) {
+  if constexpr (kRule == ScaleRule::kMultiply) {
+    return x * s;
+  } else {
+    return x / s;
+  }
+}
+
+// out[i] = the value quantize_fp8 (kv_cache_args.h) rounds: src[i] / scale (src[i] * scale) in
+// float32, or for double src float(src[i] / scale) in float64. (quantize_fp8 saturates the
+// float64 value before rounding it to float32; float rounding is monotonic and the max is a
+// float, so saturating after gives the same value.)
+template <ScaleRule kRule, typename scalar_t>
+inline void scale_chunk(const scalar_t* src, float* out, int64_t n, float scale) {
   if constexpr (std::is_same_v<scalar_t, double>) {
     const double s = static_cast<double>(scale);
     for (int64_t i = 0; i < n; ++i) {
-      out[i] = static_cast<float>(src[i] / s);
+      out[i] = static_cast<float>(scaled<kRule>(src[i], s));
     }
   } else {
     const Vec vs(scale);
     int64_t i = 0;
     for (; i + kW <= n; i += kW) {
-      (load_floats(src + i) / vs).store(out + i);
+      scaled<kRule>(load_floats(src + i), vs).store(out + i);
     }
     for (; i < n; ++i) {
-      out[i] = static_cast<float>(src[i]) / scale;
+      out[i] = scaled<kRule>(static_cast<float>(src[i]), scale);
     }
   }
 }
@@ -145,18 +155,18 @@ inline void store_fp8(Vec v, uint8_t* dst) {
 }
 #endif
 
-template <typename scalar_t, typename F>
+template <ScaleRule kRule, typename scalar_t, typename F>
 void quantize_typed(const scalar_t* src, uint8_t* dst, int64_t n, float scale) {
 #if ROPE_FP8_AT_VEC_CONVERT
   if constexpr (!std::is_same_v<scalar_t, double>) {
-    // One pass: the quotient stays in a register (measured 25% faster than the two passes).
+    // One pass: the scaled value stays in a register (measured 25% faster than the two passes).
     const Vec vs(scale);
     int64_t i = 0;
     for (; i + kW <= n; i += kW) {
-      store_fp8<F>(load_floats(src + i) / vs, dst + i);
+      store_fp8<F>(scaled<kRule>(load_floats(src + i), vs), dst + i);
     }
     for (; i < n; ++i) {
-      dst[i] = encode_saturated<F>(static_cast<float>(src[i]) / scale);
+      dst[i] = encode_saturated<F>(scaled<kRule>(static_cast<float>(src[i]), scale));
     }
     return;
   }
@@ -164,19 +174,29 @@ void quantize_typed(const scalar_t* src, uint8_t* dst, int64_t n, float scale) {
   alignas(64) float chunk[kChunk];
   for (int64_t i = 0; i < n; i += kChunk) {
     const int64_t m = std::min(kChunk, n - i);
-    divide_chunk(src + i, chunk, m, scale);
+    scale_chunk<kRule>(src + i, chunk, m, scale);
     encode_chunk<F>(chunk, dst + i, m);
   }
 }
 
+template <typename scalar_t, typename F>
+void quantize_ruled(const scalar_t* src, uint8_t* dst, int64_t n, float scale, ScaleRule rule) {
+  if (rule == ScaleRule::kMultiply) {
+    quantize_typed<ScaleRule::kMultiply, scalar_t, F>(src, dst, n, scale);
+  } else {
+    quantize_typed<ScaleRule::kDivide, scalar_t, F>(src, dst, n, scale);
+  }
+}
+
 template <typename scalar_t>
-void quantize_format(const void* src, uint8_t* dst, int64_t n, float scale, CacheFormat format) {
+void quantize_format(const void* src, uint8_t* dst, int64_t n, float scale, CacheFormat format,
+                     ScaleRule rule) {
   const auto* s = static_cast<const scalar_t*>(src);
   if (format == CacheFormat::kFp8E4M3) {
-    quantize_typed<scalar_t, E4M3>(s, dst, n, scale);
+    quantize_ruled<scalar_t, E4M3>(s, dst, n, scale, rule);
   } else {
     TORCH_INTERNAL_ASSERT(format == CacheFormat::kFp8E5M2);
-    quantize_typed<scalar_t, E5M2>(s, dst, n, scale);
+    quantize_ruled<scalar_t, E5M2>(s, dst, n, scale, rule);
   }
 }
 
@@ -194,16 +214,16 @@ void widen_typed(const scalar_t* src, float* dst, int64_t n) {
 }  // namespace
 
 void quantize_fp8_row(c10::ScalarType dtype, const void* src, uint8_t* dst, int64_t n, float scale,
-                      CacheFormat format) {
+                      CacheFormat format, ScaleRule rule) {
   switch (dtype) {
     case c10::kDouble:
-      return quantize_format<double>(src, dst, n, scale, format);
+      return quantize_format<double>(src, dst, n, scale, format, rule);
     case c10::kFloat:
-      return quantize_format<float>(src, dst, n, scale, format);
+      return quantize_format<float>(src, dst, n, scale, format, rule);
     case c10::kHalf:
-      return quantize_format<c10::Half>(src, dst, n, scale, format);
+      return quantize_format<c10::Half>(src, dst, n, scale, format, rule);
     case c10::kBFloat16:
-      return quantize_format<c10::BFloat16>(src, dst, n, scale, format);
+      return quantize_format<c10::BFloat16>(src, dst, n, scale, format, rule);
     default:
       TORCH_INTERNAL_ASSERT(false, "quantize_fp8_row: unexpected dtype ", dtype);
   }

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The vectorised row helpers of rope.apply_qk_cache's fp8 caches (kv_cache_cpu.cpp), compiled
+// The vectorised row helpers of rope.apply_qk_cache's fp8 caches (kv_cache_cpu.cpp), and of the
+// row streams' fp8 targets (common_stream_rows.cpp), compiled
 // once per CPU capability beside rope_rows.cpp (same CPU_CAPABILITY namespaces;
 // CMakeLists.txt's rope_add_cpu_kernel).
 #pragma once
@@ -12,17 +13,19 @@
 
 namespace rope::cpu {
 
-// dst[i] = quantize_fp8(src[i], scale, format) of kv_cache_args.h, bit for bit, for i < n:
-// saturate(src / scale) rounded to the fp8 format as c10 rounds (a float32 division for float,
-// Half and BFloat16 src; a float64 one for double src). `dtype` is src's type.
+// dst[i] = quantize_fp8(src[i], scale, format, rule) of kv_cache_args.h, bit for bit, for i < n:
+// saturate(src / scale) (or saturate(src * scale) with ScaleRule::kMultiply) rounded to the fp8
+// format as c10 rounds (a float32 division or product for float, Half and BFloat16 src; a float64
+// one for double src). `dtype` is src's type.
 using QuantizeFp8RowFn = void (*)(c10::ScalarType dtype, const void* src, uint8_t* dst, int64_t n,
-                                  float scale, CacheFormat format);
+                                  float scale, CacheFormat format, ScaleRule rule);
 
 // dst[i] = float(src[i]) for Half or BFloat16 src (exact), i < n.
 using WidenRowFn = void (*)(c10::ScalarType dtype, const void* src, float* dst, int64_t n);
 
-#define ROPE_DECLARE_FP8_ROWS                                                                 \
-  void quantize_fp8_row(c10::ScalarType, const void*, uint8_t*, int64_t, float, CacheFormat); \
+#define ROPE_DECLARE_FP8_ROWS                                                                \
+  void quantize_fp8_row(c10::ScalarType, const void*, uint8_t*, int64_t, float, CacheFormat, \
+                        ScaleRule);                                                          \
   void widen_row(c10::ScalarType, const void*, float*, int64_t);
 namespace DEFAULT {
 ROPE_DECLARE_FP8_ROWS

@@ -21,18 +21,11 @@
 #include <tuple>
 #include <type_traits>
 
+// The float loads and stores of 16-bit rows (store_floats, load_float_pair, store_float_pair)
+// convert with the rotation kernel's intrinsics in the x86 copies: see common_load_floats.h.
 #include "common_load_floats.h"
 #include "common_mixed_rows.h"
 #include "common_row_cursor.h"
-
-// The x86 copies convert 16-bit storage with the rotation kernel's intrinsics (c10's rounding,
-// the native bfloat16 instruction in the AVX512_BF16 copy): at::vec's conversions are 2-3x slower
-// and made the norm kernel compute-bound on rows in cache.
-#if defined(CPU_CAPABILITY_AVX512)
-#include "common_planes_avx512.h"
-#elif defined(CPU_CAPABILITY_AVX2)
-#include "common_planes_avx2.h"
-#endif
 
 #ifndef CPU_CAPABILITY
 #error "rms_norm_rows.cpp must be compiled with -DCPU_CAPABILITY=<DEFAULT|AVX2|AVX512|AVX512_BF16>"
@@ -44,69 +37,7 @@ namespace {
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kW = Vec::size();
 
-template <typename scalar_t>
-inline void store_vec(scalar_t* p, const Vec& v) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    v.store(p);
-  } else {
-    at::vec::convert_from_float<scalar_t>(v, v).store(p, kW);
-  }
-}
-
 // Pass 1 of a 16-bit row: scratch = float(x), returns sum(x^2).
-// 2 * kW elements as two float vectors, and back: one whole 16-bit vector (at::vec's kW-element
-// 16-bit load and store go through a temporary buffer).
-template <typename scalar_t>
-inline void load_pair(const scalar_t* p, Vec& lo, Vec& hi) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    lo = Vec::loadu(p);
-    hi = Vec::loadu(p + kW);
-#if defined(CPU_CAPABILITY_AVX512)
-  } else if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-    lo = avx512::load16_bf16(p);
-    hi = avx512::load16_bf16(p + kW);
-  } else if constexpr (std::is_same_v<scalar_t, c10::Half>) {
-    lo = avx512::load16(p);
-    hi = avx512::load16(p + kW);
-#elif defined(CPU_CAPABILITY_AVX2)
-  } else if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-    lo = avx2::load8_bf16(p);
-    hi = avx2::load8_bf16(p + kW);
-  } else if constexpr (std::is_same_v<scalar_t, c10::Half>) {
-    lo = avx2::load8(p);
-    hi = avx2::load8(p + kW);
-#endif
-  } else {
-    at::vec::load_to_float<scalar_t>(p, lo, hi);
-  }
-}
-
-template <typename scalar_t>
-inline void store_pair(scalar_t* p, const Vec& lo, const Vec& hi) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    lo.store(p);
-    hi.store(p + kW);
-#if defined(CPU_CAPABILITY_AVX512)
-  } else if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-    _mm512_storeu_si512(reinterpret_cast<void*>(p), avx512::bf16_pack32(lo, hi));
-  } else if constexpr (std::is_same_v<scalar_t, c10::Half>) {
-    avx512::store16(p, lo);
-    avx512::store16(p + kW, hi);
-#elif defined(CPU_CAPABILITY_AVX2)
-  } else if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-    __m256i ulo, uhi;
-    avx2::bf16_round_pair(lo, hi, ulo, uhi);
-    avx2::store8_bf16(p, ulo);
-    avx2::store8_bf16(p + kW, uhi);
-  } else if constexpr (std::is_same_v<scalar_t, c10::Half>) {
-    avx2::store8(p, lo);
-    avx2::store8(p + kW, hi);
-#endif
-  } else {
-    at::vec::convert_from_float<scalar_t>(lo, hi).store(p);
-  }
-}
-
 template <typename scalar_t>
 inline float load_row(const scalar_t* x, float* buf, int64_t n) {
   Vec acc0(0.0f);
@@ -114,7 +45,7 @@ inline float load_row(const scalar_t* x, float* buf, int64_t n) {
   int64_t d = 0;
   for (; d + 2 * kW <= n; d += 2 * kW) {
     Vec lo, hi;
-    load_pair(x + d, lo, hi);
+    load_float_pair(x + d, lo, hi);
     lo.store(buf + d);
     hi.store(buf + d + kW);
     acc0 = at::vec::fmadd(lo, lo, acc0);
@@ -203,8 +134,8 @@ inline void norm_pass2(const float* src, scalar_t* y, float r, const float* w, c
       Vec ra0, rb0, ra1, rb1;
       planes(k, ra0, rb0);
       planes(k + kW, ra1, rb1);
-      store_pair(y + k, ra0, ra1);
-      store_pair(y + half + k, rb0, rb1);
+      store_float_pair(y + k, ra0, ra1);
+      store_float_pair(y + half + k, rb0, rb1);
     }
   }
   for (; k + kW <= half; k += kW) {
@@ -223,10 +154,10 @@ inline void norm_pass2(const float* src, scalar_t* y, float r, const float* w, c
     const Vec rb = at::vec::fmadd(a, s, b * c);
     if constexpr (kInterleaved) {
       const auto [lo, hi] = at::vec::interleave2(ra, rb);
-      store_pair(y + 2 * k, lo, hi);
+      store_float_pair(y + 2 * k, lo, hi);
     } else {
-      store_vec(y + k, ra);
-      store_vec(y + half + k, rb);
+      store_floats(y + k, ra);
+      store_floats(y + half + k, rb);
     }
   }
   if constexpr (kHalf == 0 || kHalf % kW != 0) {
@@ -244,11 +175,11 @@ inline void norm_pass2(const float* src, scalar_t* y, float r, const float* w, c
   if constexpr (kHead == 0 || kHead != 2 * kHalf) {
     int64_t d = 2 * half;
     for (; d + 2 * kW <= head_dim; d += 2 * kW) {
-      store_pair(y + d, Vec::loadu(src + d) * Vec::loadu(w + d) * vr,
-                 Vec::loadu(src + d + kW) * Vec::loadu(w + d + kW) * vr);
+      store_float_pair(y + d, Vec::loadu(src + d) * Vec::loadu(w + d) * vr,
+                       Vec::loadu(src + d + kW) * Vec::loadu(w + d + kW) * vr);
     }
     for (; d + kW <= head_dim; d += kW) {
-      store_vec(y + d, Vec::loadu(src + d) * Vec::loadu(w + d) * vr);
+      store_floats(y + d, Vec::loadu(src + d) * Vec::loadu(w + d) * vr);
     }
     for (; d < head_dim; ++d) {
       y[d] = static_cast<scalar_t>(src[d] * w[d] * r);

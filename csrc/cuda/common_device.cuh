@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The device helpers of the three CUDA kernels (rope_kernel.cuh, rms_norm_kernel.cuh,
-// kv_cache_kernel.cuh), written once: loads and stores of the four storage types (scalar, 32-bit
-// pair, 128-bit vector), the math type and its rounding, the plane rotation, the reading and
+// The device helpers of the CUDA kernels (rope_kernel.cuh, rms_norm_kernel.cuh,
+// kv_cache_kernel.cuh, and the row streams' common_stream_kernel.cuh), written once: loads and
+// stores of the four storage types (scalar, 32-bit pair, 128-bit vector), the math type and its
+// rounding, the square root, the plane rotation, the reading and
 // range check of positions (one-axis and multi-axis), index arithmetic, and the launch of a
 // one-dimensional grid. A fix made here reaches every kernel; a helper copied into a kernel header
 // would not, and none of this code has ever run on a GPU in CI.
@@ -76,6 +77,10 @@ __device__ __forceinline__ T from_acc(A v) {
 // the CPU kernel's vector path (at::vec::fmadd / fmsub) does.
 __device__ __forceinline__ float fused(float x, float y, float z) { return fmaf(x, y, z); }
 __device__ __forceinline__ double fused(double x, double y, double z) { return fma(x, y, z); }
+
+// The square root in the math type, correctly rounded (IEEE; nvcc's default -prec-sqrt=true).
+__device__ __forceinline__ float acc_sqrt(float v) { return sqrtf(v); }
+__device__ __forceinline__ double acc_sqrt(double v) { return sqrt(v); }
 
 // One plane: (a, b) -> (a cos - b sin, a sin + b cos), each with one product rounded first, in
 // the order of the CPU kernel: fmsub(a, c, b * s) and fmadd(a, s, b * c).

@@ -28,6 +28,10 @@
 //                          const TableArgs&, RotationMode, NormParams, Stream);  // rms_norm
 //   static int launch_kv_cache(c10::ScalarType, const KvCacheArgs&, const TableArgs&,
 //                              bool interleaved, Stream);                   // kv_cache_kernel.cuh
+//   static int launch_streams(c10::ScalarType, const StreamArgs&, const TableArgs&,
+//                             Stream);                                  // common_stream_kernel.cuh
+// (the row streams of the serving fusions: apply_qk_fp8, rms_norm_apply_qk_cache,
+// mla_apply_cache).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -37,6 +41,7 @@
 
 // csrc/ is on the include path of every user.
 #include "kv_cache_body.h"
+#include "qk_fp8_body.h"
 #include "rms_norm_body.h"
 #include "rope_body.h"
 #include "rope_forms.h"
@@ -154,6 +159,21 @@ struct KvCacheBackend {
   }
 };
 
+// The row streams (qk_fp8_body.h and the other serving fusions): values of positions and slots
+// are checked in the kernel too, and a repeated slot is not detected.
+template <typename Runtime>
+struct StreamsBackend {
+  static void check_positions(const char* /*op*/, const at::Tensor& /*positions*/,
+                              int64_t /*max_seq_len*/, const detail::MultiAxisArgs& /*axes*/) {}
+  static void check_slots(const char* /*op*/, const at::Tensor& /*slot_mapping*/,
+                          int64_t /*num_slots*/) {}
+  static void run_streams(c10::ScalarType dtype, const detail::PreparedStreams& p) {
+    launch_on_current_stream<Runtime>([&](typename Runtime::Stream stream) {
+      return Runtime::launch_streams(dtype, p.args, p.tables.args, stream);
+    });
+  }
+};
+
 // ---- the ops -----------------------------------------------------------------------------------
 // x's (q's) device is current for the whole body, allocation included, so the output is allocated
 // there and the launch goes to that device's current stream. When only cos or positions is on
@@ -255,6 +275,57 @@ at::Tensor apply_qk_cache(const at::Tensor& q, const at::Tensor& k,
   return detail::apply_qk_cache_body<KvCacheBackend<Runtime>>(
       {q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping, k_scale, v_scale},
       interleaved);
+}
+
+// ---- the serving fusions (the row streams) ------------------------------------------------------
+
+template <typename Runtime>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_qk_fp8(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+    const at::Tensor& positions, const std::optional<at::Tensor>& q_nope,
+    const std::optional<at::Tensor>& k_nope, const std::optional<at::Tensor>& q_scale,
+    const std::optional<at::Tensor>& k_scale, std::optional<at::ScalarType> dtype, bool interleaved,
+    bool multiply_by_scale, at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+  const typename Runtime::Guard guard(Runtime::device_of(q));
+  return detail::apply_qk_fp8_body<StreamsBackend<Runtime>>({q,
+                                                             k,
+                                                             cos,
+                                                             sin,
+                                                             positions,
+                                                             q_nope,
+                                                             k_nope,
+                                                             q_scale,
+                                                             k_scale,
+                                                             {mrope_section, mrope_interleaved}},
+                                                            dtype, interleaved, multiply_by_scale);
+}
+
+template <typename Runtime>
+void apply_qk_fp8_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                      const at::Tensor& sin, const at::Tensor& positions,
+                      const std::optional<at::Tensor>& q_nope,
+                      const std::optional<at::Tensor>& k_nope,
+                      const std::optional<at::Tensor>& q_scale,
+                      const std::optional<at::Tensor>& k_scale, bool interleaved,
+                      bool multiply_by_scale, at::OptionalIntArrayRef mrope_section,
+                      bool mrope_interleaved, const at::Tensor& q_out, const at::Tensor& k_out,
+                      const std::optional<at::Tensor>& q_nope_out,
+                      const std::optional<at::Tensor>& k_nope_out) {
+  const typename Runtime::Guard guard(Runtime::device_of(q));
+  detail::apply_qk_fp8_out_body<StreamsBackend<Runtime>>(
+      {q,
+       k,
+       cos,
+       sin,
+       positions,
+       q_nope,
+       k_nope,
+       q_scale,
+       k_scale,
+       {mrope_section, mrope_interleaved}},
+      {q_out, k_out, q_nope_out.has_value() ? *q_nope_out : at::Tensor(),
+       k_nope_out.has_value() ? *k_nope_out : at::Tensor()},
+      interleaved, multiply_by_scale);
 }
 
 }  // namespace rope::cuda::glue

@@ -42,9 +42,6 @@ namespace kernel {
 
 using namespace ::rope::cuda::device;
 
-__device__ __forceinline__ float acc_sqrt(float v) { return sqrtf(v); }
-__device__ __forceinline__ double acc_sqrt(double v) { return sqrt(v); }
-
 template <typename scalar_t, typename table_t, bool kInterleaved>
 __device__ __forceinline__ void norm_row(const NormRotationArgs& na, const TableArgs& tb,
                                          double eps, double weight_offset, bool inverse,

@@ -344,6 +344,19 @@ PYBIND11_MODULE(_C, m) {
           return rope::apply_qk_cache(q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping,
                                       interleaved, k_scale, v_scale);
         });
+  m.def("_apply_qk_fp8",
+        [section_ref](
+            const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+            const at::Tensor& positions, const std::optional<at::Tensor>& q_nope,
+            const std::optional<at::Tensor>& k_nope, const std::optional<at::Tensor>& q_scale,
+            const std::optional<at::Tensor>& k_scale, std::optional<at::ScalarType> dtype,
+            bool interleaved, bool multiply_by_scale, const Section& mrope_section,
+            bool mrope_interleaved) {
+          py::gil_scoped_release no_gil;
+          return rope::apply_qk_fp8(q, k, cos, sin, positions, q_nope, k_nope, q_scale, k_scale,
+                                    dtype, interleaved, multiply_by_scale,
+                                    section_ref(mrope_section), mrope_interleaved);
+        });
   m.def("_rms_norm_apply_qk",
         [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
            const at::Tensor& k_weight, const at::Tensor& cos, const at::Tensor& sin,

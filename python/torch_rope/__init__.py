@@ -31,6 +31,7 @@ from .ops import (
     apply_,
     apply_qk,
     apply_qk_cache,  # RoPE into a KV cache
+    apply_qk_fp8,  # RoPE with float8 q and k
     rms_norm_apply_qk,  # fused QK-RMSNorm + RoPE
     rope_tables,
 )
@@ -80,6 +81,7 @@ __all__ = [
     "apply_",
     "apply_qk",
     "apply_qk_cache",
+    "apply_qk_fp8",
     "cmake_prefix_path",
     "compiled_with_cuda",
     "distributed",

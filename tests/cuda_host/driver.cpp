@@ -8,10 +8,11 @@
 // come back unchanged.
 //
 // Then the random calls of rope.rms_norm_apply_qk (norm_cases.h) and rope.apply_qk_cache
-// (kv_cache_cases.h), through the same glue.
+// (kv_cache_cases.h), and of the serving fusions (serving_cases.h), through the same glue.
 //
 //   cuda_host_run [--cases N] [--seed S] [--only I] [--max-failures F] [--no-coverage-gate] [-v]
 //                 [--norm-cases N] [--norm-only I] [--kv-cases N] [--kv-only I]
+//                 [--serving-cases N] [--qk-fp8-only I]
 //
 // Registered with ctest (label cuda-host). Exit status 0 when every case passed.
 #include <ATen/ATen.h>
@@ -40,6 +41,7 @@
 #include "host_kernel.h"
 #include "kv_cache_cases.h"
 #include "norm_cases.h"
+#include "serving_cases.h"
 
 // The driver links libtorch, which is not instrumented and keeps some allocations until exit:
 // leak reports would be about torch, not the kernel. Every other ASan / UBSan finding aborts.
@@ -471,6 +473,8 @@ struct Options {
   int64_t kv_only = -1;
   int64_t forms_cases = -1;  // the frequency and packed-sequence forms; -1: cases / 4
   int64_t forms_only = -1;
+  int64_t serving_cases = -1;  // cases of each serving fusion; -1: cases / 4
+  int64_t qk_fp8_only = -1;
 };
 
 Options parse(int argc, char** argv) {
@@ -504,6 +508,10 @@ Options parse(int argc, char** argv) {
       o.forms_cases = std::atoll(next());
     } else if (a == "--forms-only") {
       o.forms_only = std::atoll(next());
+    } else if (a == "--serving-cases") {
+      o.serving_cases = std::atoll(next());
+    } else if (a == "--qk-fp8-only") {
+      o.qk_fp8_only = std::atoll(next());
     } else if (a == "--no-coverage-gate") {
       o.coverage_gate = false;
     } else if (a == "-v" || a == "--verbose") {
@@ -513,7 +521,7 @@ Options parse(int argc, char** argv) {
                    "usage: cuda_host_run [--cases N] [--seed S] [--only I] [--max-failures F] "
                    "[--norm-cases N] [--norm-only I] [--kv-cases N] [--kv-only I] "
                    "[--forms-cases N] [--forms-only I] "
-                   "[--no-coverage-gate] [-v]\n");
+                   "[--serving-cases N] [--qk-fp8-only I] [--no-coverage-gate] [-v]\n");
       std::exit(2);
     }
   }
@@ -526,8 +534,10 @@ Options parse(int argc, char** argv) {
 int main(int argc, char** argv) {
   using namespace rope_host;
   const Options opt = parse(argc, argv);
-  // --norm-only / --kv-only rerun one case of that op alone.
-  const bool one_family = opt.norm_only >= 0 || opt.kv_only >= 0 || opt.forms_only >= 0;
+  // --norm-only / --kv-only / --forms-only / --qk-fp8-only rerun one case of that op alone.
+  const bool serving_only = opt.qk_fp8_only >= 0;
+  const bool one_family =
+      opt.norm_only >= 0 || opt.kv_only >= 0 || opt.forms_only >= 0 || serving_only;
   const auto start = std::chrono::steady_clock::now();
   const CpuVectorPath cpu_path = cpu_vector_path();
   std::printf("cuda host run: seed %llu, %lld cases; CPU backend kernel %s (%s)\n",
@@ -593,7 +603,8 @@ int main(int argc, char** argv) {
   // rope.rms_norm_apply_qk (rms_norm_kernel.cuh): its own random cases (norm_cases.h).
   NormRun norm;
   Tally norm_tally;
-  if (opt.only < 0 && opt.kv_only < 0 && opt.forms_only < 0 && totals.failures < opt.max_failures) {
+  if (opt.only < 0 && opt.kv_only < 0 && opt.forms_only < 0 && !serving_only &&
+      totals.failures < opt.max_failures) {
     const int64_t n = opt.norm_cases >= 0 ? opt.norm_cases : std::max<int64_t>(opt.cases / 4, 1);
     norm = run_norm_cases(opt.seed, n, opt.norm_only, opt.max_failures - totals.failures,
                           opt.verbose, norm_tally);
@@ -606,7 +617,7 @@ int main(int argc, char** argv) {
   // rope.apply_qk_cache (kv_cache_kernel.cuh): its own random cases (kv_cache_cases.h), bit for
   // bit against the CPU backend.
   KvCacheRun kv;
-  if (opt.only < 0 && opt.norm_only < 0 && opt.forms_only < 0 &&
+  if (opt.only < 0 && opt.norm_only < 0 && opt.forms_only < 0 && !serving_only &&
       totals.failures < opt.max_failures) {
     const int64_t n = opt.kv_cases >= 0 ? opt.kv_cases : std::max<int64_t>(opt.cases / 4, 1);
     kv = run_kv_cache_cases(opt.seed, n, opt.kv_only, opt.max_failures - totals.failures,
@@ -621,7 +632,8 @@ int main(int argc, char** argv) {
   // sequence lookup, through the glue's Forms.
   FormsRun forms;
   Tally forms_tally;
-  if (opt.only < 0 && opt.norm_only < 0 && opt.kv_only < 0 && totals.failures < opt.max_failures) {
+  if (opt.only < 0 && opt.norm_only < 0 && opt.kv_only < 0 && !serving_only &&
+      totals.failures < opt.max_failures) {
     const int64_t n = opt.forms_cases >= 0 ? opt.forms_cases : std::max<int64_t>(opt.cases / 4, 1);
     forms = run_form_cases(opt.seed, n, opt.forms_only, opt.max_failures - totals.failures,
                            opt.verbose, cpu_path, forms_tally);
@@ -633,6 +645,25 @@ int main(int argc, char** argv) {
       totals.coverage.hits[what] += hits;
     }
   }
+  // The serving fusions (the row streams' kernel): their own random cases, bit for bit against
+  // the CPU backend (serving_cases.h).
+  const int64_t serving_n =
+      opt.serving_cases >= 0 ? opt.serving_cases : std::max<int64_t>(opt.cases / 4, 1);
+  const bool serving_all =
+      opt.only < 0 && opt.norm_only < 0 && opt.kv_only < 0 && opt.forms_only < 0 && !serving_only;
+  std::vector<std::pair<std::string, ServingRun>> serving;
+  const auto run_serving = [&](const char* name, int64_t only, auto run) {
+    if ((serving_all || only >= 0) && totals.failures < opt.max_failures) {
+      ServingRun r =
+          run(opt.seed, serving_n, only, opt.max_failures - totals.failures, opt.verbose, cpu_path);
+      totals.failures += r.failures;
+      for (const auto& [what, hits] : r.coverage) {
+        totals.coverage.hits[what] += hits;
+      }
+      serving.emplace_back(name, r);
+    }
+  };
+  run_serving("apply_qk_fp8", opt.qk_fp8_only, run_qk_fp8_cases);
 
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -689,6 +720,20 @@ int main(int argc, char** argv) {
       "the rules' positions\n",
       static_cast<long long>(forms.cases), static_cast<long long>(forms.assert_cases),
       static_cast<long long>(forms.bounded), forms.worst, static_cast<long long>(forms.same_bits));
+  for (const auto& [name, r] : serving) {
+    if (r.bit_exact) {
+      std::printf(
+          "%s: %lld cases, %lld elements bit-exact vs the CPU backend (every output and "
+          "every byte of the buffers and caches it writes)\n",
+          name.c_str(), static_cast<long long>(r.cases),
+          static_cast<long long>(r.elements_same_bits));
+    } else {
+      std::printf(
+          "%s cases NOT RUN: the CPU kernel here (%s) has no FMA copy, so its bits cannot "
+          "match the CUDA kernel's; only stream_host checks that kernel on this machine\n",
+          name.c_str(), cpu_path.name.c_str());
+    }
+  }
   const int64_t want_queries =
       static_cast<int64_t>(totals.cached_queries.size()) + totals.uncached_queries;
   std::printf(

@@ -160,6 +160,30 @@ struct HostRuntime {
     ctx.grid_launches.push_back(record);
     return status;
   }
+  // The row streams' launch (the serving fusions): as launch_kv_cache, and which of its streams
+  // took the vector path.
+  static int launch_streams(c10::ScalarType dtype, const rope::StreamArgs& args,
+                            const rope::TableArgs& tables, Stream stream) {
+    CaseContext& ctx = *g_ctx;
+    AssertCounter counter;
+    Observer* observer = ctx.observer != nullptr ? ctx.observer : &counter;
+    LaunchOptions options = ctx.sample;
+    options.stream = stream;
+    GridLaunchRecord record;
+    bool vector[rope::kMaxStreams] = {};
+    const int status = rope_host::streams_launch(storage_of(dtype), args, tables,
+                                                 Device{g_current_device, ctx.device.num_sms},
+                                                 observer, &record, options, vector);
+    if (counter.asserts > 0 && ctx.positions_in_range) {
+      ctx.problems.push_back("row streams launch: " + std::to_string(counter.asserts) +
+                             " device asserts fired on positions and slots all in range");
+    }
+    check_device_and_stream(ctx, "row streams launch", record.launched, record.device,
+                            record.stream);
+    ctx.grid_launches.push_back(record);
+    ctx.stream_vector_paths.emplace_back(vector, vector + args.num_streams);
+    return status;
+  }
   static void check(int status) {
     TORCH_CHECK(status == 0, "host launch of the CUDA kernel failed with cudaError_t ", status);
   }
@@ -304,6 +328,34 @@ std::tuple<at::Tensor, at::Tensor> host_apply_qk_form(CaseContext& ctx, const ch
   Enter enter(ctx);
   return rope::cuda::glue::Forms<HostRuntime>::apply_qk(op, q, k, angles, where, interleaved,
                                                         inverse, axes);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> host_apply_qk_fp8(
+    CaseContext& ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+    const at::Tensor& sin, const at::Tensor& positions, const std::optional<at::Tensor>& q_nope,
+    const std::optional<at::Tensor>& k_nope, const std::optional<at::Tensor>& q_scale,
+    const std::optional<at::Tensor>& k_scale, std::optional<at::ScalarType> dtype, bool interleaved,
+    bool multiply_by_scale, at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+  Enter enter(ctx);
+  return rope::cuda::glue::apply_qk_fp8<HostRuntime>(
+      q, k, cos, sin, positions, q_nope, k_nope, q_scale, k_scale, dtype, interleaved,
+      multiply_by_scale, mrope_section, mrope_interleaved);
+}
+
+void host_apply_qk_fp8_out(CaseContext& ctx, const at::Tensor& q, const at::Tensor& k,
+                           const at::Tensor& cos, const at::Tensor& sin,
+                           const at::Tensor& positions, const std::optional<at::Tensor>& q_nope,
+                           const std::optional<at::Tensor>& k_nope,
+                           const std::optional<at::Tensor>& q_scale,
+                           const std::optional<at::Tensor>& k_scale, bool interleaved,
+                           bool multiply_by_scale, at::OptionalIntArrayRef mrope_section,
+                           bool mrope_interleaved, const at::Tensor& q_out, const at::Tensor& k_out,
+                           const std::optional<at::Tensor>& q_nope_out,
+                           const std::optional<at::Tensor>& k_nope_out) {
+  Enter enter(ctx);
+  rope::cuda::glue::apply_qk_fp8_out<HostRuntime>(
+      q, k, cos, sin, positions, q_nope, k_nope, q_scale, k_scale, interleaved, multiply_by_scale,
+      mrope_section, mrope_interleaved, q_out, k_out, q_nope_out, k_nope_out);
 }
 
 }  // namespace rope_host

@@ -38,6 +38,8 @@ struct CaseContext {
   std::vector<rope::TableArgs> tables;
   std::vector<GridLaunchRecord> grid_launches;  // of rms_norm_kernel.cuh and kv_cache_kernel.cuh
   int64_t host_copies = 0;  // CPU tensors (packed sequences) the glue copied to the device
+  // Of each row-streams launch (common_stream_kernel.cuh): its streams' vector-path flags.
+  std::vector<std::vector<bool>> stream_vector_paths;
 
   // Puts t's storage (and so every view of it) on `device`.
   void place(const at::Tensor& t);
@@ -105,5 +107,23 @@ std::tuple<at::Tensor, at::Tensor> host_apply_qk_form(CaseContext& ctx, const ch
                                                       const rope::detail::PositionSource& where,
                                                       bool interleaved, bool inverse,
                                                       const rope::detail::MultiAxisArgs& axes = {});
+// The serving fusions through csrc/cuda/common_glue.h with the simulated runtime; their launches
+// (the row streams' kernel) honour ctx.sample and ctx.observer as apply_qk_cache's does.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> host_apply_qk_fp8(
+    CaseContext& ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+    const at::Tensor& sin, const at::Tensor& positions, const std::optional<at::Tensor>& q_nope,
+    const std::optional<at::Tensor>& k_nope, const std::optional<at::Tensor>& q_scale,
+    const std::optional<at::Tensor>& k_scale, std::optional<at::ScalarType> dtype, bool interleaved,
+    bool multiply_by_scale, at::OptionalIntArrayRef mrope_section, bool mrope_interleaved);
+void host_apply_qk_fp8_out(CaseContext& ctx, const at::Tensor& q, const at::Tensor& k,
+                           const at::Tensor& cos, const at::Tensor& sin,
+                           const at::Tensor& positions, const std::optional<at::Tensor>& q_nope,
+                           const std::optional<at::Tensor>& k_nope,
+                           const std::optional<at::Tensor>& q_scale,
+                           const std::optional<at::Tensor>& k_scale, bool interleaved,
+                           bool multiply_by_scale, at::OptionalIntArrayRef mrope_section,
+                           bool mrope_interleaved, const at::Tensor& q_out, const at::Tensor& k_out,
+                           const std::optional<at::Tensor>& q_nope_out,
+                           const std::optional<at::Tensor>& k_nope_out);
 
 }  // namespace rope_host

@@ -67,6 +67,7 @@ inline void trace_store(const void* p, size_t bytes) {
 
 }  // namespace rope_host
 
+#include "cuda/common_stream_kernel.cuh"
 #include "cuda/kv_cache_kernel.cuh"
 #include "cuda/rms_norm_kernel.cuh"
 #include "cuda/rope_kernel.cuh"
@@ -337,6 +338,56 @@ int kv_cache_launch(Storage storage, const rope::KvCacheArgs& args, const rope::
       break;
     case Storage::kBFloat16:
       status = kv_cache_typed<__nv_bfloat16>(args, tables, interleaved, options.stream);
+      break;
+  }
+  g_observer = nullptr;
+  g_grid_record = nullptr;
+  rope_shim::hooks().only_blocks = nullptr;
+  rope_shim::hooks().num_only_blocks = 0;
+  return status;
+}
+
+namespace {
+template <typename scalar_t>
+int streams_typed(const rope::StreamArgs& args, const rope::TableArgs& tables, const void* stream,
+                  bool* vector_streams) {
+  if (vector_streams != nullptr) {
+    const auto plan = rope::cuda::streams::plan(args, tables, sizeof(scalar_t));
+    for (int32_t i = 0; i < args.num_streams; ++i) {
+      vector_streams[i] = plan.plan[i].vector;
+    }
+  }
+  return static_cast<int>(rope::cuda::run_row_streams<scalar_t>(
+      args, tables, reinterpret_cast<cudaStream_t>(const_cast<void*>(stream))));
+}
+}  // namespace
+
+int streams_launch(Storage storage, const rope::StreamArgs& args, const rope::TableArgs& tables,
+                   const Device& device, Observer* observer, GridLaunchRecord* record,
+                   const LaunchOptions& options, bool* vector_streams) {
+  install_hooks();
+  rope_shim::hooks().only_blocks = options.only_blocks;
+  rope_shim::hooks().num_only_blocks = options.num_only_blocks;
+  GridLaunchRecord scratch;
+  g_grid_record = record != nullptr ? record : &scratch;
+  *g_grid_record = GridLaunchRecord{};
+  g_observer = observer;
+  g_record = nullptr;
+  g_device = device;
+  rope_shim::state().device = device.ordinal;
+  int status = 0;
+  switch (storage) {
+    case Storage::kDouble:
+      status = streams_typed<double>(args, tables, options.stream, vector_streams);
+      break;
+    case Storage::kFloat:
+      status = streams_typed<float>(args, tables, options.stream, vector_streams);
+      break;
+    case Storage::kHalf:
+      status = streams_typed<__half>(args, tables, options.stream, vector_streams);
+      break;
+    case Storage::kBFloat16:
+      status = streams_typed<__nv_bfloat16>(args, tables, options.stream, vector_streams);
       break;
   }
   g_observer = nullptr;

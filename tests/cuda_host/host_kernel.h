@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The CUDA kernels compiled as host C++ (host_kernel.cpp), as the driver sees them:
-// rope_kernel.cuh, rms_norm_kernel.cuh and kv_cache_kernel.cuh. Torch-free, and free of the shims
+// rope_kernel.cuh, rms_norm_kernel.cuh, kv_cache_kernel.cuh and the row streams'
+// common_stream_kernel.cuh. Torch-free, and free of the shims
 // too: the driver includes torch, the kernels' translation unit does not.
 #pragma once
 
@@ -8,6 +9,7 @@
 #include <cstdint>
 
 #include "common_kernel_args.h"
+#include "common_row_streams.h"
 #include "cuda/rope_launch_plan.h"
 #include "kv_cache_args.h"
 #include "rms_norm_args.h"
@@ -88,6 +90,14 @@ int norm_rotate(Storage storage, const rope::NormRotationArgs& q, const rope::No
 int kv_cache_launch(Storage storage, const rope::KvCacheArgs& args, const rope::TableArgs& tables,
                     bool interleaved, const Device& device, Observer* observer,
                     GridLaunchRecord* record, const LaunchOptions& options);
+
+// rope::cuda::run_row_streams<scalar_t> of common_stream_kernel.cuh for `storage` (the serving
+// fusions), the grid (or the sample of its blocks that `options` names) run serially on this
+// thread. `vector_streams` (if given) receives, per stream, whether its plan took the vector path.
+// Returns the cudaError_t value (0: success).
+int streams_launch(Storage storage, const rope::StreamArgs& args, const rope::TableArgs& tables,
+                   const Device& device, Observer* observer, GridLaunchRecord* record,
+                   const LaunchOptions& options, bool* vector_streams = nullptr);
 
 // How often the kernel header asked the (simulated) runtime for occupancy: once per device and
 // kernel variant, thanks to its cache.

@@ -47,14 +47,21 @@ SOURCES = {
     # rope.rms_norm_apply_qk's kernel (and the args header it includes by a relative path)
     "cuda/rms_norm_kernel.cuh": REPO / "csrc" / "cuda" / "rms_norm_kernel.cuh",
     "rms_norm_args.h": REPO / "csrc" / "rms_norm_args.h",
-    # The device helpers the three kernels share.
+    # The device helpers the kernels share.
     "cuda/common_device.cuh": REPO / "csrc" / "cuda" / "common_device.cuh",
     # The frequency form's exact reduction and sin/cos (issue 34).
     "common_exact_angle.h": REPO / "csrc" / "common_exact_angle.h",
+    # The serving fusions: the row streams' kernel and its torch-free arguments.
+    "cuda/common_stream_kernel.cuh": REPO / "csrc" / "cuda" / "common_stream_kernel.cuh",
+    "common_row_streams.h": REPO / "csrc" / "common_row_streams.h",
 }
 # Mutants of these files meet the torch-free KV-cache host run (kv_cache_host.cpp) first, then
 # the host run, whose apply_qk_cache cases compare bits with the CPU backend.
 KV_FILES = {"cuda/kv_cache_kernel.cuh", "kv_cache_args.h"}
+# Mutants of these meet the torch-free run of the row streams' kernel (stream_host.cpp, its
+# independent reference) first, then the host run (the serving fusions' bit comparisons with the
+# CPU backend).
+STREAM_FILES = {"cuda/common_stream_kernel.cuh", "common_row_streams.h"}
 GLUE_SOURCES = {"cuda/common_glue.h": REPO / "csrc" / "cuda" / "common_glue.h"}
 
 
@@ -483,9 +490,9 @@ MUTANTS = [
     Mutant(
         "kv-scale-multiplied",
         "kv_cache_args.h",
-        "    return fp8_e4m3_from_float(saturate(value / scale, kFp8E4M3Max));",
-        "    return fp8_e4m3_from_float(saturate(value * scale, kFp8E4M3Max));",
-        "fp8 e4m3: the scale multiplies instead of dividing",
+        "  const float x = apply_scale(value, scale, rule);",
+        "  const float x = apply_scale(value, scale, ScaleRule::kMultiply);",
+        "fp8 (float math): the scale multiplies instead of dividing",
     ),
     Mutant(
         "kv-no-saturation",
@@ -784,6 +791,177 @@ MUTANTS += [
 ]
 
 
+# The row streams' kernel of the serving fusions (csrc/cuda/common_stream_kernel.cuh,
+# csrc/common_row_streams.h): its index math, its scale rule and its slot mapping. Caught by the
+# torch-free run against its independent reference (stream_host.cpp), else by the serving
+# fusions' bit comparisons with the CPU backend in the host run (serving_cases.h).
+STREAMS = "cuda/common_stream_kernel.cuh"
+MUTANTS += [
+    Mutant(
+        "streams-tail-lane-offset",
+        STREAMS,
+        "    const int64_t first = R + (lane - sp.rot_lanes) * kChunk;",
+        "    const int64_t first = R + lane * kChunk;",
+        "tail lanes counted from the row's first lane: the first tail chunks are never written",
+    ),
+    Mutant(
+        "streams-rot-lanes-layout-swapped",
+        STREAMS,
+        "        ceil_div(args.interleaved ? s.rotary_dim : s.rotary_dim / 2, "
+        "static_cast<int64_t>(kChunk));",
+        "        ceil_div(args.interleaved ? s.rotary_dim / 2 : s.rotary_dim, "
+        "static_cast<int64_t>(kChunk));",
+        "rotating lanes sized for the other pair layout",
+    ),
+    Mutant(
+        "streams-half-split-b-store-in-source-bytes",
+        STREAMS,
+        "    store_chunk<kVector, T>(st.target, static_cast<char*>(dst) + half * tbytes, first,"
+        " half,",
+        "    store_chunk<kVector, T>(st.target, static_cast<char*>(dst) + half * sizeof(T), first,"
+        " half,",
+        "half split: the b half of an fp8 row placed by the source's element size",
+    ),
+    Mutant(
+        "streams-half-split-b-weight",
+        STREAMS,
+        "      normalise(b, w + half, first, half, r);",
+        "      normalise(b, w, first, half, r);",
+        "norm: the b half of a plane scaled by the a half's weights",
+    ),
+    Mutant(
+        "streams-segment-boundary",
+        STREAMS,
+        "      if (w < sp.threads) {",
+        "      if (w <= sp.threads) {",
+        "the first thread of a stream's segment runs as the previous stream's last",
+    ),
+    Mutant(
+        "streams-heads-unravel",
+        STREAMS,
+        "  const QuotRem th = div_rem(row_index, st.heads);",
+        "  const QuotRem th = div_rem(row_index, sp.lanes);",
+        "rows unravelled by lanes instead of heads",
+    ),
+    Mutant(
+        "streams-padding-written",
+        STREAMS,
+        "    if (slot < 0) {\n      return false;  // padding",
+        "    if (slot < -1) {\n      return false;  // padding",
+        "slot -1 (padding) writes a row (slot -1 wraps to the end of the cache)",
+    ),
+    Mutant(
+        "streams-slot-range-unchecked",
+        STREAMS,
+        "    if (slot >= tg.num_slots) {\n      return false;\n    }",
+        "",
+        "a slot past the cache still writes (after the assert)",
+    ),
+    Mutant(
+        "streams-slot-block-offset-swapped",
+        "common_row_streams.h",
+        "  return block * t.block_stride + offset * t.offset_stride + head * t.head_stride +",
+        "  return offset * t.block_stride + block * t.offset_stride + head * t.head_stride +",
+        "paged slot: block and offset strides swapped",
+    ),
+    Mutant(
+        "streams-feature-offset-ignored",
+        "common_row_streams.h",
+        "  return block * t.block_stride + offset * t.offset_stride + head * t.head_stride +\n"
+        "         t.feature_offset;",
+        "  return block * t.block_stride + offset * t.offset_stride + head * t.head_stride;",
+        "a cache row's k_pe written over its kv_c (the feature offset of by-slot targets dropped)",
+    ),
+    Mutant(
+        "streams-scale-rule-ignored",
+        STREAMS,
+        "    out[j] = quantize_fp8(v[j], scale, t.format, t.rule);",
+        "    out[j] = quantize_fp8(v[j], scale, t.format);",
+        "FlashInfer's multiply rule quantized as a division",
+    ),
+    Mutant(
+        "streams-scale-not-read",
+        STREAMS,
+        "  const float scale = t.scale != nullptr ? __ldg(t.scale) : 1.0f;",
+        "  const float scale = 1.0f;",
+        "the fp8 scale never read",
+    ),
+    Mutant(
+        "streams-norm-eps-outside-sqrt",
+        STREAMS,
+        "  return A(1) / acc_sqrt(s / static_cast<A>(width) + static_cast<A>(eps));",
+        "  return A(1) / (acc_sqrt(s / static_cast<A>(width)) + static_cast<A>(eps));",
+        "norm: eps added after the square root",
+    ),
+    Mutant(
+        "streams-norm-tail-sum-dropped",
+        STREAMS,
+        "    s = fused(x, x, s);",
+        "    (void)x;",
+        "norm: the features past the last whole chunk left out of the sum",
+    ),
+    Mutant(
+        "streams-vector-ignores-alignment",
+        STREAMS,
+        "  const bool source_ok = aligned16(s.src) && stride_ok(s.token_stride, source_bytes) &&",
+        "  const bool source_ok = stride_ok(s.token_stride, source_bytes) &&",
+        "the vector path on a source that is not 16-byte aligned",
+    ),
+    Mutant(
+        "streams-vector-partial-tail",
+        STREAMS,
+        "  if (rot_run % kChunk != 0 || (s.width - s.rotary_dim) % kChunk != 0) {",
+        "  if (rot_run % kChunk != 0) {",
+        "the vector path on a row whose tail is not whole chunks: it reads and writes past it",
+    ),
+    Mutant(
+        "streams-axis-ignored",
+        STREAMS,
+        "  const int32_t axis = tb.axes.num_axes > 0 ? plane_axis(tb.axes, k) : 0;",
+        "  const int32_t axis = 0;",
+        "multi-axis positions: every plane reads axis 0",
+    ),
+    Mutant(
+        "streams-axis-stride-assumed-1",
+        STREAMS,
+        "  return load_axis_rows(a, tb, pos_off, a.axis_stride, tb.table_stride, rows);",
+        "  return load_axis_rows(a, tb, pos_off, 1, tb.table_stride, rows);",
+        "multi-axis positions taken as dense and innermost (axis-first positions read wrong)",
+    ),
+    Mutant(
+        "streams-position-unchecked",
+        STREAMS,
+        "    if (!load_position(a, tb, pos_off, pos)) {\n      return false;\n    }",
+        "    (void)load_position(a, tb, pos_off, pos);",
+        "a row at an out-of-range position reads past the tables and writes",
+    ),
+    Mutant(
+        "streams-swapped-rotation-terms",
+        STREAMS,
+        "        rotate_plane(v[2 * j], v[2 * j + 1], c, s, ra, rb);",
+        "        rotate_plane(v[2 * j + 1], v[2 * j], c, -s, rb, ra);",
+        "interleaved: the same values in exact arithmetic, the other product rounded first: not "
+        "the CPU's bits",
+    ),
+    Mutant(
+        "streams-default-stream",
+        "cuda/common_glue.h",
+        "      return Runtime::launch_streams(dtype, p.args, p.tables.args, stream);",
+        "      return Runtime::launch_streams(dtype, p.args, p.tables.args,\n"
+        "                                     typename Runtime::Stream{});",
+        "the serving fusions launched on the legacy default stream",
+    ),
+    Mutant(
+        "qk-fp8-no-device-guard",
+        "cuda/common_glue.h",
+        "  const typename Runtime::Guard guard(Runtime::device_of(q));\n"
+        "  return detail::apply_qk_fp8_body",
+        "  return detail::apply_qk_fp8_body",
+        "apply_qk_fp8 without the device guard: runs on whatever device is current",
+    ),
+]
+
+
 def write_overlay(overlay: Path, mutant=None):
     write_sources(overlay, SOURCES, mutant)
     write_sources(overlay.parent / (overlay.name + "_glue"), GLUE_SOURCES, mutant)
@@ -826,11 +1004,17 @@ class Lane:
     def overlay(self) -> Path:
         return self.build_dir / "tests" / "cuda_host" / f"mutant_overlay{self.suffix}"
 
-    def host_target(self, kv: bool) -> str:
-        return ("cuda_host_kv_cache_mutant" if kv else "cuda_host_mutant") + self.suffix
+    def host_target(self, kind: str) -> str:
+        """kind: "host" (the host run), "kv" (the KV-cache run), "streams" (the row streams')."""
+        base = {
+            "host": "cuda_host_mutant",
+            "kv": "cuda_host_kv_cache_mutant",
+            "streams": "cuda_host_streams_mutant",
+        }[kind]
+        return base + self.suffix
 
-    def host_binary(self, kv: bool) -> Path:
-        return self.build_dir / "tests" / "cuda_host" / self.host_target(kv)
+    def host_binary(self, kind: str) -> Path:
+        return self.build_dir / "tests" / "cuda_host" / self.host_target(kind)
 
     @property
     def plan_target(self) -> str:
@@ -929,6 +1113,7 @@ def first_failure(out: str) -> str:
 # the tuning defaults of scripts/sass_report.py (a text check of the plan header).
 CHECK_NAMES = {
     "kv": "KV-cache host run",
+    "streams": "row streams host run",
     "host": "host run",
     "plan": "launch-plan tests",
     "tuning": "tuning defaults",
@@ -938,6 +1123,8 @@ CHECK_NAMES = {
 def checks_of(m):
     if m.file in KV_FILES:
         return ["kv", "host"]
+    if m.file in STREAM_FILES:
+        return ["streams", "host"]
     if m.file == "cuda/rope_launch_plan.h":
         return ["host", "plan", "tuning"]
     return ["host"]
@@ -962,7 +1149,7 @@ def run_tuning_check(overlay: Path):
 def target_of(lane, check):
     if check == "plan":
         return lane.plan_target
-    return lane.host_target(check == "kv")
+    return lane.host_target(check)
 
 
 def run_stage(build_dir: Path, items, args):
@@ -987,7 +1174,7 @@ def run_stage(build_dir: Path, items, args):
             return run_tuning_check(lane.overlay)
         if c == "plan":
             return run_plan_tests(lane.plan_binary, args.timeout)
-        status, out = run_host(lane.host_binary(c == "kv"), args.cases, args.seed, args.timeout)
+        status, out = run_host(lane.host_binary(c), args.cases, args.seed, args.timeout)
         how = {"failed": first_failure(out), "timeout": "timed out", "passed": "NOT CAUGHT"}[status]
         return status, how
 
@@ -1029,15 +1216,17 @@ def main():
     try:
         for lane in lanes:
             write_overlay(lane.overlay)
-        # Every host run a selected mutant goes through (KV-cache mutants: both).
-        for kv in [False] + [True] * any(m.file in KV_FILES for m in mutants):
-            target = lanes[0].host_target(kv)
-            ok, log = build(build_dir, [lane.host_target(kv) for lane in lanes])
+        # Every host run a selected mutant goes through (KV-cache and row-stream mutants: two).
+        kinds = ["host"] + ["kv"] * any(m.file in KV_FILES for m in mutants)
+        kinds += ["streams"] * any(m.file in STREAM_FILES for m in mutants)
+        for kind in kinds:
+            target = lanes[0].host_target(kind)
+            ok, log = build(build_dir, [lane.host_target(kind) for lane in lanes])
             if not ok:
                 print(log)
                 print(f"mutation check: the unmutated host run ({target}) does not build")
                 return 1
-            runs = [(lane.host_binary(kv), args.cases, args.seed, args.timeout) for lane in lanes]
+            runs = [(lane.host_binary(kind), args.cases, args.seed, args.timeout) for lane in lanes]
             for status, out in side_by_side(run_host, runs):
                 if status != "passed":
                     print(out[-4000:])

@@ -183,6 +183,43 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_apply_qk(
     bool interleaved = true, bool inverse = false,
     at::OptionalIntArrayRef mrope_section = std::nullopt, bool mrope_interleaved = false);
 
+// ---- the serving fusions -------------------------------------------------------------------
+// fp8 rules shared by them: a float8 output (float8_e4m3fn or float8_e5m2) stores
+// saturate(value / scale) rounded to nearest even, bit for bit as torch's
+// (value / scale).clamp(-max, max).to(fp8) of the float32 value (float64 for float64 inputs);
+// with multiply_by_scale (FlashInfer's rule) saturate(value * scale). A scale is a float32
+// one-element tensor on the output's device (finite and > 0; nullopt: 1). Not differentiable.
+
+// Rotates q (T, Hq, D) and k (T, Hk, D) as apply_qk and returns them as float8 (`dtype`,
+// float8_e4m3fn by default), with q_nope (T, Hq, Nq) and k_nope (T, Hk, Nk), the heads' parts
+// that are not rotated, quantized with q_scale / k_scale; an absent nope part gives an empty
+// (T, H, 0) output. Returns (q_out, k_out, q_nope_out, k_nope_out). See docs/api.md.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_qk_fp8(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+    const at::Tensor& positions, const std::optional<at::Tensor>& q_nope = std::nullopt,
+    const std::optional<at::Tensor>& k_nope = std::nullopt,
+    const std::optional<at::Tensor>& q_scale = std::nullopt,
+    const std::optional<at::Tensor>& k_scale = std::nullopt,
+    std::optional<at::ScalarType> dtype = std::nullopt, bool interleaved = true,
+    bool multiply_by_scale = false, at::OptionalIntArrayRef mrope_section = std::nullopt,
+    bool mrope_interleaved = false);
+
+// The same into the caller's float8 buffers (one fp8 dtype for all; shapes of q, k, q_nope,
+// k_nope; any strides with a unit last stride; sharing no memory with an input or each other).
+// A nope buffer goes with its nope input.
+void apply_qk_fp8_out(at::Tensor& q_out, at::Tensor& k_out,
+                      const std::optional<at::Tensor>& q_nope_out,
+                      const std::optional<at::Tensor>& k_nope_out, const at::Tensor& q,
+                      const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                      const at::Tensor& positions,
+                      const std::optional<at::Tensor>& q_nope = std::nullopt,
+                      const std::optional<at::Tensor>& k_nope = std::nullopt,
+                      const std::optional<at::Tensor>& q_scale = std::nullopt,
+                      const std::optional<at::Tensor>& k_scale = std::nullopt,
+                      bool interleaved = true, bool multiply_by_scale = false,
+                      at::OptionalIntArrayRef mrope_section = std::nullopt,
+                      bool mrope_interleaved = false);
+
 // True when this build of the library contains the CUDA kernels.
 bool compiled_with_cuda();
 

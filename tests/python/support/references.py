@@ -315,17 +315,20 @@ def cache_row_index(cache: Tensor, slots: Tensor) -> Tuple[Tensor, ...]:
     return (torch.div(slots, block_size, rounding_mode="floor"), slots % block_size)
 
 
-def quantize_fp8(value: Tensor, scale, fp8_dtype: torch.dtype) -> Tensor:
+def quantize_fp8(value: Tensor, scale, fp8_dtype: torch.dtype, *, multiply: bool = False) -> Tensor:
     """The float8 storage rule: ``(value / scale).clamp(-max, max).to(fp8_dtype)`` with PyTorch's
-    own conversion (round to nearest even; NaN stays NaN). ``scale`` is a float32 number (the
-    op's scale is a float32 tensor; a Python float is rounded to float32 first). The division is
-    in ``value``'s dtype: pass float32 values (16-bit ones widened) or float64 ones, as the op
-    computes them. On the CPU."""
+    own conversion (round to nearest even; NaN stays NaN); ``value * scale`` with ``multiply``
+    (FlashInfer's rule, the serving fusions' ``multiply_by_scale``). ``scale`` is a float32 number
+    (the op's scale is a float32 tensor; a Python float is rounded to float32 first). The
+    division is in ``value``'s dtype: float32 for 16-bit values (widened here, exactly) and
+    float32 ones, float64 for float64 ones, as the op computes them. On the CPU."""
     value = value.detach().cpu()
-    assert value.dtype in (torch.float32, torch.float64), "widen 16-bit values first"
-    s = torch.as_tensor(scale).detach().cpu().to(torch.float32).reshape(())
+    if value.dtype in (torch.float16, torch.bfloat16):
+        value = value.float()
+    assert value.dtype in (torch.float32, torch.float64), f"a float value, got {value.dtype}"
+    s = torch.as_tensor(scale).detach().cpu().to(torch.float32).reshape(()).to(value.dtype)
     m = FP8_MAX[fp8_dtype]
-    return (value / s.to(value.dtype)).clamp(-m, m).to(fp8_dtype)
+    return (value * s if multiply else value / s).clamp(-m, m).to(fp8_dtype)
 
 
 def fp8_bounds(
@@ -441,3 +444,26 @@ def packed_positions(cu_seqlens, seq_offsets=None, cp_size: int = 1, cp_rank: in
             mine = chunks[cp_rank] + chunks[2 * cp_size - 1 - cp_rank]
         out += [offsets[i] + p for p in mine]
     return torch.tensor(out, dtype=torch.int64)
+
+
+# ---- fp8 outputs of the serving fusions (apply_qk_fp8 and the fused cache writes) -------------
+# The quantization's bit-exact reference is quantize_fp8 above (torch's own cast of the float32
+# value, saturated); fp8_close holds an output to the float64 oracle within one fp8 step.
+
+# One fp8 step relative to the value (3 / 2 mantissa bits) and the smallest subnormal.
+FP8_STEP = {torch.float8_e4m3fn: (2.0**-3, 2.0**-9), torch.float8_e5m2: (2.0**-2, 2.0**-16)}
+
+
+def fp8_close(got: Tensor, value: Tensor, scale, dtype, *, multiply: bool = False) -> None:
+    """``got`` (fp8) decodes to ``value`` scaled (float64) within one fp8 step."""
+    rel, tiny = FP8_STEP[dtype]
+    v = value.double().cpu()
+    want = (v * float(scale) if multiply else v / float(scale)).clamp(
+        -FP8_MAX[dtype], FP8_MAX[dtype]
+    )
+    torch.testing.assert_close(got.cpu().double(), want, rtol=rel, atol=tiny)
+
+
+def same_bits(a: Tensor, b: Tensor) -> bool:
+    """Bit equality of two tensors of one element size (NaN codes compare equal)."""
+    return torch.equal(a.cpu().view(torch.uint8), b.cpu().view(torch.uint8))

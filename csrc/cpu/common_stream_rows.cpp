@@ -1,0 +1,336 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The row streams' CPU kernel (see common_stream_rows.h and csrc/common_row_streams.h for the math
+// every backend computes). Compiled once per CPU capability, like rope_rows.cpp, and with
+// -ffp-contract=off (CMakeLists.txt): every fused multiply-add here is written out, as the CUDA
+// kernel writes them, and no other product may be fused behind our back.
+//
+// One row at a time, in four steps over an L1 scratch row of the math type: widen the source,
+// normalise it (RMSNorm streams), rotate its first rotary_dim features in place, store it
+// (rounded to the storage type, or quantized to fp8 with kv_cache_fp8_rows.cpp's helpers of this
+// copy). The source is read from memory once and the target written once; the scratch row and
+// the table rows stay in L1.
+#include "common_stream_rows.h"
+
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+#include <c10/util/SmallVector.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <tuple>
+#include <type_traits>
+
+#include "common_load_floats.h"
+#include "kv_cache_fp8_rows.h"
+
+#ifndef CPU_CAPABILITY
+#error \
+    "common_stream_rows.cpp must be compiled with -DCPU_CAPABILITY=<DEFAULT|AVX2|AVX512|AVX512_BF16>"
+#endif
+
+namespace rope::cpu::CPU_CAPABILITY {
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kW = Vec::size();
+static_assert(kStreamChunk % kW == 0, "the norm's partial sums are whole vectors");
+
+// ---- widen and store -------------------------------------------------------------------------
+
+template <typename scalar_t, typename A>
+inline void widen(const scalar_t* src, A* buf, int64_t n) {
+  if constexpr (std::is_same_v<scalar_t, A>) {
+    std::memcpy(buf, src, sizeof(A) * n);
+  } else {
+    int64_t i = 0;
+    for (; i + 2 * kW <= n; i += 2 * kW) {
+      Vec lo, hi;
+      load_float_pair(src + i, lo, hi);
+      lo.store(buf + i);
+      hi.store(buf + i + kW);
+    }
+    for (; i + kW <= n; i += kW) {
+      load_floats(src + i).store(buf + i);
+    }
+    for (; i < n; ++i) {
+      buf[i] = static_cast<float>(src[i]);
+    }
+  }
+}
+
+// The row rounded once to the storage type (c10's rounding).
+template <typename scalar_t, typename A>
+inline void store_same(const A* buf, scalar_t* dst, int64_t n) {
+  if constexpr (std::is_same_v<scalar_t, A>) {
+    std::memcpy(dst, buf, sizeof(A) * n);
+  } else {
+    int64_t i = 0;
+    for (; i + 2 * kW <= n; i += 2 * kW) {
+      store_float_pair(dst + i, Vec::loadu(buf + i), Vec::loadu(buf + i + kW));
+    }
+    for (; i + kW <= n; i += kW) {
+      store_floats(dst + i, Vec::loadu(buf + i));
+    }
+    for (; i < n; ++i) {
+      dst[i] = static_cast<scalar_t>(buf[i]);
+    }
+  }
+}
+
+// ---- the norm
+// ------------------------------------------------------------------------------------
+
+// The sum of squares in the order of common_row_streams.h: 16 partial sums over the whole
+// 16-element chunks (16 / kW vectors of them), the tree, then the rest one by one.
+inline float sum_squares(const float* x, int64_t n) {
+  constexpr int64_t kVecs = kStreamChunk / kW;
+  const int64_t whole = n / kStreamChunk * kStreamChunk;
+  Vec acc[kVecs];
+  for (int64_t v = 0; v < kVecs; ++v) {
+    acc[v] = Vec(0.0f);
+  }
+  for (int64_t i = 0; i < whole; i += kStreamChunk) {
+    for (int64_t v = 0; v < kVecs; ++v) {
+      const Vec x_v = Vec::loadu(x + i + v * kW);
+      acc[v] = at::vec::fmadd(x_v, x_v, acc[v]);
+    }
+  }
+  alignas(64) float p[kStreamChunk];
+  for (int64_t v = 0; v < kVecs; ++v) {
+    acc[v].store(p + v * kW);
+  }
+  for (int64_t step = kStreamChunk / 2; step >= 1; step /= 2) {
+    for (int64_t j = 0; j < step; ++j) {
+      p[j] = p[j] + p[j + step];
+    }
+  }
+  float s = p[0];
+  for (int64_t i = whole; i < n; ++i) {
+    s = std::fma(x[i], x[i], s);
+  }
+  return s;
+}
+
+inline double sum_squares(const double* x, int64_t n) {
+  const int64_t whole = n / kStreamChunk * kStreamChunk;
+  double p[kStreamChunk] = {};
+  for (int64_t i = 0; i < whole; i += kStreamChunk) {
+    for (int64_t j = 0; j < kStreamChunk; ++j) {
+      p[j] = std::fma(x[i + j], x[i + j], p[j]);
+    }
+  }
+  for (int64_t step = kStreamChunk / 2; step >= 1; step /= 2) {
+    for (int64_t j = 0; j < step; ++j) {
+      p[j] = p[j] + p[j + step];
+    }
+  }
+  double s = p[0];
+  for (int64_t i = whole; i < n; ++i) {
+    s = std::fma(x[i], x[i], s);
+  }
+  return s;
+}
+
+// x = (x * r) * w, r = 1 / sqrt(mean(x^2) + eps).
+template <typename A>
+inline void normalise(A* x, const A* w, int64_t n, double eps) {
+  const A r = A(1) / std::sqrt(sum_squares(x, n) / static_cast<A>(n) + static_cast<A>(eps));
+  int64_t i = 0;
+  if constexpr (std::is_same_v<A, float>) {
+    const Vec vr(r);
+    for (; i + kW <= n; i += kW) {
+      ((Vec::loadu(x + i) * vr) * Vec::loadu(w + i)).store(x + i);
+    }
+  }
+  for (; i < n; ++i) {
+    x[i] = (x[i] * r) * w[i];
+  }
+}
+
+// ---- the rotation ----------------------------------------------------------------------------
+
+// Rotates the first 2 * half features of x in place with the planes' cos and sin.
+template <bool kInterleaved, typename A>
+inline void rotate(A* x, const A* cos, const A* sin, int64_t half) {
+  int64_t k = 0;
+  if constexpr (std::is_same_v<A, float>) {
+    for (; k + kW <= half; k += kW) {
+      const Vec c = Vec::loadu(cos + k);
+      const Vec s = Vec::loadu(sin + k);
+      Vec a, b;
+      if constexpr (kInterleaved) {
+        std::tie(a, b) = at::vec::deinterleave2(Vec::loadu(x + 2 * k), Vec::loadu(x + 2 * k + kW));
+      } else {
+        a = Vec::loadu(x + k);
+        b = Vec::loadu(x + half + k);
+      }
+      const Vec ra = at::vec::fmsub(a, c, b * s);  // fma(a, c, -(b * s))
+      const Vec rb = at::vec::fmadd(a, s, b * c);
+      if constexpr (kInterleaved) {
+        const auto [lo, hi] = at::vec::interleave2(ra, rb);
+        lo.store(x + 2 * k);
+        hi.store(x + 2 * k + kW);
+      } else {
+        ra.store(x + k);
+        rb.store(x + half + k);
+      }
+    }
+  }
+  for (; k < half; ++k) {
+    const int64_t ia = kInterleaved ? 2 * k : k;
+    const int64_t ib = kInterleaved ? 2 * k + 1 : k + half;
+    const A a = x[ia];
+    const A b = x[ib];
+    x[ia] = std::fma(a, cos[k], -(b * sin[k]));
+    x[ib] = std::fma(a, sin[k], b * cos[k]);
+  }
+}
+
+// The cos and sin rows of one rotating row, in the math type: the table rows themselves
+// (one-axis positions, tables of the math type), or gathered into `cos_buf` / `sin_buf` (the
+// plane's axis's row for multi-axis positions; a conversion for tables of the other type).
+template <typename A, typename pos_t>
+class Angles {
+ public:
+  Angles(const StreamArgs& a, const TableArgs& tb, int64_t half, A* cos_buf, A* sin_buf,
+         const int8_t* plane_axis)
+      : a_(a),
+        tb_(tb),
+        half_(half),
+        cos_buf_(cos_buf),
+        sin_buf_(sin_buf),
+        plane_axis_(plane_axis) {}
+
+  // Sets cos / sin for the row whose positions start at pos_off.
+  void at(int64_t pos_off, const A*& cos, const A*& sin) const {
+    const auto* positions = static_cast<const pos_t*>(a_.positions) + pos_off;
+    const bool native = tb_.tables_are_double == std::is_same_v<A, double>;
+    if (tb_.axes.num_axes == 0 && native) {
+      const int64_t row = static_cast<int64_t>(positions[0]) * tb_.table_stride;
+      cos = static_cast<const A*>(tb_.cos) + row;
+      sin = static_cast<const A*>(tb_.sin) + row;
+      return;
+    }
+    if (tb_.tables_are_double) {
+      gather(static_cast<const double*>(tb_.cos), static_cast<const double*>(tb_.sin), positions);
+    } else {
+      gather(static_cast<const float*>(tb_.cos), static_cast<const float*>(tb_.sin), positions);
+    }
+    cos = cos_buf_;
+    sin = sin_buf_;
+  }
+
+ private:
+  template <typename table_t>
+  void gather(const table_t* c, const table_t* s, const pos_t* positions) const {
+    int64_t rows[kMaxAxes] = {};
+    const int32_t axes = tb_.axes.num_axes == 0 ? 1 : tb_.axes.num_axes;
+    for (int32_t axis = 0; axis < axes; ++axis) {
+      rows[axis] = static_cast<int64_t>(positions[axis * a_.axis_stride]) * tb_.table_stride;
+    }
+    for (int64_t k = 0; k < half_; ++k) {
+      const int64_t at = rows[plane_axis_ != nullptr ? plane_axis_[k] : 0] + k;
+      cos_buf_[k] = static_cast<A>(c[at]);
+      sin_buf_[k] = static_cast<A>(s[at]);
+    }
+  }
+
+  const StreamArgs& a_;
+  const TableArgs& tb_;
+  int64_t half_;
+  A* cos_buf_;
+  A* sin_buf_;
+  const int8_t* plane_axis_;
+};
+
+// ---- one call's tokens ---------------------------------------------------------------------
+
+template <typename scalar_t, bool kInterleaved, typename pos_t>
+void rows_of_tokens(const StreamArgs& a, const TableArgs& tb, int64_t t0, int64_t t1) {
+  using A = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+  const c10::ScalarType acc_dtype = std::is_same_v<A, double> ? c10::kDouble : c10::kFloat;
+  int64_t max_width = 0;
+  int64_t half = 0;
+  for (int32_t i = 0; i < a.num_streams; ++i) {
+    max_width = std::max(max_width, a.streams[i].width);
+    half = std::max(half, a.streams[i].rotary_dim / 2);  // every rotating stream shares the tables
+  }
+  c10::SmallVector<A, 1024> buf(static_cast<size_t>(max_width));
+  c10::SmallVector<A, 512> cos_buf(static_cast<size_t>(half));
+  c10::SmallVector<A, 512> sin_buf(static_cast<size_t>(half));
+  c10::SmallVector<int8_t, 256> plane_axis;
+  if (tb.axes.num_axes > 0) {
+    plane_axis.resize(static_cast<size_t>(half));
+    for (int64_t k = 0; k < half; ++k) {
+      plane_axis[k] = static_cast<int8_t>(axis_of_plane(tb.axes, k));
+    }
+  }
+  const Angles<A, pos_t> angles(a, tb, half, cos_buf.data(), sin_buf.data(),
+                                plane_axis.empty() ? nullptr : plane_axis.data());
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t slot = a.slots != nullptr ? a.slots[t * a.slot_stride] : 0;
+    for (int32_t i = 0; i < a.num_streams; ++i) {
+      const RowStream& st = a.streams[i];
+      const StreamTarget& tg = st.target;
+      if (tg.by_slot && (slot < 0 || slot >= tg.num_slots)) {
+        continue;  // padding (a slot past the cache was refused before the call)
+      }
+      const float scale = tg.scale != nullptr ? *tg.scale : 1.0f;
+      for (int64_t h = 0; h < st.heads; ++h) {
+        const auto* src =
+            static_cast<const scalar_t*>(st.src) + t * st.token_stride + h * st.head_stride;
+        const int64_t row = tg.by_slot ? slot_row(tg, slot, h) : token_row(tg, t, h);
+        widen(src, buf.data(), st.width);
+        if (st.weight != nullptr) {
+          normalise(buf.data(), static_cast<const A*>(st.weight), st.width, a.eps);
+        }
+        if (st.rotary_dim > 0) {
+          const A* cos;
+          const A* sin;
+          angles.at(t * st.pos_token_stride + h * st.pos_head_stride, cos, sin);
+          rotate<kInterleaved>(buf.data(), cos, sin, st.rotary_dim / 2);
+        }
+        if (tg.format == CacheFormat::kSame) {
+          store_same(buf.data(), static_cast<scalar_t*>(tg.data) + row, st.width);
+        } else {
+          quantize_fp8_row(acc_dtype, buf.data(), static_cast<uint8_t*>(tg.data) + row, st.width,
+                           scale, tg.format, tg.rule);
+        }
+      }
+    }
+  }
+}
+
+template <typename scalar_t>
+void rows_typed(const StreamArgs& a, const TableArgs& tb, int64_t t0, int64_t t1) {
+  if (a.interleaved) {
+    return a.positions_are_int64 ? rows_of_tokens<scalar_t, true, int64_t>(a, tb, t0, t1)
+                                 : rows_of_tokens<scalar_t, true, int32_t>(a, tb, t0, t1);
+  }
+  return a.positions_are_int64 ? rows_of_tokens<scalar_t, false, int64_t>(a, tb, t0, t1)
+                               : rows_of_tokens<scalar_t, false, int32_t>(a, tb, t0, t1);
+}
+
+}  // namespace
+
+void stream_rows(c10::ScalarType dtype, const StreamArgs& args, const TableArgs& tables,
+                 int64_t token_begin, int64_t token_end) {
+  switch (dtype) {
+    case c10::kDouble:
+      return rows_typed<double>(args, tables, token_begin, token_end);
+    case c10::kFloat:
+      return rows_typed<float>(args, tables, token_begin, token_end);
+    case c10::kHalf:
+      return rows_typed<c10::Half>(args, tables, token_begin, token_end);
+    case c10::kBFloat16:
+      return rows_typed<c10::BFloat16>(args, tables, token_begin, token_end);
+    default:
+      TORCH_INTERNAL_ASSERT(false, "stream_rows: unexpected dtype ", dtype);
+  }
+}
+
+}  // namespace rope::cpu::CPU_CAPABILITY

@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// CPU backend of rope.apply_qk_fp8 and its out= overload: the op bodies of qk_fp8_body.h over the
+// row streams' CPU policy (common_stream_backend.h).
+#include <torch/library.h>
+
+#include "../qk_fp8_body.h"
+#include "common_stream_backend.h"
+
+namespace rope::cpu {
+namespace {
+
+using Optional = const std::optional<at::Tensor>&;
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_qk_fp8_cpu(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+    const at::Tensor& positions, Optional q_nope, Optional k_nope, Optional q_scale,
+    Optional k_scale, std::optional<at::ScalarType> dtype, bool interleaved, bool multiply_by_scale,
+    at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+  return detail::apply_qk_fp8_body<CpuStreamsBackend>({q,
+                                                       k,
+                                                       cos,
+                                                       sin,
+                                                       positions,
+                                                       q_nope,
+                                                       k_nope,
+                                                       q_scale,
+                                                       k_scale,
+                                                       {mrope_section, mrope_interleaved}},
+                                                      dtype, interleaved, multiply_by_scale);
+}
+
+void apply_qk_fp8_out_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                          const at::Tensor& sin, const at::Tensor& positions, Optional q_nope,
+                          Optional k_nope, Optional q_scale, Optional k_scale, bool interleaved,
+                          bool multiply_by_scale, at::OptionalIntArrayRef mrope_section,
+                          bool mrope_interleaved, const at::Tensor& q_out, const at::Tensor& k_out,
+                          Optional q_nope_out, Optional k_nope_out) {
+  detail::apply_qk_fp8_out_body<CpuStreamsBackend>(
+      {q,
+       k,
+       cos,
+       sin,
+       positions,
+       q_nope,
+       k_nope,
+       q_scale,
+       k_scale,
+       {mrope_section, mrope_interleaved}},
+      {q_out, k_out, q_nope_out.has_value() ? *q_nope_out : at::Tensor(),
+       k_nope_out.has_value() ? *k_nope_out : at::Tensor()},
+      interleaved, multiply_by_scale);
+}
+
+}  // namespace
+}  // namespace rope::cpu
+
+TORCH_LIBRARY_IMPL(rope, CPU, m) {
+  m.impl("apply_qk_fp8", &rope::cpu::apply_qk_fp8_cpu);
+  m.impl("apply_qk_fp8.out", &rope::cpu::apply_qk_fp8_out_cpu);
+}

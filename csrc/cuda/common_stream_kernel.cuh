@@ -1,0 +1,444 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The row streams on CUDA (common_row_streams.h): the kernel of rope.apply_qk_fp8,
+// rope.rms_norm_apply_qk_cache and rope.mla_apply_cache, and its launcher. Torch-free, like the
+// other kernels, over common_device.cuh's helpers, so tests/cuda_host runs it on the host: no
+// shared memory, barriers, shuffles or atomics; every thread works alone.
+//
+// Work: the streams' rows are cut into lanes of kStreamChunk (16) elements, one thread per
+// (stream, token, head, lane), the streams' segments one after another in one grid:
+//   rotating lanes  interleaved: features [16 l, 16 l + 16) of the rotary run (8 planes);
+//                   half split: planes [16 l, 16 l + 16), i.e. features a = [16 l, ...) and
+//                   b = [rotary_dim / 2 + 16 l, ...);
+//   tail lanes      features [rotary_dim + 16 l, ... + 16) (copied, normalised, quantized).
+// A stream with an RMSNorm weight needs the whole row's sum of squares before any output: one
+// thread per row, which sums the row (pass 1) and then runs the row's lanes itself (pass 2, from
+// L1). Its warp reads 32 rows at once; a warp-per-row reduction with shuffles would be faster on a
+// GPU, but the host run cannot check shuffles (as rms_norm_kernel.cuh).
+//
+// Vector path: when a stream's source and target rows are 16-byte aligned (pointers, strides,
+// the target's feature offset) and its lanes are whole (rotary run and tail multiples of the
+// lane), every access of its lanes is 16 bytes wide: a lane of bf16 loads two 16-byte vectors and
+// stores one 16-byte vector of fp8 (two of bf16). Otherwise the same lanes run element by element
+// (the scalar path), with the same arithmetic, so both give the same bits. scripts/sass_report.py
+// requires the 16-byte accesses (and no local memory) in every variant.
+//
+// A token whose slot is negative writes nothing to its by_slot targets; a slot past the cache, or
+// a position outside the tables, trips ROPE_DEVICE_ASSERT and writes nothing for that row (its
+// lanes return before any store). Two tokens with one slot race (the CPU backend refuses them).
+#pragma once
+
+#include "../common_row_streams.h"
+#include "common_device.cuh"
+
+namespace rope::cuda {
+namespace streams {
+
+using namespace ::rope::cuda::device;
+
+constexpr int kBlockThreads = 256;
+constexpr int kChunk = static_cast<int>(kStreamChunk);
+
+// How one stream's threads are laid out.
+struct StreamPlan {
+  int64_t begin = 0;      // its first thread in the grid
+  int64_t threads = 0;    // T * heads * lanes, or T * heads for a norm stream
+  int64_t rot_lanes = 0;  // rotating lanes per row
+  int64_t lanes = 0;      // rotating + tail lanes per row
+  bool norm = false;      // one thread per row (pass 1 + all lanes)
+  bool vector = false;    // 16-byte accesses (see the file comment)
+};
+
+struct StreamKernelParams {
+  StreamArgs args;
+  TableArgs tables;
+  StreamPlan plan[kMaxStreams];
+  int64_t total = 0;
+};
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+inline bool stride_ok(int64_t elements, int64_t bytes) { return (elements * bytes) % 16 == 0; }
+
+// Whether a stream can take the vector path: whole lanes, and every row of source and target on
+// a 16-byte boundary.
+inline bool vector_path(const RowStream& s, bool interleaved, int64_t source_bytes) {
+  const int64_t rot_run = interleaved ? s.rotary_dim : s.rotary_dim / 2;
+  if (rot_run % kChunk != 0 || (s.width - s.rotary_dim) % kChunk != 0) {
+    return false;
+  }
+  const StreamTarget& t = s.target;
+  const int64_t tb = target_element_bytes(t, source_bytes);
+  const bool source_ok = aligned16(s.src) && stride_ok(s.token_stride, source_bytes) &&
+                         stride_ok(s.head_stride, source_bytes);
+  const bool target_ok =
+      aligned16(t.data) && stride_ok(t.feature_offset, tb) && stride_ok(t.head_stride, tb) &&
+      (t.by_slot ? stride_ok(t.block_stride, tb) && stride_ok(t.offset_stride, tb)
+                 : stride_ok(t.token_stride, tb));
+  return source_ok && target_ok;
+}
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The grid of one call; total == 0: nothing to launch.
+inline StreamKernelParams plan(const StreamArgs& args, const TableArgs& tables,
+                               int64_t source_bytes) {
+  StreamKernelParams p;
+  p.args = args;
+  p.tables = tables;
+  int64_t begin = 0;
+  for (int32_t i = 0; i < args.num_streams; ++i) {
+    const RowStream& s = args.streams[i];
+    StreamPlan& sp = p.plan[i];
+    sp.begin = begin;
+    sp.rot_lanes =
+        ceil_div(args.interleaved ? s.rotary_dim : s.rotary_dim / 2, static_cast<int64_t>(kChunk));
+    sp.lanes = sp.rot_lanes + ceil_div(s.width - s.rotary_dim, static_cast<int64_t>(kChunk));
+    sp.norm = s.weight != nullptr;
+    sp.vector = vector_path(s, args.interleaved, source_bytes);
+    const int64_t rows = args.num_tokens * s.heads;
+    sp.threads = sp.lanes == 0 ? 0 : sp.norm ? rows : rows * sp.lanes;
+    begin += sp.threads;
+  }
+  p.total = begin;
+  return p;
+}
+
+// ---- one lane ----------------------------------------------------------------------------------
+
+// 16 elements of a row into `dst` (as the math type): 16-byte loads on the vector path, else one
+// element at a time, only those below `end` (the others are 0, never stored).
+template <bool kVector, typename T, typename A>
+__device__ __forceinline__ void load_chunk(const T* row, int64_t first, int64_t end,
+                                           A (&dst)[kChunk]) {
+  if constexpr (kVector) {
+    constexpr int kPer = 16 / static_cast<int>(sizeof(T));
+#pragma unroll
+    for (int c = 0; c < kChunk / kPer; ++c) {
+      T part[kPer];
+      load_vector(row + first + c * kPer, part);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        dst[c * kPer + j] = to_acc(part[j]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      dst[j] = first + j < end ? to_acc(load_scalar(row + first + j)) : A(0);
+    }
+  }
+}
+
+// 16 values stored at features [first, first + 16) of a target row (below `end`): rounded to the
+// storage type, or quantized to fp8 with the target's scale and rule.
+template <bool kVector, typename T, typename A>
+__device__ __forceinline__ void store_chunk(const StreamTarget& t, void* row, int64_t first,
+                                            int64_t end, const A (&v)[kChunk]) {
+  if (t.format == CacheFormat::kSame) {
+    T out[kChunk];
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      out[j] = from_acc<T>(v[j]);
+    }
+    T* dst = static_cast<T*>(row) + first;
+    if constexpr (kVector) {
+      constexpr int kPer = 16 / static_cast<int>(sizeof(T));
+#pragma unroll
+      for (int c = 0; c < kChunk / kPer; ++c) {
+        T part[kPer];
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+          part[j] = out[c * kPer + j];
+        }
+        store_vector(dst + c * kPer, part);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) {
+        if (first + j < end) {
+          store_scalar(dst + j, out[j]);
+        }
+      }
+    }
+    return;
+  }
+  const float scale = t.scale != nullptr ? __ldg(t.scale) : 1.0f;
+  uint8_t out[kChunk];
+#pragma unroll
+  for (int j = 0; j < kChunk; ++j) {
+    out[j] = quantize_fp8(v[j], scale, t.format, t.rule);
+  }
+  uint8_t* dst = static_cast<uint8_t*>(row) + first;
+  if constexpr (kVector) {
+    store_vector(dst, out);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      if (first + j < end) {
+        store_scalar(dst + j, out[j]);
+      }
+    }
+  }
+}
+
+// (x * r) * w in place, for the norm: `w` holds the features [first, first + 16) of the weight.
+template <typename A>
+__device__ __forceinline__ void normalise(A (&v)[kChunk], const A* w, int64_t first, int64_t end,
+                                          A r) {
+#pragma unroll
+  for (int j = 0; j < kChunk; ++j) {
+    if (first + j < end) {
+      v[j] = (v[j] * r) * __ldg(w + first + j);
+    }
+  }
+}
+
+// cos and sin of plane k of a row whose table rows (per axis) are `rows`.
+template <typename A, typename Tab>
+__device__ __forceinline__ void angle_of(const TableArgs& tb, const int64_t (&rows)[kMaxAxes],
+                                         int64_t k, A& c, A& s) {
+  const int32_t axis = tb.axes.num_axes > 0 ? plane_axis(tb.axes, k) : 0;
+  const int64_t at = pick_axis(rows, axis) + k;
+  c = static_cast<A>(__ldg(static_cast<const Tab*>(tb.cos) + at));
+  s = static_cast<A>(__ldg(static_cast<const Tab*>(tb.sin) + at));
+}
+
+// Lane `lane` of one row: src and dst point at the row's feature 0; r and w are the norm's factor
+// and weight (w == nullptr: no norm).
+template <typename T, typename Tab, bool kInterleaved, bool kVector>
+__device__ __forceinline__ void run_lane(const RowStream& st, const StreamPlan& sp,
+                                         const TableArgs& tb, const T* src, void* dst, int64_t lane,
+                                         const int64_t (&rows)[kMaxAxes],
+                                         typename AccType<T>::type r,
+                                         const typename AccType<T>::type* w) {
+  using A = typename AccType<T>::type;
+  const int64_t R = st.rotary_dim;
+  if (lane >= sp.rot_lanes) {
+    const int64_t first = R + (lane - sp.rot_lanes) * kChunk;
+    A v[kChunk];
+    load_chunk<kVector>(src, first, st.width, v);
+    if (w != nullptr) {
+      normalise(v, w, first, st.width, r);
+    }
+    store_chunk<kVector, T>(st.target, dst, first, st.width, v);
+    return;
+  }
+  if constexpr (kInterleaved) {
+    // 16 features: 8 planes (2k, 2k + 1).
+    const int64_t first = lane * kChunk;
+    A v[kChunk];
+    load_chunk<kVector>(src, first, R, v);
+    if (w != nullptr) {
+      normalise(v, w, first, R, r);
+    }
+#pragma unroll
+    for (int j = 0; j < kChunk / 2; ++j) {
+      if (first + 2 * j < R) {
+        A c;
+        A s;
+        angle_of<A, Tab>(tb, rows, first / 2 + j, c, s);
+        A ra;
+        A rb;
+        rotate_plane(v[2 * j], v[2 * j + 1], c, s, ra, rb);
+        v[2 * j] = ra;
+        v[2 * j + 1] = rb;
+      }
+    }
+    store_chunk<kVector, T>(st.target, dst, first, R, v);
+  } else {
+    // 16 planes (k, k + R / 2): a 16-element chunk of each half.
+    const int64_t half = R / 2;
+    const int64_t first = lane * kChunk;
+    A a[kChunk];
+    A b[kChunk];
+    load_chunk<kVector>(src, first, half, a);
+    load_chunk<kVector>(src + half, first, half, b);
+    if (w != nullptr) {
+      normalise(a, w, first, half, r);
+      normalise(b, w + half, first, half, r);
+    }
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      if (first + j < half) {
+        A c;
+        A s;
+        angle_of<A, Tab>(tb, rows, first + j, c, s);
+        A ra;
+        A rb;
+        rotate_plane(a[j], b[j], c, s, ra, rb);
+        a[j] = ra;
+        b[j] = rb;
+      }
+    }
+    const int64_t tbytes = target_element_bytes(st.target, static_cast<int64_t>(sizeof(T)));
+    store_chunk<kVector, T>(st.target, dst, first, half, a);
+    store_chunk<kVector, T>(st.target, static_cast<char*>(dst) + half * tbytes, first, half, b);
+  }
+}
+
+// ---- one thread
+// ----------------------------------------------------------------------------------
+
+// The table rows (position * table_stride, per axis) of row (t, h) of a rotating stream; false
+// (after the assert) when a position is outside the tables.
+__device__ __forceinline__ bool row_angles(const StreamArgs& a, const TableArgs& tb,
+                                           const RowStream& st, int64_t t, int64_t h,
+                                           int64_t (&rows)[kMaxAxes]) {
+#pragma unroll
+  for (int i = 0; i < kMaxAxes; ++i) {
+    rows[i] = 0;
+  }
+  if (st.rotary_dim == 0) {
+    return true;
+  }
+  const int64_t pos_off = t * st.pos_token_stride + h * st.pos_head_stride;
+  if (tb.axes.num_axes == 0) {
+    int64_t pos;
+    if (!load_position(a, tb, pos_off, pos)) {
+      return false;
+    }
+    rows[0] = pos * tb.table_stride;
+    return true;
+  }
+  return load_axis_rows(a, tb, pos_off, a.axis_stride, tb.table_stride, rows);
+}
+
+// The target row of (t, h): false for a skipped token (negative slot) and, after the assert, for a
+// slot past the cache.
+template <typename T>
+__device__ __forceinline__ bool target_row(const StreamArgs& a, const StreamTarget& tg, int64_t t,
+                                           int64_t h, void*& row) {
+  int64_t offset;
+  if (tg.by_slot) {
+    const int64_t slot = static_cast<int64_t>(
+        __ldg(reinterpret_cast<const long long*>(a.slots) + t * a.slot_stride));
+    if (slot < 0) {
+      return false;  // padding
+    }
+    ROPE_DEVICE_ASSERT(slot < tg.num_slots);
+    if (slot >= tg.num_slots) {
+      return false;
+    }
+    offset = slot_row(tg, slot, h);
+  } else {
+    offset = token_row(tg, t, h);
+  }
+  row = tg.format == CacheFormat::kSame
+            ? static_cast<void*>(static_cast<T*>(tg.data) + offset)
+            : static_cast<void*>(static_cast<uint8_t*>(tg.data) + offset);
+  return true;
+}
+
+// The norm's 1 / sqrt(mean(x^2) + eps) of a row, summed in the order of common_row_streams.h.
+template <typename T, bool kVector>
+__device__ __forceinline__ typename AccType<T>::type inverse_rms(const T* src, int64_t width,
+                                                                 double eps) {
+  using A = typename AccType<T>::type;
+  A p[kChunk];
+#pragma unroll
+  for (int j = 0; j < kChunk; ++j) {
+    p[j] = A(0);
+  }
+  const int64_t whole = width / kChunk * kChunk;
+  for (int64_t first = 0; first < whole; first += kChunk) {
+    A v[kChunk];
+    load_chunk<kVector>(src, first, whole, v);
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      p[j] = fused(v[j], v[j], p[j]);
+    }
+  }
+#pragma unroll
+  for (int step = kChunk / 2; step >= 1; step /= 2) {
+#pragma unroll
+    for (int j = 0; j < step; ++j) {
+      p[j] = p[j] + p[j + step];
+    }
+  }
+  A s = p[0];
+  for (int64_t i = whole; i < width; ++i) {
+    const A x = to_acc(load_scalar(src + i));
+    s = fused(x, x, s);
+  }
+  return A(1) / acc_sqrt(s / static_cast<A>(width) + static_cast<A>(eps));
+}
+
+template <typename T, typename Tab, bool kInterleaved, bool kVector>
+__device__ __forceinline__ void stream_thread(const StreamKernelParams& p, const RowStream& st,
+                                              const StreamPlan& sp, int64_t w) {
+  using A = typename AccType<T>::type;
+  int64_t lane = 0;
+  int64_t row_index = w;
+  if (!sp.norm) {
+    const QuotRem lr = div_rem(w, sp.lanes);
+    row_index = lr.quot;
+    lane = lr.rem;
+  }
+  const QuotRem th = div_rem(row_index, st.heads);
+  const int64_t t = th.quot;
+  const int64_t h = th.rem;
+  int64_t rows[kMaxAxes];
+  if (!row_angles(p.args, p.tables, st, t, h, rows)) {
+    return;
+  }
+  void* dst;
+  if (!target_row<T>(p.args, st.target, t, h, dst)) {
+    return;
+  }
+  const T* src = static_cast<const T*>(st.src) + t * st.token_stride + h * st.head_stride;
+  if (!sp.norm) {
+    run_lane<T, Tab, kInterleaved, kVector>(st, sp, p.tables, src, dst, lane, rows, A(1), nullptr);
+    return;
+  }
+  const A r = inverse_rms<T, kVector>(src, st.width, p.args.eps);
+  const A* weight = static_cast<const A*>(st.weight);
+  for (int64_t l = 0; l < sp.lanes; ++l) {
+    run_lane<T, Tab, kInterleaved, kVector>(st, sp, p.tables, src, dst, l, rows, r, weight);
+  }
+}
+
+template <typename T, typename Tab, bool kInterleaved>
+__global__ void __launch_bounds__(kBlockThreads)
+    stream_kernel(const __grid_constant__ StreamKernelParams params) {
+  int64_t w = grid_thread_index<kBlockThreads>();
+  if (w >= params.total) {
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxStreams; ++i) {
+    if (i < params.args.num_streams) {
+      const StreamPlan& sp = params.plan[i];
+      if (w < sp.threads) {
+        const RowStream& st = params.args.streams[i];
+        if (sp.vector) {
+          stream_thread<T, Tab, kInterleaved, true>(params, st, sp, w);
+        } else {
+          stream_thread<T, Tab, kInterleaved, false>(params, st, sp, w);
+        }
+        return;
+      }
+      w -= sp.threads;
+    }
+  }
+}
+
+}  // namespace streams
+
+// Launches the row streams of one call on `stream`; scalar_t is the storage type of every source
+// (double, float, __half, __nv_bfloat16). Does not synchronize; returns the launch status.
+template <typename scalar_t>
+cudaError_t run_row_streams(const StreamArgs& args, const TableArgs& tables, cudaStream_t stream) {
+  const streams::StreamKernelParams params =
+      streams::plan(args, tables, static_cast<int64_t>(sizeof(scalar_t)));
+  const int64_t blocks = device::blocks_for<streams::kBlockThreads>(params.total);
+  const auto launch = [&](auto kernel) {
+    return device::launch_grid(kernel, blocks, streams::kBlockThreads, params, stream);
+  };
+  if (tables.tables_are_double) {
+    return args.interleaved ? launch(streams::stream_kernel<scalar_t, double, true>)
+                            : launch(streams::stream_kernel<scalar_t, double, false>);
+  }
+  return args.interleaved ? launch(streams::stream_kernel<scalar_t, float, true>)
+                          : launch(streams::stream_kernel<scalar_t, float, false>);
+}
+
+}  // namespace rope::cuda

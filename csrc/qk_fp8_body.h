@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// rope.apply_qk_fp8 and rope.apply_qk_fp8.out: rotate q and k and store them as float8, with their
+// no-RoPE parts (q_nope, k_nope: MLA's split heads) quantized alongside. The checks (shared by
+// CPU, CUDA and Meta), the outputs, and the op body over a backend policy, as kv_cache_body.h.
+// A backend supplies:
+//   static void check_positions(const char* op, const at::Tensor& positions, int64_t max_seq_len,
+//                               const MultiAxisArgs& axes);
+//   static void run_streams(c10::ScalarType dtype, const PreparedStreams&);
+// Every check runs before anything is written.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <tuple>
+
+#include "common_stream_prepare.h"
+
+namespace rope::detail {
+
+// The op's inputs, as the dispatcher passes them.
+struct QkFp8Inputs {
+  const at::Tensor& q;  // (T, Hq, D)
+  const at::Tensor& k;  // (T, Hk, D)
+  const at::Tensor& cos;
+  const at::Tensor& sin;
+  const at::Tensor& positions;
+  const std::optional<at::Tensor>& q_nope;  // (T, Hq, Nq): quantized, not rotated
+  const std::optional<at::Tensor>& k_nope;  // (T, Hk, Nk)
+  const std::optional<at::Tensor>& q_scale;
+  const std::optional<at::Tensor>& k_scale;
+  MultiAxisArgs axes;
+};
+
+// The four fp8 outputs; a nope output of an absent nope input is an empty (T, H, 0) tensor
+// (functional overload) or undefined (out=).
+struct QkFp8Outputs {
+  at::Tensor q_out;
+  at::Tensor k_out;
+  at::Tensor q_nope_out;
+  at::Tensor k_nope_out;
+};
+
+// Metadata checks of the inputs (SymInt-aware: the Meta kernels run them too).
+void check_apply_qk_fp8(const char* op, const QkFp8Inputs& in);
+
+// The fp8 dtype of the functional overload: `dtype`, float8_e4m3fn by default.
+at::ScalarType qk_fp8_dtype(const char* op, std::optional<at::ScalarType> dtype);
+
+// The out= overload's buffers against the inputs; returns their fp8 dtype.
+at::ScalarType check_apply_qk_fp8_outputs(const char* op, const QkFp8Inputs& in,
+                                          const QkFp8Outputs& out);
+
+// Fresh contiguous outputs of `dtype` (empty_symint: meta and real tensors alike).
+QkFp8Outputs new_qk_fp8_outputs(const QkFp8Inputs& in, at::ScalarType dtype);
+
+// The streams of a checked call (q, k, then the nope parts present).
+PreparedStreams prepare_qk_fp8(const QkFp8Inputs& in, const QkFp8Outputs& out, bool interleaved,
+                               bool multiply_by_scale);
+
+// Everything after the checks of the outputs: the scales' and positions' values, then the kernel.
+template <typename Backend>
+void apply_qk_fp8_run(const char* op, const QkFp8Inputs& in, const QkFp8Outputs& out,
+                      bool interleaved, bool multiply_by_scale) {
+  const ScaleRule rule = multiply_by_scale ? ScaleRule::kMultiply : ScaleRule::kDivide;
+  check_scale_value_on_host(op, "q_scale", in.q_scale, rule);
+  check_scale_value_on_host(op, "k_scale", in.k_scale, rule);
+  if (in.q.numel() > 0 || in.k.numel() > 0) {
+    Backend::check_positions(op, in.positions, in.cos.size(0), in.axes);
+  }
+  const PreparedStreams prepared = prepare_qk_fp8(in, out, interleaved, multiply_by_scale);
+  if (prepared.args.num_tokens > 0) {
+    Backend::run_streams(in.q.scalar_type(), prepared);
+  }
+}
+
+template <typename Backend>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_qk_fp8_body(
+    const QkFp8Inputs& in, std::optional<at::ScalarType> dtype, bool interleaved,
+    bool multiply_by_scale) {
+  constexpr const char* op = "rope.apply_qk_fp8";
+  check_apply_qk_fp8(op, in);
+  const at::ScalarType fp8 = qk_fp8_dtype(op, dtype);
+  QkFp8Outputs out = new_qk_fp8_outputs(in, fp8);
+  apply_qk_fp8_run<Backend>(op, in, out, interleaved, multiply_by_scale);
+  return {out.q_out, out.k_out, out.q_nope_out, out.k_nope_out};
+}
+
+template <typename Backend>
+void apply_qk_fp8_out_body(const QkFp8Inputs& in, const QkFp8Outputs& out, bool interleaved,
+                           bool multiply_by_scale) {
+  constexpr const char* op = "rope.apply_qk_fp8.out";
+  check_apply_qk_fp8(op, in);
+  check_apply_qk_fp8_outputs(op, in, out);
+  apply_qk_fp8_run<Backend>(op, in, out, interleaved, multiply_by_scale);
+}
+
+}  // namespace rope::detail

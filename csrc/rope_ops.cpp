@@ -80,6 +80,15 @@ TORCH_LIBRARY(rope, m) {
       "bool interleaved=True, bool multiply_by_scale=False, int[]? mrope_section=None, "
       "bool mrope_interleaved=False, Tensor(a!) q_out, Tensor(b!) k_out, "
       "Tensor(c!)? q_nope_out=None, Tensor(d!)? k_nope_out=None) -> ()");
+  // MLA cache rows (DeepSeek-V2/V3): q_pe and k_pe rotated, [kv_c | k_pe] into one cache or two
+  // (kv_cache, kpe_cache) by slot; returns q_pe (and q_nope) in q_dtype. Body and checks in
+  // mla_body.h; C++ API, Meta and Autograd in mla_ops.cpp.
+  m.def(
+      "mla_apply_cache(Tensor q_pe, Tensor k_pe, Tensor kv_c, Tensor cos, Tensor sin, "
+      "Tensor positions, Tensor(a!) kv_cache, Tensor(b!)? kpe_cache, Tensor slot_mapping, *, "
+      "Tensor? q_nope=None, Tensor? v=None, Tensor(c!)? v_cache=None, bool interleaved=True, "
+      "Tensor? kv_scale=None, Tensor? v_scale=None, ScalarType? q_dtype=None, "
+      "Tensor? q_scale=None, bool multiply_by_scale=False) -> (Tensor, Tensor)");
 }
 
 namespace rope {

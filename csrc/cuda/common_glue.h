@@ -41,6 +41,7 @@
 
 // csrc/ is on the include path of every user.
 #include "kv_cache_body.h"
+#include "mla_body.h"
 #include "qk_fp8_body.h"
 #include "rms_norm_body.h"
 #include "rope_body.h"
@@ -325,6 +326,23 @@ void apply_qk_fp8_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor
        {mrope_section, mrope_interleaved}},
       {q_out, k_out, q_nope_out.has_value() ? *q_nope_out : at::Tensor(),
        k_nope_out.has_value() ? *k_nope_out : at::Tensor()},
+      interleaved, multiply_by_scale);
+}
+
+template <typename Runtime>
+std::tuple<at::Tensor, at::Tensor> mla_apply_cache(
+    const at::Tensor& q_pe, const at::Tensor& k_pe, const at::Tensor& kv_c, const at::Tensor& cos,
+    const at::Tensor& sin, const at::Tensor& positions, const at::Tensor& kv_cache,
+    const std::optional<at::Tensor>& kpe_cache, const at::Tensor& slot_mapping,
+    const std::optional<at::Tensor>& q_nope, const std::optional<at::Tensor>& v,
+    const std::optional<at::Tensor>& v_cache, bool interleaved,
+    const std::optional<at::Tensor>& kv_scale, const std::optional<at::Tensor>& v_scale,
+    std::optional<at::ScalarType> q_dtype, const std::optional<at::Tensor>& q_scale,
+    bool multiply_by_scale) {
+  const typename Runtime::Guard guard(Runtime::device_of(q_pe));
+  return detail::mla_apply_cache_body<StreamsBackend<Runtime>>(
+      {q_pe, k_pe, kv_c, cos, sin, positions, kv_cache, kpe_cache, slot_mapping, q_nope, v, v_cache,
+       kv_scale, v_scale, q_dtype, q_scale},
       interleaved, multiply_by_scale);
 }
 

@@ -357,6 +357,20 @@ PYBIND11_MODULE(_C, m) {
                                     dtype, interleaved, multiply_by_scale,
                                     section_ref(mrope_section), mrope_interleaved);
         });
+  m.def("_mla_apply_cache",
+        [](const at::Tensor& q_pe, const at::Tensor& k_pe, const at::Tensor& kv_c,
+           const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,
+           at::Tensor& kv_cache, const std::optional<at::Tensor>& kpe_cache,
+           const at::Tensor& slot_mapping, const std::optional<at::Tensor>& q_nope,
+           const std::optional<at::Tensor>& v, const std::optional<at::Tensor>& v_cache,
+           bool interleaved, const std::optional<at::Tensor>& kv_scale,
+           const std::optional<at::Tensor>& v_scale, std::optional<at::ScalarType> q_dtype,
+           const std::optional<at::Tensor>& q_scale, bool multiply_by_scale) {
+          py::gil_scoped_release no_gil;
+          return rope::mla_apply_cache(q_pe, k_pe, kv_c, cos, sin, positions, kv_cache, kpe_cache,
+                                       slot_mapping, q_nope, v, v_cache, interleaved, kv_scale,
+                                       v_scale, q_dtype, q_scale, multiply_by_scale);
+        });
   m.def("_rms_norm_apply_qk",
         [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
            const at::Tensor& k_weight, const at::Tensor& cos, const at::Tensor& sin,

@@ -32,6 +32,7 @@ from .ops import (
     apply_qk,
     apply_qk_cache,  # RoPE into a KV cache
     apply_qk_fp8,  # RoPE with float8 q and k
+    mla_apply_cache,  # MLA cache rows
     rms_norm_apply_qk,  # fused QK-RMSNorm + RoPE
     rope_tables,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "compiled_with_cuda",
     "distributed",
     "eager",
+    "mla_apply_cache",
     "rms_norm_apply_qk",
     "rope_frequencies",
     "rope_tables",

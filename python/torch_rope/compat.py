@@ -11,9 +11,14 @@ over :func:`torch_rope.apply`, :func:`torch_rope.apply_` and :func:`torch_rope.a
   (``rope_theta``, ``rope_scale``, Llama 3.1's factors; ``indptr``/``offsets`` or ``pos_ids``).
 * :func:`rotary_embedding`, :func:`apply_rope_with_cos_sin_cache` and ``_inplace``: the inference
   engines' cache form, below.
+* :func:`rope_quantize_fp8`, :func:`mla_rope_quantize_fp8`: FlashInfer's fused RoPE + float8
+  (``cos_sin_cache``, ``quant_scale`` multiplies), over :func:`torch_rope.apply_qk_fp8`.
+* :func:`concat_and_cache_mla`: vLLM's MLA cache rows ``[kv_c | k_pe]`` (copied, not rotated),
+  over :func:`torch_rope.mla_apply_cache`.
 
 Each peer's own conventions are in its module (``_compat_transformer_engine``,
-``_compat_flash_attn``, ``_compat_flashinfer``); the rest of this docstring is the cache form.
+``_compat_flash_attn``, ``_compat_flashinfer``, ``_compat_flashinfer_fp8``, ``_compat_vllm``); the
+rest of this docstring is the cache form.
 
 vLLM, SGLang and FlashInfer share one calling convention::
 
@@ -53,7 +58,9 @@ from ._compat_flashinfer import (
     apply_rope_pos_ids,
     apply_rope_pos_ids_inplace,
 )
+from ._compat_flashinfer_fp8 import mla_rope_quantize_fp8, rope_quantize_fp8
 from ._compat_transformer_engine import apply_rotary_pos_emb
+from ._compat_vllm import concat_and_cache_mla
 from .ops import apply_
 
 __all__ = [
@@ -70,6 +77,10 @@ __all__ = [
     "apply_llama31_rope_inplace",
     "apply_llama31_rope_pos_ids",
     "apply_llama31_rope_pos_ids_inplace",
+    # the serving fusions (issue 33): FlashInfer's fused RoPE + fp8, vLLM's MLA cache rows
+    "rope_quantize_fp8",
+    "mla_rope_quantize_fp8",
+    "concat_and_cache_mla",
 ]
 
 

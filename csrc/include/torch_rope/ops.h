@@ -220,6 +220,28 @@ void apply_qk_fp8_out(at::Tensor& q_out, at::Tensor& k_out,
                       at::OptionalIntArrayRef mrope_section = std::nullopt,
                       bool mrope_interleaved = false);
 
+// MLA (multi-head latent attention, DeepSeek-V2/V3) cache rows: rotates q_pe (T, H, R) and the
+// single-head k_pe (T, R) at positions (T, 1), writes [kv_c | k_pe] rows into kv_cache (width
+// kv_lora_rank + R; kpe_cache = nullopt) or kv_c's rows into kv_cache and k_pe's into kpe_cache,
+// flat (num_slots, width) or paged (num_blocks, block_size, width), token t into slot
+// slot_mapping[t] (int64; negative: skipped). A cache has k_pe's dtype or is float8 with
+// kv_scale. Returns (q_pe_out, q_nope_out) in q_dtype (q_pe's dtype, or float8 with q_scale).
+// Key parts with a heads dim (k_pe (T, Hk, R), kv_c (T, Hk, L)) and v / v_cache write
+// FlashInfer's split GQA rows. multiply_by_scale: every scale multiplies. Bad input (shapes,
+// dtypes, overlapping caches, slots out of range or repeated on the CPU) writes nothing. See
+// docs/api.md, "MLA cache rows".
+std::tuple<at::Tensor, at::Tensor> mla_apply_cache(
+    const at::Tensor& q_pe, const at::Tensor& k_pe, const at::Tensor& kv_c, const at::Tensor& cos,
+    const at::Tensor& sin, const at::Tensor& positions, at::Tensor& kv_cache,
+    const std::optional<at::Tensor>& kpe_cache, const at::Tensor& slot_mapping,
+    const std::optional<at::Tensor>& q_nope = std::nullopt,
+    const std::optional<at::Tensor>& v = std::nullopt,
+    const std::optional<at::Tensor>& v_cache = std::nullopt, bool interleaved = true,
+    const std::optional<at::Tensor>& kv_scale = std::nullopt,
+    const std::optional<at::Tensor>& v_scale = std::nullopt,
+    std::optional<at::ScalarType> q_dtype = std::nullopt,
+    const std::optional<at::Tensor>& q_scale = std::nullopt, bool multiply_by_scale = false);
+
 // True when this build of the library contains the CUDA kernels.
 bool compiled_with_cuda();
 

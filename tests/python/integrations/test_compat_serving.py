@@ -1,0 +1,172 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""The serving fusions under the names engines call (torch_rope.compat): vLLM's
+``concat_and_cache_mla`` and FlashInfer's ``rope_quantize_fp8`` / ``mla_rope_quantize_fp8``.
+Each reference is written here from the peer's documented semantics, in float64:
+
+* vLLM ``concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)``:
+  ``kv_cache[slot] = [kv_c | k_pe]`` (no rotation), a negative slot skipped, only the first
+  ``slot_mapping.size(0)`` tokens; ``"auto"`` copies, ``"fp8"`` stores
+  ``(value / scale).clamp(+-448).to(float8_e4m3fn)`` into a uint8 cache.
+* FlashInfer ``rope_quantize_fp8``: ``cos_sin_cache`` ``(max_pos, R)`` float32 with cos in the
+  first half of each row and sin in the second; ``is_neox=True`` rotates the two halves
+  (``x1 c - x2 s``, ``x2 c + x1 s``), ``False`` adjacent pairs; the nope parts pass through;
+  every output is ``(value * quant_scale).clamp(+-max).to(fp8)`` (the scale multiplies).
+"""
+
+import inspect
+
+import pytest
+import references as ref
+import torch
+from helpers import cpu_and_cuda, dtype_id
+
+from torch_rope import compat
+
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def cos_sin_cache(max_pos, R, device):
+    inv = 1.0 / (10000.0 ** (torch.arange(0, R, 2, dtype=torch.float64) / R))
+    ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv
+    return torch.cat([ang.cos(), ang.sin()], dim=-1).float().to(device)
+
+
+def flashinfer_rotation(x, cache, pos_ids, is_neox):
+    """float64 rotation of x (T, H, R) with the cache's own float32 cos/sin at pos_ids."""
+    x64 = x.detach().cpu().double()
+    R = x64.size(-1)
+    cs = cache.cpu().double()[pos_ids.cpu().long()]
+    c, s = cs[:, None, : R // 2], cs[:, None, R // 2 :]
+    if is_neox:
+        x1, x2 = x64[..., : R // 2], x64[..., R // 2 :]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+    x1, x2 = x64[..., 0::2], x64[..., 1::2]
+    out = torch.empty_like(x64)
+    out[..., 0::2] = x1 * c - x2 * s
+    out[..., 1::2] = x2 * c + x1 * s
+    return out
+
+
+# ---- vLLM concat_and_cache_mla -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_concat_and_cache_mla(kv_cache_dtype, dtype, device):
+    T_rows, T, L, R, blocks, bs = 9, 7, 32, 16, 4, 4
+    kv_c = (torch.randn(T_rows, L, dtype=torch.float64) * 3).to(dtype=dtype, device=device)
+    k_pe = (torch.randn(T_rows, 1, R, dtype=torch.float64) * 3).to(dtype=dtype, device=device)
+    cache_dtype = dtype if kv_cache_dtype == "auto" else torch.uint8
+    nbytes = blocks * bs * (L + R) * torch.empty((), dtype=cache_dtype).element_size()
+    raw = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
+    cache = raw.view(cache_dtype).view(blocks, bs, L + R).to(device)
+    slots = torch.randperm(blocks * bs)[:T]
+    slots[2] = -1
+    slots = slots.to(device)
+    scale = torch.tensor([0.04], dtype=torch.float32, device=device)
+    before = cache.clone()
+    assert compat.concat_and_cache_mla(kv_c, k_pe, cache, slots, kv_cache_dtype, scale) is None
+    s = slots.cpu()
+    stored = s >= 0
+    rows = torch.cat([kv_c[:T].cpu(), k_pe[:T, 0].cpu()], dim=-1)[stored]
+    if kv_cache_dtype == "fp8":
+        want = ref.quantize_fp8(rows, 0.04, torch.float8_e4m3fn).view(torch.uint8)
+    else:
+        want = rows
+    got = cache.cpu().view(-1, L + R)
+    assert ref.same_bits(got[s[stored]], want)
+    keep = torch.ones(blocks * bs, dtype=torch.bool)
+    keep[s[stored]] = False
+    assert ref.same_bits(got[keep], before.cpu().view(-1, L + R)[keep])
+
+
+def test_concat_and_cache_mla_refuses_a_cache_of_another_dtype():
+    kv_c, k_pe = torch.randn(2, 8), torch.randn(2, 4)
+    cache = torch.zeros(2, 2, 12, dtype=torch.float16)
+    with pytest.raises(ValueError, match="kv_cache must have it"):
+        compat.concat_and_cache_mla(kv_c, k_pe, cache, torch.arange(2), "auto", torch.ones(1))
+
+
+# ---- FlashInfer rope_quantize_fp8 / mla_rope_quantize_fp8 --------------------------------------
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("fp8", FP8, ids=dtype_id)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_rope_quantize_fp8(dtype, fp8, is_neox, device):
+    T, Hq, Hk, R, N, max_pos = 6, 4, 2, 32, 24, 50
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(*shape):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * 2).to(dtype).to(device)
+
+    q_rope, k_rope, q_nope, k_nope = rnd(T, Hq, R), rnd(T, Hk, R), rnd(T, Hq, N), rnd(T, Hk, N)
+    cache = cos_sin_cache(max_pos, R, device)
+    pos = torch.tensor([0, 5, 0, 17, 49, 3], device=device)
+    sq, sk = 2.0, 0.5
+    q_o, k_o, qn_o, kn_o = compat.rope_quantize_fp8(
+        q_rope, k_rope, q_nope, k_nope, cache, pos, is_neox=is_neox, quantize_dtype=fp8,
+        quant_scale_q=sq, quant_scale_kv=sk,
+    )  # fmt: skip
+    assert all(o.dtype == fp8 for o in (q_o, k_o, qn_o, kn_o))
+    assert ref.same_bits(qn_o, ref.quantize_fp8(q_nope, sq, fp8, multiply=True))
+    assert ref.same_bits(kn_o, ref.quantize_fp8(k_nope, sk, fp8, multiply=True))
+    for got, x, s in ((q_o, q_rope, sq), (k_o, k_rope, sk)):
+        want = flashinfer_rotation(x, cache, pos, is_neox)
+        ref.fp8_close(got, want, s, fp8, multiply=True)
+        at0 = pos.cpu() == 0
+        assert ref.same_bits(got.cpu()[at0], ref.quantize_fp8(x.cpu()[at0], s, fp8, multiply=True))
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+def test_mla_rope_quantize_fp8_with_out_buffers(device):
+    T, H, R, L, max_pos = 5, 8, 64, 128, 40
+    q_rope = torch.randn(T, H, R, dtype=torch.bfloat16, device=device)
+    k_rope = torch.randn(T, R, dtype=torch.bfloat16, device=device)
+    q_nope = torch.randn(T, H, L, dtype=torch.bfloat16, device=device)
+    k_nope = torch.randn(T, L, dtype=torch.bfloat16, device=device)
+    cache = cos_sin_cache(max_pos, R, device)
+    pos = torch.arange(T, device=device) * 7
+    fp8 = torch.float8_e4m3fn
+    outs = [
+        torch.empty(x.shape, dtype=fp8, device=device) for x in (q_rope, k_rope, q_nope, k_nope)
+    ]
+    got = compat.mla_rope_quantize_fp8(
+        q_rope, k_rope, q_nope, k_nope, cache, pos, is_neox=False, quant_scale_q=1.5,
+        quant_scale_kv=0.75, q_rope_out=outs[0], k_rope_out=outs[1], q_nope_out=outs[2],
+        k_nope_out=outs[3],
+    )  # fmt: skip
+    for g_, o in zip(got, outs):
+        assert g_.data_ptr() == o.data_ptr()
+    assert got[1].shape == (T, R) and got[3].shape == (T, L)
+    assert ref.same_bits(outs[3], ref.quantize_fp8(k_nope, 0.75, fp8, multiply=True))
+    want = flashinfer_rotation(k_rope.unsqueeze(1), cache, pos, False).squeeze(1)
+    ref.fp8_close(outs[1], want, 0.75, fp8, multiply=True)
+
+
+def test_rope_quantize_fp8_refuses_a_cache_of_another_width():
+    q = torch.randn(2, 2, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="cos_sin_cache must be"):
+        compat.rope_quantize_fp8(q, q, None, None, cos_sin_cache(8, 32, "cpu"), torch.zeros(2))
+
+
+# ---- the peers' own signatures, where their packages import ------------------------------------
+
+
+@pytest.mark.parametrize("name", ["rope_quantize_fp8", "mla_rope_quantize_fp8"])
+def test_signature_equals_flashinfer(name):
+    rope = pytest.importorskip("flashinfer.rope", reason="flashinfer-python not installed")
+    theirs = inspect.signature(getattr(rope, name))
+    ours = inspect.signature(getattr(compat, name))
+    assert list(ours.parameters) == list(theirs.parameters)
+    for p in theirs.parameters.values():
+        assert ours.parameters[p.name].default == p.default, p.name
+
+
+def test_signature_equals_vllm():
+    ops = pytest.importorskip("vllm._custom_ops", reason="vllm not installed")
+    theirs = inspect.signature(ops.concat_and_cache_mla)
+    ours = inspect.signature(compat.concat_and_cache_mla)
+    assert list(ours.parameters)[: len(theirs.parameters)] == list(theirs.parameters)

@@ -15,11 +15,18 @@ include/flashinfer/pos_enc.cuh):
   rounded to nearest even (torch-rope's ``multiply_by_scale=True``; dividing by ``1 / scale``
   would round differently).
 * ``k_rope`` of 2 dims is MLA's one shared key head: passed as a ``(T, 1, R)`` view.
+* The paged cache of ``rope_quantize_fp8_append_paged_kv_cache`` is addressed by ``kv_indptr``
+  (in pages), ``kv_indices`` (the page table), ``batch_indices`` and ``positions`` (the token's
+  index in its request's KV sequence, not its RoPE position, which is ``pos_ids``): slot =
+  ``kv_indices[g // page_size] * page_size + g % page_size`` with ``g = kv_indptr[b] * page_size
+  + positions[t]``, computed with tensor ops (no host sync); ``batch_indices[t] < 0`` (padding)
+  writes nothing for the token. FlashInfer leaves that token's q outputs unwritten too; these
+  write them (a superset).
 * ``enable_pdl`` (a launch attribute) and ``backend`` change nothing here.
 
 Differences, by design: inputs may also be float32; a ``cos_sin_cache`` whose width is not q's
-rope_dim is refused (FlashInfer reads past it); out-of-range positions raise (CPU) or trip a device
-assert (CUDA) instead of reading out of bounds.
+rope_dim is refused (FlashInfer reads past it); out-of-range positions and slots raise (CPU) or trip
+a device assert (CUDA) instead of reading or writing out of bounds.
 """
 
 from typing import Optional, Tuple
@@ -27,6 +34,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from ._mla_ops import mla_apply_cache
 from ._qk_fp8_ops import apply_qk_fp8
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -154,3 +162,96 @@ def mla_rope_quantize_fp8(
         q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox, quantize_dtype,
         quant_scale_q, quant_scale_kv, q_rope_out, k_rope_out, q_nope_out, k_nope_out, enable_pdl,
     )  # fmt: skip
+
+
+def _paged_slots(kv_indices, kv_indptr, batch_indices, positions, page_size) -> Tensor:
+    """int64 slot of every token (-1 for batch_indices < 0): page
+    ``kv_indices[g // page_size]``, entry ``g % page_size``, ``g = kv_indptr[b] * page_size +
+    positions[t]``. Tensor ops only: no host sync; a page index past kv_indices raises (CPU) or
+    trips torch's device assert (CUDA)."""
+    b = batch_indices.to(torch.int64)
+    valid = b >= 0
+    g = kv_indptr.to(torch.int64)[b.clamp(min=0)] * page_size + positions.to(torch.int64)
+    if kv_indices.numel() == 0:
+        return torch.full_like(b, -1)
+    page = kv_indices.to(torch.int64)[torch.where(valid, g // page_size, 0)]
+    return torch.where(valid, page * page_size + g % page_size, -1)
+
+
+def rope_quantize_fp8_append_paged_kv_cache(
+    q_rope: Tensor,
+    k_rope: Tensor,
+    q_nope: Optional[Tensor],
+    k_nope: Optional[Tensor],
+    v: Optional[Tensor],
+    cos_sin_cache: Tensor,
+    pos_ids: Tensor,
+    paged_kv_cache: Tuple[Tensor, Tensor],
+    kv_indices: Tensor,
+    kv_indptr: Tensor,
+    batch_indices: Tensor,
+    positions: Tensor,
+    is_neox: bool = True,
+    quantize_dtype: Optional[torch.dtype] = None,
+    quant_scale_q: float = 1.0,
+    quant_scale_kv: float = 1.0,
+    page_size: int = 16,
+    kv_layout: str = "NHD",
+    q_rope_out: Optional[Tensor] = None,
+    q_nope_out: Optional[Tensor] = None,
+    enable_pdl: bool = False,
+) -> Tuple[Tensor, Tensor]:
+    """FlashInfer's ``rope_quantize_fp8_append_paged_kv_cache``: ``(q_rope_out, q_nope_out)``,
+    the rotated k and v quantized into the paged caches in place.
+
+    GQA/MHA (``k_rope`` ``(T, Hk, R)``, ``v`` ``(T, Hk, R + N)``): ``paged_kv_cache = (k_cache,
+    v_cache)``, ``(num_pages, page_size, Hk, R + N)`` (``kv_layout="NHD"``) or ``(num_pages,
+    Hk, page_size, R + N)`` (``"HND"``), k rows ``[rotated k_rope | k_nope]``. MLA (``k_rope``
+    ``(T, R)``, ``v`` None): ``(ckv_cache, kpe_cache)``, ``(num_pages, page_size, N)`` and
+    ``(num_pages, page_size, R)``. One ``mla_apply_cache`` call (one launch on CUDA)."""
+    mla = k_rope.dim() == 2
+    if mla and v is not None:
+        raise ValueError("MLA (k_rope of 2 dims) takes no v: pass v=None")
+    if not mla and v is None:
+        raise ValueError("GQA/MHA (k_rope of 3 dims) needs v (num_tokens, num_kv_heads, head_dim)")
+    if kv_layout not in ("NHD", "HND"):
+        raise ValueError(f"kv_layout must be 'NHD' or 'HND', got {kv_layout!r}")
+    dtype = _fp8_dtype(quantize_dtype, q_rope_out, q_nope_out)
+    cache_0, cache_1 = paged_kv_cache
+    for name, cache in (("paged_kv_cache[0]", cache_0), ("paged_kv_cache[1]", cache_1)):
+        if cache.dtype != dtype:
+            raise ValueError(f"{name} must have quantize_dtype {dtype}, got {cache.dtype}")
+    cos, sin = _tables(cos_sin_cache, q_rope.size(-1))
+    R = q_rope.size(-1)
+    T = q_rope.size(0)
+    kv_c = k_nope if k_nope is not None else k_rope[..., :0]
+    if mla:
+        ckv, kpe, v_cache = cache_0, cache_1, None
+    else:
+        if (
+            kv_layout == "HND"
+        ):  # (num_pages, Hk, page_size, D) read as (num_pages, page_size, Hk, D)
+            cache_0, cache_1 = cache_0.transpose(1, 2), cache_1.transpose(1, 2)
+        kpe, ckv, v_cache = cache_0[..., :R], cache_0[..., R:], cache_1
+    if kpe.dim() < 3 or kpe.size(1) != page_size:
+        raise ValueError(
+            f"page_size = {page_size} must be the caches' page dim, got a cache of shape "
+            f"{list(paged_kv_cache[0].shape)} ({kv_layout})"
+        )
+    slots = _paged_slots(kv_indices, kv_indptr, batch_indices, positions, page_size)
+    if slots.numel() != T:
+        raise ValueError(
+            f"batch_indices and positions must have one entry per token ({T}), got "
+            f"{batch_indices.numel()} and {positions.numel()}"
+        )
+    q_o, qn_o = mla_apply_cache(
+        q_rope, k_rope, kv_c, cos, sin, pos_ids.reshape(-1, 1), ckv, kpe, slots, q_nope=q_nope,
+        v=v, v_cache=v_cache, interleaved=not is_neox, kv_scale=float(quant_scale_kv),
+        v_scale=None if v is None else float(quant_scale_kv), q_dtype=dtype,
+        q_scale=float(quant_scale_q), multiply_by_scale=True,
+    )  # fmt: skip
+    if q_rope_out is not None:
+        q_o = q_rope_out.copy_(q_o)
+    if q_nope_out is not None and q_nope is not None:
+        qn_o = q_nope_out.copy_(qn_o)
+    return q_o, qn_o

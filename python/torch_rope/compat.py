@@ -12,7 +12,9 @@ over :func:`torch_rope.apply`, :func:`torch_rope.apply_` and :func:`torch_rope.a
 * :func:`rotary_embedding`, :func:`apply_rope_with_cos_sin_cache` and ``_inplace``: the inference
   engines' cache form, below.
 * :func:`rope_quantize_fp8`, :func:`mla_rope_quantize_fp8`: FlashInfer's fused RoPE + float8
-  (``cos_sin_cache``, ``quant_scale`` multiplies), over :func:`torch_rope.apply_qk_fp8`.
+  (``cos_sin_cache``, ``quant_scale`` multiplies), over :func:`torch_rope.apply_qk_fp8`;
+  :func:`rope_quantize_fp8_append_paged_kv_cache` (its paged NHD/HND caches, GQA or MLA), over
+  :func:`torch_rope.mla_apply_cache`.
 * :func:`concat_and_cache_mla`: vLLM's MLA cache rows ``[kv_c | k_pe]`` (copied, not rotated),
   over :func:`torch_rope.mla_apply_cache`.
 
@@ -58,7 +60,11 @@ from ._compat_flashinfer import (
     apply_rope_pos_ids,
     apply_rope_pos_ids_inplace,
 )
-from ._compat_flashinfer_fp8 import mla_rope_quantize_fp8, rope_quantize_fp8
+from ._compat_flashinfer_fp8 import (
+    mla_rope_quantize_fp8,
+    rope_quantize_fp8,
+    rope_quantize_fp8_append_paged_kv_cache,
+)
 from ._compat_transformer_engine import apply_rotary_pos_emb
 from ._compat_vllm import concat_and_cache_mla
 from .ops import apply_
@@ -80,6 +86,7 @@ __all__ = [
     # the serving fusions (issue 33): FlashInfer's fused RoPE + fp8, vLLM's MLA cache rows
     "rope_quantize_fp8",
     "mla_rope_quantize_fp8",
+    "rope_quantize_fp8_append_paged_kv_cache",
     "concat_and_cache_mla",
 ]
 

@@ -155,7 +155,10 @@ def test_rope_quantize_fp8_refuses_a_cache_of_another_width():
 # ---- the peers' own signatures, where their packages import ------------------------------------
 
 
-@pytest.mark.parametrize("name", ["rope_quantize_fp8", "mla_rope_quantize_fp8"])
+@pytest.mark.parametrize(
+    "name",
+    ["rope_quantize_fp8", "mla_rope_quantize_fp8", "rope_quantize_fp8_append_paged_kv_cache"],
+)
 def test_signature_equals_flashinfer(name):
     rope = pytest.importorskip("flashinfer.rope", reason="flashinfer-python not installed")
     theirs = inspect.signature(getattr(rope, name))
@@ -170,3 +173,120 @@ def test_signature_equals_vllm():
     theirs = inspect.signature(ops.concat_and_cache_mla)
     ours = inspect.signature(compat.concat_and_cache_mla)
     assert list(ours.parameters)[: len(theirs.parameters)] == list(theirs.parameters)
+
+
+# ---- FlashInfer rope_quantize_fp8_append_paged_kv_cache ---------------------------------------
+# Two requests: request 0 owns pages kv_indices[0:2] = (3, 0), request 1 page kv_indices[2] = 2,
+# page_size 4; `positions` are the tokens' places in their request's KV sequence, `pos_ids` their
+# RoPE positions; the last token is padding (batch_indices -1).
+PAGE, PAGES = 4, 4
+KV_INDPTR = [0, 2, 3]
+KV_INDICES = [3, 0, 2]
+BATCH = [0, 0, 0, 1, 1, -1]
+KV_POS = [4, 5, 6, 1, 2, 0]
+POS_IDS = [0, 9, 6, 0, 13, 3]
+
+
+def paged_slot(b, p):
+    """FlashInfer's paged addressing, written out per token."""
+    g = KV_INDPTR[b] * PAGE + p
+    return KV_INDICES[g // PAGE] * PAGE + g % PAGE
+
+
+def random_fp8(shape, fp8, device):
+    n = 1
+    for s in shape:
+        n *= s
+    return torch.randint(0, 256, (n,), dtype=torch.uint8).view(fp8).view(shape).to(device)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+@pytest.mark.parametrize("fp8", FP8, ids=dtype_id)
+def test_append_paged_kv_cache_gqa(fp8, kv_layout, device):
+    T, Hq, Hk, R, N = 6, 4, 2, 16, 16
+    g = torch.Generator().manual_seed(1)
+
+    def rnd(*shape):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * 2).to(torch.bfloat16)
+
+    q_rope, k_rope, q_nope, k_nope = rnd(T, Hq, R), rnd(T, Hk, R), rnd(T, Hq, N), rnd(T, Hk, N)
+    v = rnd(T, Hk, R + N)
+    cache = cos_sin_cache(20, R, "cpu")
+    shape = (PAGES, PAGE, Hk, R + N) if kv_layout == "NHD" else (PAGES, Hk, PAGE, R + N)
+    k_cache, v_cache = random_fp8(shape, fp8, device), random_fp8(shape, fp8, device)
+    before = [k_cache.clone(), v_cache.clone()]
+    sq, skv = 1.5, 0.5
+    dev = [t.to(device) for t in (q_rope, k_rope, q_nope, k_nope, v)]
+    q_o, qn_o = compat.rope_quantize_fp8_append_paged_kv_cache(
+        *dev[:4], dev[4], cache.to(device), torch.tensor(POS_IDS, device=device),
+        (k_cache, v_cache), torch.tensor(KV_INDICES, dtype=torch.int32, device=device),
+        torch.tensor(KV_INDPTR, dtype=torch.int32, device=device),
+        torch.tensor(BATCH, dtype=torch.int32, device=device),
+        torch.tensor(KV_POS, dtype=torch.int32, device=device), is_neox=True,
+        quantize_dtype=fp8, quant_scale_q=sq, quant_scale_kv=skv, page_size=PAGE,
+        kv_layout=kv_layout,
+    )  # fmt: skip
+    pos = torch.tensor(POS_IDS)
+    # q outputs for every token (a superset of FlashInfer's, which skips padding tokens).
+    assert ref.same_bits(qn_o, ref.quantize_fp8(q_nope, sq, fp8, multiply=True))
+    ref.fp8_close(q_o, flashinfer_rotation(q_rope, cache, pos, True), sq, fp8, multiply=True)
+
+    def rows(c):  # (PAGES * PAGE, Hk, D) in slot order, whatever the layout
+        c = c.cpu()
+        return (c if kv_layout == "NHD" else c.transpose(1, 2)).reshape(PAGES * PAGE, Hk, R + N)
+
+    k_rows, v_rows = rows(k_cache), rows(v_cache)
+    k_rot = flashinfer_rotation(k_rope, cache, pos, True)
+    written = set()
+    for t, (b, p) in enumerate(zip(BATCH, KV_POS)):
+        if b < 0:
+            continue
+        s = paged_slot(b, p)
+        written.add(s)
+        assert ref.same_bits(k_rows[s, :, R:], ref.quantize_fp8(k_nope[t], skv, fp8, multiply=True))
+        assert ref.same_bits(v_rows[s], ref.quantize_fp8(v[t], skv, fp8, multiply=True))
+        ref.fp8_close(k_rows[s, :, :R], k_rot[t], skv, fp8, multiply=True)
+        if POS_IDS[t] == 0:  # turns by nothing: torch's cast of the value, bit for bit
+            want = ref.quantize_fp8(k_rope[t], skv, fp8, multiply=True)
+            assert ref.same_bits(k_rows[s, :, :R], want)
+    keep = [s for s in range(PAGES * PAGE) if s not in written]
+    assert ref.same_bits(k_rows[keep], rows(before[0])[keep])
+    assert ref.same_bits(v_rows[keep], rows(before[1])[keep])
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+def test_append_paged_kv_cache_mla(device):
+    T, H, R, L = 6, 4, 16, 32
+    fp8 = torch.float8_e4m3fn
+    q_rope = torch.randn(T, H, R, dtype=torch.float16)
+    k_rope = torch.randn(T, R, dtype=torch.float16)
+    q_nope = torch.randn(T, H, L, dtype=torch.float16)
+    k_nope = torch.randn(T, L, dtype=torch.float16)
+    cache = cos_sin_cache(20, R, "cpu")
+    ckv = random_fp8((PAGES, PAGE, L), fp8, device)
+    kpe = random_fp8((PAGES, PAGE, R), fp8, device)
+    before = [ckv.clone(), kpe.clone()]
+    q_out = torch.empty(T, H, R, dtype=fp8, device=device)
+    got = compat.rope_quantize_fp8_append_paged_kv_cache(
+        q_rope.to(device), k_rope.to(device), q_nope.to(device), k_nope.to(device), None,
+        cache.to(device), torch.tensor(POS_IDS, device=device), (ckv, kpe),
+        torch.tensor(KV_INDICES, device=device), torch.tensor(KV_INDPTR, device=device),
+        torch.tensor(BATCH, device=device), torch.tensor(KV_POS, device=device), is_neox=False,
+        quant_scale_kv=2.0, page_size=PAGE, q_rope_out=q_out,
+    )  # fmt: skip
+    assert got[0].data_ptr() == q_out.data_ptr()
+    pos = torch.tensor(POS_IDS)
+    k_rot = flashinfer_rotation(k_rope.unsqueeze(1), cache, pos, False).squeeze(1)
+    ckv_rows, kpe_rows = ckv.cpu().view(-1, L), kpe.cpu().view(-1, R)
+    written = []
+    for t, (b, p) in enumerate(zip(BATCH, KV_POS)):
+        if b < 0:
+            continue
+        s = paged_slot(b, p)
+        written.append(s)
+        assert ref.same_bits(ckv_rows[s], ref.quantize_fp8(k_nope[t], 2.0, fp8, multiply=True))
+        ref.fp8_close(kpe_rows[s], k_rot[t], 2.0, fp8, multiply=True)
+    keep = [s for s in range(PAGES * PAGE) if s not in written]
+    assert ref.same_bits(ckv_rows[keep], before[0].cpu().view(-1, L)[keep])
+    assert ref.same_bits(kpe_rows[keep], before[1].cpu().view(-1, R)[keep])

@@ -358,4 +358,19 @@ void host_apply_qk_fp8_out(CaseContext& ctx, const at::Tensor& q, const at::Tens
       mrope_section, mrope_interleaved, q_out, k_out, q_nope_out, k_nope_out);
 }
 
+std::tuple<at::Tensor, at::Tensor> host_mla_apply_cache(
+    CaseContext& ctx, const at::Tensor& q_pe, const at::Tensor& k_pe, const at::Tensor& kv_c,
+    const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,
+    const at::Tensor& kv_cache, const std::optional<at::Tensor>& kpe_cache,
+    const at::Tensor& slot_mapping, const std::optional<at::Tensor>& q_nope,
+    const std::optional<at::Tensor>& v, const std::optional<at::Tensor>& v_cache, bool interleaved,
+    const std::optional<at::Tensor>& kv_scale, const std::optional<at::Tensor>& v_scale,
+    std::optional<at::ScalarType> q_dtype, const std::optional<at::Tensor>& q_scale,
+    bool multiply_by_scale) {
+  Enter enter(ctx);
+  return rope::cuda::glue::mla_apply_cache<HostRuntime>(
+      q_pe, k_pe, kv_c, cos, sin, positions, kv_cache, kpe_cache, slot_mapping, q_nope, v, v_cache,
+      interleaved, kv_scale, v_scale, q_dtype, q_scale, multiply_by_scale);
+}
+
 }  // namespace rope_host

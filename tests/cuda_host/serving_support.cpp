@@ -118,12 +118,13 @@ void expect_same_bits(std::vector<std::string>& problems, const std::string& wha
   if (got.numel() == 0) {
     return;
   }
-  // A float8 NaN compares equal to any other NaN code of its format. The sign of a NaN that
-  // arithmetic creates (inf - inf in a rotation of infinite inputs) is not specified by IEEE 754:
-  // x86 makes the negative default NaN, a GPU the positive canonical one, and the host build of
-  // the kernel whichever its libm's fmaf gives. So the sign and payload of a NaN are not held to
-  // the CPU's here, copied ones included (tests/python/kernels/test_fp8_fusions_quantization.py
-  // holds copied NaNs of every 16-bit pattern to torch's cast on each CPU kernel copy).
+  // A NaN compares equal to any other NaN code of its format (float8 and 16/32/64-bit alike). The
+  // sign of a NaN that arithmetic creates (inf - inf in a rotation of infinite inputs) is not
+  // specified by IEEE 754: x86 makes the negative default NaN, a GPU the positive canonical one,
+  // and the host build of the kernel whichever its libm's fmaf gives. So the sign and payload of a
+  // NaN are not held to the CPU's here, copied ones included
+  // (tests/python/kernels/test_fp8_fusions_quantization.py holds copied NaNs of every 16-bit
+  // pattern to torch's cast on each CPU kernel copy).
   const auto comparable = [](const at::Tensor& t) {
     at::Tensor b = bits_of(t.contiguous());
     if (t.scalar_type() == at::kFloat8_e4m3fn) {
@@ -131,6 +132,9 @@ void expect_same_bits(std::vector<std::string>& problems, const std::string& wha
     }
     if (t.scalar_type() == at::kFloat8_e5m2) {
       return at::where(b.bitwise_and(0x7f).gt(0x7c), at::full({}, 0x7f, b.options()), b);
+    }
+    if (at::isFloatingType(t.scalar_type())) {  // 16/32/64-bit outputs: all ones is a NaN code
+      return at::where(t.contiguous().isnan(), at::full({}, -1, b.options()), b);
     }
     return b;
   };

@@ -1,0 +1,124 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "common_fresh_output.h"
+
+#include <ATen/EmptyTensor.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/DispatchKeySet.h>
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+namespace rope::detail {
+namespace {
+
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+
+constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+constexpr uintptr_t kSmallPage = uintptr_t{4} << 10;
+
+uintptr_t round_up(uintptr_t n, uintptr_t to) {
+  return (n + to - 1) & ~(to - 1);
+}
+
+// What the deleter needs to unmap: the mapping's start and length.
+struct Mapping {
+  void* start;
+  size_t length;
+};
+
+void unmap(void* ctx) {
+  auto* mapping = static_cast<Mapping*>(ctx);
+  (void)munmap(mapping->start, mapping->length);
+  delete mapping;
+}
+
+// Large blocks as mappings of their own; small ones (and a failed mapping) from torch's CPU
+// allocator, so a storage resized below the threshold or on a machine that refuses still works.
+class OwnPagesAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    if (nbytes < kOwnPagesBytes) {
+      return c10::GetCPUAllocator()->allocate(nbytes);
+    }
+    const size_t length = round_up(nbytes, kSmallPage);
+    // One huge page more than needed, so that a 2 MiB-aligned start lies inside; the slack on
+    // either side is unmapped at once.
+    void* raw = mmap(nullptr, length + kHugePage, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) {
+      return c10::GetCPUAllocator()->allocate(nbytes);
+    }
+    const auto base = reinterpret_cast<uintptr_t>(raw);
+    const uintptr_t start = round_up(base, kHugePage);
+    if (start > base) {
+      (void)munmap(raw, start - base);
+    }
+    const uintptr_t end = start + length;
+    const uintptr_t mapped_end = base + length + kHugePage;
+    if (mapped_end > end) {
+      (void)munmap(reinterpret_cast<void*>(end), mapped_end - end);
+    }
+    void* data = reinterpret_cast<void*>(start);
+    // Advice only: where transparent huge pages are off, the pages are small and all else holds.
+    (void)madvise(data, length, MADV_HUGEPAGE);
+    populate_for_writing(data, length);
+    return {data, new Mapping{data, length}, &unmap, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+
+ private:
+  // Every page is faulted in here, by this one thread, before the kernel's threads write: two
+  // threads taking the first-touch huge-page faults of one output at once fell into 72-79 ms
+  // phases on the 2-core VM where one thread was steady (benchmarks/fresh_output_probe.py). One
+  // madvise(MADV_POPULATE_WRITE) where the kernel has it (Linux 5.14), else a write per page; the
+  // storage is uninitialised, so the zero written changes nothing.
+  static void populate_for_writing(void* data, size_t length) {
+#if defined(MADV_POPULATE_WRITE)
+    if (madvise(data, length, MADV_POPULATE_WRITE) == 0) {
+      return;
+    }
+#endif
+    const auto start = reinterpret_cast<uintptr_t>(data);
+    for (uintptr_t page = start; page < start + length; page += kSmallPage) {
+      *reinterpret_cast<volatile char*>(page) = 0;
+    }
+  }
+};
+
+c10::Allocator* own_pages_allocator() {
+  // Never destroyed: storages it made may outlive static destruction.
+  static auto* allocator = new OwnPagesAllocator();
+  return allocator;
+}
+
+#endif
+
+}  // namespace
+
+at::Tensor empty_cpu_output(c10::IntArrayRef sizes, c10::ScalarType dtype) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  size_t nbytes = c10::elementSize(dtype);
+  for (const int64_t s : sizes) {
+    nbytes *= static_cast<size_t>(s);
+  }
+  if (nbytes < kOwnPagesBytes) {  // the decode sizes: no virtual call, no mapping
+    return at::detail::empty_cpu(sizes, dtype, /*pin_memory=*/false,
+                                 c10::MemoryFormat::Contiguous);
+  }
+  return at::detail::empty_generic(sizes, own_pages_allocator(),
+                                   c10::DispatchKeySet(c10::DispatchKey::CPU), dtype,
+                                   c10::MemoryFormat::Contiguous);
+#else
+  return at::detail::empty_cpu(sizes, dtype, /*pin_memory=*/false, c10::MemoryFormat::Contiguous);
+#endif
+}
+
+}  // namespace rope::detail

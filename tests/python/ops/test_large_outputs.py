@@ -1,0 +1,103 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Large CPU outputs (32 MiB and up) live in mappings of their own (csrc/cpu/common_fresh_output.h):
+they must be ordinary tensors to the user (right values, resizable, shareable, serialisable) and be
+unmapped when they die."""
+
+import io
+import os
+import sys
+
+import pytest
+import torch
+
+import torch_rope
+
+OWN_PAGES_BYTES = 32 << 20  # kOwnPagesBytes in csrc/cpu/common_fresh_output.h
+
+
+def rotate_half_split_f64(x, cos, sin, positions):
+    """The rotation in float64, written here: (a, b) -> (a cos - b sin, b cos + a sin)."""
+    half = cos.shape[-1]
+    c = cos.double()[positions]  # positions (S, 1): (S, 1, half), broadcast over heads
+    s = sin.double()[positions]
+    xd = x.double()
+    a, b = xd[..., :half], xd[..., half : 2 * half]
+    return torch.cat((a * c - b * s, b * c + a * s, xd[..., 2 * half :]), dim=-1)
+
+
+def tables(seq_len, rotary_dim):
+    inv = 1.0 / (10000.0 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
+    angles = torch.arange(seq_len, dtype=torch.float64)[:, None] * inv
+    return angles.cos().float(), angles.sin().float()
+
+
+# (seq, 32, 64) float32 tensors (8 KiB a row) on either side of the threshold, and one that ends
+# inside a 2 MiB page (the mapping's tail is in small pages).
+@pytest.mark.parametrize("seq", [4095, 4096, 4097, 4300])
+def test_outputs_around_the_threshold_match_the_reference(seq):
+    g = torch.Generator().manual_seed(seq)
+    x = torch.randn(seq, 32, 64, generator=g)
+    cos, sin = tables(seq, 64)
+    positions = torch.arange(seq)[:, None]
+    out = torch_rope.apply(x, cos, sin, positions, interleaved=False)
+    assert (out.nbytes >= OWN_PAGES_BYTES) == (seq >= 4096)
+    torch.testing.assert_close(
+        out.double(), rotate_half_split_f64(x, cos, sin, positions), rtol=0, atol=2e-6
+    )
+
+
+def large_output():
+    x = torch.randn(8192, 16, 64, generator=torch.Generator().manual_seed(1))
+    cos, sin = tables(8192, 64)
+    return torch_rope.apply(x, cos, sin, torch.arange(8192)[:, None], interleaved=False)
+
+
+def test_a_large_output_behaves_like_any_tensor():
+    out = large_output()
+    assert out.nbytes == OWN_PAGES_BYTES
+    kept = out.clone()
+    out.add_(1.0)
+    torch.testing.assert_close(out, kept + 1.0, rtol=0, atol=0)
+    # Resizing reallocates through the storage's allocator: larger keeps the data, smaller too.
+    out.resize_(8192 * 2, 16, 64)
+    torch.testing.assert_close(out[:8192], kept + 1.0, rtol=0, atol=0)
+    out.resize_(16, 16, 64)
+    torch.testing.assert_close(out, kept[:16] + 1.0, rtol=0, atol=0)
+    # Shared memory and serialisation copy the bytes out of the mapping.
+    shared = large_output().share_memory_()
+    assert shared.is_shared()
+    torch.testing.assert_close(shared, kept, rtol=0, atol=0)
+    buffer = io.BytesIO()
+    torch.save(large_output(), buffer)
+    buffer.seek(0)
+    torch.testing.assert_close(torch.load(buffer), kept, rtol=0, atol=0)
+
+
+def test_a_large_output_takes_part_in_autograd():
+    x = torch.randn(8192, 16, 64, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    cos, sin = tables(8192, 64)
+    out = torch_rope.apply(x, cos, sin, torch.arange(8192)[:, None], interleaved=False)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    # The rotation is orthogonal: the gradient is the inverse rotation, i.e. by -angle.
+    expected = rotate_half_split_f64(grad, cos, -sin, torch.arange(8192)[:, None])
+    torch.testing.assert_close(x.grad.double(), expected, rtol=0, atol=2e-6)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_large_outputs_are_unmapped_when_they_die():
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def resident_mib():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * page / 2**20
+
+    x = torch.randn(4, 32, 1024, 128)  # 64 MiB
+    cos, sin = tables(1024, 128)
+    positions = torch.arange(1024)
+    torch_rope.apply(x, cos, sin, positions)
+    before = resident_mib()
+    for _ in range(40):  # 2.5 GiB in all if nothing were freed
+        out = torch_rope.apply(x, cos, sin, positions)
+        del out
+    assert resident_mib() - before < 256

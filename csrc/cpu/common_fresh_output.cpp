@@ -21,9 +21,7 @@ namespace {
 constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
 constexpr uintptr_t kSmallPage = uintptr_t{4} << 10;
 
-uintptr_t round_up(uintptr_t n, uintptr_t to) {
-  return (n + to - 1) & ~(to - 1);
-}
+uintptr_t round_up(uintptr_t n, uintptr_t to) { return (n + to - 1) & ~(to - 1); }
 
 // What the deleter needs to unmap: the mapping's start and length.
 struct Mapping {
@@ -110,8 +108,7 @@ at::Tensor empty_cpu_output(c10::IntArrayRef sizes, c10::ScalarType dtype) {
     nbytes *= static_cast<size_t>(s);
   }
   if (nbytes < kOwnPagesBytes) {  // the decode sizes: no virtual call, no mapping
-    return at::detail::empty_cpu(sizes, dtype, /*pin_memory=*/false,
-                                 c10::MemoryFormat::Contiguous);
+    return at::detail::empty_cpu(sizes, dtype, /*pin_memory=*/false, c10::MemoryFormat::Contiguous);
   }
   return at::detail::empty_generic(sizes, own_pages_allocator(),
                                    c10::DispatchKeySet(c10::DispatchKey::CPU), dtype,

@@ -8,6 +8,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <iterator>
+#include <mutex>
+#include <vector>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -23,15 +26,72 @@ constexpr uintptr_t kSmallPage = uintptr_t{4} << 10;
 
 uintptr_t round_up(uintptr_t n, uintptr_t to) { return (n + to - 1) & ~(to - 1); }
 
-// What the deleter needs to unmap: the mapping's start and length.
+// A mapping: its start and length.
 struct Mapping {
   void* start;
   size_t length;
 };
 
-void unmap(void* ctx) {
+// Freed mappings, kept for the next output of the same length (a model's calls repeat their
+// shapes): a kept mapping is already faulted in, as glibc's reused heap is for x.clone(), and in
+// huge pages. Bounded by kKeptBytes and kKeptMappings; the oldest go first (munmap). The pages of
+// a kept mapping stay resident, as glibc's untrimmed heap does.
+class KeptMappings {
+ public:
+  static constexpr size_t kKeptBytes = size_t{256} << 20;
+  static constexpr size_t kKeptMappings = 8;
+
+  // The most recently kept mapping of exactly `length` bytes (its pages the likeliest still in
+  // cache), taken out of the set, or nullptr.
+  void* take(size_t length) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = kept_.rbegin(); it != kept_.rend(); ++it) {
+      if (it->length == length) {
+        void* start = it->start;
+        held_ -= length;
+        kept_.erase(std::next(it).base());
+        return start;
+      }
+    }
+    return nullptr;
+  }
+
+  // Keeps `m` for reuse; unmaps what no longer fits (outside the lock: munmap can take a while).
+  void give(Mapping m) {
+    std::vector<Mapping> dropped;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (m.length > kKeptBytes) {
+        dropped.push_back(m);
+      } else {
+        kept_.push_back(m);
+        held_ += m.length;
+        while (held_ > kKeptBytes || kept_.size() > kKeptMappings) {
+          dropped.push_back(kept_.front());
+          held_ -= kept_.front().length;
+          kept_.erase(kept_.begin());
+        }
+      }
+    }
+    for (const Mapping& d : dropped) {
+      (void)munmap(d.start, d.length);
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<Mapping> kept_;  // oldest first
+  size_t held_ = 0;
+};
+
+KeptMappings& kept_mappings() {
+  static auto* kept = new KeptMappings();  // never destroyed: storages may outlive statics
+  return *kept;
+}
+
+void release(void* ctx) {
   auto* mapping = static_cast<Mapping*>(ctx);
-  (void)munmap(mapping->start, mapping->length);
+  kept_mappings().give(*mapping);
   delete mapping;
 }
 
@@ -44,6 +104,9 @@ class OwnPagesAllocator final : public c10::Allocator {
       return c10::GetCPUAllocator()->allocate(nbytes);
     }
     const size_t length = round_up(nbytes, kSmallPage);
+    if (void* kept = kept_mappings().take(length)) {
+      return {kept, new Mapping{kept, length}, &release, c10::Device(c10::DeviceType::CPU)};
+    }
     // One huge page more than needed, so that a 2 MiB-aligned start lies inside; the slack on
     // either side is unmapped at once.
     void* raw = mmap(nullptr, length + kHugePage, PROT_READ | PROT_WRITE,
@@ -65,7 +128,7 @@ class OwnPagesAllocator final : public c10::Allocator {
     // Advice only: where transparent huge pages are off, the pages are small and all else holds.
     (void)madvise(data, length, MADV_HUGEPAGE);
     populate_for_writing(data, length);
-    return {data, new Mapping{data, length}, &unmap, c10::Device(c10::DeviceType::CPU)};
+    return {data, new Mapping{data, length}, &release, c10::Device(c10::DeviceType::CPU)};
   }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Large CPU outputs (32 MiB and up) live in mappings of their own (csrc/cpu/common_fresh_output.h):
-they must be ordinary tensors to the user (right values, resizable, shareable, serialisable) and be
-unmapped when they die."""
+"""Large CPU outputs (16 MiB and up) live in mappings of their own (csrc/cpu/common_fresh_output.h):
+they must be ordinary tensors to the user (right values, resizable, shareable, serialisable), a
+freed one's mapping serves the next output of its length, and what is kept stays within 256 MiB."""
 
 import io
 import os
@@ -12,7 +12,8 @@ import torch
 
 import torch_rope
 
-OWN_PAGES_BYTES = 32 << 20  # kOwnPagesBytes in csrc/cpu/common_fresh_output.h
+OWN_PAGES_BYTES = 16 << 20  # kOwnPagesBytes in csrc/cpu/common_fresh_output.h
+KEPT_BYTES = 256 << 20  # KeptMappings::kKeptBytes
 
 
 def rotate_half_split_f64(x, cos, sin, positions):
@@ -33,35 +34,35 @@ def tables(seq_len, rotary_dim):
 
 # (seq, 32, 64) float32 tensors (8 KiB a row) on either side of the threshold, and one that ends
 # inside a 2 MiB page (the mapping's tail is in small pages).
-@pytest.mark.parametrize("seq", [4095, 4096, 4097, 4300])
+@pytest.mark.parametrize("seq", [2047, 2048, 2049, 2100])
 def test_outputs_around_the_threshold_match_the_reference(seq):
     g = torch.Generator().manual_seed(seq)
     x = torch.randn(seq, 32, 64, generator=g)
     cos, sin = tables(seq, 64)
     positions = torch.arange(seq)[:, None]
     out = torch_rope.apply(x, cos, sin, positions, interleaved=False)
-    assert (out.nbytes >= OWN_PAGES_BYTES) == (seq >= 4096)
+    assert (out.nbytes >= OWN_PAGES_BYTES) == (seq >= 2048)
     torch.testing.assert_close(
         out.double(), rotate_half_split_f64(x, cos, sin, positions), rtol=0, atol=2e-6
     )
 
 
 def large_output():
-    x = torch.randn(8192, 16, 64, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(8192, 32, 64, generator=torch.Generator().manual_seed(1))
     cos, sin = tables(8192, 64)
     return torch_rope.apply(x, cos, sin, torch.arange(8192)[:, None], interleaved=False)
 
 
 def test_a_large_output_behaves_like_any_tensor():
     out = large_output()
-    assert out.nbytes == OWN_PAGES_BYTES
+    assert out.nbytes >= OWN_PAGES_BYTES
     kept = out.clone()
     out.add_(1.0)
     torch.testing.assert_close(out, kept + 1.0, rtol=0, atol=0)
     # Resizing reallocates through the storage's allocator: larger keeps the data, smaller too.
-    out.resize_(8192 * 2, 16, 64)
+    out.resize_(8192 * 2, 32, 64)
     torch.testing.assert_close(out[:8192], kept + 1.0, rtol=0, atol=0)
-    out.resize_(16, 16, 64)
+    out.resize_(16, 32, 64)
     torch.testing.assert_close(out, kept[:16] + 1.0, rtol=0, atol=0)
     # Shared memory and serialisation copy the bytes out of the mapping.
     shared = large_output().share_memory_()
@@ -74,7 +75,7 @@ def test_a_large_output_behaves_like_any_tensor():
 
 
 def test_a_large_output_takes_part_in_autograd():
-    x = torch.randn(8192, 16, 64, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    x = torch.randn(8192, 32, 64, generator=torch.Generator().manual_seed(2), requires_grad=True)
     cos, sin = tables(8192, 64)
     out = torch_rope.apply(x, cos, sin, torch.arange(8192)[:, None], interleaved=False)
     grad = torch.randn_like(out)
@@ -84,20 +85,38 @@ def test_a_large_output_takes_part_in_autograd():
     torch.testing.assert_close(x.grad.double(), expected, rtol=0, atol=2e-6)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
-def test_large_outputs_are_unmapped_when_they_die():
-    page = os.sysconf("SC_PAGE_SIZE")
+def resident_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
-    def resident_mib():
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * page / 2**20
 
-    x = torch.randn(4, 32, 1024, 128)  # 64 MiB
+def rotate_64_mib():
+    x = torch.ones(4, 32, 1024, 128)
     cos, sin = tables(1024, 128)
-    positions = torch.arange(1024)
-    torch_rope.apply(x, cos, sin, positions)
+    return lambda: torch_rope.apply(x, cos, sin, torch.arange(1024))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_a_freed_output_serves_the_next_one_of_its_length():
+    call = rotate_64_mib()
+    first = call()
+    address = first.data_ptr()
+    del first
+    second = call()
+    assert second.data_ptr() == address  # the kept mapping, not a new one
+    torch.testing.assert_close(second[0, 0, 0], call()[0, 0, 0], rtol=0, atol=0)
     before = resident_mib()
-    for _ in range(40):  # 2.5 GiB in all if nothing were freed
-        out = torch_rope.apply(x, cos, sin, positions)
-        del out
-    assert resident_mib() - before < 256
+    for _ in range(40):  # 2.5 GiB in all if nothing were reused
+        del second
+        second = call()
+    assert resident_mib() - before < 64
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_what_is_kept_after_outputs_die_stays_within_its_bound():
+    call = rotate_64_mib()
+    before = resident_mib()
+    alive = [call() for _ in range(12)]  # 768 MiB of outputs alive at once
+    assert resident_mib() - before > 600
+    del alive  # 4 of them fit the 256 MiB kept; the other 8 must be unmapped
+    assert resident_mib() - before < KEPT_BYTES / 2**20 + 64

@@ -204,8 +204,8 @@ def markdown(result):
     out = [
         "# What bounds the missed CPU targets",
         "",
-        f"CPU: {m['cpu_model']} ({m['cpus']} CPUs), kernel **{m['kernel_variant']}**"
-        f"{simulated_note(m)}, {m['threads']} thread(s), torch {m['torch']}, {m['date']}. "
+        f"CPU: {m['cpu_model']} ({m['cpus']} CPUs), kernel **{m['kernel_variant']}**, "
+        f"{m['threads']} thread(s), torch {m['torch']}, {m['date']}. {simulated_note(m)} "
         f"Load average {m['loadavg_before']} before, {m['loadavg_after']} after.",
         "",
         "Each candidate timed at 1 and 64 tokens (medians of interleaved rounds); fixed = the "

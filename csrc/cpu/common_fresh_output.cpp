@@ -5,6 +5,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/DispatchKeySet.h>
+#include <c10/util/accumulate.h>
 
 #include <cstdint>
 #include <cstring>
@@ -166,19 +167,15 @@ c10::Allocator* own_pages_allocator() {
 
 at::Tensor empty_cpu_output(c10::IntArrayRef sizes, c10::ScalarType dtype) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-  size_t nbytes = c10::elementSize(dtype);
-  for (const int64_t s : sizes) {
-    nbytes *= static_cast<size_t>(s);
+  const auto nbytes = static_cast<size_t>(c10::multiply_integers(sizes)) * c10::elementSize(dtype);
+  if (nbytes >= kOwnPagesBytes) {
+    return at::detail::empty_generic(sizes, own_pages_allocator(),
+                                     c10::DispatchKeySet(c10::DispatchKey::CPU), dtype,
+                                     c10::MemoryFormat::Contiguous);
   }
-  if (nbytes < kOwnPagesBytes) {  // the decode sizes: no virtual call, no mapping
-    return at::detail::empty_cpu(sizes, dtype, /*pin_memory=*/false, c10::MemoryFormat::Contiguous);
-  }
-  return at::detail::empty_generic(sizes, own_pages_allocator(),
-                                   c10::DispatchKeySet(c10::DispatchKey::CPU), dtype,
-                                   c10::MemoryFormat::Contiguous);
-#else
-  return at::detail::empty_cpu(sizes, dtype, /*pin_memory=*/false, c10::MemoryFormat::Contiguous);
 #endif
+  // The decode sizes (and every size elsewhere than Linux): no virtual call, no mapping.
+  return at::detail::empty_cpu(sizes, dtype, /*pin_memory=*/false, c10::MemoryFormat::Contiguous);
 }
 
 }  // namespace rope::detail

@@ -8,6 +8,7 @@ import os
 import sys
 
 import pytest
+import references as ref
 import torch
 
 import torch_rope
@@ -16,40 +17,27 @@ OWN_PAGES_BYTES = 16 << 20  # kOwnPagesBytes in csrc/cpu/common_fresh_output.h
 KEPT_BYTES = 256 << 20  # KeptMappings::kKeptBytes
 
 
-def rotate_half_split_f64(x, cos, sin, positions):
-    """The rotation in float64, written here: (a, b) -> (a cos - b sin, b cos + a sin)."""
-    half = cos.shape[-1]
-    c = cos.double()[positions]  # positions (S, 1): (S, 1, half), broadcast over heads
-    s = sin.double()[positions]
-    xd = x.double()
-    a, b = xd[..., :half], xd[..., half : 2 * half]
-    return torch.cat((a * c - b * s, b * c + a * s, xd[..., 2 * half :]), dim=-1)
-
-
-def tables(seq_len, rotary_dim):
-    inv = 1.0 / (10000.0 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
-    angles = torch.arange(seq_len, dtype=torch.float64)[:, None] * inv
-    return angles.cos().float(), angles.sin().float()
-
-
 # (seq, 32, 64) float32 tensors (8 KiB a row) on either side of the threshold, and one that ends
 # inside a 2 MiB page (the mapping's tail is in small pages).
 @pytest.mark.parametrize("seq", [2047, 2048, 2049, 2100])
 def test_outputs_around_the_threshold_match_the_reference(seq):
     g = torch.Generator().manual_seed(seq)
     x = torch.randn(seq, 32, 64, generator=g)
-    cos, sin = tables(seq, 64)
+    cos, sin = ref.tables(seq, 64)
     positions = torch.arange(seq)[:, None]
     out = torch_rope.apply(x, cos, sin, positions, interleaved=False)
     assert (out.nbytes >= OWN_PAGES_BYTES) == (seq >= 2048)
     torch.testing.assert_close(
-        out.double(), rotate_half_split_f64(x, cos, sin, positions), rtol=0, atol=2e-6
+        out.double(),
+        ref.rope_with_tables(x.double(), cos, sin, positions, interleaved=False),
+        rtol=0,
+        atol=2e-6,
     )
 
 
 def large_output():
     x = torch.randn(8192, 32, 64, generator=torch.Generator().manual_seed(1))
-    cos, sin = tables(8192, 64)
+    cos, sin = ref.tables(8192, 64)
     return torch_rope.apply(x, cos, sin, torch.arange(8192)[:, None], interleaved=False)
 
 
@@ -76,12 +64,14 @@ def test_a_large_output_behaves_like_any_tensor():
 
 def test_a_large_output_takes_part_in_autograd():
     x = torch.randn(8192, 32, 64, generator=torch.Generator().manual_seed(2), requires_grad=True)
-    cos, sin = tables(8192, 64)
+    cos, sin = ref.tables(8192, 64)
     out = torch_rope.apply(x, cos, sin, torch.arange(8192)[:, None], interleaved=False)
     grad = torch.randn_like(out)
     out.backward(grad)
-    # The rotation is orthogonal: the gradient is the inverse rotation, i.e. by -angle.
-    expected = rotate_half_split_f64(grad, cos, -sin, torch.arange(8192)[:, None])
+    # The rotation is orthogonal: the gradient is the inverse rotation.
+    expected = ref.rope_with_tables(
+        grad.double(), cos, sin, torch.arange(8192)[:, None], interleaved=False, inverse=True
+    )
     torch.testing.assert_close(x.grad.double(), expected, rtol=0, atol=2e-6)
 
 
@@ -92,7 +82,7 @@ def resident_mib():
 
 def rotate_64_mib():
     x = torch.ones(4, 32, 1024, 128)
-    cos, sin = tables(1024, 128)
+    cos, sin = ref.tables(1024, 128)
     return lambda: torch_rope.apply(x, cos, sin, torch.arange(1024))
 
 

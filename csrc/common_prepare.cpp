@@ -8,22 +8,18 @@
 
 #include <cstdint>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
+#include "cpu/common_fresh_output.h"
 
 namespace rope::detail {
 namespace {
 
 // A fresh, contiguous tensor of x's shape and dtype. On the CPU it is allocated without a second
 // trip through the dispatcher (we are already inside the op's CPU kernel, and the kernel writes
-// every element, so at::empty's deterministic-fill mode has nothing to do).
+// every element, so at::empty's deterministic-fill mode has nothing to do), large ones with pages
+// of their own (cpu/common_fresh_output.h).
 at::Tensor new_output(const at::Tensor& x) {
   if (x.device().is_cpu()) {
-    at::Tensor out = at::detail::empty_cpu(x.sizes(), x.scalar_type(), /*pin_memory=*/false,
-                                           at::MemoryFormat::Contiguous);
-    advise_huge_pages(out);
-    return out;
+    return empty_cpu_output(x.sizes(), x.scalar_type());
   }
   return at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
 }
@@ -45,35 +41,6 @@ void broadcast_strides(const at::Tensor& positions, int64_t pos_dims, at::IntArr
 }
 
 }  // namespace
-
-void advise_huge_pages(const at::Tensor& fresh) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  const size_t nbytes = fresh.nbytes();
-  if (nbytes < kHugePageAdviceBytes) {
-    return;
-  }
-  // Only the whole 2 MiB pages inside the tensor: the advice must not reach a neighbouring
-  // allocation, and only aligned 2 MiB ranges can be backed by huge pages anyway.
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  const auto begin = reinterpret_cast<uintptr_t>(fresh.const_data_ptr());
-  const uintptr_t first = (begin + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t last = (begin + nbytes) & ~(kHuge - 1);
-  if (last > first) {
-    // Advice only: without transparent huge pages (or if the kernel refuses) nothing changes.
-    (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
-    // Fault the huge pages in here, from this one thread, before the kernel's threads write.
-    // Measured on the 2-core VM (benchmarks/fresh_output_probe.py, docs/performance.md): with two
-    // threads taking the first-touch faults of one fresh 64 MiB output, calls fell into phases
-    // of 72-79 ms against 6-12 ms (x.clone(): 18 ms), while one faulting thread was steady. The
-    // tensor is fresh and uninitialised, so the zero written changes nothing.
-    for (uintptr_t page = first; page < last; page += kHuge) {
-      *reinterpret_cast<volatile char*>(page) = 0;
-    }
-  }
-#else
-  (void)fresh;
-#endif
-}
 
 bool build_row_geometry(at::IntArrayRef sizes, at::IntArrayRef in_strides,
                         at::IntArrayRef out_strides, at::IntArrayRef pos_strides, RowGeometry& g) {

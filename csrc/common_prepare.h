@@ -50,15 +50,6 @@ struct PreparedTables {
 PreparedTables prepare_tables(const at::Tensor& cos, const at::Tensor& sin,
                               const MultiAxisArgs& axes = {});
 
-// Fresh CPU outputs of at least this many bytes get advise_huge_pages().
-constexpr size_t kHugePageAdviceBytes = size_t{4} << 20;
-
-// Asks the kernel (Linux madvise MADV_HUGEPAGE) to back the whole 2 MiB pages of a freshly
-// allocated CPU tensor of kHugePageAdviceBytes or more with transparent huge pages, before anything
-// touches it: the first write then takes one page fault per 2 MiB instead of one per 4 KiB. A
-// no-op for smaller tensors, elsewhere than Linux, and where THP is disabled.
-void advise_huge_pages(const at::Tensor& fresh);
-
 // Call after the checks of rope_validation.h. Copies x once when its last dim is not contiguous
 // (stride(-1) != 1) or its leading dims cannot be described in kMaxRowDims merged dims; any other
 // layout (sliced from a fused qkv tensor, transposed heads) is read in place through its strides.

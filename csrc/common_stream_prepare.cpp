@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "common_stream_prepare.h"
 
+#include <ATen/ops/empty.h>
 #include <c10/core/SymBool.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+
+#include "cpu/common_fresh_output.h"
 
 namespace rope::detail {
 namespace {
@@ -180,6 +183,15 @@ PositionStrides position_strides(const at::Tensor& positions, const MultiAxisArg
   s.head = stride_of(1);
   s.axis = axes.active() ? positions.stride(-1) : 0;
   return s;
+}
+
+at::Tensor new_stream_output(const at::Tensor& like, c10::SymIntArrayRef sizes,
+                             at::ScalarType dtype) {
+  if (like.device().is_cpu()) {
+    return empty_cpu_output(c10::asIntArrayRefUnchecked(sizes), dtype);
+  }
+  return at::empty_symint(sizes,
+                          like.options().dtype(dtype).memory_format(at::MemoryFormat::Contiguous));
 }
 
 c10::MaybeOwned<at::Tensor> with_unit_last_stride(const at::Tensor& x) {

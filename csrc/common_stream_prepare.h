@@ -62,6 +62,12 @@ struct PositionStrides {
 };
 PositionStrides position_strides(const at::Tensor& positions, const MultiAxisArgs& axes);
 
+// A fresh contiguous output of `sizes` and `dtype` on like's device (meta tensors too, through
+// empty_symint). On the CPU without a second trip through the dispatcher (decode calls are a few
+// microseconds), large ones with pages of their own (cpu/common_fresh_output.h).
+at::Tensor new_stream_output(const at::Tensor& like, c10::SymIntArrayRef sizes,
+                             at::ScalarType dtype);
+
 // x, or a copy of it with a unit last stride.
 c10::MaybeOwned<at::Tensor> with_unit_last_stride(const at::Tensor& x);
 

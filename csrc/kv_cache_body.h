@@ -7,6 +7,7 @@
 //                               const MultiAxisArgs& axes);
 //   static void check_slots(const char* op, const at::Tensor& slot_mapping, int64_t num_slots);
 //   static void write_cache(c10::ScalarType dtype, const PreparedKvCache&, bool interleaved);
+//   static void run_streams(c10::ScalarType dtype, const PreparedStreams&);  // multi-axis
 // Every check runs before anything is allocated or written.
 #pragma once
 
@@ -16,6 +17,7 @@
 #include <optional>
 
 #include "common_prepare.h"
+#include "common_stream_prepare.h"
 #include "kv_cache_args.h"
 #include "rope_validation.h"
 
@@ -34,6 +36,8 @@ struct KvCacheInputs {
   const at::Tensor& slot_mapping;
   const std::optional<at::Tensor>& k_scale;
   const std::optional<at::Tensor>& v_scale;
+  // Multi-axis positions (M-RoPE): run on the row streams, whose kernels read an axis map.
+  MultiAxisArgs axes = {};
 };
 
 // Metadata checks only (SymInt-aware), so the Meta kernel runs them too.
@@ -62,17 +66,47 @@ struct PreparedKvCache {
 // Call after check_apply_qk_cache.
 PreparedKvCache prepare_kv_cache(const KvCacheInputs& in);
 
+// The norm of rms_norm_apply_qk_cache: (head_dim,) weights already plus weight_offset in the
+// math type, contiguous (kv_cache_norm_body.h makes them).
+struct StreamNorm {
+  const at::Tensor& q_weight;
+  const at::Tensor& k_weight;
+  double eps;
+};
+
+// The row streams of a checked call (kv_cache_streams.cpp): q (rotated, normalised with a norm)
+// into q_out, k (likewise) into k_cache's slot rows, v into v_cache's. apply_qk_cache takes this
+// route for multi-axis positions, rms_norm_apply_qk_cache always.
+PreparedStreams prepare_kv_cache_streams(const KvCacheInputs& in, const at::Tensor& q_out,
+                                         const std::optional<at::Tensor>& q_scale, bool interleaved,
+                                         const StreamNorm* norm);
+
+// The value checks every backend makes before anything is written (CPU: on the host; CUDA: none,
+// the kernels assert).
+template <typename Backend>
+void check_kv_cache_values(const char* op, const KvCacheInputs& in) {
+  if (in.q.numel() > 0 || in.k.numel() > 0) {
+    Backend::check_positions(op, in.positions, in.cos.size(0), in.axes);
+  }
+  if (in.slot_mapping.numel() > 0) {
+    Backend::check_slots(op, in.slot_mapping, cache_slots(in.k_cache));
+  }
+}
+
 template <typename Backend>
 at::Tensor apply_qk_cache_body(const KvCacheInputs& in, bool interleaved) {
   constexpr const char* op = "rope.apply_qk_cache";
   check_apply_qk_cache(op, in);
   check_scales_on_host(op, in);
-  const bool any_rows = in.q.numel() > 0 || in.k.numel() > 0;
-  if (any_rows) {
-    Backend::check_positions(op, in.positions, in.cos.size(0), {});
-  }
-  if (in.slot_mapping.numel() > 0) {
-    Backend::check_slots(op, in.slot_mapping, cache_slots(in.k_cache));
+  check_kv_cache_values<Backend>(op, in);
+  if (in.axes.active()) {
+    at::Tensor q_out = new_stream_output(in.q, in.q.sym_sizes(), in.q.scalar_type());
+    const PreparedStreams streams =
+        prepare_kv_cache_streams(in, q_out, std::nullopt, interleaved, nullptr);
+    if (streams.args.num_tokens > 0) {
+      Backend::run_streams(in.q.scalar_type(), streams);
+    }
+    return q_out;
   }
   PreparedKvCache prepared = prepare_kv_cache(in);
   if (prepared.args.num_tokens > 0) {

@@ -21,16 +21,17 @@ at::Tensor apply_qk_cache(const at::Tensor& q, const at::Tensor& k,
                           const at::Tensor& sin, const at::Tensor& positions, at::Tensor& k_cache,
                           const std::optional<at::Tensor>& v_cache, const at::Tensor& slot_mapping,
                           bool interleaved, const std::optional<at::Tensor>& k_scale,
-                          const std::optional<at::Tensor>& v_scale) {
+                          const std::optional<at::Tensor>& v_scale,
+                          at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
   using Optional = const std::optional<at::Tensor>&;
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("rope::apply_qk_cache", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, Optional, const at::Tensor&,
-                            const at::Tensor&, const at::Tensor&, const at::Tensor&, Optional,
-                            const at::Tensor&, bool, Optional, Optional)>();
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply_qk_cache", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, Optional,
+                                         const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&, Optional, const at::Tensor&, bool,
+                                         Optional, Optional, at::OptionalIntArrayRef, bool)>();
   return op.call(q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping, interleaved, k_scale,
-                 v_scale);
+                 v_scale, mrope_section, mrope_interleaved);
 }
 
 namespace {
@@ -49,9 +50,20 @@ at::Tensor apply_qk_cache_meta(const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& k_cache, const std::optional<at::Tensor>& v_cache,
                                const at::Tensor& slot_mapping, bool /*interleaved*/,
                                const std::optional<at::Tensor>& k_scale,
-                               const std::optional<at::Tensor>& v_scale) {
-  detail::check_apply_qk_cache("rope.apply_qk_cache", {q, k, v, cos, sin, positions, k_cache,
-                                                       v_cache, slot_mapping, k_scale, v_scale});
+                               const std::optional<at::Tensor>& v_scale,
+                               at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+  detail::check_apply_qk_cache("rope.apply_qk_cache", {q,
+                                                       k,
+                                                       v,
+                                                       cos,
+                                                       sin,
+                                                       positions,
+                                                       k_cache,
+                                                       v_cache,
+                                                       slot_mapping,
+                                                       k_scale,
+                                                       v_scale,
+                                                       {mrope_section, mrope_interleaved}});
   return at::empty_symint(q.sym_sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
 }
 
@@ -64,7 +76,8 @@ at::Tensor apply_qk_cache_autograd(const at::Tensor& q, const at::Tensor& k,
                                    const std::optional<at::Tensor>& v_cache,
                                    const at::Tensor& slot_mapping, bool interleaved,
                                    const std::optional<at::Tensor>& k_scale,
-                                   const std::optional<at::Tensor>& v_scale) {
+                                   const std::optional<at::Tensor>& v_scale,
+                                   at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
   const bool wants_grad =
       at::GradMode::is_enabled() &&
       (q.requires_grad() || k.requires_grad() || requires_grad(v) || cos.requires_grad() ||
@@ -83,7 +96,7 @@ at::Tensor apply_qk_cache_autograd(const at::Tensor& q, const at::Tensor& k,
     at::AutoDispatchBelowADInplaceOrView guard;
     at::Tensor target = k_cache;
     q_out = rope::apply_qk_cache(q, k, v, cos, sin, positions, target, v_cache, slot_mapping,
-                                 interleaved, k_scale, v_scale);
+                                 interleaved, k_scale, v_scale, mrope_section, mrope_interleaved);
   }
   // The ADInplaceOrView key, skipped above, would bump the version of the mutated caches.
   torch::autograd::increment_version(k_cache);
@@ -103,19 +116,21 @@ at::Tensor apply_qk_cache_view(c10::DispatchKeySet keys, const at::Tensor& q, co
                                const at::Tensor& k_cache, const std::optional<at::Tensor>& v_cache,
                                const at::Tensor& slot_mapping, bool interleaved,
                                const std::optional<at::Tensor>& k_scale,
-                               const std::optional<at::Tensor>& v_scale) {
+                               const std::optional<at::Tensor>& v_scale,
+                               at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
   using Optional = const std::optional<at::Tensor>&;
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("rope::apply_qk_cache", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, Optional, const at::Tensor&,
-                            const at::Tensor&, const at::Tensor&, const at::Tensor&, Optional,
-                            const at::Tensor&, bool, Optional, Optional)>();
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply_qk_cache", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, Optional,
+                                         const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&, Optional, const at::Tensor&, bool,
+                                         Optional, Optional, at::OptionalIntArrayRef, bool)>();
   at::Tensor q_out;
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     q_out = op.redispatch(keys & c10::after_ADInplaceOrView_keyset, q, k, v, cos, sin, positions,
-                          k_cache, v_cache, slot_mapping, interleaved, k_scale, v_scale);
+                          k_cache, v_cache, slot_mapping, interleaved, k_scale, v_scale,
+                          mrope_section, mrope_interleaved);
   }
   torch::autograd::increment_version(k_cache);
   if (v_cache.has_value() && v_cache->defined()) {

@@ -141,7 +141,7 @@ void check_apply_qk_cache(const char* op, const KvCacheInputs& in) {
                 ": q must be 3-D (num_tokens, num_heads, head_dim), got shape ", in.q.sym_sizes());
     check_rows(op, "k", in.k, in.q);
   }
-  check_apply_qk(op, in.q, in.k, in.cos, in.sin, in.positions);
+  check_apply_qk(op, in.q, in.k, in.cos, in.sin, in.positions, in.axes);
   const at::Tensor& slots = in.slot_mapping;
   TORCH_CHECK(slots.defined(), op, ": slot_mapping must be a tensor, got None");
   TORCH_CHECK(slots.device() == in.k.device(), op, ": slot_mapping must be on k's device ",

@@ -11,17 +11,6 @@ namespace {
 
 bool given(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
 
-at::Tensor new_tensor(const at::Tensor& like, c10::SymIntArrayRef sizes, at::ScalarType dtype) {
-  if (like.device().is_cpu()) {
-    at::Tensor out = at::detail::empty_cpu(c10::asIntArrayRefUnchecked(sizes), dtype,
-                                           /*pin_memory=*/false, at::MemoryFormat::Contiguous);
-    advise_huge_pages(out);
-    return out;
-  }
-  return at::empty_symint(sizes,
-                          like.options().dtype(dtype).memory_format(at::MemoryFormat::Contiguous));
-}
-
 // A key part (k_pe, kv_c, v): (T, W), or (T, H, W) when the key parts carry heads.
 void check_key_part(const char* op, const char* name, const at::Tensor& t, int64_t dims,
                     const at::Tensor& q_pe) {
@@ -218,12 +207,12 @@ at::ScalarType check_mla_apply_cache(const char* op, const MlaInputs& in) {
 int64_t mla_cache_slots(const MlaInputs& in) { return slots_of(in.kv_cache, in.k_pe.dim() - 1); }
 
 std::tuple<at::Tensor, at::Tensor> new_mla_outputs(const MlaInputs& in, at::ScalarType dtype) {
-  at::Tensor q_pe_out = new_tensor(in.q_pe, in.q_pe.sym_sizes(), dtype);
+  at::Tensor q_pe_out = new_stream_output(in.q_pe, in.q_pe.sym_sizes(), dtype);
   if (given(in.q_nope)) {
-    return {q_pe_out, new_tensor(*in.q_nope, in.q_nope->sym_sizes(), dtype)};
+    return {q_pe_out, new_stream_output(*in.q_nope, in.q_nope->sym_sizes(), dtype)};
   }
   const c10::SymInt sizes[] = {in.q_pe.sym_size(0), in.q_pe.sym_size(1), c10::SymInt(0)};
-  return {q_pe_out, new_tensor(in.q_pe, sizes, dtype)};
+  return {q_pe_out, new_stream_output(in.q_pe, sizes, dtype)};
 }
 
 PreparedStreams prepare_mla(const MlaInputs& in, const at::Tensor& q_pe_out,

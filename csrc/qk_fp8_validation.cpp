@@ -11,19 +11,6 @@ namespace {
 
 bool given(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
 
-// A fresh contiguous tensor of `sizes` and `dtype` on `like`'s device; on the CPU without a second
-// trip through the dispatcher (decode calls are a few microseconds).
-at::Tensor new_tensor(const at::Tensor& like, c10::SymIntArrayRef sizes, at::ScalarType dtype) {
-  if (like.device().is_cpu()) {
-    at::Tensor out = at::detail::empty_cpu(c10::asIntArrayRefUnchecked(sizes), dtype,
-                                           /*pin_memory=*/false, at::MemoryFormat::Contiguous);
-    advise_huge_pages(out);
-    return out;
-  }
-  return at::empty_symint(sizes,
-                          like.options().dtype(dtype).memory_format(at::MemoryFormat::Contiguous));
-}
-
 }  // namespace
 
 void check_apply_qk_fp8(const char* op, const QkFp8Inputs& in) {
@@ -105,14 +92,14 @@ at::ScalarType check_apply_qk_fp8_outputs(const char* op, const QkFp8Inputs& in,
 
 QkFp8Outputs new_qk_fp8_outputs(const QkFp8Inputs& in, at::ScalarType dtype) {
   QkFp8Outputs out;
-  out.q_out = new_tensor(in.q, in.q.sym_sizes(), dtype);
-  out.k_out = new_tensor(in.k, in.k.sym_sizes(), dtype);
+  out.q_out = new_stream_output(in.q, in.q.sym_sizes(), dtype);
+  out.k_out = new_stream_output(in.k, in.k.sym_sizes(), dtype);
   const auto nope = [&](const std::optional<at::Tensor>& x, const at::Tensor& like) {
     if (given(x)) {
-      return new_tensor(*x, x->sym_sizes(), dtype);
+      return new_stream_output(*x, x->sym_sizes(), dtype);
     }
     const c10::SymInt sizes[] = {like.sym_size(0), like.sym_size(1), c10::SymInt(0)};
-    return new_tensor(like, sizes, dtype);
+    return new_stream_output(like, sizes, dtype);
   };
   out.q_nope_out = nope(in.q_nope, in.q);
   out.k_nope_out = nope(in.k_nope, in.k);

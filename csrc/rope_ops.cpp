@@ -56,7 +56,8 @@ TORCH_LIBRARY(rope, m) {
   m.def(
       "apply_qk_cache(Tensor q, Tensor k, Tensor? v, Tensor cos, Tensor sin, Tensor positions, "
       "Tensor(a!) k_cache, Tensor(b!)? v_cache, Tensor slot_mapping, *, bool interleaved=True, "
-      "Tensor? k_scale=None, Tensor? v_scale=None) -> Tensor");
+      "Tensor? k_scale=None, Tensor? v_scale=None, int[]? mrope_section=None, "
+      "bool mrope_interleaved=False) -> Tensor");
   // Fused QK-RMSNorm + RoPE (Qwen3, Gemma 3, OLMo 2): kernels and C++ API in rms_norm_ops.cpp.
   m.def(
       "rms_norm_apply_qk(Tensor q, Tensor k, Tensor q_weight, Tensor k_weight, Tensor cos, "
@@ -80,6 +81,15 @@ TORCH_LIBRARY(rope, m) {
       "bool interleaved=True, bool multiply_by_scale=False, int[]? mrope_section=None, "
       "bool mrope_interleaved=False, Tensor(a!) q_out, Tensor(b!) k_out, "
       "Tensor(c!)? q_nope_out=None, Tensor(d!)? k_nope_out=None) -> ()");
+  // QK-RMSNorm + RoPE + the KV-cache write in one pass (rms_norm_apply_qk and apply_qk_cache
+  // fused); returns q (its dtype, or float8 with q_scale). Body and checks in kv_cache_norm_body.h;
+  // C++ API, Meta and Autograd in kv_cache_norm_ops.cpp.
+  m.def(
+      "rms_norm_apply_qk_cache(Tensor q, Tensor k, Tensor? v, Tensor q_weight, Tensor k_weight, "
+      "Tensor cos, Tensor sin, Tensor positions, Tensor(a!) k_cache, Tensor(b!)? v_cache, "
+      "Tensor slot_mapping, *, float eps=1e-06, float weight_offset=0., bool interleaved=True, "
+      "Tensor? k_scale=None, Tensor? v_scale=None, ScalarType? q_dtype=None, "
+      "Tensor? q_scale=None, int[]? mrope_section=None, bool mrope_interleaved=False) -> Tensor");
   // MLA cache rows (DeepSeek-V2/V3): q_pe and k_pe rotated, [kv_c | k_pe] into one cache or two
   // (kv_cache, kpe_cache) by slot; returns q_pe (and q_nope) in q_dtype. Body and checks in
   // mla_body.h; C++ API, Meta and Autograd in mla_ops.cpp.

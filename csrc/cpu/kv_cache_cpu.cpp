@@ -16,6 +16,7 @@
 
 #include "../kv_cache_body.h"
 #include "common_kernel_choice.h"
+#include "common_stream_backend.h"
 #include "kv_cache_fp8_rows.h"
 
 namespace rope::cpu {
@@ -139,14 +140,9 @@ void write_tokens(const KvCacheArgs& a, const TableArgs& tables, RotationMode mo
   }
 }
 
-struct CpuKvBackend {
-  static void check_positions(const char* op, const at::Tensor& positions, int64_t max_seq_len,
-                              const detail::MultiAxisArgs& axes) {
-    detail::check_positions_in_range(op, positions, max_seq_len, axes);
-  }
-  static void check_slots(const char* op, const at::Tensor& slot_mapping, int64_t num_slots) {
-    detail::check_slots_on_host(op, slot_mapping, num_slots);
-  }
+// The row streams' policy (host-side checks of positions and slots, and run_streams for
+// multi-axis positions) plus the cache kernel of this file.
+struct CpuKvBackend : CpuStreamsBackend {
   static void write_cache(c10::ScalarType dtype, const detail::PreparedKvCache& p,
                           bool interleaved) {
     const KvCacheArgs& a = p.args;
@@ -184,10 +180,21 @@ at::Tensor apply_qk_cache_cpu(const at::Tensor& q, const at::Tensor& k,
                               const at::Tensor& k_cache, const std::optional<at::Tensor>& v_cache,
                               const at::Tensor& slot_mapping, bool interleaved,
                               const std::optional<at::Tensor>& k_scale,
-                              const std::optional<at::Tensor>& v_scale) {
-  return detail::apply_qk_cache_body<CpuKvBackend>(
-      {q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping, k_scale, v_scale},
-      interleaved);
+                              const std::optional<at::Tensor>& v_scale,
+                              at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+  return detail::apply_qk_cache_body<CpuKvBackend>({q,
+                                                    k,
+                                                    v,
+                                                    cos,
+                                                    sin,
+                                                    positions,
+                                                    k_cache,
+                                                    v_cache,
+                                                    slot_mapping,
+                                                    k_scale,
+                                                    v_scale,
+                                                    {mrope_section, mrope_interleaved}},
+                                                   interleaved);
 }
 
 }  // namespace

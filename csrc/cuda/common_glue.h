@@ -41,6 +41,7 @@
 
 // csrc/ is on the include path of every user.
 #include "kv_cache_body.h"
+#include "kv_cache_norm_body.h"
 #include "mla_body.h"
 #include "qk_fp8_body.h"
 #include "rms_norm_body.h"
@@ -145,21 +146,6 @@ struct RmsNormBackend {
   }
 };
 
-template <typename Runtime>
-struct KvCacheBackend {
-  static void check_positions(const char* /*op*/, const at::Tensor& /*positions*/,
-                              int64_t /*max_seq_len*/, const detail::MultiAxisArgs& /*axes*/) {}
-  // A repeated slot is not detected either: which token's row the cache keeps is unspecified.
-  static void check_slots(const char* /*op*/, const at::Tensor& /*slot_mapping*/,
-                          int64_t /*num_slots*/) {}
-  static void write_cache(c10::ScalarType dtype, const detail::PreparedKvCache& p,
-                          bool interleaved) {
-    launch_on_current_stream<Runtime>([&](typename Runtime::Stream stream) {
-      return Runtime::launch_kv_cache(dtype, p.args, p.tables.args, interleaved, stream);
-    });
-  }
-};
-
 // The row streams (qk_fp8_body.h and the other serving fusions): values of positions and slots
 // are checked in the kernel too, and a repeated slot is not detected.
 template <typename Runtime>
@@ -171,6 +157,18 @@ struct StreamsBackend {
   static void run_streams(c10::ScalarType dtype, const detail::PreparedStreams& p) {
     launch_on_current_stream<Runtime>([&](typename Runtime::Stream stream) {
       return Runtime::launch_streams(dtype, p.args, p.tables.args, stream);
+    });
+  }
+};
+
+// The row streams' policy (values checked in the kernels; multi-axis positions run on the
+// streams) plus the cache kernel.
+template <typename Runtime>
+struct KvCacheBackend : StreamsBackend<Runtime> {
+  static void write_cache(c10::ScalarType dtype, const detail::PreparedKvCache& p,
+                          bool interleaved) {
+    launch_on_current_stream<Runtime>([&](typename Runtime::Stream stream) {
+      return Runtime::launch_kv_cache(dtype, p.args, p.tables.args, interleaved, stream);
     });
   }
 };
@@ -271,10 +269,54 @@ at::Tensor apply_qk_cache(const at::Tensor& q, const at::Tensor& k,
                           const at::Tensor& k_cache, const std::optional<at::Tensor>& v_cache,
                           const at::Tensor& slot_mapping, bool interleaved,
                           const std::optional<at::Tensor>& k_scale,
-                          const std::optional<at::Tensor>& v_scale) {
+                          const std::optional<at::Tensor>& v_scale,
+                          at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
   const typename Runtime::Guard guard(Runtime::device_of(q));
-  return detail::apply_qk_cache_body<KvCacheBackend<Runtime>>(
-      {q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping, k_scale, v_scale},
+  return detail::apply_qk_cache_body<KvCacheBackend<Runtime>>({q,
+                                                               k,
+                                                               v,
+                                                               cos,
+                                                               sin,
+                                                               positions,
+                                                               k_cache,
+                                                               v_cache,
+                                                               slot_mapping,
+                                                               k_scale,
+                                                               v_scale,
+                                                               {mrope_section, mrope_interleaved}},
+                                                              interleaved);
+}
+
+template <typename Runtime>
+at::Tensor rms_norm_apply_qk_cache(
+    const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& v,
+    const at::Tensor& q_weight, const at::Tensor& k_weight, const at::Tensor& cos,
+    const at::Tensor& sin, const at::Tensor& positions, const at::Tensor& k_cache,
+    const std::optional<at::Tensor>& v_cache, const at::Tensor& slot_mapping, double eps,
+    double weight_offset, bool interleaved, const std::optional<at::Tensor>& k_scale,
+    const std::optional<at::Tensor>& v_scale, std::optional<at::ScalarType> q_dtype,
+    const std::optional<at::Tensor>& q_scale, at::OptionalIntArrayRef mrope_section,
+    bool mrope_interleaved) {
+  const typename Runtime::Guard guard(Runtime::device_of(q));
+  return detail::rms_norm_apply_qk_cache_body<StreamsBackend<Runtime>>(
+      {{q,
+        k,
+        v,
+        cos,
+        sin,
+        positions,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k_scale,
+        v_scale,
+        {mrope_section, mrope_interleaved}},
+       q_weight,
+       k_weight,
+       eps,
+       weight_offset,
+       q_dtype,
+       q_scale},
       interleaved);
 }
 

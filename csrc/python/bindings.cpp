@@ -344,6 +344,19 @@ PYBIND11_MODULE(_C, m) {
           return rope::apply_qk_cache(q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping,
                                       interleaved, k_scale, v_scale);
         });
+  m.def("_rms_norm_apply_qk_cache",
+        [](const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& v,
+           const at::Tensor& q_weight, const at::Tensor& k_weight, const at::Tensor& cos,
+           const at::Tensor& sin, const at::Tensor& positions, at::Tensor& k_cache,
+           const std::optional<at::Tensor>& v_cache, const at::Tensor& slot_mapping, double eps,
+           double weight_offset, bool interleaved, const std::optional<at::Tensor>& k_scale,
+           const std::optional<at::Tensor>& v_scale, std::optional<at::ScalarType> q_dtype,
+           const std::optional<at::Tensor>& q_scale) {
+          py::gil_scoped_release no_gil;
+          return rope::rms_norm_apply_qk_cache(q, k, v, q_weight, k_weight, cos, sin, positions,
+                                               k_cache, v_cache, slot_mapping, eps, weight_offset,
+                                               interleaved, k_scale, v_scale, q_dtype, q_scale);
+        });
   m.def("_apply_qk_fp8",
         [section_ref](
             const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,

@@ -34,6 +34,7 @@ from .ops import (
     apply_qk_fp8,  # RoPE with float8 q and k
     mla_apply_cache,  # MLA cache rows
     rms_norm_apply_qk,  # fused QK-RMSNorm + RoPE
+    rms_norm_apply_qk_cache,  # QK-RMSNorm + RoPE + KV-cache write
     rope_tables,
 )
 
@@ -89,6 +90,7 @@ __all__ = [
     "eager",
     "mla_apply_cache",
     "rms_norm_apply_qk",
+    "rms_norm_apply_qk_cache",
     "rope_frequencies",
     "rope_tables",
     "rope_tables_from_inv_freq",

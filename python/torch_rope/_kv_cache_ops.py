@@ -3,13 +3,13 @@
 "RoPE into a KV cache"). Re-exported by :mod:`torch_rope.ops` and :mod:`torch_rope`."""
 
 import math
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from . import _C
-from ._op_arguments import _is_compiling, eager_fast_path
+from ._op_arguments import _is_compiling, _section, eager_fast_path
 
 _apply_qk_cache = torch.ops.rope.apply_qk_cache.default
 _fast_apply_qk_cache = _C._apply_qk_cache
@@ -69,6 +69,8 @@ def apply_qk_cache(
     interleaved: bool = True,
     k_scale=None,
     v_scale=None,
+    mrope_section: Optional[Sequence[int]] = None,
+    mrope_interleaved: bool = False,
 ) -> Tensor:
     """Rotate ``q`` and ``k``, write the rotated ``k`` and ``v`` into their KV-cache rows, and
     return the rotated ``q`` (a new tensor).
@@ -80,14 +82,18 @@ def apply_qk_cache(
     negative slot is padding (no cache write). A cache has its source's dtype, or is float8
     (``torch.float8_e4m3fn``, ``torch.float8_e5m2``) with a scale: ``k_scale`` / ``v_scale``, a
     Python float or a one-element float32 tensor on the cache's device, finite and > 0, stored
-    as ``(value / scale).clamp(-max, max).to(fp8)``. Not differentiable. See docs/api.md.
+    as ``(value / scale).clamp(-max, max).to(fp8)``. ``mrope_section`` (multi-axis positions
+    with a trailing axis dim, as :func:`apply`) rotates each plane by its axis's position. Not
+    differentiable. See docs/api.md.
     """
     if k_scale is not None and type(k_scale) is not Tensor:
         k_scale = _cache_scale("k_scale", k_scale, k_cache)
     if v_scale is not None and type(v_scale) is not Tensor:
         v_scale = _cache_scale("v_scale", v_scale, v_cache)
     if (
-        eager_fast_path(q, k, cos, sin, positions)
+        mrope_section is None
+        and not mrope_interleaved
+        and eager_fast_path(q, k, cos, sin, positions)
         and type(k_cache) is Tensor
         and type(slot_mapping) is Tensor
         and (v is None or type(v) is Tensor)
@@ -120,4 +126,6 @@ def apply_qk_cache(
         interleaved=interleaved,
         k_scale=k_scale,
         v_scale=v_scale,
+        mrope_section=_section("rope.apply_qk_cache", mrope_section),
+        mrope_interleaved=mrope_interleaved,
     )

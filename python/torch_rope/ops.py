@@ -246,9 +246,9 @@ def apply_qk(
 
 # The wrappers of the other op families, re-exported so that torch_rope.ops names every op. They
 # import apply_qk from this module, so they come last.
-from ._kv_cache_ops import apply_qk_cache  # noqa: E402, F401
-
 # The serving fusions (RoPE with float8 outputs, into caches): one module per op family.
+from ._kv_cache_norm_ops import rms_norm_apply_qk_cache  # noqa: E402, F401
+from ._kv_cache_ops import apply_qk_cache  # noqa: E402, F401
 from ._mla_ops import mla_apply_cache  # noqa: E402, F401
 from ._qk_fp8_ops import apply_qk_fp8  # noqa: E402, F401
 from ._rms_norm_ops import rms_norm_apply_qk  # noqa: E402, F401

@@ -284,10 +284,28 @@ at::Tensor host_apply_qk_cache(CaseContext& ctx, const at::Tensor& q, const at::
                                const at::Tensor& k_cache, const std::optional<at::Tensor>& v_cache,
                                const at::Tensor& slot_mapping, bool interleaved,
                                const std::optional<at::Tensor>& k_scale,
-                               const std::optional<at::Tensor>& v_scale) {
+                               const std::optional<at::Tensor>& v_scale,
+                               at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
   Enter enter(ctx);
-  return rope::cuda::glue::apply_qk_cache<HostRuntime>(
-      q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping, interleaved, k_scale, v_scale);
+  return rope::cuda::glue::apply_qk_cache<HostRuntime>(q, k, v, cos, sin, positions, k_cache,
+                                                       v_cache, slot_mapping, interleaved, k_scale,
+                                                       v_scale, mrope_section, mrope_interleaved);
+}
+
+at::Tensor host_rms_norm_apply_qk_cache(
+    CaseContext& ctx, const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& v,
+    const at::Tensor& q_weight, const at::Tensor& k_weight, const at::Tensor& cos,
+    const at::Tensor& sin, const at::Tensor& positions, const at::Tensor& k_cache,
+    const std::optional<at::Tensor>& v_cache, const at::Tensor& slot_mapping, double eps,
+    double weight_offset, bool interleaved, const std::optional<at::Tensor>& k_scale,
+    const std::optional<at::Tensor>& v_scale, std::optional<at::ScalarType> q_dtype,
+    const std::optional<at::Tensor>& q_scale, at::OptionalIntArrayRef mrope_section,
+    bool mrope_interleaved) {
+  Enter enter(ctx);
+  return rope::cuda::glue::rms_norm_apply_qk_cache<HostRuntime>(
+      q, k, v, q_weight, k_weight, cos, sin, positions, k_cache, v_cache, slot_mapping, eps,
+      weight_offset, interleaved, k_scale, v_scale, q_dtype, q_scale, mrope_section,
+      mrope_interleaved);
 }
 
 // ---- the new forms (frequencies, packed sequences): common_glue.h's Forms, simulated runtime --

@@ -85,7 +85,20 @@ at::Tensor host_apply_qk_cache(CaseContext& ctx, const at::Tensor& q, const at::
                                const at::Tensor& k_cache, const std::optional<at::Tensor>& v_cache,
                                const at::Tensor& slot_mapping, bool interleaved,
                                const std::optional<at::Tensor>& k_scale = std::nullopt,
-                               const std::optional<at::Tensor>& v_scale = std::nullopt);
+                               const std::optional<at::Tensor>& v_scale = std::nullopt,
+                               at::OptionalIntArrayRef mrope_section = std::nullopt,
+                               bool mrope_interleaved = false);
+
+// rope.rms_norm_apply_qk_cache through common_glue.h on the simulated runtime (the row streams).
+at::Tensor host_rms_norm_apply_qk_cache(
+    CaseContext& ctx, const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& v,
+    const at::Tensor& q_weight, const at::Tensor& k_weight, const at::Tensor& cos,
+    const at::Tensor& sin, const at::Tensor& positions, const at::Tensor& k_cache,
+    const std::optional<at::Tensor>& v_cache, const at::Tensor& slot_mapping, double eps,
+    double weight_offset, bool interleaved, const std::optional<at::Tensor>& k_scale,
+    const std::optional<at::Tensor>& v_scale, std::optional<at::ScalarType> q_dtype,
+    const std::optional<at::Tensor>& q_scale, at::OptionalIntArrayRef mrope_section,
+    bool mrope_interleaved);
 
 // The frequency and packed-sequence forms (csrc/rope_forms.h) through common_glue.h's Forms with
 // the simulated runtime; `op` is the overload's name in messages.

@@ -168,7 +168,30 @@ at::Tensor apply_qk_cache(const at::Tensor& q, const at::Tensor& k,
                           const std::optional<at::Tensor>& v_cache, const at::Tensor& slot_mapping,
                           bool interleaved = true,
                           const std::optional<at::Tensor>& k_scale = std::nullopt,
-                          const std::optional<at::Tensor>& v_scale = std::nullopt);
+                          const std::optional<at::Tensor>& v_scale = std::nullopt,
+                          at::OptionalIntArrayRef mrope_section = std::nullopt,
+                          bool mrope_interleaved = false);
+
+// QK-RMSNorm + RoPE + KV-cache write in one pass: rms_norm_apply_qk's norm and rotation of q and
+// k (each row over its head_dim, y = x / sqrt(mean(x^2) + eps) * (weight + weight_offset), then
+// rotated), k and v written into their cache rows as apply_qk_cache writes them (flat or paged,
+// k/v's dtype or float8 with k_scale / v_scale, negative slot = skip). Returns q_out, in q's dtype
+// or, with q_dtype float8, stored = (value / q_scale).clamp(-max, max) (q_scale: nullopt is 1).
+// Every value is rounded once from the float32 (float64) math. Not differentiable. See
+// docs/api.md, "QK-RMSNorm + RoPE into a KV cache".
+at::Tensor rms_norm_apply_qk_cache(const at::Tensor& q, const at::Tensor& k,
+                                   const std::optional<at::Tensor>& v, const at::Tensor& q_weight,
+                                   const at::Tensor& k_weight, const at::Tensor& cos,
+                                   const at::Tensor& sin, const at::Tensor& positions,
+                                   at::Tensor& k_cache, const std::optional<at::Tensor>& v_cache,
+                                   const at::Tensor& slot_mapping, double eps = 1e-6,
+                                   double weight_offset = 0.0, bool interleaved = true,
+                                   const std::optional<at::Tensor>& k_scale = std::nullopt,
+                                   const std::optional<at::Tensor>& v_scale = std::nullopt,
+                                   std::optional<at::ScalarType> q_dtype = std::nullopt,
+                                   const std::optional<at::Tensor>& q_scale = std::nullopt,
+                                   at::OptionalIntArrayRef mrope_section = std::nullopt,
+                                   bool mrope_interleaved = false);
 // Fused QK-RMSNorm + RoPE: each row of q (k) is normalised over its whole head_dim,
 // y = x / sqrt(mean(x^2) + eps) * (weight + weight_offset), then rotated exactly as apply_qk
 // rotates (features [rotary_dim, head_dim) are only normalised), and rounded once to q's (k's)

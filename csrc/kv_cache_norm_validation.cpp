@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include <ATen/Dispatch.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/ops/add.h>
+#include <c10/util/Exception.h>
+
+#include "kv_cache_norm_body.h"
+#include "rms_norm_validation.h"
+
+namespace rope::detail {
+namespace {
+
+bool given(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+
+}  // namespace
+
+at::ScalarType check_rms_norm_apply_qk_cache(const char* op, const KvCacheNormInputs& in) {
+  const KvCacheInputs& c = in.cache;
+  check_apply_qk_cache(op, c);
+  check_norm_weights(op, c.q, c.k, in.q_weight, in.k_weight, in.eps, in.weight_offset);
+  const at::ScalarType q_dtype = in.q_dtype.value_or(c.q.scalar_type());
+  TORCH_CHECK(q_dtype == c.q.scalar_type() || is_fp8(q_dtype), op, ": q_dtype must be q's dtype ",
+              c.q.scalar_type(), " or float8 (torch.float8_e4m3fn, torch.float8_e5m2), got ",
+              q_dtype);
+  if (is_fp8(q_dtype)) {
+    check_scale_tensor(op, "q_scale", in.q_scale, c.q.device());
+  } else {
+    TORCH_CHECK(!given(in.q_scale), op, ": q_scale applies to a float8 q_dtype only; q_out is ",
+                q_dtype, " (stored unscaled), so pass q_scale=None");
+  }
+  // The caches must not share memory with the weights or q's scale either (the rest is
+  // check_apply_qk_cache's).
+  NamedTensors written = {{"k_cache", &c.k_cache}};
+  if (given(c.v_cache)) {
+    written.emplace_back("v_cache", &*c.v_cache);
+  }
+  NamedTensors read = {{"q_weight", &in.q_weight}, {"k_weight", &in.k_weight}};
+  if (given(in.q_scale)) {
+    read.emplace_back("q_scale", &*in.q_scale);
+  }
+  check_writes_disjoint(op, written, read);
+  return q_dtype;
+}
+
+at::Tensor norm_weight_in_math_type(const at::Tensor& weight, double offset,
+                                    at::ScalarType row_dtype) {
+  const at::ScalarType acc = row_dtype == at::kDouble ? at::kDouble : at::kFloat;
+  if (!weight.device().is_cpu()) {
+    // Two ATen ops on the GPU, which round as the loop below does: acc(w) + acc(offset).
+    return at::add(weight.to(acc), offset).contiguous();
+  }
+  // On the CPU without a trip through the dispatcher (a decode call is a few microseconds).
+  const int64_t n = weight.size(0);
+  const int64_t stride = weight.stride(0);
+  at::Tensor out = at::detail::empty_cpu({n}, acc, /*pin_memory=*/false, std::nullopt);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, weight.scalar_type(), "rope_norm_w",
+                                  [&] {
+                                    const auto* w = weight.const_data_ptr<scalar_t>();
+                                    if (acc == at::kDouble) {
+                                      auto* o = out.data_ptr<double>();
+                                      for (int64_t i = 0; i < n; ++i) {
+                                        o[i] = static_cast<double>(w[i * stride]) + offset;
+                                      }
+                                    } else {
+                                      auto* o = out.data_ptr<float>();
+                                      const auto off = static_cast<float>(offset);
+                                      for (int64_t i = 0; i < n; ++i) {
+                                        o[i] = static_cast<float>(w[i * stride]) + off;
+                                      }
+                                    }
+                                  });
+  return out;
+}
+
+}  // namespace rope::detail

@@ -34,8 +34,8 @@ torch::Tensor quantize_e4m3(const torch::Tensor& value, double scale) {
 torch::Tensor reference_norm_rope(const torch::Tensor& x, const torch::Tensor& weight, double eps,
                                   const rope_test::Tables& t, const torch::Tensor& positions) {
   const auto x64 = x.to(torch::kDouble);
-  const auto normed = x64 * torch::rsqrt(x64.square().mean(-1, true) + eps) *
-                      weight.to(torch::kDouble);
+  const auto normed =
+      x64 * torch::rsqrt(x64.square().mean(-1, true) + eps) * weight.to(torch::kDouble);
   return reference_rope(normed, t.cos.to(torch::kDouble), t.sin.to(torch::kDouble), positions);
 }
 
@@ -107,8 +107,9 @@ TEST(ServingFusions, RmsNormApplyQkCacheMatchesTheOracle) {
                               2e-5));
   const auto stored = torch::tensor({0, 1, 3, 4}, torch::kLong);
   const auto k_want = reference_norm_rope(c.k, c.k_weight, 1e-6, t, c.positions);
-  EXPECT_TRUE(torch::allclose(rows_of(c.k_cache, c.slots.index_select(0, stored)).to(torch::kDouble),
-                              k_want.index_select(0, stored), 2e-5, 2e-5));
+  EXPECT_TRUE(
+      torch::allclose(rows_of(c.k_cache, c.slots.index_select(0, stored)).to(torch::kDouble),
+                      k_want.index_select(0, stored), 2e-5, 2e-5));
   EXPECT_TRUE(bitwise_equal(rows_of(c.v_cache, c.slots.index_select(0, stored)),
                             c.v.index_select(0, stored)));
   // Every other slot is untouched (3.0 everywhere before the call).
@@ -117,10 +118,10 @@ TEST(ServingFusions, RmsNormApplyQkCacheMatchesTheOracle) {
   // float8 q: torch's cast of the float32 q the same call returns.
   auto again = make_cache_call();
   again.q = c.q;
-  const auto q8 = rope::rms_norm_apply_qk_cache(
-      c.q, c.k, c.v, c.q_weight, c.k_weight, t.cos, t.sin, c.positions, again.k_cache,
-      again.v_cache, c.slots, 1e-6, 0.0, true, std::nullopt, std::nullopt, torch::kFloat8_e4m3fn,
-      torch::full({}, 0.25f));
+  const auto q8 = rope::rms_norm_apply_qk_cache(c.q, c.k, c.v, c.q_weight, c.k_weight, t.cos, t.sin,
+                                                c.positions, again.k_cache, again.v_cache, c.slots,
+                                                1e-6, 0.0, true, std::nullopt, std::nullopt,
+                                                torch::kFloat8_e4m3fn, torch::full({}, 0.25f));
   EXPECT_TRUE(bitwise_equal(q8, quantize_e4m3(q_out, 0.25)));
 }
 
@@ -130,8 +131,8 @@ TEST(ServingFusions, RmsNormApplyQkCacheRefusesARepeatedSlotBeforeWriting) {
   c.slots = torch::tensor({7, 0, -1, 7, 3}, torch::kLong);
   const auto before = c.k_cache.clone();
   const std::string message = error_message([&] {
-    rope::rms_norm_apply_qk_cache(c.q, c.k, c.v, c.q_weight, c.k_weight, t.cos, t.sin,
-                                  c.positions, c.k_cache, c.v_cache, c.slots);
+    rope::rms_norm_apply_qk_cache(c.q, c.k, c.v, c.q_weight, c.k_weight, t.cos, t.sin, c.positions,
+                                  c.k_cache, c.v_cache, c.slots);
   });
   EXPECT_NE(message.find("slot_mapping holds slot 7"), std::string::npos) << message;
   EXPECT_TRUE(bitwise_equal(c.k_cache, before));
@@ -142,9 +143,9 @@ TEST(ServingFusions, ApplyQkCacheTakesMultiAxisPositions) {
   const auto t = reference_tables(kMaxSeqLen, 32);
   auto c = make_cache_call(/*axes=*/3);
   const std::vector<int64_t> section = {4, 6, 6};
-  const auto q_out = rope::apply_qk_cache(c.q, c.k, c.v, t.cos, t.sin, c.positions, c.k_cache,
-                                          c.v_cache, c.slots, true, std::nullopt, std::nullopt,
-                                          section, false);
+  const auto q_out =
+      rope::apply_qk_cache(c.q, c.k, c.v, t.cos, t.sin, c.positions, c.k_cache, c.v_cache, c.slots,
+                           true, std::nullopt, std::nullopt, section, false);
   const auto [q_ref, k_ref] =
       rope::apply_qk(c.q, c.k, t.cos, t.sin, c.positions, true, false, section, false);
   EXPECT_TRUE(bitwise_equal(q_out, q_ref));
@@ -162,9 +163,8 @@ TEST(ServingFusions, MlaApplyCacheWritesConcatenatedRows) {
   const auto positions = torch::randint(0, kMaxSeqLen, {3, 1});
   const auto slots = torch::tensor({5, -1, 2}, torch::kLong);
   auto kv_cache = torch::zeros({8, 80});  // vLLM's layout: [kv_c | k_pe]
-  const auto [q_pe_out, q_nope_out] = rope::mla_apply_cache(q_pe, k_pe, kv_c, t.cos, t.sin,
-                                                            positions, kv_cache, std::nullopt,
-                                                            slots);
+  const auto [q_pe_out, q_nope_out] = rope::mla_apply_cache(
+      q_pe, k_pe, kv_c, t.cos, t.sin, positions, kv_cache, std::nullopt, slots);
   const auto [q_ref, k_ref] = rope::apply_qk(q_pe, k_pe.unsqueeze(1), t.cos, t.sin, positions);
   EXPECT_TRUE(bitwise_equal(q_pe_out, q_ref));
   EXPECT_EQ(q_nope_out.sizes(), (std::vector<int64_t>{3, 4, 0}));

@@ -13,6 +13,7 @@
 //   cuda_host_run [--cases N] [--seed S] [--only I] [--max-failures F] [--no-coverage-gate] [-v]
 //                 [--norm-cases N] [--norm-only I] [--kv-cases N] [--kv-only I]
 //                 [--serving-cases N] [--qk-fp8-only I] [--mla-only I]
+//                 [--kv-norm-only I]
 //
 // Registered with ctest (label cuda-host). Exit status 0 when every case passed.
 #include <ATen/ATen.h>
@@ -476,6 +477,7 @@ struct Options {
   int64_t serving_cases = -1;  // cases of each serving fusion; -1: cases / 4
   int64_t qk_fp8_only = -1;
   int64_t mla_only = -1;
+  int64_t kv_norm_only = -1;
 };
 
 Options parse(int argc, char** argv) {
@@ -515,17 +517,19 @@ Options parse(int argc, char** argv) {
       o.qk_fp8_only = std::atoll(next());
     } else if (a == "--mla-only") {
       o.mla_only = std::atoll(next());
+    } else if (a == "--kv-norm-only") {
+      o.kv_norm_only = std::atoll(next());
     } else if (a == "--no-coverage-gate") {
       o.coverage_gate = false;
     } else if (a == "-v" || a == "--verbose") {
       o.verbose = true;
     } else {
-      std::fprintf(
-          stderr,
-          "usage: cuda_host_run [--cases N] [--seed S] [--only I] [--max-failures F] "
-          "[--norm-cases N] [--norm-only I] [--kv-cases N] [--kv-only I] "
-          "[--forms-cases N] [--forms-only I] "
-          "[--serving-cases N] [--qk-fp8-only I] [--mla-only I] [--no-coverage-gate] [-v]\n");
+      std::fprintf(stderr,
+                   "usage: cuda_host_run [--cases N] [--seed S] [--only I] [--max-failures F] "
+                   "[--norm-cases N] [--norm-only I] [--kv-cases N] [--kv-only I] "
+                   "[--forms-cases N] [--forms-only I] "
+                   "[--serving-cases N] [--qk-fp8-only I] [--mla-only I] [--kv-norm-only I] "
+                   "[--no-coverage-gate] [-v]\n");
       std::exit(2);
     }
   }
@@ -540,7 +544,7 @@ int main(int argc, char** argv) {
   const Options opt = parse(argc, argv);
   // --norm-only / --kv-only / --forms-only / --qk-fp8-only / --mla-only rerun one case of that op
   // alone.
-  const bool serving_only = opt.qk_fp8_only >= 0 || opt.mla_only >= 0;
+  const bool serving_only = opt.qk_fp8_only >= 0 || opt.mla_only >= 0 || opt.kv_norm_only >= 0;
   const bool one_family =
       opt.norm_only >= 0 || opt.kv_only >= 0 || opt.forms_only >= 0 || serving_only;
   const auto start = std::chrono::steady_clock::now();
@@ -670,6 +674,7 @@ int main(int argc, char** argv) {
   };
   run_serving("apply_qk_fp8", opt.qk_fp8_only, run_qk_fp8_cases);
   run_serving("mla_apply_cache", opt.mla_only, run_mla_cases);
+  run_serving("KV-cache streams", opt.kv_norm_only, run_kv_norm_cases);
 
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -20,6 +20,11 @@ namespace rope_host {
 ServingRun run_qk_fp8_cases(uint64_t seed, int64_t count, int64_t only, int64_t max_failures,
                             bool verbose, const CpuVectorPath& cpu_path);
 
+// rope.rms_norm_apply_qk_cache, and rope.apply_qk_cache with multi-axis positions
+// (kv_norm_cases.cpp).
+ServingRun run_kv_norm_cases(uint64_t seed, int64_t count, int64_t only, int64_t max_failures,
+                             bool verbose, const CpuVectorPath& cpu_path);
+
 // rope.mla_apply_cache (mla_cases.cpp).
 ServingRun run_mla_cases(uint64_t seed, int64_t count, int64_t only, int64_t max_failures,
                          bool verbose, const CpuVectorPath& cpu_path);

@@ -79,6 +79,7 @@ PLAN_HEADER = REPO / "csrc" / "cuda" / "rope_launch_plan.h"
 KERNEL_SOURCES = [
     REPO / "csrc" / "cuda" / "rope_kernel.cuh",
     REPO / "csrc" / "cuda" / "common_device.cuh",
+    REPO / "csrc" / "cuda" / "common_stream_kernel.cuh",
 ]
 MARKERS = {
     "vector": "// sass: vector store",
@@ -88,6 +89,8 @@ MARKERS = {
     "rotated_load": "// sass: rotated load",
     "pair": "// sass: pair store",
     "pair_load": "// sass: pair load",
+    "stream_load": "// sass: stream load",
+    "stream_store": "// sass: stream store",
 }
 SIXTEEN_BIT = ("bf16", "fp16")
 # Per SM, from the CUDA C++ Programming Guide's table of compute capabilities: 64K 32-bit
@@ -189,6 +192,22 @@ def describe(demangled):
             info["storage"],
             "interleaved" if info["interleaved"] else "half split",
             "vector" if info["vector"] else "scalar-only",
+        )
+        return name, info
+    s = re.search(r"stream_kernel<([^>]*)>", demangled)
+    if s:  # the serving fusions' row streams (common_stream_kernel.cuh)
+        args = [a.strip() for a in s.group(1).split(",")]
+        if len(args) != 3:
+            return demangled, None
+        storage, table, interleaved = args
+        info = {
+            "storage": STORAGE_NAMES.get(storage, storage),
+            "tables": STORAGE_NAMES.get(table, table),
+            "interleaved": interleaved == "true",
+            "streams": True,
+        }
+        name = "{} / {} tables / {} / row streams".format(
+            info["storage"], info["tables"], "interleaved" if info["interleaved"] else "half split"
         )
         return name, info
     m = re.search(r"rope_(packed_)?kernel<([^>]*)>", demangled)
@@ -321,6 +340,7 @@ def analyse(cubin, arch, tools, markers):
         loads = {}
         vector_loads = {}  # loads of x from the vector load (16 bytes)
         pair_loads = {}  # loads of x from the pair load (4 bytes)
+        stream_loads, stream_stores = {}, {}  # the row streams' vector path (16 bytes)
         counts = {"spill": 0, "forbidden": [], "fp64": []}
         for opcode, chain in instructions:
             base = opcode.split(".")[0]
@@ -337,9 +357,14 @@ def analyse(cubin, arch, tools, markers):
                     vector_loads[w] = vector_loads.get(w, 0) + 1
                 if chain & markers["pair_load"]:
                     pair_loads[w] = pair_loads.get(w, 0) + 1
+                if chain & markers["stream_load"]:
+                    stream_loads[w] = stream_loads.get(w, 0) + 1
             if base != "STG":
                 continue
             lines = chain
+            if lines & markers["stream_store"]:
+                w = width_of(opcode)
+                stream_stores[w] = stream_stores.get(w, 0) + 1
             if lines & markers["vector"]:
                 kind = "rotated_vector" if lines & markers["rotated"] else "tail_vector"
             elif lines & markers["pair"]:
@@ -373,6 +398,8 @@ def analyse(cubin, arch, tools, markers):
                 "loads": loads,
                 "vector_loads": vector_loads,
                 "pair_loads": pair_loads,
+                "stream_loads": stream_loads,
+                "stream_stores": stream_stores,
                 "loads_in_flight": min(in_flight) if in_flight else None,
                 "pair_loads_in_flight": min(pair_in_flight) if pair_in_flight else None,
                 "forbidden": sorted(set(counts["forbidden"])),
@@ -448,6 +475,20 @@ def tuning_problems(header=PLAN_HEADER):
     return []
 
 
+def stream_problems(r, where):
+    """The row streams' vector path: every access from its marked lines 16 bytes wide, and some
+    of each in every variant (a path optimised away, or split into narrower accesses, fails)."""
+    problems = []
+    for what, widths in (("loads", r["stream_loads"]), ("stores", r["stream_stores"])):
+        narrow = {w: n for w, n in widths.items() if w != "128"}
+        if narrow:
+            problems.append(f"{where}: row-stream vector {what} narrower than 128 bits: "
+                            f"{fmt_widths(narrow)}")  # fmt: skip
+        if not widths.get("128"):
+            problems.append(f"{where}: no 128-bit row-stream vector {what}")
+    return problems
+
+
 def check(rows, markers, row_batch):
     problems = []
     if not markers["vector"] or not markers["rotated"]:
@@ -466,6 +507,8 @@ def check(rows, markers, row_batch):
         )
     if rows and not any(r["variant"] and r["variant"]["tables"] == "freqs" for r in rows):
         problems.append("no frequency-form kernel (rope_freqs_kernel) in the machine code")
+    if rows and not any(r["variant"] and r["variant"].get("streams") for r in rows):
+        problems.append("no row-streams kernel (stream_kernel) in the machine code")
     for r in rows:
         where = f"{r['arch']} {r['kernel']}"
         if r["stack"] or r["local"] or r["spill_instructions"]:
@@ -492,6 +535,9 @@ def check(rows, markers, row_batch):
                 f"{where}: vector loads of x narrower than 128 bits: {fmt_widths(narrow)}"
             )
         info = r["variant"]
+        if info is not None and info.get("streams"):
+            problems.extend(stream_problems(r, where))
+            continue
         narrow = {w: n for w, n in r["stores"]["pair"].items() if w != "32"}
         narrow_loads = {w: n for w, n in r["pair_loads"].items() if w != "32"}
         if narrow or narrow_loads:

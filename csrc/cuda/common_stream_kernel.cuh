@@ -114,7 +114,7 @@ __device__ __forceinline__ void load_chunk(const T* row, int64_t first, int64_t 
 #pragma unroll
     for (int c = 0; c < kChunk / kPer; ++c) {
       T part[kPer];
-      load_vector(row + first + c * kPer, part);
+      load_vector(row + first + c * kPer, part);  // sass: stream load
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
         dst[c * kPer + j] = to_acc(part[j]);
@@ -149,7 +149,7 @@ __device__ __forceinline__ void store_chunk(const StreamTarget& t, void* row, in
         for (int j = 0; j < kPer; ++j) {
           part[j] = out[c * kPer + j];
         }
-        store_vector(dst + c * kPer, part);
+        store_vector(dst + c * kPer, part);  // sass: stream store
       }
     } else {
 #pragma unroll
@@ -169,7 +169,7 @@ __device__ __forceinline__ void store_chunk(const StreamTarget& t, void* row, in
   }
   uint8_t* dst = static_cast<uint8_t*>(row) + first;
   if constexpr (kVector) {
-    store_vector(dst, out);
+    store_vector(dst, out);  // sass: stream store
   } else {
 #pragma unroll
     for (int j = 0; j < kChunk; ++j) {
@@ -328,6 +328,15 @@ __device__ __forceinline__ bool target_row(const StreamArgs& a, const StreamTarg
   return true;
 }
 
+// p_j += p_{j + kStep} for j < kStep: one step of the partial sums' fold.
+template <int kStep, typename A>
+__device__ __forceinline__ void fold_partial_sums(A (&p)[kChunk]) {
+#pragma unroll
+  for (int j = 0; j < kStep; ++j) {
+    p[j] = p[j] + p[j + kStep];
+  }
+}
+
 // The norm's 1 / sqrt(mean(x^2) + eps) of a row, summed in the order of common_row_streams.h.
 template <typename T, bool kVector>
 __device__ __forceinline__ typename AccType<T>::type inverse_rms(const T* src, int64_t width,
@@ -347,13 +356,11 @@ __device__ __forceinline__ typename AccType<T>::type inverse_rms(const T* src, i
       p[j] = fused(v[j], v[j], p[j]);
     }
   }
-#pragma unroll
-  for (int step = kChunk / 2; step >= 1; step /= 2) {
-#pragma unroll
-    for (int j = 0; j < step; ++j) {
-      p[j] = p[j] + p[j + step];
-    }
-  }
+  // Folded with constant indices only (a loop over the step would leave p in local memory).
+  fold_partial_sums<8>(p);
+  fold_partial_sums<4>(p);
+  fold_partial_sums<2>(p);
+  fold_partial_sums<1>(p);
   A s = p[0];
   for (int64_t i = whole; i < width; ++i) {
     const A x = to_acc(load_scalar(src + i));
@@ -396,8 +403,12 @@ __device__ __forceinline__ void stream_thread(const StreamKernelParams& p, const
   }
 }
 
+// One resident block per SM is all the register budget asks for: a half-split lane holds 32 values
+// and their angles, and at the 128 registers of two blocks ptxas spilled them to local memory
+// (24-128 B of stack on sm_90), which scripts/sass_report.py refuses. The half-split variants use
+// about 180 registers (1 block of 256 threads per SM on sm_90); not measured on a GPU yet.
 template <typename T, typename Tab, bool kInterleaved>
-__global__ void __launch_bounds__(kBlockThreads)
+__global__ void __launch_bounds__(kBlockThreads, 1)
     stream_kernel(const __grid_constant__ StreamKernelParams params) {
   int64_t w = grid_thread_index<kBlockThreads>();
   if (w >= params.total) {

@@ -140,10 +140,9 @@ std::string one_case(uint64_t seed, int64_t index, std::vector<std::string>& pro
   try {
     at::Tensor cpu_q, host_q;
     if (norm) {
-      cpu_q = rope::rms_norm_apply_qk_cache(q, k, v, q_weight, k_weight, cos, sin, positions,
-                                            cpu_k, cpu_v, slots, eps, weight_offset, interleaved,
-                                            k_scale, v_scale, q_dtype, q_scale, mrope,
-                                            mrope_interleaved);
+      cpu_q = rope::rms_norm_apply_qk_cache(q, k, v, q_weight, k_weight, cos, sin, positions, cpu_k,
+                                            cpu_v, slots, eps, weight_offset, interleaved, k_scale,
+                                            v_scale, q_dtype, q_scale, mrope, mrope_interleaved);
     } else {
       cpu_q = rope::apply_qk_cache(q, k, v, cos, sin, positions, cpu_k, cpu_v, slots, interleaved,
                                    k_scale, v_scale, mrope, mrope_interleaved);

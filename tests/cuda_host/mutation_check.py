@@ -952,6 +952,29 @@ MUTANTS += [
         "the serving fusions launched on the legacy default stream",
     ),
     Mutant(
+        "kv-norm-no-device-guard",
+        "cuda/common_glue.h",
+        "  const typename Runtime::Guard guard(Runtime::device_of(q));\n"
+        "  return detail::rms_norm_apply_qk_cache_body",
+        "  return detail::rms_norm_apply_qk_cache_body",
+        "rms_norm_apply_qk_cache without the device guard: runs on whatever device is current",
+    ),
+    Mutant(
+        "kv-multi-axis-on-the-cache-kernel",
+        "cuda/common_glue.h",
+        "struct KvCacheBackend : StreamsBackend<Runtime> {",
+        "struct KvCacheBackend : StreamsBackend<Runtime> {\n"
+        "  static void run_streams(c10::ScalarType, const detail::PreparedStreams&) {}",
+        "apply_qk_cache with multi-axis positions launches nothing: q and the caches unwritten",
+    ),
+    Mutant(
+        "streams-norm-fold-reordered",
+        STREAMS,
+        "  fold_partial_sums<8>(p);\n  fold_partial_sums<4>(p);",
+        "  fold_partial_sums<4>(p);\n  fold_partial_sums<8>(p);",
+        "the norm's partial sums folded in another order: another sum, not the CPU's bits",
+    ),
+    Mutant(
         "qk-fp8-no-device-guard",
         "cuda/common_glue.h",
         "  const typename Runtime::Guard guard(Runtime::device_of(q));\n"

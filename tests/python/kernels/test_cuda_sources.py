@@ -45,10 +45,19 @@ def includes_of(path: Path, seen=None):
 def test_the_glue_of_every_cuda_op_is_plain_cpp():
     assert not list(CUDA_DIR.glob("*.cu")), "glue in a .cu goes through nvcc: make it a .cpp"
     glue = sorted(p.name for p in CUDA_DIR.glob("*_cuda.cpp"))
-    assert glue == ["kv_cache_cuda.cpp", "rms_norm_cuda.cpp", "rope_cuda.cpp"], glue
+    assert glue == [
+        "kv_cache_cuda.cpp",
+        "mla_cuda.cpp",
+        "qk_fp8_cuda.cpp",
+        "rms_norm_cuda.cpp",
+        "rope_cuda.cpp",
+    ], glue
     for path in CUDA_DIR.glob("*_cuda.cpp"):
         text = path.read_text()
-        assert '#include "common_launchers.h"' in text, path.name
+        # The launchers' declarations, directly or through the row streams' runtime.
+        assert (
+            '#include "common_launchers.h"' in text or '#include "common_stream_runtime.h"' in text
+        ), path.name
         assert not any(n.endswith(".cuh") for n in LOCAL_INCLUDE.findall(text)), path.name
 
 

@@ -1,0 +1,237 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""CPU benchmark of the serving fusions: rope.apply_qk_fp8, rope.rms_norm_apply_qk_cache and
+rope.mla_apply_cache, each against its bytes floor and against the unfused sequence of our own ops.
+
+Shapes: decode (T = 1 and T = 64 tokens) and a prefill chunk (T = 2048), GQA q (T, 32, 128) and
+k, v (T, 8, 128) in bf16; MLA (DeepSeek-V3) q_pe (T, 16, 64), k_pe (T, 64), kv_c (T, 512) into one
+paged (num_blocks, 16, 576) cache. Every figure is a ratio of medians from one run with
+interleaved rounds (timing.py):
+
+  fused / floor      against a clone of as many bytes as the op reads and writes (a clone reads
+                     and writes n bytes: the op's read + written bytes over 2); target <= 1.15 on
+                     prefill;
+  fused / unfused    against the same result from our unfused ops and torch (apply_qk then torch's
+                     fp8 cast; rms_norm_apply_qk then index_copy_ of k and v; apply_qk of q_pe and
+                     k_pe then index_copy_ of [kv_c | k_pe] rows), eager and under torch.compile
+                     (fullgraph); target < 1 on decode.
+
+    PYTHONPATH=python .venv/bin/python benchmarks/bench_serving_fusions.py [--threads N]
+        [--no-compile] [--quick]
+
+writes benchmarks/results/serving_fusions_cpu_<kernel>_<N>t.json and .md.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import timing  # noqa: E402
+import torch  # noqa: E402
+from bench_rope import machine  # noqa: E402
+
+import torch_rope  # noqa: E402
+
+RESULTS_DIR = HERE / "results"
+HQ, HKV, D = 32, 8, 128
+MLA_H, MLA_R, MLA_L = 16, 64, 512
+BLOCK_SIZE, NUM_BLOCKS = 16, 256  # 4096 slots
+MAX_SEQ_LEN = 8192
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+SHAPES = {"decode T=1": 1, "decode T=64": 64, "prefill T=2048": 2048}
+
+
+def fp8(x, scale):
+    """torch's own quantization, the rule the fused ops hold to."""
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def nbytes(*tensors):
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+# ---- the three ops: (arguments, fused, unfused, bytes read + written) --------------------------
+
+
+def qk_fp8_case(T, g):
+    q = torch.randn(T, HQ, D, generator=g).bfloat16()
+    k = torch.randn(T, HKV, D, generator=g).bfloat16()
+    cos, sin = torch_rope.rope_tables(10000.0, D, MAX_SEQ_LEN)
+    pos = torch.randint(0, MAX_SEQ_LEN, (T, 1), generator=g)
+    args = (q, k, cos, sin, pos)
+
+    def fused(q, k, cos, sin, pos):
+        return torch_rope.apply_qk_fp8(q, k, cos, sin, pos, q_scale=0.05, k_scale=0.1)[:2]
+
+    def unfused(q, k, cos, sin, pos):
+        q_rot, k_rot = torch_rope.apply_qk(q, k, cos, sin, pos)
+        return fp8(q_rot, 0.05), fp8(k_rot, 0.1)
+
+    moved = nbytes(q, k) + (q.numel() + k.numel())  # bf16 in, fp8 out
+    return args, fused, unfused, moved
+
+
+def norm_cache_case(T, g):
+    q = torch.randn(T, HQ, D, generator=g).bfloat16()
+    k = torch.randn(T, HKV, D, generator=g).bfloat16()
+    v = torch.randn(T, HKV, D, generator=g).bfloat16()
+    qw = (torch.rand(D, generator=g) + 0.5).bfloat16()
+    kw = (torch.rand(D, generator=g) + 0.5).bfloat16()
+    cos, sin = torch_rope.rope_tables(10000.0, D, MAX_SEQ_LEN)
+    pos = torch.randint(0, MAX_SEQ_LEN, (T, 1), generator=g)
+    k_cache = torch.zeros(NUM_BLOCKS, BLOCK_SIZE, HKV, D, dtype=torch.bfloat16)
+    v_cache = torch.zeros_like(k_cache)
+    slots = torch.randperm(NUM_BLOCKS * BLOCK_SIZE, generator=g)[:T]
+    args = (q, k, v, qw, kw, cos, sin, pos, k_cache, v_cache, slots)
+
+    def fused(q, k, v, qw, kw, cos, sin, pos, k_cache, v_cache, slots):
+        return torch_rope.rms_norm_apply_qk_cache(
+            q, k, v, qw, kw, cos, sin, pos, k_cache, v_cache, slots
+        )
+
+    def unfused(q, k, v, qw, kw, cos, sin, pos, k_cache, v_cache, slots):
+        q_out, k_out = torch_rope.rms_norm_apply_qk(q, k, qw, kw, cos, sin, pos)
+        k_cache.view(-1, HKV, D).index_copy_(0, slots, k_out)
+        v_cache.view(-1, HKV, D).index_copy_(0, slots, v)
+        return q_out
+
+    moved = 2 * nbytes(q, k, v)  # read once, written once (q_out, the k and v rows)
+    return args, fused, unfused, moved
+
+
+def mla_case(T, g):
+    q_pe = torch.randn(T, MLA_H, MLA_R, generator=g).bfloat16()
+    k_pe = torch.randn(T, MLA_R, generator=g).bfloat16()
+    kv_c = torch.randn(T, MLA_L, generator=g).bfloat16()
+    cos, sin = torch_rope.rope_tables(10000.0, MLA_R, MAX_SEQ_LEN)
+    pos = torch.randint(0, MAX_SEQ_LEN, (T, 1), generator=g)
+    cache = torch.zeros(NUM_BLOCKS, BLOCK_SIZE, MLA_L + MLA_R, dtype=torch.bfloat16)
+    slots = torch.randperm(NUM_BLOCKS * BLOCK_SIZE, generator=g)[:T]
+    args = (q_pe, k_pe, kv_c, cos, sin, pos, cache, slots)
+
+    def fused(q_pe, k_pe, kv_c, cos, sin, pos, cache, slots):
+        return torch_rope.mla_apply_cache(q_pe, k_pe, kv_c, cos, sin, pos, cache, None, slots)[0]
+
+    def unfused(q_pe, k_pe, kv_c, cos, sin, pos, cache, slots):
+        q_rot, k_rot = torch_rope.apply_qk(q_pe, k_pe.unsqueeze(1), cos, sin, pos)
+        rows = torch.cat([kv_c, k_rot.squeeze(1)], dim=-1)
+        cache.view(-1, MLA_L + MLA_R).index_copy_(0, slots, rows)
+        return q_rot
+
+    moved = 2 * nbytes(q_pe, k_pe, kv_c)
+    return args, fused, unfused, moved
+
+
+OPS = {
+    "apply_qk_fp8": qk_fp8_case,
+    "rms_norm_apply_qk_cache": norm_cache_case,
+    "mla_apply_cache": mla_case,
+}
+
+
+def run_case(op, shape_name, T, compile_too, quick):
+    args, fused, unfused, moved = OPS[op](T, torch.Generator().manual_seed(T))
+    floor_src = torch.ones((moved + 1) // 2, dtype=torch.uint8)
+    candidates = {
+        "floor": floor_src.clone,
+        "fused": lambda: fused(*args),
+        "unfused": lambda: unfused(*args),
+    }
+    if compile_too:
+        torch._dynamo.reset()
+        unfused_c = torch.compile(unfused, fullgraph=True, dynamic=False)
+        fused_c = torch.compile(fused, fullgraph=True, dynamic=False)
+        candidates["unfused compiled"] = lambda: unfused_c(*args)
+        candidates["fused compiled"] = lambda: fused_c(*args)
+    rounds = 9 if quick else (15 if T >= 2048 else 31)
+    res = timing.measure(candidates, rounds=rounds)
+    s = {n: r["s"] for n, r in res.items()}
+    ratios = {"fused / floor": s["fused"] / s["floor"], "fused / unfused": s["fused"] / s["unfused"]}
+    if compile_too:
+        ratios["fused / unfused compiled"] = s["fused"] / s["unfused compiled"]
+        ratios["fused compiled / unfused compiled"] = s["fused compiled"] / s["unfused compiled"]
+    print(
+        f"  {op:24s} {shape_name:15s} "
+        + "  ".join(f"{n} {v:.2f}" for n, v in ratios.items())
+        + f"  (fused {s['fused'] * 1e6:.1f} us, floor {s['floor'] * 1e6:.1f} us)",
+        flush=True,
+    )
+    return {
+        "op": op,
+        "shape": shape_name,
+        "tokens": T,
+        "bytes_moved": moved,
+        "us": {n: v * 1e6 for n, v in s.items()},
+        "spread": {n: r["spread"] for n, r in res.items()},
+        "ratios": ratios,
+    }
+
+
+def markdown(result):
+    m = result["meta"]
+    names = []
+    for r in result["rows"]:
+        names += [n for n in r["ratios"] if n not in names]
+    out = [
+        "# The serving fusions on the CPU",
+        "",
+        f"CPU: {m['cpu_model']} ({m['cpus']} CPUs), kernel **{m['kernel_variant']}**, "
+        f"{m['threads']} thread(s), torch {m['torch']}, {m['date']}. Load average "
+        f"{m['loadavg_before']} before, {m['loadavg_after']} after. bf16 inputs; GQA q (T, {HQ}, "
+        f"{D}), k and v (T, {HKV}, {D}), paged ({NUM_BLOCKS}, {BLOCK_SIZE}, ...) caches; MLA "
+        f"q_pe (T, {MLA_H}, {MLA_R}), k_pe (T, {MLA_R}), kv_c (T, {MLA_L}). floor: a clone of "
+        "(bytes read + written) / 2 bytes. Targets: fused / floor <= 1.15 on prefill, fused / "
+        "unfused < 1 on decode.",
+        "",
+        "| op | shape | fused (us) | floor (us) | " + " | ".join(names) + " |",
+        "|---|---|---:|---:|" + "---:|" * len(names),
+    ]
+    for r in result["rows"]:
+        cells = [f"{r['ratios'][n]:.2f}" if n in r["ratios"] else "" for n in names]
+        out.append(
+            f"| {r['op']} | {r['shape']} | {r['us']['fused']:.1f} | {r['us']['floor']:.1f} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--ops", default=",".join(OPS), help="comma-separated ops")
+    parser.add_argument("--output", default=None, help="results name")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.set_grad_enabled(False)
+    if hasattr(torch._dynamo.config, "recompile_limit"):
+        torch._dynamo.config.recompile_limit = 64
+    meta = machine()
+    meta["date"] = datetime.datetime.now().isoformat(timespec="seconds")
+    meta["loadavg_before"] = [round(v, 2) for v in os.getloadavg()]
+    print(json.dumps({k: meta[k] for k in ("cpu_model", "kernel_variant", "loadavg_before")}))
+    rows = []
+    for op in args.ops.split(","):
+        for shape_name, T in SHAPES.items():
+            rows.append(run_case(op, shape_name, T, not args.no_compile, args.quick))
+    meta["loadavg_after"] = [round(v, 2) for v in os.getloadavg()]
+    result = {"meta": meta, "rows": rows}
+    name = args.output or (
+        f"serving_fusions_cpu_{meta['kernel_variant'].lower()}_{meta['threads']}t"
+    )
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    (RESULTS_DIR / f"{name}.json").write_text(json.dumps(result, indent=1))
+    (RESULTS_DIR / f"{name}.md").write_text(markdown(result))
+    print(f"wrote {RESULTS_DIR / name}.json and .md")
+
+
+if __name__ == "__main__":
+    main()

@@ -152,7 +152,10 @@ def run_case(op, shape_name, T, compile_too, quick):
     rounds = 9 if quick else (15 if T >= 2048 else 31)
     res = timing.measure(candidates, rounds=rounds)
     s = {n: r["s"] for n, r in res.items()}
-    ratios = {"fused / floor": s["fused"] / s["floor"], "fused / unfused": s["fused"] / s["unfused"]}
+    ratios = {
+        "fused / floor": s["fused"] / s["floor"],
+        "fused / unfused": s["fused"] / s["unfused"],
+    }
     if compile_too:
         ratios["fused / unfused compiled"] = s["fused"] / s["unfused compiled"]
         ratios["fused compiled / unfused compiled"] = s["fused compiled"] / s["unfused compiled"]

@@ -84,6 +84,23 @@ inline void store_same(const A* buf, scalar_t* dst, int64_t n) {
 // ---- the norm
 // ------------------------------------------------------------------------------------
 
+// p_j += p_{j + 8}, then 4, 2, 1 (j below the step): the fold of common_row_streams.h, with
+// constant steps, so that it unrolls into registers (a loop over the step ran through the stack,
+// a sixth of a bf16 row's time).
+template <typename A>
+inline void fold_partial_sums(A (&p)[kStreamChunk]) {
+  static_assert(kStreamChunk == 16, "the fold below is written for 16 partial sums");
+  for (int64_t j = 0; j < 8; ++j) {
+    p[j] = p[j] + p[j + 8];
+  }
+  for (int64_t j = 0; j < 4; ++j) {
+    p[j] = p[j] + p[j + 4];
+  }
+  p[0] = p[0] + p[2];
+  p[1] = p[1] + p[3];
+  p[0] = p[0] + p[1];
+}
+
 // The sum of squares in the order of common_row_streams.h: 16 partial sums over the whole
 // 16-element chunks (16 / kW vectors of them), the tree, then the rest one by one.
 inline float sum_squares(const float* x, int64_t n) {
@@ -103,11 +120,7 @@ inline float sum_squares(const float* x, int64_t n) {
   for (int64_t v = 0; v < kVecs; ++v) {
     acc[v].store(p + v * kW);
   }
-  for (int64_t step = kStreamChunk / 2; step >= 1; step /= 2) {
-    for (int64_t j = 0; j < step; ++j) {
-      p[j] = p[j] + p[j + step];
-    }
-  }
+  fold_partial_sums(p);
   float s = p[0];
   for (int64_t i = whole; i < n; ++i) {
     s = std::fma(x[i], x[i], s);
@@ -123,11 +136,7 @@ inline double sum_squares(const double* x, int64_t n) {
       p[j] = std::fma(x[i + j], x[i + j], p[j]);
     }
   }
-  for (int64_t step = kStreamChunk / 2; step >= 1; step /= 2) {
-    for (int64_t j = 0; j < step; ++j) {
-      p[j] = p[j] + p[j + step];
-    }
-  }
+  fold_partial_sums(p);
   double s = p[0];
   for (int64_t i = whole; i < n; ++i) {
     s = std::fma(x[i], x[i], s);
@@ -271,6 +280,12 @@ void rows_of_tokens(const StreamArgs& a, const TableArgs& tb, int64_t t0, int64_
   }
   const Angles<A, pos_t> angles(a, tb, half, cos_buf.data(), sin_buf.data(),
                                 plane_axis.empty() ? nullptr : plane_axis.data());
+  // The angle rows of the last position offset read: rows of one token share them (positions
+  // broadcast over heads, and every rotating stream reads the same positions and tables), so a
+  // multi-axis gather or a table conversion runs once per token, not once per row.
+  int64_t angles_off = -1;
+  const A* cos = nullptr;
+  const A* sin = nullptr;
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t slot = a.slots != nullptr ? a.slots[t * a.slot_stride] : 0;
     for (int32_t i = 0; i < a.num_streams; ++i) {
@@ -289,9 +304,11 @@ void rows_of_tokens(const StreamArgs& a, const TableArgs& tb, int64_t t0, int64_
           normalise(buf.data(), static_cast<const A*>(st.weight), st.width, a.eps);
         }
         if (st.rotary_dim > 0) {
-          const A* cos;
-          const A* sin;
-          angles.at(t * st.pos_token_stride + h * st.pos_head_stride, cos, sin);
+          const int64_t off = t * st.pos_token_stride + h * st.pos_head_stride;
+          if (off != angles_off) {
+            angles.at(off, cos, sin);
+            angles_off = off;
+          }
           rotate<kInterleaved>(buf.data(), cos, sin, st.rotary_dim / 2);
         }
         if (tg.format == CacheFormat::kSame) {

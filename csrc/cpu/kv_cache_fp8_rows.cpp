@@ -3,23 +3,23 @@
 // Compiled once per CPU capability, like rope_rows.cpp.
 //
 // The quotients x / scale (or products x * scale, ScaleRule::kMultiply) are IEEE operations, lane
-// by lane (at::vec), so they are the scalar ones; the rounding to fp8 is c10's algorithm. The
-// AVX-512 copies divide and round in one pass with torch's own conversion (at::vec::convert to
-// Float8_e4m3fn / Float8_e5m2, ATen/cpu/vec/vec512/vec512_float8.h). at::vec has no fp8 conversion
-// at the other widths: DEFAULT and AVX2 divide a chunk of the row into an L1 buffer, then round it
-// with encode_saturated below, c10's algorithm without branches, a loop the compiler vectorises
-// (16- and 32-byte vectors; a plain `?:` on the float sum is not if-converted, masks are). Row
-// tails (and float64 rows, divided in float64 first) take the same scalar form.
+// by lane (at::vec), so they are the scalar ones; the rounding to fp8 is c10's algorithm. Every
+// copy divides a chunk of the row into an L1 buffer, then rounds it with encode_saturated below,
+// c10's algorithm without branches, a loop the compiler vectorises (16-, 32- and 64-byte vectors;
+// a plain `?:` on the float sum is not if-converted, masks are). Row tails (and float64 rows,
+// divided in float64 first) take the same scalar form.
 //
-// Saturation: the quantized value is saturate(x / scale), then rounded as c10 rounds. Both formats
-// clamp before at::vec's conversion: torch's vectorised e4m3fn conversion does not saturate in
-// every version (torch 2.11's AVX-512 one, on an Intel Xeon, gave NaN, 0x7F, above 448 where
-// torch 2.13's gives 0x7E; ApiKvCache.Fp8MatchesTorchsQuantization caught it on the first GPU
-// machine), and e5m2's overflow is inf. encode_saturated clamps the magnitude, keeping NaN.
+// Saturation: the quantized value is saturate(x / scale), then rounded as c10 rounds.
+// encode_saturated clamps the magnitude, keeping NaN (torch's vectorised e4m3fn conversion does
+// not saturate in every version, and e5m2's overflow is inf).
 //
-// Measured on an AMD EPYC (Zen 4, AVX512_BF16 copy), 131072 values: division alone 13 us, torch's
-// conversion 38 us, encode_saturated 26 us, division + torch's conversion in one pass 39 us; in
-// the op (decode, 64 tokens) both conversions gave the same time.
+// Not torch's at::vec::convert to Float8 (ATen/cpu/vec/vec512/vec512_float8.h), which the AVX-512
+// copies used until 2026-11-28: it branches on whether a vector holds an fp8 subnormal, and for
+// activations (values near 2^-7 and below are common) the branch mispredicts. Measured on an AMD
+// EPYC (Zen 4, AVX512_BF16 copy, one thread), apply_qk_cache of a bf16 prefill chunk (2048 tokens,
+// q 32 x 128, k and v 8 x 128) into float8 caches: 5.87 ms with torch's conversion against
+// 3.62 ms with encode_saturated at scale 1, 4.89 against 3.69 ms at scale 0.05;
+// rms_norm_apply_qk_cache with float8 q and caches 14.96 against 8.86 ms.
 #include "kv_cache_fp8_rows.h"
 
 #include <ATen/cpu/vec/functional.h>
@@ -39,16 +39,12 @@
     "kv_cache_fp8_rows.cpp must be compiled with -DCPU_CAPABILITY=<DEFAULT|AVX2|AVX512|AVX512_BF16>"
 #endif
 
-#if defined(CPU_CAPABILITY_AVX512) && !defined(_MSC_VER)
-#define ROPE_FP8_AT_VEC_CONVERT 1
-#endif
-
 namespace rope::cpu::CPU_CAPABILITY {
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kW = Vec::size();
-// Values per chunk (DEFAULT, AVX2, float64): the float quotients (1 KiB) between the division and
+// Values per chunk: the float quotients (1 KiB) between the division and
 // the rounding.
 constexpr int64_t kChunk = 256;
 
@@ -145,32 +141,8 @@ inline void encode_chunk(const float* x, uint8_t* dst, int64_t n) {
   }
 }
 
-#if ROPE_FP8_AT_VEC_CONVERT
-// kW quotients saturated, then rounded with torch's conversion (which need not saturate).
-template <typename F>
-inline void store_fp8(Vec v, uint8_t* dst) {
-  v = Vec::blendv(v, Vec(F::kMax), v > Vec(F::kMax));  // NaN compares false: stays NaN
-  v = Vec::blendv(v, Vec(-F::kMax), v < Vec(-F::kMax));
-  at::vec::convert<typename F::type>(v).store(dst, kW);
-}
-#endif
-
 template <ScaleRule kRule, typename scalar_t, typename F>
 void quantize_typed(const scalar_t* src, uint8_t* dst, int64_t n, float scale) {
-#if ROPE_FP8_AT_VEC_CONVERT
-  if constexpr (!std::is_same_v<scalar_t, double>) {
-    // One pass: the scaled value stays in a register (measured 25% faster than the two passes).
-    const Vec vs(scale);
-    int64_t i = 0;
-    for (; i + kW <= n; i += kW) {
-      store_fp8<F>(scaled<kRule>(load_floats(src + i), vs), dst + i);
-    }
-    for (; i < n; ++i) {
-      dst[i] = encode_saturated<F>(scaled<kRule>(static_cast<float>(src[i]), scale));
-    }
-    return;
-  }
-#endif
   alignas(64) float chunk[kChunk];
   for (int64_t i = 0; i < n; i += kChunk) {
     const int64_t m = std::min(kChunk, n - i);

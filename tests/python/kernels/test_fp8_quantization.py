@@ -2,9 +2,9 @@
 """fp8 KV caches of rope.apply_qk_cache are torch's ``(x / scale).clamp(-max, max).to(fp8)``
 bit for bit, on every CPU kernel copy.
 
-The copies quantize in different ways (csrc/cpu/kv_cache_fp8_rows.cpp): the AVX-512 ones with
-torch's at::vec conversion, DEFAULT and AVX2 with a branch-free loop the compiler vectorises; the
-tails of rows (head_dim 88 = 5 * 16 + 8 here) with the scalar form of that loop. Each copy runs in
+Every copy quantizes with a branch-free loop the compiler vectorises at its own width
+(csrc/cpu/kv_cache_fp8_rows.cpp); the tails of rows (head_dim 88 = 5 * 16 + 8 here) with the
+scalar form of that loop. Each copy runs in
 its own interpreter, picked with ATEN_CPU_CAPABILITY and TORCH_ROPE_CPU_KERNEL, as in
 test_bf16_conversion.py.
 

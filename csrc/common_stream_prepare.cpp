@@ -14,30 +14,6 @@
 namespace rope::detail {
 namespace {
 
-// The bytes a tensor with memory can touch, as absolute addresses [lo, hi]; empty (never meets)
-// for meta tensors (no memory, maybe symbolic shapes), tensors without storage and empty ones.
-struct Span {
-  uintptr_t lo = 1;
-  uintptr_t hi = 0;
-  bool meets(const Span& o) const { return lo <= hi && o.lo <= o.hi && lo <= o.hi && o.lo <= hi; }
-};
-
-Span span_of(const at::Tensor& t) {
-  if (t.is_meta() || !t.has_storage() || t.numel() == 0) {
-    return {};
-  }
-  int64_t lo = 0;
-  int64_t hi = 0;
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    const int64_t reach = (t.size(d) - 1) * t.stride(d);
-    (reach < 0 ? lo : hi) += reach;
-  }
-  const auto item = static_cast<int64_t>(t.element_size());
-  const auto base = reinterpret_cast<uintptr_t>(t.const_data_ptr());
-  return {base + static_cast<uintptr_t>(lo * item),
-          base + static_cast<uintptr_t>(hi * item + item - 1)};
-}
-
 // Whether a and b are disjoint column slices of one buffer: the same storage, sizes and strides
 // but for the last dim (unit stride), their feature runs [0, wa) and [delta, delta + wb) apart,
 // and the rows of the buffer they slice (the union run, width W) not overlapping each other (each
@@ -172,6 +148,22 @@ int64_t slots_of(const at::Tensor& cache, int64_t row_dims) {
   return cache.dim() == row_dims + 2 ? cache.size(0) * cache.size(1) : cache.size(0);
 }
 
+Span span_of(const at::Tensor& t) {
+  if (t.is_meta() || !t.has_storage() || t.numel() == 0) {
+    return {};
+  }
+  int64_t lo = 0;
+  int64_t hi = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t reach = (t.size(d) - 1) * t.stride(d);
+    (reach < 0 ? lo : hi) += reach;
+  }
+  const auto item = static_cast<int64_t>(t.element_size());
+  const auto base = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+  return {base + static_cast<uintptr_t>(lo * item),
+          base + static_cast<uintptr_t>(hi * item + item - 1)};
+}
+
 PositionStrides position_strides(const at::Tensor& positions, const MultiAxisArgs& axes) {
   PositionStrides s;
   const int64_t n = positions.dim() - (axes.active() ? 1 : 0);  // the dims that broadcast
@@ -254,6 +246,24 @@ StreamTarget cache_target(const at::Tensor& cache, int64_t row_dims, int64_t fea
   t.head_stride = row_dims == 2 ? cache.stride(-2) : 0;
   t.feature_offset = feature_offset;
   return t;
+}
+
+PositionStrides PreparedStreams::begin(const at::Tensor& cos, const at::Tensor& sin,
+                                       const at::Tensor& positions, const MultiAxisArgs& axes,
+                                       int64_t num_tokens, bool interleaved,
+                                       const at::Tensor& slot_mapping) {
+  const PositionStrides pos = position_strides(positions, axes);
+  tables = prepare_tables(cos, sin, axes);
+  args.num_tokens = num_tokens;
+  args.interleaved = interleaved;
+  args.positions = positions.const_data_ptr();
+  args.positions_are_int64 = positions.scalar_type() == at::kLong;
+  args.axis_stride = pos.axis;
+  if (slot_mapping.defined()) {
+    args.slots = slot_mapping.const_data_ptr<int64_t>();
+    args.slot_stride = slot_mapping.stride(0);
+  }
+  return pos;
 }
 
 RowStream& PreparedStreams::add(const at::Tensor& x, int64_t rotary_dim, const PositionStrides& pos,

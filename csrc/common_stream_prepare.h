@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/MaybeOwned.h>
 
+#include <cstdint>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -41,6 +42,16 @@ void check_scale_value_on_host(const char* op, const char* name,
 // unit last stride, writable (no overlapping elements).
 void check_fp8_output(const char* op, const char* name, const at::Tensor& out, at::ScalarType dtype,
                       const char* like_name, const at::Tensor& like);
+
+// The bytes a tensor with memory can touch, as absolute addresses [lo, hi]; empty (never meets)
+// for meta tensors (no memory, maybe symbolic shapes), tensors without storage and empty ones.
+// Comparing two spans is the cheap first test of whether a written tensor may overlap another.
+struct Span {
+  uintptr_t lo = 1;
+  uintptr_t hi = 0;
+  bool meets(const Span& o) const { return lo <= hi && o.lo <= o.hi && lo <= o.hi && o.lo <= hi; }
+};
+Span span_of(const at::Tensor& t);
 
 // Every tensor an op writes must share no memory with anything it reads nor with another tensor
 // it writes. Address ranges are compared first (a decode call has no time for a storage alias
@@ -92,6 +103,13 @@ struct PreparedStreams {
   std::vector<at::Tensor> keep;
   PreparedTables tables;
   StreamArgs args;
+
+  // The arguments every call sets: the tables (and multi-axis map), the tokens, the pair layout,
+  // positions and, for by_slot targets, slot_mapping (undefined: none). Returns the positions'
+  // strides for the streams.
+  PositionStrides begin(const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,
+                        const MultiAxisArgs& axes, int64_t num_tokens, bool interleaved,
+                        const at::Tensor& slot_mapping);
 
   // Appends a stream reading x (tokens, heads, width) into `target`; returns it for more settings.
   RowStream& add(const at::Tensor& x, int64_t rotary_dim, const PositionStrides& pos,

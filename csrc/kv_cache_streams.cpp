@@ -11,24 +11,16 @@ PreparedStreams prepare_kv_cache_streams(const KvCacheInputs& in, const at::Tens
                                          const std::optional<at::Tensor>& q_scale, bool interleaved,
                                          const StreamNorm* norm) {
   const int64_t rotary_dim = 2 * in.cos.size(1);
-  const PositionStrides pos = position_strides(in.positions, in.axes);
   PreparedStreams p;
-  p.tables = prepare_tables(in.cos, in.sin, in.axes);
-  StreamArgs& a = p.args;
-  a.num_tokens = in.q.size(0);
-  a.interleaved = interleaved;
-  a.positions = in.positions.const_data_ptr();
-  a.positions_are_int64 = in.positions.scalar_type() == at::kLong;
-  a.axis_stride = pos.axis;
-  a.slots = in.slot_mapping.const_data_ptr<int64_t>();
-  a.slot_stride = in.slot_mapping.stride(0);
+  const PositionStrides pos =
+      p.begin(in.cos, in.sin, in.positions, in.axes, in.q.size(0), interleaved, in.slot_mapping);
   // The caches' rows hold (heads, head_dim): two row dims after the slot dims.
   constexpr int64_t kRowDims = 2;
   RowStream& q = p.add(in.q, rotary_dim, pos, tensor_target(q_out, q_scale, ScaleRule::kDivide));
   RowStream& k = p.add(in.k, rotary_dim, pos,
                        cache_target(in.k_cache, kRowDims, 0, in.k_scale, ScaleRule::kDivide));
   if (norm != nullptr) {
-    a.eps = norm->eps;
+    p.args.eps = norm->eps;
     q.weight = norm->q_weight.const_data_ptr();
     k.weight = norm->k_weight.const_data_ptr();
   }

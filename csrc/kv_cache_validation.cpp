@@ -13,14 +13,6 @@
 namespace rope::detail {
 namespace {
 
-bool is_fp8(at::ScalarType t) { return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2; }
-
-CacheFormat format_of(at::ScalarType t) {
-  return t == at::kFloat8_e4m3fn ? CacheFormat::kFp8E4M3
-         : t == at::kFloat8_e5m2 ? CacheFormat::kFp8E5M2
-                                 : CacheFormat::kSame;
-}
-
 // One cache against the source it stores (k or v): (num_slots, H, D) or (num_blocks, block_size,
 // H, D), the source's dtype or fp8, unit last stride, writable; the scale goes with fp8 only.
 void check_cache(const char* op, const char* name, const at::Tensor& cache, const char* src_name,
@@ -85,7 +77,7 @@ std::pair<int64_t, int64_t> token_head_strides(const at::Tensor& positions) {
 CacheArgs cache_args(const at::Tensor& cache, const std::optional<at::Tensor>& scale) {
   CacheArgs c;
   c.data = cache.data_ptr();
-  c.format = format_of(cache.scalar_type());
+  c.format = format_of_dtype(cache.scalar_type());
   c.num_slots = cache_slots(cache);
   if (cache.dim() == 4) {
     c.block_size = cache.size(1);
@@ -101,35 +93,6 @@ CacheArgs cache_args(const at::Tensor& cache, const std::optional<at::Tensor>& s
     c.scale = scale->const_data_ptr<float>();
   }
   return c;
-}
-
-// The bytes a tensor with memory can touch, as absolute addresses [lo, hi]; empty (never meets)
-// for meta tensors (no memory, maybe symbolic shapes), tensors without storage and empty ones.
-struct Span {
-  uintptr_t lo = 1;
-  uintptr_t hi = 0;
-  bool meets(const Span& o) const { return lo <= hi && o.lo <= o.hi && lo <= o.hi && o.lo <= hi; }
-};
-
-Span span_of(const at::Tensor& t) {
-  if (t.is_meta() || !t.has_storage() || t.numel() == 0) {
-    return {};
-  }
-  int64_t lo = 0;
-  int64_t hi = 0;
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    const int64_t reach = (t.size(d) - 1) * t.stride(d);
-    (reach < 0 ? lo : hi) += reach;
-  }
-  const auto item = static_cast<int64_t>(t.element_size());
-  const auto base = reinterpret_cast<uintptr_t>(t.const_data_ptr());
-  return {base + static_cast<uintptr_t>(lo * item),
-          base + static_cast<uintptr_t>(hi * item + item - 1)};
-}
-
-c10::MaybeOwned<at::Tensor> unit_last_stride(const at::Tensor& t) {
-  return t.size(-1) <= 1 || t.stride(-1) == 1 ? c10::MaybeOwned<at::Tensor>::borrowed(t)
-                                              : c10::MaybeOwned<at::Tensor>::owned(t.contiguous());
 }
 
 }  // namespace
@@ -266,9 +229,9 @@ void check_slots_on_host(const char* op, const at::Tensor& slot_mapping, int64_t
 PreparedKvCache prepare_kv_cache(const KvCacheInputs& in) {
   const int64_t rotary_dim = 2 * in.cos.size(1);
   PreparedKvCache p{prepare_rotation(in.q, in.positions, rotary_dim, Destination::kNewTensor),
-                    unit_last_stride(in.k),
+                    with_unit_last_stride(in.k),
                     in.v.has_value() && in.v->defined()
-                        ? unit_last_stride(*in.v)
+                        ? with_unit_last_stride(*in.v)
                         : c10::MaybeOwned<at::Tensor>::owned(at::Tensor()),
                     prepare_tables(in.cos, in.sin),
                     {}};

@@ -221,16 +221,9 @@ PreparedStreams prepare_mla(const MlaInputs& in, const at::Tensor& q_pe_out,
   const ScaleRule rule = multiply_by_scale ? ScaleRule::kMultiply : ScaleRule::kDivide;
   const int64_t rotary_dim = 2 * in.cos.size(1);
   const int64_t row_dims = in.k_pe.dim() - 1;
-  const PositionStrides pos = position_strides(in.positions, {});
   PreparedStreams p;
-  p.tables = prepare_tables(in.cos, in.sin);
-  StreamArgs& a = p.args;
-  a.num_tokens = in.q_pe.size(0);
-  a.interleaved = interleaved;
-  a.positions = in.positions.const_data_ptr();
-  a.positions_are_int64 = in.positions.scalar_type() == at::kLong;
-  a.slots = in.slot_mapping.const_data_ptr<int64_t>();
-  a.slot_stride = in.slot_mapping.stride(0);
+  const PositionStrides pos =
+      p.begin(in.cos, in.sin, in.positions, {}, in.q_pe.size(0), interleaved, in.slot_mapping);
   p.add(in.q_pe, rotary_dim, pos, tensor_target(q_pe_out, in.q_scale, rule));
   if (given(in.q_nope)) {
     p.add(*in.q_nope, 0, pos, tensor_target(q_nope_out, in.q_scale, rule));

@@ -110,15 +110,9 @@ PreparedStreams prepare_qk_fp8(const QkFp8Inputs& in, const QkFp8Outputs& out, b
                                bool multiply_by_scale) {
   const ScaleRule rule = multiply_by_scale ? ScaleRule::kMultiply : ScaleRule::kDivide;
   const int64_t rotary_dim = 2 * in.cos.size(1);
-  const PositionStrides pos = position_strides(in.positions, in.axes);
   PreparedStreams p;
-  p.tables = prepare_tables(in.cos, in.sin, in.axes);
-  StreamArgs& a = p.args;
-  a.num_tokens = in.q.size(0);
-  a.interleaved = interleaved;
-  a.positions = in.positions.const_data_ptr();
-  a.positions_are_int64 = in.positions.scalar_type() == at::kLong;
-  a.axis_stride = pos.axis;
+  const PositionStrides pos = p.begin(in.cos, in.sin, in.positions, in.axes, in.q.size(0),
+                                      interleaved, /*slot_mapping=*/at::Tensor());
   p.add(in.q, rotary_dim, pos, tensor_target(out.q_out, in.q_scale, rule));
   p.add(in.k, rotary_dim, pos, tensor_target(out.k_out, in.k_scale, rule));
   if (given(in.q_nope)) {

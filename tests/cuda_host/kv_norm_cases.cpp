@@ -18,15 +18,6 @@
 namespace rope_host {
 namespace {
 
-std::optional<at::Tensor> random_scale(Draw& d, bool fp8) {
-  const float scales[] = {1.0f, 0.37f, 2.5f, 0.0173f, 7.0f};
-  if (!fp8) {
-    return std::nullopt;
-  }
-  const at::Tensor s = at::full({}, scales[d.pick(5)], at::TensorOptions().dtype(at::kFloat));
-  return d.one_in(2) ? s : s.view({1});
-}
-
 // A random M-RoPE section of `planes` planes over 1 to 3 axes (interleaved sections: 3, time,
 // height and width).
 std::vector<int64_t> random_section(Draw& d, int64_t planes, bool interleaved) {
@@ -95,11 +86,11 @@ std::string one_case(uint64_t seed, int64_t index, std::vector<std::string>& pro
   if (with_v) {
     originals.push_back(padded(d, cache_sizes(Dv), cache_dtype, /*allow_misaligned=*/true));
   }
-  const std::optional<at::Tensor> k_scale = random_scale(d, cache_fp8);
-  const std::optional<at::Tensor> v_scale = with_v ? random_scale(d, cache_fp8) : std::nullopt;
+  const std::optional<at::Tensor> k_scale = random_fp8_scale(d, cache_fp8);
+  const std::optional<at::Tensor> v_scale = with_v ? random_fp8_scale(d, cache_fp8) : std::nullopt;
   const std::optional<at::ScalarType> q_dtype =
       q_fp8 ? std::optional<at::ScalarType>(fp8) : std::nullopt;
-  const std::optional<at::Tensor> q_scale = random_scale(d, q_fp8);
+  const std::optional<at::Tensor> q_scale = random_fp8_scale(d, q_fp8);
   const at::OptionalIntArrayRef mrope =
       multi_axis ? at::OptionalIntArrayRef(section) : at::OptionalIntArrayRef();
 
@@ -136,7 +127,7 @@ std::string one_case(uint64_t seed, int64_t index, std::vector<std::string>& pro
   const std::optional<at::Tensor> host_v =
       with_v ? std::optional<at::Tensor>(originals[1].view) : std::nullopt;
 
-  std::vector<std::pair<std::string, at::Tensor>> got, want;
+  NamedTensors got, want;
   try {
     at::Tensor cpu_q, host_q;
     if (norm) {
@@ -169,22 +160,7 @@ std::string one_case(uint64_t seed, int64_t index, std::vector<std::string>& pro
     problems.push_back(std::string("raised: ") + e.what_without_backtrace());
     return described.str();
   }
-  for (size_t i = 0; i < got.size(); ++i) {
-    expect_same_bits(problems, got[i].first, got[i].second, want[i].second, run.elements_same_bits);
-  }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!at::equal(bits_of(inputs[i]), bits_of(before[i]))) {
-      problems.push_back("input " + std::to_string(i) + " changed");
-    }
-  }
-  for (const std::string& p : ctx.problems) {
-    problems.push_back(p);
-  }
-  const size_t want_launches = T > 0 ? 1 : 0;
-  if (ctx.grid_launches.size() != want_launches) {
-    problems.push_back("expected " + std::to_string(want_launches) + " launch(es), got " +
-                       std::to_string(ctx.grid_launches.size()));
-  }
+  finish_case(problems, got, want, inputs, before, ctx.problems, ctx.grid_launches.size(), T, run);
 
   const auto hit = [&](const std::string& what, bool cond) { run.coverage[what] += cond ? 1 : 0; };
   hit("kv streams: rms_norm_apply_qk_cache", norm);

@@ -18,15 +18,6 @@
 namespace rope_host {
 namespace {
 
-std::optional<at::Tensor> random_scale(Draw& d, bool fp8) {
-  const float scales[] = {1.0f, 0.37f, 2.5f, 0.0173f, 7.0f};
-  if (!fp8) {
-    return std::nullopt;  // a 16/32-bit cache or q output takes no scale
-  }
-  const at::Tensor s = at::full({}, scales[d.pick(5)], at::TensorOptions().dtype(at::kFloat));
-  return d.one_in(2) ? s : s.view({1});
-}
-
 // A cache of random bits: (slots, [H,] W) or (blocks, block_size, [H,] W), each a view of a
 // padded buffer; `buffer` is what is compared.
 Buffered random_cache(Draw& d, int64_t num_slots, int64_t block_size, int64_t H, int64_t W,
@@ -116,11 +107,11 @@ std::string one_case(uint64_t seed, int64_t index, std::vector<std::string>& pro
   if (gqa) {
     v_cache = random_cache(d, num_slots, block_size, Hk, Dv, cache_dtype);
   }
-  const std::optional<at::Tensor> kv_scale = random_scale(d, cache_fp8);
-  const std::optional<at::Tensor> v_scale = gqa ? random_scale(d, cache_fp8) : std::nullopt;
+  const std::optional<at::Tensor> kv_scale = random_fp8_scale(d, cache_fp8);
+  const std::optional<at::Tensor> v_scale = gqa ? random_fp8_scale(d, cache_fp8) : std::nullopt;
   const std::optional<at::ScalarType> q_dtype =
       q_fp8 ? std::optional<at::ScalarType>(fp8) : std::nullopt;
-  const std::optional<at::Tensor> q_scale = random_scale(d, q_fp8);
+  const std::optional<at::Tensor> q_scale = random_fp8_scale(d, q_fp8);
 
   std::ostringstream described;
   described << c10::toString(dtype) << (tables_double ? " (double tables)" : "") << " q_pe"
@@ -176,7 +167,7 @@ std::string one_case(uint64_t seed, int64_t index, std::vector<std::string>& pro
     host_v = v_cache.view;
   }
 
-  std::vector<std::pair<std::string, at::Tensor>> got, want;
+  NamedTensors got, want;
   try {
     const auto cpu =
         rope::mla_apply_cache(q_pe, k_pe, kv_c, cos, sin, positions, cpu_kv, cpu_kpe, slots, q_nope,
@@ -197,22 +188,7 @@ std::string one_case(uint64_t seed, int64_t index, std::vector<std::string>& pro
     problems.push_back(std::string("raised: ") + e.what_without_backtrace());
     return described.str();
   }
-  for (size_t i = 0; i < got.size(); ++i) {
-    expect_same_bits(problems, got[i].first, got[i].second, want[i].second, run.elements_same_bits);
-  }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!at::equal(bits_of(inputs[i]), bits_of(before[i]))) {
-      problems.push_back("input " + std::to_string(i) + " changed");
-    }
-  }
-  for (const std::string& p : ctx.problems) {
-    problems.push_back(p);
-  }
-  const size_t want_launches = T > 0 ? 1 : 0;
-  if (ctx.grid_launches.size() != want_launches) {
-    problems.push_back("expected " + std::to_string(want_launches) + " launch(es), got " +
-                       std::to_string(ctx.grid_launches.size()));
-  }
+  finish_case(problems, got, want, inputs, before, ctx.problems, ctx.grid_launches.size(), T, run);
 
   const auto hit = [&](const std::string& what, bool cond) { run.coverage[what] += cond ? 1 : 0; };
   hit("mla: one [kv_c | k_pe] cache", !two_caches);

@@ -128,7 +128,7 @@ std::string one_case(uint64_t seed, int64_t index, const CpuVectorPath& cpu_path
     before.push_back(t.clone());
   }
 
-  std::vector<std::pair<std::string, at::Tensor>> got, want;
+  NamedTensors got, want;
   try {
     if (functional) {
       const std::optional<at::ScalarType> asked = explicit_dtype || fp8 != at::kFloat8_e4m3fn
@@ -196,22 +196,7 @@ std::string one_case(uint64_t seed, int64_t index, const CpuVectorPath& cpu_path
     problems.push_back(std::string("raised: ") + e.what_without_backtrace());
     return described.str();
   }
-  for (size_t i = 0; i < got.size(); ++i) {
-    expect_same_bits(problems, got[i].first, got[i].second, want[i].second, run.elements_same_bits);
-  }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!at::equal(bits_of(inputs[i]), bits_of(before[i]))) {
-      problems.push_back("input " + std::to_string(i) + " changed");
-    }
-  }
-  for (const std::string& p : ctx.problems) {
-    problems.push_back(p);
-  }
-  const size_t want_launches = T > 0 ? 1 : 0;
-  if (ctx.grid_launches.size() != want_launches) {
-    problems.push_back("expected " + std::to_string(want_launches) + " launch(es), got " +
-                       std::to_string(ctx.grid_launches.size()));
-  }
+  finish_case(problems, got, want, inputs, before, ctx.problems, ctx.grid_launches.size(), T, run);
 
   const auto hit = [&](const std::string& what, bool cond) { run.coverage[what] += cond ? 1 : 0; };
   bool vector = false, scalar = false;

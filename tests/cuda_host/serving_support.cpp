@@ -105,6 +105,36 @@ at::Tensor random_rows(Draw& d, int64_t T, int64_t H, int64_t W, at::ScalarType 
   }
 }
 
+std::optional<at::Tensor> random_fp8_scale(Draw& d, bool fp8) {
+  const float scales[] = {1.0f, 0.37f, 2.5f, 0.0173f, 7.0f};
+  if (!fp8) {
+    return std::nullopt;
+  }
+  const at::Tensor s = at::full({}, scales[d.pick(5)], at::TensorOptions().dtype(at::kFloat));
+  return d.one_in(2) ? s : s.view({1});
+}
+
+void finish_case(std::vector<std::string>& problems, const NamedTensors& got,
+                 const NamedTensors& want, const std::vector<at::Tensor>& inputs,
+                 const std::vector<at::Tensor>& before,
+                 const std::vector<std::string>& runtime_problems, size_t launches, int64_t tokens,
+                 ServingRun& run) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    expect_same_bits(problems, got[i].first, got[i].second, want[i].second, run.elements_same_bits);
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!at::equal(bits_of(inputs[i]), bits_of(before[i]))) {
+      problems.push_back("input " + std::to_string(i) + " changed");
+    }
+  }
+  problems.insert(problems.end(), runtime_problems.begin(), runtime_problems.end());
+  const size_t want_launches = tokens > 0 ? 1 : 0;
+  if (launches != want_launches) {
+    problems.push_back("expected " + std::to_string(want_launches) + " launch(es), got " +
+                       std::to_string(launches));
+  }
+}
+
 void expect_same_bits(std::vector<std::string>& problems, const std::string& what,
                       const at::Tensor& got, const at::Tensor& want, int64_t& elements) {
   if (!got.sizes().equals(want.sizes()) || got.scalar_type() != want.scalar_type()) {

@@ -14,8 +14,10 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace rope_host {
@@ -60,6 +62,21 @@ Buffered copy_of(const Buffered& b);
 // some are fp8 subnormals). `layout` names what was drawn.
 at::Tensor random_rows(Draw& d, int64_t T, int64_t H, int64_t W, at::ScalarType dtype,
                        std::string& layout);
+
+// A per-tensor scale when `fp8` (a 0-d or 1-element float32 tensor of an assorted value), else
+// none: a 16/32-bit target takes no scale.
+std::optional<at::Tensor> random_fp8_scale(Draw& d, bool fp8);
+
+// Named tensors of a case: outputs, or the buffers an op writes.
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// The checks that end every case: each got[i] bit for bit as want[i], every input as its copy
+// taken before the call, the simulated runtime's problems, and one launch when there are tokens.
+void finish_case(std::vector<std::string>& problems, const NamedTensors& got,
+                 const NamedTensors& want, const std::vector<at::Tensor>& inputs,
+                 const std::vector<at::Tensor>& before,
+                 const std::vector<std::string>& runtime_problems, size_t launches, int64_t tokens,
+                 ServingRun& run);
 
 // Appends a problem when got's bits differ from want's; counts the elements compared.
 void expect_same_bits(std::vector<std::string>& problems, const std::string& what,

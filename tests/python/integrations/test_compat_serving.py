@@ -14,6 +14,8 @@ Each reference is written here from the peer's documented semantics, in float64:
 """
 
 import inspect
+import json
+from pathlib import Path
 
 import pytest
 import references as ref
@@ -155,10 +157,35 @@ def test_rope_quantize_fp8_refuses_a_cache_of_another_width():
 # ---- the peers' own signatures, where their packages import ------------------------------------
 
 
-@pytest.mark.parametrize(
-    "name",
-    ["rope_quantize_fp8", "mla_rope_quantize_fp8", "rope_quantize_fp8_append_paged_kv_cache"],
+FLASHINFER_NAMES = [
+    "rope_quantize_fp8",
+    "mla_rope_quantize_fp8",
+    "rope_quantize_fp8_append_paged_kv_cache",
+]
+# Recorded from flashinfer-python itself by scripts/record_peer_signatures.py (the package is too
+# large for the test command to install; it imports without a GPU).
+RECORDED = json.loads(
+    (Path(__file__).resolve().parents[1] / "support" / "peer_signatures.json").read_text()
 )
+
+
+def parameters(fn):
+    """[(name, repr of the default or None)], as the recorder writes them."""
+    return [
+        [p.name, None if p.default is inspect.Parameter.empty else repr(p.default)]
+        for p in inspect.signature(fn).parameters.values()
+    ]
+
+
+@pytest.mark.parametrize("name", FLASHINFER_NAMES)
+def test_signature_equals_the_recorded_flashinfer(name):
+    recorded = RECORDED["flashinfer-python"]
+    assert parameters(getattr(compat, name)) == recorded["functions"][name], (
+        f"compat.{name} differs from flashinfer-python {recorded['version']}'s"
+    )
+
+
+@pytest.mark.parametrize("name", FLASHINFER_NAMES)
 def test_signature_equals_flashinfer(name):
     rope = pytest.importorskip("flashinfer.rope", reason="flashinfer-python not installed")
     theirs = inspect.signature(getattr(rope, name))

@@ -20,22 +20,18 @@ after (the machine is shared).
 """
 
 import argparse
-import datetime
-import json
-import os
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import cpu_run  # noqa: E402
 import timing  # noqa: E402
 import torch  # noqa: E402
-from bench_rope import machine  # noqa: E402
 
 import torch_rope  # noqa: E402
 
-RESULTS_DIR = HERE / "results"
 HQ, HKV, D = 32, 8, 128
 BLOCK_SIZE, NUM_BLOCKS = 16, 256  # 4096 slots
 MAX_SEQ_LEN = 8192
@@ -174,25 +170,13 @@ def main():
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--output", default=None, help="results name")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.set_grad_enabled(False)
-    if hasattr(torch._dynamo.config, "recompile_limit"):
-        torch._dynamo.config.recompile_limit = 64
-    meta = machine()
-    meta["date"] = datetime.datetime.now().isoformat(timespec="seconds")
-    meta["loadavg_before"] = [round(v, 2) for v in os.getloadavg()]
-    print(json.dumps({k: meta[k] for k in ("cpu_model", "kernel_variant", "loadavg_before")}))
+    meta = cpu_run.start(args.threads)
     rows = []
     for shape_name, T in SHAPES.items():
         for cache_name in CACHES:
             rows.append(run_case(shape_name, T, cache_name, not args.no_compile, args.quick))
-    meta["loadavg_after"] = [round(v, 2) for v in os.getloadavg()]
-    result = {"meta": meta, "rows": rows}
     name = args.output or f"kv_cache_cpu_{meta['kernel_variant'].lower()}"
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / f"{name}.json").write_text(json.dumps(result, indent=1))
-    (RESULTS_DIR / f"{name}.md").write_text(markdown(result))
-    print(f"wrote {RESULTS_DIR / name}.json and .md")
+    cpu_run.finish(name, meta, rows, markdown)
 
 
 if __name__ == "__main__":

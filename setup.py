@@ -57,8 +57,7 @@ class CMakeBuild(build_ext):
             "-DTORCH_ROPE_BUILD_TESTS=OFF",
         ]
         # TORCH_ROPE_CUDA_ARCHITECTURES (CMake's form, e.g. "90-real") replaces the default list
-        # of CMakeLists.txt: scripts/wheel_smoke.sh builds for one architecture, since it tests
-        # the packaging, not the kernels (the main build compiles and checks all of them).
+        # of CMakeLists.txt (scripts/gpu_check.sh builds for the GPU's own; unset or empty: all).
         architectures = os.environ.get("TORCH_ROPE_CUDA_ARCHITECTURES")
         if architectures:
             arch_list = ";".join(

@@ -69,6 +69,8 @@ class CMakeBuild(build_ext):
             ]
         if shutil.which("ccache"):
             os.environ.setdefault("CCACHE_BASEDIR", str(ROOT))
+            # The build directory out of the hash (scripts/build.sh says why).
+            os.environ.setdefault("CCACHE_NOHASHDIR", "1")
             configure += [
                 "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache",
                 "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache",

@@ -12,11 +12,13 @@ PY=${PYTHON:-.venv/bin/python}
 # ctest run with it see the venv's packages.
 PY_ABS="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
 # ccache, where installed (scripts/setup.sh installs it), with paths under the repository hashed
-# relative to the build directory: the wheel smoke's build (build-wheel/, the same depth) then
-# compiles none of the CPU code again.
+# relative to the build directory, and without the build directory itself (CCACHE_NOHASHDIR:
+# ccache hashes it for nvcc's -lineinfo objects): the wheel smoke's build (build-wheel/, the same
+# depth, the same compile lines) then compiles nothing again.
 launcher=()
 if command -v ccache >/dev/null; then
   export CCACHE_BASEDIR="$PWD"
+  export CCACHE_NOHASHDIR=1
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
 mkdir -p build

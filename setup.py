@@ -57,7 +57,8 @@ class CMakeBuild(build_ext):
             "-DTORCH_ROPE_BUILD_TESTS=OFF",
         ]
         # TORCH_ROPE_CUDA_ARCHITECTURES (CMake's form, e.g. "90-real") replaces the default list
-        # of CMakeLists.txt (scripts/gpu_check.sh builds for the GPU's own; unset or empty: all).
+        # of CMakeLists.txt; unset or empty keeps it (scripts/wheel_smoke.sh passes its
+        # TORCH_ROPE_WHEEL_CUDA_ARCHITECTURES here).
         architectures = os.environ.get("TORCH_ROPE_CUDA_ARCHITECTURES")
         if architectures:
             arch_list = ";".join(

@@ -321,6 +321,21 @@ __device__ __forceinline__ void rotate_lane_of(const TensorPlan& t, const TableP
   }
 }
 
+// The position of a row of tensor t (load_row_position). The table form's kernels choose its
+// source at compile time (kPacked: rope_packed_kernel, so that the positions form's code carries
+// none of the cu_seqlens lookup's registers); the frequency form's one kernel (kFreqs) reads
+// t.position_kind at run time, so that its angle code is not compiled once per source.
+template <bool kFreqs, bool kPacked>
+__device__ __forceinline__ bool load_token_position(const TensorPlan& t, const TablePlan& tb,
+                                                    int64_t pos_off, int64_t& pos) {
+  if constexpr (kFreqs) {
+    if (t.position_kind == PositionKind::kPacked) {
+      return load_row_position<true>(t, tb, pos_off, pos);
+    }
+  }
+  return load_row_position<kPacked>(t, tb, pos_off, pos);
+}
+
 // ---- the frequency form (table-free) -----------------------------------------------------------
 // A rotating lane computes the cos / sin of its planes itself, once for all the rows it walks
 // (the heads of its token), from the float64 frequencies read as bits: csrc/common_exact_angle.h's
@@ -392,9 +407,14 @@ __device__ __forceinline__ void rotate_exact(double a, double b,
   ::rope::exact_angle::rotate_f64(a, b, cs, ra, rb);
 }
 
-// rotate_lane for the frequency form: the lane's angles first (position, every axis of a
-// multi-axis one, then each plane's cos / sin), then the rows in batches as rotate_lane does.
-template <typename scalar_t, bool kInterleaved, Access kAccess, bool kMultiAxis, bool kPacked>
+// rotate_lane for the frequency form: the lane's angles first (its position, or every axis of a
+// multi-axis one, then each plane's cos / sin), then the rows in batches as rotate_lane does. One
+// instance serves every position source (packed or not, one axis or several), deciding at run
+// time: the angles are computed before any row is loaded either way, and the float-float sincos
+// inlined per plane is most of this kernel's code. With one copy per source (four), the frequency
+// kernels were 47% of the bf16 launcher's SASS on sm_90 (138k of 296k instructions) and of its
+// compile time. A one-axis position is axis 0 of every plane.
+template <typename scalar_t, bool kInterleaved, Access kAccess>
 __device__ __forceinline__ void rotate_freqs_lane(const TensorPlan& t, const TablePlan& tb,
                                                   bool inverse, int64_t lane, int64_t pos_off,
                                                   RowWalker walker, int64_t h_begin,
@@ -410,26 +430,20 @@ __device__ __forceinline__ void rotate_freqs_lane(const TensorPlan& t, const Tab
   const int64_t a_feature = kInterleaved ? lane * (2 * P) : lane * P;
   [[maybe_unused]] const int64_t b_feature = a_feature + t.rotary_dim / 2;  // half split only
 
+  int64_t axis_pos[kMaxAxes] = {};
+  if (tb.axes.num_axes == 0) {
+    if (!load_token_position<true, false>(t, tb, pos_off, axis_pos[0])) {
+      return;
+    }
+  } else if (!load_axis_positions(t, tb, pos_off, t.axis_stride, axis_pos)) {
+    return;
+  }
   Angle cs[P];
-  if constexpr (kMultiAxis) {
-    int64_t axis_pos[kMaxAxes];
-    if (!load_axis_positions(t, tb, pos_off, t.axis_stride, axis_pos)) {
-      return;
-    }
 #pragma unroll
-    for (int j = 0; j < P; ++j) {
-      const int64_t k = lane * P + j;
-      plane_angle(tb, k, pick_axis(axis_pos, plane_axis(tb.axes, k)), inverse, cs[j]);
-    }
-  } else {
-    int64_t pos;
-    if (!load_row_position<kPacked>(t, tb, pos_off, pos)) {
-      return;
-    }
-#pragma unroll
-    for (int j = 0; j < P; ++j) {
-      plane_angle(tb, lane * P + j, pos, inverse, cs[j]);
-    }
+  for (int j = 0; j < P; ++j) {
+    const int64_t k = lane * P + j;
+    const int32_t axis = tb.axes.num_axes > 0 ? plane_axis(tb.axes, k) : 0;
+    plane_angle(tb, k, pick_axis(axis_pos, axis), inverse, cs[j]);
   }
   for (int64_t h = h_begin; h < h_end; h += kRowBatch) {
     int64_t src[kRowBatch];
@@ -479,20 +493,6 @@ __device__ __forceinline__ void rotate_freqs_lane(const TensorPlan& t, const Tab
   }
 }
 
-template <typename scalar_t, bool kInterleaved, Access kAccess, bool kPacked>
-__device__ __forceinline__ void rotate_freqs_lane_of(const TensorPlan& t, const TablePlan& tb,
-                                                     bool inverse, int64_t lane, int64_t pos_off,
-                                                     RowWalker walker, int64_t h_begin,
-                                                     int64_t h_end) {
-  if (tb.axes.num_axes == 0) {
-    rotate_freqs_lane<scalar_t, kInterleaved, kAccess, false, kPacked>(
-        t, tb, inverse, lane, pos_off, walker, h_begin, h_end);
-  } else {
-    rotate_freqs_lane<scalar_t, kInterleaved, kAccess, true, kPacked>(t, tb, inverse, lane, pos_off,
-                                                                      walker, h_begin, h_end);
-  }
-}
-
 // The rotating lane of either angle source: tables (rotate_lane_of) or frequencies.
 template <typename scalar_t, typename table_t, bool kInterleaved, Access kAccess, bool kFreqs,
           bool kPacked>
@@ -500,8 +500,8 @@ __device__ __forceinline__ void rotate_any_lane(const TensorPlan& t, const Table
                                                 bool inverse, int64_t lane, int64_t pos_off,
                                                 RowWalker walker, int64_t h_begin, int64_t h_end) {
   if constexpr (kFreqs) {
-    rotate_freqs_lane_of<scalar_t, kInterleaved, kAccess, kPacked>(t, tb, inverse, lane, pos_off,
-                                                                   walker, h_begin, h_end);
+    rotate_freqs_lane<scalar_t, kInterleaved, kAccess>(t, tb, inverse, lane, pos_off, walker,
+                                                       h_begin, h_end);
   } else {
     rotate_lane_of<scalar_t, table_t, kInterleaved, kAccess, kPacked>(t, tb, inverse, lane, pos_off,
                                                                       walker, h_begin, h_end);
@@ -542,7 +542,8 @@ __device__ __forceinline__ void copy_lane(const TensorPlan& t, int64_t feature, 
   }
 }
 
-// The work of thread w of one tensor; kFreqs: the frequency form (table_t unused).
+// The work of thread w of one tensor; kFreqs: the frequency form (table_t unused, and its
+// position source read at run time: load_token_position); kPacked: the table form's cu_seqlens.
 template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel, bool kFreqs,
           bool kPacked>
 __device__ __forceinline__ void rope_thread(const TensorPlan& t, const TablePlan& tb, bool inverse,
@@ -606,7 +607,7 @@ __device__ __forceinline__ void rope_thread(const TensorPlan& t, const TablePlan
   if (t.rot_lanes == 0) {
     if (tb.axes.num_axes == 0) {
       int64_t pos;
-      if (!load_row_position<kPacked>(t, tb, pos_off, pos)) {
+      if (!load_token_position<kFreqs, kPacked>(t, tb, pos_off, pos)) {
         return;
       }
     } else if (kFreqs) {
@@ -645,17 +646,6 @@ __device__ __forceinline__ void rope_thread(const TensorPlan& t, const TablePlan
   if (scalar_copy < t.scalar_copy_lanes) {
     copy_lane<scalar_t, Access::kScalar>(
         t, after_vectors + t.pair_copy_lanes * kPairElems + scalar_copy, walker, h_begin, h_end);
-  }
-}
-
-// rope_thread with the tensor's position source as a compile-time choice (load_row_position).
-template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel, bool kFreqs>
-__device__ __forceinline__ void rope_tensor_thread(const TensorPlan& t, const TablePlan& tb,
-                                                   bool inverse, int64_t w) {
-  if (t.position_kind == PositionKind::kPacked) {
-    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel, kFreqs, true>(t, tb, inverse, w);
-  } else {
-    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel, kFreqs, false>(t, tb, inverse, w);
   }
 }
 
@@ -724,8 +714,9 @@ __global__ void __launch_bounds__(kBlockThreads,
 }
 
 // The frequency form's kernel: the same work, with the angles computed by each rotating lane
-// (rotate_freqs_lane). Its own register budget: a lane holds its planes' cos / sin as float-float
-// pairs (doubles for float64 storage), twice the table kernel's angle registers.
+// (rotate_freqs_lane), for every position source. Its own register budget: a lane holds its
+// planes' cos / sin as float-float pairs (doubles for float64 storage), twice the table kernel's
+// angle registers.
 template <bool kInterleaved, bool kVectorKernel>
 constexpr int kFreqsMinBlocksPerSm = ROPE_CUDA_MIN_BLOCKS_PER_SM > 0 ? ROPE_CUDA_MIN_BLOCKS_PER_SM
                                      : kSmallSm || !kVectorKernel    ? 2
@@ -737,10 +728,10 @@ __global__ void __launch_bounds__(kBlockThreads, kFreqsMinBlocksPerSm<kInterleav
     rope_freqs_kernel(const __grid_constant__ KernelParams params) {
   const int64_t block = blockIdx.x;
   if (block < params.first_blocks) {
-    rope_tensor_thread<scalar_t, float, kInterleaved, kVectorKernel, true>(
+    rope_thread<scalar_t, float, kInterleaved, kVectorKernel, true, false>(
         params.tensor[0], params.tables, params.inverse, block * kBlockThreads + threadIdx.x);
   } else {
-    rope_tensor_thread<scalar_t, float, kInterleaved, kVectorKernel, true>(
+    rope_thread<scalar_t, float, kInterleaved, kVectorKernel, true, false>(
         params.tensor[1], params.tables, params.inverse,
         (block - params.first_blocks) * kBlockThreads + threadIdx.x);
   }

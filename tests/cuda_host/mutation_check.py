@@ -674,6 +674,22 @@ MUTANTS += [
         "the 32-bit frequency path ignores the attention factor (YaRN's mscale)",
     ),
     Mutant(
+        "freqs-packed-source-ignored",
+        "cuda/rope_kernel.cuh",
+        "    if (t.position_kind == PositionKind::kPacked) {\n"
+        "      return load_row_position<true>(",
+        "    if (false) {\n      return load_row_position<true>(",
+        "the frequency kernel, one for every position source, reads packed positions as a tensor",
+    ),
+    Mutant(
+        "freqs-multi-axis-planes-on-axis-0",
+        "cuda/rope_kernel.cuh",
+        "    const int32_t axis = tb.axes.num_axes > 0 ? plane_axis(tb.axes, k) : 0;\n"
+        "    plane_angle(",
+        "    const int32_t axis = 0;\n    plane_angle(",
+        "the frequency form's multi-axis planes all take axis 0's position",
+    ),
+    Mutant(
         "packed-zigzag-second-chunk",
         "common_kernel_args.h",
         "(2 * cp_size - 1 - cp_rank) * c + (j - c)",

@@ -197,17 +197,17 @@ def describe(demangled):
     s = re.search(r"stream_kernel<([^>]*)>", demangled)
     if s:  # the serving fusions' row streams (common_stream_kernel.cuh)
         args = [a.strip() for a in s.group(1).split(",")]
-        if len(args) != 3:
+        if len(args) != 2:
             return demangled, None
-        storage, table, interleaved = args
+        storage, interleaved = args
         info = {
             "storage": STORAGE_NAMES.get(storage, storage),
-            "tables": STORAGE_NAMES.get(table, table),
+            "tables": "fp32 or fp64",  # chosen at run time (angle_of)
             "interleaved": interleaved == "true",
             "streams": True,
         }
-        name = "{} / {} tables / {} / row streams".format(
-            info["storage"], info["tables"], "interleaved" if info["interleaved"] else "half split"
+        name = "{} / {} / row streams".format(
+            info["storage"], "interleaved" if info["interleaved"] else "half split"
         )
         return name, info
     m = re.search(r"rope_(packed_)?kernel<([^>]*)>", demangled)

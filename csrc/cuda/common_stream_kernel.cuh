@@ -193,18 +193,26 @@ __device__ __forceinline__ void normalise(A (&v)[kChunk], const A* w, int64_t fi
 }
 
 // cos and sin of plane k of a row whose table rows (per axis) are `rows`.
-template <typename A, typename Tab>
+// The tables' type (float or double) is read at run time, not made a template parameter: only these
+// two loads differ, and one kernel per storage type and pair layout, not two, halves the nvcc time
+// of the row streams (four storage types, five architectures).
+template <typename A>
 __device__ __forceinline__ void angle_of(const TableArgs& tb, const int64_t (&rows)[kMaxAxes],
                                          int64_t k, A& c, A& s) {
   const int32_t axis = tb.axes.num_axes > 0 ? plane_axis(tb.axes, k) : 0;
   const int64_t at = pick_axis(rows, axis) + k;
-  c = static_cast<A>(__ldg(static_cast<const Tab*>(tb.cos) + at));
-  s = static_cast<A>(__ldg(static_cast<const Tab*>(tb.sin) + at));
+  if (tb.tables_are_double) {
+    c = static_cast<A>(__ldg(static_cast<const double*>(tb.cos) + at));
+    s = static_cast<A>(__ldg(static_cast<const double*>(tb.sin) + at));
+  } else {
+    c = static_cast<A>(__ldg(static_cast<const float*>(tb.cos) + at));
+    s = static_cast<A>(__ldg(static_cast<const float*>(tb.sin) + at));
+  }
 }
 
 // Lane `lane` of one row: src and dst point at the row's feature 0; r and w are the norm's factor
 // and weight (w == nullptr: no norm).
-template <typename T, typename Tab, bool kInterleaved, bool kVector>
+template <typename T, bool kInterleaved, bool kVector>
 __device__ __forceinline__ void run_lane(const RowStream& st, const StreamPlan& sp,
                                          const TableArgs& tb, const T* src, void* dst, int64_t lane,
                                          const int64_t (&rows)[kMaxAxes],
@@ -235,7 +243,7 @@ __device__ __forceinline__ void run_lane(const RowStream& st, const StreamPlan& 
       if (first + 2 * j < R) {
         A c;
         A s;
-        angle_of<A, Tab>(tb, rows, first / 2 + j, c, s);
+        angle_of<A>(tb, rows, first / 2 + j, c, s);
         A ra;
         A rb;
         rotate_plane(v[2 * j], v[2 * j + 1], c, s, ra, rb);
@@ -261,7 +269,7 @@ __device__ __forceinline__ void run_lane(const RowStream& st, const StreamPlan& 
       if (first + j < half) {
         A c;
         A s;
-        angle_of<A, Tab>(tb, rows, first + j, c, s);
+        angle_of<A>(tb, rows, first + j, c, s);
         A ra;
         A rb;
         rotate_plane(a[j], b[j], c, s, ra, rb);
@@ -369,7 +377,7 @@ __device__ __forceinline__ typename AccType<T>::type inverse_rms(const T* src, i
   return A(1) / acc_sqrt(s / static_cast<A>(width) + static_cast<A>(eps));
 }
 
-template <typename T, typename Tab, bool kInterleaved, bool kVector>
+template <typename T, bool kInterleaved, bool kVector>
 __device__ __forceinline__ void stream_thread(const StreamKernelParams& p, const RowStream& st,
                                               const StreamPlan& sp, int64_t w) {
   using A = typename AccType<T>::type;
@@ -393,13 +401,13 @@ __device__ __forceinline__ void stream_thread(const StreamKernelParams& p, const
   }
   const T* src = static_cast<const T*>(st.src) + t * st.token_stride + h * st.head_stride;
   if (!sp.norm) {
-    run_lane<T, Tab, kInterleaved, kVector>(st, sp, p.tables, src, dst, lane, rows, A(1), nullptr);
+    run_lane<T, kInterleaved, kVector>(st, sp, p.tables, src, dst, lane, rows, A(1), nullptr);
     return;
   }
   const A r = inverse_rms<T, kVector>(src, st.width, p.args.eps);
   const A* weight = static_cast<const A*>(st.weight);
   for (int64_t l = 0; l < sp.lanes; ++l) {
-    run_lane<T, Tab, kInterleaved, kVector>(st, sp, p.tables, src, dst, l, rows, r, weight);
+    run_lane<T, kInterleaved, kVector>(st, sp, p.tables, src, dst, l, rows, r, weight);
   }
 }
 
@@ -407,7 +415,7 @@ __device__ __forceinline__ void stream_thread(const StreamKernelParams& p, const
 // and their angles, and at the 128 registers of two blocks ptxas spilled them to local memory
 // (24-128 B of stack on sm_90), which scripts/sass_report.py refuses. The half-split variants use
 // about 180 registers (1 block of 256 threads per SM on sm_90); not measured on a GPU yet.
-template <typename T, typename Tab, bool kInterleaved>
+template <typename T, bool kInterleaved>
 __global__ void __launch_bounds__(kBlockThreads, 1)
     stream_kernel(const __grid_constant__ StreamKernelParams params) {
   int64_t w = grid_thread_index<kBlockThreads>();
@@ -421,9 +429,9 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
       if (w < sp.threads) {
         const RowStream& st = params.args.streams[i];
         if (sp.vector) {
-          stream_thread<T, Tab, kInterleaved, true>(params, st, sp, w);
+          stream_thread<T, kInterleaved, true>(params, st, sp, w);
         } else {
-          stream_thread<T, Tab, kInterleaved, false>(params, st, sp, w);
+          stream_thread<T, kInterleaved, false>(params, st, sp, w);
         }
         return;
       }
@@ -444,12 +452,8 @@ cudaError_t run_row_streams(const StreamArgs& args, const TableArgs& tables, cud
   const auto launch = [&](auto kernel) {
     return device::launch_grid(kernel, blocks, streams::kBlockThreads, params, stream);
   };
-  if (tables.tables_are_double) {
-    return args.interleaved ? launch(streams::stream_kernel<scalar_t, double, true>)
-                            : launch(streams::stream_kernel<scalar_t, double, false>);
-  }
-  return args.interleaved ? launch(streams::stream_kernel<scalar_t, float, true>)
-                          : launch(streams::stream_kernel<scalar_t, float, false>);
+  return args.interleaved ? launch(streams::stream_kernel<scalar_t, true>)
+                          : launch(streams::stream_kernel<scalar_t, false>);
 }
 
 }  // namespace rope::cuda

@@ -11,6 +11,7 @@
 #include <torch/library.h>
 #include <torch_rope/ops.h>
 
+#include "common_optional.h"
 #include "kv_cache_norm_body.h"
 
 namespace rope {
@@ -28,14 +29,6 @@ const c10::TypedOperatorHandle<Sig>& norm_cache_op() {
                        .findSchemaOrThrow("rope::rms_norm_apply_qk_cache", "")
                        .typed<Sig>();
   return op;
-}
-
-bool requires_grad(const std::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined() && t->requires_grad();
-}
-
-bool has_forward_grad(const std::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined() && t->_fw_grad(/*level=*/0).defined();
 }
 
 void bump_versions(const at::Tensor& k_cache, Optional v_cache) {

@@ -4,16 +4,11 @@
 #include <ATen/ops/add.h>
 #include <c10/util/Exception.h>
 
+#include "common_optional.h"
 #include "kv_cache_norm_body.h"
 #include "rms_norm_validation.h"
 
 namespace rope::detail {
-namespace {
-
-bool given(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
-
-}  // namespace
-
 at::ScalarType check_rms_norm_apply_qk_cache(const char* op, const KvCacheNormInputs& in) {
   const KvCacheInputs& c = in.cache;
   check_apply_qk_cache(op, c);

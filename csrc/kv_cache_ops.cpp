@@ -12,6 +12,7 @@
 #include <torch/library.h>
 #include <torch_rope/ops.h>
 
+#include "common_optional.h"
 #include "kv_cache_body.h"
 
 namespace rope {
@@ -35,14 +36,6 @@ at::Tensor apply_qk_cache(const at::Tensor& q, const at::Tensor& k,
 }
 
 namespace {
-
-bool requires_grad(const std::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined() && t->requires_grad();
-}
-
-bool has_forward_grad(const std::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined() && t->_fw_grad(/*level=*/0).defined();
-}
 
 at::Tensor apply_qk_cache_meta(const at::Tensor& q, const at::Tensor& k,
                                const std::optional<at::Tensor>& v, const at::Tensor& cos,

@@ -11,6 +11,7 @@
 #include <torch/library.h>
 #include <torch_rope/ops.h>
 
+#include "common_optional.h"
 #include "mla_body.h"
 
 namespace rope {
@@ -28,10 +29,6 @@ const c10::TypedOperatorHandle<Sig>& mla_op() {
       c10::Dispatcher::singleton().findSchemaOrThrow("rope::mla_apply_cache", "").typed<Sig>();
   return op;
 }
-
-bool given(Optional t) { return t.has_value() && t->defined(); }
-bool requires_grad(Optional t) { return given(t) && t->requires_grad(); }
-bool has_forward_grad(Optional t) { return given(t) && t->_fw_grad(/*level=*/0).defined(); }
 
 void bump_versions(const at::Tensor& kv_cache, Optional kpe_cache, Optional v_cache) {
   torch::autograd::increment_version(kv_cache);

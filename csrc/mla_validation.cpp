@@ -4,12 +4,11 @@
 #include <c10/core/SymBool.h>
 #include <c10/util/Exception.h>
 
+#include "common_optional.h"
 #include "mla_body.h"
 
 namespace rope::detail {
 namespace {
-
-bool given(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
 
 // A key part (k_pe, kv_c, v): (T, W), or (T, H, W) when the key parts carry heads.
 void check_key_part(const char* op, const char* name, const at::Tensor& t, int64_t dims,

@@ -11,6 +11,7 @@
 #include <torch/library.h>
 #include <torch_rope/ops.h>
 
+#include "common_optional.h"
 #include "qk_fp8_body.h"
 
 namespace rope {
@@ -38,14 +39,6 @@ const c10::TypedOperatorHandle<OutSig>& out_op() {
   static auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("rope::apply_qk_fp8", "out").typed<OutSig>();
   return op;
-}
-
-bool requires_grad(const std::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined() && t->requires_grad();
-}
-
-bool has_forward_grad(const std::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined() && t->_fw_grad(/*level=*/0).defined();
 }
 
 at::Tensor defined_or_empty(const std::optional<at::Tensor>& t) {

@@ -4,15 +4,10 @@
 #include <c10/core/SymBool.h>
 #include <c10/util/Exception.h>
 
+#include "common_optional.h"
 #include "qk_fp8_body.h"
 
 namespace rope::detail {
-namespace {
-
-bool given(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
-
-}  // namespace
-
 void check_apply_qk_fp8(const char* op, const QkFp8Inputs& in) {
   // The (T, H, D) shapes first: a wrong rank would otherwise surface as a positions mismatch.
   if (in.q.defined() && in.k.defined()) {

@@ -8,6 +8,7 @@
 
 #include "common_kernel_choice.h"
 #include "common_stream_rows.h"
+#include "rope_parallel.h"  // kGrainFeatures
 
 namespace rope::cpu {
 
@@ -25,8 +26,6 @@ StreamRowsFn stream_row_kernel() {
 }
 
 void run_streams(c10::ScalarType dtype, const StreamArgs& args, const TableArgs& tables) {
-  // Features per parallel task, as the other CPU drivers (at::internal::GRAIN_SIZE).
-  constexpr int64_t kGrainFeatures = 32768;
   int64_t per_token = 0;
   for (int32_t i = 0; i < args.num_streams; ++i) {
     per_token += args.streams[i].heads * args.streams[i].width;

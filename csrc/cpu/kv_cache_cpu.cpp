@@ -18,6 +18,7 @@
 #include "common_kernel_choice.h"
 #include "common_stream_backend.h"
 #include "kv_cache_fp8_rows.h"
+#include "rope_parallel.h"  // kGrainFeatures
 
 namespace rope::cpu {
 
@@ -37,9 +38,6 @@ Fp8RowKernels fp8_row_kernels() {
 }
 
 namespace {
-
-// Features per parallel task, as the other CPU drivers (at::internal::GRAIN_SIZE).
-constexpr int64_t kGrainFeatures = 32768;
 
 template <typename T>
 const T* at_offset(const void* base, int64_t elements) {

@@ -14,6 +14,7 @@
 #include "common_kernel_choice.h"
 #include "common_shared_angles.h"
 #include "rms_norm_rows.h"
+#include "rope_parallel.h"  // kGrainFeatures
 
 namespace rope::cpu {
 
@@ -47,8 +48,6 @@ void effective_weight(const at::Tensor& weight, double offset, c10::SmallVector<
                                     }
                                   });
 }
-
-constexpr int64_t kGrainFeatures = 32768;  // as rope_parallel.cpp
 
 template <typename acc_t>
 void run_pair(c10::ScalarType dtype, const RotationArgs& q, const RotationArgs& k,

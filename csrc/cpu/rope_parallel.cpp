@@ -10,12 +10,7 @@
 
 namespace rope::cpu {
 namespace {
-// Rows per parallel task: at least 32768 features, the threshold (at::internal::GRAIN_SIZE) that
-// torch's own elementwise kernels, clone among them, use. Below it the whole call runs on the
-// calling thread: waking the OpenMP team costs microseconds, as much as rotating a decode step of
-// a few heads (B=1..8, 32 heads of 128). Above it each task is big enough to amortise the wake-up.
-constexpr int64_t kGrainFeatures = 32768;
-
+// Rows per parallel task: at least kGrainFeatures features (rope_parallel.h).
 int64_t grain_rows(int64_t head_dim) {
   return std::max<int64_t>(1, kGrainFeatures / std::max<int64_t>(head_dim, 1));
 }

@@ -5,9 +5,18 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <cstdint>
+
 #include "../common_kernel_args.h"
 
 namespace rope::cpu {
+
+// Features per parallel task of every CPU driver: at least 32768, the threshold
+// (at::internal::GRAIN_SIZE) that torch's own elementwise kernels, clone among them, use. Below it
+// the whole call runs on the calling thread: waking the OpenMP team costs microseconds, as much as
+// rotating a decode step of a few heads (B=1..8, 32 heads of 128). Above it each task is big enough
+// to amortise the wake-up.
+constexpr int64_t kGrainFeatures = 32768;
 
 // Rotates every row of `args`, split across torch's intra-op threads (at::parallel_for), with the
 // widest kernel this CPU supports (honours ATEN_CPU_CAPABILITY like PyTorch's own kernels).

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <initializer_list>
 #include <sstream>
 #include <string>
@@ -141,6 +142,13 @@ inline std::string dtype_name(torch::Dtype dtype) {
       return os.str();
     }
   }
+}
+
+// TORCH_ROPE_REQUIRE_CUDA=1 (for a machine that has a GPU) makes a missing GPU or CUDA build a
+// failure instead of a skip.
+inline bool cuda_required() {
+  const char* value = std::getenv("TORCH_ROPE_REQUIRE_CUDA");
+  return value != nullptr && std::string(value) == "1";
 }
 
 }  // namespace rope_test

@@ -20,18 +20,12 @@ namespace {
 
 using rope_test::all_close;
 using rope_test::bitwise_equal;
+using rope_test::cuda_required;
 using rope_test::matches_oracle;
 using rope_test::reference_rope;
 using rope_test::reference_tables;
 
 const torch::Device kCuda(torch::kCUDA);
-
-// TORCH_ROPE_REQUIRE_CUDA=1 (for a machine that has a GPU) makes a missing GPU or CUDA build a
-// failure instead of a skip.
-bool cuda_required() {
-  const char* value = std::getenv("TORCH_ROPE_REQUIRE_CUDA");
-  return value != nullptr && std::string(value) == "1";
-}
 
 class Cuda : public ::testing::Test {
  protected:
@@ -121,19 +115,19 @@ TEST_F(Cuda, ModuleToCudaMovesTablesAndKeepsTheirDtype) {
   EXPECT_EQ(m(x.to(kCuda, torch::kBFloat16)).scalar_type(), torch::kBFloat16);
 }
 
-struct BlockImpl : torch::nn::Module {
-  BlockImpl()
+struct CudaBlockImpl : torch::nn::Module {
+  CudaBlockImpl()
       : proj(register_module("proj", torch::nn::Linear(16, 16))),
         rotary(register_module("rope", rope::RotaryPositionalEmbedding(10000.0, 16, 32))) {}
   torch::Tensor forward(const torch::Tensor& x) { return rotary(proj(x)); }
   torch::nn::Linear proj;
   rope::RotaryPositionalEmbedding rotary;
 };
-TORCH_MODULE(Block);
+TORCH_MODULE(CudaBlock);
 
 TEST_F(Cuda, ParentModuleSavedOnCudaLoadsOnTheCpu) {
   torch::manual_seed(2);
-  Block block;
+  CudaBlock block;
   block->to(kCuda, torch::kBFloat16);
   EXPECT_TRUE(block->rotary->cos_table().is_cuda());
   EXPECT_EQ(block->rotary->cos_table().scalar_type(), torch::kFloat);
@@ -143,7 +137,7 @@ TEST_F(Cuda, ParentModuleSavedOnCudaLoadsOnTheCpu) {
 
   std::stringstream stream;
   torch::save(block, stream);
-  Block loaded;
+  CudaBlock loaded;
   loaded->to(torch::kBFloat16);
   torch::load(loaded, stream, torch::kCPU);  // tensors saved on CUDA, mapped to the CPU
   EXPECT_TRUE(loaded->proj->weight.device().is_cpu());

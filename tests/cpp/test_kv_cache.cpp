@@ -19,6 +19,7 @@ namespace {
 
 using rope_test::bitwise_equal;
 using rope_test::contains_all;
+using rope_test::cuda_required;
 using rope_test::error_message;
 using rope_test::matches_oracle;
 using rope_test::reference_rope;
@@ -180,11 +181,6 @@ TEST(ApiKvCache, Fp8ConversionMatchesC10) {
     ++compared;
   }
   EXPECT_GT(compared, 17000000);
-}
-
-bool cuda_required() {
-  const char* value = std::getenv("TORCH_ROPE_REQUIRE_CUDA");
-  return value != nullptr && std::string(value) == "1";
 }
 
 TEST(ApiKvCacheCuda, MatchesTheCpu) {

@@ -21,7 +21,7 @@ using rope_test::error_message;
 using rope_test::reference_rope;
 using rope_test::reference_tables;
 
-constexpr int64_t kMaxSeqLen = 32;
+constexpr int64_t kServingMaxSeqLen = 32;
 
 // torch's own float8 storage rule: (value / scale).clamp(-max, max) cast to e4m3fn.
 torch::Tensor quantize_e4m3(const torch::Tensor& value, double scale) {
@@ -41,11 +41,11 @@ torch::Tensor reference_norm_rope(const torch::Tensor& x, const torch::Tensor& w
 
 TEST(ServingFusions, ApplyQkFp8IsTorchsCastOfTheRotation) {
   torch::manual_seed(0);
-  const auto t = reference_tables(kMaxSeqLen, 32);
+  const auto t = reference_tables(kServingMaxSeqLen, 32);
   const auto q = torch::randn({4, 4, 48});
   const auto k = torch::randn({4, 2, 48});
   const auto q_nope = torch::randn({4, 4, 16});
-  const auto positions = torch::randint(0, kMaxSeqLen, {4, 1});
+  const auto positions = torch::randint(0, kServingMaxSeqLen, {4, 1});
   const auto q_scale = torch::full({}, 0.05f);
   const auto k_scale = torch::full({1}, 0.1f);
   const auto [q8, k8, qn8, kn8] =
@@ -82,21 +82,22 @@ CacheCall make_cache_call(int64_t axes = 0) {
   c.v = torch::randn({5, 2, 24});
   c.q_weight = torch::rand({32}) + 0.5;
   c.k_weight = torch::rand({32}) + 0.5;
-  c.positions = axes == 0 ? torch::randint(0, kMaxSeqLen, {5, 1})
-                          : torch::randint(0, kMaxSeqLen, {5, 1, axes});
+  c.positions = axes == 0 ? torch::randint(0, kServingMaxSeqLen, {5, 1})
+                          : torch::randint(0, kServingMaxSeqLen, {5, 1, axes});
   c.slots = torch::tensor({7, 0, -1, 12, 3}, torch::kLong);
   c.k_cache = torch::full({4, 4, 2, 32}, 3.0);  // paged: 4 blocks of 4 slots
   c.v_cache = torch::full({4, 4, 2, 24}, 3.0);
   return c;
 }
 
-torch::Tensor rows_of(const torch::Tensor& cache, const torch::Tensor& slots) {
+// Rows of a paged (num_blocks, block_size, heads, dim) cache at `slots`.
+torch::Tensor paged_rows(const torch::Tensor& cache, const torch::Tensor& slots) {
   return cache.flatten(0, 1).index_select(0, slots);
 }
 
 TEST(ServingFusions, RmsNormApplyQkCacheMatchesTheOracle) {
   torch::manual_seed(1);
-  const auto t = reference_tables(kMaxSeqLen, 32);
+  const auto t = reference_tables(kServingMaxSeqLen, 32);
   auto c = make_cache_call();
   const auto q_out = rope::rms_norm_apply_qk_cache(c.q, c.k, c.v, c.q_weight, c.k_weight, t.cos,
                                                    t.sin, c.positions, c.k_cache, c.v_cache,
@@ -108,9 +109,9 @@ TEST(ServingFusions, RmsNormApplyQkCacheMatchesTheOracle) {
   const auto stored = torch::tensor({0, 1, 3, 4}, torch::kLong);
   const auto k_want = reference_norm_rope(c.k, c.k_weight, 1e-6, t, c.positions);
   EXPECT_TRUE(
-      torch::allclose(rows_of(c.k_cache, c.slots.index_select(0, stored)).to(torch::kDouble),
+      torch::allclose(paged_rows(c.k_cache, c.slots.index_select(0, stored)).to(torch::kDouble),
                       k_want.index_select(0, stored), 2e-5, 2e-5));
-  EXPECT_TRUE(bitwise_equal(rows_of(c.v_cache, c.slots.index_select(0, stored)),
+  EXPECT_TRUE(bitwise_equal(paged_rows(c.v_cache, c.slots.index_select(0, stored)),
                             c.v.index_select(0, stored)));
   // Every other slot is untouched (3.0 everywhere before the call).
   EXPECT_EQ(c.k_cache.eq(3.0).all(-1).all(-1).sum().item<int64_t>(), 16 - 4);
@@ -126,7 +127,7 @@ TEST(ServingFusions, RmsNormApplyQkCacheMatchesTheOracle) {
 }
 
 TEST(ServingFusions, RmsNormApplyQkCacheRefusesARepeatedSlotBeforeWriting) {
-  const auto t = reference_tables(kMaxSeqLen, 32);
+  const auto t = reference_tables(kServingMaxSeqLen, 32);
   auto c = make_cache_call();
   c.slots = torch::tensor({7, 0, -1, 7, 3}, torch::kLong);
   const auto before = c.k_cache.clone();
@@ -140,7 +141,7 @@ TEST(ServingFusions, RmsNormApplyQkCacheRefusesARepeatedSlotBeforeWriting) {
 
 TEST(ServingFusions, ApplyQkCacheTakesMultiAxisPositions) {
   torch::manual_seed(2);
-  const auto t = reference_tables(kMaxSeqLen, 32);
+  const auto t = reference_tables(kServingMaxSeqLen, 32);
   auto c = make_cache_call(/*axes=*/3);
   const std::vector<int64_t> section = {4, 6, 6};
   const auto q_out =
@@ -150,17 +151,17 @@ TEST(ServingFusions, ApplyQkCacheTakesMultiAxisPositions) {
       rope::apply_qk(c.q, c.k, t.cos, t.sin, c.positions, true, false, section, false);
   EXPECT_TRUE(bitwise_equal(q_out, q_ref));
   const auto stored = torch::tensor({0, 1, 3, 4}, torch::kLong);
-  EXPECT_TRUE(bitwise_equal(rows_of(c.k_cache, c.slots.index_select(0, stored)),
+  EXPECT_TRUE(bitwise_equal(paged_rows(c.k_cache, c.slots.index_select(0, stored)),
                             k_ref.index_select(0, stored)));
 }
 
 TEST(ServingFusions, MlaApplyCacheWritesConcatenatedRows) {
   torch::manual_seed(3);
-  const auto t = reference_tables(kMaxSeqLen, 16);
+  const auto t = reference_tables(kServingMaxSeqLen, 16);
   const auto q_pe = torch::randn({3, 4, 16});
   const auto k_pe = torch::randn({3, 16});
   const auto kv_c = torch::randn({3, 64});
-  const auto positions = torch::randint(0, kMaxSeqLen, {3, 1});
+  const auto positions = torch::randint(0, kServingMaxSeqLen, {3, 1});
   const auto slots = torch::tensor({5, -1, 2}, torch::kLong);
   auto kv_cache = torch::zeros({8, 80});  // vLLM's layout: [kv_c | k_pe]
   const auto [q_pe_out, q_nope_out] = rope::mla_apply_cache(

@@ -226,25 +226,6 @@ void compare_rotation(const char* name, const at::Tensor& got, const at::Tensor&
 
 namespace {
 
-// The axis of plane k, from the definition of mrope_section / mrope_interleaved (written here
-// again rather than taken from common_kernel_args.h, so a bug there cannot hide).
-int64_t reference_axis(const std::vector<int64_t>& section, bool mrope_interleaved, int64_t k) {
-  if (section.empty()) {
-    return 0;
-  }
-  if (mrope_interleaved) {
-    if (k % 3 == 1 && k < 3 * section[1]) return 1;
-    if (k % 3 == 2 && k < 3 * section[2]) return 2;
-    return 0;
-  }
-  int64_t end = 0;
-  for (size_t a = 0; a < section.size(); ++a) {
-    end += section[a];
-    if (k < end) return static_cast<int64_t>(a);
-  }
-  return static_cast<int64_t>(section.size()) - 1;
-}
-
 // Unit roundoff of a storage type, and the smallest spacing near zero (subnormals).
 long double unit_roundoff(at::ScalarType t) {
   switch (t) {
@@ -349,6 +330,48 @@ void compare_norm_rotation(const char* name, const at::Tensor& got, const at::Te
       check(row, d, y[d], std::fabs(y[d]));
     }
   }
+}
+
+int64_t reference_axis(const std::vector<int64_t>& section, bool mrope_interleaved, int64_t k) {
+  if (section.empty()) {
+    return 0;
+  }
+  if (mrope_interleaved) {
+    if (k % 3 == 1 && k < 3 * section[1]) return 1;
+    if (k % 3 == 2 && k < 3 * section[2]) return 2;
+    return 0;
+  }
+  int64_t end = 0;
+  for (size_t a = 0; a < section.size(); ++a) {
+    end += section[a];
+    if (k < end) return static_cast<int64_t>(a);
+  }
+  return static_cast<int64_t>(section.size()) - 1;
+}
+
+bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor ac = a.contiguous();
+  const at::Tensor bc = b.contiguous();
+  return ac.sizes().equals(bc.sizes()) &&
+         (ac.nbytes() == 0 ||
+          std::memcmp(ac.const_data_ptr(), bc.const_data_ptr(), ac.nbytes()) == 0);
+}
+
+bool outside_unchanged(const at::Tensor& buffer_before, const at::Tensor& buffer_after,
+                       const at::Tensor& view) {
+  at::Tensor outside = at::ones({buffer_after.numel()}, at::kBool);
+  outside.as_strided(view.sizes(), view.strides(), view.storage_offset()).fill_(false);
+  const int64_t n = buffer_after.numel();
+  const size_t size = buffer_after.element_size();
+  const auto* a = static_cast<const unsigned char*>(buffer_before.const_data_ptr());
+  const auto* b = static_cast<const unsigned char*>(buffer_after.const_data_ptr());
+  const bool* keep = outside.const_data_ptr<bool>();
+  for (int64_t i = 0; i < n; ++i) {
+    if (keep[i] && std::memcmp(a + i * size, b + i * size, size) != 0) {
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace rope_host

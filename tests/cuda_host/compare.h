@@ -57,4 +57,16 @@ void compare_norm_rotation(const char* name, const at::Tensor& got, const at::Te
                            bool interleaved, bool inverse, Tally& tally,
                            std::vector<std::string>& problems);
 
+// Bitwise equality of two tensors of one dtype and shape.
+bool same_bits(const at::Tensor& a, const at::Tensor& b);
+
+// The elements of `buffer_after` outside `view` (a view of that buffer) kept the bits they had in
+// `buffer_before`.
+bool outside_unchanged(const at::Tensor& buffer_before, const at::Tensor& buffer_after,
+                       const at::Tensor& view);
+
+// The axis plane k reads, from the definition of mrope_section / mrope_interleaved (written here
+// again rather than taken from common_kernel_args.h, so a bug there cannot hide); 0 for one axis.
+int64_t reference_axis(const std::vector<int64_t>& section, bool mrope_interleaved, int64_t k);
+
 }  // namespace rope_host

@@ -214,33 +214,6 @@ void count_multi_axis_case(const Case& c, Coverage& cov) {
           !c.positions_in_range && c.bad_axis > 0 && c.positions.view.stride(-1) != 0);
 }
 
-// Bitwise equality of two tensors of one dtype and shape.
-bool same_bits(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor ac = a.contiguous();
-  const at::Tensor bc = b.contiguous();
-  return ac.sizes().equals(bc.sizes()) &&
-         (ac.nbytes() == 0 ||
-          std::memcmp(ac.const_data_ptr(), bc.const_data_ptr(), ac.nbytes()) == 0);
-}
-
-// The elements of `buffer` outside `view` kept their bits.
-bool outside_unchanged(const at::Tensor& buffer_before, const at::Tensor& buffer_after,
-                       const at::Tensor& view) {
-  at::Tensor outside = at::ones({buffer_after.numel()}, at::kBool);
-  outside.as_strided(view.sizes(), view.strides(), view.storage_offset()).fill_(false);
-  const int64_t n = buffer_after.numel();
-  const size_t size = buffer_after.element_size();
-  const auto* a = static_cast<const unsigned char*>(buffer_before.const_data_ptr());
-  const auto* b = static_cast<const unsigned char*>(buffer_after.const_data_ptr());
-  const bool* keep = outside.const_data_ptr<bool>();
-  for (int64_t i = 0; i < n; ++i) {
-    if (keep[i] && std::memcmp(a + i * size, b + i * size, size) != 0) {
-      return false;
-    }
-  }
-  return true;
-}
-
 struct Totals {
   int64_t cases = 0;
   int64_t big_cases = 0;

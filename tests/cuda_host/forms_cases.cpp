@@ -15,6 +15,7 @@
 #include <random>
 #include <sstream>
 
+#include "compare.h"
 #include "host_backend.h"
 
 namespace rope_host {
@@ -151,21 +152,6 @@ View make_view(std::mt19937_64& rng, at::Generator& gen, std::vector<int64_t> sh
     layout += "contiguous ";
   }
   return {v, buffer};
-}
-
-// The axis plane k reads, from the rule (not common_kernel_args.h's axis_of_plane).
-int64_t reference_axis(const std::vector<int64_t>& section, bool interleaved, int64_t k) {
-  if (interleaved) {
-    if (k % 3 == 1 && k < 3 * section[1]) return 1;
-    if (k % 3 == 2 && k < 3 * section[2]) return 2;
-    return 0;
-  }
-  int64_t end = 0;
-  for (size_t a = 0; a < section.size(); ++a) {
-    end += section[a];
-    if (k < end) return static_cast<int64_t>(a);
-  }
-  return static_cast<int64_t>(section.size()) - 1;
 }
 
 // The positions of local tokens of packed sequences, written out from the rules token by token.
@@ -489,27 +475,6 @@ at::Tensor plane_positions(const FormCase& c, const at::Tensor& x) {
   std::vector<int64_t> axis(static_cast<size_t>(half));
   for (int64_t k = 0; k < half; ++k) axis[k] = reference_axis(c.section, c.mrope_interleaved, k);
   return p.index_select(-1, at::tensor(axis, at::kLong)).contiguous();
-}
-
-bool same_bits(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor ac = a.contiguous();
-  const at::Tensor bc = b.contiguous();
-  return ac.sizes().equals(bc.sizes()) &&
-         (ac.nbytes() == 0 ||
-          std::memcmp(ac.const_data_ptr(), bc.const_data_ptr(), ac.nbytes()) == 0);
-}
-
-bool outside_unchanged(const at::Tensor& before, const at::Tensor& after, const at::Tensor& view) {
-  at::Tensor outside = at::ones({after.numel()}, at::kBool);
-  outside.as_strided(view.sizes(), view.strides(), view.storage_offset()).fill_(false);
-  const size_t size = after.element_size();
-  const auto* a = static_cast<const unsigned char*>(before.const_data_ptr());
-  const auto* b = static_cast<const unsigned char*>(after.const_data_ptr());
-  const bool* keep = outside.const_data_ptr<bool>();
-  for (int64_t i = 0; i < after.numel(); ++i) {
-    if (keep[i] && std::memcmp(a + i * size, b + i * size, size) != 0) return false;
-  }
-  return true;
 }
 
 // The op of the case on the CPU backend (plain CPU tensors), for its acceptance or refusal.

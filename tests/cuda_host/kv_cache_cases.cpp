@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "host_backend.h"
+#include "serving_support.h"
 
 namespace rope_host {
 namespace {
@@ -69,15 +70,6 @@ at::Tensor random_bits(at::Generator& gen, at::IntArrayRef sizes, at::ScalarType
   return at::randint(lo, lo + hi, sizes, gen, at::TensorOptions().dtype(at::kLong))
       .to(as_int)
       .view(dtype);
-}
-
-// The bytes of a tensor's elements as integers of their width, so that NaN codes compare equal.
-at::Tensor bits_of(const at::Tensor& t) {
-  const int64_t bytes = static_cast<int64_t>(t.element_size());
-  return t.view(bytes == 1   ? at::kByte
-                : bytes == 2 ? at::kShort
-                : bytes == 4 ? at::kInt
-                             : at::kLong);
 }
 
 Cache make_cache(at::Generator& gen, const std::function<int64_t(int64_t)>& pick,

@@ -27,8 +27,8 @@ std::vector<int64_t> random_section(Draw& d, int64_t planes, bool interleaved) {
   return section;
 }
 
-std::string one_case(uint64_t seed, int64_t index, std::vector<std::string>& problems,
-                     ServingRun& run) {
+std::string one_kv_norm_case(uint64_t seed, int64_t index, std::vector<std::string>& problems,
+                             ServingRun& run) {
   Draw d(seed, 4, index);
   const at::ScalarType dtypes[] = {at::kFloat, at::kHalf, at::kBFloat16, at::kDouble};
   const at::ScalarType dtype = dtypes[d.pick(4)];
@@ -185,7 +185,7 @@ ServingRun run_kv_norm_cases(uint64_t seed, int64_t count, int64_t only, int64_t
   }
   run_family("KV-cache streams", "--kv-norm-only", seed, count, only, max_failures, verbose, run,
              [&](int64_t i, std::vector<std::string>& problems, bool) {
-               return one_case(seed, i, problems, run);
+               return one_kv_norm_case(seed, i, problems, run);
              });
   return run;
 }

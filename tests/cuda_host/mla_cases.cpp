@@ -35,8 +35,8 @@ Buffered random_cache(Draw& d, int64_t num_slots, int64_t block_size, int64_t H,
   return padded(d, sizes, dtype, /*allow_misaligned=*/true);
 }
 
-std::string one_case(uint64_t seed, int64_t index, std::vector<std::string>& problems,
-                     ServingRun& run) {
+std::string one_mla_case(uint64_t seed, int64_t index, std::vector<std::string>& problems,
+                         ServingRun& run) {
   Draw d(seed, 3, index);
   const at::ScalarType dtypes[] = {at::kFloat, at::kHalf, at::kBFloat16, at::kDouble};
   const at::ScalarType dtype = dtypes[d.pick(4)];
@@ -212,7 +212,7 @@ ServingRun run_mla_cases(uint64_t seed, int64_t count, int64_t only, int64_t max
   }
   run_family("mla_apply_cache", "--mla-only", seed, count, only, max_failures, verbose, run,
              [&](int64_t i, std::vector<std::string>& problems, bool) {
-               return one_case(seed, i, problems, run);
+               return one_mla_case(seed, i, problems, run);
              });
   return run;
 }

@@ -12,6 +12,7 @@
 #include <random>
 #include <sstream>
 
+#include "compare.h"
 #include "host_backend.h"
 
 namespace rope_host {
@@ -174,10 +175,6 @@ NormCase make_norm_case(uint64_t seed, int64_t index) {
   c.positions = c.axes_first ? base.movedim(0, -1) : base;
   c.device = static_cast<int>(pick(68));
   return c;
-}
-
-bool same_bits(const at::Tensor& a, const at::Tensor& b) {
-  return a.sizes().equals(b.sizes()) && at::equal(a.contiguous(), b.contiguous());
 }
 
 std::vector<std::string> run_norm_case(const NormCase& c, Tally& tally,

@@ -59,8 +59,8 @@ std::optional<at::Tensor> random_scale(Draw& d) {
   return d.one_in(2) ? s : s.view({1});
 }
 
-std::string one_case(uint64_t seed, int64_t index, const CpuVectorPath& cpu_path,
-                     std::vector<std::string>& problems, ServingRun& run) {
+std::string one_qk_fp8_case(uint64_t seed, int64_t index, const CpuVectorPath& cpu_path,
+                            std::vector<std::string>& problems, ServingRun& run) {
   Draw d(seed, 1, index);
   const at::ScalarType dtypes[] = {at::kFloat, at::kHalf, at::kBFloat16, at::kDouble};
   const at::ScalarType dtype = dtypes[d.pick(4)];
@@ -231,7 +231,7 @@ ServingRun run_qk_fp8_cases(uint64_t seed, int64_t count, int64_t only, int64_t 
   }
   run_family("apply_qk_fp8", "--qk-fp8-only", seed, count, only, max_failures, verbose, run,
              [&](int64_t i, std::vector<std::string>& problems, bool) {
-               return one_case(seed, i, cpu_path, problems, run);
+               return one_qk_fp8_case(seed, i, cpu_path, problems, run);
              });
   return run;
 }

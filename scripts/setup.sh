@@ -32,7 +32,7 @@ if [ -z "${TORCH_SPEC:-}" ]; then
     fi
   fi
 fi
-requirements="$TORCH_SPEC numpy pytest pybind11 expecttest matplotlib hypothesis==6.170.15 ruff==0.17.6 clang-format==23.1.5"
+requirements="$TORCH_SPEC numpy pytest pytest-xdist pybind11 expecttest matplotlib hypothesis==6.170.15 ruff==0.17.6 clang-format==23.1.5"
 stamp=.venv/.torch-rope-requirements
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv

@@ -42,8 +42,8 @@ fi
 # 95 s with pip and a warm pip cache, on the 2-core VM (2026-11-28). --compile-bytecode writes the
 # .pyc files at install, as pip does: without them, where PYTHONDONTWRITEBYTECODE is set (as on
 # this VM), every process compiled torch's Python again (import torch 9 s instead of 4 s; pytest
-# 457 s instead of 246 s). pip stays in .venv for `pip wheel` (scripts/wheel_smoke.sh) and
-# installs when uv is not there.
+# 457 s instead of 257 s in fresh clones). pip stays in .venv for `pip wheel`
+# (scripts/wheel_smoke.sh) and installs when uv is not there.
 uv_pin="uv==0.13.9"
 venv_install() {
   if [ -x .venv/bin/uv ]; then

@@ -35,15 +35,18 @@ PY=.venv/bin/python
 # makes idle OpenMP threads sleep instead of spin: with two workers' threads sharing the cores,
 # the spinning ate the whole gain. Four of the slowest test files on the 2-core VM: 187 s in one
 # process, 196 s on 2 workers, 119 s on 2 workers with passive waits; all of pytest 246 s.
-PYTEST_PARALLEL=(-n auto --dist load)
+run_pytest() {
+  OMP_WAIT_POLICY=passive PYTHONPATH="$PWD/python" "$PY" -m pytest tests/python -ra -q \
+    -n auto --dist load "$@"
+}
 
 echo "== C++ tests (GoogleTest via ctest; also the host run of the CUDA kernel and its SASS check)"
 ctest --test-dir build --output-on-failure --timeout 600
 
 if [ "$stage" = fast ]; then
   echo "== Python tests (pytest, without the slow marks)"
-  exec env OMP_WAIT_POLICY=passive PYTHONPATH="$PWD/python" "$PY" -m pytest tests/python -ra -q \
-    "${PYTEST_PARALLEL[@]}" -m "not slow" "$@"
+  run_pytest -m "not slow" "$@"
+  exit
 fi
 
 echo "== CUDA kernel mutation check: every planted bug must fail the host run"
@@ -91,5 +94,4 @@ if [ "$wheel_status" != 0 ]; then
 fi
 
 echo "== Python tests (pytest, all of it)"
-OMP_WAIT_POLICY=passive PYTHONPATH="$PWD/python" "$PY" -m pytest tests/python -ra -q \
-  "${PYTEST_PARALLEL[@]}" "$@"
+run_pytest "$@"

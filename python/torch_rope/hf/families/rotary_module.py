@@ -26,6 +26,7 @@ from typing import Callable, Dict, List, NamedTuple, Tuple
 import torch
 from torch import Tensor, nn
 
+from ..._module_forms import long_rope_frequencies
 from ..._patching.record import PatchRecord, bind
 from ..._patching.self_check import check_against_unpatched, probe
 from ...nn import long_rope_positions
@@ -265,8 +266,9 @@ def _self_check(rotary, key, attention, form: Form) -> None:
             )
         if key != tables.ALL_LAYERS:  # one recomposition per layer type (Cohere Compass)
             recompose = functools.partial(recompose, layer_type=key)
-        cos = recompose(rotary, found.cos[axes].clone()).to(dtype)
-        sin = recompose(rotary, found.sin[axes].clone()).to(dtype)
+        cos, sin = _rows_at(found, axes)
+        cos = recompose(rotary, cos).to(dtype)
+        sin = recompose(rotary, sin).to(dtype)
         hf_embeddings = (cos, sin)
         position_ids = axes.movedim(0, -1)  # what the patched rotary module hands on
     our_embeddings = form.probe_embeddings(hf_embeddings, position_ids, found)
@@ -322,6 +324,21 @@ def _self_check(rotary, key, attention, form: Form) -> None:
                 del rotary.forward
 
     check_against_unpatched(attention, unpatched, patched, dtype, refusal)
+
+
+def _rows_at(found: nn.Module, positions: Tensor) -> Tuple[Tensor, Tensor]:
+    """The float32 cos/sin rows our tables module rotates ``positions`` by, ``(*positions.shape,
+    rotary_dim / 2)``: rows of its tables, or, for a table-free module (``tables=False``: only
+    float64 frequencies), the same rows computed from them, ``cos(p * f) * attention_factor``
+    rounded once to float32 as the tables' are."""
+    if found.tables:
+        return found.cos[positions].clone(), found.sin[positions].clone()
+    freqs = long_rope_frequencies(
+        found.freqs, found._buffers.get("long_freqs"), positions, found.long_after
+    )
+    angles = positions.to(torch.float64).unsqueeze(-1) * freqs
+    factor = found.attention_factor
+    return (angles.cos() * factor).float(), (angles.sin() * factor).float()
 
 
 def _input_width(attention: nn.Module, config) -> int:

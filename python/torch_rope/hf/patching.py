@@ -52,7 +52,9 @@ def patch(
     frequencies, :class:`~torch_rope.RotaryPositionalEmbedding` ``(..., tables=False)``, and the
     layers call the ops' frequency form: exact angles at any position, nothing to grow). Layers
     with per-head q/k norms then keep them unfused (the fused op has no frequency form yet); a
-    vision tower keeps its tables (its positions are bounded by the image grid).
+    vision tower keeps its tables (its positions are bounded by the image grid). GPT-J, CodeGen
+    and RoFormer, which have no rotary module, have no table-free form: they are patched with
+    tables, and a ``UserWarning`` says so.
 
     What each kind of model needs, and the supported types, are in docs/huggingface.md and
     docs/hf_models.md.

@@ -4,9 +4,11 @@ holds only float64 frequencies (no cos/sin tables, nothing per position), the pa
 matches the unpatched one as the tabled patch does, past max_position_embeddings too (nothing to
 grow), through generate's KV-cache decode, with every scaling variant the test models carry and
 with q/k norms (kept unfused: the fused norm op has no frequency form); multi-axis (M-RoPE) text
-towers too, with an image."""
+towers too, with an image. The families without a rotary module (GPT-J, CodeGen, RoFormer) have
+no table-free form: they keep tables, with a warning that says so."""
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -98,3 +100,21 @@ def test_the_table_free_patch_of_a_multi_axis_text_model_matches_the_unpatched_o
     assert modules and all(not m.tables and m.mrope_section for m in modules)
     ids, mask = hf_models.batch()
     assert rel_err(logits(model, ids, mask), logits(reference, ids, mask)) <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["tiny:gptj", "tiny:codegen", "tiny:roformer"])
+def test_a_family_without_a_table_free_form_keeps_tables_and_says_so(name):
+    reference = hf_models.build(name)
+    with pytest.warns(UserWarning, match="tables=False is not available"):
+        model = torch_rope.hf.patch(copy.deepcopy(reference), tables=False)
+    assert torch_rope.hf.is_patched(model)
+    modules = rope_modules(model)
+    assert modules and all(m.tables for m in modules)
+    ids, mask = hf_models.batch()
+    assert rel_err(logits(model, ids, mask), logits(reference, ids, mask)) <= 1e-5
+
+
+def test_the_table_free_patch_of_a_model_with_a_rotary_module_warns_nothing():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        torch_rope.hf.patch(hf_models.build("llama"), tables=False)

@@ -196,7 +196,7 @@ def _fuse_qk_norms(rotary, keys, attention: nn.Module, form: Form, record: Patch
         # With the norms' own weights, a freshly initialised model (all ones, or Gemma's zeros)
         # could not tell norm-then-RoPE from RoPE-then-norm: check with random weights.
         with qk_norm.random_norm_weights(attention):
-            for key in keys:
+            for key in _keys_of(attention, keys, rotary.config):
                 _self_check(rotary, key, attention, form)
     except NotImplementedError:
         qk_norm.undo(attention)
@@ -221,12 +221,25 @@ def _check_layout(rotary, keys, attentions, form: Form, layouts) -> None:
             rotary.torch_rope[key].inverse = inverse
         try:
             for attention in attentions:
-                for key in keys:
+                for key in _keys_of(attention, keys, rotary.config):
                     _self_check(rotary, key, attention, form)
             return
         except NotImplementedError as refusal:
             first_refusal = first_refusal or refusal
     raise first_refusal
+
+
+def _keys_of(attention: nn.Module, keys: List[str], config) -> List[str]:
+    """The table keys an attention layer is checked with: its own layer type's, where the layer
+    names it (``layer_type``, or its ``layer_idx`` into ``config.layer_types``), as the model
+    hands that layer only that type's RoPE (Gemma 4's full layers have heads of another width
+    than its sliding ones, so another type's cos/sin would not even fit); every key otherwise."""
+    layer_type = getattr(attention, "layer_type", None)
+    types = getattr(config, "layer_types", None)
+    index = getattr(attention, "layer_idx", None)
+    if layer_type is None and isinstance(index, int) and types and 0 <= index < len(types):
+        layer_type = types[index]
+    return [layer_type] if layer_type in keys else keys
 
 
 def _self_check(rotary, key, attention, form: Form) -> None:

@@ -74,6 +74,9 @@ def patch_model(model: nn.Module, options: families.Options) -> bool:
     record.checks.append(patcher.still_installed)
     try:
         families.FAMILIES[row.family].patch(model, row, record, patcher, options)
+    except records.ForwardOnInstance as found:
+        record.undo()
+        raise found.refusal(model, CALLER) from None
     except BaseException:
         record.undo()
         raise

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from ..._module_forms import long_rope_frequencies
-from ..._patching.record import PatchRecord, bind
+from ..._patching.record import PatchRecord, bind, refuse_forward_on_instance
 from ..._patching.self_check import check_against_unpatched, probe
 from ...nn import long_rope_positions
 from .. import qk_norm, stacks, tables
@@ -144,6 +144,10 @@ def _patch_stack(
 ) -> None:
     """Put torch_rope under one text rotary module and the attention layers it feeds
     (``use_tables=False``: table-free)."""
+    # Before the self-check, which runs the classes' forwards (and sets a rotary module's own
+    # for a moment, RecurrentGemma's): a forward set on an instance is refused, not overwritten.
+    for module in (rotary, *attentions):
+        refuse_forward_on_instance(module)
     config = rotary.config
     keys = tables.layer_types(rotary) or [tables.ALL_LAYERS]
     axes = _multi_axis(model_type, row, rotary, keys)

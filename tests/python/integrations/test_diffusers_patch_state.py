@@ -10,6 +10,10 @@
   rotation), and against a float64 reference the patched model is at least as accurate as the
   unpatched one: with the RoPE alone rounded, as accurate as the float32 model, where diffusers'
   rotation from the rounded buffers is ~100x further off.
+* Processors replaced after patch (``set_attn_processor``, one module's ``set_processor``) undo the
+  patch on that model, with a warning, so the model keeps computing what diffusers does (it used to
+  hand positions to diffusers' processors: a shape error); patched again, it rotates with
+  torch_rope under the new processors.
 """
 
 import copy
@@ -20,7 +24,7 @@ import torch
 pytest.importorskip("diffusers", reason="diffusers is not installed")
 
 import diffusers_models as dm  # noqa: E402
-from test_diffusers import run  # noqa: E402
+from test_diffusers import close_fp32, run  # noqa: E402
 
 import torch_rope.diffusers as trd  # noqa: E402
 from torch_rope.diffusers.registry import REGISTRY  # noqa: E402
@@ -127,3 +131,66 @@ def test_a_rope_module_whose_buffers_are_not_its_class_rounded_is_refused():
     with pytest.raises(NotImplementedError, match="rounded from"):
         trd.patch(model)
     assert not trd.is_patched(model)
+
+
+def _processor(name):
+    from diffusers.models.transformers import transformer_flux, transformer_wan
+
+    if name == "FluxTransformer2DModel":
+        return transformer_flux.FluxAttnProcessor()
+    return transformer_wan.WanAttnProcessor()
+
+
+@pytest.mark.parametrize("name", ["FluxTransformer2DModel", "WanTransformer3DModel"])
+def test_processors_replaced_after_patch_undo_it_with_a_warning(name):
+    model, inputs = dm.build(name)
+    want = run(model, inputs)
+    trd.patch(model)
+    with pytest.warns(UserWarning, match="attention processor of this .* is being replaced"):
+        model.set_attn_processor(_processor(name))
+    assert not trd.is_patched(model)
+    assert not any(hasattr(m, "torch_rope") for m in model.modules())
+    assert torch.equal(run(model, inputs), want)
+
+    trd.patch(model)  # the new processors, patched
+    assert trd.is_patched(model)
+    assert close_fp32(want, run(model, inputs))
+
+
+def test_one_processor_replaced_after_patch_undoes_the_whole_patch():
+    model, inputs = dm.build("FluxTransformer2DModel")
+    want = run(model, inputs)
+    trd.patch(model)
+    attention = model.transformer_blocks[0].attn
+    with pytest.warns(UserWarning, match="is being replaced"):
+        attention.set_processor(_processor("FluxTransformer2DModel"))
+    assert not trd.is_patched(model)
+    assert "set_processor" not in vars(attention)
+    assert torch.equal(run(model, inputs), want)
+
+
+def test_setting_the_installed_processor_again_keeps_the_patch():
+    model, inputs = dm.build("FluxTransformer2DModel")
+    trd.patch(model)
+    attention = model.transformer_blocks[0].attn
+    attention.set_processor(attention.processor)
+    assert trd.is_patched(model)
+
+
+def test_new_instances_of_the_patched_processors_classes_are_patched_again():
+    """Loading an IP adapter keeps the other layers' processors as new instances of their
+    classes, which after patch are torch_rope's copies: the model still matches (they rotate
+    diffusers' cos/sin once the patch is undone), and patch takes them as diffusers' own."""
+    model, inputs = dm.build("FluxTransformer2DModel")
+    want = run(model, inputs)
+    trd.patch(model)
+    with pytest.warns(UserWarning, match="is being replaced"):
+        model.set_attn_processor({n: type(p)() for n, p in model.attn_processors.items()})
+    assert not trd.is_patched(model)
+    assert close_fp32(want, run(model, inputs))
+    trd.patch(model)
+    assert trd.is_patched(model)
+    assert close_fp32(want, run(model, inputs))
+    trd.unpatch(model)
+    assert all(not type(p).__name__.startswith("TorchRope") for p in model.attn_processors.values())
+    assert torch.equal(run(model, inputs), want)

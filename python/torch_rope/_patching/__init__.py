@@ -4,7 +4,8 @@
 
 * :mod:`.registry`: one row per model type (what the integration needs to know of it), the
   supported types that follow from the rows, and the refusal of every other type, with its reason;
-* :mod:`.record`: what a patch changed on one model, as undo callbacks kept on the model;
+* :mod:`.record`: what a patch changed on one model, as undo callbacks kept on the model (and the
+  refusal of a module whose forward was set on the instance, which a patch would overwrite);
 * :mod:`.self_check`: one probe forward of a layer unpatched and one patched, in eval mode, seeded,
   without autograd, compared within a tolerance for the layer's dtype; and the refusal of a model
   without weights (the meta device), which the check cannot run;

@@ -23,6 +23,39 @@ def _remove_attribute(module: nn.Module, name: str) -> None:
         delattr(module, name)
 
 
+class ForwardOnInstance(NotImplementedError):
+    """A module patch would give a forward of its own already has one set on the instance (a
+    wrapper, a hook's forward, an ad-hoc change such as a position interpolation): patch would
+    replace it, and the self-check runs the class's forward, not the instance's, so the patched
+    model would not compute what the unpatched one does. :meth:`refusal` says so for the user."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__(f"a {type(module).__name__} has a forward set on the instance")
+        self.module = module
+
+    def refusal(self, model: nn.Module, caller: str) -> NotImplementedError:
+        """The error ``caller``'s user gets: which module of ``model``, what was found, and what
+        to do."""
+        path = next((name for name, m in model.named_modules() if m is self.module), None)
+        where = f"{path!r}" if path else "the model itself"
+        found = vars(self.module)["forward"]
+        name = getattr(found, "__qualname__", None) or type(found).__name__
+        return NotImplementedError(
+            f"{caller}: the {type(self.module).__name__} at {where} has a forward set on the "
+            f"instance ({name}), which replaces its class's; patch replaces that forward with "
+            "its own and checks the class's, so the patched model would not compute what this "
+            "one does: not patching. Patch before wrapping the forward (or before adding hooks "
+            "that wrap it: accelerate's dispatch and offloading, diffusers' hooks), or delete "
+            "it first (del module.forward); a change made in a subclass is checked instead"
+        )
+
+
+def refuse_forward_on_instance(module: nn.Module) -> None:
+    """Raise :class:`ForwardOnInstance` when ``module`` has a forward set on the instance."""
+    if "forward" in vars(module):
+        raise ForwardOnInstance(module)
+
+
 class PatchRecord:
     """The undo callbacks of one patch, and the attention layers it rebound (``attention``: the
     layers whose rotations tests count)."""
@@ -42,7 +75,11 @@ class PatchRecord:
 
     def set(self, module: nn.Module, name: str, value: Any) -> None:
         """``setattr(module, name, value)``, removed again on undo: an instance ``forward`` (the
-        class's is then used again), a submodule of tables, a marker attribute."""
+        class's is then used again), a submodule of tables, a marker attribute. A ``forward``
+        replaces only the class's: a module with a forward set on the instance is refused
+        (:class:`ForwardOnInstance`), never overwritten."""
+        if name == "forward":
+            refuse_forward_on_instance(module)
         setattr(module, name, value)
         self.on_undo(functools.partial(_remove_attribute, module, name))
 

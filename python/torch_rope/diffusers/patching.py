@@ -3,6 +3,8 @@
 registry row of the model's class says which family puts torch_rope under it; what it changes is
 recorded on the model, to be undone."""
 
+import functools
+import warnings
 from typing import Any, Iterable, List, Optional, Tuple
 
 from torch import nn
@@ -50,8 +52,9 @@ def _rope_components(pipeline: Any) -> List[Tuple[str, nn.Module]]:
 
 def is_patched(model_or_pipeline: Any) -> bool:
     """True when :func:`patch` was applied (and not undone), and every processor it installed is
-    still in place (``set_attn_processor``, ``fuse_qkv_projections`` and loading IP adapters
-    replace processors: patch after them). For a pipeline: every RoPE component is patched."""
+    still in place. Replacing a processor through ``set_processor`` (``set_attn_processor``,
+    ``fuse_qkv_projections``, loading an IP adapter) undoes the patch on that model, with a
+    warning; patch again after it. For a pipeline: every RoPE component is patched."""
     if _is_model(model_or_pipeline):
         record = records.attached(model_or_pipeline)
         return record is not None and all(check() for check in record.checks)
@@ -74,11 +77,34 @@ def patch_model(model: nn.Module, options: families.Options) -> bool:
     record.checks.append(patcher.still_installed)
     try:
         families.FAMILIES[row.family].patch(model, row, record, patcher, options)
+    except records.ForwardOnInstance as found:
+        record.undo()
+        raise found.refusal(model, CALLER) from None
     except BaseException:
         record.undo()
         raise
+    for attention, _ in patcher.installed:
+        record.set(attention, "set_processor", functools.partial(_set_processor, model, attention))
     records.attach(model, record)
     return True
+
+
+def _set_processor(model: nn.Module, attention: nn.Module, processor: Any, *args, **kwargs):
+    """A patched attention module's ``set_processor``: a processor other than the one patch
+    installed (``set_attn_processor``, an IP adapter, ``fuse_qkv_projections``, a custom one)
+    would be handed positions it does not know, so the whole model is unpatched first (its RoPE
+    modules compute diffusers' cos/sin again, its other processors are diffusers' again), with a
+    warning; then the processor is set as diffusers sets it."""
+    if processor is not getattr(attention, "processor", None) and records.attached(model):
+        warnings.warn(
+            f"{CALLER}: an attention processor of this {type(model).__name__} is being replaced "
+            f"(by a {type(processor).__name__}) since patch; torch_rope is undone on the model, "
+            "which rotates with diffusers' own RoPE again: call torch_rope.diffusers.patch on it "
+            "again to put torch_rope under the new processors",
+            stacklevel=3,
+        )
+        unpatch_model(model)
+    return type(attention).set_processor(attention, processor, *args, **kwargs)
 
 
 def unpatch_model(model: nn.Module) -> None:

@@ -296,6 +296,14 @@ class ProcessorPatcher:
         (nothing changed) when its processor does not rotate with any of them."""
         original = attention.processor
         cls = type(original)
+        base = vars(cls).get("_torch_rope_base")
+        if base is not None:
+            # A copy an earlier patch installed, left in place after that patch was undone (the
+            # processors set_attn_processor was handed were the patched model's own, or new
+            # instances of their classes, as loading an IP adapter makes): patched as the
+            # diffusers processor it is a copy of, and that is what unpatch restores.
+            original = copy.copy(original)
+            original.__class__ = cls = base
         call = vars(cls).get("__call__") or next(
             (vars(c)["__call__"] for c in cls.__mro__ if "__call__" in vars(c)), None
         )
@@ -306,7 +314,11 @@ class ProcessorPatcher:
             patched_class = type(
                 "TorchRope" + cls.__name__,
                 (cls,),
-                {"__call__": self.rebuilt(call, swaps, key), "__module__": cls.__module__},
+                {
+                    "__call__": self.rebuilt(call, swaps, key),
+                    "__module__": cls.__module__,
+                    "_torch_rope_base": cls,
+                },
             )
             self._classes[(cls, key)] = patched_class
         installed = copy.copy(original)

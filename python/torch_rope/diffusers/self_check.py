@@ -13,6 +13,7 @@ where they are not (LTX-Video's angles reach 1.6e4 rad), diffusers' formula is r
 (:class:`InFloat64`).
 """
 
+import inspect
 from typing import Callable
 
 import torch
@@ -51,3 +52,45 @@ class InFloat64(TorchFunctionMode):
         elif func is torch.Tensor.to:
             args = tuple(torch.float64 if a is torch.float32 else a for a in args)
         return func(*args, **kwargs)
+
+
+def as_built(module: nn.Module, what: str) -> nn.Module:
+    """``module`` as its class builds it, to judge ours by: ``module`` itself when its floating
+    buffers are float32 or float64; when a cast rounded them to 16 bits (``model.to(bfloat16)``
+    before patch, or a bf16 load that does not keep the module in float32), a new instance of its
+    class, built on the CPU from the same constructor arguments (its attributes of those names,
+    the others at their defaults, as patch reads them), whose buffers must round to the module's
+    own: what they were rounded from. Diffusers' rotation from the rounded buffers is no
+    reference for ours (float32 tables, at least as accurate); this one is. Refuses
+    (``NotImplementedError`` naming ``what``) a module it cannot rebuild that way."""
+    buffers = {n: b for n, b in module.named_buffers(recurse=False) if b.is_floating_point()}
+    if all(b.dtype in (torch.float32, torch.float64) for b in buffers.values()):
+        return module
+    refusal = NotImplementedError(
+        f"{CALLER}: {what}: its RoPE buffers are {sorted({str(b.dtype) for b in buffers.values()})}"
+        ", and rebuilding them from its constructor's arguments does not give what they were "
+        "rounded from; patch the model before casting it, or keep its RoPE module in float32"
+    )
+    arguments = {}
+    for parameter in list(inspect.signature(type(module).__init__).parameters.values())[1:]:
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        if hasattr(module, parameter.name):
+            arguments[parameter.name] = getattr(module, parameter.name)
+        elif parameter.default is parameter.empty:
+            raise refusal
+    try:
+        with torch.device("cpu"):
+            built = type(module)(**arguments)
+    except Exception as error:
+        raise refusal from error
+    for name, rounded in buffers.items():
+        full = built._buffers.get(name)
+        if full is None or full.shape != rounded.shape:
+            raise refusal
+        # Within one unit in the last place of the 16-bit dtype: the rounding, not another rule.
+        step = torch.finfo(rounded.dtype).eps * max(1.0, full.abs().max().item())
+        if (full.double() - rounded.detach().cpu().double()).abs().max().item() > step:
+            raise refusal
+    device = next(iter(buffers.values())).device
+    return built.to(device)

@@ -57,7 +57,8 @@ class Tables(nn.Module):
     """One RoPE's tables: ``inv_freq`` (float64, one frequency per plane), the ``section`` of
     planes per position axis (None: one axis), the pair layout (``interleaved``: GPT-J pairs;
     else halves) and the axis rule (``mrope_interleaved``), which the patched rotations pass to
-    the op with the current ``cos``/``sin`` buffers."""
+    the op with the current ``cos``/``sin`` buffers. The integer tables cover positions ``low ..
+    rows - 1`` at first (``low`` <= 0), and grow from there in eager mode."""
 
     def __init__(
         self,
@@ -67,6 +68,7 @@ class Tables(nn.Module):
         mrope_interleaved: bool = False,
         rows: int = 1024,
         device: Optional[torch.device] = None,
+        low: int = 0,
     ) -> None:
         super().__init__()
         self.inv_freq = inv_freq.detach().to("cpu", torch.float64)
@@ -84,6 +86,8 @@ class Tables(nn.Module):
         self.register_buffer("sin", sin, persistent=False)
         self._integer = (cos, sin)
         self.rows = cos.size(0)
+        if low < 0:  # negative positions from the start (centred grids): the origin moves now
+            self.integer_rows(int(low), self.rows - 1)
 
     @property
     def num_axes(self) -> int:

@@ -52,13 +52,20 @@ def patch(
     frequencies, :class:`~torch_rope.RotaryPositionalEmbedding` ``(..., tables=False)``, and the
     layers call the ops' frequency form: exact angles at any position, nothing to grow). Layers
     with per-head q/k norms then keep them unfused (the fused op has no frequency form yet); a
-    vision tower keeps its tables (its positions are bounded by the image grid).
+    vision tower keeps its tables (its positions are bounded by the image grid). GPT-J, CodeGen
+    and RoFormer, which have no rotary module, have no table-free form: they are patched with
+    tables, and a ``UserWarning`` says so.
 
     What each kind of model needs, and the supported types, are in docs/huggingface.md and
     docs/hf_models.md.
 
+    A module whose forward patch replaces (a rotary module, an attention layer) must not have a
+    forward set on the instance (a wrapper, an ad-hoc change, a hook's forward): patch would
+    replace it and check the class's, so such a model is refused, naming the module.
+
     Raises ``NotImplementedError`` for a model type not in :data:`SUPPORTED_MODEL_TYPES` (naming
-    why) or whose layers are not what patch expects; ``ValueError`` for a model on the meta
+    why), whose layers are not what patch expects, or with a forward set on the instance of a
+    module patch replaces the forward of; ``ValueError`` for a model on the meta
     device (patch after the weights are materialised); ``TypeError`` for a module that is not a
     transformers model.
     """
@@ -74,6 +81,9 @@ def patch(
     try:
         for family in families.for_row(row):
             family.patch(model, model_type, row, record, options)
+    except records.ForwardOnInstance as found:
+        record.undo()
+        raise found.refusal(model, "torch_rope.hf.patch") from None
     except BaseException:
         record.undo()
         raise

@@ -4,6 +4,8 @@ RoFormer, :mod:`.families.roformer`): each keeps a ``sin | cos`` sinusoid table 
 10000, a constant of their modeling code), which patch replaces with torch_rope tables after
 checking that the two agree."""
 
+import warnings
+
 import torch
 from torch import Tensor
 
@@ -11,6 +13,20 @@ from ..nn import RotaryPositionalEmbedding
 
 #: The base frequency of their sinusoid tables.
 THETA = 10000.0
+
+
+def warn_tables_kept(model_type: str, options) -> None:
+    """``patch(model, tables=False)`` on a model of these families: they have no table-free form
+    (their layers are rebuilt around tables), so the patch keeps tables, and says so."""
+    if not options.tables:
+        warnings.warn(
+            f"torch_rope.hf.patch: tables=False is not available for {model_type} models (no "
+            "rotary module; each layer's own sinusoid table is replaced by torch_rope tables): "
+            "patched with float32 tables over max_seq_len positions (default: those the model's "
+            "own table covers), as with tables=True",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def refuse(model_type: str, why: str) -> NotImplementedError:

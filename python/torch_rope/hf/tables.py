@@ -51,9 +51,20 @@ def default_rows(config, params: Optional[Dict[str, Any]] = None) -> int:
     return rows
 
 
+def layer_config(config, key: str):
+    """The config a rotary module reads for layer type ``key``: ``config.per_layer_config[key]``
+    where the config is heterogeneous (Gemma 4's full layers have a head twice as wide as its
+    sliding ones, and transformers then refuses to read ``head_dim`` from the global config), else
+    ``config`` itself, as transformers' rotary modules do."""
+    if key != ALL_LAYERS and getattr(config, "is_heterogeneous", False):
+        return config.per_layer_config[key]
+    return config
+
+
 def rope_parameters(config, key: str) -> Dict[str, Any]:
     """config.rope_parameters (of layer type ``key``); for a config that has only a rope_theta
     (ESM's), the default RoPE at that theta, which is what its rotary module computes."""
+    config = layer_config(config, key)
     params = getattr(config, "rope_parameters", None)
     if params is None and key == ALL_LAYERS and hasattr(config, "rope_theta"):
         return {"rope_type": "default", "rope_theta": config.rope_theta}
@@ -139,7 +150,8 @@ def hf_frequencies(rotary: nn.Module, key: str) -> Tuple[Tensor, float]:
             f"torch_rope.hf.patch: cannot find transformers' initialisation of rope_type "
             f"{kind!r} for {type(rotary).__name__}; not patching"
         )
-    inv_freq, attention_scaling = init(rotary.config, device=torch.device("cpu"), **kwargs)
+    config = layer_config(rotary.config, key)
+    inv_freq, attention_scaling = init(config, device=torch.device("cpu"), **kwargs)
     return inv_freq.float(), float(attention_scaling)
 
 

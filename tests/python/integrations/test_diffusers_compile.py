@@ -6,6 +6,8 @@
   ACE-Step's function-built RoPE): the compiled model matches the eager unpatched one, and its
   graph holds the rope op and no cos/sin. FLUX compiles with inductor; the others with
   ``aot_eager`` (Dynamo and AOTAutograd, the part the patch touches, at a fraction of the time).
+  Qwen-Image is also compiled right after patch, before any eager call: its tables cover the
+  negative positions of centred grids from the start.
 * One training step (loss over the output, backward) patched and unpatched: every parameter's
   gradient matches, one model per pair layout and family.
 """
@@ -69,6 +71,17 @@ def test_compiled_patched_model_matches_eager_unpatched(name):
     assert any("rope.apply" in op for op, _ in graphs.ops), graphs.ops
     assert _trig(graphs), "the graph lost the timestep embedding's sinusoids: the check is blind"
     assert not _trig(graphs, in_rope=True), _trig(graphs, in_rope=True)
+
+
+def test_a_centred_grid_model_compiled_right_after_patch_runs_at_once():
+    """Qwen-Image's centred grids have negative positions, which tables grown on an eager call
+    used to be the only way to cover: compiled at once, the first call raised in the op."""
+    torch._dynamo.reset()
+    model, inputs = dm.build("QwenImageTransformer2DModel")
+    want = run(model, inputs)
+    compiled = torch.compile(trd.patch(copy.deepcopy(model)), fullgraph=True, backend="aot_eager")
+    got = run(compiled, inputs)
+    assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
 
 
 _ROPE_SITES = ("Rotary", "Rope", "PosEmbed", "Attention")

@@ -104,16 +104,23 @@ def test_a_processor_replaced_after_patch_is_seen_and_left_alone():
     model, inputs = dm.build("FluxTransformer2DModel")
     want = run(model, inputs)
     trd.patch(model)
-    model.set_attn_processor(FluxAttnProcessor())  # e.g. loading IP adapters, fusing QKV
+    with pytest.warns(UserWarning, match="is being replaced"):  # the patch is undone
+        model.set_attn_processor(FluxAttnProcessor())  # e.g. loading IP adapters, fusing QKV
     assert not trd.is_patched(model)
     trd.patch(model)  # patches again, from scratch
     assert trd.is_patched(model)
     assert (run(model, inputs) - want).abs().max().item() <= 1e-5
     replaced = FluxAttnProcessor()
     first = next(iter(model.attn_processors))
-    model.set_attn_processor({**model.attn_processors, first: replaced})
+    with pytest.warns(UserWarning, match="is being replaced"):
+        model.set_attn_processor({**model.attn_processors, first: replaced})
     trd.unpatch(model)
     assert model.attn_processors[first] is replaced
+    # The others got the patched model's own processors back: patched again, as diffusers'.
+    assert (run(model, inputs) - want).abs().max().item() <= 1e-5
+    trd.patch(model)
+    assert trd.is_patched(model)
+    assert (run(model, inputs) - want).abs().max().item() <= 1e-5
 
 
 def test_fractional_ids_take_token_tables_built_once():

@@ -290,6 +290,37 @@ def test_unpatch_restores_the_model_exactly(name):
     assert torch.equal(got, want)
 
 
+# Gemma 4's configs (and EmbeddingGemma 2's) give the full layers heads twice as wide as the
+# sliding ones (per_layer_config): transformers builds each layer type's frequencies from that
+# type's config, and so must patch (the tiny configs keep the ratio, hf_models._layer_overrides).
+PER_LAYER_HEADS = [
+    "tiny:gemma4",
+    "tiny:gemma4_text",
+    "tiny:gemma4_unified",
+    "tiny:gemma4_unified_text",
+    "base:embedding_gemma2",
+    "base:embedding_gemma2_text",
+]
+
+
+@pytest.mark.parametrize("name", PER_LAYER_HEADS)
+def test_a_model_with_per_layer_head_dims_gets_tables_of_each_layer_types_width(name):
+    reference = hf_models.build(name)
+    config = reference.config.get_text_config()
+    assert config.is_heterogeneous
+    heads = {t: config.per_layer_config[t].head_dim for t in set(config.layer_types)}
+    assert len(set(heads.values())) == 2, heads
+    model = torch_rope.hf.patch(copy.deepcopy(reference))
+    (rotary,) = [m for m in model.modules() if hasattr(m, "torch_rope")]
+    for layer_type, head_dim in heads.items():
+        # transformers' own frequencies of that layer type: one per plane it rotates.
+        planes = getattr(rotary, f"{layer_type}_inv_freq").numel()
+        assert rotary.torch_rope[layer_type].rotary_dim == 2 * planes
+        assert planes <= head_dim // 2
+    ids, mask = hf_models.batch_for(name)
+    assert rel_err(logits(model, ids, mask), logits(reference, ids, mask)) <= 1e-5
+
+
 # ---- fused per-head QK-RMSNorm + RoPE (rope::rms_norm_apply_qk) ------------------------------
 
 # Attention layers that RMS-normalise each head of q and k right before RoPE: Qwen's w * x_hat,

@@ -5,6 +5,10 @@
   to skip every check, and a GPT-J-pair model such as Cohere kept rotate_half, silently wrong).
 * A model in training mode, with attention dropout, is checked in eval mode (it used to compare two
   forwards dropped differently, and refused the model), and is handed back in the modes it had.
+* A module whose forward patch replaces, with a forward set on the instance (an ad-hoc position
+  interpolation, a wrapper), is refused, naming it: patch used to replace that forward and check
+  the class's, and the patched model was silently off. The same change made in a subclass is
+  refused by the self-check.
 """
 
 import copy
@@ -84,3 +88,70 @@ def test_a_model_in_training_mode_with_dropout_is_checked_in_eval_mode(name):
         losses.append(m(input_ids=ids, attention_mask=mask, labels=ids).loss)
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
     assert rel_err(logits(model.eval(), ids, mask), logits(reference.eval(), ids, mask)) <= 1e-5
+
+
+def _halved_positions(rotary):
+    """An ad-hoc position interpolation, set on the rotary module's instance."""
+    original = rotary.forward
+    rotary.forward = lambda x, position_ids: original(x, position_ids / 2)
+    return rotary.forward
+
+
+def _scaled_output(attention):
+    original = attention.forward
+
+    def scaled(*args, **kwargs):
+        output, weights = original(*args, **kwargs)
+        return 2 * output, weights
+
+    attention.forward = scaled
+    return scaled
+
+
+@pytest.mark.parametrize(
+    "where, change",
+    [
+        ("model.rotary_emb", _halved_positions),
+        ("model.layers.1.self_attn", _scaled_output),
+    ],
+)
+def test_a_forward_set_on_the_instance_is_refused_naming_the_module(where, change):
+    reference = hf_models.build("llama")
+    model = copy.deepcopy(reference)
+    module = model.get_submodule(where)
+    changed = change(module)
+    ids, mask = hf_models.batch()
+    want = logits(model, ids, mask)
+    assert rel_err(want, logits(reference, ids, mask)) > 1e-3  # the change shows
+
+    with pytest.raises(NotImplementedError, match=rf"'{where}' has a forward set on the instance"):
+        torch_rope.hf.patch(model)
+
+    # Nothing patched, the instance's forward kept: the model computes what it did.
+    assert not torch_rope.hf.is_patched(model)
+    assert vars(module)["forward"] is changed
+    assert not any(hasattr(m, "torch_rope") for m in model.modules())
+    assert torch.equal(logits(model, ids, mask), want)
+
+
+def test_a_gptj_attention_layer_with_a_forward_set_on_the_instance_is_refused():
+    model = hf_models.build("tiny:gptj")
+    _scaled_output(model.transformer.h[0].attn)
+    with pytest.raises(NotImplementedError, match=r"'transformer\.h\.0\.attn' has a forward set"):
+        torch_rope.hf.patch(model)
+    assert not torch_rope.hf.is_patched(model)
+    assert all("forward" not in vars(m) for m in model.transformer.h[1:].modules())
+
+
+def test_the_same_change_in_a_subclass_is_refused_by_the_self_check():
+    model = hf_models.build("llama")
+    rotary = model.model.rotary_emb
+
+    class HalvedLlamaRotaryEmbedding(type(rotary)):
+        def forward(self, x, position_ids):
+            return super().forward(x, position_ids / 2)
+
+    rotary.__class__ = HalvedLlamaRotaryEmbedding
+    with pytest.raises(NotImplementedError, match="rotates q/k differently"):
+        torch_rope.hf.patch(model)
+    assert_untouched(model)

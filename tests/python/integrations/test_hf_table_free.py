@@ -3,9 +3,12 @@
 holds only float64 frequencies (no cos/sin tables, nothing per position), the patched model
 matches the unpatched one as the tabled patch does, past max_position_embeddings too (nothing to
 grow), through generate's KV-cache decode, with every scaling variant the test models carry and
-with q/k norms (kept unfused: the fused norm op has no frequency form)."""
+with q/k norms (kept unfused: the fused norm op has no frequency form); multi-axis (M-RoPE) text
+towers too, with an image. The families without a rotary module (GPT-J, CodeGen, RoFormer) have
+no table-free form: they keep tables, with a warning that says so."""
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -15,11 +18,19 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 import hf_models  # noqa: E402
 from test_hf import generate, logits, rel_err  # noqa: E402
 
+import torch_rope  # noqa: E402
 import torch_rope.hf  # noqa: E402
 
 
 def rope_modules(model):
-    return [t for m in model.modules() if hasattr(m, "torch_rope") for t in m.torch_rope.values()]
+    """The text tables modules of a patched model (a vision tower's axial tables are not)."""
+    return [
+        t
+        for m in model.modules()
+        if isinstance(getattr(m, "torch_rope", None), torch.nn.ModuleDict)
+        for t in m.torch_rope.values()
+        if isinstance(t, torch_rope.RotaryPositionalEmbedding)
+    ]
 
 
 def ids_of(length, seed=1):
@@ -65,3 +76,45 @@ def test_the_table_free_patch_and_the_tabled_one_agree():
 def test_tables_must_be_a_bool():
     with pytest.raises(TypeError, match="tables must be a bool"):
         torch_rope.hf.patch(hf_models.build("llama"), tables="no")
+
+
+# Every multi-axis text tower the tests build: the vision-language models, run with an image (the
+# three position axes differ over its tokens), and Qwen 3.5's text models on their own.
+@pytest.mark.parametrize("name", hf_models.VLM)
+def test_the_table_free_patch_of_a_vision_language_model_matches_the_unpatched_one(name):
+    reference = hf_models.build_vlm(name)
+    inputs = hf_models.vlm_batch(reference.config)
+    model = torch_rope.hf.patch(copy.deepcopy(reference), tables=False)
+    modules = rope_modules(model)
+    assert modules and all(not m.tables and m.mrope_section for m in modules)
+    with torch.no_grad():
+        got, want = model(**inputs).logits, reference(**inputs).logits
+    assert rel_err(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["tiny:qwen3_5_text", "tiny:qwen3_5_moe_text"])
+def test_the_table_free_patch_of_a_multi_axis_text_model_matches_the_unpatched_one(name):
+    reference = hf_models.build(name)
+    model = torch_rope.hf.patch(copy.deepcopy(reference), tables=False)
+    modules = rope_modules(model)
+    assert modules and all(not m.tables and m.mrope_section for m in modules)
+    ids, mask = hf_models.batch()
+    assert rel_err(logits(model, ids, mask), logits(reference, ids, mask)) <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["tiny:gptj", "tiny:codegen", "tiny:roformer"])
+def test_a_family_without_a_table_free_form_keeps_tables_and_says_so(name):
+    reference = hf_models.build(name)
+    with pytest.warns(UserWarning, match="tables=False is not available"):
+        model = torch_rope.hf.patch(copy.deepcopy(reference), tables=False)
+    assert torch_rope.hf.is_patched(model)
+    modules = rope_modules(model)
+    assert modules and all(m.tables for m in modules)
+    ids, mask = hf_models.batch()
+    assert rel_err(logits(model, ids, mask), logits(reference, ids, mask)) <= 1e-5
+
+
+def test_the_table_free_patch_of_a_model_with_a_rotary_module_warns_nothing():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        torch_rope.hf.patch(hf_models.build("llama"), tables=False)

@@ -455,6 +455,26 @@ def _layer_picks(fields, n_layers):
     return [0, 1]
 
 
+def _layer_overrides(overrides, fields):
+    """One layer's ``per_layer_config`` overrides made tiny as :func:`_shrink` makes the global
+    fields, except a head width that differs from the global one: it keeps its ratio to it (Gemma
+    4's full layers have heads twice as wide as its sliding ones), so the tiny config stays
+    heterogeneous, as the real one is, rather than shrinking both widths to the same value."""
+    tiny = _shrink(overrides)
+    for key, value in overrides.items():
+        base = fields.get(key)
+        if (
+            key in ("head_dim", "attention_head_dim")
+            and isinstance(value, int)
+            and isinstance(base, int)
+            and value != base
+            and base > 0
+            and value % base == 0
+        ):
+            tiny[key] = _tiny_value(key, base) * (value // base)
+    return tiny
+
+
 def _shrink(fields):
     """A config's to_dict() made tiny: sizes replaced, per-layer lists cut to the two layers
     :func:`_layer_picks` keeps, nested config dicts (but not rope_parameters) shrunk alike."""
@@ -471,7 +491,7 @@ def _shrink(fields):
         elif key == "per_layer_config" and picks:
             # Gemma 4's overrides keyed by layer index ("05"): those of the kept layers, renumbered.
             kept = {int(i): v for i, v in value.items() if int(i) in picks}
-            value = {f"{picks.index(i):02d}": _shrink(v) for i, v in kept.items()}
+            value = {f"{picks.index(i):02d}": _layer_overrides(v, fields) for i, v in kept.items()}
         if isinstance(value, list) and all(isinstance(v, int) for v in value):
             # A size per layer (Gemma 3n's intermediate_size): each made tiny.
             tiny[key] = [_tiny_value(key, v) for v in value]

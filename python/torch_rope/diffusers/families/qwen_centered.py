@@ -14,8 +14,10 @@ file's ``apply_rotary_emb_qwen`` / ``_apply_rotary_emb_nucleus(x, freqs, use_rea
 ``(B, S, H, D)`` q and k of each stream (NucleusMoE: the text keys only), GPT-J pairs.
 
 Patched, on this model instance only: the RoPE module holds :class:`..tables.Tables` whose origin
-covers the negative positions, and its forward returns the positions' rows, int64 ``(S, 3)`` per
-stream, in the same pair; the processors rotate with :func:`qwen_apply`.
+covers the negative positions (``-max_positions .. max_positions - 1`` from patch on, so that a
+model compiled at once runs; eager calls grow them past that), and its forward returns the
+positions' rows, int64 ``(S, 3)`` per stream, in the same pair; the processors rotate with
+:func:`qwen_apply`.
 """
 
 import functools
@@ -164,7 +166,10 @@ class _Holder:
 def patch(model: nn.Module, row, record: PatchRecord, patcher: ProcessorPatcher, options) -> None:
     rope = getattr(model, row.rope[0])
     inv_freq, section = axes_inv_freq(list(rope.axes_dim), float(rope.theta))
-    tables = Tables(inv_freq, section, True, rows=options.rows, device=device_of(model))
+    # Centred grids reach below zero: the tables cover -rows .. rows - 1 from the start, so a
+    # model compiled right after patch (which cannot grow them) runs at once.
+    rows = options.rows
+    tables = Tables(inv_freq, section, True, rows=rows, device=device_of(model), low=-rows)
     calls = [type(m.processor).__call__ for m in attention_modules(model)]
     originals = {n: f for n in NAMES for c in calls if (f := library_function(c, n)) is not None}
     if len(originals) != 1:

@@ -15,6 +15,12 @@ Patched, on this model instance only: the RoPE module holds :class:`..tables.Tab
 grid's positions ``(1, F * H * W, 1, 3)``, the rank and sequence dim of the cos/sin it replaces
 (context parallelism splits them there), as the pair ``(positions, positions)``; the processors'
 nested function is a stub that calls :func:`nested_apply`, one ``rope::apply`` per tensor.
+
+A model cast to bf16 before patch (``pipe.to(torch.bfloat16)``; ChronoEdit's and SANA-Video's
+bf16 loads too, whose ``_keep_in_fp32_modules`` do not keep the RoPE module) has its cos/sin
+buffers rounded to bf16, and diffusers rotates with those: the self-check judges ours by the
+float32 buffers they were rounded from (:func:`..self_check.as_built`), and the patched model
+rotates with float32 tables, at least as accurate as the unpatched one.
 """
 
 import functools
@@ -119,10 +125,13 @@ def patch(model: nn.Module, row, record: PatchRecord, patcher: ProcessorPatcher,
     p_t, p_h, p_w = rope.patch_size
     hidden = torch.zeros(1, 1, frames * p_t, 3 * p_h, 2 * p_w, device=tables.cos.device)
     q = probe((1, frames * 6, 2, rope.attention_head_dim), tables.cos.device, torch.float32)
+    # A model cast to bf16 before patch has its RoPE buffers rounded: judge ours by the float32
+    # ones they were rounded from.
+    reference = self_check.as_built(rope, type(rope).__name__)
     self_check.check(
         rope,
         type(rope).__name__,
-        lambda: original(q, *type(rope).forward(rope, hidden)),
+        lambda: original(q, *type(rope).forward(reference, hidden)),
         lambda: nested_apply(tables, q, *grid_forward(rope, hidden)),
     )
     record.set(rope, "torch_rope", tables)

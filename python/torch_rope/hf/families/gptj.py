@@ -38,7 +38,7 @@ from ..._patching.record import PatchRecord, bind
 from ..._patching.self_check import check_against_unpatched, probe
 from ...nn import RotaryPositionalEmbedding
 from ...ops import apply
-from ..sinusoid import THETA, check_tables, refuse
+from ..sinusoid import THETA, check_tables, refuse, warn_tables_kept
 from ..tables import ALL_LAYERS
 
 
@@ -180,6 +180,7 @@ def _self_check(attention: nn.Module, holder: nn.Module, model_type: str) -> Non
 def patch(model: nn.Module, model_type: str, row, record: PatchRecord, options) -> None:
     """Put torch_rope under the attention layers of a GPT-J-family model: one set of tables on
     its base model, and a forward of ours bound to each attention layer."""
+    warn_tables_kept(model_type, options)
     layers = _attention_layers(model, model_type)
     width = _rotary_width(layers, model_type)
     holder = model.base_model

@@ -32,7 +32,7 @@ from ..._patching.record import PatchRecord, bind
 from ..._patching.self_check import check_against_unpatched, probe
 from ...nn import RotaryPositionalEmbedding
 from ...ops import apply, apply_qk
-from ..sinusoid import THETA, check_tables, refuse
+from ..sinusoid import THETA, check_tables, refuse, warn_tables_kept
 from ..tables import ALL_LAYERS
 
 # The method each self-attention layer rotates through, replaced per instance (undo pops it).
@@ -146,6 +146,7 @@ def _self_check(attention: nn.Module, sinusoid: nn.Module, model_type: str) -> N
 def patch(model: nn.Module, model_type: str, row, record: PatchRecord, options) -> None:
     """Put torch_rope under a RoFormer model: the tables and a positions forward on its sinusoid
     module, a rotation method bound to each self-attention layer."""
+    warn_tables_kept(model_type, options)
     sinusoid = _sinusoid(model, model_type)
     width = int(sinusoid.weight.shape[-1])
     layers = _attention_layers(model, model_type, width)

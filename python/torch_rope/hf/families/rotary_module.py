@@ -26,7 +26,8 @@ from typing import Callable, Dict, List, NamedTuple, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..._patching.record import PatchRecord, bind
+from ..._module_forms import long_rope_frequencies
+from ..._patching.record import PatchRecord, bind, refuse_forward_on_instance
 from ..._patching.self_check import check_against_unpatched, probe
 from ...nn import long_rope_positions
 from .. import qk_norm, stacks, tables
@@ -143,6 +144,10 @@ def _patch_stack(
 ) -> None:
     """Put torch_rope under one text rotary module and the attention layers it feeds
     (``use_tables=False``: table-free)."""
+    # Before the self-check, which runs the classes' forwards (and sets a rotary module's own
+    # for a moment, RecurrentGemma's): a forward set on an instance is refused, not overwritten.
+    for module in (rotary, *attentions):
+        refuse_forward_on_instance(module)
     config = rotary.config
     keys = tables.layer_types(rotary) or [tables.ALL_LAYERS]
     axes = _multi_axis(model_type, row, rotary, keys)
@@ -195,7 +200,7 @@ def _fuse_qk_norms(rotary, keys, attention: nn.Module, form: Form, record: Patch
         # With the norms' own weights, a freshly initialised model (all ones, or Gemma's zeros)
         # could not tell norm-then-RoPE from RoPE-then-norm: check with random weights.
         with qk_norm.random_norm_weights(attention):
-            for key in keys:
+            for key in _keys_of(attention, keys, rotary.config):
                 _self_check(rotary, key, attention, form)
     except NotImplementedError:
         qk_norm.undo(attention)
@@ -220,12 +225,25 @@ def _check_layout(rotary, keys, attentions, form: Form, layouts) -> None:
             rotary.torch_rope[key].inverse = inverse
         try:
             for attention in attentions:
-                for key in keys:
+                for key in _keys_of(attention, keys, rotary.config):
                     _self_check(rotary, key, attention, form)
             return
         except NotImplementedError as refusal:
             first_refusal = first_refusal or refusal
     raise first_refusal
+
+
+def _keys_of(attention: nn.Module, keys: List[str], config) -> List[str]:
+    """The table keys an attention layer is checked with: its own layer type's, where the layer
+    names it (``layer_type``, or its ``layer_idx`` into ``config.layer_types``), as the model
+    hands that layer only that type's RoPE (Gemma 4's full layers have heads of another width
+    than its sliding ones, so another type's cos/sin would not even fit); every key otherwise."""
+    layer_type = getattr(attention, "layer_type", None)
+    types = getattr(config, "layer_types", None)
+    index = getattr(attention, "layer_idx", None)
+    if layer_type is None and isinstance(index, int) and types and 0 <= index < len(types):
+        layer_type = types[index]
+    return [layer_type] if layer_type in keys else keys
 
 
 def _self_check(rotary, key, attention, form: Form) -> None:
@@ -265,8 +283,9 @@ def _self_check(rotary, key, attention, form: Form) -> None:
             )
         if key != tables.ALL_LAYERS:  # one recomposition per layer type (Cohere Compass)
             recompose = functools.partial(recompose, layer_type=key)
-        cos = recompose(rotary, found.cos[axes].clone()).to(dtype)
-        sin = recompose(rotary, found.sin[axes].clone()).to(dtype)
+        cos, sin = _rows_at(found, axes)
+        cos = recompose(rotary, cos).to(dtype)
+        sin = recompose(rotary, sin).to(dtype)
         hf_embeddings = (cos, sin)
         position_ids = axes.movedim(0, -1)  # what the patched rotary module hands on
     our_embeddings = form.probe_embeddings(hf_embeddings, position_ids, found)
@@ -322,6 +341,21 @@ def _self_check(rotary, key, attention, form: Form) -> None:
                 del rotary.forward
 
     check_against_unpatched(attention, unpatched, patched, dtype, refusal)
+
+
+def _rows_at(found: nn.Module, positions: Tensor) -> Tuple[Tensor, Tensor]:
+    """The float32 cos/sin rows our tables module rotates ``positions`` by, ``(*positions.shape,
+    rotary_dim / 2)``: rows of its tables, or, for a table-free module (``tables=False``: only
+    float64 frequencies), the same rows computed from them, ``cos(p * f) * attention_factor``
+    rounded once to float32 as the tables' are."""
+    if found.tables:
+        return found.cos[positions].clone(), found.sin[positions].clone()
+    freqs = long_rope_frequencies(
+        found.freqs, found._buffers.get("long_freqs"), positions, found.long_after
+    )
+    angles = positions.to(torch.float64).unsqueeze(-1) * freqs
+    factor = found.attention_factor
+    return (angles.cos() * factor).float(), (angles.sin() * factor).float()
 
 
 def _input_width(attention: nn.Module, config) -> int:

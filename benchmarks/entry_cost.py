@@ -15,11 +15,22 @@ interleaved rounds (timing.py):
                         what a typed eager fast path would cost; built with load_inline
   C++ floor             (--typed-probe) the probe's kernel on an empty tensor: binding + dispatch
 
+--engines: the inference engines' call, rotary_embedding(positions, query, key, head_size,
+cos_sin_cache, is_neox) (vLLM, SGLang) and FlashInfer's apply_rope_with_cos_sin_cache(_inplace),
+through torch_rope.compat, against torch_rope.apply_qk on the same tensors (its cos and sin split
+from the cache once, outside the timing; target: compat <= 1.2x apply_qk at every T) and a clone
+of q and k. q (T, 32 * 128), k (T, 8 * 128), a (4096, 128) float32 cache, random positions; bf16
+and fp32, NeoX pairs; T from 1 (decode, B = 1) to 1024. Writes
+benchmarks/results/engines_entry_cpu_<kernel>_<N>t.json and .md (one thread by default, as
+measured for the engines: torch.set_num_threads(1)).
+
     PYTHONPATH=python .venv/bin/python benchmarks/entry_cost.py [--typed-probe]
+    PYTHONPATH=python .venv/bin/python benchmarks/entry_cost.py --engines [--threads 1]
 """
 
 import argparse
 import os
+import subprocess
 import sys
 
 import torch
@@ -89,6 +100,103 @@ def measure_entry(typed_probe=None, rounds=31):
     return results
 
 
+ENGINE_TOKENS = (1, 4, 16, 64, 256, 1024)
+ENGINE_TARGET = 1.2  # compat call / apply_qk
+
+
+def measure_engines(tokens=ENGINE_TOKENS, rounds=21):
+    """[row]: per (T, dtype), the compat calls, apply_qk and a clone of q and k."""
+    from torch_rope import compat
+
+    cos, sin = torch_rope.rope_tables(10000.0, 128, 4096)
+    cache = torch.cat([cos, sin], dim=-1)  # (4096, 128): cos in the first half, sin the second
+    cos, sin = cache[:, :64], cache[:, 64:]  # split once, outside the timing
+    rows = []
+    with torch.inference_mode():
+        for dtype in (torch.bfloat16, torch.float32):
+            for T in tokens:
+                g = torch.Generator().manual_seed(T)
+                q = torch.randn(T, 32 * 128, generator=g).to(dtype)
+                k = torch.randn(T, 8 * 128, generator=g).to(dtype)
+                pos = torch.randint(0, 4096, (T,), generator=g)
+                q3, k3, pos1 = q.view(T, 32, 128), k.view(T, 8, 128), pos.unsqueeze(-1)
+                fns = {
+                    "clone q, k": lambda: (q.clone(), k.clone()),
+                    "apply_qk": lambda: torch_rope.apply_qk(
+                        q3, k3, cos, sin, pos1, interleaved=False
+                    ),
+                    # In place: every call rotates q and k again (a rotation keeps their norms).
+                    "rotary_embedding": lambda: compat.rotary_embedding(
+                        pos, q, k, 128, cache, True
+                    ),
+                    "FlashInfer inplace": lambda: compat.apply_rope_with_cos_sin_cache_inplace(
+                        pos, q, k, 128, cache, True
+                    ),
+                    "FlashInfer": lambda: compat.apply_rope_with_cos_sin_cache(
+                        pos, q, k, 128, cache, True
+                    ),
+                }
+                res = timing.measure(fns, rounds=rounds)
+                base = res["apply_qk"]["s"]
+                rows.append(
+                    {
+                        "T": T,
+                        "dtype": str(dtype).replace("torch.", ""),
+                        "us": {n: r["s"] * 1e6 for n, r in res.items()},
+                        "over_apply_qk": {n: r["s"] / base for n, r in res.items()},
+                        "spread": {n: r["spread"] for n, r in res.items()},
+                    }
+                )
+                print(
+                    f"T={T:5d} {rows[-1]['dtype']:9s} "
+                    + "  ".join(f"{n} {r['s'] * 1e6:.1f} us" for n, r in res.items())
+                )
+    return rows
+
+
+def lscpu_facts() -> dict:
+    """lscpu's model name, family/model numbers and the ISA extensions that matter here."""
+    facts = {}
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return facts
+    for line in out.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("Model name", "Vendor ID", "CPU family", "Model", "Stepping"):
+            facts[key.strip()] = value.strip()
+        elif key.strip() == "Flags":
+            wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
+            facts["isa"] = [f for f in value.split() if f in wanted]
+    return facts
+
+
+def engines_markdown(result):
+    m = result["meta"]
+    cpu = m["lscpu"]
+    names = list(result["rows"][0]["us"])
+    out = [
+        "# The inference engines' call through torch_rope.compat",
+        "",
+        f"CPU: {cpu.get('Model name', m['cpu_model'])} ({cpu.get('Vendor ID', '?')}, family "
+        f"{cpu.get('CPU family', '?')}, model {cpu.get('Model', '?')}; "
+        f"{', '.join(cpu.get('isa', []))}), kernel **{m['kernel_variant']}**, {m['threads']} "
+        f"thread(s), torch {m['torch']}, {m['date']}. Load average {m['loadavg_before']} "
+        f"before, {m['loadavg_after']} after.",
+        "",
+        "q (T, 32 * 128), k (T, 8 * 128), cos_sin_cache (4096, 128) float32, NeoX pairs, under "
+        "inference_mode. Each call's time and its ratio to `torch_rope.apply_qk` on the same "
+        f"tensors (target for the compat calls: <= {ENGINE_TARGET}).",
+        "",
+        "| T | dtype | " + " | ".join(names) + " |",
+        "|---:|---|" + "---:|" * len(names),
+    ]
+    for r in result["rows"]:
+        cells = [f"{r['us'][n]:.1f} us ({r['over_apply_qk'][n]:.2f}x)" for n in names]
+        out.append(f"| {r['T']} | {r['dtype']} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -96,9 +204,24 @@ def main():
         action="store_true",
         help="also build and time a typed pybind11 call of rope::apply",
     )
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--engines", action="store_true", help="time the engines' compat calls (writes results)"
+    )
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--output", default=None, help="results name (--engines)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    if args.engines:
+        import cpu_run
+
+        meta = cpu_run.start(1 if args.threads is None else args.threads)
+        meta["lscpu"] = lscpu_facts()
+        rows = measure_engines()
+        name = args.output or (
+            f"engines_entry_cpu_{meta['kernel_variant'].lower()}_{meta['threads']}t"
+        )
+        cpu_run.finish(name, meta, rows, engines_markdown)
+        return
+    torch.set_num_threads(2 if args.threads is None else args.threads)
     probe = build_typed_probe() if args.typed_probe else None
     for shape, res in measure_entry(probe).items():
         clone = res["clone"]["s"]

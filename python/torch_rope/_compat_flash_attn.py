@@ -20,7 +20,11 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
+from ._compat_errors import PeerNames, peer_words
 from .ops import apply, apply_
+
+# The op's names -> flash-attn's (a varlen call's seq_offsets are its seqlen_offsets).
+_WORDS = PeerNames("apply_rotary_emb", {"seq_offsets": "seqlen_offsets"})
 
 
 def _table(name: str, table: Tensor) -> Tensor:
@@ -53,6 +57,34 @@ def _offsets_tensor(seqlen_offsets: Tensor, count: int, device) -> Tensor:
     return seqlen_offsets
 
 
+class _RotateLeafInPlace(torch.autograd.Function):
+    """``inplace=True`` on a leaf that requires grad, as flash-attn's own tests call it before a
+    backward: the leaf's values are rotated in place (autograd refuses an in-place op on such a
+    leaf, so the write runs inside this function's forward, where grad mode is off, exactly as
+    flash-attn's autograd function writes it) and an alias of it is returned whose gradient is
+    the inverse rotation. The write bumps the leaf's version counter, so an earlier op that saved
+    the leaf for its backward refuses to run on the rotated values."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, kw):
+        apply_(x, cos, sin, **kw)
+        ctx.tables, ctx.kw = (cos, sin), kw
+        return x  # not marked dirty: autograd returns a view of x with this function's gradient
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.tables
+        return apply(grad, cos, sin, **ctx.kw, inverse=True), None, None, None
+
+
+def _rotate(x, cos, sin, inplace, **kw):
+    if not inplace:
+        return peer_words(_WORDS, apply, x, cos, sin, **kw)
+    if x.is_leaf and x.requires_grad and torch.is_grad_enabled():
+        return peer_words(_WORDS, _RotateLeafInPlace.apply, x, cos, sin, kw)
+    return peer_words(_WORDS, apply_, x, cos, sin, **kw)
+
+
 def apply_rotary_emb(
     x: Tensor,
     cos: Tensor,
@@ -63,7 +95,8 @@ def apply_rotary_emb(
     cu_seqlens: Optional[Tensor] = None,
     max_seqlen: Optional[int] = None,
 ) -> Tensor:
-    """flash-attn's ``apply_rotary_emb``: ``x`` rotated (``x`` itself when ``inplace``).
+    """flash-attn's ``apply_rotary_emb``: ``x`` rotated (``x`` itself when ``inplace``; for a
+    leaf that requires grad, an alias of it, as flash-attn returns).
 
     * ``x``: ``(B, S, H, D)``, or packed ``(total, H, D)`` with ``cu_seqlens`` ``(B + 1,)`` and
       ``max_seqlen``.
@@ -121,7 +154,6 @@ def apply_rotary_emb(
     if seqlen > seqlen_ro:
         raise ValueError(f"apply_rotary_emb: max_seqlen = {seqlen} exceeds cos's {seqlen_ro} rows")
 
-    rotate = apply_ if inplace else apply
     if varlen:
         count = cu_seqlens.numel() - 1
         if int_offset:
@@ -134,13 +166,12 @@ def apply_rotary_emb(
             )
         else:
             offsets = _offsets_tensor(seqlen_offsets, count, x.device)
-        out = rotate(x, cos, sin, cu_seqlens=cu_seqlens, seq_offsets=offsets,
-                     interleaved=interleaved)  # fmt: skip
-        return out
+        return _rotate(x, cos, sin, inplace, cu_seqlens=cu_seqlens, seq_offsets=offsets,
+                       interleaved=interleaved)  # fmt: skip
     positions = torch.arange(x.size(1), device=x.device)
     if int_offset:
         positions = (positions + int(seqlen_offsets)).unsqueeze(-1)  # (S, 1)
     else:
         offsets = _offsets_tensor(seqlen_offsets, x.size(0), x.device)
         positions = (positions.unsqueeze(0) + offsets.unsqueeze(1)).unsqueeze(-1)  # (B, S, 1)
-    return rotate(x, cos, sin, positions, interleaved=interleaved)
+    return _rotate(x, cos, sin, inplace, positions=positions, interleaved=interleaved)

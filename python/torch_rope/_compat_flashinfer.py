@@ -29,8 +29,32 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from ._compat_errors import PeerNames, peer_words
 from ._scaling import rope_frequencies
 from .ops import apply_, apply_qk
+
+_FLOATING = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+# The ops' names -> FlashInfer's: the ragged batch's indptr/offsets are the op's cu_seqlens /
+# seq_offsets, pos_ids its positions; an in-place call rotates q and k each as the op's x.
+_RAGGED = {"cu_seqlens": "indptr", "seq_offsets": "offsets", "x.size(0)": "nnz"}
+_POS_IDS = {"positions": "pos_ids"}
+
+
+def _words(peer: str, where: dict) -> tuple:
+    """(PeerNames of the out-of-place call, of q's in-place call, of k's)."""
+    return (
+        PeerNames(peer, {**where, "x": "q"}),  # the ragged batch's checks name q's tokens x
+        PeerNames(peer + "_inplace", {**where, "x": "q"}),
+        PeerNames(peer + "_inplace", {**where, "x": "k"}),
+    )
+
+
+_WORDS = {
+    "apply_rope": _words("apply_rope", _RAGGED),
+    "apply_rope_pos_ids": _words("apply_rope_pos_ids", _POS_IDS),
+    "apply_llama31_rope": _words("apply_llama31_rope", _RAGGED),
+    "apply_llama31_rope_pos_ids": _words("apply_llama31_rope_pos_ids", _POS_IDS),
+}
 
 
 def _build_frequencies(rotary_dim, theta, scaling_items, device) -> Tensor:
@@ -78,6 +102,9 @@ def _check_qk(q: Tensor, k: Tensor, rotary_dim: Optional[int]) -> int:
             f"({q.size(0)}, ., {q.size(2)}) on q's device {q.device}, got shape {list(k.shape)} "
             f"on {k.device}"
         )
+    for name, t in (("q", q), ("k", k)):
+        if t.dtype not in _FLOATING:
+            raise ValueError(f"{name} must be float64, float32, float16 or bfloat16, got {t.dtype}")
     head_dim = q.size(-1)
     if rotary_dim is None:
         return head_dim
@@ -104,19 +131,23 @@ def _positions(q: Tensor, pos_ids: Tensor) -> Tensor:
     return pos_ids.unsqueeze(-1)  # over the heads
 
 
-def _rope(q, k, where: dict, rotary_dim, interleave, theta, scaling_items, inplace):
+def _rope(peer, q, k, where: dict, rotary_dim, interleave, theta, scaling_items, inplace):
     """Rotate q and k by the frequencies of ``scaling_items`` at the positions ``where`` gives
-    (``positions=`` or ``cu_seqlens=``/``seq_offsets=``)."""
+    (``positions=`` or ``cu_seqlens=``/``seq_offsets=``); the ops' errors in FlashInfer's words
+    (``peer``: the entry point's name without ``_inplace``)."""
     rotary_dim = _check_qk(q, k, rotary_dim)
     freqs = _frequencies(rotary_dim, _number("rope_theta", theta), scaling_items, q.device)
     if "positions" in where:
         where = {"positions": _positions(q, where["positions"])}
     kw = dict(freqs=freqs, interleaved=bool(interleave), **where)
     # rotary_dim = 2 * freqs.numel(): the features past it pass through.
+    words, q_words, k_words = _WORDS[peer]
     if not inplace:
-        return apply_qk(q, k, **kw)
-    apply_(q, **kw)
-    apply_(k, **kw)
+        return peer_words(words, apply_qk, q, k, **kw)
+    # q's and k's checks are the same but for the tensor itself (_check_qk ran on both): k
+    # cannot be refused after q is written.
+    peer_words(q_words, apply_, q, **kw)
+    peer_words(k_words, apply_, k, **kw)
     return None
 
 
@@ -158,8 +189,17 @@ def apply_rope(
     ``q (nnz, Hq, D)``, ``k (nnz, Hk, D)``; sequence ``b`` owns rows ``indptr[b] ..
     indptr[b+1] - 1`` and starts at position ``offsets[b]``. ``interleave=False`` rotates
     ``(k, k + R/2)``, ``True`` ``(2k, 2k + 1)``."""
-    return _rope(q, k, _ragged(indptr, offsets), rotary_dim, interleave, rope_theta,
-                 _linear(rope_scale), inplace=False)  # fmt: skip
+    return _rope(
+        "apply_rope",
+        q,
+        k,
+        _ragged(indptr, offsets),
+        rotary_dim,
+        interleave,
+        rope_theta,
+        _linear(rope_scale),
+        inplace=False,
+    )
 
 
 def apply_rope_inplace(
@@ -173,8 +213,17 @@ def apply_rope_inplace(
     rope_theta: float = 1e4,
 ) -> None:
     """FlashInfer's ``apply_rope_inplace``: :func:`apply_rope` written into q and k."""
-    return _rope(q, k, _ragged(indptr, offsets), rotary_dim, interleave, rope_theta,
-                 _linear(rope_scale), inplace=True)  # fmt: skip
+    return _rope(
+        "apply_rope",
+        q,
+        k,
+        _ragged(indptr, offsets),
+        rotary_dim,
+        interleave,
+        rope_theta,
+        _linear(rope_scale),
+        inplace=True,
+    )
 
 
 def apply_rope_pos_ids(
@@ -188,8 +237,17 @@ def apply_rope_pos_ids(
 ) -> Tuple[Tensor, Tensor]:
     """FlashInfer's ``apply_rope_pos_ids``: as :func:`apply_rope`, row ``t`` at position
     ``pos_ids[t]`` (``(nnz,)`` int32/int64)."""
-    return _rope(q, k, {"positions": pos_ids}, rotary_dim, interleave, rope_theta,
-                 _linear(rope_scale), inplace=False)  # fmt: skip
+    return _rope(
+        "apply_rope_pos_ids",
+        q,
+        k,
+        {"positions": pos_ids},
+        rotary_dim,
+        interleave,
+        rope_theta,
+        _linear(rope_scale),
+        inplace=False,
+    )
 
 
 def apply_rope_pos_ids_inplace(
@@ -203,8 +261,17 @@ def apply_rope_pos_ids_inplace(
 ) -> None:
     """FlashInfer's ``apply_rope_pos_ids_inplace``: :func:`apply_rope_pos_ids` written into q
     and k."""
-    return _rope(q, k, {"positions": pos_ids}, rotary_dim, interleave, rope_theta,
-                 _linear(rope_scale), inplace=True)  # fmt: skip
+    return _rope(
+        "apply_rope_pos_ids",
+        q,
+        k,
+        {"positions": pos_ids},
+        rotary_dim,
+        interleave,
+        rope_theta,
+        _linear(rope_scale),
+        inplace=True,
+    )
 
 
 def apply_llama31_rope(
@@ -224,8 +291,17 @@ def apply_llama31_rope(
     (wavelengths shorter than ``old_context_len / high_freq_factor`` keep their frequency, longer
     than ``old_context_len / low_freq_factor`` are divided by ``rope_scale``, smoothed between)."""
     scaling = _llama31(rope_scale, low_freq_factor, high_freq_factor, old_context_len)
-    return _rope(q, k, _ragged(indptr, offsets), rotary_dim, interleave, rope_theta, scaling,
-                 inplace=False)  # fmt: skip
+    return _rope(
+        "apply_llama31_rope",
+        q,
+        k,
+        _ragged(indptr, offsets),
+        rotary_dim,
+        interleave,
+        rope_theta,
+        scaling,
+        inplace=False,
+    )
 
 
 def apply_llama31_rope_inplace(
@@ -244,8 +320,17 @@ def apply_llama31_rope_inplace(
     """FlashInfer's ``apply_llama31_rope_inplace``: :func:`apply_llama31_rope` written into q
     and k."""
     scaling = _llama31(rope_scale, low_freq_factor, high_freq_factor, old_context_len)
-    return _rope(q, k, _ragged(indptr, offsets), rotary_dim, interleave, rope_theta, scaling,
-                 inplace=True)  # fmt: skip
+    return _rope(
+        "apply_llama31_rope",
+        q,
+        k,
+        _ragged(indptr, offsets),
+        rotary_dim,
+        interleave,
+        rope_theta,
+        scaling,
+        inplace=True,
+    )
 
 
 def apply_llama31_rope_pos_ids(
@@ -262,8 +347,17 @@ def apply_llama31_rope_pos_ids(
 ) -> Tuple[Tensor, Tensor]:
     """FlashInfer's ``apply_llama31_rope_pos_ids``: :func:`apply_llama31_rope` at ``pos_ids``."""
     scaling = _llama31(rope_scale, low_freq_factor, high_freq_factor, old_context_len)
-    return _rope(q, k, {"positions": pos_ids}, rotary_dim, interleave, rope_theta, scaling,
-                 inplace=False)  # fmt: skip
+    return _rope(
+        "apply_llama31_rope_pos_ids",
+        q,
+        k,
+        {"positions": pos_ids},
+        rotary_dim,
+        interleave,
+        rope_theta,
+        scaling,
+        inplace=False,
+    )
 
 
 def apply_llama31_rope_pos_ids_inplace(
@@ -281,5 +375,14 @@ def apply_llama31_rope_pos_ids_inplace(
     """FlashInfer's ``apply_llama31_rope_pos_ids_inplace``: :func:`apply_llama31_rope_pos_ids`
     written into q and k."""
     scaling = _llama31(rope_scale, low_freq_factor, high_freq_factor, old_context_len)
-    return _rope(q, k, {"positions": pos_ids}, rotary_dim, interleave, rope_theta, scaling,
-                 inplace=True)  # fmt: skip
+    return _rope(
+        "apply_llama31_rope_pos_ids",
+        q,
+        k,
+        {"positions": pos_ids},
+        rotary_dim,
+        interleave,
+        rope_theta,
+        scaling,
+        inplace=True,
+    )

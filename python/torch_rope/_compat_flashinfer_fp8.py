@@ -34,10 +34,55 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from ._compat_errors import PeerNames, peer_words
 from ._mla_ops import mla_apply_cache
+from ._op_arguments import _is_compiling
 from ._qk_fp8_ops import apply_qk_fp8
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+# The ops' names -> FlashInfer's. The table's width and length are cos_sin_cache's; the op's
+# positions are pos_ids (FlashInfer's own positions are the KV-cache entries, checked here).
+_TABLE_WORDS = {
+    "positions": "pos_ids",
+    "2 * cos.size(-1)": "cos_sin_cache.size(-1)",
+    "cos.size(-1)": "cos_sin_cache.size(-1) / 2",
+    "cos.size(0)": "cos_sin_cache.size(0)",
+}
+_QUANTIZE_WORDS = {
+    **_TABLE_WORDS,
+    "q": "q_rope",
+    "k": "k_rope",
+    "q_scale": "quant_scale_q",
+    "k_scale": "quant_scale_kv",
+    "q_out": "q_rope_out",
+    "k_out": "k_rope_out",
+}
+_APPEND_WORDS = {
+    **_TABLE_WORDS,
+    "q_pe": "q_rope",
+    "k_pe": "k_rope",
+    "kv_c": "k_nope",
+    "q_scale": "quant_scale_q",
+    "kv_scale": "quant_scale_kv",
+    "v_scale": "quant_scale_kv",
+    "slot_mapping": "the tokens' cache slots (kv_indices[...] * page_size + entry)",
+}
+_QUANTIZE = PeerNames("rope_quantize_fp8", _QUANTIZE_WORDS)
+_QUANTIZE_MLA = PeerNames("mla_rope_quantize_fp8", _QUANTIZE_WORDS)
+_APPEND = "rope_quantize_fp8_append_paged_kv_cache"
+_APPEND_MLA = PeerNames(
+    _APPEND, {**_APPEND_WORDS, "kv_cache": "paged_kv_cache[0]", "kpe_cache": "paged_kv_cache[1]"}
+)
+_APPEND_GQA = PeerNames(
+    _APPEND,
+    {
+        **_APPEND_WORDS,
+        "kv_cache": "paged_kv_cache[0][..., R:]",
+        "kpe_cache": "paged_kv_cache[0][..., :R]",
+        "v_cache": "paged_kv_cache[1]",
+    },
+)
 
 
 def _tables(cos_sin_cache: Tensor, rope_dim: int) -> Tuple[Tensor, Tensor]:
@@ -100,6 +145,16 @@ def rope_quantize_fp8(
     are; every output float8, ``value * quant_scale`` saturated. Outputs given are written in place
     and returned."""
     _check_backend(backend)
+    return _quantize(
+        _QUANTIZE, q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox, quantize_dtype,
+        quant_scale_q, quant_scale_kv, q_rope_out, k_rope_out, q_nope_out, k_nope_out,
+    )  # fmt: skip
+
+
+def _quantize(
+    words, q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox, quantize_dtype,
+    quant_scale_q, quant_scale_kv, q_rope_out, k_rope_out, q_nope_out, k_nope_out,
+):  # fmt: skip
     dtype = _fp8_dtype(quantize_dtype, q_rope_out, k_rope_out, q_nope_out, k_nope_out)
     cos, sin = _tables(cos_sin_cache, q_rope.size(-1))
     positions = pos_ids.reshape(-1, 1)
@@ -116,7 +171,9 @@ def rope_quantize_fp8(
     )
     outs = (q_rope_out, k_rope_out, q_nope_out, k_nope_out)
     if all(o is None for o in outs):
-        q_o, k_o, qn_o, kn_o = apply_qk_fp8(q_rope, k, cos, sin, positions, dtype=dtype, **kw)
+        q_o, k_o, qn_o, kn_o = peer_words(
+            words, apply_qk_fp8, q_rope, k, cos, sin, positions, dtype=dtype, **kw
+        )
     else:
 
         def buffer(out, like):
@@ -126,8 +183,8 @@ def rope_quantize_fp8(
         k_o = buffer(k_rope_out, k_rope)
         qn_o = None if q_nope is None else buffer(q_nope_out, q_nope)
         kn_o = None if k_nope is None else buffer(k_nope_out, k_nope)
-        apply_qk_fp8(q_rope, k, cos, sin, positions, out=(q_o, _heads(k_o), qn_o, _heads(kn_o)),
-                     **kw)  # fmt: skip
+        peer_words(words, apply_qk_fp8, q_rope, k, cos, sin, positions,
+                   out=(q_o, _heads(k_o), qn_o, _heads(kn_o)), **kw)  # fmt: skip
         if qn_o is None:
             qn_o = torch.empty((*q_rope.shape[:-1], 0), dtype=dtype, device=q_rope.device)
         if kn_o is None:
@@ -158,24 +215,70 @@ def mla_rope_quantize_fp8(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """FlashInfer's ``mla_rope_quantize_fp8``: :func:`rope_quantize_fp8` with the same arguments
     (``k_rope`` ``(T, R)``, ``k_nope`` ``(T, kv_lora_rank)``)."""
-    return rope_quantize_fp8(
-        q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox, quantize_dtype,
-        quant_scale_q, quant_scale_kv, q_rope_out, k_rope_out, q_nope_out, k_nope_out, enable_pdl,
+    return _quantize(
+        _QUANTIZE_MLA, q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox,
+        quantize_dtype, quant_scale_q, quant_scale_kv, q_rope_out, k_rope_out, q_nope_out,
+        k_nope_out,
     )  # fmt: skip
 
 
 def _paged_slots(kv_indices, kv_indptr, batch_indices, positions, page_size) -> Tensor:
     """int64 slot of every token (-1 for batch_indices < 0): page
     ``kv_indices[g // page_size]``, entry ``g % page_size``, ``g = kv_indptr[b] * page_size +
-    positions[t]``. Tensor ops only: no host sync; a page index past kv_indices raises (CPU) or
-    trips torch's device assert (CUDA)."""
+    positions[t]``, where ``0 <= positions[t] < (kv_indptr[b + 1] - kv_indptr[b]) * page_size``
+    (the request's own pages: a negative position would index kv_indices from its end, one past
+    the request's pages would write the next request's page). Checked before anything is
+    written: on the CPU an error naming the argument; on CUDA (no host sync) a token out of its
+    pages is sent past the end of kv_indices, where torch's indexing trips its device assert."""
     b = batch_indices.to(torch.int64)
     valid = b >= 0
-    g = kv_indptr.to(torch.int64)[b.clamp(min=0)] * page_size + positions.to(torch.int64)
-    if kv_indices.numel() == 0:
-        return torch.full_like(b, -1)
-    page = kv_indices.to(torch.int64)[torch.where(valid, g // page_size, 0)]
+    bc = b.clamp(min=0)
+    indptr = kv_indptr.to(torch.int64)
+    if valid.device.type == "cpu" and not _is_compiling():
+        _check_paged_tokens(b, valid, indptr, positions, page_size)
+    pos = positions.to(torch.int64)
+    first_page = indptr[bc]
+    page_count = indptr[(bc + 1).clamp(max=indptr.numel() - 1)] - first_page
+    inside = (pos >= 0) & (pos < page_count * page_size)
+    g = first_page * page_size + pos
+    # One entry past kv_indices stands for "no page" (read by padding tokens, so that an empty
+    # kv_indices is never indexed); a token outside its pages reads one past that.
+    pages = torch.cat(
+        [kv_indices.to(torch.int64), kv_indices.new_full((1,), -1, dtype=torch.int64)]
+    )
+    no_page = pages.numel() - 1
+    page_index = torch.where(valid, torch.where(inside, g // page_size, no_page + 1), no_page)
+    page = pages[page_index]
     return torch.where(valid, page * page_size + g % page_size, -1)
+
+
+def _check_paged_tokens(b, valid, indptr, positions, page_size) -> None:
+    """On the CPU: every token that is not padding names a request of kv_indptr and an entry
+    inside that request's pages."""
+    requests = indptr.numel() - 1
+    bad = valid & (b >= requests)
+    if bool(bad.any()):
+        t = int(torch.nonzero(bad)[0, 0])
+        raise ValueError(
+            f"{_APPEND}: batch_indices[{t}] = {int(b[t])} must be < the number of requests, "
+            f"kv_indptr.size(0) - 1 = {requests} (or < 0: padding)"
+        )
+    pos = positions.to(torch.int64)
+    bc = b.clamp(min=0, max=max(requests - 1, 0))
+    if requests > 0:
+        pages = indptr[bc + 1] - indptr[bc]
+    else:
+        pages = torch.zeros_like(bc)
+    bad = valid & ((pos < 0) | (pos >= pages * page_size))
+    if bool(bad.any()):
+        t = int(torch.nonzero(bad)[0, 0])
+        r = int(b[t])
+        n = int(pages[t])
+        raise ValueError(
+            f"{_APPEND}: positions[{t}] = {int(pos[t])} must be in [0, {n * page_size}): the "
+            f"entries of request batch_indices[{t}] = {r}'s {n} pages (kv_indptr[{r + 1}] - "
+            f"kv_indptr[{r}] = {int(indptr[r + 1])} - {int(indptr[r])}, page_size = {page_size})"
+        )
 
 
 def rope_quantize_fp8_append_paged_kv_cache(
@@ -238,13 +341,14 @@ def rope_quantize_fp8_append_paged_kv_cache(
             f"page_size = {page_size} must be the caches' page dim, got a cache of shape "
             f"{list(paged_kv_cache[0].shape)} ({kv_layout})"
         )
-    slots = _paged_slots(kv_indices, kv_indptr, batch_indices, positions, page_size)
-    if slots.numel() != T:
+    if batch_indices.shape != (T,) or positions.shape != (T,):
         raise ValueError(
-            f"batch_indices and positions must have one entry per token ({T}), got "
-            f"{batch_indices.numel()} and {positions.numel()}"
+            f"batch_indices and positions must have one entry per token, ({T},), got shapes "
+            f"{list(batch_indices.shape)} and {list(positions.shape)}"
         )
-    q_o, qn_o = mla_apply_cache(
+    slots = _paged_slots(kv_indices, kv_indptr, batch_indices, positions, page_size)
+    q_o, qn_o = peer_words(
+        _APPEND_MLA if mla else _APPEND_GQA, mla_apply_cache,
         q_rope, k_rope, kv_c, cos, sin, pos_ids.reshape(-1, 1), ckv, kpe, slots, q_nope=q_nope,
         v=v, v_cache=v_cache, interleaved=not is_neox, kv_scale=float(quant_scale_kv),
         v_scale=None if v is None else float(quant_scale_kv), q_dtype=dtype,

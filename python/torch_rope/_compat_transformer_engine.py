@@ -6,27 +6,44 @@ TE's ``freqs`` are **angles**, not cos/sin and not frequencies: ``freqs[p, 0, 0,
 feature ``i`` of a token at position ``p`` turns by, ``(s2, 1, 1, d2)``, each plane's angle written
 twice as TE's ``RotaryPositionEmbedding`` builds it (``cat(a, a)`` for the half split,
 ``[a0, a0, a1, a1, ...]`` for adjacent pairs). The only conversion done here is angles -> cos/sin
-tables ``(s2, d2 / 2)``: one angle per plane, cos and sin taken in float64 and stored in float32
-(float64 for float64 ``t``); the angles are read in float32, as TE's fused kernel reads them
-(float64 for float64 ``t``). Positions are described, not computed per token: ``thd`` becomes
-the packed-sequence form (``cu_seqlens``, ``seq_offsets = start_positions``, ``cp_size``,
-``cp_rank``); ``sbhd``/``bshd`` a small ``(s, b)`` positions tensor that TE's zigzag rule gives.
+tables: one angle per plane, cos and sin taken in float64 and stored in float32 (float64 for
+float64 ``t``); the angles are read in float32, as TE's fused kernel reads them (float64 for
+float64 ``t``). The tables are computed from ``freqs`` on every call, as TE reads ``freqs`` on
+every call: nothing is kept between calls, so no write to ``freqs`` (in place, through ``.data``,
+through a numpy or DLPack alias, under inference mode) can leave old angles in use, and threads
+share nothing. ``sbhd``/``bshd`` convert only the rows of the tokens' positions (a small ``(s,
+b)`` positions tensor that TE's zigzag rule gives); ``thd`` becomes the packed-sequence form
+(``cu_seqlens``, ``seq_offsets = start_positions``, ``cp_size``, ``cp_rank``), whose op finds
+each token's position itself, over the tables of all of ``freqs``' rows.
 """
 
 import numbers
-import weakref
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from ._compat_errors import PeerNames, peer_words
 from ._op_arguments import _is_compiling
 from .ops import apply
+
+# The op's names -> TE's: thd's seq_offsets are its start_positions; the tables come from freqs.
+_WORDS = PeerNames(
+    "apply_rotary_pos_emb",
+    {
+        "x": "t",
+        "seq_offsets": "start_positions",
+        "2 * cos.size(-1)": "freqs.size(-1)",
+        "cos.size(0)": "freqs.size(0)",
+    },
+)
 
 _FORMATS = ("sbhd", "bshd", "thd")
 
 
 def _int_arg(name: str, value) -> int:
+    if type(value) is int:  # the usual case, without the Integral check's cost
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"apply_rotary_pos_emb: {name} must be an int, got {value!r}")
     return int(value)
@@ -50,38 +67,9 @@ def _index_tensor(name: str, value: Tensor, length: int, device: torch.device) -
     return value
 
 
-class _LastTables:
-    """The tables of the last angles seen. A model passes the same ``freqs`` to every layer (q and
-    k each): they are converted once, until ``freqs`` is freed or written in place (its version
-    counter moves)."""
-
-    key = None  # (weakref to freqs, freqs._version, interleaved, table dtype)
-    tables = None
-
-    @classmethod
-    def get(cls, freqs: Tensor, t: Tensor, interleaved: bool):
-        table_dtype = torch.float64 if t.dtype == torch.float64 else torch.float32
-        if type(freqs) is not Tensor or _is_compiling():
-            return _tables(freqs, t, interleaved)
-        if cls.key is not None:
-            ref, version, was_interleaved, dtype = cls.key
-            if (
-                ref() is freqs
-                and version == freqs._version
-                and was_interleaved == interleaved
-                and dtype == table_dtype
-            ):
-                return cls.tables
-        # Normal tensors even under inference_mode: a later training call saves them for backward.
-        with torch.inference_mode(False):
-            tables = _tables(freqs, t, interleaved)
-        cls.key = (weakref.ref(freqs), freqs._version, interleaved, table_dtype)
-        cls.tables = tables
-        return tables
-
-
-def _tables(freqs: Tensor, t: Tensor, interleaved: bool):
-    """cos/sin tables ``(s2, d2 / 2)`` of the first angle of each plane of TE's angles."""
+def _angles(freqs: Tensor, t: Tensor) -> Tensor:
+    """TE's angles as ``(s2, d2)``, detached (no gradient to freqs, as TE's fused path), in the
+    dtype the math reads them in (float32; float64 for float64 ``t``)."""
     if not isinstance(freqs, Tensor) or not freqs.is_floating_point():
         raise TypeError("apply_rotary_pos_emb: freqs must be a floating-point tensor of angles")
     if freqs.dim() != 4 or freqs.size(1) != 1 or freqs.size(2) != 1 or freqs.size(3) % 2:
@@ -94,7 +82,16 @@ def _tables(freqs: Tensor, t: Tensor, interleaved: bool):
             f"apply_rotary_pos_emb: freqs must be on t's device {t.device}, got {freqs.device}"
         )
     angle_dtype = torch.float64 if t.dtype == torch.float64 else torch.float32
-    angles = freqs.detach().view(freqs.size(0), freqs.size(3)).to(angle_dtype)
+    angles = freqs.detach().view(freqs.size(0), freqs.size(3))
+    return angles if angles.dtype == angle_dtype else angles.to(angle_dtype)
+
+
+def _tables(angles: Tensor, t: Tensor, interleaved: bool):
+    """cos/sin tables ``(rows, d2 / 2)`` of the first angle of each plane of TE's angles (the
+    rows given), computed from them on every call: TE reads ``freqs`` on every call, and a table
+    kept from an earlier call cannot know whether ``freqs`` was written since (a write through
+    ``.data``, a numpy or DLPack alias, or any write under inference mode, moves no version
+    counter)."""
     half = angles.size(-1) // 2
     first, second = (
         (angles[:, 0::2], angles[:, 1::2]) if interleaved else (angles[:, :half], angles[:, half:])
@@ -112,6 +109,49 @@ def _tables(freqs: Tensor, t: Tensor, interleaved: bool):
     table_dtype = torch.float64 if t.dtype == torch.float64 else torch.float32
     first = first.double()
     return torch.cos(first).to(table_dtype), torch.sin(first).to(table_dtype)
+
+
+def _check_start_positions(start: Tensor, positions: Tensor, s2: int, batch_dim: int) -> None:
+    """start_positions puts every token inside freqs' ``s2`` positions (on the CPU, where it costs
+    no host sync; on CUDA a position past freqs is the gather's device assert)."""
+    if start.device.type != "cpu" or _is_compiling() or positions.numel() == 0:
+        return
+    lowest, highest = torch.aminmax(positions)  # zigzag positions are >= 0: lowest < 0 iff start is
+    if int(lowest) >= 0 and int(highest) < s2:
+        return
+    if bool((start < 0).any()):
+        b = int(torch.nonzero(start < 0)[0, 0])
+        raise ValueError(
+            f"apply_rotary_pos_emb: start_positions must be >= 0, got start_positions[{b}] = "
+            f"{int(start[b])}"
+        )
+    last = positions.amax(dim=1 - batch_dim)  # (b,): each sequence's last position
+    b = int(torch.nonzero(last >= s2)[0, 0])
+    raise ValueError(
+        f"apply_rotary_pos_emb: freqs has {s2} positions; start_positions[{b}] = "
+        f"{int(start[b])} puts a token of that sequence at position {int(last[b])}"
+    )
+
+
+def _thd_rows(cu_seqlens, start_positions, s2: int) -> int:
+    """How many rows of freqs a packed batch reads: each sequence's positions are below its
+    global length plus its start position (whatever cp_size). Read from a CPU cu_seqlens (no
+    host sync); all ``s2`` rows otherwise, and whenever the values are not a valid batch (the op
+    then names what is wrong)."""
+    if (
+        _is_compiling()
+        or type(cu_seqlens) is not Tensor
+        or cu_seqlens.device.type != "cpu"
+        or cu_seqlens.dim() != 1
+        or cu_seqlens.numel() < 2
+        or cu_seqlens.dtype not in (torch.int32, torch.int64)
+        or (start_positions is not None and start_positions.device.type != "cpu")
+    ):
+        return s2
+    ends = cu_seqlens[1:] - cu_seqlens[:-1]
+    if start_positions is not None:
+        ends = ends + start_positions
+    return max(0, min(s2, int(ends.max())))
 
 
 def _zigzag(local_len: int, cp_size: int, cp_rank: int, device) -> Tensor:
@@ -174,11 +214,12 @@ def apply_rotary_pos_emb(
             f"apply_rotary_pos_emb: t must be {want_dim}-D for tensor_format={tensor_format!r}, "
             f"got shape {list(t.shape)}"
         )
-    cos, sin = _LastTables.get(freqs, t, interleaved)
-    if 2 * cos.size(-1) > t.size(-1):
+    angles = _angles(freqs, t)
+    s2, d2 = angles.shape
+    if d2 > t.size(-1):
         raise ValueError(
-            f"apply_rotary_pos_emb: freqs' last dim d2 = {2 * cos.size(-1)} must be <= the head "
-            f"dim of t, {t.size(-1)}"
+            f"apply_rotary_pos_emb: freqs' last dim d2 = {d2} must be <= the head dim of t, "
+            f"{t.size(-1)}"
         )
 
     if tensor_format == "thd":
@@ -188,14 +229,16 @@ def apply_rotary_pos_emb(
             start_positions = _index_tensor(
                 "start_positions", start_positions, cu_seqlens.numel() - 1, t.device
             )
-        return apply(t, cos, sin, cu_seqlens=cu_seqlens, seq_offsets=start_positions,
-                     cp_size=cp_size, cp_rank=cp_rank, interleaved=interleaved)  # fmt: skip
+        # The op finds each token's position from cu_seqlens; the tables cover the rows it can
+        # read: all of freqs, or (cu_seqlens on the CPU) up to the longest sequence's end.
+        cos, sin = _tables(angles[: _thd_rows(cu_seqlens, start_positions, s2)], t, interleaved)
+        return peer_words(_WORDS, apply, t, cos, sin, cu_seqlens=cu_seqlens,
+                          seq_offsets=start_positions, cp_size=cp_size, cp_rank=cp_rank,
+                          interleaved=interleaved)  # fmt: skip
 
-    if cu_seqlens is not None:
-        raise ValueError(
-            f"apply_rotary_pos_emb: cu_seqlens goes with tensor_format='thd', got it with "
-            f"{tensor_format!r}"
-        )
+    # sbhd / bshd: TE ignores cu_seqlens here (its own tests pass it with these formats); so do
+    # these. The positions are known, so only their rows of freqs are converted (as TE reads
+    # only them), one table row per (token, sequence).
     seq_dim, batch_dim = (0, 1) if tensor_format == "sbhd" else (1, 0)
     seq_len, batch = t.size(seq_dim), t.size(batch_dim)
     if cp_size > 1 and seq_len % 2:
@@ -203,20 +246,25 @@ def apply_rotary_pos_emb(
             f"apply_rotary_pos_emb: with cp_size > 1 the local sequence length must be even (two "
             f"chunks per rank), got s = {seq_len}"
         )
-    if seq_len * cp_size > cos.size(0):
+    if seq_len * cp_size > s2:
         raise ValueError(
-            f"apply_rotary_pos_emb: freqs has {cos.size(0)} positions, fewer than s * cp_size = "
+            f"apply_rotary_pos_emb: freqs has {s2} positions, fewer than s * cp_size = "
             f"{seq_len} * {cp_size}"
         )
     positions = _zigzag(seq_len, cp_size, cp_rank, t.device)  # (s,)
-    if start_positions is not None:
-        start = _index_tensor("start_positions", start_positions, batch, t.device)
-        positions = positions.unsqueeze(0) + start.unsqueeze(1)  # (b, s)
-        if tensor_format == "sbhd":
-            positions = positions.t()
-    elif tensor_format == "bshd":
-        positions = positions.unsqueeze(0)
+    if start_positions is None:
+        # Every sequence at the same positions, all below s * cp_size: those rows of freqs.
+        cos, sin = _tables(angles[: seq_len * cp_size], t, interleaved)
+        rows = positions.unsqueeze(0) if tensor_format == "bshd" else positions.unsqueeze(1)
     else:
-        positions = positions.unsqueeze(1)
-    # Over the heads: (s, b, 1) or (b, s, 1), and (s, 1, 1) / (1, s, 1) without start positions.
-    return apply(t, cos, sin, positions.unsqueeze(-1), interleaved=interleaved)
+        start = _index_tensor("start_positions", start_positions, batch, t.device)
+        # In t's order: (s, b) or (b, s).
+        if tensor_format == "sbhd":
+            positions = positions.unsqueeze(1) + start.unsqueeze(0)
+        else:
+            positions = positions.unsqueeze(0) + start.unsqueeze(1)
+        _check_start_positions(start, positions, s2, batch_dim=1 if tensor_format == "sbhd" else 0)
+        # One table row per (token, sequence): row r holds the r-th entry of positions.
+        cos, sin = _tables(angles.index_select(0, positions.reshape(-1)), t, interleaved)
+        rows = torch.arange(positions.numel(), device=t.device).view(positions.shape)
+    return peer_words(_WORDS, apply, t, cos, sin, rows.unsqueeze(-1), interleaved=interleaved)

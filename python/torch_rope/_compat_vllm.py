@@ -20,7 +20,11 @@ on the CPU a repeated one raises, where vLLM writes out of bounds or races.
 import torch
 from torch import Tensor
 
+from ._compat_errors import PeerNames, peer_words
 from ._mla_ops import mla_apply_cache
+
+# The op's names -> vLLM's (the scale is the op's kv_scale).
+_WORDS = PeerNames("concat_and_cache_mla", {"kv_scale": "scale"})
 
 _FORMATS = {
     "fp8": torch.float8_e4m3fn,
@@ -80,7 +84,7 @@ def concat_and_cache_mla(
         )
     cos, sin, zero = _no_rotation(kv_c.device)
     q_pe = k_pe.unsqueeze(1)[:, :0]  # no q: (T, 0, rope_dim)
-    mla_apply_cache(
-        q_pe, k_pe, kv_c, cos, sin, zero.expand(T, 1), kv_cache, None, slot_mapping,
-        kv_scale=kv_scale,
+    peer_words(
+        _WORDS, mla_apply_cache, q_pe, k_pe, kv_c, cos, sin, zero.expand(T, 1), kv_cache, None,
+        slot_mapping, kv_scale=kv_scale,
     )  # fmt: skip

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Per-tensor fp8 scales as the serving fusions' ops take them (apply_qk_fp8,
 rms_norm_apply_qk_cache, mla_apply_cache): a Python number becomes a one-element float32 tensor
-on the output's device, after the check the C++ op makes of a CPU tensor (finite and > 0)."""
+on the output's device, after the check the C++ op makes of a CPU tensor (finite and > 0) and
+the one only a number needs (float32 holds it)."""
 
 import math
 from typing import Dict, Optional
@@ -15,20 +16,39 @@ from ._op_arguments import _is_compiling
 _CPU_SCALES: Dict[float, Tensor] = {}
 
 
-def scale_tensor(op: str, name: str, scale, device, multiply: bool = False) -> Optional[Tensor]:
-    """``scale`` as the op's scale argument: None and tensors as they are; a Python number (or
-    numpy scalar) checked and made a float32 tensor on ``device``."""
-    if scale is None or isinstance(scale, Tensor):
-        return scale
+# The scales a float32 holds as a normal number: the ops read the scale as a float32 (a Python
+# number is made one here), and a number outside this range would reach them as 0 (1e-50), a
+# subnormal (flushed to 0 on some devices) or inf (1e39; torch.full refuses it unnamed).
+_FLOAT32 = torch.finfo(torch.float32)
+
+
+def check_scale(op: str, name: str, scale, multiply: bool = False) -> float:
+    """A Python-number scale as a float, after the checks the op makes of a tensor scale (finite
+    and > 0) and the one only a number needs: that float32 holds it."""
     value = float(scale)
+    rule = "*" if multiply else "/"
     if not (math.isfinite(value) and value > 0):
         # 0 would store +-max (NaN for a zero value), a negative scale flipped signs, NaN NaN and
         # inf zeros (or, multiplied, the reverse): none is a quantization.
-        rule = "*" if multiply else "/"
         raise ValueError(
             f"{op}: {name} must be a finite number > 0 (stored = saturate(value {rule} {name})), "
             f"got {scale!r}"
         )
+    if not _FLOAT32.tiny <= value <= _FLOAT32.max:
+        raise ValueError(
+            f"{op}: {name} must be within float32's normal range [{_FLOAT32.tiny:.7g}, "
+            f"{_FLOAT32.max:.7g}] (the op reads it as a float32; stored = saturate(value {rule} "
+            f"{name})), got {scale!r}"
+        )
+    return value
+
+
+def scale_tensor(op: str, name: str, scale, device, multiply: bool = False) -> Optional[Tensor]:
+    """``scale`` as the op's scale argument: None and tensors as they are; a Python number (or
+    numpy scalar) checked (:func:`check_scale`) and made a float32 tensor on ``device``."""
+    if scale is None or isinstance(scale, Tensor):
+        return scale
+    value = check_scale(op, name, scale, multiply)
     device = torch.device(device)
     if device.type != "cpu" or _is_compiling():
         return torch.full((), value, dtype=torch.float32, device=device)

@@ -11,7 +11,7 @@ from torch import Tensor
 from . import _C
 from ._fp8_scales import scale_tensor
 from ._kv_cache_ops import _cache_scale
-from ._op_arguments import _section, eager_fast_path
+from ._op_arguments import _section, eager_fast_path, require_sources
 
 _rms_norm_apply_qk_cache = torch.ops.rope.rms_norm_apply_qk_cache.default
 _fast_rms_norm_apply_qk_cache = _C._rms_norm_apply_qk_cache
@@ -55,9 +55,9 @@ def rms_norm_apply_qk_cache(
     Not differentiable.
     """
     if k_scale is not None and type(k_scale) is not Tensor:
-        k_scale = _cache_scale("k_scale", k_scale, k_cache)
+        k_scale = _cache_scale("k_scale", k_scale, k_cache, _OP)
     if v_scale is not None and type(v_scale) is not Tensor:
-        v_scale = _cache_scale("v_scale", v_scale, v_cache)
+        v_scale = _cache_scale("v_scale", v_scale, v_cache, _OP)
     if q_scale is not None and type(q_scale) is not Tensor:
         q_scale = scale_tensor(_OP, "q_scale", q_scale, q.device)
     if (
@@ -91,6 +91,7 @@ def rms_norm_apply_qk_cache(
             q_dtype,
             q_scale,
         )
+    require_sources(_OP, cos, sin, positions)
     return _rms_norm_apply_qk_cache(
         q,
         k,

@@ -2,42 +2,38 @@
 """The typed wrapper of ``torch.ops.rope.apply_qk_cache``: RoPE into a KV cache (docs/api.md,
 "RoPE into a KV cache"). Re-exported by :mod:`torch_rope.ops` and :mod:`torch_rope`."""
 
-import math
 from typing import Dict, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from . import _C
-from ._op_arguments import _is_compiling, _section, eager_fast_path
+from ._fp8_scales import check_scale
+from ._op_arguments import _is_compiling, _section, eager_fast_path, require_sources
 
 _apply_qk_cache = torch.ops.rope.apply_qk_cache.default
 _fast_apply_qk_cache = _C._apply_qk_cache
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-def _cache_scale(name: str, scale, cache: Optional[Tensor]) -> Optional[Tensor]:
+def _cache_scale(
+    name: str, scale, cache: Optional[Tensor], op: str = "rope.apply_qk_cache"
+) -> Optional[Tensor]:
     """A Python-number scale as the op's one-element float32 tensor on the cache's device; for a
-    16/32-bit cache, 1 means no scale and anything else is an error."""
+    16/32-bit cache, 1 means no scale and anything else is an error. ``op``: the name errors
+    start with (rope.rms_norm_apply_qk_cache shares this)."""
     if scale is None or isinstance(scale, Tensor):
         return scale
     if cache is None:
-        raise ValueError(f"rope.apply_qk_cache: {name} given without its cache (None)")
+        raise ValueError(f"{op}: {name} given without its cache (None)")
     if cache.dtype not in _FP8:
         if float(scale) != 1.0:
             raise ValueError(
-                f"rope.apply_qk_cache: {name}={scale} applies to float8 caches only; the cache "
+                f"{op}: {name}={scale} applies to float8 caches only; the cache "
                 f"is {cache.dtype} (values are stored unscaled), so pass {name}=None or 1"
             )
         return None
-    value = float(scale)
-    if not (math.isfinite(value) and value > 0):
-        # 0 would store +-max (NaN for a zero value), a negative scale flipped signs, NaN NaN
-        # and inf zeros: none is a quantization. (A tensor scale on the CPU is checked in C++.)
-        raise ValueError(
-            f"rope.apply_qk_cache: {name} must be a finite number > 0 (stored = "
-            f"saturate(value / {name})), got {scale!r}"
-        )
+    value = check_scale(op, name, scale)
     if cache.device.type != "cpu" or _is_compiling():
         return torch.full((), value, dtype=torch.float32, device=cache.device)
     # Decode calls this every step with the same few scales; torch.full costs ~2 us, a quarter of
@@ -113,6 +109,7 @@ def apply_qk_cache(
             k_scale,
             v_scale,
         )
+    require_sources("rope.apply_qk_cache", cos, sin, positions)
     return _apply_qk_cache(
         q,
         k,

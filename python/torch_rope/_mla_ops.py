@@ -10,7 +10,7 @@ from torch import Tensor
 
 from . import _C
 from ._fp8_scales import scale_tensor
-from ._op_arguments import eager_fast_path
+from ._op_arguments import eager_fast_path, require_sources
 
 _mla_apply_cache = torch.ops.rope.mla_apply_cache.default
 _fast_mla_apply_cache = _C._mla_apply_cache
@@ -100,6 +100,7 @@ def mla_apply_cache(
             q_pe, k_pe, kv_c, cos, sin, positions, kv_cache, kpe_cache, slot_mapping, q_nope, v,
             v_cache, interleaved, kv_scale, v_scale, q_dtype, q_scale, multiply_by_scale,
         )  # fmt: skip
+    require_sources(_OP, cos, sin, positions)
     return _mla_apply_cache(
         q_pe, k_pe, kv_c, cos, sin, positions, kv_cache, kpe_cache, slot_mapping, q_nope=q_nope,
         v=v, v_cache=v_cache, interleaved=interleaved, kv_scale=kv_scale, v_scale=v_scale,

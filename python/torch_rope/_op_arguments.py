@@ -40,6 +40,21 @@ def eager_fast_path(a, b=_ABSENT, c=_ABSENT, d=_ABSENT, e=_ABSENT) -> bool:
     )
 
 
+def require_sources(op: str, cos, sin, positions) -> None:
+    """A ``TypeError`` naming the missing ones when the angle source (``cos`` and ``sin``) or the
+    position source (``positions``) is None, as the rope ops' forms refuse a missing source; the
+    op itself would raise a ``RuntimeError`` for the first None it meets. Called on the wrappers'
+    slow paths only: the fast path takes tensors."""
+    if cos is None or sin is None or positions is None:
+        missing = [
+            n for n, v in (("cos", cos), ("sin", sin), ("positions", positions)) if v is None
+        ]
+        raise TypeError(
+            f"{op}: give the cos and sin tables and positions (tensors), got None for "
+            + " and ".join(missing)
+        )
+
+
 def _flags(
     interleaved: bool,
     inverse: bool,

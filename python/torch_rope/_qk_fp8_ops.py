@@ -10,7 +10,7 @@ from torch import Tensor
 
 from . import _C
 from ._fp8_scales import scale_tensor
-from ._op_arguments import _section, _typed_section, eager_fast_path
+from ._op_arguments import _section, _typed_section, eager_fast_path, require_sources
 
 _apply_qk_fp8 = torch.ops.rope.apply_qk_fp8.default
 _apply_qk_fp8_out = torch.ops.rope.apply_qk_fp8.out
@@ -56,6 +56,7 @@ def apply_qk_fp8(
     if k_scale is not None and type(k_scale) is not Tensor:
         k_scale = scale_tensor(_OP, "k_scale", k_scale, device, multiply_by_scale)
     if out is not None:
+        require_sources(_OP, cos, sin, positions)
         out = tuple(out) + (None,) * (4 - len(out))
         if len(out) != 4 or out[0] is None or out[1] is None:
             raise ValueError(
@@ -104,6 +105,7 @@ def apply_qk_fp8(
             None if mrope_section is None else list(mrope_section),
             mrope_interleaved,
         )
+    require_sources(_OP, cos, sin, positions)
     return _apply_qk_fp8(
         q,
         k,

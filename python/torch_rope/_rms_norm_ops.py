@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from . import _C, _functorch
-from ._op_arguments import _flags, _section, eager_fast_path
+from ._op_arguments import _flags, _section, eager_fast_path, require_sources
 from .ops import apply_qk
 
 _rms_norm_apply_qk = torch.ops.rope.rms_norm_apply_qk.default
@@ -70,6 +70,7 @@ def rms_norm_apply_qk(
         return _fast_rms_norm_apply_qk(
             q, k, q_weight, k_weight, cos, sin, positions, eps, weight_offset, interleaved, inverse
         )
+    require_sources("rope.rms_norm_apply_qk", cos, sin, positions)
     mrope_section = _section("rope.rms_norm_apply_qk", mrope_section)
     flags = _flags(interleaved, inverse, mrope_section, mrope_interleaved)
     if _functorch.transforms_active():

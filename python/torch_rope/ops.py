@@ -56,6 +56,12 @@ _fast_apply_inplace = _C._apply_
 _fast_apply_qk = _C._apply_qk
 
 
+def _missing_source(op: str, cos, sin, positions):
+    """The forms' ``TypeError`` for a call with no angle source (cos and sin, or freqs=) or no
+    position source (positions, or cu_seqlens=): it names what is missing."""
+    _forms.resolve(op, cos, sin, positions, None, 1.0, None, None, 1, 0, None, False)
+
+
 def apply(
     x: Tensor,
     cos: Optional[Tensor] = None,
@@ -109,6 +115,8 @@ def apply(
         return _fast_apply(
             x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved
         )
+    if cos is None or sin is None or positions is None:
+        _missing_source("rope.apply" if out is None else "rope.apply.out", cos, sin, positions)
     mrope_section = _section("rope.apply" if out is None else "rope.apply.out", mrope_section)
     flags = _flags(interleaved, inverse, mrope_section, mrope_interleaved)
     if type(x) is not Tensor:  # a subclass such as DTensor
@@ -176,6 +184,8 @@ def apply_(
                 x, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved
             )
         return x
+    if cos is None or sin is None or positions is None:
+        _missing_source("rope.apply_", cos, sin, positions)
     mrope_section = _section("rope.apply_", mrope_section)
     if type(x) is not Tensor:  # a subclass such as DTensor
         _maybe_register_for(x)
@@ -232,6 +242,8 @@ def apply_qk(
         return _fast_apply_qk(
             q, k, cos, sin, positions, interleaved, inverse, mrope_section, mrope_interleaved
         )
+    if cos is None or sin is None or positions is None:
+        _missing_source("rope.apply_qk", cos, sin, positions)
     mrope_section = _section("rope.apply_qk", mrope_section)
     if type(q) is not Tensor or type(k) is not Tensor:  # a subclass such as DTensor
         _maybe_register_for(q, k)

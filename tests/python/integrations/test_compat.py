@@ -143,3 +143,150 @@ def test_bad_calls_name_the_argument_and_write_nothing(call, pattern):
     with pytest.raises(ValueError, match=pattern):
         call(query, cache)
     assert torch.equal(query, before)
+
+
+def test_is_neox_defaults_to_true_as_sglang():
+    # SGLang's rotary_embedding defaults is_neox=True; vLLM's callers always pass it.
+    positions = torch.tensor([3, 0, 17])
+    cache = cos_sin_cache(16)
+    query, key = torch.randn(3, 32), torch.randn(3, 16)
+    want_q = reference(positions, query, 16, cache, True)
+    want_k = reference(positions, key, 16, cache, True)
+    compat.rotary_embedding(positions, query, key, 16, cache)
+    assert_close_to(query, want_q)
+    assert_close_to(key, want_k)
+
+
+# ---- the cache's views, kept per cache tensor ----------------------------------------------------
+
+
+def _rotate(cache, positions, query, is_neox=True):
+    got = query.clone()
+    compat.rotary_embedding(positions, got, None, query.size(-1), cache, is_neox)
+    return got
+
+
+def test_a_cache_written_in_any_way_is_read_again():
+    # The views of a cache read whatever it holds at the call: in place, through .data, through
+    # numpy (no version bump) and under inference_mode.
+    positions, query = torch.tensor([1, 5, 9]), torch.randn(3, 16)
+    cache = cos_sin_cache(16)
+    assert_close_to(_rotate(cache, positions, query), reference(positions, query, 16, cache, True))
+    writes = [
+        lambda c, new: c.copy_(new),
+        lambda c, new: c.data.copy_(new),
+        lambda c, new: c.numpy().__setitem__(Ellipsis, new.numpy()),
+    ]
+    for i, write in enumerate(writes):
+        new = cos_sin_cache(16) * (i + 2)
+        write(cache, new)
+        got = _rotate(cache, positions, query)
+        assert_close_to(got, reference(positions, query, 16, new, True))
+    with torch.inference_mode():
+        cache.copy_(cos_sin_cache(16) * 5)
+        got = _rotate(cache, positions, query)
+    assert_close_to(got, reference(positions, query, 16, cache, True))
+
+
+def test_a_cache_tensor_re_pointed_or_replaced_gets_new_views():
+    positions, query = torch.tensor([0, 2, 3]), torch.randn(3, 16)
+    cache = cos_sin_cache(16)
+    _rotate(cache, positions, query)
+    # Same tensor object, another storage (set_): the old views would read the old storage.
+    other = cos_sin_cache(16) * 2
+    cache.set_(other.clone())
+    assert_close_to(_rotate(cache, positions, query), reference(positions, query, 16, other, True))
+    # Same object, re-pointed at a wider table through .data: another geometry.
+    wider = cos_sin_cache(32)[:, :16].contiguous() * 3
+    cache.data = torch.cat([wider, torch.zeros(MAX_POSITION, 4)], dim=-1)[:, :16]
+    assert_close_to(_rotate(cache, positions, query), reference(positions, query, 16, wider, True))
+    # A new tensor that may reuse the freed one's id: never the old views.
+    for scale in (4.0, 5.0, 6.0):
+        del cache
+        cache = cos_sin_cache(16) * scale
+        got = _rotate(cache, positions, query)
+        assert_close_to(got, reference(positions, query, 16, cache, True))
+
+
+def test_the_views_do_not_keep_a_dropped_cache_alive():
+    import gc
+    import weakref
+
+    cache = cos_sin_cache(16)
+    _rotate(cache, torch.tensor([1]), torch.randn(1, 16))
+    ref_ = weakref.ref(cache)
+    del cache
+    gc.collect()
+    assert ref_() is None
+
+
+def test_cache_views_under_compile_inference_and_no_grad():
+    positions, cache = torch.tensor([4, 1, 30]), cos_sin_cache(16)
+    query, key = torch.randn(3, 32), torch.randn(3, 16)
+    want_q = reference(positions, query, 16, cache, False)
+    want_k = reference(positions, key, 16, cache, False)
+
+    def step(q, k):
+        compat.rotary_embedding(positions, q, k, 16, cache, False)
+        return q, k
+
+    for mode in (torch.inference_mode, torch.no_grad):
+        with mode():
+            q, k = step(query.clone(), key.clone())
+        assert_close_to(q, want_q)
+        assert_close_to(k, want_k)
+    torch._dynamo.reset()
+    q, k = torch.compile(step, fullgraph=True)(query.clone(), key.clone())
+    assert_close_to(q, want_q)
+    assert_close_to(k, want_k)
+    # Training after inference: views made under inference_mode still serve a call with grad.
+    leaf = query.clone().requires_grad_()
+    q = leaf * 1.0
+    compat.rotary_embedding(positions, q, None, 16, cache, False)
+    (grad,) = torch.autograd.grad(q.sum(), leaf)
+    assert grad.shape == leaf.shape
+
+
+def test_apply_rope_with_cos_sin_cache_returns_new_tensors_of_the_input_shapes():
+    positions, cache = torch.tensor([0, 9, 3]), cos_sin_cache(16)
+    query, key = torch.randn(3, 2, 16), torch.randn(3, 16)
+    q_out, k_out = compat.apply_rope_with_cos_sin_cache(positions, query, key, 16, cache, False)
+    assert q_out.shape == query.shape and k_out.shape == key.shape
+    assert q_out.data_ptr() != query.data_ptr() and k_out.data_ptr() != key.data_ptr()
+    assert_close_to(q_out, reference(positions, query, 16, cache, False))
+    assert_close_to(k_out, reference(positions, key, 16, cache, False))
+
+
+# ---- errors in the engines' words, and nothing half-written ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fn,peer",
+    [(compat.rotary_embedding, "rotary_embedding"),
+     (compat.apply_rope_with_cos_sin_cache_inplace, "apply_rope_with_cos_sin_cache_inplace"),
+     (compat.apply_rope_with_cos_sin_cache, "apply_rope_with_cos_sin_cache")],
+    ids=["vllm", "flashinfer_inplace", "flashinfer"],
+)  # fmt: skip
+def test_errors_name_the_engines_arguments(fn, peer):
+    query, key = torch.randn(4, 32), torch.randn(4, 16)
+    with pytest.raises(IndexError) as info:
+        fn(torch.tensor([0, 70, 1, 2]), query, key, 16, cos_sin_cache(16), True)
+    message = str(info.value)
+    assert message.startswith(f"{peer}: positions must be in [0, max_seq_len) with max_seq_len = "
+                              f"cos_sin_cache.size(0) = {MAX_POSITION}"), message  # fmt: skip
+    assert "cos.size" not in message and "rope." not in message, message
+
+
+@pytest.mark.parametrize(
+    "make_key,pattern",
+    [(lambda: torch.randint(0, 5, (4, 16)), r"key must be float64, float32, float16 or bfloat16"),
+     (lambda: torch.randn(3, 16), r"key must be \(\.\.\., num_heads \* head_size\)"),
+     (lambda: torch.randn(4, 2, 16, device="meta"), r"key must be on query's device cpu")],
+    ids=["integer_key", "key_tokens", "key_device"],
+)  # fmt: skip
+def test_a_bad_key_is_refused_before_query_is_written(make_key, pattern):
+    query = torch.randn(4, 32)
+    before = query.clone()
+    with pytest.raises(ValueError, match=pattern):
+        compat.rotary_embedding(torch.arange(4), query, make_key(), 16, cos_sin_cache(16), True)
+    assert torch.equal(query, before), "query was rotated before key was refused"

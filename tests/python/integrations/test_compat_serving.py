@@ -15,6 +15,7 @@ Each reference is written here from the peer's documented semantics, in float64:
 
 import inspect
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -317,3 +318,115 @@ def test_append_paged_kv_cache_mla(device):
     keep = [s for s in range(PAGES * PAGE) if s not in written]
     assert ref.same_bits(ckv_rows[keep], before[0].cpu().view(-1, L)[keep])
     assert ref.same_bits(kpe_rows[keep], before[1].cpu().view(-1, R)[keep])
+
+
+def _paged_call(device, kv_pos, batch=BATCH, **changes):
+    """A GQA call of rope_quantize_fp8_append_paged_kv_cache with the module's pages; returns
+    (run, the caches) so that a test can check what a refused call left."""
+    T, Hq, Hk, R, N = 6, 2, 2, 16, 16
+    fp8 = torch.float8_e4m3fn
+    g = torch.Generator().manual_seed(2)
+    q_rope, k_rope = torch.randn(T, Hq, R, generator=g), torch.randn(T, Hk, R, generator=g)
+    q_nope, k_nope = torch.randn(T, Hq, N, generator=g), torch.randn(T, Hk, N, generator=g)
+    v = torch.randn(T, Hk, R + N, generator=g)
+    caches = (random_fp8((PAGES, PAGE, Hk, R + N), fp8, device),
+              random_fp8((PAGES, PAGE, Hk, R + N), fp8, device))  # fmt: skip
+    args = dict(
+        q_rope=q_rope, k_rope=k_rope, q_nope=q_nope, k_nope=k_nope, v=v,
+        cos_sin_cache=cos_sin_cache(20, R, "cpu"), pos_ids=torch.tensor(POS_IDS),
+        paged_kv_cache=caches, kv_indices=torch.tensor(KV_INDICES, dtype=torch.int32),
+        kv_indptr=torch.tensor(KV_INDPTR, dtype=torch.int32),
+        batch_indices=torch.tensor(batch, dtype=torch.int32),
+        positions=torch.tensor(kv_pos, dtype=torch.int32), quantize_dtype=fp8, page_size=PAGE,
+    )  # fmt: skip
+    args.update(changes)
+    args = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    args["paged_kv_cache"] = caches
+
+    def run():
+        return compat.rope_quantize_fp8_append_paged_kv_cache(**args)
+
+    return run, caches
+
+
+@pytest.mark.parametrize(
+    "kv_pos,batch,match",
+    [
+        # A negative position would index kv_indices from its end: request 0's token into
+        # request 1's page 2.
+        ([4, -1, 6, 1, 2, 0], BATCH, r"positions\[1\] = -1 must be in \[0, 8\)"),
+        # One past the last request's one page: torch's bare IndexError before.
+        ([4, 5, 6, 1, 4, 0], BATCH, r"positions\[4\] = 4 must be in \[0, 4\): the entries of "
+         r"request batch_indices\[4\] = 1's 1 pages"),
+        # Past request 0's two pages, inside kv_indices: request 1's page.
+        ([4, 5, 8, 1, 2, 0], BATCH, r"positions\[2\] = 8 must be in \[0, 8\)"),
+        ([4, 5, 6, 1, 2, 0], [0, 0, 0, 2, 1, -1], r"batch_indices\[3\] = 2 must be < the number "
+         r"of requests, kv_indptr.size\(0\) - 1 = 2"),
+    ],
+    ids=["negative", "past_the_last_page", "into_the_next_request", "batch_index"],
+)  # fmt: skip
+def test_append_paged_kv_cache_refuses_a_token_outside_its_pages(kv_pos, batch, match):
+    run, caches = _paged_call("cpu", kv_pos, batch)
+    before = [c.clone() for c in caches]
+    with pytest.raises(ValueError, match="rope_quantize_fp8_append_paged_kv_cache: " + match):
+        run()
+    for c, b in zip(caches, before):
+        assert ref.same_bits(c, b), "a refused call wrote the cache"
+
+
+def test_append_paged_kv_cache_padding_with_no_pages_writes_nothing():
+    # Every token padding and no pages at all: nothing to read in kv_indices, nothing written.
+    run, caches = _paged_call(
+        "cpu", [0] * 6, [-1] * 6, kv_indices=torch.zeros(0, dtype=torch.int32),
+        kv_indptr=torch.tensor([0, 0], dtype=torch.int32),
+    )  # fmt: skip
+    before = [c.clone() for c in caches]
+    run()
+    for c, b in zip(caches, before):
+        assert ref.same_bits(c, b)
+
+
+# ---- errors in the peer's words -----------------------------------------------------------------
+
+
+def test_peer_errors_name_the_peers_arguments():
+    # The ops check torch-rope's arguments (cu_seqlens, positions, x, q_scale); a caller of a
+    # peer's entry point reads the names it passed.
+    q, k = torch.randn(5, 2, 16), torch.randn(5, 1, 16)
+    bad_indptr = torch.tensor([0, 2, 6])  # nnz is 5
+    cases = [
+        (lambda: compat.apply_rope(q, k, bad_indptr, torch.tensor([0, 0])),
+         r"^apply_rope: indptr\[-1\] must equal", r"cu_seqlens"),
+        (lambda: compat.apply_rope_inplace(q.clone(), k.clone(), bad_indptr, torch.tensor([0, 0])),
+         r"^apply_rope_inplace: indptr\[-1\] must equal", r"cu_seqlens"),
+        (lambda: compat.apply_rope(q, k, torch.tensor([0, 2, 5]), torch.tensor([0, -3])),
+         r"^apply_rope: offsets", r"seq_offsets"),
+        (lambda: compat.apply_rope_pos_ids(q, k, torch.tensor([0, 1, -2, 3, 4])),
+         r"^apply_rope_pos_ids: pos_ids", r"\bpositions\b"),
+        (lambda: compat.apply_llama31_rope_pos_ids_inplace(q.clone(), k.clone(),
+                                                           torch.tensor([0, 1, -2, 3, 4])),
+         r"^apply_llama31_rope_pos_ids_inplace: pos_ids", r"\bpositions\b"),
+        (lambda: compat.rope_quantize_fp8(q.bfloat16(), k.bfloat16(), None, None,
+                                          cos_sin_cache(4, 16, "cpu"), torch.arange(5)),
+         r"^rope_quantize_fp8: pos_ids must be in \[0, max_seq_len\) with max_seq_len = "
+         r"cos_sin_cache.size\(0\) = 4", r"\bpositions\b|cos\.size"),
+        (lambda: compat.rope_quantize_fp8(q.bfloat16(), k.bfloat16(), None, None,
+                                          cos_sin_cache(8, 16, "cpu"), torch.arange(5),
+                                          quant_scale_q=0.0),
+         r"^rope_quantize_fp8: quant_scale_q must be a finite number > 0", r"\bq_scale\b"),
+    ]  # fmt: skip
+    for call, want, absent in cases:
+        with pytest.raises((ValueError, RuntimeError, IndexError)) as info:
+            call()
+        message = str(info.value)
+        assert re.search(want, message), message
+        assert not re.search(absent, message), message
+
+
+def test_paged_append_errors_name_pos_ids():
+    run, caches = _paged_call("cpu", KV_POS, pos_ids=torch.tensor([0, 9, 6, 0, 25, 3]))
+    with pytest.raises(IndexError) as info:
+        run()
+    message = str(info.value)
+    assert message.startswith("rope_quantize_fp8_append_paged_kv_cache: pos_ids"), message
+    assert "cos_sin_cache.size(0) = 20" in message, message

@@ -609,3 +609,121 @@ def test_te_tables_first_built_under_inference_mode_still_train():
     t = torch.randn(4, 1, 1, 8, requires_grad=True)
     (grad,) = torch.autograd.grad(compat.apply_rotary_pos_emb(t, freqs).sum(), t)
     assert grad.shape == t.shape
+
+
+# ---- TE: tables computed from freqs on every call ----------------------------------------------
+
+
+@pytest.mark.parametrize("tensor_format", ["sbhd", "bshd", "thd"])
+def test_te_under_inference_mode(tensor_format):
+    # TE supports inference in all three formats; here freqs and t are inference tensors (made
+    # under inference_mode), which have no version counter to read.
+    with torch.inference_mode():
+        freqs = te_freqs(16, 8, False)
+        if tensor_format == "thd":
+            t = torch.randn(8, 2, 8)
+            kw = dict(cu_seqlens=torch.tensor([0, 5, 8]))
+        else:
+            t = torch.randn(TE_FORMAT_SHAPES[tensor_format][:3] + (8,))
+            kw = {}
+        out = compat.apply_rotary_pos_emb(t, freqs, tensor_format, **kw)
+        again = compat.apply_rotary_pos_emb(t, freqs, tensor_format, **kw)
+    want = te_reference(t, freqs, tensor_format, **kw)
+    assert_close_to(out, want)
+    assert_close_to(again, want)
+
+
+def _write_through_data(freqs, new):
+    freqs.data.copy_(new)
+
+
+def _write_through_numpy(freqs, new):
+    freqs.numpy()[...] = new.numpy()
+
+
+def _write_through_dlpack(freqs, new):
+    torch.from_dlpack(freqs).copy_(new)
+
+
+@pytest.mark.parametrize(
+    "write", [_write_through_data, _write_through_numpy, _write_through_dlpack],
+    ids=["data", "numpy", "dlpack"],
+)  # fmt: skip
+@pytest.mark.parametrize("tensor_format", ["sbhd", "thd"])
+def test_te_angles_written_without_a_version_bump_are_read_again(write, tensor_format):
+    # A write that moves no version counter must not leave the old angles in use: TE reads
+    # freqs on every call.
+    t = torch.randn(4, 1, 2, 8, dtype=torch.float64)
+    kw = {}
+    if tensor_format == "thd":
+        t, kw = t[:, 0], dict(cu_seqlens=torch.tensor([0, 4]))
+    freqs = te_freqs(8, 8, False)
+    first = compat.apply_rotary_pos_emb(t, freqs, tensor_format, **kw)
+    assert_close_to(first, te_reference(t, freqs, tensor_format, **kw))
+    version = freqs._version
+    write(freqs, te_freqs(8, 8, False) * 3.0)
+    assert freqs._version == version  # the write is invisible to the version counter
+    second = compat.apply_rotary_pos_emb(t, freqs, tensor_format, **kw)
+    assert_close_to(second, te_reference(t, freqs, tensor_format, **kw))
+    assert not torch.allclose(first, second)
+
+
+@pytest.mark.parametrize("tensor_format", ["sbhd", "bshd"])
+@pytest.mark.parametrize("with_start", [False, True], ids=["no_start", "start_positions"])
+def test_te_cu_seqlens_is_ignored_with_sbhd_and_bshd(tensor_format, with_start):
+    # TE ignores cu_seqlens outside thd (its own test_unfused_rope_thd_vs_bshd passes it with
+    # both formats).
+    t = torch.randn(TE_FORMAT_SHAPES[tensor_format])
+    batch = t.size(1) if tensor_format == "sbhd" else t.size(0)
+    start = torch.tensor([0, 7, 2])[:batch] if with_start else None
+    freqs = te_freqs(16, 16, False)
+    cu = torch.tensor([0, 5, 10, 15])
+    out = compat.apply_rotary_pos_emb(t, freqs, tensor_format, start, cu_seqlens=cu)
+    assert_close_to(out, te_reference(t, freqs, tensor_format, start))
+
+
+@pytest.mark.parametrize("tensor_format", ["sbhd", "bshd"])
+@pytest.mark.parametrize(
+    "start,match",
+    [([0, 12, 2], r"freqs has 16 positions; start_positions\[1\] = 12 puts a token of that "
+                  r"sequence at position 16"),
+     ([0, -1, 2], r"start_positions must be >= 0, got start_positions\[1\] = -1")],
+    ids=["past_freqs", "negative"],
+)  # fmt: skip
+def test_te_start_positions_outside_freqs_are_refused(tensor_format, start, match):
+    t = torch.randn(TE_FORMAT_SHAPES[tensor_format])  # s = 5
+    batch = t.size(1) if tensor_format == "sbhd" else t.size(0)
+    freqs = te_freqs(16, 16, False)
+    with pytest.raises(ValueError, match="apply_rotary_pos_emb: " + match):
+        compat.apply_rotary_pos_emb(t, freqs, tensor_format, torch.tensor(start[:batch]))
+
+
+# ---- flash-attn: inplace=True on a leaf that requires grad --------------------------------------
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["batched", "varlen"])
+@LAYOUTS
+def test_fa_inplace_on_a_leaf_that_requires_grad(interleaved, varlen):
+    # flash-attn's own test_rotary_emb_func / test_rotary_emb_varlen_func: a leaf x that requires
+    # grad, rotated in place, then out.backward(g); x holds the rotated values and x.grad the
+    # inverse rotation of g.
+    cos, sin = fa_tables(16, 8, torch.float64)
+    if varlen:
+        x = torch.randn(7, 2, 12, dtype=torch.float64, requires_grad=True)
+        kw = dict(cu_seqlens=torch.tensor([0, 3, 7]), max_seqlen=4, seqlen_offsets=2)
+        ref_kw = dict(seqlen_offsets=2, cu_seqlens=kw["cu_seqlens"])
+    else:
+        x = torch.randn(2, 5, 2, 12, dtype=torch.float64, requires_grad=True)
+        kw = dict(seqlen_offsets=3)
+        ref_kw = dict(seqlen_offsets=3)
+    x64 = x.detach().clone().requires_grad_()
+    want = fa_reference(x64, cos, sin, interleaved, **ref_kw)
+    out = compat.apply_rotary_emb(x, cos, sin, interleaved, inplace=True, **kw)
+    assert out.data_ptr() == x.data_ptr()  # in place
+    torch.testing.assert_close(x.detach(), want.detach())
+    torch.testing.assert_close(out.detach(), want.detach())
+    g = torch.randn_like(want)
+    out.backward(g)
+    (want_grad,) = torch.autograd.grad(want, x64, g)
+    torch.testing.assert_close(x.grad, want_grad)
+    assert cos.grad is None

@@ -161,7 +161,7 @@ def call(op, x, cos, sin, positions, out=None, **kw):
         return torch_rope.apply(x, cos, sin, positions, out=out, **kw)
     rows = x.shape[:-1] if x.dim() else ()
     dtype = x.dtype if x.dtype in SUPPORTED else torch.float32
-    device = x.device if x.device == cos.device else cos.device
+    device = x.device if cos is None or x.device == cos.device else cos.device
     good = torch.randn(rows + (HEAD_DIM,), device=device, dtype=dtype)
     if op == "apply_qk:q":
         return torch_rope.apply_qk(x, good, cos, sin, positions, **kw)
@@ -225,8 +225,8 @@ BAD_INPUTS = {
     # ---- positions
     "none_positions": Bad(
         lambda a: a.update(positions=None),
-        RuntimeError,
-        r"positions must be a tensor, got None",
+        TypeError,
+        r"give positions or cu_seqlens= \(packed sequences\)$",
         SHARED_OPS,
     ),
     "float_positions": Bad(
@@ -290,8 +290,19 @@ BAD_INPUTS = {
         needs_data=True,
     ),
     # ---- tables
+    # A missing angle source (cos and sin, or freqs=) or position source is a TypeError naming
+    # it, in every wrapper (the raw op would say "cos must be a tensor", a RuntimeError).
     "none_sin": Bad(
-        lambda a: a.update(sin=None), RuntimeError, r"sin must be a tensor, got None", ("apply",)
+        lambda a: a.update(sin=None),
+        TypeError,
+        r"give the cos and sin tables or freqs=, got only cos$",
+        SHARED_OPS,
+    ),
+    "no_angle_source": Bad(
+        lambda a: a.update(cos=None, sin=None),
+        TypeError,
+        r"give the cos and sin tables or freqs=, got no angle source$",
+        SHARED_OPS,
     ),
     "cos_sin_shapes_differ": Bad(
         lambda a: a.update(sin=a["sin"][:8]),
@@ -991,6 +1002,18 @@ RMS_NORM_BAD_INPUTS = {
         r"q_weight must be a floating tensor of dtype float64, float32, float16 or bfloat16, "
         r"got Long",
     ),
+    "rms_norm_none_cos": Bad(
+        lambda a: a.update(cos=None),
+        TypeError,
+        r"give the cos and sin tables and positions \(tensors\), got None for cos$",
+        ("rms_norm_apply_qk",),
+    ),
+    "rms_norm_none_positions": Bad(
+        lambda a: a.update(positions=None),
+        TypeError,
+        r"got None for positions$",
+        ("rms_norm_apply_qk",),
+    ),
     "k_weight_none": Bad(
         lambda a: a.update(k_weight=None), RuntimeError, r"k_weight must be a tensor, got None"
     ),
@@ -1344,6 +1367,12 @@ KV_CACHE_BAD_INPUTS = {
         r"not run; " + _CACHE_REMEDY,
         absent="out-of-place",
     ),
+    "cache_none_tables": Bad(
+        lambda a: a.update(cos=None, sin=None),
+        TypeError,
+        r"give the cos and sin tables and positions \(tensors\), got None for cos and sin$",
+        WRAPPER_ONLY,
+    ),
     # ---- scales
     "fp8_without_scale": Bad(
         lambda a: a.update(k_cache=a["k_cache"].to(torch.float8_e4m3fn)),
@@ -1430,8 +1459,31 @@ def _bad_scale(fp8, which, value, form):
     )
 
 
+# A Python number the float32 scale cannot hold: 1e-50 would become 0 (on CUDA no C++ check
+# runs, and every element would saturate), 1e39 inf (torch.full refuses it without the name).
+OUT_OF_FLOAT32_SCALES = [1e-50, 1e-39, 1e39]
+
+
+def _scale_out_of_float32(fp8, which, value):
+    def change(a):
+        _fp8_caches(fp8)(a)
+        a[which] = value
+
+    return Bad(
+        change,
+        ValueError,
+        rf"{which} must be within float32's normal range \[1\.175494e-38, 3\.402823e\+38\] "
+        rf"\(the op reads it as a float32; stored = saturate\(value / {which}\)\), got "
+        rf"{re.escape(repr(value))}$",
+        WRAPPER_ONLY,
+    )
+
+
 for _fp8 in FP8:
     for _which in ("k_scale", "v_scale"):
+        for _value in OUT_OF_FLOAT32_SCALES:
+            _name = f"{_which}_{_value}_python_float_{str(_fp8).replace('torch.float8_', '')}"
+            KV_CACHE_BAD_INPUTS[_name] = _scale_out_of_float32(_fp8, _which, _value)
         for _value in BAD_SCALES:
             for _form in ("python_float", "tensor_0d", "tensor_1"):
                 _name = f"{_which}_{_value}_{_form}_{str(_fp8).replace('torch.float8_', '')}"
@@ -1447,3 +1499,111 @@ register_family(
         op_name=lambda op: "rope." + op.removeprefix("raw."),
     ),
 )
+
+
+# ---- Python-number fp8 scales of every fp8 wrapper ----------------------------------------------
+# The kv_cache family's k_scale / v_scale are catalogue cases above; these are the other wrappers'
+# scales. Each valid call below stores float8; a bad Python number is refused with the scale's
+# name before anything is written.
+
+
+def _fp8_scale_calls(device):
+    T, R, L = 3, 16, 8
+    fp8 = torch.float8_e4m3fn
+    cos, sin = make_tables(8, R, device)
+    pos = torch.tensor([[0], [5], [2]], device=device)
+    slots = torch.tensor([1, 3, 0], device=device)
+
+    def qk_fp8(**scale):
+        q, k = torch.randn(T, 2, R, device=device), torch.randn(T, 1, R, device=device)
+        return (q, k), lambda: torch_rope.apply_qk_fp8(q, k, cos, sin, pos, **scale)
+
+    def mla(**scale):
+        q_pe, k_pe = torch.randn(T, 2, R, device=device), torch.randn(T, R, device=device)
+        kv_c = torch.randn(T, L, device=device)
+        cache = torch.zeros(4, L + R, device=device).to(fp8)
+        kw = dict(kv_scale=0.5, q_dtype=fp8, q_scale=0.5)
+        kw.update(scale)
+        return (cache,), lambda: torch_rope.mla_apply_cache(
+            q_pe, k_pe, kv_c, cos, sin, pos, cache, None, slots, **kw
+        )
+
+    def norm_cache(**scale):
+        q, k, v = (torch.randn(T, h, R, device=device) for h in (2, 1, 1))
+        w = torch.ones(R, device=device)
+        caches = [torch.zeros(4, 1, R, device=device).to(fp8) for _ in range(2)]
+        kw = dict(k_scale=0.5, v_scale=0.5, q_dtype=fp8, q_scale=0.5)
+        kw.update(scale)
+        return tuple(caches), lambda: torch_rope.rms_norm_apply_qk_cache(
+            q, k, v, w, w, cos, sin, pos, caches[0], caches[1], slots, **kw
+        )
+
+    return {
+        ("rope.apply_qk_fp8", "q_scale", "/"): lambda v: qk_fp8(q_scale=v),
+        ("rope.apply_qk_fp8", "k_scale", "*"): lambda v: qk_fp8(k_scale=v, multiply_by_scale=True),
+        ("rope.mla_apply_cache", "kv_scale", "/"): lambda v: mla(kv_scale=v),
+        ("rope.mla_apply_cache", "q_scale", "/"): lambda v: mla(q_scale=v),
+        ("rope.rms_norm_apply_qk_cache", "q_scale", "/"): lambda v: norm_cache(q_scale=v),
+        ("rope.rms_norm_apply_qk_cache", "k_scale", "/"): lambda v: norm_cache(k_scale=v),
+        ("rope.rms_norm_apply_qk_cache", "v_scale", "/"): lambda v: norm_cache(v_scale=v),
+    }
+
+
+_FP8_SCALE_CALLS = list(_fp8_scale_calls("meta"))
+
+
+@pytest.mark.parametrize("value", [1e-50, 1e-39, 1e39, 0.0, -1.0, float("nan"), float("inf")])
+@pytest.mark.parametrize("which", _FP8_SCALE_CALLS, ids=lambda w: f"{w[0]}-{w[1]}")
+@pytest.mark.parametrize("device", ["cpu", "meta", pytest.param("cuda", marks=needs_cuda)])
+def test_every_fp8_wrapper_refuses_a_python_scale_that_quantizes_nothing(device, which, value):
+    op, name, rule = which
+    written, run = _fp8_scale_calls(device)[which](value)
+    before = [t.clone() for t in written if not t.is_meta]
+    if value > 0 and value != float("inf"):  # finite and > 0, but no float32 holds it
+        pattern = (
+            rf"{re.escape(op)}: {name} must be within float32's normal range "
+            rf"\[1\.175494e-38, 3\.402823e\+38\] \(the op reads it as a float32; stored = "
+            rf"saturate\(value {re.escape(rule)} {name}\)\), got {re.escape(repr(value))}$"
+        )
+    else:
+        pattern = (
+            rf"{re.escape(op)}: {name} must be a finite number > 0 \(stored = saturate\(value "
+            rf"{re.escape(rule)} {name}\)\), got {re.escape(repr(value))}$"
+        )
+    with pytest.raises(ValueError, match=pattern):
+        run()
+    for t, b in zip([t for t in written if not t.is_meta], before):
+        assert same_bits(t, b), "a refused call wrote its cache"
+
+
+@pytest.mark.parametrize("missing", ["cos", "sin", "positions"])
+@pytest.mark.parametrize("op", ["apply_qk_fp8", "mla_apply_cache", "rms_norm_apply_qk_cache"])
+def test_fused_wrappers_refuse_a_missing_source_with_a_type_error(op, missing):
+    T, R, L = 3, 16, 8
+    fp8 = torch.float8_e4m3fn
+    cos, sin = make_tables(8, R, "cpu")
+    args = dict(cos=cos, sin=sin, positions=torch.tensor([[0], [5], [2]]))
+    args[missing] = None
+    slots = torch.tensor([1, 3, 0])
+    q, k = torch.randn(T, 2, R), torch.randn(T, 1, R)
+    if op == "apply_qk_fp8":
+        calls = [
+            lambda: torch_rope.apply_qk_fp8(q, k, **args),
+            lambda: torch_rope.apply_qk_fp8(
+                q, k, **args, out=(torch.empty(q.shape, dtype=fp8), torch.empty(k.shape, dtype=fp8))
+            ),
+        ]
+    elif op == "mla_apply_cache":
+        cache = torch.zeros(4, L + R)
+        calls = [lambda: torch_rope.mla_apply_cache(
+            q, k[:, 0], torch.randn(T, L), args["cos"], args["sin"], args["positions"], cache,
+            None, slots)]  # fmt: skip
+    else:
+        w, caches = torch.ones(R), (torch.zeros(4, 1, R), torch.zeros(4, 1, R))
+        calls = [lambda: torch_rope.rms_norm_apply_qk_cache(
+            q, k, k.clone(), w, w, args["cos"], args["sin"], args["positions"], *caches, slots
+        )]  # fmt: skip
+    for run in calls:
+        with pytest.raises(TypeError, match=rf"^rope\.{op}: give the cos and sin tables and "
+                           rf"positions \(tensors\), got None for {missing}$"):  # fmt: skip
+            run()

@@ -163,7 +163,7 @@ struct FrequencyArgs {
 };
 
 // The angle source, shared by q and k: the cos/sin tables [max_seq_len, rotary_dim / 2] (row
-// stride table_stride), or, when frequencies.freqs is set, the frequencies (cos and sin null;
+// stride table_stride), or, when use_frequencies is set, the frequencies (cos and sin null;
 // max_seq_len is then no bound: positions need only be >= 0).
 struct TableArgs {
   const void* cos = nullptr;
@@ -177,7 +177,11 @@ struct TableArgs {
   // and rounded once to the storage type, whatever it is (the table form rotates 16- and 32-bit
   // storage in float).
   bool exact_rotation = false;
-  ROPE_HOST_DEVICE bool from_frequencies() const { return frequencies.freqs != nullptr; }
+  // The angle source is the frequencies. A flag, not `frequencies.freqs != nullptr`: an empty
+  // freqs (rotary_dim 0) freshly allocated has a null data pointer, and is still the frequency
+  // form (which then rotates nothing and needs no tables).
+  bool use_frequencies = false;
+  ROPE_HOST_DEVICE bool from_frequencies() const { return use_frequencies; }
 };
 
 // What the rotation does. `interleaved` becomes a compile-time template parameter of every kernel

@@ -197,6 +197,7 @@ PreparedRotation prepare_rotation(const at::Tensor& x, const at::Tensor& positio
 PreparedFrequencies prepare_frequencies(const at::Tensor& freqs, double attention_factor,
                                         const MultiAxisArgs& axes) {
   PreparedFrequencies f;
+  f.args.use_frequencies = true;
   f.args.frequencies.freqs = freqs.const_data_ptr<double>();
   f.args.frequencies.freq_stride = freqs.size(0) > 1 ? freqs.stride(0) : 1;
   f.args.frequencies.attention_factor = attention_factor;

@@ -221,6 +221,13 @@ __device__ __forceinline__ int64_t read_index(const void* p, bool is_int64, int6
 // may be compiled out) when any fails: the caller then writes nothing for the token.
 __device__ __forceinline__ bool packed_position(const PackedSequenceArgs& s, int64_t t,
                                                 int64_t& pos) {
+  pos = 0;
+  // No sequence (cu_seqlens = [0]) holds no token: refused before reading cu_seqlens[1] or
+  // seq_offsets[0], which do not exist.
+  ROPE_DEVICE_ASSERT(s.num_seqs >= 1);
+  if (s.num_seqs < 1) {
+    return false;
+  }
   const auto cu = [&](int64_t i) { return read_index(s.cu_seqlens, s.cu_seqlens_are_int64, i); };
   const int64_t cp = s.cp_size;
   const int64_t i = packed_sequence_of(s.num_seqs, cp, t, cu);
@@ -240,7 +247,8 @@ __device__ __forceinline__ bool packed_position(const PackedSequenceArgs& s, int
     ok = relative <= INT64_MAX - offset;
   }
   ROPE_DEVICE_ASSERT(ok);
-  pos = offset + relative;
+  // Only a checked position is formed: offset + relative may overflow otherwise.
+  pos = ok ? offset + relative : 0;
   return ok;
 }
 

@@ -20,7 +20,7 @@
 //   static int multiprocessor_count();     // of the current device
 //   static void check(int status);         // throws on a failed launch
 //   static at::Tensor to_device(const at::Tensor& host, const at::Tensor& like);
-//                                          // a CPU tensor copied to like's device (no sync)
+//                                          // a CPU tensor copied to like's device (blocking)
 // and the launch of each kernel it serves (each returns a cudaError_t as int):
 //   static int launch(c10::ScalarType, const RotationArgs& first, const RotationArgs* second,
 //                     const TableArgs&, RotationMode, int num_sms, Stream);     // rope_kernel.cuh

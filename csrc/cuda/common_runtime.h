@@ -48,9 +48,12 @@ struct TorchCudaRuntime {
     return at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   }
   static void check(int status) { C10_CUDA_CHECK(static_cast<cudaError_t>(status)); }
-  // A CPU tensor (packed sequences) on like's device, ordered on the current stream.
+  // A CPU tensor (packed sequences) on like's device. Blocking: from pinned memory a
+  // non-blocking copy would still be in flight when the call returns, and a serving loop that
+  // refills its pinned cu_seqlens buffer right after the call would have the kernel read the new
+  // values. The host checked these values anyway, so the call has already waited on them.
   static at::Tensor to_device(const at::Tensor& host, const at::Tensor& like) {
-    return host.to(like.device(), /*non_blocking=*/true);
+    return host.to(like.device(), /*non_blocking=*/false);
   }
 };
 

@@ -82,6 +82,9 @@ int64_t index_at(const void* p, bool is64, int64_t i) {
 // here with a linear scan for the sequence (the kernel searches), for the tracker's view of which
 // rows must stay unwritten.
 bool packed_reference(const rope::PackedSequenceArgs& s, int64_t t, int64_t& pos) {
+  if (s.num_seqs < 1) {
+    return false;  // cu_seqlens = [0]: no token has a sequence
+  }
   const auto cu = [&](int64_t i) { return index_at(s.cu_seqlens, s.cu_seqlens_are_int64, i); };
   const int64_t cp = s.cp_size;
   int64_t i = 0;
@@ -99,8 +102,10 @@ bool packed_reference(const rope::PackedSequenceArgs& s, int64_t t, int64_t& pos
     return false;
   }
   const int64_t c = length / (2 * cp);
-  pos = offset + (cp == 1 ? j : j < c ? s.cp_rank * c + j : (2 * cp - 1 - s.cp_rank) * c + j - c);
-  return true;
+  const int64_t relative =
+      cp == 1 ? j : j < c ? s.cp_rank * c + j : (2 * cp - 1 - s.cp_rank) * c + j - c;
+  // A position past int64 is refused too.
+  return !__builtin_add_overflow(offset, relative, &pos);
 }
 
 }  // namespace

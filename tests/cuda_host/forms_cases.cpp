@@ -64,6 +64,10 @@ struct FormCase {
   at::Tensor rule_positions;    // (T,) int64: the packed sequences' positions, from the rules
   bool valid = true;
   std::string bad;  // what makes the call invalid
+  // A non-finite frequency on the device: the CPU backend refuses it (its check reads freqs on the
+  // host), the CUDA kernel gives NaN in that plane, as a NaN in a table would (no device check:
+  // that would need a host sync). The call is valid on the device.
+  bool nonfinite_freq = false;
   std::string layout;
   int device = 0;
 
@@ -95,6 +99,9 @@ struct FormCase {
     }
     if (!valid) {
       m << ", BAD: " << bad;
+    }
+    if (nonfinite_freq) {
+      m << ", a non-finite frequency";
     }
     return m.str();
   }
@@ -205,12 +212,24 @@ FormCase make_form_case(uint64_t seed, int64_t index) {
                                       -30 + static_cast<int>(pick(34))) *
                                (pick(5) == 0 ? -1.0 : 1.0);
     }
-    const bool strided = pick(3) == 0;
-    c.freqs_buffer = at::zeros({std::max<int64_t>(1, half * (strided ? 2 : 1))}, at::kDouble);
-    for (int64_t k = 0; k < half; ++k) {
-      c.freqs_buffer[strided ? 2 * k : k] = f[k];
+    if (half > 0 && pick(12) == 0) {
+      const double nonfinite[] = {HUGE_VAL, -HUGE_VAL, std::nan("")};
+      f[pick(half)] = nonfinite[pick(3)];
+      c.nonfinite_freq = true;
     }
-    c.freqs = strided ? c.freqs_buffer.slice(0, 0, 2 * half, 2) : c.freqs_buffer.narrow(0, 0, half);
+    const bool strided = pick(3) == 0;
+    if (half == 0 && pick(2) == 0) {
+      // A fresh empty tensor: its data pointer is null, and it is still the frequency form.
+      c.freqs_buffer = at::empty({0}, at::kDouble);
+      c.freqs = c.freqs_buffer;
+    } else {
+      c.freqs_buffer = at::zeros({std::max<int64_t>(1, half * (strided ? 2 : 1))}, at::kDouble);
+      for (int64_t k = 0; k < half; ++k) {
+        c.freqs_buffer[strided ? 2 * k : k] = f[k];
+      }
+      c.freqs =
+          strided ? c.freqs_buffer.slice(0, 0, 2 * half, 2) : c.freqs_buffer.narrow(0, 0, half);
+    }
   }
 
   const auto position = [&]() -> int64_t {
@@ -297,23 +316,72 @@ FormCase make_form_case(uint64_t seed, int64_t index) {
                   c.dtype, scale, c.layout);
     c.x = v.view;
     c.x_buffer = v.buffer;
-    // int32 only where every boundary and offset fits (a frequency-form offset may be 2^62).
-    const bool wide = pick(2) != 0;
-    const auto fits_int32 = [](int64_t v) { return v <= std::numeric_limits<int32_t>::max(); };
-    const at::ScalarType index_type =
-        wide || !std::all_of(cu.begin(), cu.end(), fits_int32) ||
-                !std::all_of(offsets.begin(), offsets.end(), fits_int32)
-            ? at::kLong
-            : at::kInt;
     c.packed_on_host = pick(4) == 0;
     const int64_t max_position =
         c.rule_positions.numel() > 0 ? c.rule_positions.max().item<int64_t>() : 0;
-    if (pick(10) == 0 && n > 0) {
-      switch (pick(3)) {
+    bool empty_offsets = false;  // seq_offsets given, with no element (cu_seqlens = [0])
+    // Every kind of bad packing the CPU refuses, on the host (refused before a launch) and on the
+    // device (asserted, the rows of the tokens concerned unwritten).
+    if (pick(8) == 0 && n > 0) {
+      switch (pick(9)) {
         case 0:
           cu.back() += c.cp_size;  // one more token than x has
           c.bad = "cu_seqlens ends past x's tokens";
           c.valid = false;
+          break;
+        case 3:
+          cu.front() = -c.cp_size - pick(3);
+          c.bad = "a negative cu_seqlens[0]";
+          c.valid = false;
+          break;
+        case 4:
+          // Host only: on the device each token checks what its own sequence shows (a binary
+          // search over the boundaries), which a decreasing cu_seqlens need not show to any token.
+          if (n >= 2 && c.packed_on_host) {
+            const int64_t i = 1 + pick(n - 1);
+            cu[i] = cu[i + 1] + c.cp_size;  // after cu[i + 1]: decreasing
+            c.bad = "cu_seqlens decreasing";
+            c.valid = false;
+          }
+          break;
+        case 5:
+          if (n >= 2 && c.cp_size > 1) {
+            cu[1 + pick(n - 1)] += c.cp_size;  // two lengths off the 2 * cp_size multiple
+            c.bad = "a sequence length not divisible by 2 * cp_size";
+            c.valid = false;
+          }
+          break;
+        case 6:
+          if (cu.back() >= c.cp_size) {
+            cu.back() -= c.cp_size;  // one token of x in no sequence
+            c.bad = "cu_seqlens ends before x's tokens";
+            c.valid = false;
+          }
+          break;
+        case 7:
+          if (T > 0) {
+            // No sequence at all for x's tokens (cu_seqlens[1] and seq_offsets[0] do not exist).
+            cu.assign(1, 0);
+            empty_offsets = !offsets.empty();
+            offsets.clear();
+            c.bad = "cu_seqlens = [0] with tokens";
+            c.valid = false;
+          }
+          break;
+        case 8:
+          if (!offsets.empty() && max_position > 0) {
+            std::vector<int64_t> with_tokens;
+            for (int64_t i = 0; i < n; ++i) {
+              if (cu[i + 1] > cu[i]) with_tokens.push_back(i);
+            }
+            if (!with_tokens.empty()) {
+              // The offset plus the sequence's positions past int64.
+              offsets[with_tokens[pick(static_cast<int64_t>(with_tokens.size()))]] =
+                  std::numeric_limits<int64_t>::max() - pick(2);
+              c.bad = "seq_offsets + positions past int64";
+              c.valid = false;
+            }
+          }
           break;
         case 1: {
           // On a sequence with tokens: the kernel checks what a token's own sequence shows (an
@@ -337,9 +405,20 @@ FormCase make_form_case(uint64_t seed, int64_t index) {
           break;
       }
     }
-    c.cu_seqlens = at::tensor(cu, at::kLong).to(index_type);
+    // int32 only where every value fits (a frequency-form offset may be 2^62); cu_seqlens and
+    // seq_offsets each take their own type, as a caller may give them.
+    const auto fits_int32 = [](int64_t v) {
+      return v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max();
+    };
+    const auto index_type = [&](const std::vector<int64_t>& values) {
+      return pick(2) != 0 || !std::all_of(values.begin(), values.end(), fits_int32) ? at::kLong
+                                                                                    : at::kInt;
+    };
+    c.cu_seqlens = at::tensor(cu, at::kLong).to(index_type(cu));
     if (!offsets.empty()) {
-      c.seq_offsets = at::tensor(offsets, at::kLong).to(index_type);
+      c.seq_offsets = at::tensor(offsets, at::kLong).to(index_type(offsets));
+    } else if (empty_offsets) {
+      c.seq_offsets = at::empty({0}, at::kLong).to(index_type(offsets));
     }
     if (!c.frequencies()) {
       const bool past = c.bad == "a position past the tables";
@@ -419,6 +498,16 @@ double check_frequencies(const FormCase& c, const at::Tensor& got, const at::Ten
       const double magnitude = af * (std::fabs(a) + std::fabs(b));
       for (int e = 0; e < 2; ++e) {
         const double y = ya[r * D + (e == 0 ? ia : ib)];
+        if (!std::isfinite(f[k])) {
+          // A non-finite frequency: NaN for any position and any x (cos and sin of inf or NaN).
+          if (!std::isnan(y) && reported++ < 3) {
+            std::ostringstream m;
+            m << "row " << r << " plane " << k << (e == 0 ? " a" : " b") << ": frequency " << f[k]
+              << " gave " << y << ", not NaN";
+            problems.push_back(m.str());
+          }
+          continue;
+        }
         double bound = 0;
         if (c.dtype == at::kDouble) {
           bound = std::ldexp(magnitude, -49) + 1e-300;
@@ -534,6 +623,9 @@ std::vector<std::string> run_form_case(const FormCase& c, const CpuVectorPath& c
   if (!c.packed_on_host) {
     ctx.place(c.cu_seqlens);
     ctx.place(c.seq_offsets);
+  } else {
+    ctx.keep_on_host(c.cu_seqlens);
+    ctx.keep_on_host(c.seq_offsets);
   }
   std::vector<std::string>& problems = ctx.problems;
   const at::Tensor x_buffer_before = c.x_buffer.clone();
@@ -543,9 +635,10 @@ std::vector<std::string> run_form_case(const FormCase& c, const CpuVectorPath& c
   const at::Tensor out_buffer_before = c.out.defined() ? c.out_buffer.clone() : at::Tensor();
 
   const bool cpu_ok = cpu_accepts(c);
-  if (cpu_ok != c.valid) {
-    problems.push_back(c.valid ? "the CPU backend refused a valid call"
-                               : "the CPU backend accepted an invalid call");
+  const bool cpu_should_accept = c.valid && !c.nonfinite_freq;
+  if (cpu_ok != cpu_should_accept) {
+    problems.push_back(cpu_should_accept ? "the CPU backend refused a valid call"
+                                         : "the CPU backend accepted an invalid call");
   }
 
   const auto angles = c.angles();
@@ -702,8 +795,24 @@ std::vector<std::string> run_form_case(const FormCase& c, const CpuVectorPath& c
                         .item<bool>());
   hit("forms: packed sequences given on the host", c.packed() && c.packed_on_host);
   hit("forms: bad packed sequences asserted", !c.valid && c.packed() && !c.packed_on_host);
+  hit("forms: a decreasing cu_seqlens refused on the host",
+      c.packed() && c.packed_on_host && c.bad == "cu_seqlens decreasing");
   hit("forms: bad packed sequences refused on the host",
       !c.valid && c.packed() && c.packed_on_host);
+  hit("forms: a non-finite frequency on the device", c.nonfinite_freq);
+  hit("forms: an empty freqs with a null data pointer",
+      c.frequencies() && c.freqs.numel() == 0 && c.freqs.data_ptr() == nullptr);
+  hit("forms: cu_seqlens and seq_offsets of different types",
+      c.packed() && c.seq_offsets.defined() &&
+          c.seq_offsets.scalar_type() != c.cu_seqlens.scalar_type());
+  for (const char* kind :
+       {"a negative cu_seqlens[0]", "a sequence length not divisible by 2 * cp_size",
+        "cu_seqlens ends before x's tokens",
+        "cu_seqlens ends past x's tokens", "cu_seqlens = [0] with tokens",
+        "seq_offsets + positions past int64", "a negative offset"}) {
+    hit(std::string("forms: bad packing on the device: ") + kind,
+        c.packed() && !c.packed_on_host && c.bad == kind);
+  }
   hit("forms: inverse", c.inverse);
   hit("forms: half split", !c.interleaved);
   return problems;
@@ -717,6 +826,9 @@ FormsRun run_form_cases(uint64_t seed, int64_t count, int64_t only, int64_t max_
   const int64_t first = only >= 0 ? only : 0;
   const int64_t last = only >= 0 ? only + 1 : count;
   for (int64_t i = first; i < last; ++i) {
+    // Odd cases run their launches' blocks and threads in reverse order (a rerun of one case
+    // keeps its order).
+    set_reverse_order(i % 2 == 1);
     const FormCase c = make_form_case(seed, i);
     if (verbose) {
       std::printf("%s\n", c.describe().c_str());

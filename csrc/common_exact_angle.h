@@ -56,11 +56,20 @@
 #endif
 
 // Steps 1 and 2 are constexpr in host C++ (static_assert-able; tests/cpp), plain functions
-// under nvcc, whose device intrinsics are not constexpr.
-#if defined(__CUDACC__)
+// under nvcc and in the host run of the device branches, whose intrinsics are not constexpr.
+#if defined(__CUDACC__) || defined(ROPE_HOST_RUNS_DEVICE_BRANCHES)
 #define ROPE_EXACT_ANGLE_CONSTEXPR
 #else
 #define ROPE_EXACT_ANGLE_CONSTEXPR constexpr
+#endif
+
+// The GPU's branches of the functions written twice (intrinsics, read-only loads of the constant
+// tables): taken in device code, and in the host run of the CUDA kernels, whose shim defines
+// ROPE_HOST_RUNS_DEVICE_BRANCHES and the intrinsics, so that the code the GPU runs is the code the
+// host run tests. Host code without the shim (the CPU kernels) takes the other branches;
+// tests/cuda_host/exact_angle_host.cpp compares the two bit for bit.
+#if defined(__CUDA_ARCH__) || defined(ROPE_HOST_RUNS_DEVICE_BRANCHES)
+#define ROPE_EXACT_ANGLE_DEVICE_BRANCHES 1
 #endif
 
 namespace rope {
@@ -80,7 +89,7 @@ static_assert(sizeof(kSinTable) / sizeof(kSinTable[0]) == kTableSteps + 1);
 static_assert((kPadBits + 971) / 64 + 4 < ROPE_EXACT_ANGLE_INV_2PI_WORD_COUNT);
 static_assert(kPadBits + kMinExponent >= 0);
 
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(ROPE_HOST_RUNS_DEVICE_BRANCHES)
 // Device copies, read through the read-only cache: threads of a warp index them at different
 // places (planes of different exponents, angles of different table entries), which constant
 // memory would serialise. Static: one private copy per translation unit, no device linking.
@@ -89,7 +98,7 @@ alignas(8) static __device__ const float kSinTableDevice[][2] = ROPE_EXACT_ANGLE
 #endif
 
 ROPE_HOST_DEVICE ROPE_EXACT_ANGLE_CONSTEXPR inline uint64_t inv_two_pi_word(int i) {
-#if defined(__CUDA_ARCH__)
+#if defined(ROPE_EXACT_ANGLE_DEVICE_BRANCHES)
   return __ldg(&kInvTwoPiWordsDevice[i]);
 #else
   return kInvTwoPiWords[i];
@@ -101,7 +110,7 @@ ROPE_HOST_DEVICE ROPE_EXACT_ANGLE_CONSTEXPR inline uint64_t inv_two_pi_word(int 
 
 // The high 64 bits of the 128-bit product a * b.
 ROPE_HOST_DEVICE ROPE_EXACT_ANGLE_CONSTEXPR inline uint64_t mul_hi(uint64_t a, uint64_t b) {
-#if defined(__CUDA_ARCH__)
+#if defined(ROPE_EXACT_ANGLE_DEVICE_BRANCHES)
   return __umul64hi(a, b);
 #elif defined(__SIZEOF_INT128__)
   return static_cast<uint64_t>((static_cast<unsigned __int128>(a) * b) >> 64);
@@ -114,7 +123,7 @@ ROPE_HOST_DEVICE ROPE_EXACT_ANGLE_CONSTEXPR inline uint64_t mul_hi(uint64_t a, u
 
 // The bits of a double, without an FP64 instruction on the device.
 ROPE_HOST_DEVICE ROPE_EXACT_ANGLE_CONSTEXPR inline uint64_t double_bits(double f) {
-#if defined(__CUDA_ARCH__)
+#if defined(ROPE_EXACT_ANGLE_DEVICE_BRANCHES)
   return static_cast<uint64_t>(__double_as_longlong(f));
 #elif defined(__CUDACC__)
   uint64_t bits = 0;
@@ -249,7 +258,7 @@ struct SinCos64 {
 // AVX-512; the generic copy computes a * b + c with two roundings, which leaves the core within
 // about 1 ulp instead of 0.7).
 ROPE_HOST_DEVICE inline double fmadd(double a, double b, double c) {
-#if defined(__CUDA_ARCH__)
+#if defined(ROPE_EXACT_ANGLE_DEVICE_BRANCHES)
   return __fma_rn(a, b, c);
 #else
   return std::fma(a, b, c);
@@ -304,6 +313,23 @@ ROPE_HOST_DEVICE inline void sincos_core(const T& hi, const T& lo, T& sin_out, T
 // sincos_core treats to first order only. Only integer operations and exact conversions precede
 // the floating-point work, so a vector form (AVX2 has no int64 -> double instruction) can compute
 // the same bits: benchmarks/exact_angle_bench.cpp.
+namespace detail {
+// a * b rounded to double, never fused with a following addition (see mul_rn for float below).
+ROPE_HOST_DEVICE inline double mul_rn_f64(double a, double b) {
+#if defined(ROPE_EXACT_ANGLE_DEVICE_BRANCHES)
+  return __dmul_rn(a, b);
+#else
+  double p = a * b;
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+  __asm__("" : "+x"(p));  // opaque to the optimiser: the product is rounded here
+#elif (defined(__GNUC__) || defined(__clang__)) && defined(__aarch64__)
+  __asm__("" : "+w"(p));
+#endif
+  return p;
+#endif
+}
+}  // namespace detail
+
 struct ReducedAngle {
   uint32_t quadrant = 0;  // j mod 4
   double hi = 0.0;
@@ -319,7 +345,8 @@ ROPE_HOST_DEVICE inline ReducedAngle reduce_turns(uint64_t t) {
   const double low = static_cast<double>(r & int64_t{0xffffffff});              // exact
   const double a = high + low;                                                  // r rounded
   const double b = low - (a - high);                                            // r - a, exactly
-  const double p = a * kHi;
+  // A product of its own: nvcc would fuse a * kHi into out.hi's addition below.
+  const double p = detail::mul_rn_f64(a, kHi);
   const double rest = fmadd(a, kHi, -p) + fmadd(a, kLo, b * kHi);
   ReducedAngle out;
   out.quadrant = static_cast<uint32_t>(j & 3);
@@ -330,7 +357,7 @@ ROPE_HOST_DEVICE inline ReducedAngle reduce_turns(uint64_t t) {
 
 // x with its sign flipped when `flip` is 1 (branch-free: the quadrant is unpredictable).
 ROPE_HOST_DEVICE inline double flip_sign(double x, uint64_t flip) {
-#if defined(__CUDA_ARCH__)
+#if defined(ROPE_EXACT_ANGLE_DEVICE_BRANCHES)
   return __longlong_as_double(static_cast<long long>(double_bits(x) ^ (flip << 63)));
 #else
   uint64_t bits = 0;
@@ -374,7 +401,7 @@ namespace detail {
 // multiply-add by the compiler (nvcc fuses across statements by default; so does GCC with
 // -ffp-contract=fast when FMA is enabled).
 ROPE_HOST_DEVICE inline float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
+#if defined(ROPE_EXACT_ANGLE_DEVICE_BRANCHES)
   return __fmul_rn(a, b);
 #else
   float p = a * b;
@@ -387,7 +414,7 @@ ROPE_HOST_DEVICE inline float mul_rn(float a, float b) {
 #endif
 }
 ROPE_HOST_DEVICE inline float fma_f32(float a, float b, float c) {
-#if defined(__CUDA_ARCH__)
+#if defined(ROPE_EXACT_ANGLE_DEVICE_BRANCHES)
   return __fmaf_rn(a, b, c);
 #else
   return std::fma(a, b, c);
@@ -409,7 +436,7 @@ ROPE_HOST_DEVICE inline FloatFloat scale(FloatFloat x, float af_hi, float af_lo)
   return two_sum(m, low);
 }
 ROPE_HOST_DEVICE inline FloatFloat sin_table(uint32_t i) {
-#if defined(__CUDA_ARCH__)
+#if defined(ROPE_EXACT_ANGLE_DEVICE_BRANCHES)
   const float2 v = __ldg(reinterpret_cast<const float2*>(kSinTableDevice) + i);
   return FloatFloat{v.x, v.y};
 #else
@@ -473,7 +500,9 @@ ROPE_HOST_DEVICE inline SinCos32 sincos_turns_f32(uint64_t t, float af_hi = 1.0f
     const float P = mul_rn(C.hi, th);
     const float p = fma_f32(C.hi, th, -P);
     const FloatFloat s1 = two_sum(S.hi, P);
-    const float rest = S.lo + p + s1.lo + fma_f32(C.hi, tl, C.lo * th) + C.hi * sigma;
+    // mul_rn: nvcc would fuse the last product into the sum (contraction is on by default on
+    // the device and off in the host run, whose bits must be the GPU's).
+    const float rest = S.lo + p + s1.lo + fma_f32(C.hi, tl, C.lo * th) + mul_rn(C.hi, sigma);
     sin_phi = FloatFloat{s1.hi, fma_f32(S.hi, kappa, rest)};
   }
   // cos(alpha + theta) = C.hi - S.hi th + [C.lo - S.hi tl - S.lo th - S sigma + C kappa]
@@ -482,7 +511,7 @@ ROPE_HOST_DEVICE inline SinCos32 sincos_turns_f32(uint64_t t, float af_hi = 1.0f
     const float P = mul_rn(S.hi, th);
     const float p = fma_f32(S.hi, th, -P);
     const FloatFloat c1 = two_sum(C.hi, -P);
-    const float rest = C.lo - p + c1.lo - fma_f32(S.hi, tl, S.lo * th) - S.hi * sigma;
+    const float rest = C.lo - p + c1.lo - fma_f32(S.hi, tl, S.lo * th) - mul_rn(S.hi, sigma);
     cos_phi = FloatFloat{c1.hi, fma_f32(C.hi, kappa, rest)};
   }
   // angle = q * pi/2 + alpha + theta
@@ -513,7 +542,7 @@ ROPE_HOST_DEVICE inline float dot2_f32(float x, FloatFloat c, float y, FloatFloa
   const float low = sum.lo + (fma_f32(x, c.lo, e1) + fma_f32(y, d.lo, e2));
   // A sum past the float range is +-inf (as the exact result, which it approximates to a
   // relative 2^-47), not inf - inf in the low part.
-#if defined(__CUDA_ARCH__)
+#if defined(ROPE_EXACT_ANGLE_DEVICE_BRANCHES)
   return fabsf(sum.hi) <= 3.40282347e+38f ? sum.hi + low : sum.hi;
 #else
   return std::fabs(sum.hi) <= FLT_MAX ? sum.hi + low : sum.hi;

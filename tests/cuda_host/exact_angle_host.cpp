@@ -6,7 +6,11 @@
 //   - cos / sin: |hi + lo - af cos| <= 2^-35 af, |hi - af cos| <= 0.5 ulp + 2^-35 af;
 //   - the rotation: |y - af (xa cos - xb sin)| <= 2^-24 (1 + 2^-10) af (|xa| + |xb|) + 2^-147, the
 //     bound rotate_f32 proves (the contract allows twice as much);
-//   - the turn equals turns_at_limbs's (the vector-friendly form of step 2).
+//   - the turn equals turns_at_limbs's (the vector-friendly form of step 2);
+//   - every step with the device branches (this file: the shim defines
+//     ROPE_HOST_RUNS_DEVICE_BRANCHES, so __umul64hi, __ldg of the constant tables, __fmul_rn, ...)
+//     gives the bits of the same step with the host branches (exact_angle_host_branches.cpp, the
+//     CPU kernels' code), non-finite frequencies included.
 // The mpmath checks of every step are tests/python/kernels/test_exact_angle.py; this run shows
 // that the device code, as the GPU would run it thread by thread, computes the same things.
 //
@@ -16,10 +20,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "exact_angle_branches.h"
 #include "exact_angle_kernel.cuh"
 
 namespace {
@@ -101,6 +107,53 @@ float2 random_pair(std::mt19937_64& rng) {
   }
 }
 
+// exact_angle_branches::host_branches with this translation unit's (device) branches.
+exact_angle_branches::Steps device_branches(int64_t p, double f, double af, float xa, float xb) {
+  exact_angle_branches::Steps s;
+  const ea::TurnFraction g = ea::turn_fraction(f);
+  s.g_hi = g.hi;
+  s.g_lo = g.lo;
+  s.t = ea::turns_at(p, g);
+  s.bits = ea::double_bits(f);
+  s.finite = ea::is_finite(f) ? 1 : 0;
+  const ea::SinCos64 c64 = ea::sincos_turns(s.t, af);
+  s.cos64 = c64.cos;
+  s.sin64 = c64.sin;
+  ea::rotate_f64(xa, xb, c64, s.ya64, s.yb64);
+  s.flipped = ea::flip_sign(c64.cos, 1);
+  const ea::FloatFloat af_ff = ea::split_double(af);
+  const ea::SinCos32 c32 = ea::sincos_turns_f32(s.t, af_ff.hi, af_ff.lo);
+  s.cos_hi = c32.cos.hi;
+  s.cos_lo = c32.cos.lo;
+  s.sin_hi = c32.sin.hi;
+  s.sin_lo = c32.sin.lo;
+  ea::rotate_f32(xa, xb, c32, s.ya, s.yb);
+  s.dot = ea::dot2_f32(xa, c32.cos, xb, c32.sin);
+  return s;
+}
+
+// The device and host branches of every step, bit for bit (the records have no padding).
+static_assert(sizeof(exact_angle_branches::Steps) == 4 * 8 + 5 * 8 + 7 * 4 + 4);
+void compare_branches(int64_t p, double f, double af, float xa, float xb, Failures& fail) {
+  const exact_angle_branches::Steps d = device_branches(p, f, af, xa, xb);
+  const exact_angle_branches::Steps h = exact_angle_branches::host_branches(p, f, af, xa, xb);
+  if (std::memcmp(&d, &h, sizeof d) != 0) {
+    const char* what = d.g_hi != h.g_hi || d.g_lo != h.g_lo                       ? "turn_fraction"
+                       : d.t != h.t                                               ? "turns_at"
+                       : d.bits != h.bits                                         ? "double_bits"
+                       : d.finite != h.finite                                     ? "is_finite"
+                       : std::memcmp(&d.cos64, &h.cos64, 2 * sizeof(double)) != 0 ? "sincos_turns"
+                       : std::memcmp(&d.ya64, &h.ya64, 2 * sizeof(double)) != 0   ? "rotate_f64"
+                       : std::memcmp(&d.flipped, &h.flipped, sizeof(double)) != 0 ? "flip_sign"
+                       : std::memcmp(&d.cos_hi, &h.cos_hi, 4 * sizeof(float)) != 0
+                           ? "sincos_turns_f32"
+                       : std::memcmp(&d.ya, &h.ya, 2 * sizeof(float)) != 0 ? "rotate_f32"
+                                                                           : "dot2_f32";
+    fail.report((std::string("device branches differ from host branches: ") + what).c_str(), p, f,
+                d.cos64, h.cos64, 0);
+  }
+}
+
 int64_t run(int64_t n_random, uint64_t seed, double af, Failures& fail) {
   std::mt19937_64 rng(seed);
   const std::vector<int64_t> pos = positions(rng, n_random);
@@ -138,6 +191,7 @@ int64_t run(int64_t n_random, uint64_t seed, double af, Failures& fail) {
   for (int i = 0; i < n; ++i) {
     const int64_t p = pos[i / K];
     const double f = freqs[i % K];
+    compare_branches(p, f, af, x[i].x, x[i].y, fail);
     const ea::TurnFraction g = ea::turn_fraction(f);
     const uint64_t t = ea::turns_at(p, g);
     if (ea::turns_at_limbs<uint64_t>(static_cast<uint64_t>(p), g.hi, g.lo) != t) {
@@ -184,10 +238,15 @@ int main(int argc, char** argv) {
   uint64_t seed = 34;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--positions" && i + 1 < argc) {
+    // --cases is --positions, and --max-failures / --no-coverage-gate are accepted and ignored,
+    // so that the mutation check runs this binary with the other host runs' arguments.
+    if ((arg == "--positions" || arg == "--cases") && i + 1 < argc) {
       n_random = std::atoll(argv[++i]);
     } else if (arg == "--seed" && i + 1 < argc) {
       seed = std::strtoull(argv[++i], nullptr, 10);
+    } else if (arg == "--max-failures" && i + 1 < argc) {
+      ++i;
+    } else if (arg == "--no-coverage-gate") {
     } else {
       std::fprintf(stderr, "usage: %s [--positions N] [--seed S]\n", argv[0]);
       return 2;
@@ -196,7 +255,16 @@ int main(int argc, char** argv) {
   Failures fail;
   int64_t threads = 0;
   for (double af : {1.0, 1.1386294361119891, 0.7}) {
+    // Both orders of the serial launch (the kernel's threads are independent: same results).
+    rope_shim::state().reverse_order = !rope_shim::state().reverse_order;
     threads += run(n_random, seed, af, fail);
+  }
+  // The branches also on what the kernel run does not draw: non-finite and extreme frequencies,
+  // every sin-table entry (positions that land on each 1/256 of a turn).
+  for (const double f : {HUGE_VAL, -HUGE_VAL, std::nan(""), 1.0 / (1ll << 40), 2 * M_PI / 256.0}) {
+    for (int64_t p = 0; p < 300; ++p) {
+      compare_branches(p, f, 1.0, 1.5f, -0.25f, fail);
+    }
   }
   std::printf("exact_angle host run: %lld (position, plane) threads, %lld failures (seed %llu)\n",
               static_cast<long long>(threads), static_cast<long long>(fail.count),

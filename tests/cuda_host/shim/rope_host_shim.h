@@ -11,10 +11,27 @@
 //
 // Included through the shim's cuda_runtime.h / cuda_fp16.h / cuda_bf16.h, which take the place of
 // the toolkit's headers on the include path of the host build only.
+//
+// Device branches: code that is written twice, `#if defined(__CUDA_ARCH__)` for the GPU and
+// `#else` for the host (csrc/common_exact_angle.h: __umul64hi, __ldg of its constant tables,
+// __fmul_rn, ...), tests ROPE_DEVICE_BRANCHES instead, which this shim defines. The host run then
+// compiles and runs the branch the GPU runs, over the intrinsics below; a test that includes the
+// header without the shim compiles the other branch, and the two are compared bit for bit
+// (tests/cuda_host/exact_angle_host.cpp).
 #pragma once
+
+#define ROPE_HOST_RUNS_DEVICE_BRANCHES 1
+// The device branches compile to other code than the host branches of the same inline functions,
+// so the host run's copies live in a namespace of their own: the driver and librope (host
+// branches) link into the same program, where two definitions of one inline function would
+// violate the one-definition rule and the linker would keep one of them for both callers (a bug
+// planted in one branch could then reach, or miss, the other side of a comparison).
+#define exact_angle exact_angle_device_branches
 
 #include <math.h>
 
+#include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -85,6 +102,10 @@ struct Hooks {
                     int64_t thread) = nullptr;
   // cudaOccupancyMaxActiveBlocksPerMultiprocessor's answer for a kernel on a device.
   int (*resident_blocks)(void* ctx, int device, const void* kernel, int block_threads) = nullptr;
+  // A kernel parameter holds an address inside host memory (see HostMemory below): the word's
+  // offset in the parameter block and the address. The launch still runs (the access checks then
+  // see what the kernel does with it).
+  void (*on_host_pointer)(void* ctx, size_t offset, const void* p) = nullptr;
   // A sampled launch: when not null, only these linear block indices (block-major, as
   // thread_id() numbers them) run, in the order given; indices past the grid are ignored. The
   // launch itself (limits, arguments, on_launch) is checked in full. This lets the host run
@@ -108,10 +129,51 @@ struct State {
   dim3 grid_dim;
   dim3 block_dim;
   int64_t occupancy_queries = 0;
+  // The order the serial launch runs the grid in: blocks, and the threads of a block, in
+  // increasing (false) or decreasing (true) linear index. A GPU runs them in no fixed order, so
+  // the host runs use both: a kernel whose threads write one element twice, or read what another
+  // thread writes, gives a different result in one of the two orders.
+  bool reverse_order = false;
 };
 inline State& state() {
   static State s;
   return s;
+}
+
+// What the simulated runtime knows to be host memory: the address ranges of the tensors a case
+// keeps on the CPU (packed sequences given on the host, which the glue must copy to the device
+// before a launch). Every launch scans its parameter block for 8-byte words inside one of them and
+// reports each (Hooks::on_host_pointer): a real GPU would read garbage or fault there.
+struct HostMemory {
+  static constexpr int kMaxRanges = 16;
+  uintptr_t begin[kMaxRanges] = {};
+  uintptr_t end[kMaxRanges] = {};
+  int count = 0;
+  void add(const void* p, size_t bytes) {
+    if (p == nullptr || bytes == 0) {
+      return;
+    }
+    if (count == kMaxRanges) {
+      std::fprintf(stderr, "cuda host shim: more than %d host ranges\n", kMaxRanges);
+      std::abort();
+    }
+    begin[count] = reinterpret_cast<uintptr_t>(p);
+    end[count] = begin[count] + bytes;
+    ++count;
+  }
+  void clear() { count = 0; }
+  bool contains(uintptr_t a) const {
+    for (int i = 0; i < count; ++i) {
+      if (a >= begin[i] && a < end[i]) {
+        return true;
+      }
+    }
+    return false;
+  }
+};
+inline HostMemory& host_memory() {
+  static HostMemory m;
+  return m;
 }
 
 // Linear id of the running thread within the grid: block-major, as blocks are numbered.
@@ -159,6 +221,30 @@ inline T __ldg(const T* p) {
   return *p;
 }
 
+// ---- the intrinsics of device branches (ROPE_DEVICE_BRANCHES) ----------------------------------
+// What the GPU computes, in host C++: the high word of a 64-bit product, bit casts, and arithmetic
+// rounded once to nearest even (the _rn intrinsics are never contracted into a multiply-add by
+// nvcc; the host build has -ffp-contract=off, so a * b and a + b round once here too).
+inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
+  return static_cast<unsigned long long>((static_cast<unsigned __int128>(a) * b) >> 64);
+}
+inline long long __double_as_longlong(double x) {
+  long long bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits;
+}
+inline double __longlong_as_double(long long bits) {
+  double x = 0;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
+
 // ---- cache-hinted stores
 // --------------------------------------------------------------------------- st.global.wb.v4.u32:
 // one 16-byte store with the default (write-back) caching.
@@ -202,19 +288,37 @@ inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Ke
 }
 
 namespace rope_shim {
-// Runs every thread of block (bx, by, bz).
+// Runs every thread of block (bx, by, bz), in the state's order.
 template <typename... P, size_t... I>
 void run_block(void (*kernel)(P...), void** args, uint3 block, std::index_sequence<I...>) {
   State& s = state();
+  const int64_t nx = s.block_dim.x;
+  const int64_t ny = s.block_dim.y;
+  const int64_t n = nx * ny * s.block_dim.z;
   // Each thread gets its own copy of the arguments, as each device thread reads the parameter
   // block independently: no thread can pass anything to another through it.
-  for (unsigned int tz = 0; tz < s.block_dim.z; ++tz) {
-    for (unsigned int ty = 0; ty < s.block_dim.y; ++ty) {
-      for (unsigned int tx = 0; tx < s.block_dim.x; ++tx) {
-        s.block_idx = block;
-        s.thread_idx = {tx, ty, tz};
-        kernel(*static_cast<std::decay_t<P>*>(args[I])...);
-      }
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t linear = s.reverse_order ? n - 1 - i : i;
+    s.block_idx = block;
+    s.thread_idx = {static_cast<unsigned int>(linear % nx),
+                    static_cast<unsigned int>(linear / nx % ny),
+                    static_cast<unsigned int>(linear / (nx * ny))};
+    kernel(*static_cast<std::decay_t<P>*>(args[I])...);
+  }
+}
+
+// Reports every 8-byte word of a parameter that holds an address inside host memory.
+inline void scan_for_host_pointers(const void* param, size_t bytes, size_t base_offset) {
+  const HostMemory& m = host_memory();
+  const Hooks& h = hooks();
+  if (m.count == 0 || h.on_host_pointer == nullptr) {
+    return;
+  }
+  for (size_t off = 0; off + sizeof(uintptr_t) <= bytes; off += sizeof(uintptr_t)) {
+    uintptr_t word = 0;
+    std::memcpy(&word, static_cast<const char*>(param) + off, sizeof word);
+    if (m.contains(word)) {
+      h.on_host_pointer(h.ctx, base_offset + off, reinterpret_cast<const void*>(word));
     }
   }
 }
@@ -227,7 +331,8 @@ void run_grid(void (*kernel)(P...), void** args, std::index_sequence<I...> seq) 
     const int64_t gx = s.grid_dim.x;
     const int64_t gy = s.grid_dim.y;
     const int64_t total = gx * gy * s.grid_dim.z;
-    for (size_t i = 0; i < h.num_only_blocks; ++i) {
+    for (size_t n = 0; n < h.num_only_blocks; ++n) {
+      const size_t i = s.reverse_order ? h.num_only_blocks - 1 - n : n;
       const int64_t b = h.only_blocks[i];
       if (b >= 0 && b < total) {
         run_block(kernel, args,
@@ -238,12 +343,15 @@ void run_grid(void (*kernel)(P...), void** args, std::index_sequence<I...> seq) 
     }
     return;
   }
-  for (unsigned int bz = 0; bz < s.grid_dim.z; ++bz) {
-    for (unsigned int by = 0; by < s.grid_dim.y; ++by) {
-      for (unsigned int bx = 0; bx < s.grid_dim.x; ++bx) {
-        run_block(kernel, args, uint3{bx, by, bz}, seq);
-      }
-    }
+  const int64_t gx = s.grid_dim.x;
+  const int64_t gy = s.grid_dim.y;
+  const int64_t total = gx * gy * s.grid_dim.z;
+  for (int64_t i = 0; i < total; ++i) {
+    const int64_t b = s.reverse_order ? total - 1 - i : i;
+    run_block(kernel, args,
+              uint3{static_cast<unsigned int>(b % gx), static_cast<unsigned int>(b / gx % gy),
+                    static_cast<unsigned int>(b / (gx * gy))},
+              seq);
   }
 }
 }  // namespace rope_shim
@@ -267,6 +375,14 @@ inline cudaError_t cudaLaunchKernel(void (*kernel)(P...), dim3 grid, dim3 block,
   const rope_shim::Hooks& h = rope_shim::hooks();
   if (h.on_launch != nullptr) {
     h.on_launch(h.ctx, reinterpret_cast<const void*>(kernel), grid, block, args, stream);
+  }
+  {
+    const std::array<size_t, sizeof...(P)> sizes{sizeof(std::decay_t<P>)...};
+    size_t offset = 0;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      rope_shim::scan_for_host_pointers(args[i], sizes[i], offset);
+      offset += sizes[i];
+    }
   }
   rope_shim::run_grid(kernel, args, std::index_sequence_for<P...>{});
   return cudaSuccess;

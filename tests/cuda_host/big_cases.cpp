@@ -584,6 +584,249 @@ BigCaseResult big_kv_cache_case() {
   return r;
 }
 
+// ---- the row streams past 2^32 threads, 2^32 source elements and 2^32 cache elements ---------
+
+// The bytes of a float8 tensor as uint8 (a view).
+at::Tensor bytes_of(const at::Tensor& t) { return t.view(at::kByte); }
+
+// rope.apply_qk_fp8 into given outputs (the row streams' kernel, common_stream_kernel.cuh): q
+// (T, 4096, 2) bf16 with T = 2^20 + 1, one thread per (token, head) row (a rotary run of one plane
+// is one lane), so q's stream has 2^32 + 4096 threads and k's (T, 1, 2) follows it: the last blocks
+// hold threads >= 2^32, and q's rows there start past 2^33 elements. q (16 GiB) and q_out (8 GiB,
+// float8) live in sparse memory; the grid is launched in full and run on a sample of blocks: those
+// of threads 2^31 - 1, 2^31, 2^32 - 1, 2^32, q's last and the grid's last. Checks the grid, that
+// every store of a sampled thread lands in its own row of q_out or k_out (once per byte), and that
+// those rows hold the CPU backend's bytes for the same rows.
+BigCaseResult big_stream_threads_case() {
+  BigCaseResult r{
+      "apply_qk_fp8 row streams with 2^32 + 2^20 + 4097 threads, q rows past 2^33 "
+      "elements",
+      {},
+      {}};
+  constexpr int64_t T = (int64_t{1} << 20) + 1;
+  constexpr int64_t H = 4096;
+  constexpr int64_t kThreads = 256;  // common_stream_kernel.cuh's block
+  const int64_t q_threads = T * H;
+  const int64_t total = q_threads + T;
+  static_assert(T * H > (int64_t{1} << 32), "q's stream alone must pass 2^32 threads");
+  const int64_t blocks = (total + kThreads - 1) / kThreads;
+  const size_t q_bytes = static_cast<size_t>(T * H * 2) * 2;
+  const size_t out_bytes = static_cast<size_t>(T * H * 2);
+  // q sits 4 GiB into the reservation: an element offset truncated to 32 bits (down to -2^31
+  // elements of 2 bytes) still lands in mapped memory, where the checks name it, not a crash.
+  const size_t headroom = size_t{1} << 32;
+  Sparse mem(headroom + q_bytes + out_bytes);
+  if (mem.base() == nullptr) {
+    r.problems.push_back(reserve_failure(headroom + q_bytes + out_bytes));
+    return r;
+  }
+  at::Generator gen = at::detail::createCPUGenerator(20);
+  const at::Tensor q = mem.tensor(headroom, {T, H, 2}, at::kBFloat16);
+  const at::Tensor q_out = mem.tensor(headroom + q_bytes, {T, H, 2}, at::kFloat8_e4m3fn);
+  const at::Tensor k = randn(gen, {T, 1, 2}, at::kBFloat16);
+  const at::Tensor k_out = at::zeros({T, 1, 2}, at::TensorOptions().dtype(at::kFloat8_e4m3fn));
+  const Tables t = tables(gen, 8, 1);
+  const at::Tensor positions = at::randint(0, 8, {T, 1}, gen, at::TensorOptions().dtype(at::kLong));
+
+  const int64_t w31 = int64_t{1} << 31;
+  const int64_t w32 = int64_t{1} << 32;
+  const std::vector<int64_t> sample{(w31 - 1) / kThreads,       w31 / kThreads,
+                                    (w32 - 1) / kThreads,       w32 / kThreads,
+                                    (q_threads - 1) / kThreads, blocks - 1};
+  // The q rows the sampled threads own (row w of q is thread w), filled with random values.
+  std::vector<int64_t> q_rows;
+  for (const int64_t b : sample) {
+    for (int64_t w = b * kThreads; w < (b + 1) * kThreads && w < q_threads; ++w) {
+      q_rows.push_back(w);
+    }
+  }
+  std::sort(q_rows.begin(), q_rows.end());
+  q_rows.erase(std::unique(q_rows.begin(), q_rows.end()), q_rows.end());
+  const at::Tensor q_flat = at::from_blob(q.data_ptr(), {T * H, 2}, q.options());
+  const at::Tensor q_row_index = at::tensor(q_rows, at::kLong);
+  const at::Tensor q_values = randn(gen, {static_cast<int64_t>(q_rows.size()), 2}, at::kBFloat16);
+  q_flat.index_copy_(0, q_row_index, q_values);
+
+  CaseContext ctx;
+  ctx.device = Device{3, 132};
+  ctx.start_device = 1;
+  for (const at::Tensor& a : {q, q_out, k, k_out, t.cos, t.sin, positions}) {
+    ctx.place(a);
+  }
+  SampleObserver observer(1);
+  ctx.observer = &observer;
+  ctx.sample.only_blocks = sample.data();
+  ctx.sample.num_only_blocks = sample.size();
+  try {
+    host_apply_qk_fp8_out(ctx, q, k, t.cos, t.sin, positions, std::nullopt, std::nullopt,
+                          std::nullopt, std::nullopt, true, false, std::nullopt, false, q_out,
+                          k_out, std::nullopt, std::nullopt);
+  } catch (const c10::Error& e) {
+    r.problems.push_back(std::string("raised: ") + e.what_without_backtrace());
+    return r;
+  }
+  r.problems.insert(r.problems.end(), ctx.problems.begin(), ctx.problems.end());
+  if (ctx.grid_launches.size() != 1 || !ctx.grid_launches[0].launched) {
+    r.problems.push_back("expected one launch");
+    return r;
+  }
+  const GridLaunchRecord& g = ctx.grid_launches[0];
+  if (g.blocks != blocks || g.grid[1] != 1 || g.grid[2] != 1 || g.block_threads != kThreads) {
+    std::ostringstream m;
+    m << "grid (" << g.grid[0] << ", " << g.grid[1] << ", " << g.grid[2] << ") of "
+      << g.block_threads << " threads; " << total << " threads need " << blocks
+      << " blocks in grid.x";
+    r.problems.push_back(m.str());
+  }
+  if (observer.asserts > 0) {
+    r.problems.push_back(std::to_string(observer.asserts) + " device asserts fired");
+  }
+  // Every store of a sampled thread is a byte of its own row: q_out row w, or k_out row w - T H.
+  const auto q_out_base = reinterpret_cast<uintptr_t>(q_out.data_ptr());
+  const auto k_out_base = reinterpret_cast<uintptr_t>(k_out.data_ptr());
+  int64_t reported = 0;
+  for (const auto& [addr, st] : observer.stores) {
+    const bool in_q = addr >= q_out_base && addr < q_out_base + out_bytes;
+    const bool in_k = addr >= k_out_base && addr < k_out_base + static_cast<uintptr_t>(T * 2);
+    const int64_t row = in_q   ? static_cast<int64_t>(addr - q_out_base) / 2
+                        : in_k ? q_threads + static_cast<int64_t>(addr - k_out_base) / 2
+                               : -1;
+    if ((row != st.thread || st.writes != 1) && reported++ < 4) {
+      std::ostringstream m;
+      m << "thread " << st.thread << " (block " << st.thread / kThreads << ") stored " << st.writes
+        << " time(s) to "
+        << (row >= 0 ? "the row of thread " + std::to_string(row)
+                     : std::string("an address outside q_out and k_out"));
+      r.problems.push_back(m.str());
+    }
+  }
+  // The sampled rows hold the CPU backend's bytes for the same rows and positions.
+  const at::Tensor row_positions =
+      positions.view({-1}).index_select(0, at::div(q_row_index, H, "floor"));
+  const auto [cpu_q, cpu_k, unused_q_nope, unused_k_nope] =
+      rope::apply_qk_fp8(q_values.view({-1, 1, 2}), q_values.view({-1, 1, 2}), t.cos, t.sin,
+                         row_positions.view({-1, 1}), std::nullopt, std::nullopt, std::nullopt,
+                         std::nullopt, at::kFloat8_e4m3fn);
+  (void)unused_q_nope;
+  (void)unused_k_nope;
+  const at::Tensor got_q = bytes_of(at::from_blob(q_out.data_ptr(), {T * H, 2}, q_out.options()))
+                               .index_select(0, q_row_index);
+  if (!at::equal(got_q, bytes_of(cpu_q).view({-1, 2}))) {
+    r.problems.push_back(
+        "the sampled q_out rows (past 2^32 threads and 2^33 elements among "
+        "them) differ from the CPU backend's");
+  }
+  // k's sampled threads: the last block's, rows w - T H of k.
+  const auto [cpu_q2, cpu_k2, unused_q_nope2, unused_k_nope2] =
+      rope::apply_qk_fp8(k, k, t.cos, t.sin, positions, std::nullopt, std::nullopt, std::nullopt,
+                         std::nullopt, at::kFloat8_e4m3fn);
+  (void)cpu_q2;
+  (void)unused_q_nope2;
+  (void)unused_k_nope2;
+  const int64_t k_first = (blocks - 1) * kThreads - q_threads;
+  const int64_t k_count = T - k_first;
+  if (k_first < 0 || !at::equal(bytes_of(k_out).narrow(0, k_first, k_count),
+                                bytes_of(cpu_k2).narrow(0, k_first, k_count))) {
+    r.problems.push_back("k_out's rows of the last block differ from the CPU backend's");
+  }
+  return r;
+}
+
+// rope.rms_norm_apply_qk_cache into a float8 cache of 2^28 + 8 slots of one head of 16 features:
+// 2^32 + 128 elements (4 GiB, sparse), slots 2^28 + 7 (the last row, past 2^32 elements), 2^27
+// (row 2^31 elements), 2^26 + 3 and 5. An element offset of a cache row held in 32 bits wraps onto
+// another row. Runs the whole (small) grid. Checks that every store into the cache lands in the
+// row of its token's slot, once per byte, and that those rows hold the CPU backend's bytes (the
+// same call into a cache of 4 slots).
+BigCaseResult big_stream_cache_case() {
+  BigCaseResult r{"rms_norm_apply_qk_cache into a float8 cache of 2^32 + 128 elements", {}, {}};
+  constexpr int64_t S = (int64_t{1} << 28) + 8;
+  constexpr int64_t D = 16;
+  static_assert(S * D > (int64_t{1} << 32), "the cache must pass 2^32 elements");
+  const size_t cache_bytes = static_cast<size_t>(S * D);
+  // The cache sits 4 GiB into the reservation, as q above: a truncated offset stays mapped.
+  const size_t headroom = size_t{1} << 32;
+  Sparse mem(headroom + cache_bytes);
+  if (mem.base() == nullptr) {
+    r.problems.push_back(reserve_failure(headroom + cache_bytes));
+    return r;
+  }
+  at::Generator gen = at::detail::createCPUGenerator(28);
+  const at::Tensor k_cache = mem.tensor(headroom, {S, 1, D}, at::kFloat8_e4m3fn);
+  const std::vector<int64_t> slot_values{S - 1, int64_t{1} << 27, (int64_t{1} << 26) + 3, 5};
+  const int64_t T = static_cast<int64_t>(slot_values.size());
+  const at::Tensor slots = at::tensor(slot_values, at::kLong);
+  const at::Tensor q = randn(gen, {T, 2, D}, at::kBFloat16);
+  const at::Tensor k = randn(gen, {T, 1, D}, at::kBFloat16);
+  const at::Tensor q_weight = at::rand({D}, gen, at::TensorOptions().dtype(at::kFloat)) + 0.5;
+  const at::Tensor k_weight = at::rand({D}, gen, at::TensorOptions().dtype(at::kFloat)) + 0.5;
+  const Tables t = tables(gen, 8, D / 2);
+  const at::Tensor positions = at::randint(0, 8, {T, 1}, gen, at::TensorOptions().dtype(at::kLong));
+  const at::Tensor k_scale = at::full({1}, 0.25, at::TensorOptions().dtype(at::kFloat));
+
+  CaseContext ctx;
+  ctx.device = Device{5, 114};
+  ctx.start_device = 0;
+  for (const at::Tensor& a :
+       {q, k, q_weight, k_weight, t.cos, t.sin, positions, slots, k_cache, k_scale}) {
+    ctx.place(a);
+  }
+  SampleObserver observer(1);
+  ctx.observer = &observer;
+  at::Tensor host_q;
+  try {
+    host_q = host_rms_norm_apply_qk_cache(ctx, q, k, std::nullopt, q_weight, k_weight, t.cos, t.sin,
+                                          positions, k_cache, std::nullopt, slots, 1e-6, 0.0, true,
+                                          k_scale, std::nullopt, std::nullopt, std::nullopt,
+                                          std::nullopt, false);
+  } catch (const c10::Error& e) {
+    r.problems.push_back(std::string("raised: ") + e.what_without_backtrace());
+    return r;
+  }
+  r.problems.insert(r.problems.end(), ctx.problems.begin(), ctx.problems.end());
+  if (observer.asserts > 0) {
+    r.problems.push_back(std::to_string(observer.asserts) + " device asserts fired");
+  }
+  const auto cache_base = reinterpret_cast<uintptr_t>(k_cache.data_ptr());
+  std::set<uintptr_t> rows;
+  for (const int64_t slot : slot_values) {
+    rows.insert(cache_base + static_cast<uintptr_t>(slot * D));
+  }
+  int64_t reported = 0;
+  int64_t cache_stores = 0;
+  for (const auto& [addr, st] : observer.stores) {
+    if (addr < cache_base || addr >= cache_base + cache_bytes) {
+      continue;  // q's output
+    }
+    ++cache_stores;
+    const uintptr_t row = cache_base + (addr - cache_base) / D * D;
+    if ((rows.count(row) == 0 || st.writes != 1) && reported++ < 4) {
+      std::ostringstream m;
+      m << "thread " << st.thread << " stored " << st.writes << " time(s) to cache element "
+        << (addr - cache_base) << ", in no row of a slot of the call";
+      r.problems.push_back(m.str());
+    }
+  }
+  if (cache_stores != T * D) {
+    r.problems.push_back(std::to_string(cache_stores) + " cache bytes stored, expected " +
+                         std::to_string(T * D));
+  }
+  at::Tensor small_cache = at::zeros({T, 1, D}, at::TensorOptions().dtype(at::kFloat8_e4m3fn));
+  const at::Tensor cpu_q = rope::rms_norm_apply_qk_cache(
+      q, k, std::nullopt, q_weight, k_weight, t.cos, t.sin, positions, small_cache, std::nullopt,
+      at::arange(T, at::TensorOptions().dtype(at::kLong)), 1e-6, 0.0, true, k_scale);
+  const at::Tensor got = bytes_of(k_cache).index_select(0, slots);
+  if (!at::equal(got, bytes_of(small_cache))) {
+    r.problems.push_back(
+        "the cache rows of the slots (past 2^32 elements among them) differ from "
+        "the CPU backend's");
+  }
+  if (!at::equal(host_q.view(at::kShort), cpu_q.view(at::kShort))) {
+    r.problems.push_back("q's output differs from the CPU backend's");
+  }
+  return r;
+}
+
 }  // namespace
 
 std::vector<BigCaseResult> run_big_cases(const CpuVectorPath& cpu_path, Tally& tally) {
@@ -592,6 +835,8 @@ std::vector<BigCaseResult> run_big_cases(const CpuVectorPath& cpu_path, Tally& t
     all.push_back(std::move(r));
   }
   all.push_back(big_kv_cache_case());
+  all.push_back(big_stream_threads_case());
+  all.push_back(big_stream_cache_case());
   return all;
 }
 

@@ -562,6 +562,9 @@ int main(int argc, char** argv) {
   const int64_t first = opt.only >= 0 ? opt.only : 0;
   const int64_t last = opt.only >= 0 ? opt.only + 1 : one_family ? 0 : opt.cases;
   for (int64_t i = first; i < last; ++i) {
+    // Odd cases run their launches' blocks and threads in reverse order (a rerun of one case
+    // keeps its order).
+    set_reverse_order(i % 2 == 1);
     const Case c = make_case(opt.seed, i);
     if (opt.verbose) {
       std::printf("%s\n", c.describe().c_str());

@@ -8,6 +8,7 @@
 
 #include "access_tracker.h"
 #include "cuda/common_glue.h"
+#include "store_ledger.h"
 
 namespace rope_host {
 namespace {
@@ -31,15 +32,41 @@ Storage storage_of(c10::ScalarType dtype) {
   }
 }
 
-// Counts the device asserts of a launch that nothing else observes.
-class AssertCounter final : public Observer {
+// Counts the device asserts of a launch that nothing else observes, and checks that no byte is
+// stored twice in it. The KV-cache and row-stream kernels give every output element one thread;
+// a second store is a race on a GPU (the last to land wins), even where the serial run's order
+// happens to leave the right value (the runs alternate the order too: see set_reverse_order).
+class StoreOnceCounter final : public Observer {
  public:
   void load(const void*, size_t, int64_t) override {}
-  void store(const void*, size_t, int64_t) override {}
+  void store(const void* p, size_t bytes, int64_t thread) override {
+    ledger.note(p, bytes, thread);
+  }
   void ldg(const void*, size_t, int64_t) override {}
   void device_assert(const char*, int64_t) override { ++asserts; }
   int64_t asserts = 0;
+  StoreLedger ledger;
 };
+
+void check_stored_once(CaseContext& ctx, const char* what, const StoreOnceCounter& counter) {
+  if (counter.ledger.double_stores() > 0) {
+    ctx.problems.push_back(std::string(what) + ": " +
+                           std::to_string(counter.ledger.double_stores()) +
+                           " bytes stored more than once; first: " + counter.ledger.first());
+  }
+}
+
+// No launch of the call received a pointer into the memory the case kept on the host.
+void check_no_host_pointers(CaseContext& ctx) {
+  const void* first = nullptr;
+  const int64_t seen = host_pointers_seen(&first);
+  if (seen > 0) {
+    std::ostringstream m;
+    m << seen << " kernel parameter word(s) point into host memory (a tensor the case kept on the "
+      << "CPU, which the glue must copy to the device first); first: " << first;
+    ctx.problems.push_back(m.str());
+  }
+}
 
 // A launch must land on the call's device (x's or q's), on that device's current stream.
 void check_device_and_stream(CaseContext& ctx, const char* what, bool launched, int device,
@@ -78,7 +105,7 @@ struct HostRuntime {
 
   static std::optional<c10::Device> device_of(const at::Tensor& t) {
     if (g_ctx != nullptr && t.defined() && t.has_storage() &&
-        g_ctx->on_device.count(t.storage().data()) > 0) {
+        g_ctx->on_device.count(t.storage().unsafeGetStorageImpl()) > 0) {
       return c10::Device(c10::DeviceType::CUDA,
                          static_cast<c10::DeviceIndex>(g_ctx->device.ordinal));
     }
@@ -144,7 +171,7 @@ struct HostRuntime {
   static int launch_kv_cache(c10::ScalarType dtype, const rope::KvCacheArgs& args,
                              const rope::TableArgs& tables, bool interleaved, Stream stream) {
     CaseContext& ctx = *g_ctx;
-    AssertCounter counter;
+    StoreOnceCounter counter;
     Observer* observer = ctx.observer != nullptr ? ctx.observer : &counter;
     LaunchOptions options = ctx.sample;
     options.stream = stream;
@@ -156,6 +183,7 @@ struct HostRuntime {
       ctx.problems.push_back("kv cache launch: " + std::to_string(counter.asserts) +
                              " device asserts fired on positions and slots all in range");
     }
+    check_stored_once(ctx, "kv cache launch", counter);
     check_device_and_stream(ctx, "kv cache launch", record.launched, record.device, record.stream);
     ctx.grid_launches.push_back(record);
     return status;
@@ -165,7 +193,7 @@ struct HostRuntime {
   static int launch_streams(c10::ScalarType dtype, const rope::StreamArgs& args,
                             const rope::TableArgs& tables, Stream stream) {
     CaseContext& ctx = *g_ctx;
-    AssertCounter counter;
+    StoreOnceCounter counter;
     Observer* observer = ctx.observer != nullptr ? ctx.observer : &counter;
     LaunchOptions options = ctx.sample;
     options.stream = stream;
@@ -178,6 +206,7 @@ struct HostRuntime {
       ctx.problems.push_back("row streams launch: " + std::to_string(counter.asserts) +
                              " device asserts fired on positions and slots all in range");
     }
+    check_stored_once(ctx, "row streams launch", counter);
     check_device_and_stream(ctx, "row streams launch", record.launched, record.device,
                             record.stream);
     ctx.grid_launches.push_back(record);
@@ -198,12 +227,15 @@ struct HostRuntime {
   }
 };
 
-// Enters the call: the caller's device is current, not x's. Leaving checks it is again.
+// Enters the call: the caller's device is current, not x's, and the simulated runtime knows
+// which memory the case kept on the host. Leaving checks the caller's device is current again and
+// that no launch received a pointer into host memory.
 class Enter {
  public:
   explicit Enter(CaseContext& ctx) : ctx_(ctx) {
     g_ctx = &ctx;
     g_current_device = ctx.start_device;
+    set_host_memory(ctx.on_host.data(), ctx.on_host.size());
   }
   ~Enter() {
     if (g_current_device != ctx_.start_device) {
@@ -211,6 +243,8 @@ class Enter {
                               " is not current after the call (device " +
                               std::to_string(g_current_device) + " is)");
     }
+    check_no_host_pointers(ctx_);
+    set_host_memory(nullptr, 0);
     g_ctx = nullptr;
   }
 
@@ -222,7 +256,13 @@ class Enter {
 
 void CaseContext::place(const at::Tensor& t) {
   if (t.defined() && t.has_storage()) {
-    on_device.insert(t.storage().data());
+    on_device.insert(t.storage().unsafeGetStorageImpl());
+  }
+}
+
+void CaseContext::keep_on_host(const at::Tensor& t) {
+  if (t.defined() && t.has_storage() && t.storage().nbytes() > 0) {
+    on_host.push_back(HostRange{t.storage().data(), t.storage().nbytes()});
   }
 }
 

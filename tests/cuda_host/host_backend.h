@@ -27,8 +27,12 @@ struct CaseContext {
   Device device;         // the simulated GPU the tensors of the call live on
   int start_device = 0;  // the current device when the op is called; must differ from device's
   bool positions_in_range = true;
-  // Tensors on `device`, by storage address; every other tensor is on the CPU for device_of.
+  // Tensors on `device`, by storage (its StorageImpl, not its data pointer: every empty storage
+  // has a null one); every other tensor is on the CPU for device_of.
   std::unordered_set<const void*> on_device;
+  // The storages of tensors the case keeps on the CPU (keep_on_host): no launch may receive a
+  // pointer into them (the glue must copy them to the device first).
+  std::vector<HostRange> on_host;
   // Checks each launch's accesses with an AccessTracker, unless `observer` is given (the big
   // cases, which check what they sample themselves).
   Observer* observer = nullptr;
@@ -43,6 +47,8 @@ struct CaseContext {
 
   // Puts t's storage (and so every view of it) on `device`.
   void place(const at::Tensor& t);
+  // Records that t's storage stays on the CPU (see on_host).
+  void keep_on_host(const at::Tensor& t);
 };
 
 // The stream the simulated runtime reports as current on `device` (never the default stream).

@@ -13,6 +13,8 @@ namespace rope_host {
 namespace {
 
 Observer* g_observer = nullptr;
+int64_t g_host_pointers = 0;  // kernel parameter words pointing into host memory
+const void* g_first_host_pointer = nullptr;
 LaunchRecord* g_record = nullptr;
 GridLaunchRecord* g_grid_record = nullptr;  // set while a norm or KV-cache launch runs
 Device g_device;
@@ -168,6 +170,19 @@ int resident_blocks(const void* kernel, int device) {
   return 1 + static_cast<int>(h % 8);
 }
 
+// The kernels' own constant tables (common_exact_angle.h's device copies, which the device
+// branches read through __ldg): memory of the module, not of a tensor, so not the observer's.
+bool in_kernel_constants(const void* p) {
+  namespace ead = rope::exact_angle::detail;
+  const auto within = [p](const void* table, size_t bytes) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    const auto b = reinterpret_cast<uintptr_t>(table);
+    return a >= b && a < b + bytes;
+  };
+  return within(ead::kInvTwoPiWordsDevice, sizeof(ead::kInvTwoPiWordsDevice)) ||
+         within(ead::kSinTableDevice, sizeof(ead::kSinTableDevice));
+}
+
 void install_hooks() {
   rope_shim::Hooks& h = rope_shim::hooks();
   h.on_launch = [](void*, const void* kernel, dim3 grid, dim3 block, void** args,
@@ -204,12 +219,17 @@ void install_hooks() {
     g_record->resident_blocks = resident_blocks(kernel, rope_shim::state().device);
   };
   h.on_ldg = [](void*, const void* p, size_t bytes, int64_t thread) {
-    if (g_observer != nullptr) {
+    if (g_observer != nullptr && !in_kernel_constants(p)) {
       g_observer->ldg(p, bytes, thread);
     }
   };
   h.resident_blocks = [](void*, int device, const void* kernel, int /*block_threads*/) {
     return resident_blocks(kernel, device);
+  };
+  h.on_host_pointer = [](void*, size_t /*offset*/, const void* p) {
+    if (g_host_pointers++ == 0) {
+      g_first_host_pointer = p;
+    }
   };
 }
 
@@ -398,6 +418,25 @@ int streams_launch(Storage storage, const rope::StreamArgs& args, const rope::Ta
 }
 
 int64_t occupancy_queries() { return rope_shim::state().occupancy_queries; }
+
+void set_reverse_order(bool reverse) { rope_shim::state().reverse_order = reverse; }
+
+void set_host_memory(const HostRange* ranges, size_t count) {
+  rope_shim::HostMemory& m = rope_shim::host_memory();
+  m.clear();
+  for (size_t i = 0; i < count; ++i) {
+    m.add(ranges[i].begin, ranges[i].bytes);
+  }
+  g_host_pointers = 0;
+  g_first_host_pointer = nullptr;
+}
+
+int64_t host_pointers_seen(const void** first) {
+  if (first != nullptr) {
+    *first = g_first_host_pointer;
+  }
+  return g_host_pointers;
+}
 
 uint16_t float_to_half_bits(float f) { return __float2half_rn(f).bits; }
 float half_bits_to_float(uint16_t bits) { return __half2float(__half{bits}); }

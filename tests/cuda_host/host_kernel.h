@@ -103,6 +103,20 @@ int streams_launch(Storage storage, const rope::StreamArgs& args, const rope::Ta
 // kernel variant, thanks to its cache.
 int64_t occupancy_queries();
 
+// The order the serial launches run their blocks and threads in from now on (the shim's
+// State::reverse_order): a GPU has none, so the host runs alternate between the two.
+void set_reverse_order(bool reverse);
+
+// Memory the simulated runtime knows to be on the host (the shim's HostMemory): from now on,
+// every launch counts the words of its parameter block that point into one of these ranges.
+struct HostRange {
+  const void* begin = nullptr;
+  size_t bytes = 0;
+};
+void set_host_memory(const HostRange* ranges, size_t count);
+// The parameter words counted since set_host_memory, and the first address seen.
+int64_t host_pointers_seen(const void** first = nullptr);
+
 // The shim's storage conversions, for a cross-check against c10::Half / c10::BFloat16.
 uint16_t float_to_half_bits(float f);
 float half_bits_to_float(uint16_t bits);

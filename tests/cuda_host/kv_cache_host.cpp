@@ -35,6 +35,12 @@ void on_assert() { ++g_asserts; }
 }  // namespace
 
 #define ROPE_DEVICE_ASSERT(cond) ((cond) ? (void)0 : on_assert())
+// Every store of a launch, for the one-store-per-byte check (store_ledger.h).
+#include "store_ledger.h"
+namespace {
+rope_host::StoreLedger g_stores;
+}  // namespace
+#define ROPE_TRACE_STORE(ptr, bytes) g_stores.note((ptr), (bytes), ::rope_shim::thread_id())
 #include "cuda/kv_cache_kernel.cuh"
 
 namespace {
@@ -369,6 +375,9 @@ bool run_case(uint64_t seed, int64_t index, Checker& check) {
   }
 
   // ---- run ----
+  g_stores.clear();
+  // Odd cases run the grid's blocks and threads in reverse order.
+  rope_shim::state().reverse_order = index % 2 == 1;
   g_asserts = 0;
   cudaError_t status = cudaSuccess;
   switch (c.storage) {
@@ -387,6 +396,10 @@ bool run_case(uint64_t seed, int64_t index, Checker& check) {
   }
   if (status != cudaSuccess) {
     return check.fail("launch failed with status " + std::to_string(status));
+  }
+  if (g_stores.double_stores() > 0) {
+    return check.fail(std::to_string(g_stores.double_stores()) +
+                      " bytes stored more than once; first: " + g_stores.first());
   }
   const bool expect_assert = bad_pos_token >= 0 || bad_slot_token >= 0;
   if (expect_assert != (g_asserts > 0)) {

@@ -267,6 +267,9 @@ NormRun run_norm_cases(uint64_t seed, int64_t count, int64_t only, int64_t max_f
   const int64_t first = only >= 0 ? only : 0;
   const int64_t last = only >= 0 ? only + 1 : count;
   for (int64_t i = first; i < last; ++i) {
+    // Odd cases run their launches' blocks and threads in reverse order (a rerun of one case
+    // keeps its order).
+    set_reverse_order(i % 2 == 1);
     const NormCase c = make_norm_case(seed, i);
     if (verbose) {
       std::printf("%s\n", c.describe().c_str());

@@ -208,6 +208,9 @@ void run_family(const char* family, const char* rerun_flag, uint64_t seed, int64
   const int64_t first = only >= 0 ? only : 0;
   const int64_t last = only >= 0 ? only + 1 : count;
   for (int64_t i = first; i < last; ++i) {
+    // Odd cases run their launches' blocks and threads in reverse order (a rerun of one case
+    // keeps its order).
+    set_reverse_order(i % 2 == 1);
     std::vector<std::string> problems;
     const std::string described = one(i, problems, verbose);
     ++run.cases;

@@ -41,6 +41,12 @@ void on_assert() { ++g_asserts; }
 }  // namespace
 
 #define ROPE_DEVICE_ASSERT(cond) ((cond) ? (void)0 : on_assert())
+// Every store of a launch, for the one-store-per-byte check (store_ledger.h).
+#include "store_ledger.h"
+namespace {
+rope_host::StoreLedger g_stores;
+}  // namespace
+#define ROPE_TRACE_STORE(ptr, bytes) g_stores.note((ptr), (bytes), ::rope_shim::thread_id())
 #include "cuda/common_stream_kernel.cuh"
 #include "fp8_codec.h"
 
@@ -405,6 +411,9 @@ bool run_case(uint64_t seed, int64_t index, Checker& check) {
 
   // ---- run ----
   const auto plan = rope::cuda::streams::plan(a, tables, es);  // which streams take the vector path
+  g_stores.clear();
+  // Odd cases run the grid's blocks and threads in reverse order.
+  rope_shim::state().reverse_order = index % 2 == 1;
   g_asserts = 0;
   cudaError_t status = cudaSuccess;
   switch (storage) {
@@ -423,6 +432,10 @@ bool run_case(uint64_t seed, int64_t index, Checker& check) {
   }
   if (status != cudaSuccess) {
     return check.fail("launch failed with status " + std::to_string(status));
+  }
+  if (g_stores.double_stores() > 0) {
+    return check.fail(std::to_string(g_stores.double_stores()) +
+                      " bytes stored more than once; first: " + g_stores.first());
   }
   // Which rows read the planted value: a bad slot is read by every by_slot stream with rows; a
   // bad position only by a rotating row of its token (and head, for per-head positions) that

@@ -62,6 +62,10 @@ KV_FILES = {"cuda/kv_cache_kernel.cuh", "kv_cache_args.h"}
 # independent reference) first, then the host run (the serving fusions' bit comparisons with the
 # CPU backend).
 STREAM_FILES = {"cuda/common_stream_kernel.cuh", "common_row_streams.h"}
+# Mutants of the table-free angle core meet its torch-free run first (exact_angle_host.cpp: the
+# device branches against an independent double path, and bit for bit against the clean host
+# branches), then the host run (the frequency form of every op).
+EXACT_ANGLE_FILES = {"common_exact_angle.h"}
 GLUE_SOURCES = {"cuda/common_glue.h": REPO / "csrc" / "cuda" / "common_glue.h"}
 
 
@@ -648,7 +652,7 @@ MUTANTS += [
     Mutant(
         "exact-f32-cubic-term-dropped",
         EXACT,
-        "fma_f32(C.hi, tl, C.lo * th) + C.hi * sigma;",
+        "fma_f32(C.hi, tl, C.lo * th) + mul_rn(C.hi, sigma);",
         "fma_f32(C.hi, tl, C.lo * th);",
         "sin of the reduced angle without its cubic term: 3e-7 off near 1/512 turn",
     ),
@@ -713,8 +717,8 @@ MUTANTS += [
     Mutant(
         "packed-offsets-ignored",
         "cuda/common_device.cuh",
-        "  pos = offset + relative;",
-        "  pos = relative;",
+        "  pos = ok ? offset + relative : 0;",
+        "  pos = ok ? relative : 0;",
         "seq_offsets read and checked, then not added",
     ),
 ]
@@ -1001,6 +1005,109 @@ MUTANTS += [
 ]
 
 
+# The outside review's planted bugs that every CPU-side check missed, each now caught by the check
+# it names: bad packings of every kind on the device and cu_seqlens / seq_offsets of independent
+# integer types (forms_cases.cpp), non-finite frequencies on the device, the exact-angle core's
+# device branches run on the host (exact_angle_host.cpp), the row streams past 2^32 threads,
+# source elements and cache elements (big_cases.cpp), every host run in both thread orders with a
+# one-store-per-byte ledger (store_ledger.h), and pointers into host memory refused at launch.
+MUTANTS += [
+    Mutant(
+        "packed-device-length-multiple-unchecked",
+        "cuda/common_device.cuh",
+        "start % cp == 0 && (cp == 1 || length % (2 * cp) == 0) && j >= 0",
+        "start % cp == 0 && j >= 0",
+        "a sequence length not divisible by 2 * cp_size placed off its zigzag chunk on the device",
+    ),
+    Mutant(
+        "packed-device-negative-first-boundary",
+        "cuda/common_device.cuh",
+        "  bool ok = cu(0) == 0 && last % cp == 0",
+        "  bool ok = cu(0) <= 0 && last % cp == 0",
+        "a negative cu_seqlens[0] accepted on the device",
+    ),
+    Mutant(
+        "packed-device-offsets-read-with-cu-width",
+        "cuda/common_device.cuh",
+        "read_index(s.seq_offsets, s.seq_offsets_are_int64, i)",
+        "read_index(s.seq_offsets, s.cu_seqlens_are_int64, i)",
+        "seq_offsets read with cu_seqlens' integer width (int32 with int64 passes validation)",
+    ),
+    Mutant(
+        "packed-device-no-sequence-read",
+        "cuda/common_device.cuh",
+        "  ROPE_DEVICE_ASSERT(s.num_seqs >= 1);\n  if (s.num_seqs < 1) {\n    return false;\n  }\n",
+        "",
+        "cu_seqlens = [0] with tokens: cu_seqlens[1] and seq_offsets[0] read past their ends",
+    ),
+    Mutant(
+        "freqs-nonfinite-rotates-by-zero",
+        "cuda/rope_kernel.cuh",
+        "  if (!finite_bits(bits)) {\n    constexpr float nan",
+        "  if (false) {\n    constexpr float nan",
+        "an inf / NaN frequency on the device rotates by angle 0 instead of giving NaN",
+    ),
+    Mutant(
+        "exact-device-mul-hi-32-bit",
+        EXACT,
+        "  return __umul64hi(a, b);",
+        "  return __umul64hi(a & 0xffffffffu, b);",
+        "the device branch's 64 x 64 high product from 32 bits of one factor",
+    ),
+    Mutant(
+        "exact-device-sin-table-index-wraps",
+        EXACT,
+        "__ldg(reinterpret_cast<const float2*>(kSinTableDevice) + i);",
+        "__ldg(reinterpret_cast<const float2*>(kSinTableDevice) + (i & 63u));",
+        "the device branch's sin-table index wraps at 64 (entry 64, cos(0), read as sin(0))",
+    ),
+    Mutant(
+        "exact-device-flip-sign-dropped",
+        EXACT,
+        "  return __longlong_as_double(static_cast<long long>(double_bits(x) ^ (flip << 63)));",
+        "  return __longlong_as_double(static_cast<long long>(double_bits(x)));",
+        "the device branch of the float64 path never flips a quadrant's sign",
+    ),
+    Mutant(
+        "streams-thread-index-32-bit",
+        STREAMS,
+        "  int64_t w = grid_thread_index<kBlockThreads>();",
+        "  int64_t w = static_cast<uint32_t>(grid_thread_index<kBlockThreads>());",
+        "the row streams' thread index held in 32 bits (a serving call past 2^32 threads)",
+    ),
+    Mutant(
+        "streams-source-offset-32-bit",
+        STREAMS,
+        "static_cast<const T*>(st.src) + t * st.token_stride + h * st.head_stride;",
+        "static_cast<const T*>(st.src) +\n"
+        "      static_cast<int32_t>(t * st.token_stride + h * st.head_stride);",
+        "a source row's element offset held in 32 bits (a source view past 2^31 elements)",
+    ),
+    Mutant(
+        "streams-cache-row-32-bit",
+        STREAMS,
+        "    offset = slot_row(tg, slot, h);",
+        "    offset = static_cast<int32_t>(slot_row(tg, slot, h));",
+        "a cache row's element offset held in 32 bits (a KV cache past 2^31 elements)",
+    ),
+    Mutant(
+        "streams-rotating-lane-stores-into-tail",
+        STREAMS,
+        "    store_chunk<kVector, T>(st.target, dst, first, R, v);\n  } else {",
+        "    store_chunk<kVector, T>(st.target, dst, first, st.width, v);\n  } else {",
+        "the last rotating lane also stores the first tail features, which the tail lane rewrites "
+        "(a race the serial order hides)",
+    ),
+    Mutant(
+        "glue-seq-offsets-left-on-host",
+        "cuda/common_glue.h",
+        "      on_device.seq_offsets = Runtime::to_device(packed.seq_offsets, x);",
+        "      on_device.seq_offsets = packed.seq_offsets;",
+        "seq_offsets given on the host passed to the kernel as a host pointer",
+    ),
+]
+
+
 def write_overlay(overlay: Path, mutant=None):
     write_sources(overlay, SOURCES, mutant)
     write_sources(overlay.parent / (overlay.name + "_glue"), GLUE_SOURCES, mutant)
@@ -1049,6 +1156,7 @@ class Lane:
             "host": "cuda_host_mutant",
             "kv": "cuda_host_kv_cache_mutant",
             "streams": "cuda_host_streams_mutant",
+            "exact_angle": "cuda_host_exact_angle_mutant",
         }[kind]
         return base + self.suffix
 
@@ -1073,11 +1181,17 @@ def configured_lanes(build_dir: Path):
 
 
 def build(build_dir: Path, targets):
-    """One build command for ``targets`` (ninja compiles them in parallel)."""
+    """One build command for ``targets`` (ninja compiles them in parallel).
+
+    ccache runs in preprocessor mode (CCACHE_NODIRECT): its direct mode finds a cached object from
+    a manifest of the include files' paths, which a mutant overlay of another build directory at
+    the same depth shares, and could serve an unmutated object to a mutant target (a false
+    "survived"). The preprocessor mode hashes the preprocessed source itself, mutant included."""
     result = subprocess.run(
         ["cmake", "--build", str(build_dir), "--target", *targets],
         capture_output=True,
         text=True,
+        env={**os.environ, "CCACHE_NODIRECT": "1"},
     )
     return result.returncode == 0, result.stdout + result.stderr
 
@@ -1153,6 +1267,7 @@ def first_failure(out: str) -> str:
 CHECK_NAMES = {
     "kv": "KV-cache host run",
     "streams": "row streams host run",
+    "exact_angle": "exact-angle host run",
     "host": "host run",
     "plan": "launch-plan tests",
     "tuning": "tuning defaults",
@@ -1164,6 +1279,8 @@ def checks_of(m):
         return ["kv", "host"]
     if m.file in STREAM_FILES:
         return ["streams", "host"]
+    if m.file in EXACT_ANGLE_FILES:
+        return ["exact_angle", "host"]
     if m.file == "cuda/rope_launch_plan.h":
         return ["host", "plan", "tuning"]
     return ["host"]
@@ -1258,6 +1375,7 @@ def main():
         # Every host run a selected mutant goes through (KV-cache and row-stream mutants: two).
         kinds = ["host"] + ["kv"] * any(m.file in KV_FILES for m in mutants)
         kinds += ["streams"] * any(m.file in STREAM_FILES for m in mutants)
+        kinds += ["exact_angle"] * any(m.file in EXACT_ANGLE_FILES for m in mutants)
         for kind in kinds:
             target = lanes[0].host_target(kind)
             ok, log = build(build_dir, [lane.host_target(kind) for lane in lanes])

@@ -9,6 +9,7 @@
 #include <torch_rope/ops.h>
 #include <torch_rope/tables.h>
 
+#include "../engine_call.h"
 #include "../rules.h"
 
 namespace py = pybind11;
@@ -218,6 +219,28 @@ PYBIND11_MODULE(_C, m) {
       py::arg("q"), py::arg("k"), py::arg("cos"), py::arg("sin"), py::arg("positions"),
       py::arg("interleaved"), py::arg("inverse"), py::arg("mrope_section") = py::none(),
       py::arg("mrope_interleaved") = false);
+  // The engines' in-place call of torch_rope.compat (rotary_embedding and FlashInfer's
+  // apply_rope_with_cos_sin_cache_inplace), views and checks in C++ (csrc/engine_call.h).
+  m.def(
+      "_rotate_heads_in_place",
+      [](const at::Tensor& positions, const at::Tensor& query, const std::optional<at::Tensor>& key,
+         int64_t head_size, const at::Tensor& cos_sin_cache, bool interleaved) {
+        py::gil_scoped_release no_gil;
+        rope::detail::rotate_heads_in_place(positions, query, key, head_size, cos_sin_cache,
+                                            interleaved);
+      },
+      py::arg("positions"), py::arg("query"), py::arg("key"), py::arg("head_size"),
+      py::arg("cos_sin_cache"), py::arg("interleaved"));
+  m.def(
+      "_rotate_heads",
+      [](const at::Tensor& positions, const at::Tensor& query, const at::Tensor& key,
+         int64_t head_size, const at::Tensor& cos_sin_cache, bool interleaved) {
+        py::gil_scoped_release no_gil;
+        return rope::detail::rotate_heads(positions, query, key, head_size, cos_sin_cache,
+                                          interleaved);
+      },
+      py::arg("positions"), py::arg("query"), py::arg("key"), py::arg("head_size"),
+      py::arg("cos_sin_cache"), py::arg("interleaved"));
   // The frequency and packed-sequence forms (python/torch_rope/_forms.py), same arguments and
   // keywords as their overloads.
   using OptTensor = std::optional<at::Tensor>;

@@ -54,6 +54,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
+from . import _C
 from ._compat_errors import _TRANSLATED, PeerNames, in_peer_words, peer_words
 from ._compat_flash_attn import apply_rotary_emb
 from ._compat_flashinfer import (
@@ -247,7 +248,29 @@ def _over_heads(positions: Tensor) -> Tensor:
     return positions if positions.numel() == 1 else positions.unsqueeze(-1)
 
 
+# The caches the native entries take as they are (16-bit caches are converted in _tables).
+_NATIVE_CACHE_DTYPES = (torch.float32, torch.float64)
+
+
+def _native_call(positions, query, key, cos_sin_cache) -> bool:
+    """Whether the call may take the native entry (csrc/engine_call.h): eager, plain tensors, a
+    float32/float64 cache. The views and checks are then made in C++, where a view costs a few
+    hundred nanoseconds instead of microseconds."""
+    return (
+        eager_fast_path(positions, query, cos_sin_cache)
+        and (key is None or type(key) is Tensor)
+        and cos_sin_cache.dtype in _NATIVE_CACHE_DTYPES
+    )
+
+
 def _rotate_in_place(words, positions, query, key, head_size, cos_sin_cache, is_neox, offset):
+    if not offset and _native_call(positions, query, key, cos_sin_cache):
+        try:
+            _C._rotate_heads_in_place(positions, query, key, head_size, cos_sin_cache, not is_neox)
+        except _TRANSLATED as error:
+            # query's rotation names it x, as rope.apply_ does; key's checks name key.
+            raise in_peer_words(error, words[0]) from None
+        return
     cos, sin = _tables(cos_sin_cache)
     if offset:
         rotary_dim = 2 * cos.size(-1)
@@ -330,6 +353,11 @@ def apply_rope_with_cos_sin_cache(
 ) -> Tuple[Tensor, Tensor]:
     """FlashInfer's ``apply_rope_with_cos_sin_cache``: rotated copies of ``query`` and ``key``
     (new contiguous tensors of their shapes), in one :func:`torch_rope.apply_qk` call."""
+    if _native_call(positions, query, key, cos_sin_cache):
+        try:
+            return _C._rotate_heads(positions, query, key, head_size, cos_sin_cache, not is_neox)
+        except _TRANSLATED as error:
+            raise in_peer_words(error, _FLASHINFER_WORDS) from None
     cos, sin = _tables(cos_sin_cache)
     q = _heads("query", query, positions, head_size)
     k = _heads("key", key, positions, head_size)

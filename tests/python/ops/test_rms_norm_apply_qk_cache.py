@@ -222,6 +222,32 @@ def test_multi_axis_positions(mrope_interleaved, interleaved, device):
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16],
+                         ids=dtype_id)  # fmt: skip
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half_split"])
+@pytest.mark.parametrize("T, Hq, Hkv", [(1, 8, 2), (7, 4, 4), (20, 16, 2)])
+def test_apply_qk_cache_multi_axis_bits_every_dtype(T, Hq, Hkv, interleaved, dtype, device):
+    # The docs say q and the cached k rows of a multi-axis apply_qk_cache are apply_qk's, bit for
+    # bit: in every dtype, both pair layouts, at decode and prefill sizes, with axis-first
+    # positions (as transformers hands them: a transposed view) and a partial rotary run.
+    c = make_call(device, dtype, T=T, Hq=Hq, Hkv=Hkv, D=128, rotary_dim=96, Dv=64,
+                  mrope_section=[16, 16, 16], seed=T)  # fmt: skip
+    positions = c["positions"][:, 0, :].t().contiguous().t().unsqueeze(1)  # axis-first memory
+    q_out = torch_rope.apply_qk_cache(
+        c["q"], c["k"], c["v"], c["cos"], c["sin"], positions, c["k_cache"], c["v_cache"],
+        c["slot_mapping"], interleaved=interleaved, mrope_section=c["mrope_section"],
+    )  # fmt: skip
+    q_ref, k_ref = torch_rope.apply_qk(
+        c["q"], c["k"], c["cos"], c["sin"], positions, interleaved=interleaved,
+        mrope_section=c["mrope_section"],
+    )  # fmt: skip
+    assert ref.same_bits(q_out, q_ref)
+    stored = c["slot_mapping"] >= 0
+    rows, _ = stored_rows(c["k_cache"], c["slot_mapping"][stored])
+    assert ref.same_bits(rows, k_ref[stored])
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
 @pytest.mark.parametrize("cache", ["same", "fp8"])
 @pytest.mark.parametrize("mrope_interleaved", [False, True], ids=["runs", "mrope_interleaved"])
 def test_apply_qk_cache_with_multi_axis_positions(mrope_interleaved, cache, device):

@@ -12,7 +12,8 @@
 # Each is checked from Python (tests/wheel/smoke.py), and the cuda one also from C++ (the LibTorch
 # example configured against the CMake package inside the installed wheel). torch itself comes
 # from the project's .venv through a .pth file, so only our wheel is installed into the new
-# environments. Without nvcc the cuda wheel cannot be built: it is reported as skipped.
+# environments. Without nvcc, or with a torch without CUDA, the cuda wheel cannot be built: it is
+# reported as skipped.
 #
 # The C++ objects come from ccache: build-wheel-cpu/ and build-wheel/ sit beside build/ at the
 # same depth (CCACHE_BASEDIR, scripts/build.sh) and compile the same lines, so only what differs
@@ -57,6 +58,10 @@ smoke cpu no none
 
 if ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ]; then
   echo "-- wheel cuda: SKIPPED (no nvcc: a CUDA wheel cannot be built here)"
+  exit 0
+fi
+if [ "$("$PY" -c 'import torch; print(torch.version.cuda is not None)')" != True ]; then
+  echo "-- wheel cuda: SKIPPED (this torch has no CUDA: a CUDA wheel cannot be built against it)"
   exit 0
 fi
 # The architectures the cuda wheel must hold, from the GPUs torch sees (setup.py's rule, restated).

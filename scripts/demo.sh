@@ -14,6 +14,11 @@ PY=.venv/bin/python
 BUILD=build-demo
 PKG="$BUILD/python/torch_rope"
 
+# Python writes the .pyc files of what the demo imports, once, into .venv (scripts/setup.sh
+# --minimal does not compile them all), even where PYTHONDONTWRITEBYTECODE is set: without them
+# every process compiled torch's modules again (import torch 9 s instead of 4 s).
+unset PYTHONDONTWRITEBYTECODE
+
 echo "== demo [1/3]: install (scripts/setup.sh --minimal: the build tools, torch, numpy)"
 bash scripts/setup.sh --minimal
 

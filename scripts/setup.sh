@@ -61,12 +61,19 @@ fi
 # (scripts/wheel_smoke.sh) and installs when uv is not there.
 uv_pin="uv==0.13.9"
 # The minimal set shows its progress (uv's: the packages resolved, downloaded, installed, with a
-# bar on a terminal): torch and its CUDA libraries are the demo's longest wait.
+# bar on a terminal): torch and its CUDA libraries are the demo's longest wait. It leaves the .pyc
+# files to Python, which writes those of the modules a process imports (scripts/demo.sh lets it):
+# compiling all 5,600 files of the set took 37 s of the demo's install, what the demo imports
+# about 20 s once, and the full set compiles them all anyway.
 quiet=(-q)
-[ "$mode" = minimal ] && quiet=()
+bytecode=(--compile-bytecode)
+if [ "$mode" = minimal ]; then
+  quiet=()
+  bytecode=()
+fi
 venv_install() {
   if [ -x .venv/bin/uv ]; then
-    .venv/bin/uv pip install "${quiet[@]}" --compile-bytecode --python .venv/bin/python "$@"
+    .venv/bin/uv pip install "${quiet[@]}" "${bytecode[@]}" --python .venv/bin/python "$@"
   else
     .venv/bin/python -m pip install "${quiet[@]}" "$@"
   fi

@@ -7,6 +7,12 @@
 The wheel holds the Python package, torch_rope/_C (the pybind11 module), torch_rope/lib/librope.so
 (which _C links through its $ORIGIN/lib rpath rather than recompiling the kernels), the public
 headers in torch_rope/include and the CMake package in torch_rope/lib/cmake/TorchRope.
+
+The CUDA architectures follow the convention of torch extensions (torch.utils.cpp_extension):
+TORCH_CUDA_ARCH_LIST when set ("8.0;9.0+PTX", spaces or semicolons, torch's names such as
+"Hopper"); otherwise those of the GPUs present, the newest with PTX; with no GPU present, the
+default list of CMakeLists.txt (TORCH_ROPE_DEFAULT_CUDA_ARCH_LIST: Turing to Blackwell and Hopper
+PTX, what the test command builds and checks). TORCH_ROPE_CUDA=OFF builds the CPU backend only.
 """
 
 import os
@@ -19,6 +25,36 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
+
+
+def cuda_arch_list(env_value, capabilities, newest_supported):
+    """(TORCH_CUDA_ARCH_LIST for CMake, why), torch's rule for extensions.
+
+    env_value: TORCH_CUDA_ARCH_LIST from the environment (None when unset); capabilities: the
+    (major, minor) of each GPU present; newest_supported: the newest (major, minor) this torch
+    was built for, to which a newer GPU is clamped, as torch does. An empty list means CMake's
+    default list.
+    """
+    if env_value and env_value.strip() and env_value.strip() != "native":
+        return ";".join(env_value.replace(" ", ";").split(";")).strip(";"), "TORCH_CUDA_ARCH_LIST"
+    present = sorted({min(tuple(c), tuple(newest_supported)) for c in capabilities})
+    if not present:
+        return "", "no GPU present: the default list of CMakeLists.txt"
+    arches = [f"{major}.{minor}" for major, minor in present]
+    arches[-1] += "+PTX"
+    return ";".join(arches), "the GPUs present"
+
+
+def gpus_present():
+    """(capabilities of the GPUs present, the newest capability this torch was built for)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return [], (0, 0)
+    capabilities = [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
+    built = [a[3:].rstrip("af") for a in torch.cuda.get_arch_list() if a.startswith("sm_")]
+    newest = max(((int(a[:-1]), int(a[-1])) for a in built), default=max(capabilities))
+    return capabilities, newest
 
 
 class CMakeExtension(Extension):
@@ -56,18 +92,12 @@ class CMakeBuild(build_ext):
             f"-DTORCH_ROPE_CUDA={os.environ.get('TORCH_ROPE_CUDA', 'AUTO')}",
             "-DTORCH_ROPE_BUILD_TESTS=OFF",
         ]
-        # TORCH_ROPE_CUDA_ARCHITECTURES (CMake's form, e.g. "90-real") replaces the default list
-        # of CMakeLists.txt; unset or empty keeps it (scripts/wheel_smoke.sh passes its
-        # TORCH_ROPE_WHEEL_CUDA_ARCHITECTURES here).
-        architectures = os.environ.get("TORCH_ROPE_CUDA_ARCHITECTURES")
-        if architectures:
-            arch_list = ";".join(
-                f"{a.split('-')[0][:-1]}.{a.split('-')[0][-1]}" for a in architectures.split(";")
-            )
-            configure += [
-                f"-DCMAKE_CUDA_ARCHITECTURES={architectures}",
-                f"-DTORCH_CUDA_ARCH_LIST={arch_list}",
-            ]
+        # Passed every time (empty: CMake's default list), so that a build directory kept from
+        # an earlier install does not keep that install's list.
+        if os.environ.get("TORCH_ROPE_CUDA", "AUTO").upper() != "OFF":
+            arch_list, why = cuda_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST"), *gpus_present())
+            print(f"torch-rope: CUDA architectures: {arch_list or 'the default list'} ({why})")
+            configure += [f"-DTORCH_CUDA_ARCH_LIST={arch_list}", "-DCMAKE_CUDA_ARCHITECTURES=OFF"]
         if shutil.which("ccache"):
             os.environ.setdefault("CCACHE_BASEDIR", str(ROOT))
             # The build directory out of the hash (scripts/build.sh says why).
@@ -90,7 +120,9 @@ class CMakeBuild(build_ext):
 
 
 # Metadata, packages and the version live in pyproject.toml; this file only adds the CMake step.
-setup(
-    ext_modules=[CMakeExtension("torch_rope._C")],
-    cmdclass={"build_ext": CMakeBuild},
-)
+# (setuptools runs this file as __main__; tests import it for cuda_arch_list.)
+if __name__ == "__main__":
+    setup(
+        ext_modules=[CMakeExtension("torch_rope._C")],
+        cmdclass={"build_ext": CMakeBuild},
+    )

@@ -26,7 +26,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 TEXT_SUFFIXES = {".py", ".cpp", ".h", ".cu", ".cuh", ".md", ".sh", ".txt", ".cmake", ".in", ".toml"}
 # Paths that the build or the tests create; naming them is not a stale reference.
-GENERATED = ("build", "build-asan", ".venv", "dist", "python/torch_rope/lib")
+GENERATED = (
+    "build",
+    "build-asan",
+    "build-demo",
+    "build-wheel",
+    "build-wheel-cpu",
+    ".venv",
+    "dist",
+    "python/torch_rope/lib",
+)
 # A path token: a top-level directory, then path characters (braces and globs included).
 TOP_LEVEL = sorted(p.name for p in REPO.iterdir() if p.is_dir() and not p.name.startswith(".git"))
 PATH_RE = re.compile(

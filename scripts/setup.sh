@@ -3,16 +3,28 @@
 # Installs what the build needs, idempotently: Debian packages (cmake, ninja, GoogleTest, g++)
 # when missing, and a project-local virtual environment (.venv) with the CUDA build of torch whose
 # CUDA major version matches /usr/local/cuda's nvcc, plus the Python tools. Safe to re-run.
+#
+#   bash scripts/setup.sh             # everything the tests need (scripts/test.sh)
+#   bash scripts/setup.sh --minimal   # what the demo runs (scripts/demo.sh): the build tools,
+#                                     # torch and numpy; no GoogleTest, no test or lint tools, no
+#                                     # integrations. A later full run adds the rest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mode=full
+if [ "${1:-}" = --minimal ]; then
+  mode=minimal
+fi
 
 need_apt=()
 command -v cmake >/dev/null || need_apt+=(cmake)
 command -v ninja >/dev/null || need_apt+=(ninja-build)
 command -v g++ >/dev/null || need_apt+=(g++)
-# ccache: the wheel smoke's build reuses the main build's objects (scripts/build.sh, setup.py).
+# ccache: the wheel smoke's build reuses the main build's objects (scripts/build.sh, setup.py),
+# and the demo's build (build-demo/) the CPU kernel copies of build/ and the other way round.
 command -v ccache >/dev/null || need_apt+=(ccache)
-[ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
+if [ "$mode" = full ]; then
+  [ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
+fi
 command -v python3 >/dev/null || need_apt+=(python3 python3-venv python3-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${need_apt[*]}"
@@ -34,6 +46,9 @@ if [ -z "${TORCH_SPEC:-}" ]; then
 fi
 requirements="$TORCH_SPEC numpy pytest pytest-xdist pybind11 expecttest matplotlib hypothesis==6.170.15 ruff==0.17.6 clang-format==23.1.5"
 stamp=.venv/.torch-rope-requirements
+# The demo's: what examples/attention_demo.py imports (torch; numpy, which torch warns without).
+minimal_requirements="$TORCH_SPEC numpy"
+minimal_stamp=.venv/.torch-rope-minimal-requirements
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
@@ -45,17 +60,48 @@ fi
 # 457 s instead of 257 s in fresh clones). pip stays in .venv for `pip wheel`
 # (scripts/wheel_smoke.sh) and installs when uv is not there.
 uv_pin="uv==0.13.9"
+# The minimal set shows its progress (uv's: the packages resolved, downloaded, installed, with a
+# bar on a terminal): torch and its CUDA libraries are the demo's longest wait. It leaves the .pyc
+# files to Python, which writes those of the modules a process imports (scripts/demo.sh lets it):
+# compiling all 5,600 files of the set took 37 s of the demo's install, what the demo imports
+# about 20 s once, and the full set compiles them all anyway.
+quiet=(-q)
+bytecode=(--compile-bytecode)
+if [ "$mode" = minimal ]; then
+  quiet=()
+  bytecode=()
+fi
 venv_install() {
   if [ -x .venv/bin/uv ]; then
-    .venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python "$@"
+    .venv/bin/uv pip install "${quiet[@]}" "${bytecode[@]}" --python .venv/bin/python "$@"
   else
-    .venv/bin/python -m pip install -q "$@"
+    .venv/bin/python -m pip install "${quiet[@]}" "$@"
   fi
 }
+install_uv() {
+  local version
+  version=$(.venv/bin/uv --version 2>/dev/null | cut -d' ' -f2 || true)
+  if [ "$version" != "${uv_pin#uv==}" ]; then
+    .venv/bin/python -m pip install -q --upgrade pip "$uv_pin" ||
+      echo "setup: warning: could not install $uv_pin; installing with pip" >&2
+  fi
+}
+if [ "$mode" = minimal ]; then
+  # The full set holds the minimal one.
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$requirements" ] &&
+     [ "$(cat "$minimal_stamp" 2>/dev/null)" != "$minimal_requirements" ]; then
+    echo "setup: installing into .venv: $minimal_requirements (torch with its CUDA libraries:" \
+      "about 4 GB installed, the longest step)"
+    install_uv
+    # shellcheck disable=SC2086
+    venv_install $minimal_requirements
+    echo "$minimal_requirements" > "$minimal_stamp"
+  fi
+  exit 0
+fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$requirements" ]; then
   echo "setup: installing into .venv: $requirements"
-  .venv/bin/python -m pip install -q --upgrade pip "$uv_pin" ||
-    echo "setup: warning: could not install $uv_pin; installing with pip" >&2
+  install_uv
   # shellcheck disable=SC2086
   venv_install $requirements
   echo "$requirements" > "$stamp"

@@ -8,8 +8,9 @@
 #                                    # the CUDA mutation check (in full when its inputs changed
 #                                    # since its committed record), the GPU check's dry run and its
 #                                    # CPU-side steps, the LibTorch examples against the
-#                                    # installed CMake package, beside them the wheel in a fresh
-#                                    # venv, and all of pytest, the `slow` marks included
+#                                    # installed CMake package, beside them the wheels (CPU-only
+#                                    # and one CUDA architecture) in fresh venvs, and all of
+#                                    # pytest, the `slow` marks included
 #   bash scripts/test.sh --fast      # the development loop: lint, build, ctest, pytest -m "not slow"
 #   bash scripts/test.sh --sanitize  # ASan + UBSan build and tests in build-asan/
 #
@@ -40,6 +41,26 @@ run_pytest() {
     -n auto --dist load "$@"
 }
 
+if [ "$stage" = full ]; then
+  # The wheels are built and smoke-tested in the background from here to the examples: ctest,
+  # the GPU check's CPU side and the examples are mostly one process at a time (one test, cmake, a
+  # link, one compile, AOTInductor), so together they use the 2 cores. The CUDA wheel compiles
+  # its kernels for one architecture (scripts/wheel_smoke.sh), minutes of CPU on one core that
+  # would otherwise add to the run. Measured on the 2-core VM before that wheel: examples 45 s
+  # and wheel 59 s one after the other, 75 s side by side. The wheels' output is printed after
+  # the examples'; they run in a process group of their own (set -m) so that an interrupted test
+  # command stops them too.
+  echo "== wheels: a CPU-only and a one-architecture pip wheel ., each installed into a fresh" \
+    "venv and smoke-tested (in the background; their output follows the examples')"
+  wheel_log=build/wheel_smoke.log
+  set -m
+  bash scripts/wheel_smoke.sh > "$wheel_log" 2>&1 &
+  wheel_pid=$!
+  set +m
+  trap 'kill -- -"$wheel_pid" 2>/dev/null || true' EXIT
+  trap 'exit 130' INT TERM
+fi
+
 echo "== C++ tests (GoogleTest via ctest; also the host run of the CUDA kernel and its SASS check)"
 ctest --test-dir build --output-on-failure --timeout 600
 
@@ -49,25 +70,17 @@ if [ "$stage" = fast ]; then
   exit
 fi
 
+echo "== CUDA architectures of build/librope.so, read from the binary: the default list, all of it"
+if grep -q '^TORCH_ROPE_BUILT_WITH_CUDA:INTERNAL=ON$' build/CMakeCache.txt; then
+  "$PY" tests/integration/check_cuda_archs.py build/librope.so --expect default
+else
+  echo "SKIPPED: build/ has no CUDA kernels (no nvcc, or a torch without CUDA)"
+fi
+
 echo "== CUDA kernel mutation check: every planted bug must fail the host run"
 # In full whenever its inputs (csrc/, tests/cuda_host/, ...) changed since the full run recorded
 # in tests/cuda_host/mutation_record.json; otherwise it says it did not run and on what record.
 "$PY" tests/cuda_host/mutation_gate.py --build-dir build
-
-# The wheel is built and smoke-tested in the background while the GPU check's CPU side and the
-# examples run: both are mostly one process at a time (cmake, a link, one compile, AOTInductor),
-# so together they use the 2 cores. Measured on the 2-core VM: examples 45 s and wheel 59 s one
-# after the other, 75 s side by side. The wheel's output is printed when it is done; it runs in a
-# process group of its own (set -m) so that an interrupted test command stops it too.
-echo "== wheel: pip wheel ., installed into a fresh venv, smoke-tested from Python and C++" \
-  "(in the background; its output follows the examples')"
-wheel_log=build/wheel_smoke.log
-set -m
-bash scripts/wheel_smoke.sh > "$wheel_log" 2>&1 &
-wheel_pid=$!
-set +m
-trap 'kill -- -"$wheel_pid" 2>/dev/null || true' EXIT
-trap 'exit 130' INT TERM
 
 echo "== the GPU check, checked without a GPU: its plan (--dry-run), then its CPU-side steps"
 bash scripts/gpu_check.sh --dry-run
@@ -84,7 +97,7 @@ PYTHONPATH="$PWD/python" "$PY" tests/integration/check_example.py build/example/
 PYTHONPATH="$PWD/python" "$PY" tests/integration/check_torchscript.py build/example/run_scripted \
   build/example/run_aoti
 
-echo "== wheel (its output, from $wheel_log)"
+echo "== wheels (their output, from $wheel_log)"
 wheel_status=0
 wait "$wheel_pid" || wheel_status=$?
 cat "$wheel_log"

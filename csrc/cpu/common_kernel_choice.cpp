@@ -80,14 +80,26 @@ Level env_level() {
               value, "'");
 }
 
+// The widest copy this build holds at or below `level`; DEFAULT is always built.
+Level built_at_or_below(Level level) {
+  if (level >= kAvx512Bf16 && ROPE_CPU_HAS_AVX512_BF16) return kAvx512Bf16;
+  if (level >= kAvx512 && ROPE_CPU_HAS_AVX512) return kAvx512;
+  if (level >= kAvx2 && ROPE_CPU_HAS_AVX2) return kAvx2;
+  return kDefault;
+}
+
 Choice choose() {
-  const Level level = std::min({hardware_level(), torch_level(), env_level()});
+  const Level level = built_at_or_below(std::min({hardware_level(), torch_level(), env_level()}));
   switch (level) {
-#ifdef TORCH_ROPE_CPU_X86_DISPATCH
+#if ROPE_CPU_HAS_AVX512_BF16
     case kAvx512Bf16:
       return {AVX512_BF16::rotate_rows, "AVX512", "AVX512_BF16"};
+#endif
+#if ROPE_CPU_HAS_AVX512
     case kAvx512:
       return {AVX512::rotate_rows, "AVX512", "AVX512"};
+#endif
+#if ROPE_CPU_HAS_AVX2
     case kAvx2:
       return {AVX2::rotate_rows, "AVX2", "AVX2"};
 #endif

@@ -3,6 +3,7 @@
 // this process runs.
 #pragma once
 
+#include "common_kernel_copies.h"  // ROPE_CPU_HAS_<copy>
 #include "rope_rows.h"
 
 namespace rope::cpu {
@@ -11,7 +12,8 @@ namespace rope::cpu {
 // capability setting allows (at::get_cpu_capability(), which honours the ATEN_CPU_CAPABILITY
 // environment variable), and that TORCH_ROPE_CPU_KERNEL allows when set (default, avx2, avx512 or
 // avx512_bf16: a ceiling, so tests and benchmarks can run the plain AVX512 copy on a CPU with
-// AVX512-BF16). Chosen once and cached.
+// AVX512-BF16), among the copies this build holds (common_kernel_copies.h). Chosen once and
+// cached.
 RotateRowsFn row_kernel();
 
 // The instruction set of the chosen copy as torch names capabilities: "AVX512", "AVX2" or

@@ -25,12 +25,18 @@ namespace rope::cpu {
 Fp8RowKernels fp8_row_kernels() {
   static const Fp8RowKernels kernels = []() -> Fp8RowKernels {
 #ifdef TORCH_ROPE_CPU_X86_DISPATCH
-    const char* v = row_kernel_variant();
+    [[maybe_unused]] const char* v = row_kernel_variant();
+#if ROPE_CPU_HAS_AVX512_BF16
     if (std::strcmp(v, "AVX512_BF16") == 0) {
       return {&AVX512_BF16::quantize_fp8_row, &AVX512_BF16::widen_row};
     }
+#endif
+#if ROPE_CPU_HAS_AVX512
     if (std::strcmp(v, "AVX512") == 0) return {&AVX512::quantize_fp8_row, &AVX512::widen_row};
+#endif
+#if ROPE_CPU_HAS_AVX2
     if (std::strcmp(v, "AVX2") == 0) return {&AVX2::quantize_fp8_row, &AVX2::widen_row};
+#endif
 #endif
     return {&DEFAULT::quantize_fp8_row, &DEFAULT::widen_row};
   }();

@@ -19,10 +19,16 @@ namespace rope::cpu {
 AngleRowsFn angle_row_kernel() {
   static const AngleRowsFn fn = [] {
 #ifdef TORCH_ROPE_CPU_X86_DISPATCH
-    const char* v = row_kernel_variant();
+    [[maybe_unused]] const char* v = row_kernel_variant();
+#if ROPE_CPU_HAS_AVX512_BF16
     if (std::strcmp(v, "AVX512_BF16") == 0) return &AVX512_BF16::angle_rows;
+#endif
+#if ROPE_CPU_HAS_AVX512
     if (std::strcmp(v, "AVX512") == 0) return &AVX512::angle_rows;
+#endif
+#if ROPE_CPU_HAS_AVX2
     if (std::strcmp(v, "AVX2") == 0) return &AVX2::angle_rows;
+#endif
 #endif
     return &DEFAULT::angle_rows;
   }();

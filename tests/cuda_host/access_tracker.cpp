@@ -102,8 +102,9 @@ bool packed_reference(const rope::PackedSequenceArgs& s, int64_t t, int64_t& pos
     return false;
   }
   const int64_t c = length / (2 * cp);
-  const int64_t relative =
-      cp == 1 ? j : j < c ? s.cp_rank * c + j : (2 * cp - 1 - s.cp_rank) * c + j - c;
+  const int64_t relative = cp == 1 ? j
+                           : j < c ? s.cp_rank * c + j
+                                   : (2 * cp - 1 - s.cp_rank) * c + j - c;
   // A position past int64 is refused too.
   return !__builtin_add_overflow(offset, relative, &pos);
 }

@@ -323,8 +323,8 @@ FormCase make_form_case(uint64_t seed, int64_t index) {
     // Every kind of bad packing the CPU refuses, on the host (refused before a launch) and on the
     // device (asserted, the rows of the tokens concerned unwritten).
     // A kind that does not apply to the case (each says when it does) changes nothing: another
-    // is drawn, up to four times, so that the rarer kinds are drawn often enough.
-    for (int attempt = 0; attempt < 4 && c.valid && n > 0 && (attempt > 0 || pick(6) == 0);
+    // is drawn, up to eight times, so that the rarer kinds are drawn often enough.
+    for (int attempt = 0; attempt < 8 && c.valid && n > 0 && (attempt > 0 || pick(5) == 0);
          ++attempt) {
       switch (pick(9)) {
         case 0:

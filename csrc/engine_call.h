@@ -5,7 +5,9 @@
 // halves, query and key viewed as heads, then two rope.apply_ calls through the dispatcher. The
 // engines make this call twice per layer and decode step, where the views cost more than the
 // rotation if they are made in Python (4 us each on a 2-core VM, against 8 us for apply_qk of one
-// token), so they are made here, where a view costs a few hundred nanoseconds.
+// token), so they are made here: through the dispatcher (a few hundred nanoseconds each) when
+// autograd must see them, else straight from the storage (no tensor of the call carries autograd
+// metadata: inference_mode, plain tensors), sharing the caller's version counter.
 #pragma once
 
 #include <ATen/core/Tensor.h>

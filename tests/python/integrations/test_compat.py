@@ -247,6 +247,85 @@ def test_cache_views_under_compile_inference_and_no_grad():
     assert grad.shape == leaf.shape
 
 
+def rotated_float64(positions, x, head_size, cache, is_neox):
+    """vLLM's rotation of x (whole heads rotated), differentiable, in float64: the gradient's
+    reference."""
+    heads = x.double().reshape(*positions.shape, -1, head_size)
+    half = cache.size(-1) // 2
+    rows = cache.double()[positions.long()]
+    cos, sin = rows[..., :half].unsqueeze(-2), rows[..., half:].unsqueeze(-2)
+    if is_neox:
+        x1, x2 = heads[..., :half], heads[..., half:]
+        out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    else:
+        x1, x2 = heads[..., 0::2], heads[..., 1::2]
+        out = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
+    return out.reshape(x.shape)
+
+
+@pytest.mark.parametrize("mode", ["plain", "no_grad", "inference_mode"])
+def test_the_native_entry_bumps_versions_and_serves_strided_slices(mode):
+    # The native entry builds its views without the dispatcher when no tensor carries autograd
+    # metadata (plain tensors, inference_mode); a slice of a tensor made outside inference_mode
+    # is a tracked view and takes the dispatcher's views. Either way: the right values in the
+    # caller's memory, the rest of the fused qkv untouched, and the in-place write seen by
+    # version counters (outside inference_mode, where tensors have them).
+    tokens, heads, kv_heads, head_size = 5, 4, 2, 16
+    context = torch.inference_mode() if mode == "inference_mode" else torch.no_grad()
+    with context:
+        positions = torch.randint(0, MAX_POSITION, (tokens,))
+        cache = cos_sin_cache(head_size)
+        qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_size)
+        before = qkv.clone()
+        sizes = [heads * head_size, kv_heads * head_size, kv_heads * head_size]
+        query, key, value = qkv.split(sizes, dim=-1)
+        plain_q = torch.randn(tokens, heads * head_size)
+        plain_k = torch.randn(tokens, kv_heads, head_size)
+        want_q = reference(positions, query, head_size, cache, True)
+        want_k = reference(positions, key, head_size, cache, True)
+        want_pq = reference(positions, plain_q, head_size, cache, False)
+        want_pk = reference(positions, plain_k, head_size, cache, False)
+        versions = (
+            (qkv._version, plain_q._version, plain_k._version) if mode != "inference_mode" else None
+        )
+        compat.rotary_embedding(positions, query, key, head_size, cache, True)
+        compat.rotary_embedding(positions, plain_q, plain_k, head_size, cache, False)
+    assert_close_to(query, want_q)
+    assert_close_to(key, want_k)
+    assert torch.equal(value, before[:, (heads + kv_heads) * head_size :])
+    assert_close_to(plain_q, want_pq)
+    assert_close_to(plain_k, want_pk)
+    if versions is not None:
+        assert qkv._version >= versions[0] + 2  # query and key, views of qkv
+        assert plain_q._version == versions[1] + 1 and plain_k._version == versions[2] + 1
+
+
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+def test_gradients_through_the_engines_calls(is_neox):
+    # With grad, the views are autograd's: an in-place rotation of a non-leaf query and key
+    # backpropagates to their leaves as the float64 rotation does; the out-of-place form too.
+    tokens, heads, kv_heads, head_size = 3, 2, 1, 8
+    positions = torch.randint(0, MAX_POSITION, (tokens,))
+    cache = cos_sin_cache(head_size, torch.float64)
+    q_leaf = torch.randn(tokens, heads * head_size, dtype=torch.float64, requires_grad=True)
+    k_leaf = torch.randn(tokens, kv_heads, head_size, dtype=torch.float64, requires_grad=True)
+    gq, gk = torch.randn_like(q_leaf), torch.randn_like(k_leaf)
+    want = torch.autograd.grad(
+        (rotated_float64(positions, q_leaf, head_size, cache, is_neox),
+         rotated_float64(positions, k_leaf, head_size, cache, is_neox)),
+        (q_leaf, k_leaf), (gq, gk))  # fmt: skip
+    q, k = q_leaf * 1.0, k_leaf * 1.0
+    compat.rotary_embedding(positions, q, k, head_size, cache, is_neox)
+    got = torch.autograd.grad((q, k), (q_leaf, k_leaf), (gq, gk))
+    torch.testing.assert_close(got, want)
+    q_out, k_out = compat.apply_rope_with_cos_sin_cache(
+        positions, q_leaf, k_leaf, head_size, cache, is_neox
+    )
+    assert q_out.shape == q_leaf.shape and k_out.shape == k_leaf.shape
+    got = torch.autograd.grad((q_out, k_out), (q_leaf, k_leaf), (gq, gk))
+    torch.testing.assert_close(got, want)
+
+
 def test_apply_rope_with_cos_sin_cache_returns_new_tensors_of_the_input_shapes():
     positions, cache = torch.tensor([0, 9, 3]), cos_sin_cache(16)
     query, key = torch.randn(3, 2, 16), torch.randn(3, 16)

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""How accurate each way of getting RoPE angles is, at positions 2^10 ... 2^31 (issue 34).
+"""How accurate each way of getting RoPE angles is, at positions 2^10 ... 2^31.
 
 For Llama 3's frequencies (theta 500,000, rotary_dim 128: 64 planes) and 64 random positions in
 each octave [2^e, 2^(e+1)), every method rotates the unit pairs (1, 0), whose rotated value is

@@ -21,7 +21,7 @@ For each, one interleaved-round run (timing.py) times, on the same tensors:
   patched module     the patched RoPE module's forward (the positions; FLUX reads the ids'
                      extremes on the host)
 
-and reports the ratios. Goal (issue 37): the patched block at least 3x faster than diffusers'
+and reports the ratios. Goal: the patched block at least 3x faster than diffusers'
 eager block. The machine is shared while it runs: the load average before and after is recorded.
 
     PYTHONPATH=python .venv/bin/python benchmarks/bench_diffusers.py \

@@ -1,15 +1,15 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""CPU benchmark of the argument forms of issues 34 and 35, each against the tables/positions form
-of the same op in the same run (interleaved rounds, timing.py):
+"""CPU benchmark of the argument forms (table-free and packed sequences), each against the
+tables/positions form of the same op in the same run (interleaved rounds, timing.py):
 
-Table-free (``freqs=``; issue 34 targets: prefill <= 1.15x, decode <= 1.25x the table path):
+Table-free (``freqs=``; targets: prefill <= 1.15x, decode <= 1.25x the table path):
   apply_qk of q (T, 32, 128) and k (T, 8, 128), T = 4096 (prefill, positions 0..T-1) and decode
   B = 1 and B = 64 (one token per sequence, positions near 2^20). Candidates: the table path
   (fp32 tables of 1M rows), the table-free path, a clone of q and k (the bytes floor), and
   ``torch.compile`` of the eager formula that computes its angles itself
   (``positions.float() * inv_freq``, cos/sin, rotate_half).
 
-Packed sequences (``cu_seqlens=``; issue 35 target: <= 1.05x the op given positions):
+Packed sequences (``cu_seqlens=``; target: <= 1.05x the op given positions):
   apply of x (T, 8, 64) for 1024 sequences x 64 tokens, 128 x 512 and 1 x 65,536, forward and
   forward + backward, against the same op given the positions tensor the packing implies (built
   once, outside the timed region, as a caller who materialises positions would).

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Why a large output is sometimes slow (issue 36): the same rotation into a reused buffer
+"""Why a large output is sometimes slow: the same rotation into a reused buffer
 (``out=``: no page faults), into a fresh output (huge-page advised, as torch-rope's are), and the
 cost of faulting the same bytes in with 4 KiB pages (``torch.empty_like(x).fill_(1)``, what
 ``clone`` pays), call by call, in one fresh process. Then the demo's fp32 ``apply_qk`` and its

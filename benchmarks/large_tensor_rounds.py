@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Large-tensor CPU speed, round by round (issue 36): is the op at or below ``x.clone()`` in every
+"""Large-tensor CPU speed, round by round: is the op at or below ``x.clone()`` in every
 round, and what does each call cost in page faults?
 
 A large output is fresh memory: glibc maps every allocation above its mmap threshold (at most

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""What bounds the CPU targets still missed (issue 36), measured: each op's time split into a fixed
+"""What bounds the CPU targets still missed, measured: each op's time split into a fixed
 cost per call and a cost per token, against the op it is compared with and against the bytes
 floor (``clone`` of the same bytes).
 

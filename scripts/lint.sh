@@ -23,3 +23,5 @@ echo "lint: ruff $("$ruff" --version | cut -d' ' -f2), clang-format $("$clang_fo
 "$clang_format" --dry-run -Werror "${cxx[@]}"
 # Every repository path that a comment or a document names exists (stale comments after a move).
 .venv/bin/python scripts/check_paths.py
+# benchmarks/README.md lists every benchmark script.
+.venv/bin/python scripts/check_benchmarks_index.py

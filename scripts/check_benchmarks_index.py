@@ -48,9 +48,12 @@ def main() -> int:
     missing = sorted(files - listed)
     stale = sorted(n for n in listed - files if n.endswith(SUFFIXES))
     for name in missing:
-        print(f"benchmarks/README.md: no row for benchmarks/{name} (add `| \\`{name}\\` | what |`)")
+        print(
+            f"benchmarks/README.md: no row for {name} under benchmarks/ "
+            f"(add `| \\`{name}\\` | what |`)"
+        )
     for name in stale:
-        print(f"benchmarks/README.md: a row names benchmarks/{name}, which does not exist")
+        print(f"benchmarks/README.md: a row names {name}, which is not under benchmarks/")
     if missing or stale:
         return 1
     print(f"check_benchmarks_index: benchmarks/README.md lists all {len(files)} benchmark files")

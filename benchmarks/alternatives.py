@@ -9,7 +9,7 @@ inputs, so the benchmark times exactly one call of each.
   ``freqs_cis`` rows gathered per call.
 - torchtune: ``RotaryPositionalEmbeddings`` (its float32 cache and reshape form) on (B, S, H, D);
   the real module when torchtune is installed.
-- torch_rope.eager: the library's plain-PyTorch reference (what DESIGN calls "eager").
+- torch_rope.eager: the library's plain-PyTorch reference (the eager formula).
 Each of them can also be wrapped in torch.compile.
 
 Every alternative computes the same rotation of the same data as torch_rope (same positions,

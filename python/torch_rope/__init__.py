@@ -1,15 +1,18 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """torch-rope: rotary position embedding for PyTorch, as native CPU and CUDA custom ops.
 
-Importing this package registers ``torch.ops.rope.apply`` (and its ``out=`` overload),
-``torch.ops.rope.apply_`` and ``torch.ops.rope.apply_qk``, with autograd and Meta kernels, so
-``torch.compile`` works.
+Importing this package registers the ops with the dispatcher, each with its CPU, CUDA (when
+built), Meta and autograd kernels, so ``torch.compile``, export and ``torch.func`` work: the
+rotations ``torch.ops.rope.apply`` (with ``out=`` and the table-free and packed-sequence
+overloads), ``apply_`` and ``apply_qk``, and the fused ones, ``apply_qk_cache``,
+``rms_norm_apply_qk``, ``rms_norm_apply_qk_cache``, ``apply_qk_fp8`` and ``mla_apply_cache``. The
+functions of the same names here are their typed wrappers.
 
 Integrations load on first use, so their libraries stay optional: ``torch_rope.hf`` (Hugging
 Face transformers), ``torch_rope.hf_kernel`` (a layer for transformers' kernel hook),
-``torch_rope.torchtune``, ``torch_rope.compat`` (the inference engines' and training stacks'
-entry points under their own names) and ``torch_rope.functional`` (the signatures proposed for
-PyTorch core) work after a bare ``import torch_rope``.
+``torch_rope.diffusers``, ``torch_rope.torchtune``, ``torch_rope.compat`` (the inference engines'
+and training stacks' entry points under their own names) and ``torch_rope.functional`` (the
+signatures proposed for PyTorch core) work after a bare ``import torch_rope``.
 """
 
 from pathlib import Path as _Path

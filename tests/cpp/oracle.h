@@ -3,10 +3,10 @@
 // so a bug in the kernels or the table builder cannot hide in the expected values. (The Python
 // suite's oracle is tests/python/support/references.py; the op matrix is tested there.)
 //
-// The math (DESIGN.md section 1): plane k of a row at position p turns by angle p * inv_freq[k],
-// inv_freq[k] = theta^(-2k / rotary_dim); interleaved pairs features (2k, 2k+1), half split pairs
-// (k, k + rotary_dim/2); features from rotary_dim on pass through; inverse turns by the negative
-// angle.
+// The math (README.md, "What it computes"): plane k of a row at position p turns by angle p *
+// inv_freq[k], inv_freq[k] = theta^(-2k / rotary_dim); interleaved pairs features (2k, 2k+1), half
+// split pairs (k, k + rotary_dim/2); features from rotary_dim on pass through; inverse turns by the
+// negative angle.
 #pragma once
 
 #include <gtest/gtest.h>

@@ -19,7 +19,7 @@ needs_cuda = pytest.mark.skipif(
 )
 
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
-# The two pair layouts (DESIGN section 1), as pytest parameters and their ids.
+# The two pair layouts (README.md, "What it computes"), as pytest parameters and their ids.
 LAYOUTS = [True, False]
 LAYOUT_IDS = ["interleaved", "half_split"]
 HEAD_DIMS = (64, 80, 128, 256)

@@ -25,11 +25,11 @@ The other layout of each is reached through the feature permutation
 :func:`rope_matrix` builds the explicit block-diagonal rotation, used only to check the two
 oracles themselves on small head_dims.
 
-:func:`rope` takes angles (the math of DESIGN.md section 1); :func:`rope_with_tables` takes the
-caller's own ``cos``/``sin`` tables, gathered at the positions, through the same two routes. The
-latter is what tests with arbitrary (non-trigonometric) tables, float64 tables or fuzzed table
-layouts compare against: the tables' own values, so any table dtype compares tightly. This file is
-the suite's only Python oracle (tests/cpp/oracle.h is the C++ one).
+:func:`rope` takes angles (the math of README.md, "What it computes"); :func:`rope_with_tables`
+takes the caller's own ``cos``/``sin`` tables, gathered at the positions, through the same two
+routes. The latter is what tests with arbitrary (non-trigonometric) tables, float64 tables or
+fuzzed table layouts compare against: the tables' own values, so any table dtype compares
+tightly. This file is the suite's only Python oracle (tests/cpp/oracle.h is the C++ one).
 
 Multi-axis positions (M-RoPE: ``mrope_section=[s_0, ..., s_{A-1}]``): ``positions`` then has a
 trailing axis dim of size ``A`` and plane ``k`` turns by the position of its axis,

@@ -24,7 +24,6 @@ Memory: the cos/sin tables of 1M and 10M positions against the frequencies alone
 writes benchmarks/results/angle_accuracy.json and .md.
 """
 
-import json
 import sys
 from pathlib import Path
 
@@ -33,6 +32,8 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+
+import timing  # noqa: E402
 
 import torch_rope  # noqa: E402
 
@@ -145,9 +146,7 @@ def main():
         "memory_bytes": memory,
         "torch": torch.__version__,
     }
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / "angle_accuracy.json").write_text(json.dumps(result, indent=1))
-    (RESULTS_DIR / "angle_accuracy.md").write_text(markdown(result))
+    timing.write_results(RESULTS_DIR, "angle_accuracy", result, markdown(result))
     print(markdown(result))
 
 

@@ -34,7 +34,6 @@ import argparse
 import copy
 import datetime
 import functools
-import json
 import os
 import platform
 import sys
@@ -221,9 +220,6 @@ def write(rows, args):
         "load_before_after": args.load,
         "quick": args.quick,
     }
-    RESULTS_DIR.mkdir(exist_ok=True)
-    stem = RESULTS_DIR / "diffusers_cpu"
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     compiled = any("compiled/patched" in r for r in rows)
     lines = [
         f"# A DiT's RoPE on the CPU: torch_rope.diffusers vs diffusers ({meta['kernel']} kernel, "
@@ -266,8 +262,9 @@ def write(rows, args):
             cells.append(f"{r['compiled/patched']:.2f}x")
         cells += [f"{m['diffusers module']:.3f}", f"{m['patched module']:.3f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {stem}.json and .md")
+    timing.write_results(
+        RESULTS_DIR, "diffusers_cpu", {"meta": meta, "rows": rows}, "\n".join(lines)
+    )
 
 
 def _cpu_model():

@@ -159,11 +159,9 @@ def main():
 
     meta = bench_rope.machine()
     meta.update(world_size=args.world_size, date=datetime.datetime.now().isoformat("T", "seconds"))
-    RESULTS_DIR.mkdir(exist_ok=True)
-    (RESULTS_DIR / "distributed_cpu.json").write_text(
-        json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n"
+    timing.write_results(
+        RESULTS_DIR, "distributed_cpu", {"meta": meta, "rows": rows}, markdown(meta, rows)
     )
-    (RESULTS_DIR / "distributed_cpu.md").write_text(markdown(meta, rows))
     print(markdown(meta, rows))
 
 

@@ -223,10 +223,7 @@ def main():
     meta["loadavg_after"] = [round(v, 2) for v in os.getloadavg()]
     result = {"meta": meta, "table_free": table_free, "packed": packed}
     name = args.output or f"forms_cpu_{meta['kernel_variant'].lower()}"
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / f"{name}.json").write_text(json.dumps(result, indent=1))
-    (RESULTS_DIR / f"{name}.md").write_text(markdown(result))
-    print(f"wrote {RESULTS_DIR / name}.json and .md")
+    timing.write_results(RESULTS_DIR, name, result, markdown(result))
 
 
 if __name__ == "__main__":

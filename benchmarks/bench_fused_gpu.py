@@ -32,6 +32,7 @@ import torch.nn.functional as F
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import timing  # noqa: E402
 from bench_gpu import Timer  # noqa: E402
 
 import torch_rope  # noqa: E402
@@ -194,10 +195,7 @@ def main():
     result = {"meta": meta, "rows": run(args.device, args.min_time)}
     slug = args.output or re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
     out = Path(args.results_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"fused_{slug}.json").write_text(json.dumps(result, indent=1))
-    (out / f"fused_{slug}.md").write_text(markdown(result))
-    print(f"wrote {out / ('fused_' + slug)}.json and .md")
+    timing.write_results(out, f"fused_{slug}", result, markdown(result))
 
 
 if __name__ == "__main__":

@@ -14,13 +14,13 @@ row would take minutes of a short GPU lease).
 """
 
 import argparse
-import json
 import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import timing
 import torch
 
 import torch_rope
@@ -304,14 +304,15 @@ def main():
         "timing": "median; CUDA events on GPU, perf_counter on CPU; ratios within one run",
         "peers": {"liger_kernel": _version("liger_kernel")},
     }
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     table = markdown_table(rows)
-    (RESULTS_DIR / f"{name}.md").write_text(
+    print(f"\n{table}\n")
+    timing.write_results(
+        RESULTS_DIR,
+        name,
+        {"meta": meta, "rows": rows},
         f"Device: {meta['device']} ({meta['threads']} threads, {meta['cpu_capability']}), "
-        f"torch {meta['torch']}\n\n{table}\n"
+        f"torch {meta['torch']}\n\n{table}\n",
     )
-    print(f"\n{table}\n\nwrote {RESULTS_DIR / (name + '.json')}")
 
 
 if __name__ == "__main__":

@@ -19,13 +19,13 @@ benchmarks/results/hf_<device>.json and .md.
 
 import argparse
 import copy
-import json
 import os
 import platform
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import timing  # noqa: E402
 import torch  # noqa: E402
 from bench_gpu import Timer  # noqa: E402  (one timer for CPU and CUDA: events on the GPU)
 
@@ -169,11 +169,7 @@ def main():
         "model": "Llama attention layer: hidden 4096, 32 q / 8 kv heads, head_dim 128, llama3",
         "timing": "median wall time; ratios within one run",
     }
-    RESULTS_DIR.mkdir(exist_ok=True)
     tag = "cpu" if device == "cpu" else "cuda"
-    (RESULTS_DIR / f"hf_{tag}.json").write_text(
-        json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n"
-    )
     lines = [
         f"Device: {meta['device']} ({meta['threads']} threads), torch {meta['torch']}, "
         f"transformers {meta['transformers']}",
@@ -192,8 +188,8 @@ def main():
             f"| {m['hf_layer']:.3f} | {m['ours_layer']:.3f} "
             f"| {m['hf_layer'] / m['ours_layer']:.2f}x |"
         )
-    (RESULTS_DIR / f"hf_{tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    timing.write_results(RESULTS_DIR, f"hf_{tag}", {"meta": meta, "rows": rows}, "\n".join(lines))
 
 
 if __name__ == "__main__":

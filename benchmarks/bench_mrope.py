@@ -24,7 +24,6 @@ writes benchmarks/results/mrope_cpu_<kernel>.json and .md.
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import sys
@@ -163,9 +162,6 @@ def write(rows, args):
         "load_before_after": args.load,
         "quick": args.quick,
     }
-    RESULTS_DIR.mkdir(exist_ok=True)
-    stem = RESULTS_DIR / f"mrope_cpu_{kernel}"
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     cols = ["mrope/clone", "mrope/one-axis", "hf eager/mrope"]
     if any("hf compiled/mrope" in r for r in rows):
         cols.append("hf compiled/mrope")
@@ -185,8 +181,9 @@ def write(rows, args):
             + " | ".join(f"{r[c]:.2f}" for c in cols)
             + " |"
         )
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {stem}.json and .md")
+    timing.write_results(
+        RESULTS_DIR, f"mrope_cpu_{kernel}", {"meta": meta, "rows": rows}, "\n".join(lines)
+    )
 
 
 def _cpu_model():

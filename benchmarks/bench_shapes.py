@@ -14,7 +14,6 @@ writes benchmarks/results/cpu_shapes_<kernel>.json and .md.
 
 import argparse
 import datetime
-import json
 import sys
 from pathlib import Path
 
@@ -111,11 +110,9 @@ def main():
     meta = bench_rope.machine()
     meta["date"] = datetime.datetime.now().isoformat(timespec="seconds")
     rows = scan(args.rounds)
-    RESULTS_DIR.mkdir(exist_ok=True)
+
     name = f"cpu_shapes_{meta['kernel_variant'].lower()}"
-    (RESULTS_DIR / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    (RESULTS_DIR / f"{name}.md").write_text(markdown(meta, rows))
-    print(f"wrote {RESULTS_DIR / name}.json and .md")
+    timing.write_results(RESULTS_DIR, name, {"meta": meta, "rows": rows}, markdown(meta, rows))
 
 
 if __name__ == "__main__":

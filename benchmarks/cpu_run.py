@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+import timing
 import torch
 from bench_rope import machine
 
@@ -31,7 +32,4 @@ def finish(name: str, meta: dict, rows: list, markdown) -> None:
     """Writes results/<name>.json and .md (markdown(result) renders the table)."""
     meta["loadavg_after"] = [round(v, 2) for v in os.getloadavg()]
     result = {"meta": meta, "rows": rows}
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / f"{name}.json").write_text(json.dumps(result, indent=1))
-    (RESULTS_DIR / f"{name}.md").write_text(markdown(result))
-    print(f"wrote {RESULTS_DIR / name}.json and .md")
+    timing.write_results(RESULTS_DIR, name, result, markdown(result))

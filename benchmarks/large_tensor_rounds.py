@@ -21,7 +21,6 @@ writes benchmarks/results/large_rounds_cpu_<kernel>.json and .md.
 import argparse
 import datetime
 import gc
-import json
 import os
 import resource
 import statistics
@@ -32,6 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import timing  # noqa: E402
 import torch  # noqa: E402
 from bench_rope import machine  # noqa: E402
 
@@ -197,10 +197,7 @@ def main():
     meta["loadavg_after"] = [round(v, 2) for v in os.getloadavg()]
     result = {"meta": meta, "cases": results}
     name = args.output or f"large_rounds_cpu_{meta['kernel_variant'].lower()}"
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / f"{name}.json").write_text(json.dumps(result, indent=1))
-    (RESULTS_DIR / f"{name}.md").write_text(markdown(result))
-    print(f"wrote {RESULTS_DIR / name}.json and .md")
+    timing.write_results(RESULTS_DIR, name, result, markdown(result))
 
 
 if __name__ == "__main__":

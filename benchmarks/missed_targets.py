@@ -248,9 +248,7 @@ def main():
     meta["loadavg_after"] = [round(v, 2) for v in os.getloadavg()]
     result = {"meta": meta, "rows": rows}
     name = args.output or f"missed_targets_cpu_{meta['kernel_variant'].lower()}"
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (RESULTS_DIR / f"{name}.md").write_text(markdown(result))
+    timing.write_results(RESULTS_DIR, name, result, markdown(result))
     print(markdown(result))
 
 

@@ -7,12 +7,15 @@ from round to round, and each candidate's figure is the median over rounds. A sa
 `inner` calls, sized so that a sample lasts at least `min_sample_s` (timer resolution and Python
 overhead then stay negligible); for calls slower than that, one call per sample.
 
-Garbage collection is off while timing, as in timeit.
+Garbage collection is off while timing, as in timeit. write_results is the one writer of the
+committed results (benchmarks/results/).
 """
 
 import gc
+import json
 import statistics
 import time
+from pathlib import Path
 from typing import Callable, Dict
 
 
@@ -67,3 +70,14 @@ def measure(
             "rounds": rounds,
         }
     return out
+
+
+def write_results(directory, name: str, result: dict, markdown: str) -> None:
+    """Writes ``<directory>/<name>.json`` (``result``: the figures and the machine they came from)
+    and ``<name>.md`` (``markdown``: the tables), the form of every file under
+    benchmarks/results/, and says where."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (directory / f"{name}.md").write_text(markdown.rstrip("\n") + "\n")
+    print(f"wrote {directory / name}.json and .md")

@@ -112,6 +112,7 @@ REGISTRY = Registry(
         "dots1": TEXT,
         "embedding_gemma2": TEXT,
         "embedding_gemma2_text": TEXT,
+        "emu3": ModelType(vision=NO_VISION_ROPE),  # its images: VQ-VAE tokens, no RoPE
         "emu3_text_model": TEXT,
         "ernie4_5": TEXT,
         "ernie4_5_moe": TEXT,
@@ -159,6 +160,8 @@ REGISTRY = Registry(
         "granite4_vision": ModelType(vision=NO_VISION_ROPE),
         "granite_docling": ModelType(vision=NO_VISION_ROPE),
         "granite_docling_text": TEXT,
+        "granite_swa": TEXT,  # a rotary module per theta, side by side
+        "granitemoe_swa": TEXT,
         "granitemoe": TEXT,
         "granitemoehybrid": TEXT,
         "granitemoeshared": TEXT,
@@ -200,10 +203,12 @@ REGISTRY = Registry(
         "mistral": TEXT,
         "mistral4": TEXT,
         "mixtral": TEXT,
+        "mllama": ModelType(vision=NO_VISION_ROPE),  # cross-attends to its vision states
         "mllama_text_model": TEXT,
         "modernbert": TEXT,
         "modernbert-decoder": TEXT,
         "moonshine_streaming": TEXT,
+        "moshi": TEXT,  # a rotary module in each attention layer
         "muse_glimmer_text": TEXT,
         "muse_glimmer_vision": VISION_TOWER,
         "muse_spark_vision": VISION_TOWER,
@@ -232,6 +237,8 @@ REGISTRY = Registry(
         "qwen2_vl": ModelType(SECTIONS, AXIAL_VISION),
         "qwen2_vl_text": ModelType(SECTIONS),
         "qwen3": TEXT,
+        "qwen3_5": ModelType(INTERLEAVED_AXES, AXIAL_VISION),
+        "qwen3_5_moe": ModelType(INTERLEAVED_AXES, AXIAL_VISION),
         "qwen3_5_moe_text": ModelType(INTERLEAVED_AXES),
         "qwen3_5_moe_vision": VISION_TOWER,
         "qwen3_5_text": ModelType(INTERLEAVED_AXES),

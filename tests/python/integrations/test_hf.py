@@ -290,6 +290,39 @@ def test_unpatch_restores_the_model_exactly(name):
     assert torch.equal(got, want)
 
 
+# Granite SWA holds a rotary module per RoPE theta side by side (and an unused one at the global
+# theta), its forward handing each layer its theta's cos/sin (the tiny config: 1e4, then 1e6);
+# Granite-MoE SWA, built alike, is in ALL.
+def test_rotary_modules_side_by_side_are_each_patched_and_train_compile_unpatch():
+    reference = hf_models.build("tiny:granite_swa")
+    model = torch_rope.hf.patch(copy.deepcopy(reference))
+    rotaries = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+    assert len(rotaries) == 3 and all("forward" in vars(r) for r in rotaries)
+    thetas = [r.torch_rope["all"].theta for r in rotaries]
+    assert thetas == [r.config.rope_parameters["rope_theta"] for r in rotaries]
+    assert set(thetas) == {1e4, 1e6}
+    ids, mask = hf_models.batch()
+    want = logits(model, ids, mask)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        got = compiled(input_ids=ids, attention_mask=mask).logits
+    assert rel_err(got, want) <= 1e-6
+    trained = copy.deepcopy(reference)
+    for m in (trained, model):
+        m.train()
+        torch.manual_seed(0)
+        m(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
+    for (p_name, p), q in zip(trained.named_parameters(), model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=p_name)
+    torch_rope.hf.unpatch(model.eval())
+    assert not any(hasattr(m, "torch_rope") or "forward" in vars(m) for m in model.modules())
+    with OpCounter() as counter:
+        got = logits(model, ids, mask)
+    assert rope_calls(counter) == 0
+    assert torch.equal(got, logits(reference, ids, mask))
+
+
 # Gemma 4's configs (and EmbeddingGemma 2's) give the full layers heads twice as wide as the
 # sliding ones (per_layer_config): transformers builds each layer type's frequencies from that
 # type's config, and so must patch (the tiny configs keep the ratio, hf_models._layer_overrides).

@@ -199,6 +199,9 @@ TINY = (
     "gpt_oss",
     "granitemoehybrid",
     "granitemoeshared",
+    # A rotary module per RoPE theta, side by side, the model handing each layer its theta's.
+    "granite_swa",
+    "granitemoe_swa",
     "helium",
     "hrm_text",
     "hunyuan_v1_dense",
@@ -224,6 +227,8 @@ TINY = (
     "ministral",
     "ministral3",
     "modernbert-decoder",
+    # A rotary module inside each attention layer (MoshiForCausalLM, its text decoder alone).
+    "moshi",
     "nanochat",
     "nemotron",
     "olmo_hybrid",
@@ -306,7 +311,16 @@ BASE = (
 #: Vision-language model types whose vision tower has no RoPE, built tiny like :data:`TINY` as
 #: transformers' ``AutoModelForImageTextToText`` (``'image_text:<model type>'``) and run from token
 #: ids: patch rotates only their text tower, which an image would not reach differently.
-IMAGE_TEXT = ("cosmos3_edge", "granite4_vision", "granite_docling", "unlimited_ocr")
+IMAGE_TEXT = (
+    "cosmos3_edge",
+    "granite4_vision",
+    "granite_docling",
+    "unlimited_ocr",
+    # Emu3's images are VQ-VAE tokens in the text stream; Mllama's text model reads its vision
+    # model's states through cross-attention layers, which do not rotate.
+    "emu3",
+    "mllama",
+)
 
 
 #: Model types whose causal-LM class is their text model, of another model type
@@ -549,10 +563,20 @@ def _shrink(fields):
 # the vision-language models below.
 _TINY_OVERRIDES = {
     "bamba": dict(attn_layer_indices=[1]),
+    # Two RoPE thetas, one per layer: two rotary modules in use (besides the unused global one).
+    "granite_swa": dict(layer_rope_theta=[1e4, 1e6]),
+    "granitemoe_swa": dict(layer_rope_theta=[1e4, 1e6]),
     # Default configs that do not build a model: the fields they leave unset, given.
     "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
     "dbrx": dict(attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0)),
     "chameleon": dict(vocabulary_map={"<image>": 255}),
+    # Its VQ-VAE image tokenizer (no RoPE) shrunk too: the default one has 246M parameters.
+    "emu3": dict(
+        vocabulary_map={"<image>": 255, "<|extra_200|>": 254},
+        vq_config=dict(
+            base_channels=32, channel_multiplier=[1, 2], num_res_blocks=1, codebook_size=256
+        ),
+    ),
     # Its default is all Mamba layers and no RoPE: a Mamba layer, then a RoPE attention layer.
     "granitemoehybrid": dict(
         position_embedding_type="rope", layer_types=["linear_attention", "full_attention"]
@@ -879,6 +903,8 @@ VLM = (
     "glm_ocr",
     "paddleocr_vl",
     "cohere_compass",
+    "qwen3_5",
+    "qwen3_5_moe",
 )
 IMAGE, VIDEO, VISION_START, VISION_END = 250, 251, 252, 253
 _VLM_TEXT = dict(
@@ -974,6 +1000,44 @@ def vlm_config(name):
         if name == "qwen3_vl_moe":
             text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
             cls = tf.Qwen3VLMoeConfig
+        tokens = dict(_TOKENS, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
+        return cls(text_config=text, vision_config=vision, **tokens)
+    if name in ("qwen3_5", "qwen3_5_moe"):
+        # Qwen3-VL's interleaved rule over a quarter of the head (partial rotary, as Qwen3.5's 64
+        # of 256: 8 of the tiny head's 32 planes, [3, 3, 2] as its default [11, 11, 10]), in its
+        # full-attention layers; a Gated DeltaNet layer (no RoPE) before one.
+        text = dict(
+            _VLM_TEXT,
+            head_dim=64,
+            layer_types=["linear_attention", "full_attention"],
+            linear_num_key_heads=2,
+            linear_num_value_heads=2,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            rope_parameters=dict(
+                rope_type="default",
+                rope_theta=1e7,
+                partial_rotary_factor=0.25,
+                mrope_section=[3, 3, 2],
+                mrope_interleaved=True,
+            ),
+        )
+        vision = dict(
+            _VISION,
+            hidden_size=32,
+            intermediate_size=64,
+            out_hidden_size=128,
+            num_position_embeddings=64,
+        )
+        cls = tf.Qwen3_5Config
+        if name == "qwen3_5_moe":
+            text.update(
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=32,
+            )
+            cls = tf.Qwen3_5MoeConfig
         tokens = dict(_TOKENS, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
         return cls(text_config=text, vision_config=vision, **tokens)
     if name == "cohere_compass":

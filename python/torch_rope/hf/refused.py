@@ -140,10 +140,6 @@ REFUSED: Dict[str, str] = {
         "not tested whole: its text tower is muse_spark_text's, refused for its bf16 error on "
         "the tests' tiny model (2x transformers' own); its vision tower rotates too"
     ),
-    "molmo2": (
-        "its text model, molmo2_text, has two rotary embedding modules (scaled and unscaled); "
-        "patch hands positions from exactly one"
-    ),
     **dict.fromkeys(
         ("qwen2_5_omni_thinker", "qwen3_omni_moe_thinker"),
         (
@@ -158,7 +154,7 @@ REFUSED: Dict[str, str] = {
         "with a rotary module of its own: two rotary modules, and patch hands positions from "
         "exactly one"
     ),
-    **dict.fromkeys(("glmasr", "molmo2_text", "musicflamingo"), _SEVERAL_ROTARY),
+    **dict.fromkeys(("glmasr", "musicflamingo"), _SEVERAL_ROTARY),
     "mistral_large4": (
         "the self-check refuses it: a patched PixtralAttention (its vision tower's, which rotates "
         "through the same apply_rotary_pos_emb) disagrees with the unpatched one"

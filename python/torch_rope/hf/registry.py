@@ -207,6 +207,8 @@ REGISTRY = Registry(
         "mllama_text_model": TEXT,
         "modernbert": TEXT,
         "modernbert-decoder": TEXT,
+        "molmo2": ModelType(vision=NO_VISION_ROPE),
+        "molmo2_text": TEXT,  # a scaled and an unscaled rotary module, side by side
         "moonshine_streaming": TEXT,
         "moshi": TEXT,  # a rotary module in each attention layer
         "muse_glimmer_text": TEXT,

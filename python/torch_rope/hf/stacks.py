@@ -14,7 +14,9 @@ that rotary module and the attention layers under the sub-module that holds it.
 A third has several rotary modules side by side (:func:`side_by_side`): Granite SWA's model holds
 one per RoPE theta (in a ModuleList, beside an unused one at the global theta) and hands each
 layer the cos/sin of its theta's module, a choice made in its forward, not by where the modules
-sit. Every one of them is patched, and every layer checked against the unpatched layer with each.
+sit; Molmo 2's text model holds a scaled and an unscaled one, chosen per layer by
+``rope_scaling_layers``. Every one of them is patched, and every layer checked against the
+unpatched layer with each.
 """
 
 from typing import List, Optional, Tuple

@@ -281,6 +281,8 @@ BASE = (
     "jina_embeddings_v3",
     "mistral4",
     "modernbert",
+    # A scaled and an unscaled rotary module side by side, the first layer on the unscaled one.
+    "molmo2_text",
     "muse_glimmer_text",
     "nomic_bert",
     "openai_privacy_filter",
@@ -320,6 +322,8 @@ IMAGE_TEXT = (
     # model's states through cross-attention layers, which do not rotate.
     "emu3",
     "mllama",
+    # Molmo 2's vision transformer has learned position embeddings; its text model is molmo2_text.
+    "molmo2",
 )
 
 
@@ -556,6 +560,12 @@ def _shrink(fields):
     return tiny
 
 
+_MOLMO2_TEXT = dict(
+    rope_parameters=dict(rope_type="linear", factor=4.0, rope_theta=1e4),
+    rope_scaling_layers=[1],
+    initializer_range=0.2,
+)
+
 # The few types the generic shrink does not make testable. Bamba says where its attention layer
 # is by index (two layers: one SSM, one attention). In the others the tiny random model's logits
 # hardly depend on RoPE with the default initializer_range (0.02: q and k so small that attention
@@ -566,6 +576,10 @@ _TINY_OVERRIDES = {
     # Two RoPE thetas, one per layer: two rotary modules in use (besides the unused global one).
     "granite_swa": dict(layer_rope_theta=[1e4, 1e6]),
     "granitemoe_swa": dict(layer_rope_theta=[1e4, 1e6]),
+    # Linear scaling in the second layer only (rope_scaling_layers): the first layer's rotary module
+    # is the unscaled one, at the same theta.
+    "molmo2_text": _MOLMO2_TEXT,
+    "molmo2": dict(text_config=_MOLMO2_TEXT, adapter_config=dict(vision_feature_layer=[-1, -2])),
     # Default configs that do not build a model: the fields they leave unset, given.
     "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
     "dbrx": dict(attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0)),

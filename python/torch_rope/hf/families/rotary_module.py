@@ -159,7 +159,7 @@ def _build_tables(
     dynamic: Dict[str, tables.DynamicState] = {}
     for key in keys:
         hf = tables.hf_frequencies(rotary, key)
-        params = tables.rope_parameters(config, key)
+        params = tables.module_rope_parameters(rotary, key)
         rows = tables.default_rows(config, params) if max_seq_len is None else max_seq_len
         seq_len = None
         if tables.rope_type(params) == "dynamic":

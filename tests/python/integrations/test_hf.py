@@ -80,7 +80,7 @@ def logits(model, ids, mask):
     states are the decoder's, which read the encoder's through cross-attention, so both stacks'
     rotations count. ``ids`` may be the dict of the model's inputs (hf_models.batch_for: Dia's
     decoder reads audio codes, Moonshine Streaming's encoder audio samples, Voxtral Realtime's
-    text decoder a time conditioning)."""
+    text decoder a time conditioning, hf_models.FEATURES' models audio or a time series)."""
     inputs = dict(input_ids=ids, attention_mask=mask)
     if isinstance(ids, dict):
         # Audio samples (a time conditioning) in the model's dtype: a bf16 model reads bf16.
@@ -89,7 +89,9 @@ def logits(model, ids, mask):
         inputs.update(decoder_input_ids=ids, decoder_attention_mask=mask)
     with torch.no_grad():
         out = model(**inputs)
-    return out.logits if "logits" in out else out.last_hidden_state
+    # An audio codec's output is its audio (or its encoder's latents).
+    keys = ("logits", "audio_values", "last_hidden_state", "latents")
+    return next(out[key] for key in keys if out.get(key) is not None)
 
 
 def rel_err(got, want):
@@ -182,6 +184,11 @@ def rope_calls(counter):
     return sum(counter.counts.get(name, 0) for name in ROTATIONS)
 
 
+def trig(counter):
+    """The cos and sin an OpCounter saw."""
+    return counter.counts.get("aten.cos", 0) + counter.counts.get("aten.sin", 0)
+
+
 def patched_layer_names(model):
     patched = {id(m) for m in model._torch_rope_patch.attention}
     return [name for name, m in model.named_modules() if id(m) in patched]
@@ -198,15 +205,21 @@ def test_patched_model_matches_unpatched(name, monkeypatch):
     assert model.state_dict().keys() == reference.state_dict().keys()
 
     # Each patched layer calls rope::apply_qk exactly as often as the unpatched one rotates (once;
-    # never in a NoPE layer), some layer rotates, and HF's rotary never computed cos/sin.
+    # never in a NoPE layer), some layer rotates, and HF's rotary never computed cos/sin: the
+    # patched model computes only the cos/sin the unpatched one computes outside its rotary
+    # modules (none in a text model; an audio codec's Snake activations, sin(a x)^2).
     layers = patched_layer_names(model)
     hf_rotations = HFRotations(monkeypatch, reference)
-    want, hf_calls = per_layer(reference, layers, lambda: hf_rotations.calls, ids, mask)
+    with OpCounter() as hf_counter:
+        want, hf_calls = per_layer(reference, layers, lambda: hf_rotations.calls, ids, mask)
+    rotaries = [n for n, m in model.named_modules() if hasattr(m, "torch_rope")]
+    with OpCounter() as rotary_counter:
+        _, rotary_trig = per_layer(reference, rotaries, lambda: trig(rotary_counter), ids, mask)
     with OpCounter() as counter:
         got, our_calls = per_layer(model, layers, lambda: rope_calls(counter), ids, mask)
     assert our_calls == hf_calls and sum(hf_calls.values()) > 0, (our_calls, hf_calls)
     assert rope_calls(counter) == sum(hf_calls.values())
-    assert counter.counts.get("aten.cos", 0) == 0 and counter.counts.get("aten.sin", 0) == 0
+    assert trig(counter) == trig(hf_counter) - sum(rotary_trig.values()), trig(counter)
     assert rel_err(got, want) <= 1e-5, rel_err(got, want)
 
     # Greedy generation with a KV cache, the second row left-padded: identical tokens. A base

@@ -260,6 +260,24 @@ TINY = (
 )
 
 
+#: Model types whose forward takes no tokens (audio encoders, a neural audio codec and its halves,
+#: a time-series model), built as ``'base:<model type>'`` and run from two rows of random inputs
+#: (:func:`batch_for`) of the kind named here: log-mel features ``(B, mel bins, frames)``, audio
+#: samples ``(B, 1, samples)`` (1.6 s at 24 kHz: 20 codec frames), a codec's latents
+#: ``(B, hidden, 16 frames)``, or a series of 128 steps.
+FEATURES = {
+    "glmasr_encoder": "mel",
+    "voxtral_realtime_encoder": "mel",
+    "pe_audio_encoder": "samples",
+    "mimi_encoder": "samples",
+    "mimi_decoder": "latents",
+    "pocket_tts_audio_tokenizer": "samples",
+    "pocket_tts_audio_tokenizer_encoder": "samples",
+    "pocket_tts_audio_tokenizer_decoder": "latents",
+    "timesfm2_5": "series",
+}
+
+
 #: Rotary model types with no causal-LM class (encoders, embedding models, backbones), built tiny
 #: like :data:`TINY` as transformers' ``AutoModel`` (``'base:<model type>'``): the tests compare
 #: their last hidden states. Only types whose every RoPE is the text one: a vision-language base
@@ -307,6 +325,8 @@ BASE = (
     # The text decoder of Voxtral Realtime, with a random time conditioning (TIME_CONDITIONED),
     # built from its unexported class (UNEXPORTED).
     "voxtral_realtime_text",
+    # Audio encoders, audio codecs and a time-series model, run from the inputs FEATURES makes.
+    *FEATURES,
 )
 
 
@@ -566,6 +586,8 @@ _MOLMO2_TEXT = dict(
     initializer_range=0.2,
 )
 
+_CODEC = dict(upsample_groups=64, initializer_range=0.2)
+
 # The few types the generic shrink does not make testable. Bamba says where its attention layer
 # is by index (two layers: one SSM, one attention). In the others the tiny random model's logits
 # hardly depend on RoPE with the default initializer_range (0.02: q and k so small that attention
@@ -649,6 +671,21 @@ _TINY_OVERRIDES = {
     # the embedding table ends with (vocab + codebooks * 16).
     "kyutai_speech_to_text": dict(
         num_codebooks=2, codebook_vocab_size=16, audio_bos_token_id=15, audio_pad_token_id=288
+    ),
+    # The codecs (and their encoders and decoders alone): their upsampling is a depthwise
+    # transposed convolution (as many groups as channels: the tiny hidden size); with the default
+    # initializer_range their RoPE hardly moves the tiny codec's output. Pocket TTS's transformers
+    # run at 200 frames a second: 320 positions in the test's 1.6 s.
+    **dict.fromkeys(("mimi_encoder", "mimi_decoder"), _CODEC),
+    # Its DAC audio embedder's convolutions narrower (24M parameters at the default widths).
+    "pe_audio_encoder": dict(dac_config=dict(encoder_hidden_size=8, decoder_hidden_size=64)),
+    **dict.fromkeys(
+        (
+            "pocket_tts_audio_tokenizer",
+            "pocket_tts_audio_tokenizer_encoder",
+            "pocket_tts_audio_tokenizer_decoder",
+        ),
+        dict(_CODEC, max_position_embeddings=512),
     ),
     # Its decoder's cross-attention reads the encoder's states (as wide as the tiny encoder); two
     # audio channels, each delayed by its own step.
@@ -848,6 +885,15 @@ def batch_for(name):
         samples = tiny_config(model_type).encoder_config.sample_rate // 10
         audio = torch.randn(ids.size(0), samples, generator=g)
         return dict(input_values=audio, decoder_input_ids=ids, decoder_attention_mask=mask), mask
+    if model_type in FEATURES:
+        config, kind = tiny_config(model_type), FEATURES[model_type]
+        if kind == "mel":
+            return dict(input_features=torch.randn(2, config.num_mel_bins, 64, generator=g)), mask
+        if kind == "samples":
+            return dict(input_values=torch.randn(2, 1, 38400, generator=g)), mask
+        if kind == "latents":
+            return dict(latents=torch.randn(2, config.hidden_size, 16, generator=g)), mask
+        return dict(past_values=torch.randn(2, 128, generator=g)), mask
     if model_type in TIME_CONDITIONED:
         t_cond = torch.randn(ids.size(0), 1, tiny_config(model_type).hidden_size, generator=g)
         return dict(input_ids=ids, attention_mask=mask, t_cond=t_cond), mask

@@ -104,7 +104,6 @@ REFUSED: Dict[str, str] = {
             "sam3_tracker_video",
             "sam3_vision_model",
             "sam3_vit_model",
-            "voxtral_realtime",
             "xcodec2",
         ),
         _NOT_TEXT,
@@ -156,7 +155,7 @@ REFUSED: Dict[str, str] = {
         "with a rotary module of its own: two rotary modules, and patch hands positions from "
         "exactly one"
     ),
-    **dict.fromkeys(("glmasr", "musicflamingo"), _SEVERAL_ROTARY),
+    "musicflamingo": _SEVERAL_ROTARY,
     "mistral_large4": (
         "the self-check refuses it: a patched PixtralAttention (its vision tower's, which rotates "
         "through the same apply_rotary_pos_emb) disagrees with the unpatched one"
@@ -175,11 +174,6 @@ REFUSED: Dict[str, str] = {
         "not tested: its tiny model does not build (a convolution of its audio codec, Mimi, gets "
         "channels not divisible by its groups once shrunk), and besides its backbone's it has "
         "rotary modules in its depth decoder and in that codec"
-    ),
-    "gradium_phonon_tts": (
-        "not tested: its forward computes a sinusoidal duration embedding with cos/sin on every "
-        "call, so the tests' proof that a patched model computes no cos/sin (that transformers' "
-        "rotary tables are not made) cannot hold; its tiny model patches and matches otherwise"
     ),
     "nemo_speechlm": (
         "not tested: its default config does not shrink generically (its head's audio width must "

@@ -152,11 +152,13 @@ REGISTRY = Registry(
         "glm_ocr": ModelType(SECTIONS_GPTJ_PAIRS, AXIAL_VISION),
         "glm_ocr_text": ModelType(SECTIONS_GPTJ_PAIRS),
         "glm_ocr_vision": VISION_TOWER,
+        "glmasr": TEXT,  # its audio encoder's rotary module and its text model's
         "glmasr_encoder": TEXT,
         "gpt_neox": TEXT,
         "gpt_neox_japanese": TEXT,
         "gpt_oss": TEXT,
         "gptj": GPTJ,
+        "gradium_phonon_tts": TEXT,
         "granite": TEXT,
         "granite4_vision": ModelType(vision=NO_VISION_ROPE),
         "granite_docling": ModelType(vision=NO_VISION_ROPE),
@@ -277,6 +279,7 @@ REGISTRY = Registry(
         "vaultgemma": TEXT,
         "video_llama_3": ModelType(vision=AXIAL_VISION),
         "video_llama_3_vision": VISION_TOWER,
+        "voxtral_realtime": TEXT,  # its audio encoder's rotary module and its text model's
         "voxtral_realtime_encoder": TEXT,
         "voxtral_realtime_text": TEXT,
         "youtu": TEXT,

@@ -260,11 +260,12 @@ TINY = (
 )
 
 
-#: Model types whose forward takes no tokens (audio encoders, a neural audio codec and its halves,
-#: a time-series model), built as ``'base:<model type>'`` and run from two rows of random inputs
-#: (:func:`batch_for`) of the kind named here: log-mel features ``(B, mel bins, frames)``, audio
-#: samples ``(B, 1, samples)`` (1.6 s at 24 kHz: 20 codec frames), a codec's latents
-#: ``(B, hidden, 16 frames)``, or a series of 128 steps.
+#: Model types whose forward takes more than tokens, or none (audio encoders, neural audio codecs
+#: and their halves, a time-series model, speech-to-text models), built as ``'base:<model type>'``
+#: and run from two rows of random inputs (:func:`batch_for`) of the kind named here: log-mel
+#: features ``(B, mel bins, frames)``, audio samples ``(B, 1, samples)`` (1.6 s at 24 kHz: 20
+#: codec frames), a codec's latents ``(B, hidden, 16 frames)``, a series of 128 steps, or tokens
+#: with the features their audio encoder reads (the second row left-padded).
 FEATURES = {
     "glmasr_encoder": "mel",
     "voxtral_realtime_encoder": "mel",
@@ -275,7 +276,14 @@ FEATURES = {
     "pocket_tts_audio_tokenizer_encoder": "samples",
     "pocket_tts_audio_tokenizer_decoder": "latents",
     "timesfm2_5": "series",
+    # Speech-to-text models whose text model reads an audio encoder's states: GLM-ASR's in place
+    # of AUDIO placeholder tokens (8 per row: 64 mel frames, halved, merged by 4), Voxtral
+    # Realtime's added to its tokens' embeddings (8 mel frames a token after the halving and the
+    # downsampling by 4).
+    "glmasr": "speech_tokens",
+    "voxtral_realtime": "speech_stream",
 }
+AUDIO = 250  # GLM-ASR's placeholder token
 
 
 #: Rotary model types with no causal-LM class (encoders, embedding models, backbones), built tiny
@@ -311,8 +319,9 @@ BASE = (
     "t5gemma",
     "t5gemma2",
     "t5gemma2_encoder",
-    # A text-to-speech backbone, run from text tokens alone (no voice prompt, no audio latents).
+    # Text-to-speech backbones, run from text tokens alone (no voice prompt, no audio latents).
     "pocket_tts",
+    "gradium_phonon_tts",
     # Speech-to-text from text and audio-code frames (FRAMES); a rotary module in each attention
     # layer.
     "kyutai_speech_to_text",
@@ -586,7 +595,8 @@ _MOLMO2_TEXT = dict(
     initializer_range=0.2,
 )
 
-_CODEC = dict(upsample_groups=64, initializer_range=0.2)
+_RANGE = dict(initializer_range=0.2)
+_CODEC = dict(_RANGE, upsample_groups=64)
 
 # The few types the generic shrink does not make testable. Bamba says where its attention layer
 # is by index (two layers: one SSM, one attention). In the others the tiny random model's logits
@@ -701,6 +711,9 @@ _TINY_OVERRIDES = {
     ),
     # The flow head is conditioned on the backbone's hidden states: as wide as the tiny backbone.
     "pocket_tts": dict(flow_head_config=dict(condition_dim=64)),
+    "gradium_phonon_tts": dict(flow_head_config=dict(condition_dim=64)),
+    "glmasr": dict(audio_token_id=AUDIO, text_config=_RANGE, audio_config=_RANGE),
+    "voxtral_realtime": dict(text_config=_RANGE, audio_config=_RANGE),
     # A decoder (its causal LM caches only then), its embeddings as wide as its hidden states.
     "roformer": dict(is_decoder=True, embedding_size=64, initializer_range=0.2),
     **dict.fromkeys(
@@ -891,6 +904,21 @@ def batch_for(name):
             return dict(input_features=torch.randn(2, config.num_mel_bins, 64, generator=g)), mask
         if kind == "samples":
             return dict(input_values=torch.randn(2, 1, 38400, generator=g)), mask
+        if kind == "speech_tokens":
+            rows = []
+            for i in range(2):
+                text = torch.randint(2, 240, (5 + 2 * (1 - i),), generator=g).tolist()
+                rows.append([0] * (2 * i) + text[:3] + [AUDIO] * 8 + text[3:])
+            ids = torch.tensor(rows)
+            features = torch.randn(2, config.audio_config.num_mel_bins, 64, generator=g)
+            frames = torch.ones(2, 64, dtype=torch.long)
+            inputs = dict(input_ids=ids, input_features=features, input_features_mask=frames)
+            return dict(inputs, attention_mask=(ids != 0).long()), mask
+        if kind == "speech_stream":
+            features = torch.randn(
+                2, config.audio_config.num_mel_bins, 8 * ids.size(1), generator=g
+            )
+            return dict(input_ids=ids, attention_mask=mask, input_features=features), mask
         if kind == "latents":
             return dict(latents=torch.randn(2, config.hidden_size, 16, generator=g)), mask
         return dict(past_values=torch.randn(2, 128, generator=g)), mask

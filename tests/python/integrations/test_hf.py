@@ -9,6 +9,7 @@ move the logits (negative control), and in bf16 its error against fp32 must stay
 HF's own bf16 error.
 """
 
+import contextlib
 import copy
 import os
 import re
@@ -152,9 +153,10 @@ class HFRotations:
         return counting
 
 
-def per_layer(model, names, read, ids, mask):
-    """One forward of ``model``: its logits and, for each named submodule, how much ``read()``
-    grew while that submodule ran."""
+@contextlib.contextmanager
+def growth_in(model, names, read):
+    """A dict, for each named submodule of ``model``, of how much ``read()`` grew while that
+    submodule ran, in the forwards under this context."""
     modules = dict(model.named_modules())
     grown, start, handles = dict.fromkeys(names, 0), {}, []
     for name in names:
@@ -168,10 +170,17 @@ def per_layer(model, names, read, ids, mask):
         handles.append(modules[name].register_forward_pre_hook(before))
         handles.append(modules[name].register_forward_hook(after))
     try:
-        out = logits(model, ids, mask)
+        yield grown
     finally:
         for handle in handles:
             handle.remove()
+
+
+def per_layer(model, names, read, ids, mask):
+    """One forward of ``model``: its logits and, for each named submodule, how much ``read()``
+    grew while that submodule ran."""
+    with growth_in(model, names, read) as grown:
+        out = logits(model, ids, mask)
     return out, grown
 
 
@@ -210,11 +219,12 @@ def test_patched_model_matches_unpatched(name, monkeypatch):
     # modules (none in a text model; an audio codec's Snake activations, sin(a x)^2).
     layers = patched_layer_names(model)
     hf_rotations = HFRotations(monkeypatch, reference)
-    with OpCounter() as hf_counter:
-        want, hf_calls = per_layer(reference, layers, lambda: hf_rotations.calls, ids, mask)
     rotaries = [n for n, m in model.named_modules() if hasattr(m, "torch_rope")]
-    with OpCounter() as rotary_counter:
-        _, rotary_trig = per_layer(reference, rotaries, lambda: trig(rotary_counter), ids, mask)
+    with (
+        OpCounter() as hf_counter,
+        growth_in(reference, rotaries, lambda: trig(hf_counter)) as rotary_trig,
+    ):
+        want, hf_calls = per_layer(reference, layers, lambda: hf_rotations.calls, ids, mask)
     with OpCounter() as counter:
         got, our_calls = per_layer(model, layers, lambda: rope_calls(counter), ids, mask)
     assert our_calls == hf_calls and sum(hf_calls.values()) > 0, (our_calls, hf_calls)

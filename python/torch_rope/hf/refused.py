@@ -79,7 +79,6 @@ REFUSED: Dict[str, str] = {
             "glm_image_vqmodel",
             "idefics",
             "lightglue",
-            "moonshine",
             "muse_glimmer_assistant",
             "muse_spark_audio",
             "nemotron3_5_transcribe_asr_audio",

@@ -214,6 +214,7 @@ REGISTRY = Registry(
         "modernbert-decoder": TEXT,
         "molmo2": ModelType(vision=NO_VISION_ROPE),
         "molmo2_text": TEXT,  # a scaled and an unscaled rotary module, side by side
+        "moonshine": TEXT,  # a rotary module per stack
         "moonshine_streaming": TEXT,
         "moshi": TEXT,  # a rotary module in each attention layer
         "muse_glimmer_text": TEXT,

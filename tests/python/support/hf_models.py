@@ -331,6 +331,8 @@ BASE = (
     # Speech-to-text encoder-decoder: audio into its encoder (AUDIO_ENCODER), tokens into its
     # decoder, the one stack that rotates.
     "moonshine_streaming",
+    # The same, both stacks rotating (a rotary module each, GPT-J pairs over 0.9 of the head).
+    "moonshine",
     # The text decoder of Voxtral Realtime, with a random time conditioning (TIME_CONDITIONED),
     # built from its unexported class (UNEXPORTED).
     "voxtral_realtime_text",
@@ -677,6 +679,20 @@ _TINY_OVERRIDES = {
     "t5gemma2_encoder": dict(text_config=dict(dropout_rate=0.0)),
     # Its attention views q with the kv-head count: no grouped-query attention.
     "moonshine_streaming": dict(num_key_value_heads=4),
+    # The same (per stack), and its stacks' sizes under names of their own: 2 layers of 4 heads of
+    # 16 (of 8 heads, its partial rotary factor 0.9 would leave 7 features, an odd width).
+    "moonshine": dict(
+        **dict.fromkeys(("encoder_num_hidden_layers", "decoder_num_hidden_layers"), 2),
+        **dict.fromkeys(
+            (
+                "encoder_num_attention_heads",
+                "decoder_num_attention_heads",
+                "encoder_num_key_value_heads",
+                "decoder_num_key_value_heads",
+            ),
+            4,
+        ),
+    ),
     # Two audio codebooks of 16 tokens each (after the text vocabulary), and the padding token
     # the embedding table ends with (vocab + codebooks * 16).
     "kyutai_speech_to_text": dict(
@@ -865,7 +881,7 @@ FRAMES = ("kyutai_speech_to_text",)
 DECODER_FRAMES = ("dia",)
 #: Speech encoder-decoders whose encoder reads audio samples (``input_values``) and whose decoder
 #: reads tokens: the tests give the encoder 0.1 s of random audio.
-AUDIO_ENCODER = ("moonshine_streaming",)
+AUDIO_ENCODER = ("moonshine_streaming", "moonshine")
 #: Decoders whose layers scale their states by a time conditioning (``t_cond``, one vector per
 #: sequence) that the whole speech model computes from the audio: the tests give a random one.
 TIME_CONDITIONED = ("voxtral_realtime_text",)
@@ -895,7 +911,8 @@ def batch_for(name):
         )
         return inputs, mask
     if model_type in AUDIO_ENCODER:
-        samples = tiny_config(model_type).encoder_config.sample_rate // 10
+        config = tiny_config(model_type)
+        samples = getattr(getattr(config, "encoder_config", config), "sample_rate", 16000) // 10
         audio = torch.randn(ids.size(0), samples, generator=g)
         return dict(input_values=audio, decoder_input_ids=ids, decoder_attention_mask=mask), mask
     if model_type in FEATURES:

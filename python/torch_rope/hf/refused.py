@@ -79,16 +79,12 @@ REFUSED: Dict[str, str] = {
             "glm_image_vqmodel",
             "idefics",
             "lightglue",
-            "muse_glimmer_assistant",
             "muse_spark_audio",
-            "nemotron3_5_transcribe_asr_audio",
             "nemotron3_5_transcribe_audio",
             "nemotron3_5_transcribe_word_timestamp",
             "nemotron3_diarization",
-            "nemotron3_diarization_audio",
             "nemotron_asr_streaming",
             "nemotron_asr_streaming_encoder",
-            "neucodec",
             "parakeet_ctc",
             "parakeet_encoder",
             "parakeet_rnnt",
@@ -103,7 +99,6 @@ REFUSED: Dict[str, str] = {
             "sam3_tracker_video",
             "sam3_vision_model",
             "sam3_vit_model",
-            "xcodec2",
         ),
         _NOT_TEXT,
     ),
@@ -114,6 +109,20 @@ REFUSED: Dict[str, str] = {
             "(dropout_positions) before handing them to its layers: it computes with cos/sin, "
             "and patch hands the layers positions and tables"
         ),
+    ),
+    **dict.fromkeys(
+        ("neucodec", "xcodec2"),
+        (
+            "its RoPE turns each head by its head index, not each token by its position "
+            "(position_ids of shape (1, num_heads); cos/sin broadcast over the sequence with "
+            "unsqueeze_dim=2), which is no rotation of a row by its token's position"
+        ),
+    ),
+    "muse_glimmer_assistant": (
+        "its attention (DFlash drafting) computes k and v over the main model's context states "
+        "and the diffusion window but q over the window only, and its rotation slices the "
+        "cos/sin to q's last positions: q and k of different lengths rotated at different "
+        "positions (and its forward needs those context states)"
     ),
     # Vision-language text towers whose multi-axis (M-RoPE) rule torch_rope does not express.
     **dict.fromkeys(

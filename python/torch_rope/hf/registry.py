@@ -222,6 +222,8 @@ REGISTRY = Registry(
         "muse_spark_vision": VISION_TOWER,
         "nanochat": TEXT,  # turns by minus the angle (rotate_half returns (x2, -x1))
         "nemotron": TEXT,
+        "nemotron3_5_transcribe_asr_audio": TEXT,
+        "nemotron3_diarization_audio": TEXT,
         "nomic_bert": TEXT,
         "olmo": TEXT,
         "olmo2": TEXT,

@@ -263,12 +263,15 @@ TINY = (
 #: Model types whose forward takes more than tokens, or none (audio encoders, neural audio codecs
 #: and their halves, a time-series model, speech-to-text models), built as ``'base:<model type>'``
 #: and run from two rows of random inputs (:func:`batch_for`) of the kind named here: log-mel
-#: features ``(B, mel bins, frames)``, audio samples ``(B, 1, samples)`` (1.6 s at 24 kHz: 20
-#: codec frames), a codec's latents ``(B, hidden, 16 frames)``, a series of 128 steps, or tokens
-#: with the features their audio encoder reads (the second row left-padded).
+#: features ``(B, mel bins, frames)`` (``mel_frames``: ``(B, 256 frames, mel bins)``), audio samples
+#: ``(B, 1, samples)`` (1.6 s at 24 kHz: 20 codec frames), a codec's latents ``(B, hidden, 16
+#: frames)``, a series of 128 steps, or tokens with the features their audio encoder reads (the
+#: second row left-padded).
 FEATURES = {
     "glmasr_encoder": "mel",
     "voxtral_realtime_encoder": "mel",
+    "nemotron3_5_transcribe_asr_audio": "mel_frames",
+    "nemotron3_diarization_audio": "mel_frames",
     "pe_audio_encoder": "samples",
     "mimi_encoder": "samples",
     "mimi_decoder": "latents",
@@ -705,6 +708,11 @@ _TINY_OVERRIDES = {
     **dict.fromkeys(("mimi_encoder", "mimi_decoder"), _CODEC),
     # Its DAC audio embedder's convolutions narrower (24M parameters at the default widths).
     "pe_audio_encoder": dict(dac_config=dict(encoder_hidden_size=8, decoder_hidden_size=64)),
+    # Nemotron's audio encoders: one kv head per head, as their default configs have.
+    **dict.fromkeys(
+        ("nemotron3_5_transcribe_asr_audio", "nemotron3_diarization_audio"),
+        dict(_RANGE, num_key_value_heads=4),
+    ),
     **dict.fromkeys(
         (
             "pocket_tts_audio_tokenizer",
@@ -919,6 +927,8 @@ def batch_for(name):
         config, kind = tiny_config(model_type), FEATURES[model_type]
         if kind == "mel":
             return dict(input_features=torch.randn(2, config.num_mel_bins, 64, generator=g)), mask
+        if kind == "mel_frames":
+            return dict(input_features=torch.randn(2, 256, config.num_mel_bins, generator=g)), mask
         if kind == "samples":
             return dict(input_values=torch.randn(2, 1, 38400, generator=g)), mask
         if kind == "speech_tokens":

@@ -97,13 +97,10 @@ REFUSED: Dict[str, str] = {
         "similarity (2 x 2 for the tests' two rows); its audio encoder alone, pe_audio_encoder, "
         "is supported, and its text tower is ModernBERT's"
     ),
-    **dict.fromkeys(
-        ("nemotron3_5_transcribe_audio", "nemotron3_diarization"),
-        (
-            "not tested whole: its default config does not shrink generically (its head's "
-            "audio_hidden_size must match its audio encoder's); its audio encoder alone is "
-            "supported (nemotron3_5_transcribe_asr_audio, nemotron3_diarization_audio)"
-        ),
+    "nemotron3_5_transcribe_audio": (
+        "not tested whole: its default config does not shrink generically (its head's "
+        "audio_hidden_size must match its audio encoder's); its audio encoder alone, "
+        "nemotron3_5_transcribe_asr_audio, is supported"
     ),
     "nemotron3_5_transcribe_word_timestamp": (
         "not tested: its default config does not shrink generically (its blank_token_id must "

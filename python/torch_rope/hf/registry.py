@@ -223,6 +223,7 @@ REGISTRY = Registry(
         "nanochat": TEXT,  # turns by minus the angle (rotate_half returns (x2, -x1))
         "nemotron": TEXT,
         "nemotron3_5_transcribe_asr_audio": TEXT,
+        "nemotron3_diarization": TEXT,
         "nemotron3_diarization_audio": TEXT,
         "nomic_bert": TEXT,
         "olmo": TEXT,

@@ -272,6 +272,7 @@ FEATURES = {
     "voxtral_realtime_encoder": "mel",
     "nemotron3_5_transcribe_asr_audio": "mel_frames",
     "nemotron3_diarization_audio": "mel_frames",
+    "nemotron3_diarization": "mel_frames",
     "pe_audio_encoder": "samples",
     "mimi_encoder": "samples",
     "mimi_decoder": "latents",
@@ -713,6 +714,10 @@ _TINY_OVERRIDES = {
         ("nemotron3_5_transcribe_asr_audio", "nemotron3_diarization_audio"),
         dict(_RANGE, num_key_value_heads=4),
     ),
+    # The diarization model around that encoder: its head reads the tiny encoder's width.
+    "nemotron3_diarization": dict(
+        head_config=dict(audio_hidden_size=64), audio_config=dict(_RANGE, num_key_value_heads=4)
+    ),
     **dict.fromkeys(
         (
             "pocket_tts_audio_tokenizer",
@@ -928,7 +933,8 @@ def batch_for(name):
         if kind == "mel":
             return dict(input_features=torch.randn(2, config.num_mel_bins, 64, generator=g)), mask
         if kind == "mel_frames":
-            return dict(input_features=torch.randn(2, 256, config.num_mel_bins, generator=g)), mask
+            bins = getattr(config, "audio_config", config).num_mel_bins
+            return dict(input_features=torch.randn(2, 256, bins, generator=g)), mask
         if kind == "samples":
             return dict(input_values=torch.randn(2, 1, 38400, generator=g)), mask
         if kind == "speech_tokens":

@@ -7,11 +7,6 @@ rotary type of the installed transformers is either supported or here."""
 from typing import Dict
 
 # Why patch refuses each of the other rotary model types: one reason per family.
-_SEVERAL_ROTARY = (
-    "several rotary embedding modules (per attention kind or sub-model), a layout not tested "
-    "here; patch hands positions from one rotary module per part only for the encoder-decoder "
-    "stacks and per-layer rotary modules it is tested on"
-)
 _DSA_INDEXER = (
     "its sparse-attention indexer (DSA) rotates its own q/k through the same function inside "
     "the attention layer; the self-check refuses it"
@@ -201,7 +196,12 @@ REFUSED: Dict[str, str] = {
         "with a rotary module of its own: two rotary modules, and patch hands positions from "
         "exactly one"
     ),
-    "musicflamingo": _SEVERAL_ROTARY,
+    "musicflamingo": (
+        "besides its language model's RoPE, it rotates its audio encoder's output states (not q "
+        "and k) in the model's forward by rotary time embeddings (RoTE: axial over the window "
+        "index and the time index within a window, modulated by absolute timestamps in "
+        "seconds), which are no rows of a table of integer positions"
+    ),
     "mistral_large4": (
         "the self-check refuses it: a patched PixtralAttention (its vision tower's, which rotates "
         "through the same apply_rotary_pos_emb) disagrees with the unpatched one"

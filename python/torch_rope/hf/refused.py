@@ -7,19 +7,15 @@ rotary type of the installed transformers is either supported or here."""
 from typing import Dict
 
 # Why patch refuses each of the other rotary model types: one reason per family.
-_SEVERAL_ROTARY = (
-    "several rotary embedding modules (per attention kind or sub-model), a layout not tested "
-    "here; patch hands positions from one rotary module per part only for the encoder-decoder "
-    "stacks and per-layer rotary modules it is tested on"
-)
 _DSA_INDEXER = (
     "its sparse-attention indexer (DSA) rotates its own q/k through the same function inside "
     "the attention layer; the self-check refuses it"
 )
 _NO_ROPE = "its modeling file defines the RoPE helpers, but its attention layers use no RoPE"
-_NOT_TEXT = (
-    "not tested: a vision, audio, video or time-series model (or tower) whose forward takes no "
-    "text tokens; the tests build their models from token ids only"
+_RELATIVE_POSITIONS = (
+    "its model has no RoPE: its (Conformer) attention adds relative position embeddings "
+    "(Transformer-XL style) to its scores; the RoPE helpers in its modeling file are unused or "
+    "another model's"
 )
 _VISION_ONLY_ROPE = (
     "its text model has no rotary embedding (no RoPE in any text layer); only its vision tower "
@@ -31,26 +27,22 @@ _VISION_ONLY_ROPE = (
 #: :func:`torch_rope.hf.patch` refuses it (it raises NotImplementedError with the reason).
 REFUSED: Dict[str, str] = {
     "inkling2_text": "its text model has no rotary embedding; only its vision tower rotates",
-    **dict.fromkeys(
-        ("blt", "deepseek_v4", "granite_swa", "granitemoe_swa", "moshi"), _SEVERAL_ROTARY
+    "blt": (
+        "not tested: transformers 5.23's own BltForCausalLM cannot generate with a KV cache (it "
+        "builds DynamicCache(config=BltConfig), and BltConfig has no num_hidden_layers), so the "
+        "tests' generation check against the unpatched model cannot run; its four rotary "
+        "modules (local encoder, global transformer, local decoder, entropy patcher) each feed "
+        "the layers of their own sub-model, as the stacks patch expects"
+    ),
+    "deepseek_v4": (
+        "its attention layer computes with the sin it is handed (it turns the attention output "
+        "back by minus the angle, apply_rotary_pos_emb(out, cos, -sin)) and picks its cos/sin "
+        "out of a dict per rope layer type, and its compressor and indexer call rotary modules "
+        "of their own on other positions: patch hands a layer positions and tables, not cos/sin"
     ),
     **dict.fromkeys(
         ("axk2", "deepseek_v32", "dots3_note_text", "glm_moe_dsa", "hy_v4"), _DSA_INDEXER
     ),
-    **{
-        t: (
-            f"its causal LM is its text model, of type {t}_text, which patch supports; the whole "
-            "model (with its vision tower) is not tested"
-        )
-        for t in ("qwen3_5", "qwen3_5_moe")
-    },
-    **{
-        t: (
-            f"its causal LM is its text model, of type {t}_text_model, which patch supports; the "
-            "whole model (with its vision part) is not tested"
-        )
-        for t in ("emu3", "mllama")
-    },
     **dict.fromkeys(("jamba", "nemotron_h"), _NO_ROPE),
     "dots3_note": _DSA_INDEXER,
     **dict.fromkeys(
@@ -58,6 +50,12 @@ REFUSED: Dict[str, str] = {
         "not tested: its sparse-attention indexer rotates its own queries through the same "
         "apply_rotary_pos_emb inside the attention layer, and its default config leaves the "
         "indexer's sizes unset",
+    ),
+    "mimi": (
+        "not tested whole: its output is audio decoded from the discrete codes of its quantizer, "
+        "which on the tests' tiny random codec do not change with the rotation (the "
+        "wrong-layout control moves nothing); its encoder and decoder alone, mimi_encoder and "
+        "mimi_decoder, are supported"
     ),
     "zaya": (
         "not tested: its tiny random model's output does not depend on the rotation (the "
@@ -71,53 +69,93 @@ REFUSED: Dict[str, str] = {
     **dict.fromkeys(
         (
             "edgetam_video",
-            "efficientloftr",
-            "gemma3n_audio",
-            "gemma4_audio",
-            "glm_image_vqmodel",
-            "glmasr_encoder",
-            "idefics",
-            "lasr_ctc",
-            "lasr_encoder",
-            "lightglue",
-            "mimi",
-            "mimi_decoder",
-            "mimi_encoder",
-            "moonshine",
-            "muse_glimmer_assistant",
-            "muse_spark_audio",
-            "nemotron3_5_transcribe_asr_audio",
-            "nemotron3_5_transcribe_audio",
-            "nemotron3_5_transcribe_word_timestamp",
-            "nemotron3_diarization",
-            "nemotron3_diarization_audio",
-            "nemotron_asr_streaming",
-            "nemotron_asr_streaming_encoder",
-            "neucodec",
-            "parakeet_ctc",
-            "parakeet_encoder",
-            "parakeet_rnnt",
-            "parakeet_tdt",
-            "pe_audio",
-            "pe_audio_encoder",
-            "pe_audio_video",
-            "pe_audio_video_encoder",
-            "pe_video",
-            "pe_video_encoder",
-            "pocket_tts_audio_tokenizer",
-            "pocket_tts_audio_tokenizer_decoder",
-            "pocket_tts_audio_tokenizer_encoder",
             "sam2_video",
             "sam3",
             "sam3_tracker_video",
             "sam3_vision_model",
             "sam3_vit_model",
-            "timesfm2_5",
-            "voxtral_realtime",
-            "voxtral_realtime_encoder",
-            "xcodec2",
         ),
-        _NOT_TEXT,
+        (
+            "not supported: SAM's 2-D RoPE (the rows' planes, then the columns', in GPT-J pairs, "
+            "over a window's or the image's patch grid, in its vision encoder or its memory "
+            "attention) goes through its own apply_rotary_pos_emb_2d on windowed q/k, which "
+            "neither vision family (axial RoPE over packed patches, Llama 4's complex table) "
+            "patches; not tested"
+        ),
+    ),
+    **dict.fromkeys(
+        ("pe_audio_video", "pe_audio_video_encoder", "pe_video", "pe_video_encoder"),
+        "not tested: its video encoder needs the timm library, which the tests do not install",
+    ),
+    "pe_audio": (
+        "not tested whole: a contrastive pair of towers whose output is their audio-text "
+        "similarity (2 x 2 for the tests' two rows); its audio encoder alone, pe_audio_encoder, "
+        "is supported, and its text tower is ModernBERT's"
+    ),
+    "nemotron3_5_transcribe_audio": (
+        "not tested whole: its default config does not shrink generically (its head's "
+        "audio_hidden_size must match its audio encoder's); its audio encoder alone, "
+        "nemotron3_5_transcribe_asr_audio, is supported"
+    ),
+    "nemotron3_5_transcribe_word_timestamp": (
+        "not tested: its default config does not shrink generically (its blank_token_id must "
+        "be one of its classes)"
+    ),
+    "efficientloftr": (
+        "not tested: its default config does not shrink generically (its hidden_size must "
+        "equal the last of its stage widths)"
+    ),
+    "idefics": (
+        "not tested: its attention layers hold and call their own rotary modules, and the "
+        "self-check's probe fails in them (they read an input the probe leaves None), so patch "
+        "refuses it"
+    ),
+    **dict.fromkeys(
+        ("lasr_ctc", "lasr_encoder"),
+        (
+            "its encoder applies dropout to the cos and sin of its rotary module "
+            "(dropout_positions) before handing them to its layers: it computes with cos/sin, "
+            "and patch hands the layers positions and tables"
+        ),
+    ),
+    **dict.fromkeys(
+        ("neucodec", "xcodec2"),
+        (
+            "its RoPE turns each head by its head index, not each token by its position "
+            "(position_ids of shape (1, num_heads); cos/sin broadcast over the sequence with "
+            "unsqueeze_dim=2), which is no rotation of a row by its token's position"
+        ),
+    ),
+    "muse_glimmer_assistant": (
+        "its attention (DFlash drafting) computes k and v over the main model's context states "
+        "and the diffusion window but q over the window only, and its rotation slices the "
+        "cos/sin to q's last positions: q and k of different lengths rotated at different "
+        "positions (and its forward needs those context states)"
+    ),
+    **dict.fromkeys(
+        (
+            "gemma3n_audio",
+            "gemma4_audio",
+            "nemotron_asr_streaming",
+            "nemotron_asr_streaming_encoder",
+            "parakeet_ctc",
+            "parakeet_encoder",
+            "parakeet_rnnt",
+            "parakeet_tdt",
+        ),
+        _RELATIVE_POSITIONS,
+    ),
+    **dict.fromkeys(
+        ("glm_image_vqmodel", "muse_spark_audio"),
+        (
+            "its model has no RoPE (no rotary module, no layer that rotates): the RoPE in its "
+            "modeling file is the text model's"
+        ),
+    ),
+    "lightglue": (
+        "its cos/sin are of a learned linear projection of each keypoint's continuous image "
+        "coordinates (Fourier features), computed per call, not rows of a table of integer "
+        "positions"
     ),
     # Vision-language text towers whose multi-axis (M-RoPE) rule torch_rope does not express.
     **dict.fromkeys(
@@ -144,10 +182,6 @@ REFUSED: Dict[str, str] = {
         "not tested whole: its text tower is muse_spark_text's, refused for its bf16 error on "
         "the tests' tiny model (2x transformers' own); its vision tower rotates too"
     ),
-    "molmo2": (
-        "its text model, molmo2_text, has two rotary embedding modules (scaled and unscaled); "
-        "patch hands positions from exactly one"
-    ),
     **dict.fromkeys(
         ("qwen2_5_omni_thinker", "qwen3_omni_moe_thinker"),
         (
@@ -162,7 +196,12 @@ REFUSED: Dict[str, str] = {
         "with a rotary module of its own: two rotary modules, and patch hands positions from "
         "exactly one"
     ),
-    **dict.fromkeys(("glmasr", "molmo2_text", "musicflamingo"), _SEVERAL_ROTARY),
+    "musicflamingo": (
+        "besides its language model's RoPE, it rotates its audio encoder's output states (not q "
+        "and k) in the model's forward by rotary time embeddings (RoTE: axial over the window "
+        "index and the time index within a window, modulated by absolute timestamps in "
+        "seconds), which are no rows of a table of integer positions"
+    ),
     "mistral_large4": (
         "the self-check refuses it: a patched PixtralAttention (its vision tower's, which rotates "
         "through the same apply_rotary_pos_emb) disagrees with the unpatched one"
@@ -181,11 +220,6 @@ REFUSED: Dict[str, str] = {
         "not tested: its tiny model does not build (a convolution of its audio codec, Mimi, gets "
         "channels not divisible by its groups once shrunk), and besides its backbone's it has "
         "rotary modules in its depth decoder and in that codec"
-    ),
-    "gradium_phonon_tts": (
-        "not tested: its forward computes a sinusoidal duration embedding with cos/sin on every "
-        "call, so the tests' proof that a patched model computes no cos/sin (that transformers' "
-        "rotary tables are not made) cannot hold; its tiny model patches and matches otherwise"
     ),
     "nemo_speechlm": (
         "not tested: its default config does not shrink generically (its head's audio width must "

@@ -10,6 +10,13 @@ Two layouts have a rotary module per part of the model, each feeding only that p
 
 :func:`torch_rope.hf.patch` then patches each part as it patches a model with one rotary module:
 that rotary module and the attention layers under the sub-module that holds it.
+
+A third has several rotary modules side by side (:func:`side_by_side`): Granite SWA's model holds
+one per RoPE theta (in a ModuleList, beside an unused one at the global theta) and hands each
+layer the cos/sin of its theta's module, a choice made in its forward, not by where the modules
+sit; Molmo 2's text model holds a scaled and an unscaled one, chosen per layer by
+``rope_scaling_layers``. Every one of them is patched, and every layer checked against the
+unpatched layer with each.
 """
 
 from typing import List, Optional, Tuple
@@ -46,3 +53,28 @@ def stacks(
     if not all(grouped.values()):
         return None
     return [(holders[holder], grouped[holder]) for holder in holders]
+
+
+def side_by_side(
+    model: nn.Module, rotaries: List[nn.Module], attentions: List[nn.Module]
+) -> Optional[List[nn.Module]]:
+    """``rotaries`` when they are several modules of one class held by one module (directly, or
+    in a ModuleList or ModuleDict of it) that also holds every attention layer, none held by a
+    layer or a stack of its own: the model's forward picks one per layer. None otherwise."""
+    if len(rotaries) < 2 or len({type(r) for r in rotaries}) != 1 or not attentions:
+        return None
+    names = {id(m): name for name, m in model.named_modules()}
+    modules = dict(model.named_modules())
+    owners = set()
+    for rotary in rotaries:
+        holder = names[id(rotary)].rpartition(".")[0]
+        if isinstance(modules[holder], (nn.ModuleList, nn.ModuleDict)):
+            holder = holder.rpartition(".")[0]
+        owners.add(holder)
+    if len(owners) != 1:
+        return None
+    (owner,) = owners
+    prefix = owner + "." if owner else ""
+    if not all(names[id(a)].startswith(prefix) for a in attentions):
+        return None
+    return rotaries

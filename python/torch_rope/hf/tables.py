@@ -75,6 +75,18 @@ def rope_type(params: Dict[str, Any]) -> str:
     return params.get("rope_type", params.get("type", "default"))
 
 
+def module_rope_parameters(rotary: nn.Module, key: str) -> Dict[str, Any]:
+    """The RoPE rotary module ``rotary`` computes for layer type ``key``: the config's
+    (:func:`rope_parameters`), except where the module says its own ``rope_type`` is the default
+    over a scaled config (Molmo 2's unscaled module, beside the scaled one, for the layers outside
+    ``rope_scaling_layers``): the default RoPE at the config's theta."""
+    params = rope_parameters(rotary.config, key)
+    own = getattr(rotary, "rope_type", None)
+    if key == ALL_LAYERS and own == "default" and rope_type(params) != "default":
+        return {"rope_type": "default", "rope_theta": params["rope_theta"]}
+    return params
+
+
 def _scaling_dict(params: Dict[str, Any], config) -> Dict[str, Any]:
     """config.rope_parameters (one layer type's) -> the dict RotaryPositionalEmbedding takes."""
     # mrope_section / mrope_interleaved say which position axis each plane reads, not how the
@@ -111,7 +123,7 @@ def make_tables(
     ``(interleaved, mrope_section, mrope_interleaved)``. ``use_tables=False``: the table-free
     module (float64 frequencies only), for any position."""
     config = rotary.config
-    params = rope_parameters(config, key)
+    params = module_rope_parameters(rotary, key)
     scaling = _scaling_dict(params, config)
     if seq_len is not None:
         scaling["seq_len"] = seq_len
@@ -139,7 +151,7 @@ def hf_frequencies(rotary: nn.Module, key: str) -> Tuple[Tensor, float]:
     from the config in float32 (the module's buffer may have been cast to bf16 with the model)."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    kind = rope_type(rope_parameters(rotary.config, key))
+    kind = rope_type(module_rope_parameters(rotary, key))
     kwargs = {} if key == ALL_LAYERS else {"layer_type": key}
     if kind == "default":
         init = getattr(type(rotary), "compute_default_rope_parameters", None)

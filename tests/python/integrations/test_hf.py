@@ -9,6 +9,7 @@ move the logits (negative control), and in bf16 its error against fp32 must stay
 HF's own bf16 error.
 """
 
+import contextlib
 import copy
 import os
 import re
@@ -80,7 +81,7 @@ def logits(model, ids, mask):
     states are the decoder's, which read the encoder's through cross-attention, so both stacks'
     rotations count. ``ids`` may be the dict of the model's inputs (hf_models.batch_for: Dia's
     decoder reads audio codes, Moonshine Streaming's encoder audio samples, Voxtral Realtime's
-    text decoder a time conditioning)."""
+    text decoder a time conditioning, hf_models.FEATURES' models audio or a time series)."""
     inputs = dict(input_ids=ids, attention_mask=mask)
     if isinstance(ids, dict):
         # Audio samples (a time conditioning) in the model's dtype: a bf16 model reads bf16.
@@ -89,7 +90,9 @@ def logits(model, ids, mask):
         inputs.update(decoder_input_ids=ids, decoder_attention_mask=mask)
     with torch.no_grad():
         out = model(**inputs)
-    return out.logits if "logits" in out else out.last_hidden_state
+    # An audio codec's output is its audio (or its encoder's latents).
+    keys = ("logits", "audio_values", "last_hidden_state", "latents")
+    return next(out[key] for key in keys if out.get(key) is not None)
 
 
 def rel_err(got, want):
@@ -150,9 +153,10 @@ class HFRotations:
         return counting
 
 
-def per_layer(model, names, read, ids, mask):
-    """One forward of ``model``: its logits and, for each named submodule, how much ``read()``
-    grew while that submodule ran."""
+@contextlib.contextmanager
+def growth_in(model, names, read):
+    """A dict, for each named submodule of ``model``, of how much ``read()`` grew while that
+    submodule ran, in the forwards under this context."""
     modules = dict(model.named_modules())
     grown, start, handles = dict.fromkeys(names, 0), {}, []
     for name in names:
@@ -166,10 +170,17 @@ def per_layer(model, names, read, ids, mask):
         handles.append(modules[name].register_forward_pre_hook(before))
         handles.append(modules[name].register_forward_hook(after))
     try:
-        out = logits(model, ids, mask)
+        yield grown
     finally:
         for handle in handles:
             handle.remove()
+
+
+def per_layer(model, names, read, ids, mask):
+    """One forward of ``model``: its logits and, for each named submodule, how much ``read()``
+    grew while that submodule ran."""
+    with growth_in(model, names, read) as grown:
+        out = logits(model, ids, mask)
     return out, grown
 
 
@@ -180,6 +191,11 @@ def rope_calls(counter):
     """torch_rope rotations an OpCounter saw: q and k together (with their per-head norms fused
     in, for Qwen3-style layers), or one tensor a call (Gemma 4)."""
     return sum(counter.counts.get(name, 0) for name in ROTATIONS)
+
+
+def trig(counter):
+    """The cos and sin an OpCounter saw."""
+    return counter.counts.get("aten.cos", 0) + counter.counts.get("aten.sin", 0)
 
 
 def patched_layer_names(model):
@@ -198,15 +214,22 @@ def test_patched_model_matches_unpatched(name, monkeypatch):
     assert model.state_dict().keys() == reference.state_dict().keys()
 
     # Each patched layer calls rope::apply_qk exactly as often as the unpatched one rotates (once;
-    # never in a NoPE layer), some layer rotates, and HF's rotary never computed cos/sin.
+    # never in a NoPE layer), some layer rotates, and HF's rotary never computed cos/sin: the
+    # patched model computes only the cos/sin the unpatched one computes outside its rotary
+    # modules (none in a text model; an audio codec's Snake activations, sin(a x)^2).
     layers = patched_layer_names(model)
     hf_rotations = HFRotations(monkeypatch, reference)
-    want, hf_calls = per_layer(reference, layers, lambda: hf_rotations.calls, ids, mask)
+    rotaries = [n for n, m in model.named_modules() if hasattr(m, "torch_rope")]
+    with (
+        OpCounter() as hf_counter,
+        growth_in(reference, rotaries, lambda: trig(hf_counter)) as rotary_trig,
+    ):
+        want, hf_calls = per_layer(reference, layers, lambda: hf_rotations.calls, ids, mask)
     with OpCounter() as counter:
         got, our_calls = per_layer(model, layers, lambda: rope_calls(counter), ids, mask)
     assert our_calls == hf_calls and sum(hf_calls.values()) > 0, (our_calls, hf_calls)
     assert rope_calls(counter) == sum(hf_calls.values())
-    assert counter.counts.get("aten.cos", 0) == 0 and counter.counts.get("aten.sin", 0) == 0
+    assert trig(counter) == trig(hf_counter) - sum(rotary_trig.values()), trig(counter)
     assert rel_err(got, want) <= 1e-5, rel_err(got, want)
 
     # Greedy generation with a KV cache, the second row left-padded: identical tokens. A base
@@ -288,6 +311,39 @@ def test_unpatch_restores_the_model_exactly(name):
         got = logits(model, ids, mask)
     assert rope_calls(counter) == 0
     assert torch.equal(got, want)
+
+
+# Granite SWA holds a rotary module per RoPE theta side by side (and an unused one at the global
+# theta), its forward handing each layer its theta's cos/sin (the tiny config: 1e4, then 1e6);
+# Granite-MoE SWA, built alike, is in ALL.
+def test_rotary_modules_side_by_side_are_each_patched_and_train_compile_unpatch():
+    reference = hf_models.build("tiny:granite_swa")
+    model = torch_rope.hf.patch(copy.deepcopy(reference))
+    rotaries = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+    assert len(rotaries) == 3 and all("forward" in vars(r) for r in rotaries)
+    thetas = [r.torch_rope["all"].theta for r in rotaries]
+    assert thetas == [r.config.rope_parameters["rope_theta"] for r in rotaries]
+    assert set(thetas) == {1e4, 1e6}
+    ids, mask = hf_models.batch()
+    want = logits(model, ids, mask)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        got = compiled(input_ids=ids, attention_mask=mask).logits
+    assert rel_err(got, want) <= 1e-6
+    trained = copy.deepcopy(reference)
+    for m in (trained, model):
+        m.train()
+        torch.manual_seed(0)
+        m(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
+    for (p_name, p), q in zip(trained.named_parameters(), model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=p_name)
+    torch_rope.hf.unpatch(model.eval())
+    assert not any(hasattr(m, "torch_rope") or "forward" in vars(m) for m in model.modules())
+    with OpCounter() as counter:
+        got = logits(model, ids, mask)
+    assert rope_calls(counter) == 0
+    assert torch.equal(got, logits(reference, ids, mask))
 
 
 # Gemma 4's configs (and EmbeddingGemma 2's) give the full layers heads twice as wide as the

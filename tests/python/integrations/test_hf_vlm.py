@@ -62,8 +62,10 @@ def generate(model, inputs, new_tokens=4):
 
 
 def towers(model):
-    """(text attention layers, vision attention layers) of a tiny VLM."""
-    text = [layer.self_attn for layer in model.model.language_model.layers]
+    """(text attention layers, vision attention layers) of a tiny VLM (Qwen3.5's linear-attention
+    layers, which do not rotate, have no self_attn)."""
+    layers = model.model.language_model.layers
+    text = [layer.self_attn for layer in layers if hasattr(layer, "self_attn")]
     vision = [m for m in model.model.visual.modules() if type(m).__name__.endswith("Attention")]
     return text, vision
 

@@ -199,6 +199,9 @@ TINY = (
     "gpt_oss",
     "granitemoehybrid",
     "granitemoeshared",
+    # A rotary module per RoPE theta, side by side, the model handing each layer its theta's.
+    "granite_swa",
+    "granitemoe_swa",
     "helium",
     "hrm_text",
     "hunyuan_v1_dense",
@@ -224,6 +227,8 @@ TINY = (
     "ministral",
     "ministral3",
     "modernbert-decoder",
+    # A rotary module inside each attention layer (MoshiForCausalLM, its text decoder alone).
+    "moshi",
     "nanochat",
     "nemotron",
     "olmo_hybrid",
@@ -255,6 +260,36 @@ TINY = (
 )
 
 
+#: Model types whose forward takes more than tokens, or none (audio encoders, neural audio codecs
+#: and their halves, a time-series model, speech-to-text models), built as ``'base:<model type>'``
+#: and run from two rows of random inputs (:func:`batch_for`) of the kind named here: log-mel
+#: features ``(B, mel bins, frames)`` (``mel_frames``: ``(B, 256 frames, mel bins)``), audio samples
+#: ``(B, 1, samples)`` (1.6 s at 24 kHz: 20 codec frames), a codec's latents ``(B, hidden, 16
+#: frames)``, a series of 128 steps, or tokens with the features their audio encoder reads (the
+#: second row left-padded).
+FEATURES = {
+    "glmasr_encoder": "mel",
+    "voxtral_realtime_encoder": "mel",
+    "nemotron3_5_transcribe_asr_audio": "mel_frames",
+    "nemotron3_diarization_audio": "mel_frames",
+    "nemotron3_diarization": "mel_frames",
+    "pe_audio_encoder": "samples",
+    "mimi_encoder": "samples",
+    "mimi_decoder": "latents",
+    "pocket_tts_audio_tokenizer": "samples",
+    "pocket_tts_audio_tokenizer_encoder": "samples",
+    "pocket_tts_audio_tokenizer_decoder": "latents",
+    "timesfm2_5": "series",
+    # Speech-to-text models whose text model reads an audio encoder's states: GLM-ASR's in place
+    # of AUDIO placeholder tokens (8 per row: 64 mel frames, halved, merged by 4), Voxtral
+    # Realtime's added to its tokens' embeddings (8 mel frames a token after the halving and the
+    # downsampling by 4).
+    "glmasr": "speech_tokens",
+    "voxtral_realtime": "speech_stream",
+}
+AUDIO = 250  # GLM-ASR's placeholder token
+
+
 #: Rotary model types with no causal-LM class (encoders, embedding models, backbones), built tiny
 #: like :data:`TINY` as transformers' ``AutoModel`` (``'base:<model type>'``): the tests compare
 #: their last hidden states. Only types whose every RoPE is the text one: a vision-language base
@@ -276,6 +311,8 @@ BASE = (
     "jina_embeddings_v3",
     "mistral4",
     "modernbert",
+    # A scaled and an unscaled rotary module side by side, the first layer on the unscaled one.
+    "molmo2_text",
     "muse_glimmer_text",
     "nomic_bert",
     "openai_privacy_filter",
@@ -286,8 +323,9 @@ BASE = (
     "t5gemma",
     "t5gemma2",
     "t5gemma2_encoder",
-    # A text-to-speech backbone, run from text tokens alone (no voice prompt, no audio latents).
+    # Text-to-speech backbones, run from text tokens alone (no voice prompt, no audio latents).
     "pocket_tts",
+    "gradium_phonon_tts",
     # Speech-to-text from text and audio-code frames (FRAMES); a rotary module in each attention
     # layer.
     "kyutai_speech_to_text",
@@ -297,16 +335,31 @@ BASE = (
     # Speech-to-text encoder-decoder: audio into its encoder (AUDIO_ENCODER), tokens into its
     # decoder, the one stack that rotates.
     "moonshine_streaming",
+    # The same, both stacks rotating (a rotary module each, GPT-J pairs over 0.9 of the head).
+    "moonshine",
     # The text decoder of Voxtral Realtime, with a random time conditioning (TIME_CONDITIONED),
     # built from its unexported class (UNEXPORTED).
     "voxtral_realtime_text",
+    # Audio encoders, audio codecs and a time-series model, run from the inputs FEATURES makes.
+    *FEATURES,
 )
 
 
 #: Vision-language model types whose vision tower has no RoPE, built tiny like :data:`TINY` as
 #: transformers' ``AutoModelForImageTextToText`` (``'image_text:<model type>'``) and run from token
 #: ids: patch rotates only their text tower, which an image would not reach differently.
-IMAGE_TEXT = ("cosmos3_edge", "granite4_vision", "granite_docling", "unlimited_ocr")
+IMAGE_TEXT = (
+    "cosmos3_edge",
+    "granite4_vision",
+    "granite_docling",
+    "unlimited_ocr",
+    # Emu3's images are VQ-VAE tokens in the text stream; Mllama's text model reads its vision
+    # model's states through cross-attention layers, which do not rotate.
+    "emu3",
+    "mllama",
+    # Molmo 2's vision transformer has learned position embeddings; its text model is molmo2_text.
+    "molmo2",
+)
 
 
 #: Model types whose causal-LM class is their text model, of another model type
@@ -542,6 +595,15 @@ def _shrink(fields):
     return tiny
 
 
+_MOLMO2_TEXT = dict(
+    rope_parameters=dict(rope_type="linear", factor=4.0, rope_theta=1e4),
+    rope_scaling_layers=[1],
+    initializer_range=0.2,
+)
+
+_RANGE = dict(initializer_range=0.2)
+_CODEC = dict(_RANGE, upsample_groups=64)
+
 # The few types the generic shrink does not make testable. Bamba says where its attention layer
 # is by index (two layers: one SSM, one attention). In the others the tiny random model's logits
 # hardly depend on RoPE with the default initializer_range (0.02: q and k so small that attention
@@ -549,10 +611,24 @@ def _shrink(fields):
 # the vision-language models below.
 _TINY_OVERRIDES = {
     "bamba": dict(attn_layer_indices=[1]),
+    # Two RoPE thetas, one per layer: two rotary modules in use (besides the unused global one).
+    "granite_swa": dict(layer_rope_theta=[1e4, 1e6]),
+    "granitemoe_swa": dict(layer_rope_theta=[1e4, 1e6]),
+    # Linear scaling in the second layer only (rope_scaling_layers): the first layer's rotary module
+    # is the unscaled one, at the same theta.
+    "molmo2_text": _MOLMO2_TEXT,
+    "molmo2": dict(text_config=_MOLMO2_TEXT, adapter_config=dict(vision_feature_layer=[-1, -2])),
     # Default configs that do not build a model: the fields they leave unset, given.
     "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
     "dbrx": dict(attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0)),
     "chameleon": dict(vocabulary_map={"<image>": 255}),
+    # Its VQ-VAE image tokenizer (no RoPE) shrunk too: the default one has 246M parameters.
+    "emu3": dict(
+        vocabulary_map={"<image>": 255, "<|extra_200|>": 254},
+        vq_config=dict(
+            base_channels=32, channel_multiplier=[1, 2], num_res_blocks=1, codebook_size=256
+        ),
+    ),
     # Its default is all Mamba layers and no RoPE: a Mamba layer, then a RoPE attention layer.
     "granitemoehybrid": dict(
         position_embedding_type="rope", layer_types=["linear_attention", "full_attention"]
@@ -607,10 +683,48 @@ _TINY_OVERRIDES = {
     "t5gemma2_encoder": dict(text_config=dict(dropout_rate=0.0)),
     # Its attention views q with the kv-head count: no grouped-query attention.
     "moonshine_streaming": dict(num_key_value_heads=4),
+    # The same (per stack), and its stacks' sizes under names of their own: 2 layers of 4 heads of
+    # 16 (of 8 heads, its partial rotary factor 0.9 would leave 7 features, an odd width).
+    "moonshine": dict(
+        **dict.fromkeys(("encoder_num_hidden_layers", "decoder_num_hidden_layers"), 2),
+        **dict.fromkeys(
+            (
+                "encoder_num_attention_heads",
+                "decoder_num_attention_heads",
+                "encoder_num_key_value_heads",
+                "decoder_num_key_value_heads",
+            ),
+            4,
+        ),
+    ),
     # Two audio codebooks of 16 tokens each (after the text vocabulary), and the padding token
     # the embedding table ends with (vocab + codebooks * 16).
     "kyutai_speech_to_text": dict(
         num_codebooks=2, codebook_vocab_size=16, audio_bos_token_id=15, audio_pad_token_id=288
+    ),
+    # The codecs (and their encoders and decoders alone): their upsampling is a depthwise
+    # transposed convolution (as many groups as channels: the tiny hidden size); with the default
+    # initializer_range their RoPE hardly moves the tiny codec's output. Pocket TTS's transformers
+    # run at 200 frames a second: 320 positions in the test's 1.6 s.
+    **dict.fromkeys(("mimi_encoder", "mimi_decoder"), _CODEC),
+    # Its DAC audio embedder's convolutions narrower (24M parameters at the default widths).
+    "pe_audio_encoder": dict(dac_config=dict(encoder_hidden_size=8, decoder_hidden_size=64)),
+    # Nemotron's audio encoders: one kv head per head, as their default configs have.
+    **dict.fromkeys(
+        ("nemotron3_5_transcribe_asr_audio", "nemotron3_diarization_audio"),
+        dict(_RANGE, num_key_value_heads=4),
+    ),
+    # The diarization model around that encoder: its head reads the tiny encoder's width.
+    "nemotron3_diarization": dict(
+        head_config=dict(audio_hidden_size=64), audio_config=dict(_RANGE, num_key_value_heads=4)
+    ),
+    **dict.fromkeys(
+        (
+            "pocket_tts_audio_tokenizer",
+            "pocket_tts_audio_tokenizer_encoder",
+            "pocket_tts_audio_tokenizer_decoder",
+        ),
+        dict(_CODEC, max_position_embeddings=512),
     ),
     # Its decoder's cross-attention reads the encoder's states (as wide as the tiny encoder); two
     # audio channels, each delayed by its own step.
@@ -626,6 +740,9 @@ _TINY_OVERRIDES = {
     ),
     # The flow head is conditioned on the backbone's hidden states: as wide as the tiny backbone.
     "pocket_tts": dict(flow_head_config=dict(condition_dim=64)),
+    "gradium_phonon_tts": dict(flow_head_config=dict(condition_dim=64)),
+    "glmasr": dict(audio_token_id=AUDIO, text_config=_RANGE, audio_config=_RANGE),
+    "voxtral_realtime": dict(text_config=_RANGE, audio_config=_RANGE),
     # A decoder (its causal LM caches only then), its embeddings as wide as its hidden states.
     "roformer": dict(is_decoder=True, embedding_size=64, initializer_range=0.2),
     **dict.fromkeys(
@@ -777,7 +894,7 @@ FRAMES = ("kyutai_speech_to_text",)
 DECODER_FRAMES = ("dia",)
 #: Speech encoder-decoders whose encoder reads audio samples (``input_values``) and whose decoder
 #: reads tokens: the tests give the encoder 0.1 s of random audio.
-AUDIO_ENCODER = ("moonshine_streaming",)
+AUDIO_ENCODER = ("moonshine_streaming", "moonshine")
 #: Decoders whose layers scale their states by a time conditioning (``t_cond``, one vector per
 #: sequence) that the whole speech model computes from the audio: the tests give a random one.
 TIME_CONDITIONED = ("voxtral_realtime_text",)
@@ -807,9 +924,37 @@ def batch_for(name):
         )
         return inputs, mask
     if model_type in AUDIO_ENCODER:
-        samples = tiny_config(model_type).encoder_config.sample_rate // 10
+        config = tiny_config(model_type)
+        samples = getattr(getattr(config, "encoder_config", config), "sample_rate", 16000) // 10
         audio = torch.randn(ids.size(0), samples, generator=g)
         return dict(input_values=audio, decoder_input_ids=ids, decoder_attention_mask=mask), mask
+    if model_type in FEATURES:
+        config, kind = tiny_config(model_type), FEATURES[model_type]
+        if kind == "mel":
+            return dict(input_features=torch.randn(2, config.num_mel_bins, 64, generator=g)), mask
+        if kind == "mel_frames":
+            bins = getattr(config, "audio_config", config).num_mel_bins
+            return dict(input_features=torch.randn(2, 256, bins, generator=g)), mask
+        if kind == "samples":
+            return dict(input_values=torch.randn(2, 1, 38400, generator=g)), mask
+        if kind == "speech_tokens":
+            rows = []
+            for i in range(2):
+                text = torch.randint(2, 240, (5 + 2 * (1 - i),), generator=g).tolist()
+                rows.append([0] * (2 * i) + text[:3] + [AUDIO] * 8 + text[3:])
+            ids = torch.tensor(rows)
+            features = torch.randn(2, config.audio_config.num_mel_bins, 64, generator=g)
+            frames = torch.ones(2, 64, dtype=torch.long)
+            inputs = dict(input_ids=ids, input_features=features, input_features_mask=frames)
+            return dict(inputs, attention_mask=(ids != 0).long()), mask
+        if kind == "speech_stream":
+            features = torch.randn(
+                2, config.audio_config.num_mel_bins, 8 * ids.size(1), generator=g
+            )
+            return dict(input_ids=ids, attention_mask=mask, input_features=features), mask
+        if kind == "latents":
+            return dict(latents=torch.randn(2, config.hidden_size, 16, generator=g)), mask
+        return dict(past_values=torch.randn(2, 128, generator=g)), mask
     if model_type in TIME_CONDITIONED:
         t_cond = torch.randn(ids.size(0), 1, tiny_config(model_type).hidden_size, generator=g)
         return dict(input_ids=ids, attention_mask=mask, t_cond=t_cond), mask
@@ -879,6 +1024,8 @@ VLM = (
     "glm_ocr",
     "paddleocr_vl",
     "cohere_compass",
+    "qwen3_5",
+    "qwen3_5_moe",
 )
 IMAGE, VIDEO, VISION_START, VISION_END = 250, 251, 252, 253
 _VLM_TEXT = dict(
@@ -974,6 +1121,44 @@ def vlm_config(name):
         if name == "qwen3_vl_moe":
             text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
             cls = tf.Qwen3VLMoeConfig
+        tokens = dict(_TOKENS, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
+        return cls(text_config=text, vision_config=vision, **tokens)
+    if name in ("qwen3_5", "qwen3_5_moe"):
+        # Qwen3-VL's interleaved rule over a quarter of the head (partial rotary, as Qwen3.5's 64
+        # of 256: 8 of the tiny head's 32 planes, [3, 3, 2] as its default [11, 11, 10]), in its
+        # full-attention layers; a Gated DeltaNet layer (no RoPE) before one.
+        text = dict(
+            _VLM_TEXT,
+            head_dim=64,
+            layer_types=["linear_attention", "full_attention"],
+            linear_num_key_heads=2,
+            linear_num_value_heads=2,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            rope_parameters=dict(
+                rope_type="default",
+                rope_theta=1e7,
+                partial_rotary_factor=0.25,
+                mrope_section=[3, 3, 2],
+                mrope_interleaved=True,
+            ),
+        )
+        vision = dict(
+            _VISION,
+            hidden_size=32,
+            intermediate_size=64,
+            out_hidden_size=128,
+            num_position_embeddings=64,
+        )
+        cls = tf.Qwen3_5Config
+        if name == "qwen3_5_moe":
+            text.update(
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=32,
+            )
+            cls = tf.Qwen3_5MoeConfig
         tokens = dict(_TOKENS, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
         return cls(text_config=text, vision_config=vision, **tokens)
     if name == "cohere_compass":

@@ -16,12 +16,14 @@ Patched, on this model instance only:
   pairs, either by minus the angle) by running each layer unpatched and patched on a probe input.
 
 A model with a rotary module per part (an encoder-decoder's stacks, RecurrentGemma's layers) is
-patched part by part (:mod:`..stacks`). The complex-number variant (Llama 4's text model,
-DeepSeek-V2) is :mod:`.complex_form`, this family with another :class:`Form`.
+patched part by part (:mod:`..stacks`); one with several side by side that its forward picks from
+per layer (Granite SWA's, one per theta), all of them over the same layers. The complex-number
+variant (Llama 4's text model, DeepSeek-V2) is :mod:`.complex_form`, this family with another
+:class:`Form`.
 """
 
 import functools
-from typing import Callable, Dict, List, NamedTuple, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -86,30 +88,42 @@ FORM = Form(HF_NAMES, TEXT_LAYOUTS, patched_rotary_forward, _positions_and_table
 
 def text_stacks(
     model: nn.Module, model_type: str, names: Tuple[str, ...]
-) -> List[Tuple[nn.Module, List[nn.Module]]]:
-    """Each text rotary module with the attention layers it hands positions to: one for most
-    models; one per stack of an encoder-decoder, or per layer that holds its own
-    (:mod:`..stacks`)."""
+) -> List[Tuple[List[nn.Module], List[nn.Module]]]:
+    """The text rotary modules with the attention layers they hand positions to: one rotary
+    module for most models; one per stack of an encoder-decoder, or per layer that holds its own;
+    several side by side over the same layers (:mod:`..stacks`)."""
     rotaries = rotary_modules(model)
     attentions = [m for m in model.modules() if calls_hf_apply(m, names)]
     groups = stacks.stacks(model, rotaries, attentions)
     if groups is not None:
-        return groups
+        return [([rotary], layers) for rotary, layers in groups]
+    if stacks.side_by_side(model, rotaries, attentions) is not None:
+        return [(rotaries, attentions)]
     if len(rotaries) != 1 or not attentions:
         raise NotImplementedError(
             f"torch_rope.hf.patch: expected one rotary embedding module and attention layers "
             f"that call {' or '.join(names)}, found {len(rotaries)} rotary module(s) and "
             f"{len(attentions)} such layer(s) in this {model_type} model"
         )
-    return [(rotaries[0], attentions)]
+    return [(rotaries, attentions)]
 
 
 def patch(model: nn.Module, model_type: str, row, record: PatchRecord, options, form=FORM):
     """Put torch_rope under every text rotary module of ``model`` and the layers it feeds."""
-    for rotary, attentions in text_stacks(model, model_type, form.names):
-        _patch_stack(
-            model_type, row, rotary, attentions, record, options.max_seq_len, form, options.tables
-        )
+    for rotaries, attentions in text_stacks(model, model_type, form.names):
+        for module in (*rotaries, *attentions):
+            # Before the self-check, which runs the classes' forwards (and sets a rotary module's
+            # own for a moment, RecurrentGemma's): a forward set on an instance is refused.
+            refuse_forward_on_instance(module)
+        known = {
+            _build_tables(model_type, row, rotary, record, options.max_seq_len, options.tables)
+            for rotary in rotaries
+        }
+        # A multi-axis text tower's pair layout is known; a text model's is found by the check.
+        layouts = known.pop() if len(known) == 1 and None not in known else form.layouts
+        for attention_class in {type(a) for a in attentions}:
+            FORWARDS.forward(attention_class, refresh=True)
+        _patch_layers(rotaries, attentions, record, form, layouts, options.tables)
 
 
 def _multi_axis(model_type: str, row, rotary: nn.Module, keys: List[str]):
@@ -132,22 +146,12 @@ def _multi_axis(model_type: str, row, rotary: nn.Module, keys: List[str]):
     return {key: (interleaved, [int(s) for s in sections[key]], mrope_interleaved) for key in keys}
 
 
-def _patch_stack(
-    model_type: str,
-    row,
-    rotary: nn.Module,
-    attentions: List[nn.Module],
-    record: PatchRecord,
-    max_seq_len,
-    form: Form,
-    use_tables: bool = True,
-) -> None:
-    """Put torch_rope under one text rotary module and the attention layers it feeds
-    (``use_tables=False``: table-free)."""
-    # Before the self-check, which runs the classes' forwards (and sets a rotary module's own
-    # for a moment, RecurrentGemma's): a forward set on an instance is refused, not overwritten.
-    for module in (rotary, *attentions):
-        refuse_forward_on_instance(module)
+def _build_tables(
+    model_type: str, row, rotary: nn.Module, record: PatchRecord, max_seq_len, use_tables: bool
+) -> Optional[Tuple[Tuple[bool, bool], ...]]:
+    """Give one text rotary module its tables (``use_tables=False``: table-free), checked against
+    transformers' frequencies. Returns the pair layouts a multi-axis text tower's layers may
+    rotate with (the one it names), None for a text model's (found by the self-check)."""
     config = rotary.config
     keys = tables.layer_types(rotary) or [tables.ALL_LAYERS]
     axes = _multi_axis(model_type, row, rotary, keys)
@@ -155,7 +159,7 @@ def _patch_stack(
     dynamic: Dict[str, tables.DynamicState] = {}
     for key in keys:
         hf = tables.hf_frequencies(rotary, key)
-        params = tables.rope_parameters(config, key)
+        params = tables.module_rope_parameters(rotary, key)
         rows = tables.default_rows(config, params) if max_seq_len is None else max_seq_len
         seq_len = None
         if tables.rope_type(params) == "dynamic":
@@ -174,20 +178,24 @@ def _patch_stack(
             )
     record.set(rotary, "torch_rope", built)
     record.set(rotary, "_torch_rope_dynamic", dynamic)
-    for attention_class in {type(a) for a in attentions}:
-        FORWARDS.forward(attention_class, refresh=True)
-    # A multi-axis text tower's pair layout is known; a text model's is found by the check.
-    layouts = ((axes[keys[0]][0], False),) if axes else form.layouts
-    _check_layout(rotary, keys, attentions, form, layouts)
+    return ((axes[keys[0]][0], False),) if axes else None
+
+
+def _patch_layers(rotaries, attentions, record: PatchRecord, form: Form, layouts, use_tables):
+    """Find the layout the attention layers rotate with, checked against the unpatched layers
+    with each of ``rotaries`` (which have their tables), then patch the layers and the rotary
+    modules."""
+    _check_layout(rotaries, attentions, form, layouts)
     for attention in attentions:
         record.attention.append(attention)
         if use_tables:  # the fused q/k norm op has tables only
-            _fuse_qk_norms(rotary, keys, attention, form, record)
+            _fuse_qk_norms(rotaries, attention, form, record)
         record.set(attention, "forward", bind(patched_attention_forward, attention))
-    record.set(rotary, "forward", bind(form.rotary_forward, rotary))
+    for rotary in rotaries:
+        record.set(rotary, "forward", bind(form.rotary_forward, rotary))
 
 
-def _fuse_qk_norms(rotary, keys, attention: nn.Module, form: Form, record: PatchRecord) -> None:
+def _fuse_qk_norms(rotaries, attention: nn.Module, form: Form, record: PatchRecord) -> None:
     """Fuse the layer's per-head q/k RMSNorms into its RoPE call (rope::rms_norm_apply_qk) when
     they are norms the op computes and the fused layer passes the self-check; otherwise the layer
     stays on the unfused path it has already passed the self-check with."""
@@ -200,15 +208,16 @@ def _fuse_qk_norms(rotary, keys, attention: nn.Module, form: Form, record: Patch
         # With the norms' own weights, a freshly initialised model (all ones, or Gemma's zeros)
         # could not tell norm-then-RoPE from RoPE-then-norm: check with random weights.
         with qk_norm.random_norm_weights(attention):
-            for key in _keys_of(attention, keys, rotary.config):
-                _self_check(rotary, key, attention, form)
+            for rotary in rotaries:
+                for key in _keys_of(attention, list(rotary.torch_rope), rotary.config):
+                    _self_check(rotary, key, attention, form)
     except NotImplementedError:
         qk_norm.undo(attention)
         return
     record.on_undo(functools.partial(qk_norm.undo, attention))
 
 
-def _check_layout(rotary, keys, attentions, form: Form, layouts) -> None:
+def _check_layout(rotaries, attentions, form: Form, layouts) -> None:
     """Find the layout the attention layers rotate with and set it on the tables: the first of
     ``layouts`` (torch_rope's ``(interleaved, inverse)``) with which every attention layer passes
     the self-check. rotate_half models pass with ``(False, False)``; GPT-J-pair models (Cohere,
@@ -220,13 +229,15 @@ def _check_layout(rotary, keys, attentions, form: Form, layouts) -> None:
     either layout, so checking it alone could pick the wrong one."""
     first_refusal = None
     for interleaved, inverse in layouts:
-        for key in keys:
-            rotary.torch_rope[key].interleaved = interleaved
-            rotary.torch_rope[key].inverse = inverse
+        for rotary in rotaries:
+            for found in rotary.torch_rope.values():
+                found.interleaved = interleaved
+                found.inverse = inverse
         try:
             for attention in attentions:
-                for key in _keys_of(attention, keys, rotary.config):
-                    _self_check(rotary, key, attention, form)
+                for rotary in rotaries:
+                    for key in _keys_of(attention, list(rotary.torch_rope), rotary.config):
+                        _self_check(rotary, key, attention, form)
             return
         except NotImplementedError as refusal:
             first_refusal = first_refusal or refusal

@@ -113,7 +113,7 @@ __all__ = [
     "apply_llama31_rope_inplace",
     "apply_llama31_rope_pos_ids",
     "apply_llama31_rope_pos_ids_inplace",
-    # the serving fusions (issue 33): FlashInfer's fused RoPE + fp8, vLLM's MLA cache rows
+    # the serving fusions: FlashInfer's fused RoPE + fp8, vLLM's MLA cache rows
     "rope_quantize_fp8",
     "mla_rope_quantize_fp8",
     "rope_quantize_fp8_append_paged_kv_cache",

@@ -19,8 +19,9 @@ interleaved rounds (timing.py):
 cos_sin_cache, is_neox) (vLLM, SGLang) and FlashInfer's apply_rope_with_cos_sin_cache(_inplace),
 through torch_rope.compat, against torch_rope.apply_qk on the same tensors (its cos and sin split
 from the cache once, outside the timing; target: compat <= 1.2x apply_qk at every T) and a clone
-of q and k. q (T, 32 * 128), k (T, 8 * 128), a (4096, 128) float32 cache, random positions; bf16
-and fp32, NeoX pairs; T from 1 (decode, B = 1) to 1024. Writes
+of q and k and a copy of them into kept buffers (the floor without an allocation). q (T, 32 *
+128), k (T, 8 * 128), a (4096, 128) float32 cache, random positions; bf16 and fp32, NeoX pairs; T
+from 1 (decode, B = 1) to 1024. Writes
 benchmarks/results/engines_entry_cpu_<kernel>_<N>t.json and .md (one thread by default, as
 measured for the engines: torch.set_num_threads(1)).
 
@@ -105,7 +106,8 @@ ENGINE_TARGET = 1.2  # compat call / apply_qk
 
 
 def measure_engines(tokens=ENGINE_TOKENS, rounds=21):
-    """[row]: per (T, dtype), the compat calls, apply_qk and a clone of q and k."""
+    """[row]: per (T, dtype), the compat calls, apply_qk, a clone of q and k and a copy of them
+    into kept buffers."""
     from torch_rope import compat
 
     cos, sin = torch_rope.rope_tables(10000.0, 128, 4096)
@@ -120,8 +122,11 @@ def measure_engines(tokens=ENGINE_TOKENS, rounds=21):
                 k = torch.randn(T, 8 * 128, generator=g).to(dtype)
                 pos = torch.randint(0, 4096, (T,), generator=g)
                 q3, k3, pos1 = q.view(T, 32, 128), k.view(T, 8, 128), pos.unsqueeze(-1)
+                q_kept, k_kept = torch.empty_like(q), torch.empty_like(k)
                 fns = {
                     "clone q, k": lambda: (q.clone(), k.clone()),
+                    # The floor without an allocation: a copy into buffers kept across calls.
+                    "copy_ q, k": lambda: (q_kept.copy_(q), k_kept.copy_(k)),
                     "apply_qk": lambda: torch_rope.apply_qk(
                         q3, k3, cos, sin, pos1, interleaved=False
                     ),

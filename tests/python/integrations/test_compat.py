@@ -21,8 +21,9 @@ def cos_sin_cache(rotary_dim, dtype=torch.float32, device="cpu"):
 
 
 def reference(positions, x, head_size, cache, is_neox, offset=0):
-    """vLLM's rotation of one tensor, in float64 on the CPU."""
-    heads = x.detach().cpu().double().reshape(*positions.shape, -1, head_size).clone()
+    """vLLM's rotation of one tensor, in float64 on the CPU: a new tensor, differentiable in x
+    (the gradients' reference too)."""
+    heads = x.cpu().double().reshape(*positions.shape, -1, head_size)
     rotary_dim = cache.size(-1)
     half = rotary_dim // 2
     rows = cache.detach().cpu().double()[positions.cpu().long()]
@@ -34,8 +35,8 @@ def reference(positions, x, head_size, cache, is_neox, offset=0):
     else:
         x1, x2 = part[..., 0::2], part[..., 1::2]
         rotated = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
-    heads[..., offset : offset + rotary_dim] = rotated
-    return heads.reshape(x.shape)
+    out = [heads[..., :offset], rotated, heads[..., offset + rotary_dim :]]
+    return torch.cat(out, dim=-1).reshape(x.shape)
 
 
 def assert_close_to(got, want):
@@ -247,22 +248,6 @@ def test_cache_views_under_compile_inference_and_no_grad():
     assert grad.shape == leaf.shape
 
 
-def rotated_float64(positions, x, head_size, cache, is_neox):
-    """vLLM's rotation of x (whole heads rotated), differentiable, in float64: the gradient's
-    reference."""
-    heads = x.double().reshape(*positions.shape, -1, head_size)
-    half = cache.size(-1) // 2
-    rows = cache.double()[positions.long()]
-    cos, sin = rows[..., :half].unsqueeze(-2), rows[..., half:].unsqueeze(-2)
-    if is_neox:
-        x1, x2 = heads[..., :half], heads[..., half:]
-        out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-    else:
-        x1, x2 = heads[..., 0::2], heads[..., 1::2]
-        out = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
-    return out.reshape(x.shape)
-
-
 @pytest.mark.parametrize("mode", ["plain", "no_grad", "inference_mode"])
 def test_the_native_entry_bumps_versions_and_serves_strided_slices(mode):
     # The native entry builds its views without the dispatcher when no tensor carries autograd
@@ -311,8 +296,8 @@ def test_gradients_through_the_engines_calls(is_neox):
     k_leaf = torch.randn(tokens, kv_heads, head_size, dtype=torch.float64, requires_grad=True)
     gq, gk = torch.randn_like(q_leaf), torch.randn_like(k_leaf)
     want = torch.autograd.grad(
-        (rotated_float64(positions, q_leaf, head_size, cache, is_neox),
-         rotated_float64(positions, k_leaf, head_size, cache, is_neox)),
+        (reference(positions, q_leaf, head_size, cache, is_neox),
+         reference(positions, k_leaf, head_size, cache, is_neox)),
         (q_leaf, k_leaf), (gq, gk))  # fmt: skip
     q, k = q_leaf * 1.0, k_leaf * 1.0
     compat.rotary_embedding(positions, q, k, head_size, cache, is_neox)

@@ -19,9 +19,11 @@
 //          p_j = fma(x_i, x_i, p_j) for i = 16 m + j over the whole 16-element chunks in order of
 //          m; then p_j += p_{j+8}, p_j += p_{j+4}, p_j += p_{j+2}, p_0 += p_1 (j below the step);
 //          then s = p_0 and s = fma(x_i, x_i, s) for each feature past the last whole chunk, in
-//          order. r = 1 / sqrt(s / width + eps) (IEEE division, square root and division), and
-//          y_i = (x_i * r) * w_i with w_i = weight + weight_offset in A (the op bodies pass it
-//          added). Without a weight, y_i = x_i.
+//          order. (The CUDA kernel gives each row a half-warp: thread j sums p_j, and shuffles fold
+//          the partials in this tree, always the lower partial plus the upper one.) r = 1 / sqrt(s
+//          / width + eps) (IEEE division, square root and division), and y_i = (x_i * r) * w_i with
+//          w_i = weight + weight_offset in A (the op bodies pass it added). Without a weight, y_i =
+//          x_i.
 //   rotate (i < rotary_dim, planes as rope.apply: (2k, 2k+1) interleaved, (k, k + rotary_dim/2)
 //          half split), c, s = A(cos[p, k]), A(sin[p, k]) at the row's position p (multi-axis: the
 //          position of the plane's axis): a' = fma(a, c, -(b * s)), b' = fma(a, s, b * c).

@@ -341,15 +341,19 @@ def analyse(cubin, arch, tools, markers):
         vector_loads = {}  # loads of x from the vector load (16 bytes)
         pair_loads = {}  # loads of x from the pair load (4 bytes)
         stream_loads, stream_stores = {}, {}  # the row streams' vector path (16 bytes)
-        counts = {"spill": 0, "forbidden": [], "fp64": []}
+        counts = {"spill": 0, "forbidden": [], "fp64": [], "butterflies": 0}
         for opcode, chain in instructions:
             base = opcode.split(".")[0]
             if FP64.search(opcode):
                 counts["fp64"].append(opcode)
             if base in ("STL", "LDL"):
                 counts["spill"] += 1
-            if base in ("STS", "LDS", "ATOM", "ATOMS", "ATOMG", "RED", "SHFL", "BAR", "LDSM"):
+            # The host run models shuffles, barriers and block shared memory (its threads are
+            # cooperative fibers), not atomics.
+            if base in ("ATOM", "ATOMS", "ATOMG", "RED"):
                 counts["forbidden"].append(opcode)
+            if opcode.startswith("SHFL.BFLY"):
+                counts["butterflies"] += 1
             if base == "LDG":
                 w = width_of(opcode)
                 loads[w] = loads.get(w, 0) + 1
@@ -403,6 +407,7 @@ def analyse(cubin, arch, tools, markers):
                 "loads_in_flight": min(in_flight) if in_flight else None,
                 "pair_loads_in_flight": min(pair_in_flight) if pair_in_flight else None,
                 "forbidden": sorted(set(counts["forbidden"])),
+                "butterflies": counts["butterflies"],
                 "fp64": sorted(set(counts["fp64"])),
             }
         )
@@ -477,8 +482,11 @@ def tuning_problems(header=PLAN_HEADER):
 
 def stream_problems(r, where):
     """The row streams' vector path: every access from its marked lines 16 bytes wide, and some
-    of each in every variant (a path optimised away, or split into narrower accesses, fails)."""
+    of each in every variant (a path optimised away, or split into narrower accesses, fails); and
+    the norm's fold across the row's half-warp as butterfly shuffles (8, 4, 2, 1: four at least)."""
     problems = []
+    if r["butterflies"] < 4:
+        problems.append(f"{where}: {r['butterflies']} SHFL.BFLY, the norm's fold needs 4 or more")
     for what, widths in (("loads", r["stream_loads"]), ("stores", r["stream_stores"])):
         narrow = {w: n for w, n in widths.items() if w != "128"}
         if narrow:
@@ -516,10 +524,9 @@ def check(rows, markers, row_batch):
                 f"{where}: spills ({r['stack']} B stack, {r['local']} B local, "
                 f"{r['spill_instructions']} STL/LDL)"
             )
-        if r["shared"] or r["forbidden"]:
+        if r["forbidden"]:
             problems.append(
-                f"{where}: uses shared memory / barriers / shuffles / atomics "
-                f"({', '.join(r['forbidden']) or str(r['shared']) + ' B shared'}); "
+                f"{where}: uses atomics ({', '.join(r['forbidden'])}); "
                 "the host run of the kernel would no longer be faithful"
             )
         for kind in ("rotated_vector", "tail_vector"):

@@ -8,8 +8,9 @@
 // would not, and none of this code has ever run on a GPU in CI.
 //
 // Torch-free, like the kernels: tests/cuda_host compiles this header as host C++ against its
-// shims and runs every kernel one thread after another, which is faithful only while threads
-// never talk to each other. So nothing here uses shared memory, barriers, warp shuffles or atomics
+// shims and runs the threads of each block as cooperative fibers, which model warp shuffles,
+// votes, __syncwarp, __syncthreads and block shared memory (declared with ROPE_BLOCK_SHARED
+// below, never with a raw __shared__), and check their masks and convergence. Atomics stay out
 // (the shims refuse to compile them).
 //
 // The hooks below are defined by whoever includes this header first: the torch glue makes
@@ -39,6 +40,11 @@
 #endif
 #ifndef ROPE_TRACE_STORE
 #define ROPE_TRACE_STORE(ptr, bytes)
+#endif
+// Block shared memory, `T name[count]` for the threads of a block. The host run's shim defines
+// it first (storage per simulated block, filled with poison, so that a missing barrier shows).
+#ifndef ROPE_BLOCK_SHARED
+#define ROPE_BLOCK_SHARED(T, name, count) __shared__ T name[count]
 #endif
 
 namespace rope::cuda::device {

@@ -1,26 +1,30 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The row streams on CUDA (common_row_streams.h): the kernel of rope.apply_qk_fp8,
 // rope.rms_norm_apply_qk_cache and rope.mla_apply_cache, and its launcher. Torch-free, like the
-// other kernels, over common_device.cuh's helpers, so tests/cuda_host runs it on the host: no
-// shared memory, barriers, shuffles or atomics; every thread works alone.
+// other kernels, over common_device.cuh's helpers, so tests/cuda_host runs it on the host (its
+// threads as cooperative fibers, which check the norm's shuffles and masks).
 //
 // Work: the streams' rows are cut into lanes of kStreamChunk (16) elements, one thread per
-// (stream, token, head, lane), the streams' segments one after another in one grid:
+// (stream, token, head, lane), the streams' segments one after another in one grid, each starting
+// on a warp boundary:
 //   rotating lanes  interleaved: features [16 l, 16 l + 16) of the rotary run (8 planes);
 //                   half split: planes [16 l, 16 l + 16), i.e. features a = [16 l, ...) and
 //                   b = [rotary_dim / 2 + 16 l, ...);
 //   tail lanes      features [rotary_dim + 16 l, ... + 16) (copied, normalised, quantized).
-// A stream with an RMSNorm weight needs the whole row's sum of squares before any output: one
-// thread per row, which sums the row (pass 1) and then runs the row's lanes itself (pass 2, from
-// L1). Its warp reads 32 rows at once; a warp-per-row reduction with shuffles would be faster on a
-// GPU, but the host run cannot check shuffles (as rms_norm_kernel.cuh).
+// A stream with an RMSNorm weight needs the whole row's sum of squares before any output: a
+// half-warp of 16 threads per row. Thread j of the row sums the partial p_j of the specification
+// (features 16 m + j: the half-warp reads 16 consecutive elements at a time), four shuffles fold
+// the 16 partials in the specification's tree, and the row's 16 threads then run its lanes
+// (thread j: lanes j, j + 16, ...; the row is in L1 by then). A row the checks drop (a position
+// outside the tables, a skipped slot) drops all 16 threads together, before the shuffles; the
+// shuffles' mask is the row's half-warp, so the other row of the warp carries on alone.
 //
 // Vector path: when a stream's source and target rows are 16-byte aligned (pointers, strides,
 // the target's feature offset) and its lanes are whole (rotary run and tail multiples of the
 // lane), every access of its lanes is 16 bytes wide: a lane of bf16 loads two 16-byte vectors and
 // stores one 16-byte vector of fp8 (two of bf16). Otherwise the same lanes run element by element
 // (the scalar path), with the same arithmetic, so both give the same bits. scripts/sass_report.py
-// requires the 16-byte accesses (and no local memory) in every variant.
+// requires the 16-byte accesses, the norm's shuffles (and no local memory) in every variant.
 //
 // A token whose slot is negative writes nothing to its by_slot targets; a slot past the cache, or
 // a position outside the tables, trips ROPE_DEVICE_ASSERT and writes nothing for that row (its
@@ -37,14 +41,18 @@ using namespace ::rope::cuda::device;
 
 constexpr int kBlockThreads = 256;
 constexpr int kChunk = static_cast<int>(kStreamChunk);
+// The threads of a norm stream's row: one per partial sum of the specification, a half-warp.
+constexpr int kRowLanes = static_cast<int>(kStreamChunk);
+constexpr int kWarpSize = 32;
 
 // How one stream's threads are laid out.
 struct StreamPlan {
-  int64_t begin = 0;      // its first thread in the grid
-  int64_t threads = 0;    // T * heads * lanes, or T * heads for a norm stream
+  int64_t begin = 0;      // its first thread in the grid (a multiple of the warp size)
+  int64_t threads = 0;    // T * heads * lanes, or T * heads * kRowLanes for a norm stream
+  int64_t span = 0;       // threads rounded up to whole warps: the segment's size in the grid
   int64_t rot_lanes = 0;  // rotating lanes per row
   int64_t lanes = 0;      // rotating + tail lanes per row
-  bool norm = false;      // one thread per row (pass 1 + all lanes)
+  bool norm = false;      // a half-warp per row (its sum of squares, then its lanes)
   bool vector = false;    // 16-byte accesses (see the file comment)
 };
 
@@ -95,8 +103,9 @@ inline StreamKernelParams plan(const StreamArgs& args, const TableArgs& tables,
     sp.norm = s.weight != nullptr;
     sp.vector = vector_path(s, args.interleaved, source_bytes);
     const int64_t rows = args.num_tokens * s.heads;
-    sp.threads = sp.lanes == 0 ? 0 : sp.norm ? rows : rows * sp.lanes;
-    begin += sp.threads;
+    sp.threads = sp.lanes == 0 ? 0 : sp.norm ? rows * kRowLanes : rows * sp.lanes;
+    sp.span = ceil_div(sp.threads, static_cast<int64_t>(kWarpSize)) * kWarpSize;
+    begin += sp.span;
   }
   p.total = begin;
   return p;
@@ -337,40 +346,37 @@ __device__ __forceinline__ bool target_row(const StreamArgs& a, const StreamTarg
   return true;
 }
 
-// p_j += p_{j + kStep} for j < kStep: one step of the partial sums' fold.
+// One step of the partial sums' fold across the row's half-warp: p_j + p_{j ^ kStep}, always
+// written (lower lane's value) + (upper lane's value), i.e. p_j += p_{j + kStep} of the
+// specification, so that every lane of the row ends with the same bits, NaN payloads included.
 template <int kStep, typename A>
-__device__ __forceinline__ void fold_partial_sums(A (&p)[kChunk]) {
-#pragma unroll
-  for (int j = 0; j < kStep; ++j) {
-    p[j] = p[j] + p[j + kStep];
-  }
+__device__ __forceinline__ A fold_lanes(A p, unsigned mask, int lane) {
+  const A other = __shfl_xor_sync(mask, p, kStep, kRowLanes);
+  const bool upper = (lane & kStep) != 0;
+  const A lo = upper ? other : p;
+  const A hi = upper ? p : other;
+  return lo + hi;
 }
 
-// The norm's 1 / sqrt(mean(x^2) + eps) of a row, summed in the order of common_row_streams.h.
-template <typename T, bool kVector>
+// The norm's 1 / sqrt(mean(x^2) + eps) of a row, summed in the order of common_row_streams.h by
+// the row's 16 threads: thread `lane` sums p_lane over the whole chunks, the butterfly folds the
+// 16 partials (8, 4, 2, 1), and every thread adds the tail features itself, in order.
+template <typename T>
 __device__ __forceinline__ typename AccType<T>::type inverse_rms(const T* src, int64_t width,
-                                                                 double eps) {
+                                                                 double eps, int lane) {
   using A = typename AccType<T>::type;
-  A p[kChunk];
-#pragma unroll
-  for (int j = 0; j < kChunk; ++j) {
-    p[j] = A(0);
-  }
+  const unsigned mask = 0xffffu << (threadIdx.x & 16u);  // the row's half-warp
   const int64_t whole = width / kChunk * kChunk;
-  for (int64_t first = 0; first < whole; first += kChunk) {
-    A v[kChunk];
-    load_chunk<kVector>(src, first, whole, v);
-#pragma unroll
-    for (int j = 0; j < kChunk; ++j) {
-      p[j] = fused(v[j], v[j], p[j]);
-    }
+  A p = A(0);
+  for (int64_t i = lane; i < whole; i += kChunk) {
+    const A x = to_acc(load_scalar(src + i));
+    p = fused(x, x, p);
   }
-  // Folded with constant indices only (a loop over the step would leave p in local memory).
-  fold_partial_sums<8>(p);
-  fold_partial_sums<4>(p);
-  fold_partial_sums<2>(p);
-  fold_partial_sums<1>(p);
-  A s = p[0];
+  p = fold_lanes<8>(p, mask, lane);
+  p = fold_lanes<4>(p, mask, lane);
+  p = fold_lanes<2>(p, mask, lane);
+  p = fold_lanes<1>(p, mask, lane);
+  A s = p;
   for (int64_t i = whole; i < width; ++i) {
     const A x = to_acc(load_scalar(src + i));
     s = fused(x, x, s);
@@ -382,9 +388,12 @@ template <typename T, bool kInterleaved, bool kVector>
 __device__ __forceinline__ void stream_thread(const StreamKernelParams& p, const RowStream& st,
                                               const StreamPlan& sp, int64_t w) {
   using A = typename AccType<T>::type;
-  int64_t lane = 0;
-  int64_t row_index = w;
-  if (!sp.norm) {
+  int64_t lane;
+  int64_t row_index;
+  if (sp.norm) {
+    row_index = w / kRowLanes;
+    lane = w % kRowLanes;
+  } else {
     const QuotRem lr = div_rem(w, sp.lanes);
     row_index = lr.quot;
     lane = lr.rem;
@@ -405,9 +414,9 @@ __device__ __forceinline__ void stream_thread(const StreamKernelParams& p, const
     run_lane<T, kInterleaved, kVector>(st, sp, p.tables, src, dst, lane, rows, A(1), nullptr);
     return;
   }
-  const A r = inverse_rms<T, kVector>(src, st.width, p.args.eps);
+  const A r = inverse_rms<T>(src, st.width, p.args.eps, static_cast<int>(lane));
   const A* weight = static_cast<const A*>(st.weight);
-  for (int64_t l = 0; l < sp.lanes; ++l) {
+  for (int64_t l = lane; l < sp.lanes; l += kRowLanes) {
     run_lane<T, kInterleaved, kVector>(st, sp, p.tables, src, dst, l, rows, r, weight);
   }
 }
@@ -427,16 +436,18 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
   for (int i = 0; i < kMaxStreams; ++i) {
     if (i < params.args.num_streams) {
       const StreamPlan& sp = params.plan[i];
-      if (w < sp.threads) {
-        const RowStream& st = params.args.streams[i];
-        if (sp.vector) {
-          stream_thread<T, kInterleaved, true>(params, st, sp, w);
-        } else {
-          stream_thread<T, kInterleaved, false>(params, st, sp, w);
+      if (w < sp.span) {
+        if (w < sp.threads) {
+          const RowStream& st = params.args.streams[i];
+          if (sp.vector) {
+            stream_thread<T, kInterleaved, true>(params, st, sp, w);
+          } else {
+            stream_thread<T, kInterleaved, false>(params, st, sp, w);
+          }
         }
-        return;
+        return;  // the segment's padding to a whole warp
       }
-      w -= sp.threads;
+      w -= sp.span;
     }
   }
 }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // rope.apply_qk_cache on CUDA: the kernel and its launcher, free of torch (like rope_kernel.cuh;
 // its device helpers are common_device.cuh's), so tests/cuda_host runs it on the host with the
-// shims: no shared memory, barriers, shuffles or atomics; every thread works alone.
+// shims. Every thread works alone (no collective: each output element depends on its own row).
 //
 // One thread per unit of work, in three segments of one grid:
 //   q: (token, q head, unit)  -> q_out            unit = a plane (rotary_dim / 2 of them) or a

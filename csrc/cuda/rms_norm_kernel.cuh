@@ -6,16 +6,15 @@
 // head_dim features, then reads the row again (from L1/L2), scales each feature by
 // r = 1 / sqrt(mean + eps) and by (weight + weight_offset), rotates the first rotary_dim
 // features as rope_kernel.cuh rotates them (rotate_plane), and rounds once to the storage type.
-// The reduction stays inside the thread: no shared memory, no shuffles, so the host run
-// (tests/cuda_host) executes it faithfully. Multi-axis positions (mrope_section) read the
+// The reduction stays inside the thread. Multi-axis positions (mrope_section) read the
 // position of each plane's axis (common_device.cuh's plane_axis), from positions whose axis dim
 // may have any stride (hf.patch hands Qwen3-VL's axis-first position ids to this op).
 //
 // One thread per row is simple, not fast: a warp touches 32 rows at once, so its loads are
-// strided by head_dim; a warp-per-row reduction with shuffles would be the fast GPU kernel, but
-// the host run cannot check shuffles. Tuning that is left for a machine with a GPU.
-// scripts/sass_report.py applies its general rules to this kernel (no spills; no shared memory,
-// barriers, shuffles or atomics); its vector / paired-access rules are for rope_kernel.cuh's
+// strided by head_dim. The row streams (common_stream_kernel.cuh) give a normalised row a
+// half-warp and fold its sum by shuffles, which the host run checks; this kernel is to retire
+// into them. scripts/sass_report.py applies its general rules to this kernel (no spills, no
+// atomics); its vector / paired-access rules are for rope_kernel.cuh's
 // variants, which it recognises by name, and do not apply: every access here is scalar.
 #pragma once
 

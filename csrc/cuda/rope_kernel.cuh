@@ -16,10 +16,10 @@
 // its token's position.
 //
 // This header is also compiled as host C++ by tests/cuda_host, with shims for the CUDA built-ins
-// and a launch that runs every (block, thread) one after the other, under ASan and UBSan. That is
-// faithful only while threads never talk to each other, so the device code here must not use
-// shared memory, barriers, warp shuffles or atomics; the shims refuse to compile them. The
-// ROPE_TRACE_* hooks of common_device.cuh let the host run see every global load and store.
+// and a launch that runs the threads of each block as cooperative fibers, under ASan and UBSan.
+// The rotation needs no collective (each plane is its own), so its threads never talk to each
+// other. The ROPE_TRACE_* hooks of common_device.cuh let the host run see every global load and
+// store.
 #pragma once
 
 #include <atomic>

@@ -3,7 +3,7 @@
 // Observer): which thread read and wrote which element. After the launch it says whether
 //   - every element of the output view was written by exactly one thread, and nothing else was;
 //   - every x load stayed inside the input view, every __ldg inside the tables or positions;
-//   - no element written in place was read by another thread (a race the serial launch hides);
+//   - no element written in place was read by another thread (a race the host launch hides);
 //   - the device asserts fired exactly when a position was out of range;
 //   - with a position out of range (any axis of a multi-axis one), nothing of the rotated part
 //     of its rows was written, and every other row was written as usual.

@@ -2,10 +2,10 @@
 // Host run of the CUDA kernels: random calls of rope.apply, rope.apply_ and rope.apply_qk go
 // through the project's own op bodies (rope_body.h: validation, common_prepare.cpp, allocation),
 // exactly as on CUDA, but the backend launches the real rope_kernel.cuh compiled for the host
-// (host_kernel.cpp), one thread after another, under ASan and UBSan. Each result is held against
-// an independent extended-precision reference and the CPU backend, and each launch against the
-// access rules of access_tracker.h; the buffers around every input and around x of apply_ must
-// come back unchanged.
+// (host_kernel.cpp), the threads of each block as cooperative fibers, under ASan and UBSan. Each
+// result is held against an independent extended-precision reference and the CPU backend, and each
+// launch against the access rules of access_tracker.h; the buffers around every input and around x
+// of apply_ must come back unchanged.
 //
 // Then the random calls of rope.rms_norm_apply_qk (norm_cases.h) and rope.apply_qk_cache
 // (kv_cache_cases.h), and of the serving fusions (serving_cases.h), through the same glue.

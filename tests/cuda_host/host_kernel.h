@@ -103,7 +103,7 @@ int streams_launch(Storage storage, const rope::StreamArgs& args, const rope::Ta
 // kernel variant, thanks to its cache.
 int64_t occupancy_queries();
 
-// The order the serial launches run their blocks and threads in from now on (the shim's
+// The order the launches run their blocks and threads in from now on (the shim's
 // State::reverse_order): a GPU has none, so the host runs alternate between the two.
 void set_reverse_order(bool reverse);
 

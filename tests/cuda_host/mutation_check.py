@@ -852,8 +852,8 @@ MUTANTS += [
     Mutant(
         "streams-segment-boundary",
         STREAMS,
-        "      if (w < sp.threads) {",
-        "      if (w <= sp.threads) {",
+        "        if (w < sp.threads) {",
+        "        if (w <= sp.threads) {",
         "the first thread of a stream's segment runs as the previous stream's last",
     ),
     Mutant(
@@ -987,12 +987,49 @@ MUTANTS += [
         "  static void run_streams(c10::ScalarType, const detail::PreparedStreams&) {}",
         "apply_qk_cache with multi-axis positions launches nothing: q and the caches unwritten",
     ),
+    # The norm's half-warp per row (fold_lanes): the lane math the cooperative host run checks.
     Mutant(
         "streams-norm-fold-reordered",
         STREAMS,
-        "  fold_partial_sums<8>(p);\n  fold_partial_sums<4>(p);",
-        "  fold_partial_sums<4>(p);\n  fold_partial_sums<8>(p);",
+        "  p = fold_lanes<8>(p, mask, lane);\n  p = fold_lanes<4>(p, mask, lane);",
+        "  p = fold_lanes<4>(p, mask, lane);\n  p = fold_lanes<8>(p, mask, lane);",
         "the norm's partial sums folded in another order: another sum, not the CPU's bits",
+    ),
+    Mutant(
+        "streams-norm-shuffle-offset",
+        STREAMS,
+        "  p = fold_lanes<2>(p, mask, lane);",
+        "  p = fold_lanes<4>(p, mask, lane);",
+        "a wrong shuffle offset: partials 2 apart never meet, those 4 apart meet twice",
+    ),
+    Mutant(
+        "streams-norm-lane-out-of-mask",
+        STREAMS,
+        "  const unsigned mask = 0xffffu << (threadIdx.x & 16u);  // the row's half-warp",
+        "  const unsigned mask = 0x7fffu << (threadIdx.x & 16u);  // the row's half-warp",
+        "the row's last lane left out of the shuffles' mask",
+    ),
+    Mutant(
+        "streams-norm-mask-whole-warp",
+        STREAMS,
+        "  const unsigned mask = 0xffffu << (threadIdx.x & 16u);  // the row's half-warp",
+        "  const unsigned mask = 0xffffffffu;  // the row's half-warp",
+        "the shuffles' mask spans both rows of the warp: a row dropped by the checks, or the "
+        "segment's padding, leaves its partner row waiting on exited lanes",
+    ),
+    Mutant(
+        "streams-norm-group-width",
+        STREAMS,
+        "constexpr int kRowLanes = static_cast<int>(kStreamChunk);",
+        "constexpr int kRowLanes = static_cast<int>(kStreamChunk) / 2;",
+        "8 threads per norm row instead of 16: half the partial sums never summed",
+    ),
+    Mutant(
+        "streams-segment-not-warp-aligned",
+        STREAMS,
+        "    sp.span = ceil_div(sp.threads, static_cast<int64_t>(kWarpSize)) * kWarpSize;",
+        "    sp.span = sp.threads;",
+        "a stream's segment starts mid-warp: a norm row's 16 threads straddle two half-warps",
     ),
     Mutant(
         "qk-fp8-no-device-guard",

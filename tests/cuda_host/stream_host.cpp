@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The host run of the row streams' CUDA kernel (csrc/cuda/common_stream_kernel.cuh: the kernel of
 // rope.apply_qk_fp8, rope.rms_norm_apply_qk_cache and rope.mla_apply_cache): the real header
-// compiled against the shims, its grid run one thread after another (under ASan and UBSan), on
+// compiled against the shims, its grid run block by block, threads as cooperative fibers (under
+// ASan and UBSan: the norm's shuffles and their masks are checked), on
 // random calls of 1 to 5 streams, against a reference written here from the definition
 // (csrc/common_row_streams.h):
 //   - rotation and RMSNorm in double from the inputs' and tables' values; a 16/32-bit result

@@ -1,13 +1,18 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The CUDA built-ins the kernel header uses, as host C++: enough to compile
-// csrc/cuda/rope_kernel.cuh unchanged with g++ or clang++ and run it on the CPU, one thread after
-// the other.
+// The CUDA built-ins the kernel headers use, as host C++: enough to compile csrc/cuda/*.cuh
+// unchanged with g++ or clang++ and run them on the CPU.
 //
-// The serial launch (cudaLaunchKernel below) runs every (block, thread) of the grid in turn. That
-// computes what the GPU computes only because the kernel's threads never communicate: no shared
-// memory, no barriers, no warp shuffles or votes, no atomics. The end of this file poisons those
-// names, so the host build stops with "attempt to use poisoned" the day the kernel starts using
-// one (tests/cuda_host/refuse.cpp checks that it does).
+// The launch (cudaLaunchKernel below) runs the blocks of the grid one after another, and the
+// threads of a block as cooperative fibers (rope_host_fibers.h): a thread runs until it reaches a
+// collective (a warp shuffle or vote, __syncwarp, __syncthreads) or returns, and the collective
+// completes when all of its participants have arrived. So kernels may use shuffles, votes,
+// barriers and block shared memory (ROPE_BLOCK_SHARED, common_device.cuh), and the host run checks
+// their masks, their convergence and their barriers (tests/cuda_host/cooperation_host.cpp plants
+// each mistake). What the launch cannot model faithfully stays refused at compile time: the end of
+// this file poisons the raw __shared__ qualifier (block shared memory goes through
+// ROPE_BLOCK_SHARED, which the host run fills with poison per block), atomics, fences,
+// __activemask and the match / reduce intrinsics, so the host build stops with "attempt to use
+// poisoned" the day a kernel starts using one (tests/cuda_host/refuse.cpp checks that it does).
 //
 // Included through the shim's cuda_runtime.h / cuda_fp16.h / cuda_bf16.h, which take the place of
 // the toolkit's headers on the include path of the host build only.
@@ -41,6 +46,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "rope_host_fibers.h"
+
 // ---- qualifiers ---------------------------------------------------------------------------------
 #define __global__
 #define __device__
@@ -57,6 +64,7 @@ enum cudaError_t {
   cudaErrorInvalidValue = 1,
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInvalidDevice = 101,
+  cudaErrorLaunchFailure = 719,  // a collective the host run refused (rope_host_fibers.h)
 };
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
@@ -112,6 +120,10 @@ struct Hooks {
   // launch grids of millions of blocks (>= 65536, or past 2^31 threads) at the cost of a few.
   const int64_t* only_blocks = nullptr;
   size_t num_only_blocks = 0;
+  // A collective the fibers refused (a mask, divergence, a barrier; rope_host_fibers.h): the
+  // block is abandoned, no further block runs and the launch returns cudaErrorLaunchFailure. Not
+  // set: the process stops with the reason.
+  void (*on_collective_error)(void* ctx, const char* what, int64_t block) = nullptr;
   void* ctx = nullptr;
 };
 
@@ -129,7 +141,7 @@ struct State {
   dim3 grid_dim;
   dim3 block_dim;
   int64_t occupancy_queries = 0;
-  // The order the serial launch runs the grid in: blocks, and the threads of a block, in
+  // The order the launch runs the grid in: blocks, and the threads of a block, in
   // increasing (false) or decreasing (true) linear index. A GPU runs them in no fixed order, so
   // the host runs use both: a kernel whose threads write one element twice, or read what another
   // thread writes, gives a different result in one of the two orders.
@@ -188,6 +200,18 @@ inline int64_t thread_id() {
       s.thread_idx.x;
   return block * threads + thread;
 }
+
+// The running fiber's threadIdx, from its linear index in the block (rope_host_fibers.h).
+namespace coop {
+inline void set_thread_index(int linear) {
+  State& s = state();
+  const int64_t nx = s.block_dim.x;
+  const int64_t ny = s.block_dim.y;
+  s.thread_idx = {static_cast<unsigned int>(linear % nx),
+                  static_cast<unsigned int>(linear / nx % ny),
+                  static_cast<unsigned int>(linear / (nx * ny))};
+}
+}  // namespace coop
 
 [[noreturn]] inline void fail(const char* what, const void* p) {
   std::fprintf(stderr, "cuda host shim: %s (address %p, thread %lld)\n", what, p,
@@ -288,23 +312,38 @@ inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Ke
 }
 
 namespace rope_shim {
-// Runs every thread of block (bx, by, bz), in the state's order.
+// Runs every thread of block (bx, by, bz) as a fiber, in the state's order (rope_host_fibers.h).
+// Returns false when the block's collectives were refused (after reporting it).
 template <typename... P, size_t... I>
-void run_block(void (*kernel)(P...), void** args, uint3 block, std::index_sequence<I...>) {
+bool run_block(void (*kernel)(P...), void** args, uint3 block, std::index_sequence<I...>) {
   State& s = state();
-  const int64_t nx = s.block_dim.x;
-  const int64_t ny = s.block_dim.y;
-  const int64_t n = nx * ny * s.block_dim.z;
-  // Each thread gets its own copy of the arguments, as each device thread reads the parameter
-  // block independently: no thread can pass anything to another through it.
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t linear = s.reverse_order ? n - 1 - i : i;
-    s.block_idx = block;
-    s.thread_idx = {static_cast<unsigned int>(linear % nx),
-                    static_cast<unsigned int>(linear / nx % ny),
-                    static_cast<unsigned int>(linear / (nx * ny))};
-    kernel(*static_cast<std::decay_t<P>*>(args[I])...);
+  const int64_t n = static_cast<int64_t>(s.block_dim.x) * s.block_dim.y * s.block_dim.z;
+  s.block_idx = block;
+  struct Call {
+    void (*kernel)(P...);
+    void** args;
+  };
+  Call call{kernel, args};
+  // Each thread gets its own copy of the arguments (on its fiber's stack), as each device thread
+  // reads the parameter block independently: no thread can pass anything to another through it.
+  const auto body = [](void* ctx) {
+    const Call* c = static_cast<const Call*>(ctx);
+    c->kernel(*static_cast<std::decay_t<P>*>(c->args[I])...);
+  };
+  const std::string error = coop::run_block(static_cast<int>(n), s.reverse_order, body, &call);
+  if (error.empty()) {
+    return true;
   }
+  const int64_t linear =
+      (static_cast<int64_t>(block.z) * s.grid_dim.y + block.y) * s.grid_dim.x + block.x;
+  const Hooks& h = hooks();
+  if (h.on_collective_error != nullptr) {
+    h.on_collective_error(h.ctx, error.c_str(), linear);
+    return false;
+  }
+  std::fprintf(stderr, "cuda host shim: block %lld: %s\n", static_cast<long long>(linear),
+               error.c_str());
+  std::abort();
 }
 
 // Reports every 8-byte word of a parameter that holds an address inside host memory.
@@ -323,36 +362,35 @@ inline void scan_for_host_pointers(const void* param, size_t bytes, size_t base_
   }
 }
 
+// Runs the grid (or the sampled blocks of Hooks::only_blocks); false at the first refused block.
 template <typename... P, size_t... I>
-void run_grid(void (*kernel)(P...), void** args, std::index_sequence<I...> seq) {
+bool run_grid(void (*kernel)(P...), void** args, std::index_sequence<I...> seq) {
   State& s = state();
   const Hooks& h = hooks();
-  if (h.only_blocks != nullptr) {
-    const int64_t gx = s.grid_dim.x;
-    const int64_t gy = s.grid_dim.y;
-    const int64_t total = gx * gy * s.grid_dim.z;
-    for (size_t n = 0; n < h.num_only_blocks; ++n) {
-      const size_t i = s.reverse_order ? h.num_only_blocks - 1 - n : n;
-      const int64_t b = h.only_blocks[i];
-      if (b >= 0 && b < total) {
-        run_block(kernel, args,
-                  uint3{static_cast<unsigned int>(b % gx), static_cast<unsigned int>(b / gx % gy),
-                        static_cast<unsigned int>(b / (gx * gy))},
-                  seq);
-      }
-    }
-    return;
-  }
   const int64_t gx = s.grid_dim.x;
   const int64_t gy = s.grid_dim.y;
   const int64_t total = gx * gy * s.grid_dim.z;
+  const auto at = [&](int64_t b) {
+    return uint3{static_cast<unsigned int>(b % gx), static_cast<unsigned int>(b / gx % gy),
+                 static_cast<unsigned int>(b / (gx * gy))};
+  };
+  if (h.only_blocks != nullptr) {
+    for (size_t n = 0; n < h.num_only_blocks; ++n) {
+      const size_t i = s.reverse_order ? h.num_only_blocks - 1 - n : n;
+      const int64_t b = h.only_blocks[i];
+      if (b >= 0 && b < total && !run_block(kernel, args, at(b), seq)) {
+        return false;
+      }
+    }
+    return true;
+  }
   for (int64_t i = 0; i < total; ++i) {
     const int64_t b = s.reverse_order ? total - 1 - i : i;
-    run_block(kernel, args,
-              uint3{static_cast<unsigned int>(b % gx), static_cast<unsigned int>(b / gx % gy),
-                    static_cast<unsigned int>(b / (gx * gy))},
-              seq);
+    if (!run_block(kernel, args, at(b), seq)) {
+      return false;
+    }
   }
+  return true;
 }
 }  // namespace rope_shim
 
@@ -362,7 +400,7 @@ template <typename... P>
 inline cudaError_t cudaLaunchKernel(void (*kernel)(P...), dim3 grid, dim3 block, void** args,
                                     size_t shared_mem = 0, cudaStream_t stream = nullptr) {
   if (shared_mem != 0) {
-    return cudaErrorInvalidValue;  // dynamic shared memory: the serial launch would be unfaithful
+    return cudaErrorInvalidValue;  // dynamic shared memory: not modelled (ROPE_BLOCK_SHARED is)
   }
   const unsigned long long threads = 1ull * block.x * block.y * block.z;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0 || threads > 1024 || block.z > 64 ||
@@ -384,19 +422,77 @@ inline cudaError_t cudaLaunchKernel(void (*kernel)(P...), dim3 grid, dim3 block,
       offset += sizes[i];
     }
   }
-  rope_shim::run_grid(kernel, args, std::index_sequence_for<P...>{});
-  return cudaSuccess;
+  return rope_shim::run_grid(kernel, args, std::index_sequence_for<P...>{})
+             ? cudaSuccess
+             : cudaErrorLaunchFailure;
 }
 
-// ---- what the serial launch cannot model: refused at compile time -------------------------------
-// Shared memory, barriers and fences, warp shuffles / votes / reductions / matches, atomics.
-#pragma GCC poison __shared__ __syncthreads __syncthreads_count __syncthreads_and
-#pragma GCC poison __syncthreads_or __syncwarp __threadfence __threadfence_block
-#pragma GCC poison __threadfence_system __shfl_sync __shfl_up_sync __shfl_down_sync
-#pragma GCC poison __shfl_xor_sync __shfl __shfl_up __shfl_down __shfl_xor __ballot_sync
-#pragma GCC poison __any_sync __all_sync __uni_sync __activemask __match_any_sync
-#pragma GCC poison __match_all_sync __reduce_add_sync __reduce_min_sync __reduce_max_sync
-#pragma GCC poison __reduce_and_sync __reduce_or_sync __reduce_xor_sync
+// ---- collectives (rope_host_fibers.h) ----------------------------------------------------------
+// Macros, so that each call carries its call site: lanes of one mask at different sites are
+// divergent, which the fibers report.
+namespace rope_shim {
+namespace coop {
+template <typename T>
+inline T shfl_at(const char* file, int line, unsigned mask, T var, int src, int width = 32) {
+  return shuffle(Kind::kShfl, mask, var, src, width, file, line);
+}
+template <typename T>
+inline T shfl_up_at(const char* file, int line, unsigned mask, T var, unsigned delta,
+                    int width = 32) {
+  return shuffle(Kind::kShflUp, mask, var, static_cast<int>(delta), width, file, line);
+}
+template <typename T>
+inline T shfl_down_at(const char* file, int line, unsigned mask, T var, unsigned delta,
+                      int width = 32) {
+  return shuffle(Kind::kShflDown, mask, var, static_cast<int>(delta), width, file, line);
+}
+template <typename T>
+inline T shfl_xor_at(const char* file, int line, unsigned mask, T var, int lane_mask,
+                     int width = 32) {
+  return shuffle(Kind::kShflXor, mask, var, lane_mask, width, file, line);
+}
+inline void syncwarp_at(const char* file, int line, unsigned mask = 0xffffffffu) {
+  vote(Kind::kSyncWarp, mask, 0, file, line);
+}
+}  // namespace coop
+}  // namespace rope_shim
+
+#define __shfl_sync(...) ::rope_shim::coop::shfl_at(__FILE__, __LINE__, __VA_ARGS__)
+#define __shfl_up_sync(...) ::rope_shim::coop::shfl_up_at(__FILE__, __LINE__, __VA_ARGS__)
+#define __shfl_down_sync(...) ::rope_shim::coop::shfl_down_at(__FILE__, __LINE__, __VA_ARGS__)
+#define __shfl_xor_sync(...) ::rope_shim::coop::shfl_xor_at(__FILE__, __LINE__, __VA_ARGS__)
+#define __syncwarp(...) ::rope_shim::coop::syncwarp_at(__FILE__, __LINE__, ##__VA_ARGS__)
+#define __ballot_sync(mask, pred) \
+  ::rope_shim::coop::vote(::rope_shim::coop::Kind::kBallot, (mask), (pred), __FILE__, __LINE__)
+#define __any_sync(mask, pred) \
+  (::rope_shim::coop::vote(::rope_shim::coop::Kind::kAny, (mask), (pred), __FILE__, __LINE__) != 0)
+#define __all_sync(mask, pred) \
+  (::rope_shim::coop::vote(::rope_shim::coop::Kind::kAll, (mask), (pred), __FILE__, __LINE__) != 0)
+#define __syncthreads() \
+  ((void)::rope_shim::coop::barrier(::rope_shim::coop::Kind::kSyncThreads, 0, __FILE__, __LINE__))
+#define __syncthreads_count(pred)                                                                 \
+  static_cast<int>(::rope_shim::coop::barrier(::rope_shim::coop::Kind::kSyncThreadsCount, (pred), \
+                                              __FILE__, __LINE__))
+#define __syncthreads_and(pred)                                                                 \
+  static_cast<int>(::rope_shim::coop::barrier(::rope_shim::coop::Kind::kSyncThreadsAnd, (pred), \
+                                              __FILE__, __LINE__))
+#define __syncthreads_or(pred)                                                                 \
+  static_cast<int>(::rope_shim::coop::barrier(::rope_shim::coop::Kind::kSyncThreadsOr, (pred), \
+                                              __FILE__, __LINE__))
+
+// Block shared memory: `T name[count]` shared by the threads of a block (on the device,
+// `__shared__ T name[count]`; common_device.cuh). Here, storage of the running block, filled with
+// 0xff bytes when the block's first thread reaches the declaration.
+#define ROPE_BLOCK_SHARED(T, name, count)                                            \
+  static ::rope_shim::coop::SharedDecl rope_shared_decl_##name(sizeof(T) * (count)); \
+  T* const name = static_cast<T*>(::rope_shim::coop::shared_storage(rope_shared_decl_##name))
+
+// ---- what the launch cannot model: refused at compile time --------------------------------------
+// The raw __shared__ qualifier (a local variable here, one per thread: use ROPE_BLOCK_SHARED),
+// fences, __activemask (convergence the fibers do not model), match and reduce intrinsics and
+// atomics.
+#pragma GCC poison __shared__ __threadfence __threadfence_block __threadfence_system
+#pragma GCC poison __shfl __shfl_up __shfl_down __shfl_xor __uni_sync __activemask
+#pragma GCC poison __match_any_sync __match_all_sync __reduce_add_sync __reduce_min_sync
+#pragma GCC poison __reduce_max_sync __reduce_and_sync __reduce_or_sync __reduce_xor_sync
 #pragma GCC poison atomicAdd atomicSub atomicExch atomicMin atomicMax atomicInc atomicDec
-#pragma GCC poison atomicCAS atomicAnd atomicOr atomicXor atomicAdd_block atomicAdd_system
-#pragma GCC poison atomicCAS_block atomicCAS_system atomicExch_block atomicExch_system

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// A torch-free description of one rope.apply_qk_cache call (rotate q and k, write the rotated k
-// and a copy of v into rows of a KV cache), and the fp8 quantization the caches use. Shared by
-// the CPU kernel (csrc/cpu/kv_cache_cpu.cpp), the CUDA kernel (csrc/cuda/kv_cache_kernel.cuh)
-// and its host run (tests/cuda_host), so nothing here includes torch.
+// How the row streams' targets (common_row_streams.h) store a value: in the source's dtype, or as
+// fp8 with a per-tensor scale, and that fp8 quantization, written once for the CPU kernel
+// (csrc/cpu/common_stream_rows.cpp), the CUDA kernel (csrc/cuda/common_stream_kernel.cuh) and its
+// host run (tests/cuda_host), so nothing here includes torch.
 #pragma once
 
 #include <cstdint>
@@ -17,59 +17,6 @@ enum class CacheFormat : int32_t {
   kSame = 0,     // the source's dtype (k's or v's): the value rounded once
   kFp8E4M3 = 1,  // float8_e4m3fn: saturate(value / scale), rounded to nearest even
   kFp8E5M2 = 2,  // float8_e5m2: the same with e5m2's range
-};
-
-// One cache: (num_slots, H, D) or paged (num_blocks, block_size, H, D), any strides with a unit
-// last stride. Slot s is row (s / block_size, s % block_size); a flat cache has block_size 1 and
-// offset_stride 0.
-struct CacheArgs {
-  void* data = nullptr;
-  CacheFormat format = CacheFormat::kSame;
-  int64_t num_slots = 0;
-  int64_t block_size = 1;
-  int64_t block_stride = 0;  // elements
-  int64_t offset_stride = 0;
-  int64_t head_stride = 0;
-  const float* scale = nullptr;  // fp8 only: one float32 on the cache's device
-};
-
-// Element offset of (slot, head) in a cache, for 0 <= slot < num_slots.
-ROPE_HOST_DEVICE inline int64_t cache_row(const CacheArgs& c, int64_t slot, int64_t head) {
-  const int64_t block = slot / c.block_size;
-  const int64_t offset = slot - block * c.block_size;
-  return block * c.block_stride + offset * c.offset_stride + head * c.head_stride;
-}
-
-// Everything the kernels need. q, k, v are (T, H, D) with unit last stride; q_out is a fresh
-// contiguous (T, Hq, D). positions are read through broadcast strides (0 where broadcast), one
-// set for q's (T, Hq) rows and one for k's (T, Hkv) rows. v == nullptr: no v, no v cache.
-struct KvCacheArgs {
-  int64_t num_tokens = 0;
-  int64_t q_heads = 0;
-  int64_t kv_heads = 0;
-  int64_t head_dim = 0;
-  int64_t rotary_dim = 0;
-  int64_t v_dim = 0;
-  const void* q = nullptr;
-  int64_t q_token_stride = 0;
-  int64_t q_head_stride = 0;
-  void* q_out = nullptr;
-  const void* k = nullptr;
-  int64_t k_token_stride = 0;
-  int64_t k_head_stride = 0;
-  const void* v = nullptr;
-  int64_t v_token_stride = 0;
-  int64_t v_head_stride = 0;
-  const void* positions = nullptr;
-  bool positions_are_int64 = true;
-  int64_t q_pos_token_stride = 0;
-  int64_t q_pos_head_stride = 0;
-  int64_t k_pos_token_stride = 0;
-  int64_t k_pos_head_stride = 0;
-  const int64_t* slots = nullptr;  // slot_mapping: negative = padding, nothing written
-  int64_t slot_stride = 1;
-  CacheArgs k_cache;
-  CacheArgs v_cache;
 };
 
 // ---- fp8 ---------------------------------------------------------------------------------------

@@ -1,18 +1,17 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // rope.apply_qk_cache: rotate q and k, write the rotated k and a copy of v into rows of a KV
-// cache (flat or paged, 16/32-bit or fp8). The checks (shared by CPU, CUDA and Meta), the
-// argument preparation and the op body, written once for the computing backends as rope_body.h
-// does for the other ops. A backend supplies:
+// cache (flat or paged, 16/32-bit or fp8). The checks (shared by CPU, CUDA and Meta) and the op
+// body, written once for the computing backends as rope_body.h does for the other ops; the work
+// itself is three row streams (common_row_streams.h: q into q_out, k and v into their caches'
+// slot rows), the engine of every fused op. A backend supplies:
 //   static void check_positions(const char* op, const at::Tensor& positions, int64_t max_seq_len,
 //                               const MultiAxisArgs& axes);
 //   static void check_slots(const char* op, const at::Tensor& slot_mapping, int64_t num_slots);
-//   static void write_cache(c10::ScalarType dtype, const PreparedKvCache&, bool interleaved);
-//   static void run_streams(c10::ScalarType dtype, const PreparedStreams&);  // multi-axis
+//   static void run_streams(c10::ScalarType dtype, const PreparedStreams&);
 // Every check runs before anything is allocated or written.
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <c10/util/MaybeOwned.h>
 
 #include <optional>
 
@@ -36,8 +35,7 @@ struct KvCacheInputs {
   const at::Tensor& slot_mapping;
   const std::optional<at::Tensor>& k_scale;
   const std::optional<at::Tensor>& v_scale;
-  // Multi-axis positions (M-RoPE): run on the row streams, whose kernels read an axis map.
-  MultiAxisArgs axes = {};
+  MultiAxisArgs axes = {};  // multi-axis positions (M-RoPE)
 };
 
 // Metadata checks only (SymInt-aware), so the Meta kernel runs them too.
@@ -54,18 +52,6 @@ int64_t cache_slots(const at::Tensor& cache);
 // non-negative slot twice. Names the offending entry.
 void check_slots_on_host(const char* op, const at::Tensor& slot_mapping, int64_t num_slots);
 
-struct PreparedKvCache {
-  PreparedRotation q_call;        // q -> q_out (the CPU backend runs its row kernel on it)
-  c10::MaybeOwned<at::Tensor> k;  // k, or a copy with unit last stride
-  c10::MaybeOwned<at::Tensor> v;  // likewise (undefined without v)
-  at::Tensor q_out() const { return q_call.output; }
-  PreparedTables tables;
-  KvCacheArgs args;
-};
-
-// Call after check_apply_qk_cache.
-PreparedKvCache prepare_kv_cache(const KvCacheInputs& in);
-
 // The norm of rms_norm_apply_qk_cache: (head_dim,) weights already plus weight_offset in the
 // math type, contiguous (kv_cache_norm_body.h makes them).
 struct StreamNorm {
@@ -75,8 +61,7 @@ struct StreamNorm {
 };
 
 // The row streams of a checked call (kv_cache_streams.cpp): q (rotated, normalised with a norm)
-// into q_out, k (likewise) into k_cache's slot rows, v into v_cache's. apply_qk_cache takes this
-// route for multi-axis positions, rms_norm_apply_qk_cache always.
+// into q_out, k (likewise) into k_cache's slot rows, v into v_cache's.
 PreparedStreams prepare_kv_cache_streams(const KvCacheInputs& in, const at::Tensor& q_out,
                                          const std::optional<at::Tensor>& q_scale, bool interleaved,
                                          const StreamNorm* norm);
@@ -99,20 +84,13 @@ at::Tensor apply_qk_cache_body(const KvCacheInputs& in, bool interleaved) {
   check_apply_qk_cache(op, in);
   check_scales_on_host(op, in);
   check_kv_cache_values<Backend>(op, in);
-  if (in.axes.active()) {
-    at::Tensor q_out = new_stream_output(in.q, in.q.sym_sizes(), in.q.scalar_type());
-    const PreparedStreams streams =
-        prepare_kv_cache_streams(in, q_out, std::nullopt, interleaved, nullptr);
-    if (streams.args.num_tokens > 0) {
-      Backend::run_streams(in.q.scalar_type(), streams);
-    }
-    return q_out;
+  at::Tensor q_out = new_stream_output(in.q, in.q.sym_sizes(), in.q.scalar_type());
+  const PreparedStreams streams =
+      prepare_kv_cache_streams(in, q_out, std::nullopt, interleaved, nullptr);
+  if (streams.args.num_tokens > 0) {
+    Backend::run_streams(in.q.scalar_type(), streams);
   }
-  PreparedKvCache prepared = prepare_kv_cache(in);
-  if (prepared.args.num_tokens > 0) {
-    Backend::write_cache(in.q.scalar_type(), prepared, interleaved);
-  }
-  return prepared.q_out();
+  return q_out;
 }
 
 }  // namespace rope::detail

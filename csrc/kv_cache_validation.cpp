@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <utility>
 #include <vector>
 
 #include "kv_cache_body.h"
@@ -62,37 +61,6 @@ void check_rows(const char* op, const char* name, const at::Tensor& t, const at:
   TORCH_SYM_CHECK(t.sym_size(0).sym_eq(q.sym_size(0)), op, ": ", name,
                   ".size(0) (tokens) must equal q.size(0) = ", q.sym_size(0), ", got ", name,
                   " of shape ", t.sym_sizes());
-}
-
-// Strides of positions broadcast (NumPy rules, aligned right) to (T, H): 0 along broadcast dims.
-std::pair<int64_t, int64_t> token_head_strides(const at::Tensor& positions) {
-  const int64_t n = positions.dim();
-  auto stride_of = [&](int64_t d) -> int64_t {  // d: 0 = token, 1 = head
-    const int64_t pd = d - (2 - n);
-    return pd >= 0 && positions.size(pd) != 1 ? positions.stride(pd) : 0;
-  };
-  return {stride_of(0), stride_of(1)};
-}
-
-CacheArgs cache_args(const at::Tensor& cache, const std::optional<at::Tensor>& scale) {
-  CacheArgs c;
-  c.data = cache.data_ptr();
-  c.format = format_of_dtype(cache.scalar_type());
-  c.num_slots = cache_slots(cache);
-  if (cache.dim() == 4) {
-    c.block_size = cache.size(1);
-    c.block_stride = cache.stride(0);
-    c.offset_stride = cache.stride(1);
-  } else {
-    c.block_size = 1;
-    c.block_stride = cache.stride(0);
-    c.offset_stride = 0;
-  }
-  c.head_stride = cache.stride(-2);
-  if (c.format != CacheFormat::kSame) {
-    c.scale = scale->const_data_ptr<float>();
-  }
-  return c;
 }
 
 }  // namespace
@@ -224,52 +192,6 @@ void check_slots_on_host(const char* op, const at::Tensor& slot_mapping, int64_t
                 " twice (tokens ", used[i - 1].second, " and ", used[i].second,
                 "); each token needs its own slot");
   }
-}
-
-PreparedKvCache prepare_kv_cache(const KvCacheInputs& in) {
-  const int64_t rotary_dim = 2 * in.cos.size(1);
-  PreparedKvCache p{prepare_rotation(in.q, in.positions, rotary_dim, Destination::kNewTensor),
-                    with_unit_last_stride(in.k),
-                    in.v.has_value() && in.v->defined()
-                        ? with_unit_last_stride(*in.v)
-                        : c10::MaybeOwned<at::Tensor>::owned(at::Tensor()),
-                    prepare_tables(in.cos, in.sin),
-                    {}};
-  KvCacheArgs& a = p.args;
-  const at::Tensor& q = *p.q_call.input;
-  const at::Tensor& k = *p.k;
-  a.num_tokens = q.size(0);
-  a.q_heads = q.size(1);
-  a.kv_heads = k.size(1);
-  a.head_dim = q.size(2);
-  a.rotary_dim = rotary_dim;
-  a.q = q.const_data_ptr();
-  a.q_token_stride = q.stride(0);
-  a.q_head_stride = q.stride(1);
-  a.q_out = p.q_call.output.data_ptr();
-  a.k = k.const_data_ptr();
-  a.k_token_stride = k.stride(0);
-  a.k_head_stride = k.stride(1);
-  a.positions = in.positions.const_data_ptr();
-  a.positions_are_int64 = in.positions.scalar_type() == at::kLong;
-  // positions broadcast to (T, Hq) and to (T, Hkv): a size-1 heads dim of either broadcasts.
-  const auto [pos_t, pos_h] = token_head_strides(in.positions);
-  a.q_pos_token_stride = pos_t;
-  a.q_pos_head_stride = a.q_heads == 1 ? 0 : pos_h;
-  a.k_pos_token_stride = pos_t;
-  a.k_pos_head_stride = a.kv_heads == 1 ? 0 : pos_h;
-  a.slots = in.slot_mapping.const_data_ptr<int64_t>();
-  a.slot_stride = in.slot_mapping.stride(0);
-  a.k_cache = cache_args(in.k_cache, in.k_scale);
-  if (p.v->defined()) {
-    const at::Tensor& v = *p.v;
-    a.v = v.const_data_ptr();
-    a.v_dim = v.size(2);
-    a.v_token_stride = v.stride(0);
-    a.v_head_stride = v.stride(1);
-    a.v_cache = cache_args(*in.v_cache, in.v_scale);
-  }
-  return p;
 }
 
 }  // namespace rope::detail

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The fp8 row helpers of rope.apply_qk_cache and of the row streams (see kv_cache_fp8_rows.h).
+// The fp8 row helper of the row streams' fp8 targets (see kv_cache_fp8_rows.h).
 // Compiled once per CPU capability, like rope_rows.cpp.
 //
 // The quotients x / scale (or products x * scale, ScaleRule::kMultiply) are IEEE operations, lane
@@ -172,17 +172,6 @@ void quantize_format(const void* src, uint8_t* dst, int64_t n, float scale, Cach
   }
 }
 
-template <typename scalar_t>
-void widen_typed(const scalar_t* src, float* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + kW <= n; i += kW) {
-    load_floats(src + i).store(dst + i);
-  }
-  for (; i < n; ++i) {
-    dst[i] = static_cast<float>(src[i]);
-  }
-}
-
 }  // namespace
 
 void quantize_fp8_row(c10::ScalarType dtype, const void* src, uint8_t* dst, int64_t n, float scale,
@@ -198,17 +187,6 @@ void quantize_fp8_row(c10::ScalarType dtype, const void* src, uint8_t* dst, int6
       return quantize_format<c10::BFloat16>(src, dst, n, scale, format, rule);
     default:
       TORCH_INTERNAL_ASSERT(false, "quantize_fp8_row: unexpected dtype ", dtype);
-  }
-}
-
-void widen_row(c10::ScalarType dtype, const void* src, float* dst, int64_t n) {
-  switch (dtype) {
-    case c10::kHalf:
-      return widen_typed(static_cast<const c10::Half*>(src), dst, n);
-    case c10::kBFloat16:
-      return widen_typed(static_cast<const c10::BFloat16*>(src), dst, n);
-    default:
-      TORCH_INTERNAL_ASSERT(false, "widen_row: unexpected dtype ", dtype);
   }
 }
 

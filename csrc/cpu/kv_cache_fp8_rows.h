@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The vectorised row helpers of rope.apply_qk_cache's fp8 caches (kv_cache_cpu.cpp), and of the
-// row streams' fp8 targets (common_stream_rows.cpp), compiled
-// once per CPU capability beside rope_rows.cpp (same CPU_CAPABILITY namespaces;
+// The vectorised fp8 row quantizer of the row streams' fp8 targets (common_stream_rows.cpp),
+// compiled once per CPU capability beside rope_rows.cpp (same CPU_CAPABILITY namespaces;
 // CMakeLists.txt's rope_add_cpu_kernel).
 #pragma once
 
@@ -17,16 +16,9 @@ namespace rope::cpu {
 // saturate(src / scale) (or saturate(src * scale) with ScaleRule::kMultiply) rounded to the fp8
 // format as c10 rounds (a float32 division or product for float, Half and BFloat16 src; a float64
 // one for double src). `dtype` is src's type.
-using QuantizeFp8RowFn = void (*)(c10::ScalarType dtype, const void* src, uint8_t* dst, int64_t n,
-                                  float scale, CacheFormat format, ScaleRule rule);
-
-// dst[i] = float(src[i]) for Half or BFloat16 src (exact), i < n.
-using WidenRowFn = void (*)(c10::ScalarType dtype, const void* src, float* dst, int64_t n);
-
 #define ROPE_DECLARE_FP8_ROWS                                                                \
   void quantize_fp8_row(c10::ScalarType, const void*, uint8_t*, int64_t, float, CacheFormat, \
-                        ScaleRule);                                                          \
-  void widen_row(c10::ScalarType, const void*, float*, int64_t);
+                        ScaleRule);
 namespace DEFAULT {
 ROPE_DECLARE_FP8_ROWS
 }
@@ -42,13 +34,5 @@ ROPE_DECLARE_FP8_ROWS
 }
 #endif
 #undef ROPE_DECLARE_FP8_ROWS
-
-struct Fp8RowKernels {
-  QuantizeFp8RowFn quantize;
-  WidenRowFn widen;
-};
-
-// The copies matching the rotation kernel common_kernel_choice.h chose (row_kernel_variant()).
-Fp8RowKernels fp8_row_kernels();
 
 }  // namespace rope::cpu

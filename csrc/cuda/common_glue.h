@@ -26,11 +26,9 @@
 //                     const TableArgs&, RotationMode, int num_sms, Stream);     // rope_kernel.cuh
 //   static int launch_norm(c10::ScalarType, const NormRotationArgs& q, const NormRotationArgs& k,
 //                          const TableArgs&, RotationMode, NormParams, Stream);  // rms_norm
-//   static int launch_kv_cache(c10::ScalarType, const KvCacheArgs&, const TableArgs&,
-//                              bool interleaved, Stream);                   // kv_cache_kernel.cuh
 //   static int launch_streams(c10::ScalarType, const StreamArgs&, const TableArgs&,
 //                             Stream);                                  // common_stream_kernel.cuh
-// (the row streams of the serving fusions: apply_qk_fp8, rms_norm_apply_qk_cache,
+// (the row streams of the fused ops: apply_qk_cache, apply_qk_fp8, rms_norm_apply_qk_cache,
 // mla_apply_cache).
 #pragma once
 
@@ -161,18 +159,6 @@ struct StreamsBackend {
   }
 };
 
-// The row streams' policy (values checked in the kernels; multi-axis positions run on the
-// streams) plus the cache kernel.
-template <typename Runtime>
-struct KvCacheBackend : StreamsBackend<Runtime> {
-  static void write_cache(c10::ScalarType dtype, const detail::PreparedKvCache& p,
-                          bool interleaved) {
-    launch_on_current_stream<Runtime>([&](typename Runtime::Stream stream) {
-      return Runtime::launch_kv_cache(dtype, p.args, p.tables.args, interleaved, stream);
-    });
-  }
-};
-
 // ---- the ops -----------------------------------------------------------------------------------
 // x's (q's) device is current for the whole body, allocation included, so the output is allocated
 // there and the launch goes to that device's current stream. When only cos or positions is on
@@ -272,7 +258,7 @@ at::Tensor apply_qk_cache(const at::Tensor& q, const at::Tensor& k,
                           const std::optional<at::Tensor>& v_scale,
                           at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
   const typename Runtime::Guard guard(Runtime::device_of(q));
-  return detail::apply_qk_cache_body<KvCacheBackend<Runtime>>({q,
+  return detail::apply_qk_cache_body<StreamsBackend<Runtime>>({q,
                                                                k,
                                                                v,
                                                                cos,

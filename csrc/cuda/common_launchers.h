@@ -8,8 +8,7 @@
 // as host compiler) every exception thrown in a CUDA op's glue killed the process with SIGSEGV
 // when that glue had gone through nvcc's host pass (cudafe++ regenerates the C++ it hands to GCC);
 // the same validation thrown from the CPU glue, a plain .cpp, did not. Kernels and launchers
-// (rope_kernel.cuh, rms_norm_kernel.cuh, kv_cache_kernel.cuh, common_stream_kernel.cuh) never
-// throw: they return a
+// (rope_kernel.cuh, rms_norm_kernel.cuh, common_stream_kernel.cuh) never throw: they return a
 // cudaError_t, which the glue checks.
 //
 // Each launcher is defined in its kernel header and instantiated once per storage type in a
@@ -24,7 +23,6 @@
 
 #include "../common_kernel_args.h"
 #include "../common_row_streams.h"
-#include "../kv_cache_args.h"
 #include "../rms_norm_args.h"
 
 namespace rope::cuda {
@@ -40,13 +38,8 @@ cudaError_t norm_rotate(const NormRotationArgs& q, const NormRotationArgs& k,
                         const TableArgs& tables, RotationMode mode, NormParams norm,
                         cudaStream_t stream);
 
-// kv_cache_kernel.cuh: rotates k into the cache slots (and copies v), one launch.
-template <typename scalar_t>
-cudaError_t apply_qk_cache(const KvCacheArgs& args, const TableArgs& tables, bool interleaved,
-                           cudaStream_t stream);
-
-// common_stream_kernel.cuh: the row streams of the serving fusions (apply_qk_fp8, ...), one
-// launch for all the streams of a call.
+// common_stream_kernel.cuh: the row streams of the fused ops (apply_qk_cache, apply_qk_fp8, ...),
+// one launch for all the streams of a call.
 template <typename scalar_t>
 cudaError_t run_row_streams(const StreamArgs& args, const TableArgs& tables, cudaStream_t stream);
 
@@ -58,9 +51,6 @@ cudaError_t run_row_streams(const StreamArgs& args, const TableArgs& tables, cud
 #define ROPE_NORM_ROTATE_INSTANCE(T)                                                    \
   template cudaError_t norm_rotate<T>(const NormRotationArgs&, const NormRotationArgs&, \
                                       const TableArgs&, RotationMode, NormParams, cudaStream_t)
-#define ROPE_KV_CACHE_INSTANCE(T) \
-  template cudaError_t apply_qk_cache<T>(const KvCacheArgs&, const TableArgs&, bool, cudaStream_t)
-
 #define ROPE_ROW_STREAMS_INSTANCE(T) \
   template cudaError_t run_row_streams<T>(const StreamArgs&, const TableArgs&, cudaStream_t)
 
@@ -72,11 +62,9 @@ cudaError_t run_row_streams(const StreamArgs& args, const TableArgs& tables, cud
 
 #define ROPE_EXTERN_ROTATE(T) extern ROPE_ROTATE_INSTANCE(T)
 #define ROPE_EXTERN_NORM_ROTATE(T) extern ROPE_NORM_ROTATE_INSTANCE(T)
-#define ROPE_EXTERN_KV_CACHE(T) extern ROPE_KV_CACHE_INSTANCE(T)
 #define ROPE_EXTERN_ROW_STREAMS(T) extern ROPE_ROW_STREAMS_INSTANCE(T)
 ROPE_FOR_EACH_STORAGE(ROPE_EXTERN_ROTATE);
 ROPE_FOR_EACH_STORAGE(ROPE_EXTERN_NORM_ROTATE);
-ROPE_FOR_EACH_STORAGE(ROPE_EXTERN_KV_CACHE);
 ROPE_FOR_EACH_STORAGE(ROPE_EXTERN_ROW_STREAMS);
 #undef ROPE_EXTERN_ROTATE
 #undef ROPE_EXTERN_NORM_ROTATE

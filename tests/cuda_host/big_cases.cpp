@@ -463,127 +463,6 @@ std::vector<BigCaseResult> big_grid_cases(const CpuVectorPath& cpu_path, Tally& 
   return results;
 }
 
-// ---- rope.apply_qk_cache past 2^32 threads, run on a sample of blocks ------------------------
-
-// One thread per unit of work (kv_cache_kernel.cuh): q (T, 1, 2) and k (T, 1, 2) rotate one plane
-// a row, v (T, 1, 2^20) is copied a feature a thread, so T = 4097 tokens make 2^32 + 2^20 + 8194
-// threads: the last blocks hold threads >= 2^32, where an index held in 32 bits wraps onto the
-// q rows. v and the v cache (8 GiB each, fp16) live in sparse memory; only the sampled blocks'
-// rows are touched. Checks the grid, that every store of a sampled thread is its own v element
-// (no other store), and that the last rows of the v cache hold v's bits.
-BigCaseResult big_kv_cache_case() {
-  BigCaseResult r{
-      "apply_qk_cache with 2^32 + 2^20 + 8194 threads (v rows of 2^20 features)", {}, {}};
-  constexpr int64_t T = 4097;
-  constexpr int64_t Dv = int64_t{1} << 20;
-  // kv_cache_kernel.cuh's block size (that header is not visible from the driver's translation
-  // unit); the launch record is checked against it.
-  constexpr int64_t kThreads = 256;
-  const int64_t q_threads = T;  // one plane per q row (rotary_dim 2 = head_dim)
-  const int64_t k_threads = T;
-  const int64_t total = q_threads + k_threads + T * Dv;
-  static_assert(T * Dv > (int64_t{1} << 32), "the grid must pass 2^32 threads");
-  const int64_t blocks = (total + kThreads - 1) / kThreads;
-  const size_t v_bytes = static_cast<size_t>(T * Dv) * 2;
-  Sparse mem(2 * v_bytes);
-  if (mem.base() == nullptr) {
-    r.problems.push_back(reserve_failure(2 * v_bytes));
-    return r;
-  }
-  at::Generator gen = at::detail::createCPUGenerator(4097);
-  const at::Tensor v = mem.tensor(0, {T, 1, Dv}, at::kHalf);
-  const at::Tensor v_cache = mem.tensor(v_bytes, {T, 1, Dv}, at::kHalf);
-  const at::Tensor q = randn(gen, {T, 1, 2}, at::kHalf);
-  const at::Tensor k = randn(gen, {T, 1, 2}, at::kHalf);
-  const at::Tensor k_cache = at::zeros({T, 1, 2}, at::TensorOptions().dtype(at::kHalf));
-  const Tables t = tables(gen, 8, 1);
-  const at::Tensor positions = at::randint(0, 8, {T, 1}, gen, at::TensorOptions().dtype(at::kLong));
-  const at::Tensor slots = at::arange(T, at::TensorOptions().dtype(at::kLong));
-
-  // The sample: the block of thread 2^32 - 1, the one of thread 2^32, and the last two.
-  const int64_t w32 = int64_t{1} << 32;
-  const std::vector<int64_t> sample{(w32 - 1) / kThreads, w32 / kThreads, blocks - 2, blocks - 1};
-  // The v elements the sampled threads own (flat index t * Dv + feature), filled with random
-  // values; the v cache there starts at zero (untouched sparse memory).
-  const auto v_flat = at::from_blob(v.data_ptr(), {T * Dv}, v.options());
-  std::set<int64_t> owned;
-  for (const int64_t b : sample) {
-    for (int64_t w = b * kThreads; w < (b + 1) * kThreads && w < total; ++w) {
-      if (w >= q_threads + k_threads) {
-        owned.insert(w - q_threads - k_threads);
-      }
-    }
-  }
-  for (const int64_t e : owned) {
-    // Nonzero, so that an element left unwritten shows.
-    v_flat[e].fill_(1.0 + static_cast<double>(e % 977) / 8.0);
-  }
-
-  CaseContext ctx;
-  ctx.device = Device{6, 132};
-  ctx.start_device = 2;
-  for (const at::Tensor& a : {q, k, v, t.cos, t.sin, positions, k_cache, v_cache, slots}) {
-    ctx.place(a);
-  }
-  SampleObserver observer(2);
-  ctx.observer = &observer;
-  ctx.sample.only_blocks = sample.data();
-  ctx.sample.num_only_blocks = sample.size();
-  try {
-    host_apply_qk_cache(ctx, q, k, v, t.cos, t.sin, positions, k_cache, v_cache, slots, true);
-  } catch (const c10::Error& e) {
-    r.problems.push_back(std::string("raised: ") + e.what_without_backtrace());
-    return r;
-  }
-  r.problems.insert(r.problems.end(), ctx.problems.begin(), ctx.problems.end());
-  if (ctx.grid_launches.size() != 1 || !ctx.grid_launches[0].launched) {
-    r.problems.push_back("expected one launch");
-    return r;
-  }
-  const GridLaunchRecord& g = ctx.grid_launches[0];
-  if (g.blocks != blocks || g.grid[1] != 1 || g.grid[2] != 1 || g.block_threads != kThreads) {
-    std::ostringstream m;
-    m << "grid (" << g.grid[0] << ", " << g.grid[1] << ", " << g.grid[2] << ") of "
-      << g.block_threads << " threads; " << total << " threads need " << blocks
-      << " blocks in grid.x";
-    r.problems.push_back(m.str());
-  }
-  if (observer.asserts > 0) {
-    r.problems.push_back(std::to_string(observer.asserts) + " device asserts fired");
-  }
-  // Every store of a sampled thread is the v-cache element it owns, once.
-  const auto cache_base = reinterpret_cast<uintptr_t>(v_cache.data_ptr());
-  int64_t reported = 0;
-  for (const auto& [addr, s] : observer.stores) {
-    const int64_t want = s.thread - q_threads - k_threads;
-    const bool in_cache = addr >= cache_base && addr < cache_base + v_bytes;
-    const int64_t got = in_cache ? static_cast<int64_t>(addr - cache_base) / 2 : -1;
-    if ((got != want || s.writes != 1) && reported++ < 4) {
-      std::ostringstream m;
-      m << "thread " << s.thread << " (block " << s.thread / kThreads << ") stored " << s.writes
-        << " time(s) to " << (in_cache ? "v_cache element " : "an address outside")
-        << (in_cache ? std::to_string(got) : std::string(" the v cache")) << "; it owns v element "
-        << want;
-      r.problems.push_back(m.str());
-    }
-  }
-  // The last rows of the v cache hold v's bits.
-  const auto cache_flat = at::from_blob(v_cache.data_ptr(), {T * Dv}, v_cache.options());
-  int64_t missing = 0;
-  for (const int64_t e : owned) {
-    if (cache_flat[e].view(at::kShort).item<int16_t>() !=
-        v_flat[e].view(at::kShort).item<int16_t>()) {
-      ++missing;
-    }
-  }
-  if (missing > 0) {
-    r.problems.push_back(std::to_string(missing) + " of the " + std::to_string(owned.size()) +
-                         " v-cache elements of the sampled blocks (the last rows, token " +
-                         std::to_string(T - 1) + ") were not written with v's value");
-  }
-  return r;
-}
-
 // ---- the row streams past 2^32 threads, 2^32 source elements and 2^32 cache elements ---------
 
 // The bytes of a float8 tensor as uint8 (a view).
@@ -834,7 +713,6 @@ std::vector<BigCaseResult> run_big_cases(const CpuVectorPath& cpu_path, Tally& t
   for (BigCaseResult& r : big_grid_cases(cpu_path, tally)) {
     all.push_back(std::move(r));
   }
-  all.push_back(big_kv_cache_case());
   all.push_back(big_stream_threads_case());
   all.push_back(big_stream_cache_case());
   return all;

@@ -5,9 +5,7 @@
 //   - grids of 65,536 blocks (a (16, 8192, 64, 128) bf16 prefill) and of more than 2^31 threads,
 //     launched in full but run on a sample of blocks, so that a grid put in gridDim.y, capped at
 //     65,535 blocks, or block arithmetic in 32 bits is caught;
-//   - an apply_qk_cache call of more than 2^32 work units (its kernel runs one thread per unit),
-//     sampled the same way, so that its thread index held in 32 bits is caught;
-//   - the row streams' kernel (the serving fusions) past 2^32 threads with source rows past 2^33
+//   - the row streams' kernel (every fused op) past 2^32 threads with source rows past 2^33
 //     elements (sampled), and into a cache of more than 2^32 elements, so that its thread index,
 //     source offset or cache row held in 32 bits is caught.
 // The large tensors live in sparse memory: one mmap(MAP_NORESERVE) reservation of which only the

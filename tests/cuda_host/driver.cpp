@@ -599,7 +599,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  // rope.apply_qk_cache (kv_cache_kernel.cuh): its own random cases (kv_cache_cases.h), bit for
+  // rope.apply_qk_cache (the row streams' kernel): its own random cases (kv_cache_cases.h), bit for
   // bit against the CPU backend.
   KvCacheRun kv;
   if (opt.only < 0 && opt.norm_only < 0 && opt.forms_only < 0 && !serving_only &&
@@ -697,7 +697,8 @@ int main(int argc, char** argv) {
   } else {
     std::printf(
         "apply_qk_cache cases NOT RUN: the CPU kernel here (%s) has no FMA copy, so its bits "
-        "cannot match the CUDA kernel's; only kv_cache_host checks that kernel on this machine\n",
+        "cannot match the CUDA kernel's; only cuda_host_streams checks that kernel on this "
+        "machine\n",
         cpu_path.name.c_str());
   }
   std::printf(

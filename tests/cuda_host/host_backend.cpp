@@ -166,30 +166,9 @@ struct HostRuntime {
     ctx.grid_launches.push_back(record);
     return status;
   }
-  // rope.apply_qk_cache's launch: its device and stream as launch()'s, its device asserts counted
-  // unless the case observes the launch itself (the sampled big case).
-  static int launch_kv_cache(c10::ScalarType dtype, const rope::KvCacheArgs& args,
-                             const rope::TableArgs& tables, bool interleaved, Stream stream) {
-    CaseContext& ctx = *g_ctx;
-    StoreOnceCounter counter;
-    Observer* observer = ctx.observer != nullptr ? ctx.observer : &counter;
-    LaunchOptions options = ctx.sample;
-    options.stream = stream;
-    GridLaunchRecord record;
-    const int status = rope_host::kv_cache_launch(storage_of(dtype), args, tables, interleaved,
-                                                  Device{g_current_device, ctx.device.num_sms},
-                                                  observer, &record, options);
-    if (counter.asserts > 0 && ctx.positions_in_range) {
-      ctx.problems.push_back("kv cache launch: " + std::to_string(counter.asserts) +
-                             " device asserts fired on positions and slots all in range");
-    }
-    check_stored_once(ctx, "kv cache launch", counter);
-    check_device_and_stream(ctx, "kv cache launch", record.launched, record.device, record.stream);
-    ctx.grid_launches.push_back(record);
-    return status;
-  }
-  // The row streams' launch (the serving fusions): as launch_kv_cache, and which of its streams
-  // took the vector path.
+  // The row streams' launch (every fused op): its device and stream as launch()'s, its device
+  // asserts counted unless the case observes the launch itself (the sampled big cases), and which
+  // of its streams took the vector path.
   static int launch_streams(c10::ScalarType dtype, const rope::StreamArgs& args,
                             const rope::TableArgs& tables, Stream stream) {
     CaseContext& ctx = *g_ctx;

@@ -1,8 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The CUDA kernels compiled as host C++ (host_kernel.cpp), as the driver sees them:
-// rope_kernel.cuh, rms_norm_kernel.cuh, kv_cache_kernel.cuh and the row streams'
-// common_stream_kernel.cuh. Torch-free, and free of the shims
-// too: the driver includes torch, the kernels' translation unit does not.
+// rope_kernel.cuh, rms_norm_kernel.cuh and the row streams' common_stream_kernel.cuh. Torch-free,
+// and free of the shims too: the driver includes torch, the kernels' translation unit does not.
 #pragma once
 
 #include <cstddef>
@@ -11,7 +10,6 @@
 #include "common_kernel_args.h"
 #include "common_row_streams.h"
 #include "cuda/rope_launch_plan.h"
-#include "kv_cache_args.h"
 #include "rms_norm_args.h"
 
 namespace rope_host {
@@ -66,8 +64,8 @@ int rotate(Storage storage, const rope::RotationArgs& first, const rope::Rotatio
            const rope::TableArgs& tables, rope::RotationMode mode, const Device& device,
            Observer* observer, LaunchRecord* record, const LaunchOptions& options = {});
 
-// A launch of a one-dimensional grid (rms_norm_kernel.cuh's, kv_cache_kernel.cuh's kernel), as the
-// shim saw it.
+// A launch of a one-dimensional grid (rms_norm_kernel.cuh's, the row streams' kernel), as the shim
+// saw it.
 struct GridLaunchRecord {
   bool launched = false;
   int64_t blocks = 0;
@@ -84,15 +82,8 @@ int norm_rotate(Storage storage, const rope::NormRotationArgs& q, const rope::No
                 const Device& device, Observer* observer, GridLaunchRecord* record,
                 const void* stream);
 
-// rope::cuda::apply_qk_cache<scalar_t> of kv_cache_kernel.cuh for `storage`, the grid (or the
-// sample of its blocks that `options` names) run serially on this thread. Returns the
-// cudaError_t value (0: success).
-int kv_cache_launch(Storage storage, const rope::KvCacheArgs& args, const rope::TableArgs& tables,
-                    bool interleaved, const Device& device, Observer* observer,
-                    GridLaunchRecord* record, const LaunchOptions& options);
-
-// rope::cuda::run_row_streams<scalar_t> of common_stream_kernel.cuh for `storage` (the serving
-// fusions), the grid (or the sample of its blocks that `options` names) run serially on this
+// rope::cuda::run_row_streams<scalar_t> of common_stream_kernel.cuh for `storage` (the fused
+// ops), the grid (or the sample of its blocks that `options` names) run serially on this
 // thread. `vector_streams` (if given) receives, per stream, whether its plan took the vector path.
 // Returns the cudaError_t value (0: success).
 int streams_launch(Storage storage, const rope::StreamArgs& args, const rope::TableArgs& tables,

@@ -362,7 +362,7 @@ KvCacheRun run_kv_cache_cases(uint64_t seed, int64_t count, int64_t only, int64_
   KvCacheRun run;
   if (!cpu_path.fused) {
     // Without FMA the CPU kernel rounds differently from the CUDA kernel: no bit comparison is
-    // possible, so these cases do not run (and say so); kv_cache_host.cpp still runs.
+    // possible, so these cases do not run (and say so); stream_host.cpp still runs.
     run.bit_exact = false;
     return run;
   }

@@ -2,11 +2,12 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Mutation check of the host run of the CUDA kernels: plants realistic bugs, one at a time, in a
 copy of the kernel headers (csrc/cuda/rope_kernel.cuh, rope_launch_plan.h, rms_norm_kernel.cuh,
-kv_cache_kernel.cuh, the device helpers they share in common_device.cuh, the argument headers)
+common_stream_kernel.cuh, the device helpers they share in common_device.cuh, the argument
+headers)
 and of the glue every CUDA op goes through (csrc/cuda/common_glue.h: device guard, stream),
 builds the host run against the copy and requires it to fail. A mutant goes through its checks
-in order until one fails (checks_of): a bug in the KV-cache kernel first meets the torch-free
-run of that kernel (kv_cache_host.cpp, its independent reference), then the host run (bit
+in order until one fails (checks_of): a bug in the row streams' kernel first meets the torch-free
+run of that kernel (stream_host.cpp, its independent reference), then the host run (bit
 comparisons with the CPU backend, the big cases); a bug in rope_launch_plan.h that the host run
 misses meets the launch-plan unit tests (tests/cpp/test_launch_plan.cpp, built against the copy:
 some plan bugs leave every result correct and only cost speed), then the tuning defaults of
@@ -41,8 +42,7 @@ SOURCES = {
     "cuda/rope_kernel.cuh": REPO / "csrc" / "cuda" / "rope_kernel.cuh",
     "cuda/rope_launch_plan.h": REPO / "csrc" / "cuda" / "rope_launch_plan.h",
     "common_kernel_args.h": REPO / "csrc" / "common_kernel_args.h",
-    # rope.apply_qk_cache: its kernel and the shared arguments / fp8 quantization.
-    "cuda/kv_cache_kernel.cuh": REPO / "csrc" / "cuda" / "kv_cache_kernel.cuh",
+    # The fp8 quantization of the fused ops' fp8 targets.
     "kv_cache_args.h": REPO / "csrc" / "kv_cache_args.h",
     # rope.rms_norm_apply_qk's kernel (and the args header it includes by a relative path)
     "cuda/rms_norm_kernel.cuh": REPO / "csrc" / "cuda" / "rms_norm_kernel.cuh",
@@ -55,13 +55,10 @@ SOURCES = {
     "cuda/common_stream_kernel.cuh": REPO / "csrc" / "cuda" / "common_stream_kernel.cuh",
     "common_row_streams.h": REPO / "csrc" / "common_row_streams.h",
 }
-# Mutants of these files meet the torch-free KV-cache host run (kv_cache_host.cpp) first, then
-# the host run, whose apply_qk_cache cases compare bits with the CPU backend.
-KV_FILES = {"cuda/kv_cache_kernel.cuh", "kv_cache_args.h"}
 # Mutants of these meet the torch-free run of the row streams' kernel (stream_host.cpp, its
-# independent reference) first, then the host run (the serving fusions' bit comparisons with the
-# CPU backend).
-STREAM_FILES = {"cuda/common_stream_kernel.cuh", "common_row_streams.h"}
+# independent reference, fp8 by the formats' definitions) first, then the host run (the fused
+# ops' bit comparisons with the CPU backend).
+STREAM_FILES = {"cuda/common_stream_kernel.cuh", "common_row_streams.h", "kv_cache_args.h"}
 # Mutants of the table-free angle core meet its torch-free run first (exact_angle_host.cpp: the
 # device branches against an independent double path, and bit for bit against the clean host
 # branches), then the host run (the frequency form of every op).
@@ -476,21 +473,7 @@ MUTANTS = [
         "    if (true) {\n      int64_t pos;",
         "rows with no rotating lane range-check only axis 0 of a multi-axis position",
     ),
-    # rope.apply_qk_cache (csrc/cuda/kv_cache_kernel.cuh, csrc/kv_cache_args.h)
-    Mutant(
-        "kv-padding-not-skipped",
-        "cuda/kv_cache_kernel.cuh",
-        "  if (slot < 0) {\n    return false;  // padding",
-        "  if (slot < -1000) {\n    return false;  // padding",
-        "a negative slot (padding) is written as a row",
-    ),
-    Mutant(
-        "kv-block-offset-swapped",
-        "kv_cache_args.h",
-        "  return block * c.block_stride + offset * c.offset_stride + head * c.head_stride;",
-        "  return offset * c.block_stride + block * c.offset_stride + head * c.head_stride;",
-        "paged slot: block and offset strides swapped",
-    ),
+    # The fp8 quantization of every fused op's fp8 targets (csrc/kv_cache_args.h)
     Mutant(
         "kv-scale-multiplied",
         "kv_cache_args.h",
@@ -504,35 +487,6 @@ MUTANTS = [
         "  return x > max ? max : (x < -max ? -max : x);  // NaN compares false: stays NaN",
         "  (void)max;\n  return x;",
         "fp8 overflow not clamped (e5m2 turns it into inf)",
-    ),
-    Mutant(
-        "kv-v-not-copied",
-        "cuda/kv_cache_kernel.cuh",
-        "  store<scalar_t>(out, feature.rem, to_acc(load_scalar(in + feature.rem)), vc.format, "
-        "vc.scale);",
-        "  (void)out;",
-        "v never reaches the v cache",
-    ),
-    Mutant(
-        "kv-half-split-pairs",
-        "cuda/kv_cache_kernel.cuh",
-        "  const int64_t ib = p.interleaved ? 2 * u + 1 : u + planes;",
-        "  const int64_t ib = p.interleaved ? 2 * u + 1 : 2 * u + 1;",
-        "half-split rotates the interleaved pairs' partner",
-    ),
-    Mutant(
-        "kv-tail-half-missing",
-        "cuda/kv_cache_kernel.cuh",
-        "  p.units = a.rotary_dim / 2 + (a.head_dim - a.rotary_dim);",
-        "  p.units = a.rotary_dim / 2 + (a.head_dim - a.rotary_dim) / 2;",
-        "half of the pass-through features never copied",
-    ),
-    Mutant(
-        "kv-slot-range-unchecked",
-        "cuda/kv_cache_kernel.cuh",
-        "  return slot < c.num_slots;",
-        "  return true;",
-        "a slot past the cache still writes (after the assert)",
     ),
 ]
 
@@ -745,14 +699,6 @@ MUTANTS += [
     ),
     # Device and stream of the two newest ops (their launches now go through common_glue.h).
     Mutant(
-        "kv-default-stream",
-        "cuda/common_glue.h",
-        "      return Runtime::launch_kv_cache(dtype, p.args, p.tables.args, interleaved, stream);",
-        "      return Runtime::launch_kv_cache(dtype, p.args, p.tables.args, interleaved,\n"
-        "                                      typename Runtime::Stream{});",
-        "apply_qk_cache launched on the legacy default stream",
-    ),
-    Mutant(
         "norm-default-stream",
         "cuda/common_glue.h",
         "      return Runtime::launch_norm(dtype, q_args, k_args, tables, mode, params, stream);",
@@ -767,38 +713,6 @@ MUTANTS += [
         "  return detail::apply_qk_cache_body",
         "  return detail::apply_qk_cache_body",
         "apply_qk_cache without the device guard: runs on whatever device is current",
-    ),
-    # The KV-cache kernel past 2^32 work units (big_cases.cpp: a sampled grid of 2^32 + 2^20
-    # threads).
-    Mutant(
-        "kv-int32-thread-index",
-        "cuda/kv_cache_kernel.cuh",
-        "  const int64_t w = grid_thread_index<kBlockThreads>();",
-        "  const int64_t w = blockIdx.x * kBlockThreads + threadIdx.x;",
-        "the KV-cache kernel's thread index in 32 bits: the last rows are never written",
-    ),
-    # Bit-exactness of the KV-cache kernel (kv_cache_cases.cpp: the CPU backend's bits).
-    Mutant(
-        "kv-bf16-truncated",
-        "cuda/kv_cache_kernel.cuh",
-        "    store_scalar(static_cast<scalar_t*>(row) + i, from_acc<scalar_t>(value));",
-        "    A v = value;\n"
-        "    if constexpr (std::is_same_v<scalar_t, __nv_bfloat16>) {\n"
-        "      uint32_t bits;\n"
-        "      memcpy(&bits, &v, sizeof(bits));\n"
-        "      bits &= 0xffff0000u;\n"
-        "      memcpy(&v, &bits, sizeof(bits));\n"
-        "    }\n"
-        "    store_scalar(static_cast<scalar_t*>(row) + i, from_acc<scalar_t>(v));",
-        "bf16 by truncation instead of round to nearest even: within the tolerance, not the bits",
-    ),
-    Mutant(
-        "kv-swapped-rotation-terms",
-        "cuda/kv_cache_kernel.cuh",
-        "  rotate_plane(to_acc(load_scalar(in + ia)), to_acc(load_scalar(in + ib)), c, s, ra, rb);",
-        "  rotate_plane(to_acc(load_scalar(in + ib)), to_acc(load_scalar(in + ia)), c, -s, rb,"
-        " ra);",
-        "the same values in exact arithmetic, the other product rounded first: not the CPU's bits",
     ),
     # A tuning default changed (scripts/sass_report.py's own expectation, not the header's).
     Mutant(
@@ -963,6 +877,22 @@ MUTANTS += [
         "interleaved: the same values in exact arithmetic, the other product rounded first: not "
         "the CPU's bits",
     ),
+    # Bit-exactness of the rounding to the storage type (the fused ops' bit comparisons with the
+    # CPU backend: apply_qk_cache's kv_cache_cases.cpp among them).
+    Mutant(
+        "streams-bf16-truncated",
+        STREAMS,
+        "      out[j] = from_acc<T>(v[j]);",
+        "      A t = v[j];\n"
+        "      if constexpr (std::is_same_v<T, __nv_bfloat16>) {\n"
+        "        uint32_t bits;\n"
+        "        memcpy(&bits, &t, sizeof(bits));\n"
+        "        bits &= 0xffff0000u;\n"
+        "        memcpy(&t, &bits, sizeof(bits));\n"
+        "      }\n"
+        "      out[j] = from_acc<T>(t);",
+        "bf16 by truncation instead of round to nearest even: within the tolerance, not the bits",
+    ),
     Mutant(
         "streams-default-stream",
         "cuda/common_glue.h",
@@ -978,14 +908,6 @@ MUTANTS += [
         "  return detail::rms_norm_apply_qk_cache_body",
         "  return detail::rms_norm_apply_qk_cache_body",
         "rms_norm_apply_qk_cache without the device guard: runs on whatever device is current",
-    ),
-    Mutant(
-        "kv-multi-axis-on-the-cache-kernel",
-        "cuda/common_glue.h",
-        "struct KvCacheBackend : StreamsBackend<Runtime> {",
-        "struct KvCacheBackend : StreamsBackend<Runtime> {\n"
-        "  static void run_streams(c10::ScalarType, const detail::PreparedStreams&) {}",
-        "apply_qk_cache with multi-axis positions launches nothing: q and the caches unwritten",
     ),
     # The norm's half-warp per row (fold_lanes): the lane math the cooperative host run checks.
     Mutant(
@@ -1188,10 +1110,9 @@ class Lane:
         return self.build_dir / "tests" / "cuda_host" / f"mutant_overlay{self.suffix}"
 
     def host_target(self, kind: str) -> str:
-        """kind: "host" (the host run), "kv" (the KV-cache run), "streams" (the row streams')."""
+        """kind: "host" (the host run), "streams" (the row streams')."""
         base = {
             "host": "cuda_host_mutant",
-            "kv": "cuda_host_kv_cache_mutant",
             "streams": "cuda_host_streams_mutant",
             "exact_angle": "cuda_host_exact_angle_mutant",
         }[kind]
@@ -1298,11 +1219,10 @@ def first_failure(out: str) -> str:
 
 # The checks a mutant goes through, in order, until one fails: the host run of the kernels
 # (cuda_host_run: every op through the glue, bit comparisons with the CPU backend, the big cases),
-# the torch-free host run of the KV-cache kernel against its independent reference
-# (kv_cache_host.cpp: out-of-range slots and positions, float64), the launch-plan unit tests, and
+# the torch-free host run of the row streams' kernel against its independent reference
+# (stream_host.cpp: out-of-range slots and positions, float64), the launch-plan unit tests, and
 # the tuning defaults of scripts/sass_report.py (a text check of the plan header).
 CHECK_NAMES = {
-    "kv": "KV-cache host run",
     "streams": "row streams host run",
     "exact_angle": "exact-angle host run",
     "host": "host run",
@@ -1312,8 +1232,6 @@ CHECK_NAMES = {
 
 
 def checks_of(m):
-    if m.file in KV_FILES:
-        return ["kv", "host"]
     if m.file in STREAM_FILES:
         return ["streams", "host"]
     if m.file in EXACT_ANGLE_FILES:
@@ -1410,7 +1328,7 @@ def main():
         for lane in lanes:
             write_overlay(lane.overlay)
         # Every host run a selected mutant goes through (KV-cache and row-stream mutants: two).
-        kinds = ["host"] + ["kv"] * any(m.file in KV_FILES for m in mutants)
+        kinds = ["host"]
         kinds += ["streams"] * any(m.file in STREAM_FILES for m in mutants)
         kinds += ["exact_angle"] * any(m.file in EXACT_ANGLE_FILES for m in mutants)
         for kind in kinds:

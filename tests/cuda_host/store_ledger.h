@@ -3,7 +3,7 @@
 // give every output element one thread, so a byte stored twice, by one thread or two, is a bug:
 // on a GPU two stores race and the last to land wins, which the serial run's order can hide (the
 // host runs also alternate that order: see the shim's State::reverse_order). Torch-free, for the
-// torch-free runs (stream_host.cpp, kv_cache_host.cpp) and the glue's (host_backend.cpp).
+// torch-free run (stream_host.cpp) and the glue's (host_backend.cpp).
 #pragma once
 
 #include <cstddef>

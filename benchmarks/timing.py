@@ -20,6 +20,7 @@ committed figures).
 
 import datetime
 import gc
+import importlib.metadata
 import json
 import os
 import platform
@@ -139,10 +140,12 @@ def _read(path: str, default: str = "unknown") -> str:
         return default
 
 
-def _version(module: str):
+def _version(distribution: str):
+    """The installed version, read from the package metadata: importing transformers or diffusers
+    only to ask would cost seconds and load them into every benchmark."""
     try:
-        return __import__(module).__version__
-    except Exception:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
         return None
 
 

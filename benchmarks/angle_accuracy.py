@@ -37,7 +37,6 @@ import timing  # noqa: E402
 
 import torch_rope  # noqa: E402
 
-RESULTS_DIR = HERE / "results"
 THETA, ROTARY_DIM = 500000.0, 128
 PLANES = ROTARY_DIM // 2
 OCTAVES = range(10, 32)
@@ -112,7 +111,7 @@ def fast_math_fp32(positions, freqs):
 
 
 def main():
-    torch.set_num_threads(1)
+    meta = timing.start_run(1)
     freqs, _ = torch_rope.rope_frequencies(THETA, ROTARY_DIM)
     mismatches = check_table_formula(freqs)
     positions = sampled_positions()
@@ -138,15 +137,15 @@ def main():
             "table-free": PLANES * 8,
         }
     result = {
+        "meta": meta,
         "theta": THETA,
         "rotary_dim": ROTARY_DIM,
         "positions_per_octave": PER_OCTAVE,
         "table_formula_mismatches_on_2^16_rows": mismatches,
         "max_error_by_octave": errors,
         "memory_bytes": memory,
-        "torch": torch.__version__,
     }
-    timing.write_results(RESULTS_DIR, "angle_accuracy", result, markdown(result))
+    timing.write_results("angle_accuracy", result, markdown)
     print(markdown(result))
 
 

@@ -32,10 +32,7 @@ writes benchmarks/results/diffusers_cpu.json and .md.
 
 import argparse
 import copy
-import datetime
 import functools
-import os
-import platform
 import sys
 from pathlib import Path
 
@@ -48,7 +45,6 @@ import torch  # noqa: E402
 import torch_rope  # noqa: E402
 import torch_rope.diffusers  # noqa: E402
 
-RESULTS_DIR = HERE / "results"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -206,29 +202,18 @@ def run(quick, compile_diffusers):
     return rows
 
 
-def write(rows, args):
-    import diffusers
-
-    meta = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_model": _cpu_model(),
-        "kernel": torch_rope._C.cpu_kernel_variant(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "diffusers": diffusers.__version__,
-        "load_before_after": args.load,
-        "quick": args.quick,
-    }
+def markdown(result):
+    meta, rows = result["meta"], result["rows"]
     compiled = any("compiled/patched" in r for r in rows)
     lines = [
-        f"# A DiT's RoPE on the CPU: torch_rope.diffusers vs diffusers ({meta['kernel']} kernel, "
-        f"{meta['cpu_model']}, {meta['threads']} threads)",
+        f"# A DiT's RoPE on the CPU: torch_rope.diffusers vs diffusers ({meta['kernel_variant']} "
+        f"kernel, {meta['cpu_model']}, {meta['threads']} threads)",
         "",
-        f"{meta['date']}, torch {meta['torch']}, diffusers {meta['diffusers']}, load average "
-        f"before/after {args.load} on a shared 2-core VM (other jobs ran meanwhile: absolute "
-        "times are noisy, the ratios are medians of one interleaved run). A block is what every "
-        "attention block does (rotate q and k); the module runs once per model forward. "
+        f"{meta['date']}, torch {meta['torch']}, diffusers {meta['versions']['diffusers']}, load "
+        f"average {meta['loadavg_before']} before, {meta['loadavg_after']} after on a shared "
+        f"{meta['cpus']}-CPU VM (other jobs ran meanwhile: absolute times are noisy, the ratios "
+        "are medians of one interleaved run). A block is what every attention block does "
+        "(rotate q and k); the module runs once per model forward. "
         "Goal: diffusers block / patched block >= 3.",
         "",
         "| case | dtype | clone (ms) | diffusers block (ms) | "
@@ -262,19 +247,7 @@ def write(rows, args):
             cells.append(f"{r['compiled/patched']:.2f}x")
         cells += [f"{m['diffusers module']:.3f}", f"{m['patched module']:.3f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    timing.write_results(
-        RESULTS_DIR, "diffusers_cpu", {"meta": meta, "rows": rows}, "\n".join(lines)
-    )
-
-
-def _cpu_model():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+    return "\n".join(lines)
 
 
 def main():
@@ -283,12 +256,9 @@ def main():
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()[0]
+    meta = timing.start_run(args.threads or None, quick=args.quick)
     rows = run(args.quick, not args.no_compile)
-    args.load = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-    write(rows, args)
+    timing.write_results("diffusers_cpu", {"meta": meta, "rows": rows}, markdown)
 
 
 if __name__ == "__main__":

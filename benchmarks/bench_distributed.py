@@ -13,7 +13,6 @@ rounds, medians); every rank runs the same calls, none of which communicates.
 """
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -27,8 +26,6 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import timing  # noqa: E402
-
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def measure(mesh):
@@ -147,6 +144,7 @@ def main():
     args = parser.parse_args()
     if not dist.is_available():
         sys.exit("torch.distributed is not available in this build of PyTorch")
+    meta = timing.start_run(1, world_size=args.world_size)  # one thread per rank
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.json")
         mp.spawn(
@@ -155,13 +153,7 @@ def main():
             nprocs=args.world_size,
         )
         rows = json.loads(Path(out).read_text())
-    import bench_rope
-
-    meta = bench_rope.machine()
-    meta.update(world_size=args.world_size, date=datetime.datetime.now().isoformat("T", "seconds"))
-    timing.write_results(
-        RESULTS_DIR, "distributed_cpu", {"meta": meta, "rows": rows}, markdown(meta, rows)
-    )
+    timing.write_results("distributed_cpu", {"meta": meta, "rows": rows}, markdown(meta, rows))
     print(markdown(meta, rows))
 
 

@@ -20,9 +20,6 @@ writes benchmarks/results/forms_cpu_<kernel>.json and .md.
 """
 
 import argparse
-import datetime
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -31,11 +28,9 @@ sys.path.insert(0, str(HERE))
 
 import timing  # noqa: E402
 import torch  # noqa: E402
-from bench_rope import machine  # noqa: E402
 
 import torch_rope  # noqa: E402
 
-RESULTS_DIR = HERE / "results"
 HQ, HKV, D = 32, 8, 128
 THETA = 500000.0
 TABLE_ROWS = 1 << 20
@@ -198,14 +193,8 @@ def main():
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--output", default=None, help="results name")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.set_grad_enabled(False)
     rounds = 5 if args.quick else 11
-    meta = machine()
-    meta["date"] = datetime.datetime.now().isoformat(timespec="seconds")
-    meta["rounds"] = rounds
-    meta["loadavg_before"] = [round(v, 2) for v in os.getloadavg()]
-    print(json.dumps({k: meta[k] for k in ("cpu_model", "kernel_variant", "loadavg_before")}))
+    meta = timing.start_run(args.threads, grad=False, rounds=rounds)
     tables = torch_rope.rope_tables(THETA, D, TABLE_ROWS)
     freqs, attention_factor = torch_rope.rope_frequencies(THETA, D)
     assert attention_factor == 1.0
@@ -220,10 +209,9 @@ def main():
     for dtype in (torch.float32, torch.bfloat16):
         for name, (n, length) in PACKINGS.items():
             packed.append(packed_case(name, n, length, dtype, packed_tables, rounds))
-    meta["loadavg_after"] = [round(v, 2) for v in os.getloadavg()]
     result = {"meta": meta, "table_free": table_free, "packed": packed}
     name = args.output or f"forms_cpu_{meta['kernel_variant'].lower()}"
-    timing.write_results(RESULTS_DIR, name, result, markdown(result))
+    timing.write_results(name, result, markdown)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ bench_kv_cache.py's).
 """
 
 import argparse
-import datetime
 import json
 import re
 import sys
@@ -37,7 +36,6 @@ from bench_gpu import Timer  # noqa: E402
 
 import torch_rope  # noqa: E402
 
-RESULTS_DIR = HERE / "results"
 SHAPES = [("decode B=1", 1, 1), ("decode B=64", 64, 1), ("prefill S=2048", 1, 2048)]
 HQ, HKV, D = 32, 8, 128
 EPS = 1e-6
@@ -181,21 +179,16 @@ def main():
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--min-time", type=float, default=0.5, help="seconds per candidate")
     parser.add_argument("--output", default=None, help="results name (default: the device)")
-    parser.add_argument("--results-dir", default=str(RESULTS_DIR))
+    parser.add_argument("--results-dir", default=None, help="default: benchmarks/results/")
     args = parser.parse_args()
     if args.device == "cuda":
         name = torch.cuda.get_device_name()
     else:
         name = "cpu (a check of this script: wall-clock timing, not a benchmark)"
-    meta = {
-        "device_name": name,
-        "torch": torch.__version__,
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-    }
+    meta = timing.start_run(device_name=name)
     result = {"meta": meta, "rows": run(args.device, args.min_time)}
     slug = args.output or re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
-    out = Path(args.results_dir)
-    timing.write_results(out, f"fused_{slug}", result, markdown(result))
+    timing.write_results(f"fused_{slug}", result, markdown, args.results_dir)
 
 
 if __name__ == "__main__":

@@ -18,22 +18,18 @@ layout). The machine is shared: the load average is recorded before and after.
 """
 
 import argparse
-import datetime
 import json
-import os
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import bench_rope  # noqa: E402  (machine metadata)
 import timing  # noqa: E402
 import torch  # noqa: E402
 
 import torch_rope  # noqa: E402
 
-RESULTS_DIR = HERE / "results"
 SHAPES = [
     ("decode B=1", (1, 1, 32, 128), (1, 1, 8, 128)),
     ("decode B=64", (64, 1, 32, 128), (64, 1, 8, 128)),
@@ -151,15 +147,10 @@ def main():
     parser.add_argument("--output", default=None, help="default: fused_norm_cpu_<kernel variant>")
     parser.add_argument("--note", default="", help="a line for the report (why these settings)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    meta = bench_rope.machine()
-    meta["date"] = datetime.datetime.now().isoformat(timespec="seconds")
-    meta["note"] = args.note
-    meta["loadavg_before"] = [round(v, 2) for v in os.getloadavg()]
+    meta = timing.start_run(args.threads, note=args.note)
     result = {"meta": meta, "rows": rows(args.quick, not args.no_compile)}
-    meta["loadavg_after"] = [round(v, 2) for v in os.getloadavg()]
     name = args.output or f"fused_norm_cpu_{meta['kernel_variant'].lower()}"
-    timing.write_results(RESULTS_DIR, name, result, markdown(result))
+    timing.write_results(name, result, markdown)
 
 
 if __name__ == "__main__":

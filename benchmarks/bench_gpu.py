@@ -18,15 +18,12 @@ import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
 import timing
 import torch
 
 import torch_rope
 import torch_rope.eager  # the plain-PyTorch math
-
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def _version(module: str):
@@ -275,6 +272,11 @@ def main():
 
     device = args.device
     on_gpu = device == "cuda"
+    meta = timing.start_run(
+        device=torch.cuda.get_device_name() if on_gpu else platform.processor() or "cpu",
+        timing="median; CUDA events on GPU, perf_counter on CPU; ratios within one run",
+        peers={"liger_kernel": _version("liger_kernel")},
+    )
     timer = Timer(device, args.min_time if args.min_time is not None else (0.5 if on_gpu else 2.0))
     dtypes = [torch.bfloat16, torch.float32]
     passes = [False, True] if on_gpu else [False]
@@ -295,22 +297,12 @@ def main():
         print(f"smoke run: {len(rows)} rows, nothing written")
         return
     name = args.output or (torch.cuda.get_device_name().replace(" ", "_") if on_gpu else "cpu")
-    meta = {
-        "device": torch.cuda.get_device_name() if on_gpu else platform.processor() or "cpu",
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "torch_rope": torch_rope.__version__,
-        "timing": "median; CUDA events on GPU, perf_counter on CPU; ratios within one run",
-        "peers": {"liger_kernel": _version("liger_kernel")},
-    }
     table = markdown_table(rows)
     print(f"\n{table}\n")
     timing.write_results(
-        RESULTS_DIR,
         name,
         {"meta": meta, "rows": rows},
-        f"Device: {meta['device']} ({meta['threads']} threads, {meta['cpu_capability']}), "
+        f"Device: {meta['device']} ({meta['threads']} threads, {meta['torch_cpu_capability']}), "
         f"torch {meta['torch']}\n\n{table}\n",
     )
 

@@ -20,8 +20,6 @@ benchmarks/results/hf_<device>.json and .md.
 import argparse
 import copy
 import os
-import platform
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -31,8 +29,6 @@ from bench_gpu import Timer  # noqa: E402  (one timer for CPU and CUDA: events o
 
 import torch_rope  # noqa: E402
 import torch_rope.hf  # noqa: E402
-
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 CASES = [
     # name, batch, seq, start position (decode: each sequence at its own offset around it)
@@ -146,11 +142,13 @@ def main():
         "--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)"
     )
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    import transformers
-
     device = args.device
+    meta = timing.start_run(
+        args.threads or None,
+        device=device if device != "cuda" else torch.cuda.get_device_name(),
+        model="Llama attention layer: hidden 4096, 32 q / 8 kv heads, head_dim 128, llama3",
+        timing="median wall time; ratios within one run",
+    )
     rows = []
     for name, batch, seq, start in CASES:
         for dtype in (torch.float32, torch.bfloat16):
@@ -159,20 +157,10 @@ def main():
                 {"case": name, "batch": batch, "seq": seq, "dtype": str(dtype)[6:], "ms": ms}
             )
             print(name, dtype, {k: round(v, 4) for k, v in ms.items()}, flush=True)
-    meta = {
-        "device": device if device != "cuda" else torch.cuda.get_device_name(),
-        "threads": torch.get_num_threads(),
-        "cpu": platform.processor() or platform.machine(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "torch_rope": torch_rope.__version__,
-        "model": "Llama attention layer: hidden 4096, 32 q / 8 kv heads, head_dim 128, llama3",
-        "timing": "median wall time; ratios within one run",
-    }
     tag = "cpu" if device == "cpu" else "cuda"
     lines = [
         f"Device: {meta['device']} ({meta['threads']} threads), torch {meta['torch']}, "
-        f"transformers {meta['transformers']}",
+        f"transformers {meta['versions']['transformers']}",
         "",
         "| case | dtype | clone q,k (ms) | HF rope (ms) | patched rope (ms) | HF rope / clone "
         "| patched rope / clone | rope speed-up | HF layer (ms) | patched layer (ms) "
@@ -189,7 +177,7 @@ def main():
             f"| {m['hf_layer'] / m['ours_layer']:.2f}x |"
         )
     print("\n".join(lines))
-    timing.write_results(RESULTS_DIR, f"hf_{tag}", {"meta": meta, "rows": rows}, "\n".join(lines))
+    timing.write_results(f"hf_{tag}", {"meta": meta, "rows": rows}, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import cpu_run  # noqa: E402
 import timing  # noqa: E402
 import torch  # noqa: E402
 
@@ -170,13 +169,13 @@ def main():
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--output", default=None, help="results name")
     args = parser.parse_args()
-    meta = cpu_run.start(args.threads)
+    meta = timing.start_run(args.threads, grad=False, recompile_limit=64)
     rows = []
     for shape_name, T in SHAPES.items():
         for cache_name in CACHES:
             rows.append(run_case(shape_name, T, cache_name, not args.no_compile, args.quick))
     name = args.output or f"kv_cache_cpu_{meta['kernel_variant'].lower()}"
-    cpu_run.finish(name, meta, rows, markdown)
+    timing.write_results(name, {"meta": meta, "rows": rows}, markdown)
 
 
 if __name__ == "__main__":

@@ -23,9 +23,6 @@ writes benchmarks/results/mrope_cpu_<kernel>.json and .md.
 """
 
 import argparse
-import datetime
-import os
-import platform
 import sys
 from pathlib import Path
 
@@ -37,7 +34,6 @@ import torch  # noqa: E402
 
 import torch_rope  # noqa: E402
 
-RESULTS_DIR = HERE / "results"
 MAX_SEQ_LEN = 4096
 THETA = 1e6
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -149,26 +145,17 @@ def run(quick, compile_hf):
     return rows
 
 
-def write(rows, args):
-    kernel = torch_rope._C.cpu_kernel_variant()
-    meta = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_model": _cpu_model(),
-        "kernel": kernel,
-        "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY", ""),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "load_before_after": args.load,
-        "quick": args.quick,
-    }
+def markdown(result):
+    meta, rows = result["meta"], result["rows"]
+    kernel = meta["kernel_variant"]
     cols = ["mrope/clone", "mrope/one-axis", "hf eager/mrope"]
     if any("hf compiled/mrope" in r for r in rows):
         cols.append("hf compiled/mrope")
     lines = [
         f"# M-RoPE on the CPU ({kernel} kernel, {meta['cpu_model']}, {meta['threads']} threads)",
         "",
-        f"{meta['date']}, torch {meta['torch']}, load average before/after {args.load}. "
+        f"{meta['date']}, torch {meta['torch']}, load average {meta['loadavg_before']} before, "
+        f"{meta['loadavg_after']} after. "
         "Ratios of medians from one interleaved run (benchmarks/bench_mrope.py). Goals: "
         "mrope/one-axis <= 1.1, hf eager/mrope >= 3.",
         "",
@@ -181,19 +168,7 @@ def write(rows, args):
             + " | ".join(f"{r[c]:.2f}" for c in cols)
             + " |"
         )
-    timing.write_results(
-        RESULTS_DIR, f"mrope_cpu_{kernel}", {"meta": meta, "rows": rows}, "\n".join(lines)
-    )
-
-
-def _cpu_model():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+    return "\n".join(lines)
 
 
 def main():
@@ -207,12 +182,10 @@ def main():
         help="intra-op threads (default: torch's); 1 keeps a loaded 2-core VM's scheduler out",
     )
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()[0]
+    meta = timing.start_run(args.threads or None, quick=args.quick)
     rows = run(args.quick, not args.no_compile)
-    args.load = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-    write(rows, args)
+    name = f"mrope_cpu_{meta['kernel_variant']}"
+    timing.write_results(name, {"meta": meta, "rows": rows}, markdown)
 
 
 if __name__ == "__main__":

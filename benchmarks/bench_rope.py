@@ -24,10 +24,6 @@ instruction set). ``--device cuda`` runs the GPU benchmark (bench_gpu.py) instea
 """
 
 import argparse
-import datetime
-import json
-import os
-import platform
 import sys
 from pathlib import Path
 
@@ -48,7 +44,6 @@ import torch  # noqa: E402
 import torch_rope  # noqa: E402
 from torch_rope import eager  # noqa: E402  (the plain-PyTorch math)
 
-RESULTS_DIR = HERE / "results"
 MAX_SEQ_LEN = 4096
 DTYPES = {
     "fp32": torch.float32,
@@ -305,79 +300,6 @@ def sweep_rows(quick, compile_alternatives):
 # ---- report ----------------------------------------------------------------------------------
 
 
-# The /proc/cpuinfo flags of each kernel copy (CMakeLists.txt), widest last.
-KERNEL_FLAGS = [
-    ("AVX512_BF16", {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
-                     "avx512_bf16"}),
-    ("AVX512", {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"}),
-    ("AVX2", {"avx2", "fma", "f16c"}),
-]  # fmt: skip
-
-
-def widest_kernel(flags):
-    """The widest kernel copy a CPU with these flags runs when nothing caps it."""
-    return next((name for name, needs in KERNEL_FLAGS if needs <= flags), "DEFAULT")
-
-
-def simulated_note(meta):
-    """One line for a report whose kernel copy is narrower than the CPU it ran on (reports from
-    before the "simulated" field are judged by their recorded flags)."""
-    widest = meta.get("cpu_widest_kernel") or widest_kernel(set(meta.get("isa_flags", [])))
-    if meta["kernel_variant"].upper() == widest.upper():
-        return ""
-    return (
-        f"**Simulated**: the {meta['kernel_variant']} kernel copy run on a CPU whose widest copy "
-        f"is {widest}; not a measurement of a real {meta['kernel_variant']}-only machine."
-    )
-
-
-def machine():
-    model, flags = platform.processor() or "unknown", set()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    try:
-        thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip()
-    except OSError:
-        thp = "unknown"
-    versions = {}
-    for mod in ("transformers", "torchtune"):
-        try:
-            versions[mod] = __import__(mod).__version__
-        except Exception:
-            versions[mod] = None
-    variant = torch_rope._C.cpu_kernel_variant()
-    widest = widest_kernel(flags)
-    return {
-        "cpu_model": model,
-        "cpus": os.cpu_count(),
-        # The widest kernel copy this CPU can run; a narrower copy timed here (e.g. AVX2 under
-        # ATEN_CPU_CAPABILITY=avx2 on an AVX-512 CPU) is a simulation of a machine that lacks
-        # the wider instructions, not a measurement of one: its caches, clocks and ports differ.
-        "cpu_widest_kernel": widest,
-        "simulated": variant.upper() != widest.upper(),
-        "isa_flags": sorted(
-            flags
-            & {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}
-        ),
-        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "kernel_variant": variant,
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "torch_rope": torch_rope.__version__,
-        "python": platform.python_version(),
-        "transparent_hugepage": thp,
-        "alternatives": {"HF": alternatives.HF_SOURCE, "torchtune": alternatives.TORCHTUNE_SOURCE},
-        "versions": versions,
-        "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE"),
-    }
-
-
 def markdown(result):
     m = result["meta"]
     out = [
@@ -387,8 +309,8 @@ def markdown(result):
         f"{m['loadavg_after']} after; spread = interquartile range / median per candidate.",
         "",
     ]
-    if simulated_note(m):
-        out += [simulated_note(m), ""]
+    if timing.simulated_note(m):
+        out += [timing.simulated_note(m), ""]
     if result.get("targets"):
         out += [
             "## Targets",
@@ -465,17 +387,12 @@ def main():
         "--output", default=None, help="results name (default: cpu_<kernel variant>)"
     )
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    if hasattr(torch._dynamo.config, "recompile_limit"):
-        torch._dynamo.config.recompile_limit = 64
-    else:  # older torch
-        torch._dynamo.config.cache_size_limit = 64
     parts = set(args.only or ("targets", "sweep", "entry"))
-
-    meta = machine()
-    meta["date"] = datetime.datetime.now().isoformat(timespec="seconds")
-    meta["loadavg_before"] = [round(v, 2) for v in os.getloadavg()]
-    print(json.dumps(meta, indent=1))
+    meta = timing.start_run(
+        args.threads,
+        recompile_limit=64,
+        alternatives={"HF": alternatives.HF_SOURCE, "torchtune": alternatives.TORCHTUNE_SOURCE},
+    )
     result = {"meta": meta}
     if "targets" in parts:
         print("targets:")
@@ -485,11 +402,9 @@ def main():
         result["sweep"] = sweep_rows(args.quick, not args.no_compile)
     if "entry" in parts:
         result["entry"] = {shape: res for shape, res in entry_cost.measure_entry().items()}
-    meta["loadavg_after"] = [round(v, 2) for v in os.getloadavg()]
-
     name = args.output or f"cpu_{meta['kernel_variant'].lower()}"
     print()
-    timing.write_results(RESULTS_DIR, name, result, markdown(result))
+    timing.write_results(name, result, markdown)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import cpu_run  # noqa: E402
 import timing  # noqa: E402
 import torch  # noqa: E402
 
@@ -209,7 +208,7 @@ def main():
     parser.add_argument("--ops", default=",".join(OPS), help="comma-separated ops")
     parser.add_argument("--output", default=None, help="results name")
     args = parser.parse_args()
-    meta = cpu_run.start(args.threads)
+    meta = timing.start_run(args.threads, grad=False, recompile_limit=64)
     rows = []
     for op in args.ops.split(","):
         for shape_name, T in SHAPES.items():
@@ -217,7 +216,7 @@ def main():
     name = args.output or (
         f"serving_fusions_cpu_{meta['kernel_variant'].lower()}_{meta['threads']}t"
     )
-    cpu_run.finish(name, meta, rows, markdown)
+    timing.write_results(name, {"meta": meta, "rows": rows}, markdown)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ writes benchmarks/results/cpu_shapes_<kernel>.json and .md.
 """
 
 import argparse
-import datetime
 import sys
 from pathlib import Path
 
@@ -22,12 +21,10 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import bench_rope  # noqa: E402
 import timing  # noqa: E402
 
 import torch_rope  # noqa: E402
 
-RESULTS_DIR = bench_rope.RESULTS_DIR
 MAX_SEQ_LEN = 4096
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 HEAD_DIMS = (64, 80, 96, 128, 256)
@@ -85,8 +82,8 @@ def markdown(meta, rows):
         "`torch_rope.apply` / `x.clone()` of the same x, x as (B, S, H, D), positions (S, 1).",
         "",
     ]
-    if bench_rope.simulated_note(meta):
-        lines += [bench_rope.simulated_note(meta), ""]
+    if timing.simulated_note(meta):
+        lines += [timing.simulated_note(meta), ""]
     lines += [
         "| size | dtype | head_dim | rotary_dim | MiB | clone us | interleaved | half split |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
@@ -106,13 +103,10 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    meta = bench_rope.machine()
-    meta["date"] = datetime.datetime.now().isoformat(timespec="seconds")
+    meta = timing.start_run(args.threads)
     rows = scan(args.rounds)
-
     name = f"cpu_shapes_{meta['kernel_variant'].lower()}"
-    timing.write_results(RESULTS_DIR, name, {"meta": meta, "rows": rows}, markdown(meta, rows))
+    timing.write_results(name, {"meta": meta, "rows": rows}, markdown(meta, rows))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ measured for the engines: torch.set_num_threads(1)).
 
 import argparse
 import os
-import subprocess
 import sys
 
 import torch
@@ -159,23 +158,6 @@ def measure_engines(tokens=ENGINE_TOKENS, rounds=21):
     return rows
 
 
-def lscpu_facts() -> dict:
-    """lscpu's model name, family/model numbers and the ISA extensions that matter here."""
-    facts = {}
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return facts
-    for line in out.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("Model name", "Vendor ID", "CPU family", "Model", "Stepping"):
-            facts[key.strip()] = value.strip()
-        elif key.strip() == "Flags":
-            wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
-            facts["isa"] = [f for f in value.split() if f in wanted]
-    return facts
-
-
 def engines_markdown(result):
     m = result["meta"]
     cpu = m["lscpu"]
@@ -216,15 +198,13 @@ def main():
     parser.add_argument("--output", default=None, help="results name (--engines)")
     args = parser.parse_args()
     if args.engines:
-        import cpu_run
-
-        meta = cpu_run.start(1 if args.threads is None else args.threads)
-        meta["lscpu"] = lscpu_facts()
+        threads = 1 if args.threads is None else args.threads
+        meta = timing.start_run(threads, grad=False, recompile_limit=64)
         rows = measure_engines()
         name = args.output or (
             f"engines_entry_cpu_{meta['kernel_variant'].lower()}_{meta['threads']}t"
         )
-        cpu_run.finish(name, meta, rows, engines_markdown)
+        timing.write_results(name, {"meta": meta, "rows": rows}, engines_markdown)
         return
     torch.set_num_threads(2 if args.threads is None else args.threads)
     probe = build_typed_probe() if args.typed_probe else None

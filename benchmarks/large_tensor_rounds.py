@@ -19,9 +19,7 @@ writes benchmarks/results/large_rounds_cpu_<kernel>.json and .md.
 """
 
 import argparse
-import datetime
 import gc
-import os
 import resource
 import statistics
 import sys
@@ -33,11 +31,9 @@ sys.path.insert(0, str(HERE))
 
 import timing  # noqa: E402
 import torch  # noqa: E402
-from bench_rope import machine  # noqa: E402
 
 import torch_rope  # noqa: E402
 
-RESULTS_DIR = HERE / "results"
 VMSTAT_KEYS = ("thp_fault_alloc", "thp_fault_fallback", "compact_stall")
 
 
@@ -146,8 +142,9 @@ def markdown(result):
         "",
         f"CPU: {m['cpu_model']} ({m['cpus']} CPUs), kernel **{m['kernel_variant']}**"
         f"{' (simulated)' if m.get('simulated') else ''}, {m['threads']} threads, torch "
-        f"{m['torch']}, {m['date']}. Transparent huge pages: `{m.get('thp', 'unknown')}`, "
-        f"defrag `{m.get('thp_defrag', 'unknown')}`. Load average {m['loadavg_before']} before, "
+        f"{m['torch']}, {m['date']}. Transparent huge pages: "
+        f"`{m.get('transparent_hugepage', 'unknown')}`, defrag `{m.get('thp_defrag', 'unknown')}`. "
+        f"Load average {m['loadavg_before']} before, "
         f"{m['loadavg_after']} after. {m['note']}",
         "",
         "One call of each per round, order alternating; ratio = ours / clone of the same round. "
@@ -181,23 +178,10 @@ def main():
     parser.add_argument("--note", default="", help="when it ran (e.g. right after test.sh)")
     parser.add_argument("--output", default=None, help="results name")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.set_grad_enabled(False)
-    meta = machine()
-    meta["threads"] = args.threads
-    meta["date"] = datetime.datetime.now().isoformat(timespec="seconds")
-    meta["note"] = args.note
-    for key, path in (("thp", "enabled"), ("thp_defrag", "defrag")):
-        try:
-            meta[key] = Path(f"/sys/kernel/mm/transparent_hugepage/{path}").read_text().strip()
-        except OSError:
-            meta[key] = "unknown"
-    meta["loadavg_before"] = [round(v, 2) for v in os.getloadavg()]
-    results = [run_case(*c, args.rounds) for c in cases()]
-    meta["loadavg_after"] = [round(v, 2) for v in os.getloadavg()]
-    result = {"meta": meta, "cases": results}
+    meta = timing.start_run(args.threads, grad=False, note=args.note)
+    result = {"meta": meta, "cases": [run_case(*c, args.rounds) for c in cases()]}
     name = args.output or f"large_rounds_cpu_{meta['kernel_variant'].lower()}"
-    timing.write_results(RESULTS_DIR, name, result, markdown(result))
+    timing.write_results(name, result, markdown)
 
 
 if __name__ == "__main__":

@@ -32,9 +32,7 @@ writes benchmarks/results/missed_targets_cpu_<kernel>.json and .md.
 """
 
 import argparse
-import datetime
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -43,11 +41,9 @@ sys.path.insert(0, str(HERE))
 
 import timing  # noqa: E402
 import torch  # noqa: E402
-from bench_rope import machine, simulated_note  # noqa: E402
 
 import torch_rope  # noqa: E402
 
-RESULTS_DIR = HERE / "results"
 TOKENS = (1, 64)
 HQ, HKV, D = 32, 8, 128
 MAX_SEQ_LEN = 4096
@@ -205,7 +201,7 @@ def markdown(result):
         "# What bounds the missed CPU targets",
         "",
         f"CPU: {m['cpu_model']} ({m['cpus']} CPUs), kernel **{m['kernel_variant']}**, "
-        f"{m['threads']} thread(s), torch {m['torch']}, {m['date']}. {simulated_note(m)} "
+        f"{m['threads']} thread(s), torch {m['torch']}, {m['date']}. {timing.simulated_note(m)} "
         f"Load average {m['loadavg_before']} before, {m['loadavg_after']} after.",
         "",
         "Each candidate timed at 1 and 64 tokens (medians of interleaved rounds); fixed = the "
@@ -239,16 +235,10 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--output", default=None, help="results name")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    meta = machine()
-    meta["threads"] = args.threads
-    meta["date"] = datetime.datetime.now().isoformat(timespec="seconds")
-    meta["loadavg_before"] = [round(v, 2) for v in os.getloadavg()]
-    rows = run(args.quick)
-    meta["loadavg_after"] = [round(v, 2) for v in os.getloadavg()]
-    result = {"meta": meta, "rows": rows}
+    meta = timing.start_run(args.threads)
+    result = {"meta": meta, "rows": run(args.quick)}
     name = args.output or f"missed_targets_cpu_{meta['kernel_variant'].lower()}"
-    timing.write_results(RESULTS_DIR, name, result, markdown(result))
+    timing.write_results(name, result, markdown)
     print(markdown(result))
 
 

@@ -3,8 +3,9 @@
 
     PYTHONPATH=python .venv/bin/python benchmarks/plot_rope.py [results/cpu_avx2.json ...]
 
-Without arguments, every benchmarks/results/cpu_*.json. Panels: prefill and decode (q only), for
-float32 and bfloat16; one line per implementation, eager solid, torch.compile dashed.
+Without arguments, every bench_rope.py results file in benchmarks/results/ (cpu_<kernel>.json;
+BENCHMARK_RESULTS_DIR, as in timing.py, names another folder). Panels: prefill and decode (q
+only), for float32 and bfloat16; one line per implementation, eager solid, torch.compile dashed.
 """
 
 import json
@@ -12,11 +13,11 @@ import sys
 from pathlib import Path
 
 import matplotlib
+import timing
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 STYLE = {  # implementation -> colour; "compiled" variants share it, dashed
     "torch_rope": "black",
     "torch_rope half-split": "dimgray",
@@ -84,7 +85,10 @@ def plot(path: Path) -> Path:
 
 
 def main():
-    paths = [Path(p) for p in sys.argv[1:]] or sorted(RESULTS_DIR.glob("cpu_*.json"))
+    # cpu_shapes_*.json (bench_shapes.py) shares the prefix and has no sweep to plot.
+    paths = [Path(p) for p in sys.argv[1:]] or sorted(
+        p for p in timing.results_dir().glob("cpu_*.json") if "sweep" in json.loads(p.read_text())
+    )
     for path in paths:
         print("wrote", plot(path))
 

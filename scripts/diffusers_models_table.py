@@ -13,14 +13,22 @@ not current.
 
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import generated_doc  # noqa: E402
 
-DOCUMENT = Path(__file__).resolve().parent.parent / "docs" / "diffusers_models.md"
-BEGIN = generated_doc.begin_marker("diffusers_models_table.py")
-FAMILIES = "../python/torch_rope/diffusers/families"
+DOC = generated_doc.RegistryDoc(
+    script="diffusers_models_table.py",
+    document=Path(__file__).resolve().parent.parent / "docs" / "diffusers_models.md",
+    families="../python/torch_rope/diffusers/families",
+    supported="supported classes, by the family that patches them",
+    group_header=("family", "model classes"),
+    every="Every RoPE model class",
+    status_header=("model class", "status", "family, or why refused"),
+)
+DOCUMENT = DOC.document
+FAMILIES = DOC.families
 
 
 def _family(row) -> str:
@@ -32,45 +40,21 @@ def generated() -> str:
     """The generated part of the document, markers included."""
     from torch_rope.diffusers.registry import REGISTRY
 
-    groups: Dict[str, List[str]] = {}
+    groups: Dict[Tuple[str], List[str]] = {}
     for name, row in REGISTRY.rows.items():
-        groups.setdefault(_family(row), []).append(name)
-    lines = [
-        BEGIN,
-        "",
-        f"{len(REGISTRY.rows)} supported classes, by the family that patches them "
-        f"([python/torch_rope/diffusers/families/]({FAMILIES}/__init__.py)):",
-        "",
-    ]
-    lines += generated_doc.table(
-        ("family", "model classes"),
-        (
-            (family, f"{len(names)}: " + ", ".join(f"`{n}`" for n in names))
-            for family, names in generated_doc.grouped(groups)
-        ),
-    )
+        groups.setdefault((_family(row),), []).append(name)
     statuses = {name: ("supported", _family(row)) for name, row in REGISTRY.rows.items()}
     statuses.update((name, ("refused", why)) for name, why in REGISTRY.refused.items())
-    lines += [
-        "",
-        f"Every RoPE model class, {len(REGISTRY.rows)} supported and {len(REGISTRY.refused)} "
-        "refused:",
-        "",
-    ]
-    lines += generated_doc.table(
-        ("model class", "status", "family, or why refused"),
-        ((f"`{n}`", *statuses[n]) for n in sorted(statuses)),
-    )
-    return "\n".join(lines + ["", generated_doc.END])
+    return generated_doc.registry_part(DOC, groups, statuses)
 
 
 def current(text: str) -> str:
     """``text`` (the document) with its generated part made anew."""
-    return generated_doc.with_part(text, BEGIN, generated(), DOCUMENT)
+    return generated_doc.current_document(DOC, text, generated())
 
 
 def main() -> int:
-    return generated_doc.main(DOCUMENT, "diffusers_models_table.py", current)
+    return generated_doc.main(DOCUMENT, DOC.script, current)
 
 
 if __name__ == "__main__":

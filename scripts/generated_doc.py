@@ -1,12 +1,18 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""The frame shared by the scripts that write a document's tables from a registry
-(scripts/hf_models_table.py for docs/hf_models.md, scripts/diffusers_models_table.py for
-docs/diffusers_models.md): the generated part sits between two marker lines, is made anew from
-the registry, and ``--check`` fails when the document is not what the registry gives."""
+"""The one writer of the documents' tables made from a registry (scripts/hf_models_table.py for
+docs/hf_models.md, scripts/diffusers_models_table.py for docs/diffusers_models.md): the generated
+part sits between two marker lines, is made anew from the registry, and ``--check`` fails when the
+document is not what the registry gives.
+
+Both documents have the same two tables: the supported names grouped by what patches them, then
+every name with its status (supported or refused, and a detail). What differs between them is a
+RegistryDoc; each script only turns its registry's rows into groups and statuses
+(registry_part). Every count in the part is counted here from those rows."""
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, List, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Sequence, Tuple
 
 END = "<!-- End of the generated part. -->"
 
@@ -49,3 +55,54 @@ def main(document: Path, script: str, current: Callable[[str], str]) -> int:
 def grouped(groups: dict) -> List[Tuple[object, List[str]]]:
     """The groups of a registry's names, largest first, then by key; each group's names sorted."""
     return [(k, sorted(v)) for k, v in sorted(groups.items(), key=lambda g: (-len(g[1]), g[0]))]
+
+
+@dataclass(frozen=True)
+class RegistryDoc:
+    """What one generated document says that the other does not."""
+
+    script: str  # the writer, under scripts/
+    document: Path
+    families: str  # the families package, relative to docs/
+    supported: str  # after the count: "supported types, by the families that patch ..."
+    group_header: Tuple[str, ...]  # the grouped table's columns; the last one lists the names
+    every: str  # before the counts of the status table: "Every rotary model type"
+    status_header: Tuple[str, str, str]  # name, status, detail
+
+    @property
+    def begin(self) -> str:
+        return begin_marker(self.script)
+
+
+def registry_part(
+    doc: RegistryDoc,
+    groups: Dict[Tuple[str, ...], List[str]],
+    statuses: Dict[str, Tuple[str, str]],
+) -> str:
+    """The generated part of ``doc``, markers included: ``groups`` maps the cells that describe a
+    group (all columns but the last) to the supported names in it, ``statuses`` maps every name,
+    supported or refused, to its status and detail."""
+    supported = sum(len(names) for names in groups.values())
+    refused = len(statuses) - supported
+    package = doc.families.lstrip("./") + "/"
+    lines = [
+        doc.begin,
+        "",
+        f"{supported} {doc.supported} ([{package}]({doc.families}/__init__.py)):",
+        "",
+    ]
+    lines += table(
+        doc.group_header,
+        (
+            (*cells, f"{len(names)}: " + ", ".join(f"`{n}`" for n in names))
+            for cells, names in grouped(groups)
+        ),
+    )
+    lines += ["", f"{doc.every}, {supported} supported and {refused} refused:", ""]
+    lines += table(doc.status_header, ((f"`{n}`", *statuses[n]) for n in sorted(statuses)))
+    return "\n".join(lines + ["", END])
+
+
+def current_document(doc: RegistryDoc, text: str, part: str) -> str:
+    """``text`` (the document) with its generated part replaced by ``part``."""
+    return with_part(text, doc.begin, part, doc.document)

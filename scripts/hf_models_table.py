@@ -17,9 +17,17 @@ from typing import Dict, List, Tuple
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import generated_doc  # noqa: E402
 
-DOCUMENT = Path(__file__).resolve().parent.parent / "docs" / "hf_models.md"
-BEGIN = generated_doc.begin_marker("hf_models_table.py")
-FAMILIES = "../python/torch_rope/hf/families"
+DOC = generated_doc.RegistryDoc(
+    script="hf_models_table.py",
+    document=Path(__file__).resolve().parent.parent / "docs" / "hf_models.md",
+    families="../python/torch_rope/hf/families",
+    supported="supported types, by the families that patch their text and vision RoPE",
+    group_header=("text RoPE", "vision tower", "model types"),
+    every="Every rotary model type",
+    status_header=("model type", "status", "why refused"),
+)
+DOCUMENT = DOC.document
+FAMILIES = DOC.families
 
 
 def _family(name: str) -> str:
@@ -61,42 +69,18 @@ def generated() -> str:
     groups: Dict[Tuple[str, str], List[str]] = {}
     for model_type, row in REGISTRY.rows.items():
         groups.setdefault((_text(row), _vision(row)), []).append(model_type)
-    lines = [
-        BEGIN,
-        "",
-        f"{len(REGISTRY.rows)} supported types, by the families that patch their text and vision "
-        f"RoPE ([python/torch_rope/hf/families/]({FAMILIES}/__init__.py)):",
-        "",
-    ]
-    lines += generated_doc.table(
-        ("text RoPE", "vision tower", "model types"),
-        (
-            (text, vision, f"{len(types)}: " + ", ".join(f"`{t}`" for t in types))
-            for (text, vision), types in generated_doc.grouped(groups)
-        ),
-    )
     statuses = {t: ("supported", "") for t in REGISTRY.rows}
     statuses.update((t, ("refused", reason)) for t, reason in REGISTRY.refused.items())
-    lines += [
-        "",
-        f"Every rotary model type, {len(REGISTRY.rows)} supported and {len(REGISTRY.refused)} "
-        "refused:",
-        "",
-    ]
-    lines += generated_doc.table(
-        ("model type", "status", "why refused"),
-        ((f"`{t}`", *statuses[t]) for t in sorted(statuses)),
-    )
-    return "\n".join(lines + ["", generated_doc.END])
+    return generated_doc.registry_part(DOC, groups, statuses)
 
 
 def current(text: str) -> str:
     """``text`` (the document) with its generated part made anew."""
-    return generated_doc.with_part(text, BEGIN, generated(), DOCUMENT)
+    return generated_doc.current_document(DOC, text, generated())
 
 
 def main() -> int:
-    return generated_doc.main(DOCUMENT, "hf_models_table.py", current)
+    return generated_doc.main(DOCUMENT, DOC.script, current)
 
 
 if __name__ == "__main__":

@@ -64,11 +64,8 @@ def apply_qk(
         return _apply_qk_form(
             q,
             k,
-            Form(cos=cos, sin=sin, positions=positions, freqs=freqs,
-                 attention_factor=attention_factor, cu_seqlens=cu_seqlens,
-                 seq_offsets=seq_offsets, cp_size=cp_size, cp_rank=cp_rank,
-                 interleaved=interleaved, inverse=inverse, mrope_section=mrope_section,
-                 mrope_interleaved=mrope_interleaved),
+            Form(cos, sin, positions, freqs, attention_factor, cu_seqlens, seq_offsets, cp_size,
+                 cp_rank, interleaved, inverse, mrope_section, mrope_interleaved),
         )  # fmt: skip
     if (mrope_section is None or _typed_section(mrope_section)) and eager_fast_path(
         q, k, cos, sin, positions

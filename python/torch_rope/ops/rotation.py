@@ -126,8 +126,10 @@ FREQS, VARLEN, FREQS_VARLEN = "freqs", "varlen", "freqs_varlen"
 
 class Form(NamedTuple):
     """A call's arguments after the rotated tensor(s), for the frequency and packed-sequence
-    forms: its angle source, its position source and the flags. :meth:`overload` names the
-    overload (``freqs``, ``varlen`` or ``freqs_varlen``) and :meth:`call` gives its arguments."""
+    forms: its angle source, its position source and the flags, in the wrappers' order (they
+    build it by position: by keyword costs a decode call about 1 us more). :meth:`overload`
+    names the overload (``freqs``, ``varlen`` or ``freqs_varlen``) and :meth:`call` gives its
+    arguments."""
 
     cos: Optional[Tensor] = None
     sin: Optional[Tensor] = None
@@ -281,11 +283,8 @@ def apply(
     ):
         return _apply_form(
             x,
-            Form(cos=cos, sin=sin, positions=positions, freqs=freqs,
-                 attention_factor=attention_factor, cu_seqlens=cu_seqlens,
-                 seq_offsets=seq_offsets, cp_size=cp_size, cp_rank=cp_rank,
-                 interleaved=interleaved, inverse=inverse, mrope_section=mrope_section,
-                 mrope_interleaved=mrope_interleaved),
+            Form(cos, sin, positions, freqs, attention_factor, cu_seqlens, seq_offsets, cp_size,
+                 cp_rank, interleaved, inverse, mrope_section, mrope_interleaved),
             out,
         )  # fmt: skip
     if (
@@ -356,11 +355,8 @@ def apply_(
     ):
         return _apply_inplace_form(
             x,
-            Form(cos=cos, sin=sin, positions=positions, freqs=freqs,
-                 attention_factor=attention_factor, cu_seqlens=cu_seqlens,
-                 seq_offsets=seq_offsets, cp_size=cp_size, cp_rank=cp_rank,
-                 interleaved=interleaved, inverse=inverse, mrope_section=mrope_section,
-                 mrope_interleaved=mrope_interleaved),
+            Form(cos, sin, positions, freqs, attention_factor, cu_seqlens, seq_offsets, cp_size,
+                 cp_rank, interleaved, inverse, mrope_section, mrope_interleaved),
         )  # fmt: skip
     if (mrope_section is None or _typed_section(mrope_section)) and eager_fast_path(
         x, cos, sin, positions

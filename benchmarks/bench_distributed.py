@@ -4,7 +4,7 @@
 For rope::apply on a DTensor against the same call on the rank's local shard, with aten::add as
 DTensor's own per-op cost on the same machine and run; then the module on a sequence-sharded
 DTensor x with default positions, with the module's cached wrapping of its tables and positions
-(torch_rope/_dtensor_args.py, FAST_WRAP) and with the public DTensor.from_local path.
+(torch_rope/distributed/dtensor_args.py, FAST_WRAP) and with the public DTensor.from_local path.
 
     PYTHONPATH=python .venv/bin/python benchmarks/bench_distributed.py [--world-size 2]
 
@@ -32,7 +32,7 @@ def measure(mesh):
     import torch.distributed.tensor as d
 
     import torch_rope
-    from torch_rope import _dtensor_args
+    from torch_rope.distributed import dtensor_args as _dtensor_args
 
     torch_rope.distributed.register_sharding_rules()  # raw torch.ops calls: register explicitly
     rank, world = mesh.get_local_rank(), mesh.size()

@@ -19,7 +19,7 @@ void bind_exact_angle_test_hooks(py::module_& m);
 
 namespace {
 
-// A parsed scaling variant, opaque to Python: torch_rope/_scaling.py coerces a transformers
+// A parsed scaling variant, opaque to Python: torch_rope/ops/tables.py coerces a transformers
 // rope_parameters dict to C++ values, and rope::rope_scaling_from_parameters (the one key table
 // per variant) builds the variant. No per-variant binding to keep in step.
 struct Scaling {
@@ -173,9 +173,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("mrope_section"), py::arg("mrope_interleaved"));
   m.def("long_rope_positions", &rope::detail::long_rope_positions, py::arg("positions"),
         py::arg("long_offset"), py::arg("long_after"));
-  // Typed entry points for the eager fast path of python/torch_rope/ops.py. They call the ops
+  // Typed entry points for the eager fast path of python/torch_rope/ops/. They call the ops
   // through the dispatcher exactly as torch.ops.rope.* do (autograd, every backend, dispatch
-  // modes), minus the boxed call's argument parsing. ops.py uses them only for plain tensors,
+  // modes), minus the boxed call's argument parsing. The wrappers use them only for plain tensors,
   // outside torch.compile, functorch transforms and __torch_function__ modes. The GIL is
   // released around the op, as in torch's own bindings.
   // Multi-axis sections come as a list of ints (None for one-axis positions).
@@ -241,7 +241,7 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("positions"), py::arg("query"), py::arg("key"), py::arg("head_size"),
       py::arg("cos_sin_cache"), py::arg("interleaved"));
-  // The frequency and packed-sequence forms (python/torch_rope/_forms.py), same arguments and
+  // The frequency and packed-sequence forms (python/torch_rope/ops/rotation.py), same arguments and
   // keywords as their overloads.
   using OptTensor = std::optional<at::Tensor>;
   m.def(
@@ -416,8 +416,9 @@ PYBIND11_MODULE(_C, m) {
           return rope::rms_norm_apply_qk(q, k, q_weight, k_weight, cos, sin, positions, eps,
                                          weight_offset, interleaved, inverse);
         });
-  // The Python module's forward for plain tensors in eager mode (nn.py decides when): the C++
-  // module's forward (csrc/rules.h: its checks, positions convention, then rope.apply) in one call.
+  // The Python module's forward for plain tensors in eager mode (torch_rope.nn decides when): the
+  // C++ module's forward (csrc/rules.h: its checks, positions convention, then rope.apply) in one
+  // call.
   m.def("_module_forward",
         [](const at::Tensor& x, const std::optional<at::Tensor>& positions, const at::Tensor& cos,
            const at::Tensor& sin, int64_t d_k, int64_t seq_dim, bool interleaved) {

@@ -17,19 +17,16 @@ signatures proposed for PyTorch core) work after a bare ``import torch_rope``.
 
 from pathlib import Path as _Path
 
-import torch  # noqa: F401  (libtorch must be loaded before our native library)
-
 # DTensor sharding rules, registered now only if torch.distributed.tensor is already loaded.
 from . import (
-    _C,  # noqa: F401  (loads librope: registers the ops with the dispatcher)
     distributed,  # cheap: imports torch.distributed.tensor only when registering
     eager,
     vision,
 )
-from ._scaling import rope_frequencies, rope_tables_from_inv_freq
 from ._version import __version__
 from .nn import RotaryPositionalEmbedding
 from .ops import (
+    _native,  # the native module's one home (loads librope: registers the ops)
     apply,
     apply_,
     apply_qk,
@@ -40,6 +37,7 @@ from .ops import (
     rms_norm_apply_qk_cache,  # QK-RMSNorm + RoPE + KV-cache write
     rope_tables,
 )
+from .ops.tables import rope_frequencies, rope_tables_from_inv_freq
 
 distributed.register_if_loaded()
 
@@ -76,7 +74,7 @@ cmake_prefix_path = (
 
 def compiled_with_cuda() -> bool:
     """True when the native library was built with its CUDA kernels."""
-    return _C.compiled_with_cuda()
+    return _native._C.compiled_with_cuda()
 
 
 __all__ = [

@@ -23,9 +23,9 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ._module_forms import apply_keeping_table_dtypes
-from ._tables import rope_tables
-from .ops import apply
+from .nn import apply_keeping_table_dtypes
+from .ops.rotation import apply
+from .ops.tables import rope_tables
 
 __all__ = ["RotaryEmbedding", "rotary_embedding"]
 

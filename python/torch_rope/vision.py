@@ -28,7 +28,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from ._scaling import rope_tables_from_inv_freq
+from .ops.tables import rope_tables_from_inv_freq
 
 __all__ = [
     "axes_inv_freq",

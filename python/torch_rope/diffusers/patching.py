@@ -76,7 +76,14 @@ def patch_model(model: nn.Module, options: families.Options) -> bool:
     record.patcher = patcher
     record.checks.append(patcher.still_installed)
     try:
-        families.FAMILIES[row.family].patch(model, row, record, patcher, options)
+        family = families.FAMILIES[row.family]
+        family.patch(model, row, record, patcher, options)
+        # A model that holds others (a multi-controlnet wrapper): each is patched as the model it
+        # is, and unpatched with the one that holds it.
+        for held in getattr(family, "held_models", _holds_none)(model):
+            if patch_model(held, options):
+                record.on_undo(functools.partial(unpatch_model, held))
+            record.checks.append(functools.partial(is_patched, held))
     except records.ForwardOnInstance as found:
         record.undo()
         raise found.refusal(model, CALLER) from None
@@ -87,6 +94,10 @@ def patch_model(model: nn.Module, options: families.Options) -> bool:
         record.set(attention, "set_processor", functools.partial(_set_processor, model, attention))
     records.attach(model, record)
     return True
+
+
+def _holds_none(model: nn.Module) -> List[nn.Module]:
+    return []
 
 
 def _set_processor(model: nn.Module, attention: nn.Module, processor: Any, *args, **kwargs):

@@ -26,8 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from .._patching.host_reads import readable
-from .._scaling import rope_tables_from_inv_freq
 from ..nn import apply_keeping_table_dtypes
+from ..ops.tables import rope_tables_from_inv_freq
 
 #: How many coordinate tables one :class:`Tables` keeps (one per resolution a pipeline samples at).
 COORDINATE_CACHE = 8

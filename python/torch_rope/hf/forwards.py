@@ -9,11 +9,10 @@ from typing import Any, Dict
 from .._patching.namespace import PatchedNamespaces
 
 
-def _replacements(original_globals: Dict[str, Any]) -> Dict[str, Any]:
-    # Imported here, not at the top: the families import this module for FORWARDS.
-    from .families import replacements
-
-    return replacements(original_globals)
+def _no_families(original_globals: Dict[str, Any]) -> Dict[str, Any]:
+    raise RuntimeError("torch_rope.hf: FORWARDS used before torch_rope.hf.families was imported")
 
 
-FORWARDS = PatchedNamespaces("torch_rope_hf_patched__", _replacements)
+# What to replace is the families' to say: torch_rope.hf.families sets FORWARDS.replacements when
+# it is imported (the families import this module for FORWARDS, so it imports none of them).
+FORWARDS = PatchedNamespaces("torch_rope_hf_patched__", _no_families)

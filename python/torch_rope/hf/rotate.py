@@ -12,8 +12,9 @@ from typing import Tuple
 import torch
 from torch import Tensor, nn
 
-from .._module_forms import long_rope_frequencies
-from ..ops import apply, apply_qk
+from ..nn.forward import long_rope_frequencies
+from ..ops.qk import apply_qk
+from ..ops.rotation import apply
 from . import qk_norm
 
 

@@ -17,8 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from .._patching.host_reads import readable as _positions_readable
-from .._scaling import rope_frequencies, rope_tables_from_inv_freq
 from ..nn import RotaryPositionalEmbedding, apply_keeping_table_dtypes
+from ..ops.tables import rope_frequencies, rope_tables_from_inv_freq
 
 #: The table key of a rotary module whose layers all share one RoPE (one with layer types, such as
 #: Gemma 3, keys its tables by layer type instead).

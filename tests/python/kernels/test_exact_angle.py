@@ -37,8 +37,7 @@ import pytest
 import torch
 from mpmath import mp, mpf
 
-from torch_rope import _C
-from torch_rope._scaling import rope_frequencies
+from torch_rope import _C, rope_frequencies
 
 TWO64 = 2**64
 MASK64 = TWO64 - 1

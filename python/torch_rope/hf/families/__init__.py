@@ -17,6 +17,7 @@ and :mod:`.roformer` (no rotary module). Vision RoPE: :mod:`.axial_vision`, :mod
 from types import ModuleType
 from typing import Any, Dict, List, NamedTuple, Optional
 
+from ..forwards import FORWARDS
 from . import axial_vision, complex_form, gptj, llama4_vision, roformer, rotary_module
 
 #: The families by the name a registry row gives them.
@@ -52,3 +53,7 @@ def replacements(original_globals: Dict[str, Any]) -> Dict[str, Any]:
         if hasattr(family, "replacements"):
             found.update(family.replacements(original_globals))
     return found
+
+
+# The patched copies of the modeling modules replace what the families replace.
+FORWARDS.replacements = replacements

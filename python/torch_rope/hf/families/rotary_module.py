@@ -28,10 +28,10 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..._module_forms import long_rope_frequencies
 from ..._patching.record import PatchRecord, bind, refuse_forward_on_instance
 from ..._patching.self_check import check_against_unpatched, probe
 from ...nn import long_rope_positions
+from ...nn.forward import long_rope_frequencies
 from .. import qk_norm, stacks, tables
 from ..forwards import FORWARDS
 from ..model_parts import HF_NAMES, calls_hf_apply, rotary_modules

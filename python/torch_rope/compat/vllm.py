@@ -20,8 +20,8 @@ on the CPU a repeated one raises, where vLLM writes out of bounds or races.
 import torch
 from torch import Tensor
 
-from ._compat_errors import PeerNames, peer_words
-from ._mla_ops import mla_apply_cache
+from ..ops.mla import mla_apply_cache
+from .errors import PeerNames, peer_words
 
 # The op's names -> vLLM's (the scale is the op's kv_scale).
 _WORDS = PeerNames("concat_and_cache_mla", {"kv_scale": "scale"})

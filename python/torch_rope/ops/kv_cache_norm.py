@@ -8,10 +8,10 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from . import _C
-from ._fp8_scales import scale_tensor
-from ._kv_cache_ops import _cache_scale
-from ._op_arguments import _section, eager_fast_path, require_sources
+from ._fusions import require_sources, scale_tensor
+from ._native import _C
+from .kv_cache import _cache_scale
+from .rotation import _section, eager_fast_path
 
 _rms_norm_apply_qk_cache = torch.ops.rope.rms_norm_apply_qk_cache.default
 _fast_rms_norm_apply_qk_cache = _C._rms_norm_apply_qk_cache

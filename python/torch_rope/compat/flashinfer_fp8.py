@@ -2,7 +2,7 @@
 """FlashInfer's fused RoPE + fp8 entry points under their names and signatures
 (``flashinfer.rope``, 0.7.2), each a thin layer over torch-rope's ops that converts the arguments
 at the boundary. Re-exported by :mod:`torch_rope.compat` (FlashInfer's table-free ``apply_rope*``
-are in ``_compat_flashinfer``); documented in docs/api.md, "Peers' entry points".
+are in :mod:`.flashinfer`); documented in docs/api.md, "Peers' entry points".
 
 What the conversion does, from FlashInfer's own definitions (flashinfer/rope.py,
 include/flashinfer/pos_enc.cuh):
@@ -34,10 +34,10 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ._compat_errors import PeerNames, peer_words
-from ._mla_ops import mla_apply_cache
-from ._op_arguments import _is_compiling
-from ._qk_fp8_ops import apply_qk_fp8
+from ..ops.mla import mla_apply_cache
+from ..ops.qk_fp8 import apply_qk_fp8
+from ..ops.rotation import _is_compiling
+from .errors import PeerNames, peer_words
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 

@@ -8,9 +8,9 @@ from typing import Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from . import _C
-from ._fp8_scales import scale_tensor
-from ._op_arguments import _section, _typed_section, eager_fast_path, require_sources
+from ._fusions import require_sources, scale_tensor
+from ._native import _C
+from .rotation import _section, _typed_section, eager_fast_path
 
 _apply_qk_fp8 = torch.ops.rope.apply_qk_fp8.default
 _apply_qk_fp8_out = torch.ops.rope.apply_qk_fp8.out

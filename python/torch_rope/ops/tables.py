@@ -1,5 +1,9 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""RoPE scaling variants: Hugging Face ``rope_parameters`` dicts -> the C++ builder's options.
+"""The cos/sin tables and frequencies of plain or scaled RoPE, from the C++ builder
+(``rope_tables`` is re-exported by :mod:`torch_rope.ops`; it, ``rope_frequencies`` and
+``rope_tables_from_inv_freq`` by :mod:`torch_rope`), and the scaling variants they take.
+
+Scaling variants: Hugging Face ``rope_parameters`` dicts -> the C++ builder's options.
 
 This module only coerces Python values to C++ types; the keys, defaults and checks of each variant
 are C++'s (``csrc/scaling_parameters.cpp``, one key table per variant). The keys and defaults are
@@ -20,7 +24,7 @@ from typing import Any, Mapping, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _C
+from ._native import _C
 
 #: The rope_type names the C++ parser accepts (csrc/scaling_parameters.cpp holds their keys).
 SUPPORTED_ROPE_TYPES = tuple(_C.supported_rope_types())
@@ -122,4 +126,33 @@ def rope_tables_from_inv_freq(
         _number("attention_scaling", attention_scaling),
         dtype,
         None if device is None else torch.device(device),
+    )
+
+
+def rope_tables(
+    theta: float,
+    rotary_dim: int,
+    max_seq_len: int,
+    device: Optional[torch.device] = None,
+    *,
+    scaling: Optional[dict] = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tuple[Tensor, Tensor]:
+    """Build ``(cos, sin)`` tables of shape ``(max_seq_len, rotary_dim // 2)``.
+
+    ``cos[p, k] = attention_scaling * cos(p * inv_freq[k])``, with ``inv_freq[k] =
+    theta ** (-2k / rotary_dim)`` unless ``scaling`` says otherwise. ``scaling`` is a transformers
+    ``rope_parameters`` dict (``{"rope_type": "llama3", "factor": 8.0, ...}``; see the README's
+    "Scaling variants"). Angles are computed in float64 and rounded once to ``dtype`` (float32,
+    or float64 for float64 inputs). Built in chunks by the same C++ function the C++ module
+    uses, so the peak memory is the tables themselves.
+    """
+    theta = _number("theta", theta)
+    return _C.rope_tables(
+        theta,
+        _integer("rotary_dim", rotary_dim),
+        _integer("max_seq_len", max_seq_len),
+        None if device is None else torch.device(device),
+        scaling=parse_scaling(scaling, theta),
+        dtype=dtype,
     )

@@ -7,9 +7,9 @@ from typing import Dict, Optional, Sequence
 import torch
 from torch import Tensor
 
-from . import _C
-from ._fp8_scales import check_scale
-from ._op_arguments import _is_compiling, _section, eager_fast_path, require_sources
+from ._fusions import check_scale, require_sources
+from ._native import _C
+from .rotation import _is_compiling, _section, eager_fast_path
 
 _apply_qk_cache = torch.ops.rope.apply_qk_cache.default
 _fast_apply_qk_cache = _C._apply_qk_cache

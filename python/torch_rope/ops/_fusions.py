@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Per-tensor fp8 scales as the serving fusions' ops take them (apply_qk_fp8,
-rms_norm_apply_qk_cache, mla_apply_cache): a Python number becomes a one-element float32 tensor
-on the output's device, after the check the C++ op makes of a CPU tensor (finite and > 0) and
-the one only a number needs (float32 holds it)."""
+"""What the fused ops' wrappers share (apply_qk_cache, rms_norm_apply_qk, rms_norm_apply_qk_cache,
+apply_qk_fp8, mla_apply_cache): a missing angle or position source refused by name, and
+per-tensor fp8 scales as the ops take them: a Python number becomes a one-element float32 tensor
+on the output's device, after the check the C++ op makes of a CPU tensor (finite and > 0) and the
+one only a number needs (float32 holds it)."""
 
 import math
 from typing import Dict, Optional
@@ -10,7 +11,23 @@ from typing import Dict, Optional
 import torch
 from torch import Tensor
 
-from ._op_arguments import _is_compiling
+from .rotation import _is_compiling
+
+
+def require_sources(op: str, cos, sin, positions) -> None:
+    """A ``TypeError`` naming the missing ones when the angle source (``cos`` and ``sin``) or the
+    position source (``positions``) is None, as the rope ops' forms refuse a missing source; the
+    op itself would raise a ``RuntimeError`` for the first None it meets. Called on the wrappers'
+    slow paths only: the fast path takes tensors."""
+    if cos is None or sin is None or positions is None:
+        missing = [
+            n for n, v in (("cos", cos), ("sin", sin), ("positions", positions)) if v is None
+        ]
+        raise TypeError(
+            f"{op}: give the cos and sin tables and positions (tensors), got None for "
+            + " and ".join(missing)
+        )
+
 
 # Python-number scales already made one-element float32 CPU tensors (never written to).
 _CPU_SCALES: Dict[float, Tensor] = {}

@@ -20,8 +20,8 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from ._compat_errors import PeerNames, peer_words
-from .ops import apply, apply_
+from ..ops.rotation import apply, apply_
+from .errors import PeerNames, peer_words
 
 # The op's names -> flash-attn's (a varlen call's seq_offsets are its seqlen_offsets).
 _WORDS = PeerNames("apply_rotary_emb", {"seq_offsets": "seqlen_offsets"})

@@ -1,26 +1,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Other libraries' RoPE entry points under their own names and argument meanings, as thin layers
-over :func:`torch_rope.apply`, :func:`torch_rope.apply_` and :func:`torch_rope.apply_qk`:
-
-* :func:`apply_rotary_pos_emb`: TransformerEngine's (angles ``(s2, 1, 1, d2)`` in TE's duplicated
-  layout; ``sbhd``/``bshd``/``thd``; start positions; context-parallel zigzag). Differentiable.
-* :func:`apply_rotary_emb`: flash-attn's (cos/sin tables, ``seqlen_offsets``, varlen with
-  ``cu_seqlens``/``max_seqlen``, ``inplace``). Differentiable.
-* :func:`apply_rope`, :func:`apply_rope_pos_ids`, :func:`apply_llama31_rope`,
-  :func:`apply_llama31_rope_pos_ids` and their ``_inplace`` variants: FlashInfer's table-free ops
-  (``rope_theta``, ``rope_scale``, Llama 3.1's factors; ``indptr``/``offsets`` or ``pos_ids``).
-* :func:`rotary_embedding`, :func:`apply_rope_with_cos_sin_cache` and ``_inplace``: the inference
-  engines' cache form, below.
-* :func:`rope_quantize_fp8`, :func:`mla_rope_quantize_fp8`: FlashInfer's fused RoPE + float8
-  (``cos_sin_cache``, ``quant_scale`` multiplies), over :func:`torch_rope.apply_qk_fp8`;
-  :func:`rope_quantize_fp8_append_paged_kv_cache` (its paged NHD/HND caches, GQA or MLA), over
-  :func:`torch_rope.mla_apply_cache`.
-* :func:`concat_and_cache_mla`: vLLM's MLA cache rows ``[kv_c | k_pe]`` (copied, not rotated),
-  over :func:`torch_rope.mla_apply_cache`.
-
-Each peer's own conventions are in its module (``_compat_transformer_engine``,
-``_compat_flash_attn``, ``_compat_flashinfer``, ``_compat_flashinfer_fp8``, ``_compat_vllm``); the
-rest of this docstring is the cache form.
+"""The cache form of the inference engines' entry points: :func:`rotary_embedding` (vLLM's,
+SGLang's), :func:`apply_rope_with_cos_sin_cache` and ``_inplace`` (FlashInfer's), as thin layers
+over :func:`torch_rope.apply_` and :func:`torch_rope.apply_qk`. Re-exported by
+:mod:`torch_rope.compat`.
 
 vLLM, SGLang and FlashInfer share one calling convention::
 
@@ -54,28 +36,10 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _C
-from ._compat_errors import _TRANSLATED, PeerNames, in_peer_words, peer_words
-from ._compat_flash_attn import apply_rotary_emb
-from ._compat_flashinfer import (
-    apply_llama31_rope,
-    apply_llama31_rope_inplace,
-    apply_llama31_rope_pos_ids,
-    apply_llama31_rope_pos_ids_inplace,
-    apply_rope,
-    apply_rope_inplace,
-    apply_rope_pos_ids,
-    apply_rope_pos_ids_inplace,
-)
-from ._compat_flashinfer_fp8 import (
-    mla_rope_quantize_fp8,
-    rope_quantize_fp8,
-    rope_quantize_fp8_append_paged_kv_cache,
-)
-from ._compat_transformer_engine import apply_rotary_pos_emb
-from ._compat_vllm import concat_and_cache_mla
-from ._op_arguments import _is_compiling, eager_fast_path
-from .ops import _fast_apply_inplace, _fast_apply_qk, apply_, apply_qk
+from ..ops._native import _C
+from ..ops.qk import _fast_apply_qk, apply_qk
+from ..ops.rotation import _fast_apply_inplace, _is_compiling, apply_, eager_fast_path
+from .errors import _TRANSLATED, PeerNames, in_peer_words, peer_words
 
 # The ops' names for the cache form's arguments -> the engines' names.
 _CACHE_WORDS = {
@@ -98,27 +62,6 @@ _FLASHINFER_INPLACE_WORDS = _in_place_words("apply_rope_with_cos_sin_cache_inpla
 _FLASHINFER_WORDS = PeerNames(
     "apply_rope_with_cos_sin_cache", {**_CACHE_WORDS, "q": "query", "k": "key"}
 )
-
-__all__ = [
-    "rotary_embedding",
-    "apply_rope_with_cos_sin_cache",
-    "apply_rope_with_cos_sin_cache_inplace",
-    "apply_rotary_pos_emb",
-    "apply_rotary_emb",
-    "apply_rope",
-    "apply_rope_inplace",
-    "apply_rope_pos_ids",
-    "apply_rope_pos_ids_inplace",
-    "apply_llama31_rope",
-    "apply_llama31_rope_inplace",
-    "apply_llama31_rope_pos_ids",
-    "apply_llama31_rope_pos_ids_inplace",
-    # the serving fusions: FlashInfer's fused RoPE + fp8, vLLM's MLA cache rows
-    "rope_quantize_fp8",
-    "mla_rope_quantize_fp8",
-    "rope_quantize_fp8_append_paged_kv_cache",
-    "concat_and_cache_mla",
-]
 
 
 _VIEW_CACHE_SIZE = 16

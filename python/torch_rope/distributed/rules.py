@@ -1,78 +1,9 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""DTensor sharding rules for the rope ops (``torch.distributed.tensor``).
+"""The DTensor sharding rules of every rope op and form (registered by
+:func:`torch_rope.distributed.register_sharding_rules`; what they offer is in the package's
+docstring). Nothing here imports ``torch.distributed.tensor`` at import time."""
 
-With these rules registered, ``rope::apply``, ``rope::apply_``, ``rope::apply_qk`` and
-``rope::apply.out`` accept DTensor arguments in any placement and give the single-process result.
-Per mesh dimension the rules offer:
-
-* ``x`` (``q``, ``k``) sharded on any dim but the last (batch, heads, sequence, packed tokens),
-  unevenly too: each rank rotates its own rows. ``positions`` follow ``x``: where they vary along
-  the sharded dim they are sharded the same way (DTensor slices replicated positions locally, no
-  communication), elsewhere they are replicated.
-* ``x`` replicated, or ``Partial("sum")`` / ``Partial("avg")``: rotation is linear in ``x``.
-* ``cos`` and ``sin`` always replicated (a sharded table is all-gathered).
-* A sharded ``head_dim`` is never offered (a rotation mixes features of one head), so DTensor
-  redistributes ``x`` first: the only case that communicates.
-* ``apply_`` and ``apply.out`` never change the placement of the tensor they write.
-* Multi-axis positions (``mrope_section``): the trailing axis dim of ``positions`` aligns with
-  nothing in ``x``; it is never sharded (a positions DTensor sharded there is gathered), and the
-  dims before it follow ``x`` as above.
-
-Backward is ``rope::apply`` with ``inverse`` flipped (C++ autograd), so the same rules cover it.
-
-Nothing here imports ``torch.distributed.tensor`` at import time (it costs ~1.5 s): the package
-registers the rules on its own once that module is loaded (at ``import torch_rope``, when a
-:class:`~torch_rope.RotaryPositionalEmbedding` is built, and on the first eager call that sees a
-DTensor). Call :func:`register_sharding_rules` yourself when your first rope call on DTensors is
-inside ``torch.compile`` and nothing above has happened yet.
-"""
-
-import sys
 from typing import List, Optional, Sequence, Tuple
-
-import torch
-
-__all__ = ["register_sharding_rules"]
-
-_registered = False
-
-
-def register_sharding_rules() -> None:
-    """Register the DTensor sharding rules of every rope op. Idempotent; cheap after the first call.
-
-    Imports ``torch.distributed.tensor``. Raises ``RuntimeError`` when ``torch.distributed`` is
-    not available in this build of PyTorch, or when it lacks DTensor's ``register_sharding``.
-    """
-    global _registered
-    if _registered:
-        return
-    if not torch.distributed.is_available():
-        raise RuntimeError(
-            "torch_rope.distributed.register_sharding_rules: torch.distributed is not available "
-            "in this build of PyTorch, so there is no DTensor to register rules for"
-        )
-    try:
-        from torch.distributed.tensor.experimental import register_sharding
-    except ImportError as e:  # torch < 2.5
-        raise RuntimeError(
-            "torch_rope.distributed.register_sharding_rules: needs "
-            "torch.distributed.tensor.experimental.register_sharding (PyTorch >= 2.5), "
-            f"PyTorch {torch.__version__} has none"
-        ) from e
-
-    ops = torch.ops.rope
-    register_sharding(ops.apply.default)(_apply_rule)
-    register_sharding(ops.apply_.default)(_apply_inplace_rule)
-    register_sharding(ops.apply_qk.default)(_apply_qk_rule)
-    register_sharding(ops.rms_norm_apply_qk.default)(_rms_norm_apply_qk_rule)
-    for op in (ops.apply.default, ops.apply_.default, ops.apply_qk.default):
-        _key_on_mrope_section(op)
-    if hasattr(ops.apply, "out"):
-        _register_out_rule(ops.apply.out)
-    from ._distributed_forms import register_form_rules
-
-    register_form_rules(ops)
-    _registered = True
 
 
 def _key_on_mrope_section(op) -> None:
@@ -92,36 +23,6 @@ def _key_on_mrope_section(op) -> None:
     keys = list(info.static_kwargkey or [])
     if "mrope_section" not in keys:
         info.static_kwargkey = keys + ["mrope_section"]
-
-
-def maybe_register_for(*tensors) -> None:
-    """Register the rules if any of ``tensors`` is a DTensor (the ops' eager wrappers call this).
-
-    After registration this is one global read. Before it, it costs a ``sys.modules`` lookup when
-    ``torch.distributed.tensor`` was never imported (no DTensor can exist then). Under
-    ``torch.compile`` it does nothing: registering is not traceable, so compiled first calls rely
-    on the other triggers or an explicit :func:`register_sharding_rules`.
-    """
-    if _registered:
-        return
-    dtensor_module = sys.modules.get("torch.distributed.tensor")
-    if dtensor_module is None or torch.compiler.is_compiling():
-        return
-    dtensor_type = dtensor_module.DTensor
-    if any(isinstance(t, dtensor_type) for t in tensors):
-        register_sharding_rules()
-
-
-def register_if_loaded() -> None:
-    """Register the rules when ``torch.distributed.tensor`` is already imported (else do nothing).
-
-    Used at ``import torch_rope`` and when a module is built: a process that loaded DTensor gets
-    the rules for free, and one that did not pays one dictionary lookup.
-    """
-    if _registered or "torch.distributed.tensor" not in sys.modules:
-        return
-    if torch.distributed.is_available():
-        register_sharding_rules()
 
 
 # --- the rules ------------------------------------------------------------------------------
@@ -168,7 +69,7 @@ def _check_positions(op: str, name: str, x, positions, mrope_section=None) -> No
 
 def positions_placement(x_ndim: int, positions_shape: Sequence[int], x_dim: Optional[int]):
     """The placement ``positions`` need when ``x`` is sharded on ``x_dim`` (None: not sharded).
-    Also used by the module (_dtensor_args.py) to hand positions over already placed.
+    Also used by :func:`as_dtensors_like` to hand the module's positions over already placed.
 
     positions dim ``j`` aligns with x dim ``x_ndim - 1 - len(positions_shape) + j`` (broadcasting
     to ``x.shape[:-1]``, aligned right). Sharded alike where positions vary along that dim;
@@ -310,3 +211,158 @@ def _register_out_rule(op) -> None:
 
 def _argument_names(op):
     return {a.name for a in op._schema.arguments}
+
+
+# --- the rules of the frequency and packed-sequence forms (see the module docstring) -----------
+
+
+def _varlen_x_choices(x_ndim: int):
+    """Placements of x for one mesh dimension with packed sequences: not dim 0 (tokens), not the
+    last (head_dim)."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    choices = [Replicate()] + [Shard(d) for d in range(1, x_ndim - 1)]
+    return choices + [Partial("sum"), Partial("avg")]
+
+
+def _apply_freqs_rule(x, freqs, positions, *, mrope_section=None, **_flags):
+    _check_positions("rope.apply.freqs", "x", x, positions, mrope_section)
+    from torch.distributed.tensor import Replicate
+
+    r = Replicate()
+    rows = _row_shape(positions, mrope_section)
+    return [([xp], [xp, r, pp]) for xp, pp in _x_choices(x.ndim, rows)]
+
+
+def _apply_inplace_freqs_rule(x, freqs, positions, *, mrope_section=None, **_flags):
+    _check_positions("rope.apply_.freqs", "x", x, positions, mrope_section)
+    from torch.distributed.tensor import Replicate
+
+    r = Replicate()
+    rows = _row_shape(positions, mrope_section)
+    return [([], [xp, r, pp]) for xp, pp in _x_choices(x.ndim, rows)]
+
+
+def _apply_qk_freqs_rule(q, k, freqs, positions, *, mrope_section=None, **_flags):
+    _check_positions("rope.apply_qk.freqs", "q", q, positions, mrope_section)
+    _check_positions("rope.apply_qk.freqs", "k", k, positions, mrope_section)
+    from torch.distributed.tensor import Replicate
+
+    r = Replicate()
+    rows = _row_shape(positions, mrope_section)
+    return [
+        ([qp, kp], [qp, kp, r, qpp])
+        for qp, qpp in _x_choices(q.ndim, rows)
+        for kp, kpp in _x_choices(k.ndim, rows)
+        if qpp == kpp
+    ]
+
+
+def _varlen_rules(angle_tensors: int):
+    """The rules of apply / apply_ / apply_qk with packed sequences: `angle_tensors` replicated
+    (cos and sin, or freqs), then cu_seqlens, then seq_offsets when given (a keyword tensor)."""
+    from torch.distributed.tensor import Replicate
+
+    r = Replicate()
+
+    def rest(seq_offsets):
+        return [r] * (angle_tensors + 1 + (seq_offsets is not None))
+
+    def apply_rule(x, *args, seq_offsets=None, **_flags):
+        return [([xp], [xp] + rest(seq_offsets)) for xp in _varlen_x_choices(x.ndim)]
+
+    def inplace_rule(x, *args, seq_offsets=None, **_flags):
+        return [([], [xp] + rest(seq_offsets)) for xp in _varlen_x_choices(x.ndim)]
+
+    def qk_rule(q, k, *args, seq_offsets=None, **_flags):
+        return [
+            ([qp, kp], [qp, kp] + rest(seq_offsets))
+            for qp in _varlen_x_choices(q.ndim)
+            for kp in _varlen_x_choices(k.ndim)
+        ]
+
+    return apply_rule, inplace_rule, qk_rule
+
+
+def _register_form_rules(ops) -> None:
+    """Registers the forms' rules on the rope ops `ops` (torch.ops.rope)."""
+    from torch.distributed.tensor.experimental import register_sharding
+
+    register_sharding(ops.apply.freqs)(_apply_freqs_rule)
+    register_sharding(ops.apply_.freqs)(_apply_inplace_freqs_rule)
+    register_sharding(ops.apply_qk.freqs)(_apply_qk_freqs_rule)
+    for op in (ops.apply.freqs, ops.apply_.freqs, ops.apply_qk.freqs):
+        _key_on_mrope_section(op)
+    for form, angle_tensors in (("varlen", 2), ("freqs_varlen", 1)):
+        apply_rule, inplace_rule, qk_rule = _varlen_rules(angle_tensors)
+        register_sharding(getattr(ops.apply, form))(apply_rule)
+        register_sharding(getattr(ops.apply_, form))(inplace_rule)
+        register_sharding(getattr(ops.apply_qk, form))(qk_rule)
+        _key_on_seq_offsets(getattr(ops.apply, form))
+        _key_on_seq_offsets(getattr(ops.apply_, form))
+        _key_on_seq_offsets(getattr(ops.apply_qk, form))
+    _register_form_out_rules(ops)
+
+
+def _key_on_seq_offsets(op) -> None:
+    """Whether seq_offsets is given changes the number of inputs the rule places: part of the
+    cache key, as mrope_section is for the positions forms."""
+    from torch.distributed.tensor import DTensor
+
+    infos = DTensor._op_dispatcher.sharding_propagator.op_to_schema_info
+    info = infos.get(op)
+    if info is not None:
+        keys = list(info.static_kwargkey or [])
+        if "seq_offsets" not in keys:
+            info.static_kwargkey = keys + ["seq_offsets"]
+
+
+def _register_form_out_rules(ops) -> None:
+    """apply.freqs_out, apply.varlen_out and apply.freqs_varlen_out: as _register_out_rule, the
+    result is `out`, whose placement never changes. They return nothing, so under DTensor the
+    strategy raises before any write (torch_rope.apply copies from the out-of-place overload)."""
+    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor._op_schema import OpStrategy, RuntimeSchemaInfo
+    from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+
+    def register(op, tensors_after_x: int, packed: bool):
+        returns_out = len(op._schema.returns) == 1
+
+        def strategy(op_schema):
+            if not returns_out:
+                raise RuntimeError(
+                    f"{op._schema.name}.{op._overloadname}: DTensor arguments are not supported "
+                    "by an out= overload that returns nothing: DTensor returns `out` from out= "
+                    "overloads. Use torch_rope.apply (which copies the out-of-place result "
+                    "into out)"
+                )
+
+            def spec(arg):
+                return arg.strategies[0].output_spec if isinstance(arg, OpStrategy) else arg
+
+            x = spec(op_schema.args_schema[0])
+            r = Replicate()
+            offsets = 1 if op_schema.kwargs_schema.get("seq_offsets") is not None else 0
+            if packed:
+                single_dim = [
+                    [xp, xp] + [r] * (tensors_after_x + offsets) + [xp]
+                    for xp in _varlen_x_choices(x.ndim)
+                ]
+            else:
+                positions = spec(op_schema.args_schema[2])
+                mrope_section = op_schema.kwargs_schema.get("mrope_section")
+                _check_positions("rope.apply.freqs_out", "x", x, positions, mrope_section)
+                rows = _row_shape(positions, mrope_section)
+                single_dim = [[xp, xp, r, pp, xp] for xp, pp in _x_choices(x.ndim, rows)]
+            return expand_to_full_mesh_op_strategy(
+                op_schema.get_mesh_from_args(), op_schema, single_dim, input_index=1
+            )
+
+        keys = ["out"] + [k for k in ("mrope_section", "seq_offsets") if k in _argument_names(op)]
+        DTensor._op_dispatcher.sharding_propagator.register_op_strategy(
+            op, strategy, RuntimeSchemaInfo(static_kwargkey=keys)
+        )
+
+    register(ops.apply.freqs_out, 2, packed=False)
+    register(ops.apply.varlen_out, 3, packed=True)
+    register(ops.apply.freqs_varlen_out, 2, packed=True)

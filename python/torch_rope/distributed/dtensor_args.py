@@ -4,7 +4,7 @@ with a DTensor x), with no communication.
 
 The tables and plain positions are full, global tensors on every rank (default positions come
 from x's global shape): DTensors replicated *in value*. The tables are wrapped as ``Replicate``.
-Positions are handed over already split the way the sharding rules (distributed.py) want them for
+Positions are handed over already split the way the sharding rules (:mod:`.rules`) want them for
 x's placements, each rank keeping its slice: the same value, but DTensor has nothing left to
 redistribute (slicing replicated positions inside the op costs ~0.4 ms per eager call on a 2-core
 VM). Under ``torch.compile``, and for placements this does not model, positions are wrapped as
@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from .distributed import positions_placement
+from .rules import positions_placement
 
 # torch versions whose DTensor internals (DTensorSpec, TensorMeta, the DTensor constructor) the
 # cached path was tested on; anything else takes the public path.

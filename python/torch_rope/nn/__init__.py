@@ -1,5 +1,13 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""``RotaryPositionalEmbedding``: the ``nn.Module`` form of :func:`torch_rope.apply`."""
+"""``RotaryPositionalEmbedding``: the ``nn.Module`` form of :func:`torch_rope.apply`.
+
+Its modes: tables (``cos``/``sin`` buffers, the default) or table-free (``tables=False``: only the
+float64 frequencies as buffers), each with positions or packed sequences (``forward(x,
+cu_seqlens=...)``). The eager path of plain tensors is one C++ call (csrc/rules.h:
+module_apply, module_apply_frequencies, module_apply_packed); the path torch.compile and
+torch.func trace runs the Python mirrors of those rules (:mod:`.forward`, the forward of each
+mode), with the same messages (tests/python/module pins them to the C++ functions).
+"""
 
 import copy
 from typing import Any, Mapping, Optional, Sequence
@@ -16,12 +24,17 @@ from torch.nn.modules.module import (  # noqa: E402
     _global_forward_pre_hooks,
 )
 
-from . import _C, _module_forms
-from . import distributed as _distributed
-from ._dtensor_args import as_dtensors_like
-from ._module_forms import apply_keeping_table_dtypes  # noqa: F401  (also torch_rope.hf's)
-from ._scaling import _integer, _number, parse_scaling
-from .ops import apply, eager_fast_path
+from .. import distributed as _distributed
+from ..distributed import as_dtensors_like  # noqa: F401  (torch_rope.nn's names, as before)
+from ..ops._native import _C
+from ..ops.rotation import apply, eager_fast_path  # noqa: F401  (apply: as before)
+from ..ops.tables import _integer, _number, parse_scaling
+from . import forward as _forward
+from .forward import (  # noqa: F401  (the mirrors of csrc/rules.h, torch_rope.nn's names)
+    check_module_input,
+    long_rope_positions,
+    module_positions,
+)
 
 _jit_tracing = torch._C._get_tracing_state
 
@@ -44,6 +57,24 @@ CALL_HOOK_REGISTRIES = {
     "_global_forward_hooks_with_kwargs": "subset of _global_forward_hooks",
     "_global_forward_hooks_always_called": "subset of _global_forward_hooks",
 }
+
+
+# The floating buffers that keep their dtype when a module is cast: the tables, or the table-free
+# mode's float64 frequencies.
+_KEPT_BUFFERS = ("cos", "sin", "freqs", "long_freqs")
+
+
+def apply_keeping_table_dtypes(module: nn.Module, apply_fn, fn, recurse) -> nn.Module:
+    """``nn.Module._apply`` for a module with ``cos``/``sin`` table buffers (or the table-free
+    ``freqs``): device moves apply to them, dtype casts do not. The exact originals are kept and
+    only follow the device the cast sent them to (no bf16 round trip)."""
+    tables = {name: module._buffers[name] for name in _KEPT_BUFFERS if name in module._buffers}
+    apply_fn(fn, recurse)
+    for name, original in tables.items():
+        moved = module._buffers[name]
+        if moved.dtype != original.dtype:
+            module._buffers[name] = original.to(device=moved.device)
+    return module
 
 
 class RotaryPositionalEmbedding(nn.Module):
@@ -281,19 +312,19 @@ class RotaryPositionalEmbedding(nn.Module):
                     "RotaryPositionalEmbedding: seq_offsets, cp_size and cp_rank describe packed "
                     "sequences; they need cu_seqlens="
                 )
-            return _module_forms.forward_packed(
-                self, x, token_positions, cu_seqlens, seq_offsets, cp_size, cp_rank
-            )
+            if token_positions is not None:
+                raise ValueError(
+                    f"{_forward._MODULE}: give token_positions or cu_seqlens, not both"
+                )
+            packed = _forward.Packed(cu_seqlens, seq_offsets, cp_size, cp_rank)
+            return _forward.forward_packed(self, x, packed)
         if not self.tables:
-            return _module_forms.forward_frequencies(self, x, token_positions)
+            return _forward.forward_frequencies(self, x, token_positions)
         if (
             not self._long_offset
             and self.mrope_section is None
-            and (
-                eager_fast_path(x)
-                if token_positions is None
-                else eager_fast_path(x, token_positions)
-            )
+            and eager_fast_path(x)
+            and (token_positions is None or type(token_positions) is Tensor)
         ):
             # Eager plain tensors (decode calls this twice per layer per token): the module's
             # checks, the positions' alignment and the rotation in one C++ call (csrc/rules.h).
@@ -307,30 +338,7 @@ class RotaryPositionalEmbedding(nn.Module):
                 self.seq_dim,
                 self.interleaved,
             )
-        if token_positions is not None and not isinstance(token_positions, Tensor):
-            raise TypeError(
-                "RotaryPositionalEmbedding: token_positions must be an int32/int64 Tensor or "
-                f"None, got {type(token_positions).__name__}"
-            )
-        # The path torch.compile and torch.func trace: the C++ rules above, mirrored.
-        check_module_input(x, self.d_k, self.seq_dim, token_positions is not None)
-        num_axes = 0 if self.mrope_section is None else len(self.mrope_section)
-        positions = module_positions(x, token_positions, self.seq_dim, num_axes)
-        positions = long_rope_positions(positions, self._long_offset, self._long_after)
-        cos, sin = self._buffers["cos"], self._buffers["sin"]
-        if type(x) is not Tensor:  # a DTensor x gets DTensor tables and positions, no communication
-            cos, sin, positions = as_dtensors_like(x, cos, sin, positions)
-        if num_axes:
-            return apply(
-                x,
-                cos,
-                sin,
-                positions,
-                interleaved=self.interleaved,
-                mrope_section=self.mrope_section,
-                mrope_interleaved=self.mrope_interleaved,
-            )
-        return apply(x, cos, sin, positions, interleaved=self.interleaved)
+        return _forward.forward_tables(self, x, token_positions)
 
     def _apply(self, fn, recurse=True):
         return apply_keeping_table_dtypes(self, super()._apply, fn, recurse)
@@ -353,94 +361,3 @@ class RotaryPositionalEmbedding(nn.Module):
             if self.mrope_interleaved:
                 text += ", mrope_interleaved=True"
         return text
-
-
-# ---- the module's rules on the traced path --------------------------------------------------
-# torch.compile and torch.func cannot trace into a pybind11 call, so the path they take runs
-# these mirrors of csrc/rules.h (check_module_input, module_positions, long_rope_positions), with
-# the same messages. tests/python pins each to its C++ original over the sample inputs.
-
-_MODULE = "RotaryPositionalEmbedding"
-
-
-def check_module_input(x: Tensor, d_k: int, seq_dim: int, has_positions: bool) -> None:
-    """rope::detail::check_module_input: x is (..., d_k), with a sequence axis when positions
-    are not given."""
-    if x.dim() < 1 or x.shape[-1] != d_k:
-        raise ValueError(
-            f"{_MODULE}: x.size(-1) must equal d_k = {d_k}, got x of shape {list(x.shape)}"
-        )
-    if not has_positions and x.dim() - 1 < -seq_dim - 1:
-        raise ValueError(
-            f"{_MODULE}: without token_positions, x needs a sequence axis at seq_dim = {seq_dim}, "
-            f"got x of shape {list(x.shape)}"
-        )
-
-
-def module_positions(
-    x: Tensor, token_positions: Optional[Tensor], seq_dim: int, num_axes: int = 0
-) -> Tensor:
-    """rope::detail::module_positions: the positions the module passes to rope.apply for x.
-    Multi-axis modules (``num_axes > 0``) keep the trailing axis dim last."""
-    trailing = -seq_dim - 2  # dims of x.shape[:-1] after the sequence axis
-    rank = x.dim() - 1
-    axis_dims = 1 if num_axes else 0
-    # (S,) and (B, S) get the trailing unit dims, decided on the dims the caller gave (the (B, S)
-    # rule below first inserts unit dims between B and S).
-    one_or_two_dims = True
-    if token_positions is None:
-        if rank < trailing + 1:
-            raise ValueError(
-                f"{_MODULE}: without token_positions, x needs a sequence axis at seq_dim = "
-                f"{seq_dim}, got x of shape {list(x.shape)}"
-            )
-        positions = torch.arange(x.shape[seq_dim], device=x.device)
-        if num_axes:
-            positions = positions.unsqueeze(-1).expand(positions.shape[0], num_axes)
-    else:
-        positions = token_positions
-        if num_axes and (positions.dim() < 1 or positions.shape[-1] != num_axes):
-            raise ValueError(
-                f"{_MODULE}: token_positions must have a trailing axis dim of size "
-                f"len(mrope_section) = {num_axes} (token_positions[..., a] is axis a), got "
-                f"token_positions of shape {list(positions.shape)}"
-            )
-        one_or_two_dims = positions.dim() - axis_dims <= 2
-        if positions.dim() - axis_dims == 2 and rank >= 2 + trailing:
-            for _ in range(rank - 2 - trailing):  # (B, S): B on x's first axis
-                positions = positions.unsqueeze(1)
-    if one_or_two_dims:
-        for _ in range(trailing):
-            positions = positions.unsqueeze(-1 - axis_dims)
-    if token_positions is not None and rank >= 0:
-        rows = x.shape[:-1]
-        row_shape = positions.shape[: positions.dim() - axis_dims]
-        fits = len(row_shape) <= len(rows) and all(
-            p == 1 or p == r for p, r in zip(reversed(row_shape), reversed(rows))
-        )
-        if not fits:
-            raise ValueError(
-                f"{_MODULE}: token_positions of shape {list(token_positions.shape)} do not fit x "
-                f"of shape {list(x.shape)} with seq_dim = {seq_dim}. The module reads 1-D "
-                "positions as (S,) along x's sequence axis (seq_dim), 2-D positions as (B, S) "
-                "with B on x's first axis, and positions of 3 or more dims as broadcastable to "
-                "x.shape[:-1]. For x laid out (B, S, H, D) construct the module with seq_dim=-3, "
-                "for (B, H, S, D) with seq_dim=-2"
-                + (
-                    ""
-                    if type(x) is Tensor
-                    else " (x is a DTensor: these are global shapes, so positions must be global "
-                    "and broadcastable to the global shape)"
-                )
-            )
-    return positions
-
-
-def long_rope_positions(positions: Tensor, long_offset: int, long_after: int) -> Tensor:
-    """rope::detail::long_rope_positions: LongRoPE's switch on the device (no host sync). Rows
-    shift to the long-factor tables when the call's largest position is >= long_after
-    (transformers' rule: ``max(positions) + 1 > original_max_position_embeddings``)."""
-    if not long_offset or positions.numel() == 0:
-        return positions
-    is_long = (positions.max() >= long_after).to(positions.dtype)
-    return positions + is_long * long_offset

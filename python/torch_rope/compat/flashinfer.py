@@ -29,9 +29,10 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ._compat_errors import PeerNames, peer_words
-from ._scaling import rope_frequencies
-from .ops import apply_, apply_qk
+from ..ops.qk import apply_qk
+from ..ops.rotation import apply_
+from ..ops.tables import rope_frequencies
+from .errors import PeerNames, peer_words
 
 _FLOATING = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 # The ops' names -> FlashInfer's: the ragged batch's indptr/offsets are the op's cu_seqlens /

@@ -7,9 +7,11 @@ from typing import Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from . import _C, _functorch
-from ._op_arguments import _flags, _section, eager_fast_path, require_sources
-from .ops import apply_qk
+from . import _autograd
+from ._fusions import require_sources
+from ._native import _C
+from .qk import apply_qk
+from .rotation import _flags, _section, eager_fast_path
 
 _rms_norm_apply_qk = torch.ops.rope.rms_norm_apply_qk.default
 _fast_rms_norm_apply_qk = _C._rms_norm_apply_qk
@@ -73,7 +75,7 @@ def rms_norm_apply_qk(
     require_sources("rope.rms_norm_apply_qk", cos, sin, positions)
     mrope_section = _section("rope.rms_norm_apply_qk", mrope_section)
     flags = _flags(interleaved, inverse, mrope_section, mrope_interleaved)
-    if _functorch.transforms_active():
+    if _autograd.transforms_active():
         return _rms_norm_apply_qk_composite(
             q, k, q_weight, k_weight, cos, sin, positions, float(eps), float(weight_offset), flags
         )

@@ -23,9 +23,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._compat_errors import PeerNames, peer_words
-from ._op_arguments import _is_compiling
-from .ops import apply
+from ..ops.rotation import _is_compiling, apply
+from .errors import PeerNames, peer_words
 
 # The op's names -> TE's: thd's seq_offsets are its start_positions; the tables come from freqs.
 _WORDS = PeerNames(

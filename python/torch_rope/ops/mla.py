@@ -8,9 +8,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _C
-from ._fp8_scales import scale_tensor
-from ._op_arguments import eager_fast_path, require_sources
+from ._fusions import require_sources, scale_tensor
+from ._native import _C
+from .rotation import eager_fast_path
 
 _mla_apply_cache = torch.ops.rope.mla_apply_cache.default
 _fast_mla_apply_cache = _C._mla_apply_cache

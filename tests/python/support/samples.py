@@ -34,7 +34,17 @@ test_samples.py changes. The families:
   slices, a last-dim stride, a misaligned start, per-head, broadcast and strided positions, no
   tokens) into flat and paged caches, caches that are halves of one buffer or rows padded for
   alignment, 16/32-bit and float8 caches (both formats, the scale as a Python float, a 0-d or a
-  1-element tensor), padding (negative) slots, and no v.
+  1-element tensor), padding (negative) slots, and no v;
+* **forms** - the ``freqs=`` and packed-sequence (``cu_seqlens``, ``seq_offsets``, context
+  parallelism) overloads of the four rope ops;
+* **qk_fp8** - ``apply_qk_fp8`` and ``apply_qk_fp8.out`` (both float8 formats and scale rules,
+  no-RoPE parts, out= buffers with padding around them);
+* **mla_cache** - ``mla_apply_cache`` (one cache or two, flat or paged, float8 caches and q, the
+  GQA rows with v);
+* **norm_cache** - ``rms_norm_apply_qk_cache`` (the kv_cache family's geometries and caches with
+  the norm's weights, eps and offset, a float8 q, multi-axis positions).
+
+test_catalogue.py requires every overload of torch.ops.rope to be some sample's ``overload``.
 
 test_apply.py crosses ``GEOMETRIES`` with dtypes, head_dims and both pair layouts;
 test_rms_norm_apply_qk.py and test_apply_qk_cache.py cross their family's geometries with dtypes

@@ -18,7 +18,7 @@ def _overloads():
     names = []
     for op_name in dir(torch.ops.rope):
         packet = getattr(torch.ops.rope, op_name)
-        if isinstance(packet, torch._ops.OpOverloadPacket):
+        if callable(getattr(packet, "overloads", None)):  # an op packet
             names += [f"rope.{op_name}.{overload}" for overload in packet.overloads()]
     return sorted(names)
 

@@ -1764,7 +1764,7 @@ def _scale_tensor(scale, device):
     return torch.tensor(scale, dtype=torch.float32, device=device)
 
 
-def _assert_near(got: Tensor, want: Tensor, scale=None, multiply=False, what="an output"):
+def _assert_near(got: Tensor, want: Tensor, scale=None, multiply=False):
     """``got`` against its float64 value ``want``: float8 within one fp8 step of the scaled
     value, 16/32-bit within its dtype's tolerance."""
     if got.dtype in ref.FP8_DTYPES:

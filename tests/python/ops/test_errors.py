@@ -55,6 +55,9 @@ class Family:
     op_name: Callable[[str], str]
     arg_name: Callable[[str], str] = lambda op: "x"
     prepare: Callable[[str, dict], None] = lambda op, args: None  # e.g. adds an out buffer
+    # op -> the torch.ops.rope overload it reaches (test_catalogue.py holds every overload to a
+    # family that has bad calls of it).
+    overloads: Dict[str, object] = field(default_factory=dict)
 
 
 CATALOGUE: Dict[str, Family] = {}
@@ -65,6 +68,7 @@ def register_family(name: str, family: Family):
     assert name not in CATALOGUE, f"family {name} registered twice"
     clash = set(family.cases) & set(_FAMILY_OF_CASE)
     assert not clash, f"bad-call names used by two families: {sorted(clash)}"
+    assert set(family.overloads) == set(family.ops), f"family {name}: the overload of each op"
     for case_name, bad in family.cases.items():
         assert set(bad.ops or family.ops) <= set(family.ops), (name, case_name)
         _FAMILY_OF_CASE[case_name] = family
@@ -615,6 +619,13 @@ register_family(
         prepare=_add_out,
         op_name=op_name,
         arg_name=arg_name,
+        overloads={
+            "apply": torch.ops.rope.apply.default,
+            "apply_": torch.ops.rope.apply_.default,
+            "apply.out": torch.ops.rope.apply.out,
+            "apply_qk:q": torch.ops.rope.apply_qk.default,
+            "apply_qk:k": torch.ops.rope.apply_qk.default,
+        },
     ),
 )
 
@@ -1129,6 +1140,7 @@ register_family(
         call=_rms_norm_call,
         cases=RMS_NORM_BAD_INPUTS,
         op_name=lambda op: "rope." + op.removeprefix("raw."),
+        overloads={op: torch.ops.rope.rms_norm_apply_qk.default for op in RMS_NORM_OPS},
     ),
 )
 
@@ -1497,6 +1509,758 @@ register_family(
         call=_cache_call,
         cases=KV_CACHE_BAD_INPUTS,
         op_name=lambda op: "rope." + op.removeprefix("raw."),
+        overloads={op: torch.ops.rope.apply_qk_cache.default for op in KV_CACHE_OPS},
+    ),
+)
+
+
+# ---- family: forms (the freqs= and packed-sequence overloads of the rope ops) ------------------
+# The valid call: x (6, 2, 8), k (6, 1, 8) (apply_qk's k; x is its q), tables (64, 8) or freqs (4,)
+# float64, positions (6, 1) (the freqs= form) or cu_seqlens [0, 3, 6] with seq_offsets [0, 1]
+# (the packed forms). Each op is one overload, run through the typed wrapper; messages name it.
+
+FREQS_OPS = ("apply.freqs", "apply_.freqs", "apply.freqs_out", "apply_qk.freqs")
+TABLE_VARLEN_OPS = ("apply.varlen", "apply_.varlen", "apply.varlen_out", "apply_qk.varlen")
+FREQS_VARLEN_OPS = (
+    "apply.freqs_varlen", "apply_.freqs_varlen", "apply.freqs_varlen_out", "apply_qk.freqs_varlen"
+)  # fmt: skip
+VARLEN_OPS = TABLE_VARLEN_OPS + FREQS_VARLEN_OPS
+FORM_OPS = FREQS_OPS + VARLEN_OPS
+ALL_FREQS_OPS = FREQS_OPS + FREQS_VARLEN_OPS
+
+
+def _form_overload(op):
+    name, form = op.split(".")
+    if form.endswith("_out"):
+        return getattr(torch.ops.rope.apply, form)
+    return getattr(getattr(torch.ops.rope, name), form)
+
+
+def _form_good_inputs(device):
+    cos, sin = make_tables(64, 8, device)
+    freqs = 1.0 / 10000.0 ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    return dict(
+        x=torch.randn(6, 2, 8, device=device),
+        k=torch.randn(6, 1, 8, device=device),
+        cos=cos,
+        sin=sin,
+        freqs=freqs.to(device),
+        positions=torch.arange(6, device=device).view(6, 1),
+        cu_seqlens=torch.tensor([0, 3, 6], device=device),
+        seq_offsets=torch.tensor([0, 1], device=device),
+        cp_size=1,
+        cp_rank=0,
+    )
+
+
+def _form_call(op, args):
+    a = dict(args)
+    x, k, out = a.pop("x"), a.pop("k"), a.pop("out", None)
+    cos, sin, freqs = a.pop("cos"), a.pop("sin"), a.pop("freqs")
+    positions = a.pop("positions")
+    packed = {n: a.pop(n) for n in ("cu_seqlens", "seq_offsets", "cp_size", "cp_rank")}
+    name, form = op.split(".")
+    kw = dict(freqs=freqs) if form.startswith("freqs") else dict(cos=cos, sin=sin)
+    kw.update(packed if "varlen" in form else dict(positions=positions))
+    kw.update(a)  # the case's own keywords (attention_factor, mrope_section)
+    if name == "apply_qk":
+        return torch_rope.apply_qk(x, k, **kw)
+    if name == "apply_":
+        return torch_rope.apply_(x, **kw)
+    if form.endswith("_out"):
+        return torch_rope.apply(x, out=out, **kw)
+    return torch_rope.apply(x, **kw)
+
+
+def _form_add_out(op, args):
+    x = args["x"]
+    if op.endswith("_out") and isinstance(x, Tensor):
+        dtype = x.dtype if x.dtype in SUPPORTED else torch.float32
+        args["out"] = torch.full(x.shape, 7.0, dtype=dtype, device=x.device)
+
+
+def _on(a, *values, dtype=None):
+    return torch.tensor(values, dtype=dtype, device=a["x"].device)
+
+
+FORM_BAD_INPUTS = {
+    # ---- packed sequences: cu_seqlens, seq_offsets, cp_size, cp_rank
+    "cu_seqlens_not_monotone": Bad(
+        # three sequences, so three offsets: only the order is wrong
+        lambda a: a.update(cu_seqlens=_on(a, 0, 5, 3, 6), seq_offsets=_on(a, 0, 1, 2)),
+        ValueError,
+        r"cu_seqlens must be non-decreasing.*cu_seqlens\[2\] = 3 after cu_seqlens\[1\] = 5",
+        VARLEN_OPS,
+        needs_data=True,
+    ),
+    "cu_seqlens_first_not_zero": Bad(
+        lambda a: a.update(cu_seqlens=_on(a, 1, 3, 6)),
+        ValueError,
+        r"cu_seqlens\[0\] must be 0.*got 1",
+        VARLEN_OPS,
+        needs_data=True,
+    ),
+    "cu_seqlens_wrong_end": Bad(
+        lambda a: a.update(cu_seqlens=_on(a, 0, 3, 5)),
+        ValueError,
+        r"cu_seqlens\[-1\] must equal x\.size\(0\) \* cp_size = 6 \* 1.*got 5",
+        VARLEN_OPS,
+        needs_data=True,
+    ),
+    "cu_seqlens_end_past_tokens": Bad(
+        lambda a: a.update(cu_seqlens=_on(a, 0, 3, 7)),
+        ValueError,
+        r"cu_seqlens\[-1\] must equal.*got 7",
+        VARLEN_OPS,
+        needs_data=True,
+    ),
+    "cu_seqlens_float": Bad(
+        lambda a: a.update(cu_seqlens=_on(a, 0.0, 3.0, 6.0)),
+        RuntimeError,
+        r"cu_seqlens must be an integer tensor \(int32 or int64\), got Float",
+        VARLEN_OPS,
+    ),
+    "cu_seqlens_int16": Bad(
+        lambda a: a.update(cu_seqlens=_on(a, 0, 3, 6, dtype=torch.int16)),
+        RuntimeError,
+        r"cu_seqlens must be an integer tensor.*got Short",
+        VARLEN_OPS,
+    ),
+    "cu_seqlens_2d": Bad(
+        lambda a: a.update(cu_seqlens=_on(a, 0, 3, 6).view(1, 3)),
+        RuntimeError,
+        r"cu_seqlens must be a 1-D tensor, got a 2-D tensor",
+        VARLEN_OPS,
+    ),
+    "cu_seqlens_empty": Bad(
+        lambda a: a.update(cu_seqlens=torch.zeros(0, dtype=torch.long, device=a["x"].device)),
+        RuntimeError,
+        r"cu_seqlens must hold N \+ 1 boundaries",
+        VARLEN_OPS,
+    ),
+    "cu_seqlens_on_meta": Bad(
+        lambda a: a.update(cu_seqlens=torch.tensor([0, 3, 6], device="meta")),
+        RuntimeError,
+        r"cu_seqlens must be on (x|q)'s device",
+        VARLEN_OPS,
+        devices=("cpu",),
+    ),
+    "seq_offsets_wrong_length": Bad(
+        lambda a: a.update(seq_offsets=_on(a, 0, 1, 2)),
+        RuntimeError,
+        r"seq_offsets must hold one start position per sequence, N = cu_seqlens.size\(0\) - 1 = "
+        r"2, got 3",
+        VARLEN_OPS,
+    ),
+    "seq_offsets_negative": Bad(
+        lambda a: a.update(seq_offsets=_on(a, 0, -1)),
+        ValueError,
+        r"seq_offsets must be >= 0.*got -1 for sequence 1",
+        VARLEN_OPS,
+        needs_data=True,
+    ),
+    "seq_offsets_float": Bad(
+        lambda a: a.update(seq_offsets=_on(a, 0.0, 1.0)),
+        RuntimeError,
+        r"seq_offsets must be an integer tensor",
+        VARLEN_OPS,
+    ),
+    "seq_offsets_past_int64": Bad(
+        lambda a: a.update(seq_offsets=_on(a, 0, 2**63 - 2)),
+        ValueError,
+        r"seq_offsets\[1\] = 9223372036854775806 plus the sequence's positions \(up to 2\) "
+        r"overflows int64",
+        FREQS_VARLEN_OPS,
+        needs_data=True,
+    ),
+    "cp_rank_too_large": Bad(
+        lambda a: a.update(cp_size=2, cp_rank=2),
+        RuntimeError,
+        r"cp_rank must be in \[0, cp_size\) = \[0, 2\), got 2",
+        VARLEN_OPS,
+    ),
+    "cp_rank_negative": Bad(
+        lambda a: a.update(cp_rank=-1),
+        RuntimeError,
+        r"cp_rank must be in \[0, cp_size\) = \[0, 1\), got -1",
+        VARLEN_OPS,
+    ),
+    "cp_size_zero": Bad(
+        lambda a: a.update(cp_size=0), RuntimeError, r"cp_size must be >= 1.*got 0", VARLEN_OPS
+    ),
+    "cp_lengths_not_divisible": Bad(
+        lambda a: a.update(cu_seqlens=_on(a, 0, 6, 12), cp_size=2),
+        ValueError,
+        r"with cp_size = 2 every sequence length must be divisible by 2 \* cp_size = 4.*got "
+        r"length 6 of sequence 0",
+        VARLEN_OPS,
+        needs_data=True,
+    ),
+    "cp_wrong_end": Bad(
+        lambda a: a.update(cu_seqlens=_on(a, 0, 4, 8), cp_size=2),
+        ValueError,
+        r"cu_seqlens\[-1\] must equal x\.size\(0\) \* cp_size = 6 \* 2.*got 8",
+        VARLEN_OPS,
+        needs_data=True,
+    ),
+    # sequence 1 (3 tokens) at 62, 63, 64: its last position is one past the 64-row tables
+    "packed_position_past_the_tables": Bad(
+        lambda a: a.update(seq_offsets=_on(a, 0, 62)),
+        IndexError,
+        r"positions from cu_seqlens and seq_offsets must be < max_seq_len = cos\.size\(0\) = 64, "
+        r"got 64 for sequence 1",
+        TABLE_VARLEN_OPS,
+        needs_data=True,
+    ),
+    "packed_x_without_token_dim": Bad(
+        lambda a: a.update(x=torch.randn(8, device=a["x"].device), cu_seqlens=_on(a, 0, 8)),
+        RuntimeError,
+        r"x must be \(T, \.\.\., head_dim\) with the tokens of the packed sequences on dim 0 when "
+        r"cu_seqlens is given, got a 1-D tensor",
+        tuple(op for op in VARLEN_OPS if not op.startswith("apply_qk")),
+    ),
+    "packed_k_of_other_token_count": Bad(
+        lambda a: a.update(k=torch.randn(5, 1, 8, device=a["x"].device)),
+        RuntimeError,
+        r"q and k must have the same number of tokens",
+        ("apply_qk.varlen", "apply_qk.freqs_varlen"),
+    ),
+    # ---- the frequencies
+    "attention_factor_inf": Bad(
+        lambda a: a.update(attention_factor=float("inf")),
+        RuntimeError,
+        r"attention_factor must be finite, got inf",
+        ALL_FREQS_OPS,
+    ),
+    "attention_factor_nan": Bad(
+        lambda a: a.update(attention_factor=float("nan")),
+        RuntimeError,
+        r"attention_factor must be finite, got nan",
+        ALL_FREQS_OPS,
+    ),
+    "freqs_half": Bad(
+        lambda a: a.update(freqs=a["freqs"].half()),
+        RuntimeError,
+        r"freqs must be float64 \(plane k turns by position \* freqs\[k\] exactly, with freqs\[k\] "
+        r"as stored\), got Half",
+        ALL_FREQS_OPS,
+    ),
+    "freqs_2d": Bad(
+        lambda a: a.update(freqs=a["freqs"].view(1, 4)),
+        RuntimeError,
+        r"freqs must be a 1-D tensor of rotary_dim / 2 frequencies \(one per plane\), got a 2-D "
+        r"tensor of shape \[1, 4\]",
+        ALL_FREQS_OPS,
+    ),
+    "freqs_past_head_dim": Bad(
+        lambda a: a.update(freqs=torch.ones(5, dtype=torch.float64, device=a["x"].device)),
+        RuntimeError,
+        r"{x}\.size\(-1\) \(head_dim\) must be >= rotary_dim = 2 \* freqs\.size\(0\) = 10, got 8",
+        ALL_FREQS_OPS,
+    ),
+    "freqs_nan": Bad(
+        lambda a: a["freqs"].__setitem__(0, float("nan")),
+        ValueError,
+        r"freqs must be finite, got nan at index 0 of freqs",
+        ALL_FREQS_OPS,
+        needs_data=True,
+    ),
+    "freqs_on_meta": Bad(
+        lambda a: a.update(freqs=a["freqs"].to("meta")),
+        RuntimeError,
+        r"{x} and freqs must be on the same device, got {x} on cpu and freqs on meta",
+        ALL_FREQS_OPS,
+        devices=("cpu",),
+    ),
+    "freqs_float_positions": Bad(
+        lambda a: a.update(positions=a["positions"].float()),
+        RuntimeError,
+        r"positions must be an integer tensor \(int32 or int64\), got Float",
+        FREQS_OPS,
+    ),
+    "freqs_positions_not_broadcastable": Bad(
+        lambda a: a.update(positions=a["positions"][:5]),
+        RuntimeError,
+        r"positions of shape \[5, 1\] cannot be broadcast to {x}\.shape\[:-1\] = \[6, 2\]",
+        FREQS_OPS,
+    ),
+    "freqs_mrope_section_sum": Bad(
+        lambda a: a.update(mrope_section=[1, 2]),
+        RuntimeError,
+        r"sum\(mrope_section\) must equal rotary_dim / 2 = freqs\.size\(0\) = 4, got "
+        r"sum\(\[1, 2\]\) = 3",
+        FREQS_OPS,
+    ),
+    "form_integer_x": Bad(
+        lambda a: a.update(x=a["x"].long()),
+        RuntimeError,
+        r"x must be a floating tensor of dtype float64, float32, float16 or bfloat16, got Long",
+        tuple(op for op in FORM_OPS if not op.startswith("apply_qk")),
+    ),
+}
+
+register_family(
+    "forms",
+    Family(
+        ops=FORM_OPS,
+        good_inputs=_form_good_inputs,
+        call=_form_call,
+        cases=FORM_BAD_INPUTS,
+        op_name=lambda op: "rope." + op,
+        arg_name=lambda op: "q" if op.startswith("apply_qk") else "x",
+        prepare=_form_add_out,
+        overloads={op: _form_overload(op) for op in FORM_OPS},
+    ),
+)
+
+
+# ---- family: qk_fp8 (apply_qk_fp8, apply_qk_fp8.out) -------------------------------------------
+# The valid call: q (5, 4, 80), k (5, 2, 80), tables (64, 24) (rotary_dim 48), positions (5, 1),
+# q_nope (5, 4, 16), k_nope (5, 2, 8), 0-d float32 scales; the .out ops write float8 buffers of
+# those shapes. Each op runs through the typed wrapper and as the raw op.
+
+QK_FP8_OPS = ("apply_qk_fp8", "raw.apply_qk_fp8", "apply_qk_fp8.out", "raw.apply_qk_fp8.out")
+QK_FP8_OUT_OPS = ("apply_qk_fp8.out", "raw.apply_qk_fp8.out")
+QK_FP8_FUNCTIONAL_OPS = ("apply_qk_fp8", "raw.apply_qk_fp8")
+_QK_FP8_OUTS = ("q_out", "k_out", "q_nope_out", "k_nope_out")
+E4M3 = torch.float8_e4m3fn
+
+
+def _qk_fp8_good_inputs(device):
+    cos, sin = make_tables(64, 48, device)
+    shapes = dict(q=(5, 4, 80), k=(5, 2, 80), q_nope=(5, 4, 16), k_nope=(5, 2, 8))
+    args = {name: torch.randn(*shape, device=device) for name, shape in shapes.items()}
+    args.update(
+        cos=cos,
+        sin=sin,
+        positions=(torch.arange(5, device=device) * 7).view(5, 1),
+        q_scale=torch.tensor(0.5, device=device),
+        k_scale=torch.tensor(0.25, device=device),
+    )
+    for out, shape in zip(_QK_FP8_OUTS, shapes.values()):
+        args[out] = torch.full(shape, 3.0, device=device).to(E4M3)
+    return args
+
+
+def _qk_fp8_call(op, args):
+    a = dict(args)
+    tensors = [a.pop(n) for n in ("q", "k", "cos", "sin", "positions")]
+    outs = {n: a.pop(n) for n in _QK_FP8_OUTS}
+    if op == "raw.apply_qk_fp8.out":
+        return torch.ops.rope.apply_qk_fp8.out(*tensors, **a, **outs)
+    if op == "raw.apply_qk_fp8":
+        return torch.ops.rope.apply_qk_fp8(*tensors, **a)
+    if op == "apply_qk_fp8.out":
+        return torch_rope.apply_qk_fp8(*tensors, out=tuple(outs.values()), **a)
+    return torch_rope.apply_qk_fp8(*tensors, **a)
+
+
+def _set(**values):
+    """A change that sets arguments to tensors made on the call's device (``values``: functions
+    of the device)."""
+    return lambda a: a.update({n: f(a["cos"].device) for n, f in values.items()})
+
+
+QK_FP8_BAD_INPUTS = {
+    "qk_fp8_q_2d": Bad(
+        lambda a: a.update(q=a["q"][:, 0]),
+        RuntimeError,
+        r"q must be 3-D \(num_tokens, num_heads, head_dim\), got shape \[5, 80\]",
+    ),
+    "qk_fp8_k_tokens": Bad(
+        lambda a: a.update(k=a["k"][:4]),
+        RuntimeError,
+        r"k\.size\(0\) \(tokens\) must equal q\.size\(0\) = 5, got k of shape \[4, 2, 80\]",
+    ),
+    "qk_fp8_q_nope_heads": Bad(
+        _set(q_nope=lambda d: torch.randn(5, 3, 16, device=d)),
+        RuntimeError,
+        r"q_nope must have q's head count q\.size\(1\) = 4, got q_nope of shape \[5, 3, 16\]",
+    ),
+    "qk_fp8_k_nope_dtype": Bad(
+        lambda a: a.update(k_nope=a["k_nope"].double()),
+        RuntimeError,
+        r"k_nope must have k's dtype Float, got Double",
+    ),
+    "qk_fp8_dtype_not_fp8": Bad(
+        lambda a: a.update(dtype=torch.float16),
+        RuntimeError,
+        r"dtype must be a float8 dtype \(torch\.float8_e4m3fn or torch\.float8_e5m2\), got Half",
+        QK_FP8_FUNCTIONAL_OPS,
+    ),
+    "qk_fp8_scale_float64": Bad(
+        _set(q_scale=lambda d: torch.tensor(1.0, dtype=torch.float64, device=d)),
+        RuntimeError,
+        r"q_scale must be a float32 tensor \(or a Python float\), got Double",
+    ),
+    "qk_fp8_scale_two_values": Bad(
+        _set(k_scale=lambda d: torch.ones(2, device=d)),
+        RuntimeError,
+        r"k_scale must hold one value \(0-d or 1 element\), got shape \[2\]",
+    ),
+    "qk_fp8_scale_zero": Bad(
+        _set(k_scale=lambda d: torch.tensor(0.0, device=d)),
+        ValueError,
+        r"k_scale must be a finite number > 0 \(stored = saturate\(value / k_scale\)\), got 0$",
+        needs_data=True,  # a CUDA tensor scale is read by the kernel alone
+    ),
+    "qk_fp8_scale_nan": Bad(
+        _set(q_scale=lambda d: torch.tensor(float("nan"), device=d)),
+        ValueError,
+        r"q_scale must be a finite number > 0 \(stored = saturate\(value / q_scale\)\), got nan$",
+        needs_data=True,
+    ),
+    "qk_fp8_position_out_of_range": Bad(
+        lambda a: a["positions"].__setitem__((2, 0), 64),
+        IndexError,
+        r"positions must be in \[0, max_seq_len\) with max_seq_len = cos\.size\(0\) = 64, got 64 "
+        r"at flat index 2",
+        needs_data=True,
+    ),
+    "qk_fp8_out_not_fp8": Bad(
+        lambda a: a.update(q_out=a["q_out"].half()),
+        RuntimeError,
+        r"q_out must be float8 \(torch\.float8_e4m3fn or torch\.float8_e5m2\), got Half",
+        QK_FP8_OUT_OPS,
+    ),
+    "qk_fp8_outs_of_two_formats": Bad(
+        lambda a: a.update(k_out=a["k_out"].to(torch.float8_e5m2)),
+        RuntimeError,
+        r"k_out must be Float8_e4m3fn, got Float8_e5m2",
+        QK_FP8_OUT_OPS,
+    ),
+    "qk_fp8_out_shape": Bad(
+        _set(k_out=lambda d: torch.zeros(5, 3, 80, device=d).to(E4M3)),
+        RuntimeError,
+        r"k_out must have k's shape \[5, 2, 80\], got \[5, 3, 80\] \(out= never resizes\)",
+        QK_FP8_OUT_OPS,
+    ),
+    "qk_fp8_out_missing_nope": Bad(
+        lambda a: a.update(q_nope_out=None),
+        RuntimeError,
+        r"q_nope_out goes with q_nope, got q_nope a tensor and q_nope_out None",
+        QK_FP8_OUT_OPS,
+    ),
+    "qk_fp8_out_aliases_q": Bad(
+        lambda a: a.update(q_out=a["q"].view(torch.uint8)[..., :80].view(E4M3)),
+        RuntimeError,
+        r"q_out shares memory with q, which it would overwrite while reading",
+        QK_FP8_OUT_OPS,
+        needs_memory=True,
+    ),
+    "qk_fp8_outs_overlap": Bad(
+        lambda a: a.update(k_out=a["q_out"][:, :2]),
+        RuntimeError,
+        r"q_out shares memory with k_out",
+        QK_FP8_OUT_OPS,
+        needs_memory=True,
+    ),
+    "qk_fp8_out_overlapping": Bad(
+        _set(q_out=lambda d: torch.zeros(5, 1, 80, device=d).to(E4M3).expand(5, 4, 80)),
+        RuntimeError,
+        r"q_out has overlapping memory \(e\.g\. a result of expand\(\)\)",
+        QK_FP8_OUT_OPS,
+    ),
+}
+
+register_family(
+    "qk_fp8",
+    Family(
+        ops=QK_FP8_OPS,
+        good_inputs=_qk_fp8_good_inputs,
+        call=_qk_fp8_call,
+        cases=QK_FP8_BAD_INPUTS,
+        op_name=lambda op: "rope.apply_qk_fp8" + (".out" if op.endswith(".out") else ""),
+        overloads={
+            op: torch.ops.rope.apply_qk_fp8.out
+            if op.endswith(".out")
+            else torch.ops.rope.apply_qk_fp8.default
+            for op in QK_FP8_OPS
+        },  # fmt: skip
+    ),
+)
+
+
+# ---- family: mla_cache (mla_apply_cache) -------------------------------------------------------
+# The valid call: q_pe (7, 4, 16), k_pe (7, 16), kv_c (7, 40), tables (64, 8), positions (7, 1),
+# one paged cache (6, 4, 56) (24 slots), slot_mapping of 7 distinct slots, q_nope (7, 4, 8).
+# Checked on CPU and Meta (its CUDA glue's checks are the host run's, tests/cuda_host).
+
+MLA_OPS = ("mla_apply_cache", "raw.mla_apply_cache")
+_CPU_META = ("cpu", "meta")
+
+
+def _mla_good_inputs(device):
+    cos, sin = make_tables(64, 16, device)
+    return dict(
+        q_pe=torch.randn(7, 4, 16, device=device),
+        k_pe=torch.randn(7, 16, device=device),
+        kv_c=torch.randn(7, 40, device=device),
+        cos=cos,
+        sin=sin,
+        positions=torch.tensor([[3], [0], [63], [5], [9], [2], [40]], device=device),
+        kv_cache=torch.full((6, 4, 56), 3.0, device=device),
+        kpe_cache=None,
+        slot_mapping=torch.tensor([5, 0, 23, 7, 11, 2, 16], device=device),
+        q_nope=torch.randn(7, 4, 8, device=device),
+    )
+
+
+def _mla_call(op, args):
+    a = dict(args)
+    names = ("q_pe", "k_pe", "kv_c", "cos", "sin", "positions", "kv_cache", "kpe_cache")
+    tensors = [a.pop(n) for n in names] + [a.pop("slot_mapping")]
+    if op.startswith("raw."):
+        return torch.ops.rope.mla_apply_cache(*tensors, **a)
+    return torch_rope.mla_apply_cache(*tensors, **a)
+
+
+def _mla_fp8_cache(scale):
+    def change(a):
+        a["kv_cache"] = a["kv_cache"].to(E4M3)
+        if scale is not None:
+            a["kv_scale"] = torch.tensor(scale, device=a["kv_cache"].device)
+
+    return change
+
+
+def _mla_slot(index, value):
+    return lambda a: a["slot_mapping"].__setitem__(index, value)
+
+
+MLA_BAD_INPUTS = {
+    "mla_slot_out_of_range": Bad(
+        _mla_slot(3, 24),
+        IndexError,
+        r"slot_mapping must be < the caches' slot count 24 \(negative = padding\), got 24 at "
+        r"index 3",
+        needs_data=True,
+        devices=_CPU_META,
+    ),
+    "mla_slot_repeated": Bad(
+        _mla_slot(5, 0),
+        RuntimeError,
+        r"slot_mapping holds slot 0 twice \(tokens 1 and 5\)",
+        needs_data=True,
+        devices=_CPU_META,
+    ),
+    "mla_position_out_of_range": Bad(
+        lambda a: a["positions"].__setitem__((2, 0), 64),
+        IndexError,
+        r"positions must be in \[0, max_seq_len\) with max_seq_len = cos\.size\(0\) = 64, got 64 "
+        r"at flat index 2",
+        needs_data=True,
+        devices=_CPU_META,
+    ),
+    "mla_q_pe_2d": Bad(
+        lambda a: a.update(q_pe=a["q_pe"][:, 0]),
+        RuntimeError,
+        r"q_pe must be 3-D",
+        devices=_CPU_META,
+    ),
+    "mla_kv_c_tokens": Bad(
+        lambda a: a.update(kv_c=a["kv_c"][:3]),
+        RuntimeError,
+        r"kv_c\.size\(0\) \(tokens\) must equal",
+        devices=_CPU_META,
+    ),
+    "mla_kv_c_dtype": Bad(
+        lambda a: a.update(kv_c=a["kv_c"].double()),
+        RuntimeError,
+        r"kv_c must have q_pe's dtype",
+        devices=_CPU_META,
+    ),
+    "mla_cache_width": Bad(
+        lambda a: a.update(kv_cache=a["kv_cache"][..., :5]),
+        RuntimeError,
+        r"kv_cache\.size\(-1\) must be kv_c\.size\(-1\) \+ k_pe\.size\(-1\) .* = 56, got "
+        r"kv_cache of shape \[6, 4, 5\]",
+        devices=_CPU_META,
+    ),
+    "mla_slots_int32": Bad(
+        lambda a: a.update(slot_mapping=a["slot_mapping"].int()),
+        RuntimeError,
+        r"slot_mapping must be int64",
+        devices=_CPU_META,
+    ),
+    "mla_fp8_cache_without_scale": Bad(
+        _mla_fp8_cache(None), RuntimeError, r"kv_scale is required", devices=_CPU_META
+    ),
+    "mla_scale_for_16bit_cache": Bad(
+        lambda a: a.update(kv_scale=0.5),
+        ValueError,
+        r"kv_scale applies to float8 caches only",
+        ("mla_apply_cache",),
+        devices=_CPU_META,
+    ),
+    "mla_scale_zero": Bad(
+        _mla_fp8_cache(0.0),
+        ValueError,
+        r"kv_scale must be a finite number > 0",
+        needs_data=True,
+        devices=_CPU_META,
+    ),
+    "mla_cache_aliases_kv_c": Bad(
+        lambda a: a.update(kv_c=a["kv_cache"].view(-1, 56)[:7, :40]),
+        RuntimeError,
+        r"kv_cache shares memory with kv_c",
+        needs_memory=True,
+        devices=_CPU_META,
+    ),
+    "mla_kpe_cache_other_slots": Bad(
+        lambda a: a.update(
+            kv_cache=a["kv_cache"][..., :40].clone(),
+            kpe_cache=torch.full((3, 4, 16), 3.0, device=a["kv_cache"].device),
+        ),
+        RuntimeError,
+        r"kpe_cache must have kv_cache's slots",
+        devices=_CPU_META,
+    ),
+}
+
+register_family(
+    "mla_cache",
+    Family(
+        ops=MLA_OPS,
+        good_inputs=_mla_good_inputs,
+        call=_mla_call,
+        cases=MLA_BAD_INPUTS,
+        op_name=lambda op: "rope.mla_apply_cache",
+        arg_name=lambda op: "q_pe",
+        overloads={op: torch.ops.rope.mla_apply_cache.default for op in MLA_OPS},
+    ),
+)
+
+
+# ---- family: norm_cache (rms_norm_apply_qk_cache) ----------------------------------------------
+# The valid call: q (6, 4, 80), k (6, 2, 80), v (6, 2, 40), weights (80,), tables (48, 24),
+# positions (6, 1), paged float32 caches (6, 4, 2, 80) and (6, 4, 2, 40) (24 slots), slots with one
+# padding token. Checked on CPU and Meta (its CUDA glue's checks are the host run's).
+
+NORM_CACHE_OPS = ("rms_norm_apply_qk_cache", "raw.rms_norm_apply_qk_cache")
+_NORM_CACHE_ARGS = ("q", "k", "v", "q_weight", "k_weight", "cos", "sin", "positions", "k_cache",
+                    "v_cache", "slot_mapping")  # fmt: skip
+
+
+def _norm_cache_good_inputs(device):
+    cos, sin = make_tables(48, 48, device)
+    return dict(
+        q=torch.randn(6, 4, 80, device=device),
+        k=torch.randn(6, 2, 80, device=device),
+        v=torch.randn(6, 2, 40, device=device),
+        q_weight=torch.ones(80, device=device),
+        k_weight=torch.ones(80, device=device),
+        cos=cos,
+        sin=sin,
+        positions=torch.tensor([[3], [0], [47], [5], [9], [2]], device=device),
+        k_cache=torch.full((6, 4, 2, 80), 3.0, device=device),
+        v_cache=torch.full((6, 4, 2, 40), 3.0, device=device),
+        slot_mapping=torch.tensor([5, 0, -1, 23, 7, 11], device=device),
+    )
+
+
+def _norm_cache_call(op, args):
+    a = dict(args)
+    tensors = [a.pop(n) for n in _NORM_CACHE_ARGS]
+    if op.startswith("raw."):
+        return torch.ops.rope.rms_norm_apply_qk_cache(*tensors, **a)
+    return torch_rope.rms_norm_apply_qk_cache(*tensors, **a)
+
+
+def _norm_cache_slot(index, value):
+    return lambda a: a["slot_mapping"].__setitem__(index, value)
+
+
+NORM_CACHE_WRAPPER = ("rms_norm_apply_qk_cache",)
+
+NORM_CACHE_BAD_INPUTS = {
+    "norm_cache_slot_repeated": Bad(
+        _norm_cache_slot(5, 5),
+        RuntimeError,
+        r"slot_mapping holds slot 5 twice \(tokens 0 and 5\)",
+        needs_data=True,
+        devices=_CPU_META,
+    ),
+    "norm_cache_slot_out_of_range": Bad(
+        _norm_cache_slot(5, 24),
+        IndexError,
+        r"slot_mapping must be < the caches' slot count 24 \(negative = padding\), got 24 at "
+        r"index 5",
+        needs_data=True,
+        devices=_CPU_META,
+    ),
+    "norm_cache_position_out_of_range": Bad(
+        lambda a: a["positions"].__setitem__((5, 0), 48),
+        IndexError,
+        r"positions must be in \[0, max_seq_len\) with max_seq_len = cos\.size\(0\) = 48, got 48 "
+        r"at flat index 5",
+        needs_data=True,
+        devices=_CPU_META,
+    ),
+    "norm_cache_q_scale_without_fp8_q": Bad(
+        lambda a: a.update(q_scale=0.5),
+        RuntimeError,
+        r"q_scale applies to a float8 q_dtype only",
+        NORM_CACHE_WRAPPER,
+        devices=_CPU_META,
+    ),
+    "norm_cache_q_scale_zero": Bad(
+        lambda a: a.update(q_dtype=E4M3, q_scale=0.0),
+        ValueError,
+        r"q_scale must be a finite number > 0",
+        NORM_CACHE_WRAPPER,
+        devices=_CPU_META,
+    ),
+    "norm_cache_q_dtype_not_fp8": Bad(
+        lambda a: a.update(q_dtype=torch.float16),
+        RuntimeError,
+        r"q_dtype must be q's dtype Float or float8 \(torch\.float8_e4m3fn, torch\.float8_e5m2\), "
+        r"got Half",
+        devices=_CPU_META,
+    ),
+    "norm_cache_eps_zero": Bad(
+        lambda a: a.update(eps=0.0),
+        RuntimeError,
+        r"eps must be a finite number > 0, got 0$",
+        devices=_CPU_META,
+    ),
+    "norm_cache_scale_for_32bit_cache": Bad(
+        lambda a: a.update(k_scale=0.5),
+        ValueError,
+        r"k_scale=0\.5 applies to float8 caches only; the cache is torch\.float32",
+        NORM_CACHE_WRAPPER,
+        devices=_CPU_META,
+    ),
+    "norm_cache_q_weight_short": Bad(
+        lambda a: a.update(q_weight=a["q_weight"][:-1]),
+        RuntimeError,
+        r"q_weight must have shape \(head_dim,\) = \(80,\) of q, got shape \[79\]",
+        devices=_CPU_META,
+    ),
+    "norm_cache_k_weight_in_k_cache": Bad(
+        lambda a: a.update(k_weight=a["k_cache"].view(-1)[:80]),
+        RuntimeError,
+        r"k_cache shares memory with k_weight",
+        needs_memory=True,
+        devices=_CPU_META,
+    ),
+    "norm_cache_fp8_cache_without_scale": Bad(
+        lambda a: a.update(k_cache=a["k_cache"].to(torch.float8_e5m2)),
+        RuntimeError,
+        r"k_scale is required",
+        devices=_CPU_META,
+    ),
+}
+
+register_family(
+    "norm_cache",
+    Family(
+        ops=NORM_CACHE_OPS,
+        good_inputs=_norm_cache_good_inputs,
+        call=_norm_cache_call,
+        cases=NORM_CACHE_BAD_INPUTS,
+        op_name=lambda op: "rope.rms_norm_apply_qk_cache",
+        overloads={op: torch.ops.rope.rms_norm_apply_qk_cache.default for op in NORM_CACHE_OPS},
     ),
 )
 

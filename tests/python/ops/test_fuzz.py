@@ -11,13 +11,17 @@ seed, so a failure shrinks to a small geometry.
   rounds once to the storage type. Gradients are checked through the transpose (the same op with
   sin negated, which is the transpose for any tables, rotations or not), and a call with one bad
   position must raise and write nothing.
-* **rms_norm** (rms_norm_apply_qk) and **kv_cache** (apply_qk_cache): each drawn call becomes a
-  sample of samples.py and is judged by that family's own check (the one the sample matrix runs);
-  the norm's four gradients against the differentiated oracle; bad positions and slots must raise
-  and leave every cache byte as it was.
+* **rms_norm** (rms_norm_apply_qk), **kv_cache** (apply_qk_cache), **forms** (the freqs= and
+  packed-sequence overloads), **qk_fp8** (apply_qk_fp8, .out), **mla_cache** (mla_apply_cache) and
+  **norm_cache** (rms_norm_apply_qk_cache): each drawn call becomes a sample of samples.py and is
+  judged by that family's own check (the one the sample matrix runs); the norm's four gradients
+  against the differentiated oracle; bad positions and slots must raise and leave every cache
+  byte (and out= buffer) as it was.
 
-A new op family appends a block: a strategy, a check (usually its sample class's), and the two
-tests. A shrunk failure becomes a named regression test (test_regression_* in test_apply.py).
+A new op family appends a block: a strategy, a check (usually its sample class's), the two
+tests, and ``fuzzed(family, *overloads)`` naming what it draws (test_catalogue.py requires every
+overload of torch.ops.rope there). A shrunk failure becomes a named regression test
+(test_regression_* in test_apply.py).
 """
 
 import math
@@ -28,13 +32,33 @@ import pytest
 import references as ref
 import torch
 from helpers import TOLERANCES, cpu_and_cuda, rotation_error_bound, same_bits
-from samples import KvCacheSample, RmsNormSample, make_caches
+from samples import (
+    FormSample,
+    KvCacheSample,
+    MlaSample,
+    NormCacheSample,
+    QkFp8Sample,
+    RmsNormSample,
+    fp8_out_buffer,
+    make_caches,
+    mla_caches,
+)
 
 import torch_rope
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+
+# The overloads each block below fuzzes, by family (test_catalogue.py holds every torch.ops.rope
+# overload to a block here).
+FUZZED = {}
+
+
+def fuzzed(family: str, *overloads):
+    assert family not in FUZZED, f"family {family} fuzzed twice"
+    FUZZED[family] = overloads
+
 
 # ---- family: rope (apply, apply_, apply.out, apply_qk) ------------------------------------------
 
@@ -345,6 +369,15 @@ def _assert_transpose(grad, g, cos, sin, pos, case):
     assert (err <= bound).all(), f"gradient is not the transpose ({case})"
 
 
+fuzzed(
+    "rope",
+    torch.ops.rope.apply.default,
+    torch.ops.rope.apply_.default,
+    torch.ops.rope.apply.out,
+    torch.ops.rope.apply_qk.default,
+)
+
+
 @pytest.mark.parametrize("device", cpu_and_cuda())
 @settings(max_examples=FAST_EXAMPLES)
 @given(case=cases())
@@ -578,6 +611,9 @@ def check_norm_case(case: NormCase, device: str):
             torch.testing.assert_close(grad.cpu(), expected.to(grad.dtype), **tolerance)
 
 
+fuzzed("rms_norm", torch.ops.rope.rms_norm_apply_qk.default)
+
+
 @pytest.mark.parametrize("device", cpu_and_cuda())
 @settings(max_examples=NORM_FAST_EXAMPLES)
 @given(case=norm_cases())
@@ -782,6 +818,9 @@ def check_cache_case(case: CacheCase, device: str):
     sample.check(sample.call(), before)
 
 
+fuzzed("kv_cache", torch.ops.rope.apply_qk_cache.default)
+
+
 @pytest.mark.parametrize("device", cpu_and_cuda())
 @settings(max_examples=CACHE_FAST_EXAMPLES)
 @given(case=cache_cases())
@@ -795,3 +834,549 @@ def test_fuzz_apply_qk_cache_against_float64_reference(case, device):
 @given(case=cache_cases())
 def test_fuzz_apply_qk_cache_against_float64_reference_many(case, device):
     check_cache_case(case, device)
+
+
+# ---- family: forms (the freqs= and packed-sequence overloads of the rope ops) ------------------
+# Each of apply, apply_, apply.out and apply_qk in each form: freqs= with positions of any shape
+# that broadcasts (int32, or int64 up to 2^40; multi-axis sections), the tables or freqs with
+# random packings (empty sequences, seq_offsets or none, cp_size 1, 2 or 4 at any rank, int32 or
+# int64 boundaries), x of any layout, any attention factor. Compared by the sample matrix's own
+# check (samples.FormSample: the float64 oracle, exact angles for freqs=, inputs unchanged).
+
+FORM_FAST_EXAMPLES = 100
+FORM_SLOW_EXAMPLES = 2000
+FORM_X_LAYOUTS = ["contiguous", "permuted", "padded", "sliced", "offset", "last_strided"]
+
+
+@dataclass
+class FormCase:
+    op: str
+    form: str  # freqs, varlen, freqs_varlen
+    dtype: torch.dtype
+    interleaved: bool
+    inverse: bool
+    half: int
+    head_dim: int
+    tokens: int
+    heads: int  # x (T, heads, D); apply_qk: q's
+    k_heads: int
+    x_layout: str
+    out_layout: str
+    lengths: Tuple[int, ...]  # the packed forms: global sequence lengths
+    offsets: Optional[Tuple[int, ...]]
+    cp_size: int
+    cp_rank: int
+    int32: bool
+    pos_shape: Tuple[int, ...]  # freqs=: positions' shape (before the axis dim)
+    far: bool  # freqs=: int64 positions up to 2^40
+    mrope_section: Optional[Tuple[int, ...]]
+    mrope_interleaved: bool
+    theta: float
+    attention_factor: float
+    table_dtype: torch.dtype
+    cos_layout: str
+    sin_layout: str
+    seed: int
+
+
+@st.composite
+def form_cases(draw):
+    op = draw(st.sampled_from(["apply", "apply_", "apply.out", "apply_qk"]))
+    form = draw(st.sampled_from(["freqs", "varlen", "freqs_varlen"]))
+    half = draw(st.integers(1, 12))
+    cp_size = draw(st.sampled_from([1, 2, 4])) if form != "freqs" else 1
+    unit = 2 * cp_size if cp_size > 1 else 1
+    num_seqs = draw(st.integers(1, 4))
+    lengths = tuple(unit * draw(st.integers(0, 3)) for _ in range(num_seqs))
+    tokens = sum(lengths) // cp_size if form != "freqs" else draw(st.integers(1, 6))
+    heads = draw(st.integers(1, 3))
+    k_heads = draw(st.integers(1, 3)) if op == "apply_qk" else heads
+    rows = (tokens, heads)
+    # positions broadcast to q's rows and to k's: a 1 in the heads dim for apply_qk.
+    pos_shape = draw(positions_shape(rows, 1 if op == "apply_qk" else None))
+    section, mrope_interleaved = (None, False)
+    if form == "freqs":
+        section, mrope_interleaved = draw(mrope_sections(half))
+    with_offsets = form != "freqs" and draw(st.booleans())
+    return FormCase(
+        op=op,
+        form=form,
+        dtype=draw(st.sampled_from(DTYPES)),
+        interleaved=draw(st.booleans()),
+        inverse=draw(st.booleans()),
+        half=half,
+        head_dim=2 * half + draw(st.integers(0, 6)),
+        tokens=tokens,
+        heads=heads,
+        k_heads=k_heads,
+        x_layout=draw(st.sampled_from(FORM_X_LAYOUTS)),
+        out_layout=draw(st.sampled_from(["contiguous", "padded", "last_strided"])),
+        lengths=lengths,
+        offsets=tuple(draw(st.integers(0, 20)) for _ in lengths) if with_offsets else None,
+        cp_size=cp_size,
+        cp_rank=draw(st.integers(0, cp_size - 1)),
+        int32=draw(st.booleans()),
+        pos_shape=pos_shape,
+        far=draw(st.booleans()),
+        mrope_section=section,
+        mrope_interleaved=mrope_interleaved,
+        theta=draw(st.sampled_from([1e4, 5e5])),
+        attention_factor=draw(st.sampled_from([1.0, 0.75, 1.3])),
+        table_dtype=draw(st.sampled_from([torch.float32, torch.float64])),
+        cos_layout=draw(st.sampled_from(TABLE_LAYOUTS)),
+        sin_layout=draw(st.sampled_from(TABLE_LAYOUTS)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+def check_form_case(case: FormCase, device: str):
+    gen = torch.Generator().manual_seed(case.seed)
+    index_dtype = torch.int32 if case.int32 else torch.int64
+    positions = packed = None
+    max_pos = 0
+    if case.form == "freqs":
+        shape = case.pos_shape + ((len(case.mrope_section),) if case.mrope_section else ())
+        top = 2**40 if case.far and not case.int32 else 70
+        positions = make_positions(shape, top, index_dtype, False, device, gen)
+    else:
+        cu = torch.tensor([0, *case.lengths]).cumsum(0)
+        offsets = None if case.offsets is None else torch.tensor(case.offsets)
+        packed = {
+            "cu_seqlens": cu.to(index_dtype).to(device),
+            "seq_offsets": None if offsets is None else offsets.to(index_dtype).to(device),
+            "cp_size": case.cp_size,
+            "cp_rank": case.cp_rank,
+        }
+        rows = ref.packed_positions(cu, offsets, case.cp_size, case.cp_rank)
+        max_pos = int(rows.max()) if rows.numel() else 0
+    if "freqs" in case.form:
+        angles = {
+            "freqs": ref.inv_freq(2 * case.half, case.theta).to(device),
+            "attention_factor": case.attention_factor,
+        }
+    else:  # arbitrary tables, long enough for the packing's last position
+        rows = max_pos + 1 + int(torch.randint(0, 3, (), generator=gen))
+        angles = {
+            name: make_table(rows, case.half, layout, case.table_dtype, device, gen)
+            for name, layout in (("cos", case.cos_layout), ("sin", case.sin_layout))
+        }
+    x_shape = (case.tokens, case.heads, case.head_dim)
+    inputs = (make_with_layout(x_shape, case.x_layout, case.dtype, device, gen),)
+    if case.op == "apply_qk":
+        k_shape = (case.tokens, case.k_heads, case.head_dim)
+        inputs += (make_with_layout(k_shape, case.x_layout, case.dtype, device, gen),)
+    out = None
+    if case.op == "apply.out":
+        out = make_with_layout(x_shape, case.out_layout, case.dtype, device, gen)
+    sample = FormSample(
+        f"fuzz-{case.seed}", case.op, case.form, inputs, angles, positions, packed,
+        case.interleaved, case.inverse, out=out, mrope_section=case.mrope_section,
+        mrope_interleaved=case.mrope_interleaved,
+    )  # fmt: skip
+    before = sample.snapshot()
+    sample.check(sample.call(), before)
+
+
+fuzzed(
+    "forms",
+    *(
+        getattr(getattr(torch.ops.rope, op), form)
+        for op in ("apply", "apply_", "apply_qk")
+        for form in ("freqs", "varlen", "freqs_varlen")
+    ),
+    torch.ops.rope.apply.freqs_out,
+    torch.ops.rope.apply.varlen_out,
+    torch.ops.rope.apply.freqs_varlen_out,
+)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@settings(max_examples=FORM_FAST_EXAMPLES)
+@given(case=form_cases())
+def test_fuzz_forms_against_float64_reference(case, device):
+    check_form_case(case, device)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@settings(max_examples=FORM_SLOW_EXAMPLES)
+@given(case=form_cases())
+def test_fuzz_forms_against_float64_reference_many(case, device):
+    check_form_case(case, device)
+
+
+# ---- shared by the serving fusions' blocks -----------------------------------------------------
+
+FP8_FORMATS = [torch.float8_e4m3fn, torch.float8_e5m2]
+FUSION_LAYOUTS = ["contiguous", "padded", "offset", "last_strided", "permuted", "sliced"]
+
+
+def _draw_scale(draw):
+    return 2.0 ** draw(st.integers(-6, 3)) * draw(st.sampled_from([1.0, 0.75, 1.3]))
+
+
+def _scale_of(form, value, device):
+    if form == "float":
+        return value
+    t = torch.tensor(value, dtype=torch.float32, device=device)
+    return t if form == "tensor_0d" else t.view(1)
+
+
+def _refused_writes_nothing(sample, message, op):
+    """The call raises naming the op, and every allocation it would write keeps its bits."""
+    _, bases_before = sample.snapshot()
+    with pytest.raises((IndexError, RuntimeError), match=rf"rope\.{op}: " + message):
+        sample.call()
+    for base, base_before in zip(sample.bases, bases_before):
+        assert same_bits(base, base_before), "a call that raised wrote"
+
+
+BAD_MESSAGES = {
+    "slot_out_of_range": r"slot_mapping must be < the caches' slot count",
+    "slot_repeated": r"slot_mapping holds slot \d+ twice",
+    # (multi-axis positions name the axis: "positions of axis 0 (positions[..., 0]) must be in")
+    "position_out_of_range": r"positions (of axis \d+ \(positions\[\.\.\., \d+\]\) )?must be in "
+    r"\[0, max_seq_len\)",
+}
+
+
+# ---- family: qk_fp8 (apply_qk_fp8, apply_qk_fp8.out) -------------------------------------------
+# Any token and head counts (GQA, MQA), head_dim and rotary_dim, no-RoPE parts of any width or
+# none, q and k of any layout, positions of any broadcasting shape (multi-axis too), every table
+# layout, both float8 formats, both scale rules, every scale form, new outputs or out= buffers
+# with padding around them. Compared by the sample matrix's own check (samples.QkFp8Sample); on
+# the CPU a bad position must raise and leave the out= buffers as they were.
+
+QK_FP8_FAST_EXAMPLES = 100
+QK_FP8_SLOW_EXAMPLES = 2000
+
+
+@st.composite
+def qk_fp8_cases(draw):
+    half = draw(st.integers(0, 16))
+    tokens = draw(st.integers(0, 6))
+    k_heads = draw(st.integers(1, 3))
+    q_heads = k_heads * draw(st.integers(1, 3))
+    pos_shape = draw(
+        st.sampled_from(
+            [(tokens, 1), (1, 1), (), (1,)] + ([(tokens, q_heads)] if q_heads == k_heads else [])
+        )
+    )
+    section, mrope_interleaved = draw(mrope_sections(half)) if half else (None, False)
+    return dict(
+        dtype=draw(st.sampled_from(DTYPES)),
+        fp8=draw(st.sampled_from(FP8_FORMATS)),
+        half=half,
+        head_dim=2 * half + draw(st.integers(0 if half else 1, 8)),
+        tokens=tokens,
+        q_heads=q_heads,
+        k_heads=k_heads,
+        nope=(draw(st.sampled_from([None, 4, 9])), draw(st.sampled_from([None, 3, 8]))),
+        layouts=(draw(st.sampled_from(FUSION_LAYOUTS)), draw(st.sampled_from(FUSION_LAYOUTS))),
+        interleaved=draw(st.booleans()),
+        multiply=draw(st.booleans()),
+        scale_form=draw(st.sampled_from(["float", "tensor_0d", "tensor_1", None])),
+        scales=(_draw_scale(draw), _draw_scale(draw)),
+        pos_shape=pos_shape,
+        pos_dtype=draw(st.sampled_from([torch.int32, torch.int64])),
+        mrope=(section, mrope_interleaved),
+        table=(
+            draw(st.sampled_from([torch.float32, torch.float64])),
+            draw(st.sampled_from(TABLE_LAYOUTS)),
+            draw(st.sampled_from(TABLE_LAYOUTS)),
+        ),
+        max_seq_len=draw(st.integers(1, 70)),
+        out=draw(st.booleans()),
+        bad_position=draw(st.integers(0, 9)) == 0,
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+def check_qk_fp8_case(case: dict, device: str):
+    gen = torch.Generator().manual_seed(case["seed"])
+    T, hq, hk, D = case["tokens"], case["q_heads"], case["k_heads"], case["head_dim"]
+    table_dtype, cos_layout, sin_layout = case["table"]
+    cos = make_table(case["max_seq_len"], case["half"], cos_layout, table_dtype, device, gen)
+    sin = make_table(case["max_seq_len"], case["half"], sin_layout, table_dtype, device, gen)
+    section, mrope_interleaved = case["mrope"]
+    shape = case["pos_shape"] + ((len(section),) if section else ())
+    pos = make_positions(shape, case["max_seq_len"], case["pos_dtype"], False, "cpu", gen)
+    q = make_with_layout((T, hq, D), case["layouts"][0], case["dtype"], device, gen)
+    k = make_with_layout((T, hk, D), case["layouts"][1], case["dtype"], device, gen)
+    nq, nk = case["nope"]
+    q_nope = None if nq is None else make_with_layout((T, hq, nq), "padded", case["dtype"],
+                                                      device, gen)  # fmt: skip
+    k_nope = None if nk is None else make_with_layout((T, hk, nk), "contiguous", case["dtype"],
+                                                      device, gen)  # fmt: skip
+    form, fp8 = case["scale_form"], case["fp8"]
+    q_scale, k_scale = (None, None) if form is None else (
+        _scale_of(form, value, device) for value in case["scales"])  # fmt: skip
+    outs, bases = None, ()
+    if case["out"]:
+        made = [None if x is None else fp8_out_buffer(x.shape, fp8, device)
+                for x in (q, k, q_nope, k_nope)]  # fmt: skip
+        outs = tuple(None if m is None else m[0] for m in made)
+        bases = tuple(m[1] for m in made if m is not None)
+    bad = case["bad_position"] and device == "cpu" and pos.numel() and T
+    if bad:
+        poison_last_position(pos, case["max_seq_len"], case["seed"])
+    sample = QkFp8Sample(
+        f"fuzz-{case['seed']}", "apply_qk_fp8.out" if outs else "apply_qk_fp8", (q, k), cos, sin,
+        pos.to(device), fp8, q_nope=q_nope, k_nope=k_nope, q_scale=q_scale, k_scale=k_scale,
+        interleaved=case["interleaved"], multiply_by_scale=case["multiply"],
+        mrope_section=section, mrope_interleaved=mrope_interleaved, outs=outs, bases=bases,
+    )  # fmt: skip
+    if bad:
+        op = "apply_qk_fp8.out" if outs else "apply_qk_fp8"
+        _refused_writes_nothing(sample, BAD_MESSAGES["position_out_of_range"], op)
+        return
+    before = sample.snapshot()
+    sample.check(sample.call(), before)
+
+
+fuzzed("qk_fp8", torch.ops.rope.apply_qk_fp8.default, torch.ops.rope.apply_qk_fp8.out)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@settings(max_examples=QK_FP8_FAST_EXAMPLES)
+@given(case=qk_fp8_cases())
+def test_fuzz_apply_qk_fp8_against_float64_reference(case, device):
+    check_qk_fp8_case(case, device)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@settings(max_examples=QK_FP8_SLOW_EXAMPLES)
+@given(case=qk_fp8_cases())
+def test_fuzz_apply_qk_fp8_against_float64_reference_many(case, device):
+    check_qk_fp8_case(case, device)
+
+
+# ---- family: mla_cache (mla_apply_cache) -------------------------------------------------------
+# Any token and head counts, kv_lora_rank, rope dim and q_nope width (or none), one cache or two
+# (or the two column slices of one buffer), flat or paged of any block size, in the sources'
+# dtype or either float8 format with every scale form and both rules, float8 q outputs, the GQA
+# rows with v, slots in any order with padding, every table layout. Compared by the sample
+# matrix's own check (samples.MlaSample); on the CPU a bad slot or position must raise and write
+# nothing.
+
+MLA_FAST_EXAMPLES = 100
+MLA_SLOW_EXAMPLES = 2000
+
+
+@st.composite
+def mla_cases(draw):
+    tokens = draw(st.integers(0, 7))
+    key_heads = draw(st.sampled_from([None, None, 1, 2]))
+    num_slots = tokens + draw(st.integers(0, 8))
+    block_size = draw(st.sampled_from([None, 1, 3, 4]))
+    return dict(
+        dtype=draw(st.sampled_from(DTYPES)),
+        cache_format=draw(st.sampled_from(["same", *FP8_FORMATS])),
+        layout=draw(st.sampled_from(["one", "two", "slices"])),
+        block_size=block_size,
+        num_slots=max(1, num_slots),
+        tokens=tokens,
+        heads=draw(st.integers(0, 4)),
+        key_heads=key_heads,
+        L=draw(st.integers(1, 40)),
+        half=draw(st.integers(1, 16)),
+        N=draw(st.sampled_from([None, 3, 8])),
+        Dv=draw(st.sampled_from([None, 5, 16])) if key_heads else None,
+        interleaved=draw(st.booleans()),
+        padding=tuple(draw(st.lists(st.booleans(), min_size=tokens, max_size=tokens))),
+        scale_form=draw(st.sampled_from(["float", "tensor_0d", "tensor_1"])),
+        scales=(_draw_scale(draw), _draw_scale(draw), _draw_scale(draw)),
+        q_fp8=draw(st.sampled_from([None, None, *FP8_FORMATS])),
+        multiply=draw(st.booleans()),
+        pos_shape=draw(st.sampled_from([(tokens, 1), (1, 1)])),
+        pos_dtype=draw(st.sampled_from([torch.int32, torch.int64])),
+        table=(
+            draw(st.sampled_from([torch.float32, torch.float64])),
+            draw(st.sampled_from(TABLE_LAYOUTS)),
+            draw(st.sampled_from(TABLE_LAYOUTS)),
+        ),
+        max_seq_len=draw(st.integers(1, 70)),
+        bad=draw(st.sampled_from(BAD_CACHE_CALLS)) if draw(st.integers(0, 9)) == 0 else None,
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+def _fuzz_slots(num_slots, padding, bad, gen):
+    """Distinct slots, padding tokens negative; ``bad``: the last token's slot past the caches, or
+    the first token's slot again."""
+    T = len(padding)
+    perm = torch.randperm(num_slots, generator=gen)[:T]
+    negative = -1 - torch.randint(0, 5, (T,), generator=gen)
+    slots = torch.where(torch.tensor(padding, dtype=torch.bool), negative, perm)
+    if bad == "slot_out_of_range":
+        slots[-1] = num_slots + int(torch.randint(0, 3, (), generator=gen))
+    elif bad == "slot_repeated":
+        slots[0] = slots[-1] = perm[0]
+    return slots
+
+
+def _usable_bad(bad, device, tokens, positions):
+    bad = bad if device == "cpu" else None  # CUDA: device asserts, no host check
+    if bad == "position_out_of_range" and not (positions.numel() and tokens):
+        return None
+    if tokens < {"slot_out_of_range": 1, "slot_repeated": 2}.get(bad, 0):
+        return None  # no token (no two tokens) to give the bad slot
+    return bad
+
+
+def check_mla_case(case: dict, device: str):
+    gen = torch.Generator().manual_seed(case["seed"])
+    T, H, hk, L, R = case["tokens"], case["heads"], case["key_heads"], case["L"], 2 * case["half"]
+    dtype = case["dtype"]
+    table_dtype, cos_layout, sin_layout = case["table"]
+    cos = make_table(case["max_seq_len"], case["half"], cos_layout, table_dtype, device, gen)
+    sin = make_table(case["max_seq_len"], case["half"], sin_layout, table_dtype, device, gen)
+    pos = make_positions(case["pos_shape"], case["max_seq_len"], case["pos_dtype"], False, "cpu",
+                         gen)  # fmt: skip
+    bad = _usable_bad(case["bad"], device, T, pos)
+    if bad == "position_out_of_range":
+        poison_last_position(pos, case["max_seq_len"], case["seed"])
+    key = (T,) if hk is None else (T, hk)
+    q_pe = _filled((T, H, R), dtype, device, gen)
+    k_pe = _filled((*key, R), dtype, device, gen)
+    kv_c = _filled((*key, L), dtype, device, gen)
+    q_nope = None if case["N"] is None else _filled((T, H, case["N"]), dtype, device, gen)
+    v = None if case["Dv"] is None else _filled((*key, case["Dv"]), dtype, device, gen)
+    bs, n = case["block_size"], case["num_slots"]
+    lead = (n,) if bs is None else (-(-n // bs), bs)
+    fmt = case["cache_format"]
+    cache_dtype = dtype if fmt == "same" else fmt
+    kv_cache, kpe_cache, v_cache, bases = mla_caches(
+        case["layout"], lead, hk, L, R, case["Dv"], cache_dtype, device, gen
+    )
+    slots = _fuzz_slots(math.prod(lead), case["padding"], bad, gen)
+    form = case["scale_form"]
+    kv_value, v_value, q_value = case["scales"]
+    fp8_cache = fmt != "same"
+    sample = MlaSample(
+        f"fuzz-{case['seed']}", (q_pe, k_pe, kv_c), cos, sin, pos.to(device), kv_cache, kpe_cache,
+        slots.to(device), bases, bs is not None, q_nope=q_nope, v=v, v_cache=v_cache,
+        interleaved=case["interleaved"],
+        kv_scale=_scale_of(form, kv_value, device) if fp8_cache else None,
+        v_scale=_scale_of(form, v_value, device) if fp8_cache and v is not None else None,
+        q_dtype=case["q_fp8"],
+        q_scale=None if case["q_fp8"] is None else _scale_of(form, q_value, device),
+        multiply_by_scale=case["multiply"],
+    )  # fmt: skip
+    if bad is not None:
+        _refused_writes_nothing(sample, BAD_MESSAGES[bad], "mla_apply_cache")
+        return
+    before = sample.snapshot()
+    sample.check(sample.call(), before)
+
+
+fuzzed("mla_cache", torch.ops.rope.mla_apply_cache.default)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@settings(max_examples=MLA_FAST_EXAMPLES)
+@given(case=mla_cases())
+def test_fuzz_mla_apply_cache_against_float64_reference(case, device):
+    check_mla_case(case, device)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@settings(max_examples=MLA_SLOW_EXAMPLES)
+@given(case=mla_cases())
+def test_fuzz_mla_apply_cache_against_float64_reference_many(case, device):
+    check_mla_case(case, device)
+
+
+# ---- family: norm_cache (rms_norm_apply_qk_cache) ----------------------------------------------
+# The kv_cache block's draws (tokens, heads, layouts, caches of every format, layout and paging,
+# slots, scales, bad calls), with the norm's weights of any dtype, contiguous or strided, eps and
+# weight_offset, a float8 q of either format, and multi-axis positions. Compared by the sample
+# matrix's own check (samples.NormCacheSample).
+
+NORM_CACHE_FAST_EXAMPLES = 100
+NORM_CACHE_SLOW_EXAMPLES = 2000
+
+
+@st.composite
+def norm_cache_cases(draw):
+    case = draw(cache_cases())
+    section, mrope_interleaved = (None, False)
+    if case.half and case.pos_shape:
+        section, mrope_interleaved = draw(mrope_sections(case.half))
+    float_dtype = st.sampled_from(DTYPES)
+    return case, dict(
+        weight_dtypes=(draw(float_dtype), draw(float_dtype)),
+        weights_strided=(draw(st.booleans()), draw(st.booleans())),
+        eps=draw(st.sampled_from([1e-6, 1e-5, 0.1, 1.0])),
+        weight_offset=draw(st.sampled_from([0.0, 1.0, 0.5])),
+        q_fp8=draw(st.sampled_from([None, None, *FP8_FORMATS])),
+        q_scale=_draw_scale(draw),
+        mrope=(section, mrope_interleaved),
+    )
+
+
+def check_norm_cache_case(drawn, device: str):
+    case, norm = drawn
+    gen = torch.Generator().manual_seed(case.seed)
+    cos = make_table(case.max_seq_len, case.half, case.cos_layout, case.table_dtype, device, gen)
+    sin = make_table(case.max_seq_len, case.half, case.sin_layout, case.table_dtype, device, gen)
+    q, k, v = _qkv(case, device, gen)
+    section, mrope_interleaved = norm["mrope"]
+    shape = case.pos_shape + ((len(section),) if section else ())
+    pos = make_positions(shape, case.max_seq_len, case.pos_dtype, case.pos_strided, "cpu", gen)
+    bad = _usable_bad(case.bad, device, case.tokens, pos)
+    if bad == "position_out_of_range":
+        poison_last_position(pos, case.max_seq_len, case.seed)
+    slot_mapping = _slot_mapping(case, bad, gen)
+
+    def cache_dtype(fmt):
+        return case.dtype if fmt == "same" else fmt
+
+    k_cache, v_cache, bases = make_caches(
+        case.cache_layout, case.slots_shape, case.kv_heads, case.head_dim, case.v_dim,
+        cache_dtype(case.k_format), cache_dtype(case.v_format) if case.with_v else None,
+        device, gen,
+    )  # fmt: skip
+    weights = tuple(
+        _weight(case.head_dim, dtype, strided, device, gen)
+        for dtype, strided in zip(norm["weight_dtypes"], norm["weights_strided"])
+    )
+    k_scale = None if case.k_format == "same" else _scale_of(case.scale_form, case.k_scale,
+                                                             device)  # fmt: skip
+    v_scale = None
+    if case.with_v and case.v_format != "same":
+        v_scale = _scale_of(case.scale_form, case.v_scale, device)
+    q_dtype = norm["q_fp8"]
+    sample = NormCacheSample(
+        f"fuzz-{case.seed}", (q, k, v) if case.with_v else (q, k), *weights, cos, sin,
+        pos.to(device), k_cache, v_cache, slot_mapping.to(device), bases, eps=norm["eps"],
+        weight_offset=norm["weight_offset"], interleaved=case.interleaved, k_scale=k_scale,
+        v_scale=v_scale, q_dtype=q_dtype,
+        q_scale=None if q_dtype is None else _scale_of(case.scale_form, norm["q_scale"], device),
+        mrope_section=section, mrope_interleaved=mrope_interleaved,
+    )  # fmt: skip
+    if bad is not None:
+        _refused_writes_nothing(sample, BAD_MESSAGES[bad], "rms_norm_apply_qk_cache")
+        return
+    before = sample.snapshot()
+    sample.check(sample.call(), before)
+
+
+fuzzed("norm_cache", torch.ops.rope.rms_norm_apply_qk_cache.default)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@settings(max_examples=NORM_CACHE_FAST_EXAMPLES)
+@given(drawn=norm_cache_cases())
+def test_fuzz_rms_norm_apply_qk_cache_against_float64_reference(drawn, device):
+    check_norm_cache_case(drawn, device)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@settings(max_examples=NORM_CACHE_SLOW_EXAMPLES)
+@given(drawn=norm_cache_cases())
+def test_fuzz_rms_norm_apply_qk_cache_against_float64_reference_many(drawn, device):
+    check_norm_cache_case(drawn, device)

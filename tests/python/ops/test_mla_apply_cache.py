@@ -4,28 +4,23 @@ the single latent head k_pe rotate; ``[kv_c | k_pe]`` rows go into one cache of 
 ``kv_lora_rank + rope_dim`` (vLLM's layout) or into two caches ``(ckv, kpe)`` (FlashInfer's),
 flat or paged, 16/32-bit or float8 with a per-tensor scale.
 
-Every reference is written here in float64 (the rotation through references.py's two routes,
-the cache rows by plain indexing); the float8 bytes are held bit for bit to torch's own
-``(value / scale).clamp(-max, max).to(fp8)`` wherever the quantized value is known exactly (kv_c,
-copied; k_pe at position 0, which turns by nothing), and within one fp8 step of the float64
-rotation elsewhere. Every byte of a cache outside the written rows must keep its bits, and a call
-refused for bad input must leave every cache bit for bit as it was."""
+Its samples (samples.py's mla_cache family: the float64 oracle, every other cache byte kept,
+opcheck, compile), bad calls (test_errors.py) and fuzzing (test_fuzz.py) are the shared
+catalogue's. This file crosses the oracle with every dtype and cache layout, and holds the float8
+bytes: bit for bit torch's own ``(value / scale).clamp(-max, max).to(fp8)`` wherever the quantized
+value is known exactly (kv_c, copied; k_pe at position 0, which turns by nothing) for every 16-bit
+pattern and both scale rules, and a duplicate slot refused whatever the rows."""
 
 import pytest
 import references as ref
 import torch
 from helpers import cpu_and_cuda, dtype_id, make_tables
+from samples import mla_sample
 
 import torch_rope
 
 MAX_SEQ_LEN = 64
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
-TOL = {
-    torch.float64: dict(rtol=1e-12, atol=1e-12),
-    torch.float32: dict(rtol=2e-6, atol=2e-6),
-    torch.float16: dict(rtol=2e-3, atol=2e-3),
-    torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2),
-}
 
 
 def random_bits(shape, dtype, device):
@@ -142,32 +137,15 @@ def check_untouched(after, before, slots):
     "dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16], ids=dtype_id
 )
 def test_rows_match_reference(dtype, interleaved, block_size, two_caches, device):
-    c = make_call(device, dtype, block_size=block_size, two_caches=two_caches)
-    before = [c["kv_cache"].clone(), None if c["kpe_cache"] is None else c["kpe_cache"].clone()]
-    q_pe_out, q_nope_out = call(c, interleaved=interleaved)
-    slots = c["slot_mapping"].cpu()
-    stored = slots >= 0
-    pos = c["positions"].cpu()
-    # q outputs: every token (padding ones too), in q_pe's dtype.
-    assert q_pe_out.dtype == dtype and q_nope_out.dtype == dtype
-    torch.testing.assert_close(
-        q_pe_out.cpu().double(), rotated(c["q_pe"], pos, interleaved), **TOL[dtype]
-    )
-    assert torch.equal(q_nope_out.cpu(), c["q_nope"].cpu())
-    # cache rows: kv_c copied bit for bit, k_pe rotated.
-    k_rot = rotated(c["k_pe"].unsqueeze(1), pos, interleaved).squeeze(1)[stored]
-    kv_c = c["kv_c"].cpu()[stored]
-    s = slots[stored]
-    if two_caches:
-        ckv, kpe = slot_rows(c["kv_cache"].cpu(), s), slot_rows(c["kpe_cache"].cpu(), s)
-    else:
-        rows = slot_rows(c["kv_cache"].cpu(), s)
-        ckv, kpe = rows[:, : kv_c.size(1)], rows[:, kv_c.size(1) :]
-    assert torch.equal(ckv, kv_c)
-    torch.testing.assert_close(kpe.double(), k_rot, **TOL[dtype])
-    check_untouched(c["kv_cache"], before[0], s)
-    if two_caches:
-        check_untouched(c["kpe_cache"], before[1], s)
+    # samples.py's builder and check (q outputs and k_pe rows against the float64 rotation,
+    # kv_c copied bit for bit, every other cache byte kept), crossed with every dtype, pair
+    # layout, cache layout and paging.
+    sample = mla_sample(
+        dtype, dtype, "two" if two_caches else "one", block_size is not None, 4, None, 40, 16, 8,
+        None, interleaved, "padding", None, None, False, False, 7, device,
+    )  # fmt: skip
+    before = sample.snapshot()
+    sample.check(sample.call(), before)
 
 
 # ---- float8 caches -----------------------------------------------------------------------------
@@ -238,114 +216,7 @@ def test_fp8_every_16bit_pattern_of_kv_c(dtype, fp8):
         assert ref.same_bits(cache[:, :L], want), f"scale {scale} multiply {multiply}"
 
 
-# ---- layouts -----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("device", cpu_and_cuda())
-def test_caches_as_column_slices_of_one_buffer(device):
-    """FlashInfer's ckv and kpe may be the two column slices of one buffer: they do not overlap."""
-    c = make_call(device, block_size=4)
-    buf = c["kv_cache"]
-    L = c["kv_c"].size(1)
-    c["kv_cache"], c["kpe_cache"] = buf[..., :L], buf[..., L:]
-    before = buf.clone()
-    call(c)
-    slots = c["slot_mapping"].cpu()
-    s = slots[slots >= 0]
-    rows = slot_rows(buf.cpu(), s)
-    assert torch.equal(rows[:, :L], c["kv_c"].cpu()[slots >= 0])
-    check_untouched(buf, before, s)
-
-
-@pytest.mark.parametrize("device", cpu_and_cuda())
-def test_every_token_padding_writes_nothing(device):
-    c = make_call(device)
-    c["slot_mapping"] = torch.full_like(c["slot_mapping"], -1)
-    before = c["kv_cache"].clone()
-    q_pe_out, _ = call(c)
-    assert torch.equal(bits(c["kv_cache"]), bits(before))
-    pos = c["positions"].cpu()
-    torch.testing.assert_close(
-        q_pe_out.cpu().double(), rotated(c["q_pe"], pos, True), **TOL[torch.float32]
-    )
-
-
-def test_no_tokens():
-    c = make_call("cpu", T=0)
-    before = c["kv_cache"].clone()
-    q_pe_out, q_nope_out = call(c)
-    assert q_pe_out.shape == (0, 4, 16) and q_nope_out.shape == (0, 4, 8)
-    assert torch.equal(bits(c["kv_cache"]), bits(before))
-
-
-# ---- bad input: refused before anything is written ---------------------------------------------
-
-
-def bad_calls():
-    """(name, change, message)."""
-    return [
-        ("slot_out_of_range", dict(slot=24), "slot_mapping"),
-        ("slot_duplicate", dict(duplicate=True), "slot_mapping"),
-        ("position_out_of_range", dict(position=MAX_SEQ_LEN), "positions"),
-        ("q_pe_2d", dict(q_pe_2d=True), "q_pe must be 3-D"),
-        ("kv_c_tokens", dict(kv_c_tokens=3), r"kv_c.size\(0\) \(tokens\) must equal"),
-        ("kv_c_dtype", dict(kv_c_dtype=torch.float64), "kv_c must have q_pe's dtype"),
-        ("cache_width", dict(cache_width=5), r"kv_cache.size\(-1\) must be"),
-        ("slots_int32", dict(slots_int32=True), "slot_mapping must be int64"),
-        ("fp8_without_scale", dict(fp8_no_scale=True), "kv_scale is required"),
-        ("scale_for_16bit", dict(scale_16bit=True), "kv_scale applies to float8 caches only"),
-        ("scale_zero", dict(scale_zero=True), "kv_scale must be a finite number > 0"),
-        ("cache_aliases_kv_c", dict(alias=True), "shares memory with"),
-        ("kpe_cache_other_slots", dict(kpe_slots=True), "kpe_cache must have kv_cache's slots"),
-    ]
-
-
-def build_bad(change):
-    c = make_call("cpu", block_size=4, padding=False)
-    kw = {}
-    if "slot" in change:
-        c["slot_mapping"][3] = change["slot"]
-    if change.get("duplicate"):
-        c["slot_mapping"][5] = c["slot_mapping"][1]
-    if "position" in change:
-        c["positions"][2, 0] = change["position"]
-    if change.get("q_pe_2d"):
-        c["q_pe"] = c["q_pe"][:, 0]
-    if "kv_c_tokens" in change:
-        c["kv_c"] = c["kv_c"][: change["kv_c_tokens"]]
-    if "kv_c_dtype" in change:
-        c["kv_c"] = c["kv_c"].to(change["kv_c_dtype"])
-    if "cache_width" in change:
-        c["kv_cache"] = c["kv_cache"][..., : change["cache_width"]]
-    if change.get("slots_int32"):
-        c["slot_mapping"] = c["slot_mapping"].to(torch.int32)
-    if change.get("fp8_no_scale"):
-        c["kv_cache"] = random_bits(c["kv_cache"].shape, torch.float8_e4m3fn, "cpu")
-    if change.get("scale_16bit"):
-        kw["kv_scale"] = 0.5
-    if change.get("scale_zero"):
-        c["kv_cache"] = random_bits(c["kv_cache"].shape, torch.float8_e4m3fn, "cpu")
-        kw["kv_scale"] = torch.tensor(0.0)
-    if change.get("alias"):
-        T, L = c["kv_c"].shape
-        c["kv_c"] = c["kv_cache"].view(-1, c["kv_cache"].size(-1))[:T, :L]
-    if change.get("kpe_slots"):
-        L = c["kv_c"].size(1)
-        c["kv_cache"] = c["kv_cache"][..., :L].clone()
-        c["kpe_cache"] = random_bits((3, 4, 16), torch.float32, "cpu")
-    return c, kw
-
-
-@pytest.mark.parametrize("case", bad_calls(), ids=lambda c: c[0])
-def test_bad_input_names_the_argument_and_writes_nothing(case):
-    name, change, message = case
-    c, kw = build_bad(change)
-    caches = [t for t in (c["kv_cache"], c["kpe_cache"]) if t is not None]
-    before = [t.clone() for t in caches]
-    with pytest.raises((RuntimeError, ValueError, IndexError), match=message):
-        call(c, **kw)
-    for t, b in zip(caches, before):
-        assert torch.equal(bits(t), bits(b)), f"{name}: a refused call wrote into a cache"
+# ---- a duplicate slot: refused before anything is written -------------------------------------
 
 
 def test_duplicate_slot_refused_even_when_rows_agree():
@@ -362,64 +233,7 @@ def test_duplicate_slot_refused_even_when_rows_agree():
     assert torch.equal(bits(c["kv_cache"]), bits(before))
 
 
-# ---- Meta, opcheck, compile, autograd ----------------------------------------------------------
-
-
-def test_meta_shapes_and_checks():
-    c = make_call("cpu", cache_dtype=torch.float8_e4m3fn)
-    m = {k: (v.to("meta") if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
-    q_pe_out, q_nope_out = call(
-        m, kv_scale=torch.tensor(0.5, device="meta"), q_dtype=torch.float8_e5m2,
-        q_scale=torch.tensor(1.0, device="meta"),
-    )  # fmt: skip
-    assert q_pe_out.device.type == "meta" and q_pe_out.dtype == torch.float8_e5m2
-    assert q_pe_out.shape == c["q_pe"].shape and q_nope_out.shape == c["q_nope"].shape
-    with pytest.raises(RuntimeError, match="kv_scale is required"):
-        call(m)
-
-
-@pytest.mark.parametrize("device", cpu_and_cuda())
-@pytest.mark.parametrize("fp8", [False, True], ids=["bf16_cache", "fp8_cache"])
-def test_opcheck(fp8, device):
-    cache_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
-    c = make_call(device, torch.bfloat16, block_size=4, two_caches=True, cache_dtype=cache_dtype)
-    args = (
-        c["q_pe"], c["k_pe"], c["kv_c"], c["cos"], c["sin"], c["positions"], c["kv_cache"],
-        c["kpe_cache"], c["slot_mapping"],
-    )  # fmt: skip
-    kwargs = dict(q_nope=c["q_nope"])
-    utils = None  # every test
-    if fp8:
-        kwargs.update(
-            kv_scale=torch.tensor(0.5, device=device),
-            q_dtype=torch.float8_e4m3fn,
-            q_scale=torch.tensor(0.25, device=device),
-        )
-        # opcheck's schema test compares mutated outputs with arithmetic that float8 lacks.
-        utils = ("test_faketensor", "test_aot_dispatch_dynamic", "test_autograd_registration")
-    kw = {} if utils is None else dict(test_utils=utils)
-    torch.library.opcheck(torch.ops.rope.mla_apply_cache.default, args, kwargs, **kw)
-
-
-@pytest.mark.parametrize("device", cpu_and_cuda())
-def test_compile_fullgraph(device):
-    c = make_call(device, block_size=4)
-    eager_cache = c["kv_cache"].clone()
-    want = torch_rope.mla_apply_cache(
-        c["q_pe"], c["k_pe"], c["kv_c"], c["cos"], c["sin"], c["positions"], eager_cache, None,
-        c["slot_mapping"], q_nope=c["q_nope"],
-    )  # fmt: skip
-
-    @torch.compile(fullgraph=True)
-    def f(q_pe, k_pe, kv_c, cos, sin, positions, cache, slots, q_nope):
-        return torch_rope.mla_apply_cache(
-            q_pe, k_pe, kv_c, cos, sin, positions, cache, None, slots, q_nope=q_nope
-        )
-
-    got = f(c["q_pe"], c["k_pe"], c["kv_c"], c["cos"], c["sin"], c["positions"], c["kv_cache"],
-            c["slot_mapping"], c["q_nope"])  # fmt: skip
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert torch.equal(bits(c["kv_cache"]), bits(eager_cache))
+# ---- autograd and version counters ------------------------------------------------------------
 
 
 def test_not_differentiable_and_version_counter():

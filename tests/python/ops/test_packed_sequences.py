@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Packed sequences instead of positions (issue 35): rope.apply.varlen, apply.freqs_varlen and
+"""Packed sequences instead of positions: rope.apply.varlen, apply.freqs_varlen and
 their apply_, apply.*_out and apply_qk siblings.
 
 For random packings (empty sequences, length 1, one sequence, thousands of them) and every rank
 of cp_size 1, 2, 4 and 8 (TransformerEngine's zigzag layout), the results and the gradients
 EQUAL, bit for bit, those of the same op given the positions that references.packed_positions
 writes out token by token from the rules. Every bad cu_seqlens / seq_offsets / cp case is
-refused, naming the argument, and writes nothing.
+refused, naming the argument, and writes nothing (the catalogue of test_errors.py, as the forms
+family; the samples of samples.py run every form through opcheck and compile).
 """
 
 import random
@@ -187,134 +188,15 @@ def test_cuda_with_cpu_cu_seqlens_is_checked_on_the_host():
         torch_rope.apply(x, cos, sin, cu_seqlens=torch.tensor([0, 3, 9]))
 
 
-# ---- bad packed sequences: refused, naming the argument, nothing written -----------------------
+# ---- the Python forms' argument rules (the ops' bad packings: test_errors.py) -----------------
 
 
-def _bad(device):
-    """name -> (kwargs that replace the good ones, exception, message pattern, needs data)."""
-    d = device
-    return {
-        # three sequences, so three offsets: only the order is wrong
-        "not_monotone": (dict(cu_seqlens=torch.tensor([0, 5, 3, 6], device=d),
-                              seq_offsets=torch.tensor([0, 1, 2], device=d)), ValueError,
-                         r"cu_seqlens must be non-decreasing.*cu_seqlens\[2\] = 3 after "
-                         r"cu_seqlens\[1\] = 5", True),
-        "first_not_zero": (dict(cu_seqlens=torch.tensor([1, 3, 6], device=d)), ValueError,
-                           r"cu_seqlens\[0\] must be 0.*got 1", True),
-        "wrong_end": (dict(cu_seqlens=torch.tensor([0, 3, 5], device=d)), ValueError,
-                      r"cu_seqlens\[-1\] must equal x\.size\(0\) \* cp_size = 6 \* 1.*got 5", True),
-        "end_past_tokens": (dict(cu_seqlens=torch.tensor([0, 3, 7], device=d)), ValueError,
-                            r"cu_seqlens\[-1\] must equal.*got 7", True),
-        "float_cu_seqlens": (dict(cu_seqlens=torch.tensor([0.0, 3.0, 6.0], device=d)),
-                             RuntimeError, r"cu_seqlens must be an integer tensor \(int32 or "
-                             r"int64\), got Float", False),
-        "int16_cu_seqlens": (dict(cu_seqlens=torch.tensor([0, 3, 6], dtype=torch.int16,
-                                                          device=d)),
-                             RuntimeError, r"cu_seqlens must be an integer tensor.*got Short",
-                             False),
-        "two_dim_cu_seqlens": (dict(cu_seqlens=torch.tensor([[0, 3, 6]], device=d)), RuntimeError,
-                               r"cu_seqlens must be a 1-D tensor, got a 2-D tensor", False),
-        "empty_cu_seqlens": (dict(cu_seqlens=torch.zeros(0, dtype=torch.long, device=d)),
-                             RuntimeError, r"cu_seqlens must hold N \+ 1 boundaries", False),
-        "offsets_wrong_length": (dict(seq_offsets=torch.tensor([0, 1, 2], device=d)),
-                                 RuntimeError, r"seq_offsets must hold one start position per "
-                                 r"sequence, N = cu_seqlens.size\(0\) - 1 = 2, got 3", False),
-        "negative_offset": (dict(seq_offsets=torch.tensor([0, -1], device=d)), ValueError,
-                            r"seq_offsets must be >= 0.*got -1 for sequence 1", True),
-        "float_offsets": (dict(seq_offsets=torch.tensor([0.0, 1.0], device=d)), RuntimeError,
-                          r"seq_offsets must be an integer tensor", False),
-        "cp_rank_too_large": (dict(cp_size=2, cp_rank=2), RuntimeError,
-                              r"cp_rank must be in \[0, cp_size\) = \[0, 2\), got 2", False),
-        "cp_rank_negative": (dict(cp_rank=-1), RuntimeError,
-                             r"cp_rank must be in \[0, cp_size\) = \[0, 1\), got -1", False),
-        "cp_size_zero": (dict(cp_size=0), RuntimeError, r"cp_size must be >= 1.*got 0", False),
-        "lengths_not_divisible": (dict(cu_seqlens=torch.tensor([0, 6, 12], device=d), cp_size=2),
-                                  ValueError, r"with cp_size = 2 every sequence length must be "
-                                  r"divisible by 2 \* cp_size = 4.*got length 6 of sequence 0",
-                                  True),
-        "cp_wrong_end": (dict(cu_seqlens=torch.tensor([0, 4, 8], device=d), cp_size=2),
-                         ValueError, r"cu_seqlens\[-1\] must equal x\.size\(0\) \* cp_size = "
-                         r"6 \* 2.*got 8", True),
-        # sequence 1 (3 tokens) at 62, 63, 64: its last position is one past the 64-row tables
-        "position_past_the_tables": (dict(seq_offsets=torch.tensor([0, 62], device=d)),
-                                     IndexError, r"positions from cu_seqlens and seq_offsets must "
-                                     r"be < max_seq_len = cos\.size\(0\) = 64, got 64 for "
-                                     r"sequence 1", True),
-        "cu_seqlens_on_meta": (dict(cu_seqlens=torch.tensor([0, 3, 6], device="meta")),
-                               RuntimeError, r"cu_seqlens must be on (x|q)'s device", False),
-    }  # fmt: skip
-
-
-def _good(device):
-    cos, sin = make_tables(64, 8, device)
-    return dict(
-        x=torch.randn(6, 2, 8, device=device),
-        cos=cos,
-        sin=sin,
-        cu_seqlens=torch.tensor([0, 3, 6], device=device),
-        seq_offsets=torch.tensor([0, 1], device=device),
-        cp_size=1,
-        cp_rank=0,
-    )
-
-
-@pytest.mark.parametrize("op", ["apply", "apply_", "apply.out", "apply_qk"])
-@pytest.mark.parametrize("name", list(_bad("cpu")))
-@pytest.mark.parametrize("device", ["cpu", "meta"])
-def test_bad_packed_sequences_are_refused_and_write_nothing(name, op, device):
-    changes, error, pattern, needs_data = _bad(device)[name]
-    if device == "meta" and (needs_data or name == "cu_seqlens_on_meta"):
-        pytest.skip("a value check: the meta kernels have no data (CUDA asserts instead)")
-    a = _good(device)
-    a.update(changes)
-    x = a.pop("x")
-    before = x.clone()
-    out = torch.full_like(x, 7.0)
-    opname = {"apply": "rope.apply", "apply_": "rope.apply_", "apply.out": "rope.apply",
-              "apply_qk": "rope.apply_qk"}[op]  # fmt: skip
-    with pytest.raises(error, match=opname.replace(".", r"\.") + r".*: " + pattern):
-        if op == "apply":
-            torch_rope.apply(x, **a)
-        elif op == "apply_":
-            torch_rope.apply_(x, **a)
-        elif op == "apply.out":
-            torch_rope.apply(x, out=out, **a)
-        else:
-            torch_rope.apply_qk(x, x[:, :1].clone(), **a)
-    if device == "cpu":
-        assert torch.equal(x, before), "x was written"
-        assert (out == 7.0).all(), "out was written"
-    # The frequency form refuses the same packings (except the table bound).
-    if name == "position_past_the_tables":
-        return
-    a.pop("cos"), a.pop("sin")
-    with pytest.raises(error, match=pattern):
-        if op == "apply_":
-            torch_rope.apply_(x, freqs=ref.inv_freq(8).to(device), **a)
-        else:
-            torch_rope.apply(x, freqs=ref.inv_freq(8).to(device), **a)
-    if device == "cpu":
-        assert torch.equal(x, before)
-
-
-def test_offsets_past_int64_are_refused_by_the_frequency_form():
+def test_the_largest_offset_that_fits_int64():
+    # (one more overflows: test_errors.py's seq_offsets_past_int64)
     x = torch.randn(6, 8)
-    with pytest.raises(ValueError, match=r"seq_offsets\[1\] = .* overflows int64"):
-        torch_rope.apply(x, freqs=ref.inv_freq(8), cu_seqlens=torch.tensor([0, 3, 6]),
-                         seq_offsets=torch.tensor([0, 2**63 - 2]))  # fmt: skip
-    # The largest position that fits is fine.
     y = torch_rope.apply(x, freqs=ref.inv_freq(8), cu_seqlens=torch.tensor([0, 3, 6]),
                          seq_offsets=torch.tensor([0, 2**63 - 3]))  # fmt: skip
     assert torch.isfinite(y).all()
-
-
-def test_x_without_a_token_dim_and_q_k_of_different_token_counts():
-    cos, sin = make_tables(64, 8, "cpu")
-    cu = torch.tensor([0, 8])
-    with pytest.raises(RuntimeError, match=r"x must be \(T, \.\.\., head_dim\) with the tokens"):
-        torch_rope.apply(torch.randn(8), cos, sin, cu_seqlens=cu)
-    with pytest.raises(RuntimeError, match=r"q and k must have the same number of tokens"):
-        torch_rope.apply_qk(torch.randn(8, 2, 8), torch.randn(7, 1, 8), cos, sin, cu_seqlens=cu)
 
 
 @pytest.mark.parametrize(

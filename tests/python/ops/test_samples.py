@@ -4,13 +4,14 @@ pytorch/extension-cpp's tests do: the result against the float64 oracle (each fa
 gradients of the differentiable ops (the differentiated oracle in every dtype, gradcheck and
 gradgradcheck in float64), torch.library.opcheck (schema, fake/meta kernels, autograd
 registration, AOT dispatch), and torch.compile(fullgraph=True). A family appended to samples.py
-runs here with no change to this file; only the coverage tests below name families."""
+runs here with no change to this file; only the coverage tests below name families (and
+test_catalogue.py holds every overload of torch.ops.rope to a family)."""
 
 import pytest
 import references as ref
 import torch
 from helpers import TOLERANCES, cpu_and_cuda, needs_torch, same_bits
-from samples import FAMILIES, ROPE_OPS, all_ops, sample_inputs
+from samples import FAMILIES, FORMS, MLA_OPS, QK_FP8_OPS, ROPE_OPS, all_ops, sample_inputs
 from torch.autograd import gradcheck, gradgradcheck
 
 FLOAT_DTYPES = {torch.float64, torch.float32, torch.float16, torch.bfloat16}
@@ -165,6 +166,125 @@ def test_kv_cache_samples_cover_every_dtype_cache_and_slot_kind():
     assert any(hq > hk == 1 for hq, hk in heads)
     assert any(s.positions.size(-1) > 1 for s in samples), "per-head positions"
     assert any(not s.positions.is_contiguous() for s in samples), "strided positions"
+
+
+def test_form_samples_cover_every_overload_and_dtype():
+    samples = _family("forms")
+    assert {(s.op, s.form) for s in samples} == {(op, f) for op in ROPE_OPS for f in FORMS}
+    for op in ROPE_OPS:
+        assert {s.dtype for s in samples if s.op == op} == FLOAT_DTYPES, op
+        assert {(s.interleaved, s.inverse) for s in samples if s.op == op} == {
+            (True, False),
+            (True, True),
+            (False, False),
+            (False, True),
+        }, op
+    assert any(s.mrope_section is not None for s in samples)
+    assert any(s.packed and s.packed["cp_size"] > 1 for s in samples)
+    assert any(s.packed and s.packed["seq_offsets"] is not None for s in samples)
+    assert any(s.positions is not None and int(s.positions.max()) > 2**32 for s in samples)
+    assert any(s.packed and s.packed["cu_seqlens"].dtype == torch.int32 for s in samples)
+    assert any(s.angles.get("attention_factor", 1.0) != 1.0 for s in samples)
+
+
+def _scales(samples, *names):
+    return [x for s in samples for x in (getattr(s, n) for n in names) if x is not None]
+
+
+def _scale_forms(scales):
+    return {"float" if isinstance(x, float) else f"tensor_{x.dim()}d" for x in scales}
+
+
+def test_qk_fp8_samples_cover_every_dtype_format_and_form():
+    samples = _family("qk_fp8")
+    assert {s.op for s in samples} == set(QK_FP8_OPS)
+    for op in QK_FP8_OPS:
+        mine = [s for s in samples if s.op == op]
+        assert {s.dtype for s in mine} == FLOAT_DTYPES, op
+        assert {s.fp8 for s in mine} == set(ref.FP8_DTYPES), op
+        assert {s.interleaved for s in mine} == {False, True}, op
+        assert {s.multiply_by_scale for s in mine} == {False, True}, op
+    assert _scale_forms(_scales(samples, "q_scale", "k_scale")) == {
+        "float",
+        "tensor_0d",
+        "tensor_1d",
+    }
+    assert any(s.q_scale is None for s in samples), "no scale (1)"
+    assert any(2 * s.cos.size(-1) < s.inputs[0].size(-1) for s in samples), "partial rotary"
+    assert any(s.q_nope is None and s.k_nope is None for s in samples), "no nope parts"
+    assert any(s.q_nope is not None and s.k_nope is not None for s in samples)
+    heads = {(s.inputs[0].size(1), s.inputs[1].size(1)) for s in samples}
+    assert any(hq > hk > 1 for hq, hk in heads) and any(hq > hk == 1 for hq, hk in heads)
+    assert any(s.positions.dim() == 2 and s.positions.size(-1) > 1 for s in samples), "per head"
+    assert {s.positions.dtype for s in samples} == {torch.int32, torch.int64}
+    multi = [s for s in samples if s.mrope_section is not None]
+    assert {s.mrope_interleaved for s in multi} == {False, True}
+    assert any(s.op == "apply_qk_fp8.out" for s in multi)
+    assert any(not x.is_contiguous() for s in samples for x in s.inputs), "sliced or strided"
+    assert any(s.inputs[0].size(0) == 0 for s in samples), "no tokens"
+
+
+def test_mla_samples_cover_every_dtype_cache_and_layout():
+    samples = _family("mla_cache")
+    assert {s.op for s in samples} == set(MLA_OPS)
+    assert {s.dtype for s in samples} == FLOAT_DTYPES
+    assert {s.interleaved for s in samples} == {False, True}
+    for dtype in FLOAT_DTYPES:
+        assert any(s.dtype == dtype and s.kv_cache.dtype == dtype for s in samples), dtype
+    assert {s.kv_cache.dtype for s in samples} >= set(ref.FP8_DTYPES)
+    assert {s.q_dtype for s in samples} >= {None, *ref.FP8_DTYPES}, "float8 q of both formats"
+    assert {s.multiply_by_scale for s in samples} == {False, True}
+    assert _scale_forms(_scales(samples, "kv_scale", "v_scale", "q_scale")) == {
+        "float",
+        "tensor_0d",
+        "tensor_1d",
+    }
+    assert any(s.kpe_cache is None for s in samples), "vLLM's one cache"
+    assert any(s.kpe_cache is not None and len(s.bases) >= 2 for s in samples), "two caches"
+    assert any(s.kpe_cache is not None and len(s.bases) == 1 for s in samples), "one buffer"
+    assert {s.paged for s in samples} == {False, True}
+    assert any(s.inputs[1].dim() == 3 and s.v is not None for s in samples), "GQA rows with v"
+    assert any(s.v_cache is not None and s.v_cache.dtype in ref.FP8_DTYPES for s in samples)
+    assert any(s.q_nope is None for s in samples) and any(s.q_nope is not None for s in samples)
+    assert any((s.slot_mapping < 0).any() and (s.slot_mapping >= 0).any() for s in samples)
+    assert any(s.slot_mapping.numel() and (s.slot_mapping < 0).all() for s in samples)
+    assert {s.positions.dtype for s in samples} == {torch.int32, torch.int64}
+    assert any(s.inputs[0].size(0) == 0 for s in samples), "no tokens"
+
+
+def test_norm_cache_samples_cover_every_dtype_cache_and_form():
+    samples = _family("norm_cache")
+    assert {s.dtype for s in samples} == FLOAT_DTYPES
+    assert {s.interleaved for s in samples} == {False, True}
+    assert {s.positions.dtype for s in samples} == {torch.int32, torch.int64}
+    assert any(2 * s.cos.size(-1) < s.inputs[0].size(-1) for s in samples), "partial rotary"
+    assert {s.k_cache.dim() for s in samples} == {3, 4}, "flat and paged"
+    for dtype in FLOAT_DTYPES:
+        assert any(s.dtype == dtype and s.k_cache.dtype == dtype for s in samples), dtype
+        assert any(s.dtype == dtype and s.has_fp8 for s in samples), f"{dtype} into float8"
+    assert {s.k_cache.dtype for s in samples} >= set(ref.FP8_DTYPES)
+    assert {s.v_cache.dtype for s in samples if s.v_cache is not None} >= set(ref.FP8_DTYPES)
+    assert {s.q_dtype for s in samples} >= {None, *ref.FP8_DTYPES}, "float8 q of both formats"
+    assert _scale_forms(_scales(samples, "k_scale", "v_scale")) == {
+        "float",
+        "tensor_0d",
+        "tensor_1d",
+    }
+    assert any(s.v_cache is None for s in samples), "no v"
+    assert any(s.weight_offset != 0 for s in samples) and any(s.eps != 1e-6 for s in samples)
+    assert any(s.q_weight.dtype != s.dtype or s.k_weight.dtype != s.dtype for s in samples)
+    assert any(s.q_weight.stride(-1) != 1 for s in samples), "a strided weight"
+    assert any(len(s.bases) == 1 and len(s.written()) == 2 for s in samples), "one buffer"
+    assert any(not c.is_contiguous() for s in samples for c in s.written()), "strided caches"
+    assert any((s.slot_mapping < 0).any() and (s.slot_mapping >= 0).any() for s in samples)
+    assert any(s.slot_mapping.numel() and (s.slot_mapping < 0).all() for s in samples)
+    assert any(s.inputs[0].size(0) == 0 for s in samples), "no tokens"
+    heads = {(s.inputs[0].size(1), s.inputs[1].size(1)) for s in samples}
+    assert any(hq == hk for hq, hk in heads) and any(hq > hk > 1 for hq, hk in heads)
+    assert any(hq > hk == 1 for hq, hk in heads)
+    multi = [s for s in samples if s.mrope_section is not None]
+    assert {s.mrope_interleaved for s in multi} == {False, True}
+    assert any(not s.positions.is_contiguous() for s in multi), "axis-first positions"
 
 
 # ---- correctness ------------------------------------------------------------------------------

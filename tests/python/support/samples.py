@@ -34,7 +34,17 @@ test_samples.py changes. The families:
   slices, a last-dim stride, a misaligned start, per-head, broadcast and strided positions, no
   tokens) into flat and paged caches, caches that are halves of one buffer or rows padded for
   alignment, 16/32-bit and float8 caches (both formats, the scale as a Python float, a 0-d or a
-  1-element tensor), padding (negative) slots, and no v.
+  1-element tensor), padding (negative) slots, and no v;
+* **forms** - the ``freqs=`` and packed-sequence (``cu_seqlens``, ``seq_offsets``, context
+  parallelism) overloads of the four rope ops;
+* **qk_fp8** - ``apply_qk_fp8`` and ``apply_qk_fp8.out`` (both float8 formats and scale rules,
+  no-RoPE parts, out= buffers with padding around them);
+* **mla_cache** - ``mla_apply_cache`` (one cache or two, flat or paged, float8 caches and q, the
+  GQA rows with v);
+* **norm_cache** - ``rms_norm_apply_qk_cache`` (the kv_cache family's geometries and caches with
+  the norm's weights, eps and offset, a float8 q, multi-axis positions).
+
+test_catalogue.py requires every overload of torch.ops.rope to be some sample's ``overload``.
 
 test_apply.py crosses ``GEOMETRIES`` with dtypes, head_dims and both pair layouts;
 test_rms_norm_apply_qk.py and test_apply_qk_cache.py cross their family's geometries with dtypes
@@ -1385,7 +1395,7 @@ def kv_cache_samples(device, requires_grad: bool) -> List[OpSample]:
 register_family("kv_cache", KV_CACHE_OPS, kv_cache_samples)
 
 
-# ---- the frequency and packed-sequence forms (issues 34 and 35) ---------------------------------
+# ---- family: forms (the table-free freqs= and packed-sequence overloads of the rope ops) --------
 # One sample per (op, form) and more: every op (apply, apply_, apply.out, apply_qk) with each of
 # the three forms (freqs, varlen, freqs_varlen), every dtype, both pair layouts, forward and
 # inverse, partial rotary, int32 and int64 positions or boundaries, an attention factor, seq_offsets
@@ -1397,8 +1407,8 @@ FORMS = ("freqs", "varlen", "freqs_varlen")
 
 
 @dataclass
-class FormSample:
-    """One call of one op in one of the new forms. ``inputs`` are the tensors it rotates."""
+class FormSample(OpSample):
+    """One call of one rope op in one of the forms. ``inputs`` are the tensors it rotates."""
 
     name: str
     op: str
@@ -1521,6 +1531,31 @@ class FormSample:
                 )
         return tuple(out)
 
+    def written(self) -> Tuple[Tensor, ...]:
+        return (self.out,) if self.op == "apply.out" else ()
+
+    def check(self, results, before):
+        # before: copies of the inputs (apply_ overwrites its x).
+        want = self.expected(before)
+        half = (self.angles["freqs"].numel() if "freqs" in self.angles
+                else self.angles["cos"].size(-1))  # fmt: skip
+        for out, x_before, expected in zip(results, before, want):
+            assert out.shape == x_before.shape and out.dtype == x_before.dtype
+            assert out.device == x_before.device
+            torch.testing.assert_close(out.cpu(), expected.to(out.dtype), **TOLERANCES[out.dtype])
+            assert torch.equal(out[..., 2 * half :], x_before[..., 2 * half :]), (
+                "pass-through features changed"
+            )
+        if self.op == "apply_":
+            assert results[0] is self.inputs[0], "apply_ must return x itself"
+        elif self.op == "apply.out":
+            assert results[0] is self.out, "apply(..., out=) must return out"
+        else:
+            assert all(out.is_contiguous() for out in results)
+        if self.op != "apply_":
+            for x, x_before in zip(self.inputs, before):
+                assert torch.equal(x, x_before), f"{self.op} modified its input"
+
 
 def _form_angles(form, rotary_dim, dtype, device, attention_factor):
     if form == "varlen":
@@ -1608,8 +1643,9 @@ def _packed_tokens(name):
     return cu[-1] // cp_size
 
 
-def form_sample_inputs(device, requires_grad: bool):
-    """Every sample of the new forms, built on ``device`` (as sample_inputs)."""
+def form_samples(device, requires_grad: bool) -> List[OpSample]:
+    """The forms family's samples; with ``requires_grad`` the rotated inputs are leaves that
+    require grad, and apply.out has none."""
 
     def leaf(t):
         return t.detach().requires_grad_() if requires_grad else t
@@ -1706,5 +1742,792 @@ def form_sample_inputs(device, requires_grad: bool):
     return samples
 
 
-def form_sample_ids(requires_grad: bool):
-    return [s.name for s in form_sample_inputs("cpu", requires_grad)]
+register_family("forms", ROPE_OPS, form_samples)
+
+
+# ---- shared by the serving fusions' families (qk_fp8, mla_cache, norm_cache) ----------------
+# Their outputs and cache rows are 16/32-bit (the source's dtype, within its tolerance of the
+# float64 oracle) or float8: within one fp8 step of the oracle's scaled value where it rotates,
+# and bit for bit torch's own (value / scale).clamp(-max, max).to(fp8) where the value is copied
+# (features past rotary_dim, the no-RoPE parts, kv_c, v). None of them is differentiable.
+
+# opcheck's schema test compares mutated values with arithmetic that float8 lacks (mul is not
+# implemented for Float8_e4m3fn); every other test runs on the float8 calls.
+FP8_OPCHECK_UTILS = ("test_faketensor", "test_aot_dispatch_dynamic", "test_autograd_registration")
+_MUTABLE_OPCHECK = ("2.5", "torch.library.opcheck of ops with optional mutable args")
+
+
+def _scale_tensor(scale, device):
+    """The raw ops take a scale as a float32 tensor; the wrappers make a Python number one."""
+    if scale is None or isinstance(scale, Tensor):
+        return scale
+    return torch.tensor(scale, dtype=torch.float32, device=device)
+
+
+def _assert_near(got: Tensor, want: Tensor, scale=None, multiply=False):
+    """``got`` against its float64 value ``want``: float8 within one fp8 step of the scaled
+    value, 16/32-bit within its dtype's tolerance."""
+    if got.dtype in ref.FP8_DTYPES:
+        ref.fp8_close(got, want, 1.0 if scale is None else scale, got.dtype, multiply=multiply)
+    else:
+        torch.testing.assert_close(got.cpu(), want.to(got.dtype), **TOLERANCES[got.dtype])
+
+
+def _assert_stored_as(got: Tensor, value: Tensor, scale=None, multiply=False, what="a copy"):
+    """``got`` holds the copied ``value``: bit for bit itself, or torch's quantization of it."""
+    if got.dtype in ref.FP8_DTYPES:
+        want = ref.quantize_fp8(
+            value, 1.0 if scale is None else scale, got.dtype, multiply=multiply
+        )
+    else:
+        want = value.detach().cpu().to(got.dtype)
+    assert same_bits(got.cpu(), want), f"{what} is not its value as stored"
+
+
+def _assert_only_rows_written(bases, bases_before, written):
+    """Every element of the allocations ``bases`` keeps its bits but the rows ``written`` names:
+    ``(view, index)`` pairs, the index of the written rows in the view (``...``: all of it)."""
+    for base, base_before in zip(bases, bases_before):
+        keep = torch.ones(base.shape, dtype=torch.bool)
+        for view, index in written:
+            if view.untyped_storage().data_ptr() != base.untyped_storage().data_ptr():
+                continue
+            rows = keep.as_strided(
+                view.shape, view.stride(), view.storage_offset() - base.storage_offset()
+            )
+            rows[index] = False
+        assert same_bits(base.cpu()[keep], base_before.cpu()[keep]), (
+            "an element outside the written rows was written"
+        )
+
+
+def _assert_reads_unchanged(names, reads, reads_before):
+    for name, t, t_before in zip(names, reads, reads_before):
+        if t is not None:
+            _assert_unchanged(t, t_before, name)
+
+
+def _clones(tensors):
+    return tuple(None if t is None else t.detach().clone() for t in tensors)
+
+
+def _fp8_id(dtype):
+    return str(dtype)[len("torch.float8_") :]
+
+
+# ---- family: qk_fp8 (apply_qk_fp8, apply_qk_fp8.out) -------------------------------------------
+# q (T, Hq, D), k (T, Hk, D) rotated (the first rotary_dim features) and stored as float8, their
+# no-RoPE parts q_nope (T, Hq, Nq) and k_nope (T, Hk, Nk) quantized alongside; .out writes the
+# caller's float8 buffers (views with padding around them, which must keep their bits).
+
+QK_FP8_OPS = ("apply_qk_fp8", "apply_qk_fp8.out")
+
+
+@dataclass
+class QkFp8Sample(OpSample):
+    """One call of apply_qk_fp8 (or .out). ``inputs``: ``(q, k)``; ``outs`` the .out buffers
+    (views of ``bases``), None for a missing nope part."""
+
+    name: str
+    op: str
+    inputs: Tuple[Tensor, ...]
+    cos: Tensor
+    sin: Tensor
+    positions: Tensor
+    fp8: torch.dtype
+    q_nope: Optional[Tensor] = None
+    k_nope: Optional[Tensor] = None
+    q_scale: object = None  # a Python float, a 0-d or (1,) float32 tensor, or None (1)
+    k_scale: object = None
+    interleaved: bool = True
+    multiply_by_scale: bool = False
+    mrope_section: Optional[Tuple[int, ...]] = None
+    mrope_interleaved: bool = False
+    outs: Optional[Tuple[Optional[Tensor], ...]] = None
+    bases: Tuple[Tensor, ...] = ()
+    opcheck_needs_torch = _MUTABLE_OPCHECK
+    opcheck_kwargs = dict(test_utils=FP8_OPCHECK_UTILS)
+
+    @property
+    def overload(self):
+        return torch.ops.rope.apply_qk_fp8.out if self.outs else torch.ops.rope.apply_qk_fp8.default
+
+    @property
+    def differentiable(self) -> bool:
+        return False
+
+    def _kwargs(self, scale=lambda s: s) -> dict:
+        kw = dict(
+            q_nope=self.q_nope, k_nope=self.k_nope, q_scale=scale(self.q_scale),
+            k_scale=scale(self.k_scale), interleaved=self.interleaved,
+            multiply_by_scale=self.multiply_by_scale,
+        )  # fmt: skip
+        if self.mrope_section is not None:
+            kw.update(
+                mrope_section=list(self.mrope_section), mrope_interleaved=self.mrope_interleaved
+            )
+        return kw
+
+    def op_args(self):
+        kw = self._kwargs(lambda s: _scale_tensor(s, self.inputs[0].device))
+        if self.outs:
+            kw.update(zip(("q_out", "k_out", "q_nope_out", "k_nope_out"), self.outs))
+        else:
+            kw["dtype"] = self.fp8
+        return (*self.inputs, self.cos, self.sin, self.positions), kw
+
+    def call(self, *inputs: Tensor) -> Tuple[Tensor, ...]:
+        q, k = inputs or self.inputs
+        args = (q, k, self.cos, self.sin, self.positions)
+        if self.outs:
+            got = torch_rope.apply_qk_fp8(*args, out=self.outs, **self._kwargs())
+            return tuple(t for t in got if t is not None)
+        return tuple(torch_rope.apply_qk_fp8(*args, dtype=self.fp8, **self._kwargs()))
+
+    def _rotated(self, x):
+        kw = {}
+        if self.mrope_section is not None:
+            kw = dict(mrope_section=self.mrope_section, mrope_interleaved=self.mrope_interleaved)
+        return ref.rope_with_tables(
+            x, self.cos, self.sin, self.positions, interleaved=self.interleaved, **kw
+        )
+
+    def expected(self, inputs=None) -> Tuple[Tensor, ...]:
+        """The float64 values before quantization: q and k rotated, the nope parts."""
+        q, k = inputs or self.inputs
+        nopes = tuple(
+            n.detach().cpu().double() for n in (self.q_nope, self.k_nope) if n is not None
+        )
+        return (self._rotated(q), self._rotated(k), *nopes)
+
+    def written(self) -> Tuple[Tensor, ...]:
+        return tuple(t for t in self.outs or () if t is not None)
+
+    def snapshot(self):
+        reads = (*self.inputs, self.q_nope, self.k_nope, self.cos, self.sin, self.positions)
+        return _clones(reads), _clones(self.bases)
+
+    def check(self, results, before):
+        reads_before, bases_before = before
+        q, k, q_nope, k_nope = reads_before[:4]
+        rotary_dim = 2 * self.cos.size(-1)
+        mul = self.multiply_by_scale
+        got = list(results)
+        if self.outs:
+            for out in self.written():
+                assert got.pop(0) is out, "apply_qk_fp8(..., out=) must return its buffers"
+            got = [t for t in self.outs]
+        for i, (x, scale, what) in enumerate(((q, self.q_scale, "q"), (k, self.k_scale, "k"))):
+            out = got[i]
+            assert out.dtype == self.fp8 and out.shape == x.shape and out.device == x.device
+            assert self.outs or out.is_contiguous(), "new outputs are contiguous"
+            _assert_near(out[..., :rotary_dim], self._rotated(x)[..., :rotary_dim], scale, mul)
+            _assert_stored_as(
+                out[..., rotary_dim:], x[..., rotary_dim:], scale, mul, f"{what} tail"
+            )
+        for i, (x, scale, heads, what) in enumerate(
+            (
+                (q_nope, self.q_scale, q.size(1), "q_nope"),
+                (k_nope, self.k_scale, k.size(1), "k_nope"),
+            )
+        ):
+            out = got[2 + i]
+            if x is None:
+                assert out is None or out.shape == (q.size(0), heads, 0), what
+                continue
+            assert out.dtype == self.fp8 and out.shape == x.shape
+            _assert_stored_as(out, x, scale, mul, what)
+        _assert_only_rows_written(self.bases, bases_before, [(t, ...) for t in self.written()])
+        names = ("q", "k", "q_nope", "k_nope", "cos", "sin", "positions")
+        reads = (*self.inputs, self.q_nope, self.k_nope, self.cos, self.sin, self.positions)
+        _assert_reads_unchanged(names, reads, reads_before)
+
+
+def fp8_out_buffer(shape, fp8, device):
+    """A float8 output with padding around it (0x55 bytes): ``(view, base)``."""
+    T, H, W = shape
+    base = torch.full((T + 1, H + 1, W + 16), 0x55, dtype=torch.uint8, device=device).view(fp8)
+    return base[1:, :H, 8 : 8 + W], base
+
+
+def _qk_fp8_inputs(layout, T, hq, hk, D, dtype, device):
+    if layout == "fused":  # q and k sliced out of one (T, (Hq + Hk) D + 8) projection row
+        fused = randn(T, (hq + hk) * D + 8, dtype=dtype, device=device) * 3
+        return fused[:, : hq * D].view(T, hq, D), fused[:, hq * D : (hq + hk) * D].view(T, hk, D)
+    if layout == "last_dim_strided":
+        q = (randn(T, hq, 2 * D, dtype=dtype, device=device) * 3)[..., ::2]
+        return q, randn(T, hk, D, dtype=dtype, device=device) * 3
+    assert layout == "contiguous", layout
+    return (
+        randn(T, hq, D, dtype=dtype, device=device) * 3,
+        randn(T, hk, D, dtype=dtype, device=device) * 3,
+    )
+
+
+# (op, layout, dtype, fp8, tokens, q heads, k heads, head_dim, rotary_dim, q_nope width, k_nope
+#  width (None: no nope part), interleaved, multiply_by_scale, (scale form, q_scale, k_scale) or
+#  None, positions ("token", "per_head", "int32", "one"), (mrope_section, mrope_interleaved))
+# Every dtype, both float8 formats, both pair layouts, both scale rules and every scale form (and
+# none), partial rotary, with and without nope parts, GQA / MQA / per-head positions, int32
+# positions, multi-axis positions of both section layouts, sliced and strided q, no tokens; .out
+# into padded buffers.
+_QK_FP8_PLAN = [
+    ("apply_qk_fp8", "contiguous", torch.float64, E4M3, 5, 4, 2, 80, 48, 16, 8, True, False,
+     ("float", 0.05, 0.1), "token", None),
+    ("apply_qk_fp8", "contiguous", torch.float32, E5M2, 5, 4, 1, 64, 64, None, None, False, True,
+     ("tensor_0d", 4.0, 8.0), "int32", None),
+    ("apply_qk_fp8", "last_dim_strided", torch.float16, E4M3, 3, 3, 3, 32, 16, 8, None, True,
+     True, ("tensor_1", 2.0, 0.5), "per_head", None),
+    ("apply_qk_fp8", "contiguous", torch.bfloat16, E5M2, 4, 4, 2, 64, 64, None, None, False,
+     False, None, "token", ((8, 12, 12), False)),
+    ("apply_qk_fp8", "fused", torch.bfloat16, E4M3, 4, 2, 1, 32, 32, 16, 16, True, False,
+     ("float", 0.02, 0.03), "one", None),
+    ("apply_qk_fp8", "contiguous", torch.float32, E4M3, 5, 2, 2, 32, 16, None, 8, True, False,
+     ("float", 0.05, 0.05), "token", ((4, 2, 2), True)),
+    ("apply_qk_fp8", "contiguous", torch.float32, E4M3, 0, 4, 2, 32, 32, 8, 8, True, False,
+     None, "token", None),
+    ("apply_qk_fp8.out", "contiguous", torch.bfloat16, E4M3, 5, 4, 2, 80, 48, 16, 8, True, False,
+     ("float", 0.1, 0.2), "token", None),
+    ("apply_qk_fp8.out", "fused", torch.float32, E5M2, 4, 4, 1, 64, 64, None, None, False, True,
+     ("tensor_0d", 4.0, 8.0), "token", None),
+    ("apply_qk_fp8.out", "contiguous", torch.float64, E4M3, 3, 2, 2, 24, 16, 8, 8, False, False,
+     ("tensor_1", 0.05, 0.1), "per_head", None),
+    ("apply_qk_fp8.out", "contiguous", torch.float16, E5M2, 4, 2, 1, 16, 16, 8, None, True, False,
+     ("float", 0.25, 0.5), "int32", ((2, 3, 3), False)),
+]  # fmt: skip
+
+
+def qk_fp8_sample(
+    op, layout, dtype, fp8, T, hq, hk, D, rotary_dim, nq, nk, interleaved, multiply, scales,
+    positions_kind, mrope, device,
+) -> QkFp8Sample:  # fmt: skip
+    """One apply_qk_fp8 sample of a plan row."""
+    q, k = _qk_fp8_inputs(layout, T, hq, hk, D, dtype, device)
+    q_nope = None if nq is None else randn(T, hq, nq, dtype=dtype, device=device) * 3
+    k_nope = None if nk is None else randn(T, hk, nk, dtype=dtype, device=device) * 3
+    cos, sin = _tables("real", rotary_dim, dtype, device)
+    if positions_kind == "per_head":
+        positions = torch.randint(0, MAX_SEQ_LEN, (T, hq), device=device)
+    elif positions_kind == "one":
+        positions = torch.tensor([[MAX_SEQ_LEN - 1]], device=device)
+    else:
+        positions = torch.randint(0, MAX_SEQ_LEN, (T, 1), device=device)
+        if positions_kind == "int32":
+            positions = positions.to(torch.int32)
+    section, mrope_interleaved = mrope or (None, False)
+    if section is not None:
+        positions = multi_axis_positions(positions, len(section), positions.dtype, True)
+    form, q_value, k_value = scales or (None, None, None)
+    outs, bases = None, ()
+    if op == "apply_qk_fp8.out":
+        made = [
+            None if x is None else fp8_out_buffer(x.shape, fp8, device)
+            for x in (q, k, q_nope, k_nope)
+        ]
+        outs = tuple(None if m is None else m[0] for m in made)
+        bases = tuple(m[1] for m in made if m is not None)
+    name = (
+        f"{op}-{layout}-{dtype_id(dtype)}-{_fp8_id(fp8)}-t{T}q{hq}k{hk}-d{D}r{rotary_dim}-"
+        f"nope{nq or 0}_{nk or 0}-{'il' if interleaved else 'half'}"
+        f"{'-multiply' if multiply else ''}-{form or 'no_scale'}-{positions_kind}"
+        f"{_mrope_id(section, mrope_interleaved) if section is not None else ''}"
+    )
+    return QkFp8Sample(
+        name, op, (q, k), cos, sin, positions, fp8, q_nope=q_nope, k_nope=k_nope,
+        q_scale=None if q_value is None else _scale(form, q_value, device),
+        k_scale=None if k_value is None else _scale(form, k_value, device),
+        interleaved=interleaved, multiply_by_scale=multiply, mrope_section=section,
+        mrope_interleaved=mrope_interleaved, outs=outs, bases=bases,
+    )  # fmt: skip
+
+
+def qk_fp8_samples(device, requires_grad: bool) -> List[OpSample]:
+    """The qk_fp8 family's samples (none with ``requires_grad``: not differentiable)."""
+    if requires_grad:
+        return []
+    return [qk_fp8_sample(*row, device) for row in _QK_FP8_PLAN]
+
+
+register_family("qk_fp8", QK_FP8_OPS, qk_fp8_samples)
+
+
+# ---- family: mla_cache (mla_apply_cache) -------------------------------------------------------
+# q_pe (T, H, R) and the latent head k_pe (T, R) rotate; rows [kv_c | k_pe] go to one cache of
+# width L + R (vLLM) or to two, (L) and (R) wide (FlashInfer's ckv / kpe, also as the column
+# slices of one buffer), flat (num_slots, W) or paged (num_blocks, block_size, W); with key heads
+# (k_pe (T, Hk, R), kv_c (T, Hk, L), caches (..., Hk, W)) and v / v_cache, FlashInfer's GQA rows.
+
+MLA_OPS = ("mla_apply_cache",)
+
+
+@dataclass
+class MlaSample(OpSample):
+    """One call of mla_apply_cache. ``inputs``: ``(q_pe, k_pe, kv_c)``; ``bases``: the allocations
+    the caches are views of."""
+
+    name: str
+    inputs: Tuple[Tensor, ...]
+    cos: Tensor
+    sin: Tensor
+    positions: Tensor
+    kv_cache: Tensor
+    kpe_cache: Optional[Tensor]
+    slot_mapping: Tensor
+    bases: Tuple[Tensor, ...]
+    paged: bool
+    q_nope: Optional[Tensor] = None
+    v: Optional[Tensor] = None
+    v_cache: Optional[Tensor] = None
+    interleaved: bool = True
+    kv_scale: object = None
+    v_scale: object = None
+    q_dtype: Optional[torch.dtype] = None
+    q_scale: object = None
+    multiply_by_scale: bool = False
+    op: str = "mla_apply_cache"
+    opcheck_needs_torch = _MUTABLE_OPCHECK
+
+    @property
+    def overload(self):
+        return torch.ops.rope.mla_apply_cache.default
+
+    @property
+    def differentiable(self) -> bool:
+        return False
+
+    @property
+    def has_fp8(self) -> bool:
+        caches = (self.kv_cache, self.kpe_cache, self.v_cache)
+        return self.q_dtype is not None or any(
+            c is not None and c.dtype in ref.FP8_DTYPES for c in caches
+        )
+
+    @property
+    def opcheck_kwargs(self) -> dict:
+        return dict(test_utils=FP8_OPCHECK_UTILS) if self.has_fp8 else {}
+
+    def _kwargs(self, scale=lambda s: s) -> dict:
+        return dict(
+            q_nope=self.q_nope, v=self.v, v_cache=self.v_cache, interleaved=self.interleaved,
+            kv_scale=scale(self.kv_scale), v_scale=scale(self.v_scale), q_dtype=self.q_dtype,
+            q_scale=scale(self.q_scale), multiply_by_scale=self.multiply_by_scale,
+        )  # fmt: skip
+
+    def _args(self, inputs):
+        return (*inputs, self.cos, self.sin, self.positions, self.kv_cache, self.kpe_cache,
+                self.slot_mapping)  # fmt: skip
+
+    def op_args(self):
+        return self._args(self.inputs), self._kwargs(
+            lambda s: _scale_tensor(s, self.inputs[0].device)
+        )
+
+    def call(self, *inputs: Tensor) -> Tuple[Tensor, ...]:
+        return tuple(
+            torch_rope.mla_apply_cache(*self._args(inputs or self.inputs), **self._kwargs())
+        )
+
+    def _rotated(self, x):
+        x = x if x.dim() == 3 else x.unsqueeze(1)  # k_pe (T, R): one head
+        return ref.rope_with_tables(
+            x, self.cos, self.sin, self.positions, interleaved=self.interleaved
+        )
+
+    def expected(self, inputs=None) -> Tuple[Tensor, ...]:
+        """The float64 values before storage: q_pe rotated and q_nope."""
+        q_pe = (inputs or self.inputs)[0]
+        q_nope = self.q_nope
+        nope = q_pe.new_zeros(*q_pe.shape[:2], 0) if q_nope is None else q_nope
+        return self._rotated(q_pe), nope.detach().cpu().double()
+
+    def _index(self, slots):
+        if not self.paged:
+            return (slots,)
+        block_size = self.kv_cache.size(1)
+        return (torch.div(slots, block_size, rounding_mode="floor"), slots % block_size)
+
+    def written(self) -> Tuple[Tensor, ...]:
+        return tuple(c for c in (self.kv_cache, self.kpe_cache, self.v_cache) if c is not None)
+
+    def snapshot(self):
+        reads = (*self.inputs, self.q_nope, self.v, self.cos, self.sin, self.positions,
+                 self.slot_mapping)  # fmt: skip
+        return _clones(reads), _clones(self.bases)
+
+    def check(self, results, before):
+        reads_before, bases_before = before
+        q_pe, k_pe, kv_c, q_nope, v = reads_before[:5]
+        mul = self.multiply_by_scale
+        q_pe_out, q_nope_out = results
+        q_dtype = self.q_dtype or q_pe.dtype
+        assert q_pe_out.dtype == q_dtype and q_pe_out.shape == q_pe.shape
+        assert q_pe_out.device == q_pe.device
+        _assert_near(q_pe_out, self._rotated(q_pe), self.q_scale, mul)
+        if q_nope is None:
+            assert q_nope_out.shape == (*q_pe.shape[:2], 0)
+        else:
+            assert q_nope_out.dtype == q_dtype and q_nope_out.shape == q_nope.shape
+            _assert_stored_as(q_nope_out, q_nope, self.q_scale, mul, "q_nope")
+        slots = self.slot_mapping.cpu()
+        stored = slots >= 0
+        index = self._index(slots[stored])
+        L = kv_c.size(-1)
+        if self.kpe_cache is None:
+            rows = self.kv_cache.cpu()[index]
+            ckv, kpe = rows[..., :L], rows[..., L:]
+        else:
+            ckv, kpe = self.kv_cache.cpu()[index], self.kpe_cache.cpu()[index]
+        _assert_stored_as(ckv, kv_c[stored], self.kv_scale, mul, "a kv_c row")
+        k_rot = self._rotated(k_pe)[stored]
+        _assert_near(kpe, k_rot if k_pe.dim() == 3 else k_rot.squeeze(1), self.kv_scale, mul)
+        if self.v_cache is not None:
+            _assert_stored_as(self.v_cache.cpu()[index], v[stored], self.v_scale, mul, "a v row")
+        _assert_only_rows_written(
+            self.bases, bases_before, [(c, self._index(slots[stored])) for c in self.written()]
+        )
+        names = ("q_pe", "k_pe", "kv_c", "q_nope", "v", "cos", "sin", "positions", "slot_mapping")
+        reads = (*self.inputs, self.q_nope, self.v, self.cos, self.sin, self.positions,
+                 self.slot_mapping)  # fmt: skip
+        _assert_reads_unchanged(names, reads, reads_before)
+
+
+def mla_caches(layout, lead, hk, L, R, Dv, dtype, device, gen=None):
+    """``(kv_cache, kpe_cache, v_cache, bases)``: ``one``: one (lead, L + R) cache; ``two``: a
+    buffer each; ``slices``: the two column slices of one buffer. With key heads ``hk`` the
+    caches are (lead, hk, W); v_cache (Dv) only with ``Dv``."""
+    heads = () if hk is None else (hk,)
+    if layout == "one":
+        kv = _cache_buffer((*lead, *heads, L + R), dtype, device, gen)
+        caches, bases = (kv, None), [kv]
+    elif layout == "slices":
+        buf = _cache_buffer((*lead, *heads, L + R), dtype, device, gen)
+        caches, bases = (buf[..., :L], buf[..., L:]), [buf]
+    else:
+        assert layout == "two", layout
+        caches = (
+            _cache_buffer((*lead, *heads, L), dtype, device, gen),
+            _cache_buffer((*lead, *heads, R), dtype, device, gen),
+        )
+        bases = list(caches)
+    v_cache = None if Dv is None else _cache_buffer((*lead, *heads, Dv), dtype, device, gen)
+    if v_cache is not None:
+        bases.append(v_cache)
+    return (*caches, v_cache, tuple(bases))
+
+
+# (dtype, cache dtype, cache layout, paged, q heads, key heads (None: k_pe (T, R)), kv_lora_rank
+#  L, rope dim R, q_nope width (None: none), v head dim (None: no v), interleaved, slots,
+#  (scale form, kv_scale, v_scale) or None, (q_dtype, q_scale) or None, multiply_by_scale,
+#  int32 positions, tokens)
+# Every dtype into a cache of its own dtype, 16-bit and float32 sources into both float8 formats
+# with every scale form and both scale rules, float8 q outputs, vLLM's one cache and FlashInfer's
+# two (also the column slices of one buffer), flat and paged, both pair layouts, padding slots
+# (some and all), the GQA rows with v, int32 positions, no q_nope, no tokens.
+_MLA_PLAN = [
+    (torch.float64, torch.float64, "one", False, 4, None, 40, 16, 8, None, True, "padding",
+     None, None, False, False, CACHE_TOKENS),
+    (torch.float32, torch.float32, "two", True, 2, None, 24, 16, None, None, False, "padding",
+     None, None, False, True, CACHE_TOKENS),
+    (torch.float16, torch.float16, "slices", True, 3, None, 32, 16, 8, None, True, "dense",
+     None, None, False, False, CACHE_TOKENS),
+    (torch.bfloat16, torch.bfloat16, "one", True, 4, None, 24, 32, 16, None, False,
+     "all_padding", None, None, False, False, CACHE_TOKENS),
+    (torch.bfloat16, E4M3, "one", True, 4, None, 40, 16, 8, None, True, "padding",
+     ("float", 0.07, None), (E4M3, 0.07), False, False, CACHE_TOKENS),
+    (torch.float16, E5M2, "two", False, 2, None, 32, 16, 8, None, False, "scattered",
+     ("tensor_0d", 4.0, None), None, True, False, CACHE_TOKENS),
+    (torch.float32, E4M3, "slices", True, 4, None, 24, 16, 8, None, True, "padding",
+     ("tensor_1", 0.05, None), (E5M2, 0.1), False, True, CACHE_TOKENS),
+    (torch.bfloat16, torch.bfloat16, "two", True, 4, 2, 16, 16, 8, 8, True, "padding",
+     None, None, False, False, CACHE_TOKENS),
+    (torch.bfloat16, E4M3, "two", False, 4, 2, 16, 16, None, 16, False, "dense",
+     ("float", 0.1, 0.05), (E4M3, 0.2), False, False, CACHE_TOKENS),
+    (torch.float32, torch.float32, "one", False, 4, None, 24, 16, 8, None, True, "dense",
+     None, None, False, False, 0),
+]  # fmt: skip
+
+
+def mla_sample(
+    dtype, cache_dtype, layout, paged, H, hk, L, R, N, Dv, interleaved, slots, scales, q_fp8,
+    multiply, int32, T, device,
+) -> MlaSample:  # fmt: skip
+    """One mla_apply_cache sample of a plan row."""
+    key = (T,) if hk is None else (T, hk)
+    q_pe = randn(T, H, R, dtype=dtype, device=device) * 2
+    k_pe = randn(*key, R, dtype=dtype, device=device) * 2
+    kv_c = randn(*key, L, dtype=dtype, device=device) * 2
+    q_nope = None if N is None else randn(T, H, N, dtype=dtype, device=device) * 2
+    v = None if Dv is None else randn(*key, Dv, dtype=dtype, device=device)
+    lead = (CACHE_BLOCKS, CACHE_BLOCK_SIZE) if paged else (CACHE_BLOCKS * CACHE_BLOCK_SIZE,)
+    kv_cache, kpe_cache, v_cache, bases = mla_caches(
+        layout, lead, hk, L, R, Dv, cache_dtype, device
+    )
+    positions = torch.randint(0, MAX_SEQ_LEN, (T, 1), device=device)
+    positions = positions.to(torch.int32 if int32 else torch.int64)
+    cos, sin = _tables("real", R, dtype, device)
+    form, kv_value, v_value = scales or (None, None, None)
+    q_dtype, q_value = q_fp8 or (None, None)
+    name = (
+        f"mla_apply_cache-{dtype_id(dtype)}-"
+        f"{_fp8_id(cache_dtype) if cache_dtype in ref.FP8_DTYPES else 'same'}-{layout}-"
+        f"{'paged' if paged else 'flat'}-t{T}h{H}{f'k{hk}' if hk else ''}-l{L}r{R}n{N or 0}"
+        f"{f'v{Dv}' if Dv else ''}-{'il' if interleaved else 'half'}-{slots}"
+        f"{f'-{form}' if form else ''}{f'-q_{_fp8_id(q_dtype)}' if q_dtype else ''}"
+        f"{'-multiply' if multiply else ''}{'-int32' if int32 else ''}"
+    )
+    return MlaSample(
+        name, (q_pe, k_pe, kv_c), cos, sin, positions, kv_cache, kpe_cache,
+        _slot_mapping(slots, T, device), bases, paged, q_nope=q_nope, v=v, v_cache=v_cache,
+        interleaved=interleaved,
+        kv_scale=None if kv_value is None else _scale(form, kv_value, device),
+        v_scale=None if v_value is None else _scale(form, v_value, device),
+        q_dtype=q_dtype, q_scale=None if q_value is None else _scale(form, q_value, device),
+        multiply_by_scale=multiply,
+    )  # fmt: skip
+
+
+def mla_samples(device, requires_grad: bool) -> List[OpSample]:
+    """The mla_cache family's samples (none with ``requires_grad``: not differentiable)."""
+    if requires_grad:
+        return []
+    return [mla_sample(*row, device) for row in _MLA_PLAN]
+
+
+register_family("mla_cache", MLA_OPS, mla_samples)
+
+
+# ---- family: norm_cache (rms_norm_apply_qk_cache) ----------------------------------------------
+# rms_norm_apply_qk then apply_qk_cache in one pass: q, k normalised over head_dim (weights, eps,
+# Gemma's offset), rotated, q returned (float8 with q_dtype), the k rows and v rows stored as in
+# apply_qk_cache (CACHE_GEOMETRIES, make_caches, the same slot kinds and scale forms).
+
+NORM_CACHE_OPS = ("rms_norm_apply_qk_cache",)
+
+
+@dataclass
+class NormCacheSample(OpSample):
+    """One call of rms_norm_apply_qk_cache. ``inputs``: ``(q, k, v)``, or ``(q, k)`` without v."""
+
+    name: str
+    inputs: Tuple[Tensor, ...]
+    q_weight: Tensor
+    k_weight: Tensor
+    cos: Tensor
+    sin: Tensor
+    positions: Tensor
+    k_cache: Tensor
+    v_cache: Optional[Tensor]
+    slot_mapping: Tensor
+    bases: Tuple[Tensor, ...]
+    eps: float = 1e-6
+    weight_offset: float = 0.0
+    interleaved: bool = True
+    k_scale: object = None
+    v_scale: object = None
+    q_dtype: Optional[torch.dtype] = None
+    q_scale: object = None
+    mrope_section: Optional[Tuple[int, ...]] = None
+    mrope_interleaved: bool = False
+    op: str = "rms_norm_apply_qk_cache"
+    opcheck_needs_torch = _MUTABLE_OPCHECK
+
+    @property
+    def overload(self):
+        return torch.ops.rope.rms_norm_apply_qk_cache.default
+
+    @property
+    def differentiable(self) -> bool:
+        return False
+
+    @property
+    def has_fp8(self) -> bool:
+        caches = (self.k_cache, self.v_cache)
+        return self.q_dtype is not None or any(
+            c is not None and c.dtype in ref.FP8_DTYPES for c in caches
+        )
+
+    @property
+    def opcheck_kwargs(self) -> dict:
+        return dict(test_utils=FP8_OPCHECK_UTILS) if self.has_fp8 else {}
+
+    def _split(self, inputs):
+        return inputs[0], inputs[1], inputs[2] if len(inputs) > 2 else None
+
+    def _kwargs(self, scale=lambda s: s) -> dict:
+        kw = dict(
+            eps=self.eps, weight_offset=self.weight_offset, interleaved=self.interleaved,
+            k_scale=scale(self.k_scale), v_scale=scale(self.v_scale), q_dtype=self.q_dtype,
+            q_scale=scale(self.q_scale),
+        )  # fmt: skip
+        if self.mrope_section is not None:
+            kw.update(
+                mrope_section=list(self.mrope_section), mrope_interleaved=self.mrope_interleaved
+            )
+        return kw
+
+    def _args(self, inputs):
+        q, k, v = self._split(inputs)
+        return (q, k, v, self.q_weight, self.k_weight, self.cos, self.sin, self.positions,
+                self.k_cache, self.v_cache, self.slot_mapping)  # fmt: skip
+
+    def op_args(self):
+        return self._args(self.inputs), self._kwargs(
+            lambda s: _scale_tensor(s, self.inputs[0].device)
+        )
+
+    def call(self, *inputs: Tensor) -> Tuple[Tensor, ...]:
+        args = self._args(inputs or self.inputs)
+        return (torch_rope.rms_norm_apply_qk_cache(*args, **self._kwargs()),)
+
+    def _normed(self, x, weight):
+        kw = {}
+        if self.mrope_section is not None:
+            kw = dict(mrope_section=self.mrope_section, mrope_interleaved=self.mrope_interleaved)
+        return ref.rms_norm_rope_with_tables(
+            x, weight, self.cos, self.sin, self.positions, eps=self.eps,
+            weight_offset=self.weight_offset, interleaved=self.interleaved, **kw,
+        )  # fmt: skip
+
+    def expected(self, inputs=None) -> Tuple[Tensor, ...]:
+        """The float64 q before storage (normalised, rotated)."""
+        return (self._normed((inputs or self.inputs)[0], self.q_weight),)
+
+    def written(self) -> Tuple[Tensor, ...]:
+        return tuple(c for c in (self.k_cache, self.v_cache) if c is not None)
+
+    def snapshot(self):
+        reads = (*self.inputs, self.q_weight, self.k_weight, self.cos, self.sin, self.positions,
+                 self.slot_mapping)  # fmt: skip
+        return _clones(reads), _clones(self.bases)
+
+    def check(self, results, before):
+        reads_before, bases_before = before
+        q, k, v = self._split(reads_before[: len(self.inputs)])
+        (q_out,) = results
+        q_dtype = self.q_dtype or q.dtype
+        assert q_out.shape == q.shape and q_out.dtype == q_dtype and q_out.device == q.device
+        assert q_out.is_contiguous(), "rms_norm_apply_qk_cache returns a new contiguous q"
+        _assert_near(q_out, self._normed(q, self.q_weight), self.q_scale)
+        slots = self.slot_mapping.cpu()
+        stored = slots >= 0
+        k_rows = self.k_cache.cpu()[ref.cache_row_index(self.k_cache.cpu(), slots[stored])]
+        _assert_near(k_rows, self._normed(k, self.k_weight)[stored], self.k_scale)
+        if self.v_cache is not None:
+            v_rows = self.v_cache.cpu()[ref.cache_row_index(self.v_cache.cpu(), slots[stored])]
+            _assert_stored_as(v_rows, v[stored], self.v_scale, what="a v row")
+        _assert_only_rows_written(
+            self.bases,
+            bases_before,
+            [(c, ref.cache_row_index(c.cpu(), slots[stored])) for c in self.written()],
+        )
+        names = ("q", "k", "v")[: len(self.inputs)] + (
+            "q_weight", "k_weight", "cos", "sin", "positions", "slot_mapping"
+        )  # fmt: skip
+        reads = (*self.inputs, self.q_weight, self.k_weight, self.cos, self.sin, self.positions,
+                 self.slot_mapping)  # fmt: skip
+        _assert_reads_unchanged(names, reads, reads_before)
+
+
+# (geometry, dtype, k_cache dtype, v_cache dtype (None: no v), cache layout, head_dim,
+#  rotary_dim, v head_dim, q heads, kv heads, interleaved, tables, int32 positions, slots,
+#  (scale form, k_scale, v_scale) or None, eps, weight_offset, weights, (q_dtype, q_scale) or
+#  None, (mrope_section, mrope_interleaved, axis_first) or None)
+# Every dtype into caches of its own dtype and into both float8 formats, float8 q, flat, paged,
+# halves of one buffer and padded rows, both pair layouts, partial rotary, MHA / GQA / MQA, eps
+# and Gemma's offset, weights of another dtype and strided, int32 and int64 positions, per-head,
+# broadcast and strided positions, padding slots (some and all), no v, no tokens, every scale
+# form, a float8 k cache beside a 16/32-bit v one, multi-axis positions of both section layouts.
+_NORM_CACHE_PLAN = [
+    ("contiguous", torch.bfloat16, torch.bfloat16, torch.bfloat16, "paged", 16, 16, 8, 4, 2,
+     True, "real", False, "padding", None, 1e-6, 0.0, "own", None, None),
+    ("contiguous", torch.float32, torch.float32, None, "flat", 16, 8, 16, 4, 1, False, "random",
+     True, "padding", None, 1e-5, 1.0, "float32_k", None, None),
+    ("per_head_positions", torch.float64, torch.float64, torch.float64, "paged", 10, 6, 10, 2, 2,
+     True, "float64", False, "dense", None, 0.1, 0.5, "own", None, None),
+    ("storage_offset_1", torch.float16, torch.float16, torch.float16, "flat", 24, 24, 24, 3, 3,
+     False, "float64", False, "scattered", None, 1e-6, 0.0, "mixed", None, None),
+    ("fused_qkv", torch.bfloat16, torch.bfloat16, torch.bfloat16, "halves", 16, 16, 16, 4, 2,
+     True, "real", False, "padding", None, 1e-6, 1.0, "own", None, None),
+    ("contiguous", torch.bfloat16, E4M3, E4M3, "paged", 16, 16, 16, 4, 2, True, "real", False,
+     "padding", ("float", 0.1, 0.05), 1e-6, 0.0, "own", (E4M3, 0.05), None),
+    ("last_dim_strided", torch.float32, E5M2, E5M2, "flat", 16, 8, 8, 2, 1, False, "random",
+     True, "padding", ("tensor_0d", 0.25, 0.5), 1e-6, 0.0, "strided", None, None),
+    ("contiguous", torch.float16, E4M3, E5M2, "paged", 24, 16, 8, 2, 2, False, "real", False,
+     "scattered", ("tensor_1", 0.004, 0.1), 1e-6, 1.0, "own", (E5M2, 0.5), None),
+    ("storage_offset_1", torch.float64, E5M2, E5M2, "padded_rows", 10, 6, 10, 2, 1, True,
+     "float64", False, "padding", ("float", 0.125, 0.125), 1e-6, 0.0, "own", None, None),
+    ("strided_positions", torch.float32, E4M3, torch.float32, "paged", 16, 16, 16, 2, 2, True,
+     "real", True, "padding", ("float", 0.05, None), 1e-6, 0.0, "own", None, None),
+    ("one_position", torch.float32, torch.float32, torch.float32, "padded_rows", 16, 12, 16, 4,
+     2, False, "real", False, "all_padding", None, 1e-6, 0.0, "own", None, None),
+    ("no_tokens", torch.bfloat16, torch.bfloat16, torch.bfloat16, "paged", 16, 16, 16, 4, 2,
+     True, "real", False, "dense", None, 1e-6, 0.0, "own", None, None),
+    ("contiguous", torch.bfloat16, torch.bfloat16, torch.bfloat16, "paged", 16, 16, 16, 4, 2,
+     False, "real", False, "padding", None, 1e-6, 0.0, "own", None, ((2, 3, 3), True, False)),
+    ("contiguous", torch.float32, E4M3, None, "flat", 16, 16, 16, 2, 1, True, "random", True,
+     "dense", ("tensor_0d", 0.05, None), 1e-6, 0.5, "own", None, ((4, 2, 2), False, True)),
+]  # fmt: skip
+
+
+def norm_cache_sample(
+    geometry, dtype, k_cache_dtype, v_cache_dtype, layout, D, rotary_dim, Dv, hq, hkv,
+    interleaved, tables, int32, slots, scales, eps, weight_offset, weights, q_fp8, mrope, device,
+    T=CACHE_TOKENS,
+) -> NormCacheSample:  # fmt: skip
+    """One rms_norm_apply_qk_cache sample of a plan row. q is scaled by 3 and k by 0.2: the norm
+    must not care."""
+    q, k, v, positions = CACHE_GEOMETRIES[geometry](T, hq, hkv, D, Dv, dtype, device)
+    with torch.no_grad():
+        q.mul_(3.0)
+        k.mul_(0.2)
+    paged = layout in ("paged", "halves")
+    slots_shape = (CACHE_BLOCKS, CACHE_BLOCK_SIZE) if paged else (CACHE_BLOCKS * CACHE_BLOCK_SIZE,)
+    kind = "contiguous" if layout in ("flat", "paged") else layout
+    k_cache, v_cache, bases = make_caches(
+        kind, slots_shape, hkv, D, Dv, k_cache_dtype, v_cache_dtype, device
+    )
+    pos_dtype = torch.int32 if int32 else torch.int64
+    section, mrope_interleaved, axis_first = mrope or (None, False, False)
+    if section is not None:
+        positions = multi_axis_positions(positions, len(section), pos_dtype, axis_first)
+    else:
+        positions = positions.to(pos_dtype)
+    q_weight, k_weight = _norm_weights(weights, D, dtype, device)
+    cos, sin = _tables(tables, rotary_dim, dtype, device)
+    form, k_value, v_value = scales or (None, None, None)
+    q_dtype, q_value = q_fp8 or (None, None)
+
+    def cache_id(c):
+        return "same" if c == dtype else "none" if c is None else _fp8_id(c)
+
+    name = (
+        f"rms_norm_apply_qk_cache-{geometry}-{dtype_id(dtype)}-{layout}-"
+        f"k_{cache_id(k_cache_dtype)}-v_{cache_id(v_cache_dtype)}-d{D}r{rotary_dim}v{Dv}-"
+        f"q{hq}kv{hkv}-{'il' if interleaved else 'half'}-{tables}{'-int32' if int32 else ''}-"
+        f"{slots}{f'-{form}' if form else ''}{f'-eps{eps:g}' if eps != 1e-6 else ''}"
+        f"{f'-offset{weight_offset:g}' if weight_offset else ''}"
+        f"{'' if weights == 'own' else '-w_' + weights}"
+        f"{f'-q_{_fp8_id(q_dtype)}' if q_dtype else ''}"
+        f"{_mrope_id(section, mrope_interleaved) if section is not None else ''}"
+        f"{'-axis_first' if axis_first else ''}"
+    )
+    return NormCacheSample(
+        name, (q, k) if v_cache is None else (q, k, v), q_weight, k_weight, cos, sin, positions,
+        k_cache, v_cache, _slot_mapping(slots, q.size(0), device), bases, eps=eps,
+        weight_offset=weight_offset, interleaved=interleaved,
+        k_scale=None if k_value is None else _scale(form, k_value, device),
+        v_scale=None if v_value is None else _scale(form, v_value, device),
+        q_dtype=q_dtype, q_scale=None if q_value is None else _scale(form or "float", q_value,
+                                                                     device),
+        mrope_section=section, mrope_interleaved=mrope_interleaved,
+    )  # fmt: skip
+
+
+def norm_cache_samples(device, requires_grad: bool) -> List[OpSample]:
+    """The norm_cache family's samples (none with ``requires_grad``: not differentiable)."""
+    if requires_grad:
+        return []
+    return [norm_cache_sample(*row, device) for row in _NORM_CACHE_PLAN]
+
+
+register_family("norm_cache", NORM_CACHE_OPS, norm_cache_samples)

@@ -28,7 +28,9 @@
 //          half split), c, s = A(cos[p, k]), A(sin[p, k]) at the row's position p (multi-axis: the
 //          position of the plane's axis): a' = fma(a, c, -(b * s)), b' = fma(a, s, b * c).
 //   store  rounded once to the storage type, or quantized (kv_cache_args.h's quantize_fp8 with
-//          the target's ScaleRule).
+//          the target's ScaleRule). A feature that is neither normalised nor rotated, stored in
+//          the source's dtype (v rows, a partial rotation's tail), is copied bit for bit, NaN
+//          payloads included, as index_copy_ would.
 // The CUDA kernel's explicit fmaf is what the CPU kernel's vector FMAs compute; the CPU copy
 // without FMA (DEFAULT) rounds the products first and is exact only where that agrees.
 #pragma once

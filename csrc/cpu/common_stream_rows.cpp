@@ -21,10 +21,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <tuple>
 #include <type_traits>
 
 #include "common_load_floats.h"
+#include "common_planes.h"  // Vec, kW, rotate_planes_vec
 #include "kv_cache_fp8_rows.h"
 
 #ifndef CPU_CAPABILITY
@@ -35,8 +35,6 @@
 namespace rope::cpu::CPU_CAPABILITY {
 namespace {
 
-using Vec = at::vec::Vectorized<float>;
-constexpr int64_t kW = Vec::size();
 static_assert(kStreamChunk % kW == 0, "the norm's partial sums are whole vectors");
 
 // ---- widen and store -------------------------------------------------------------------------
@@ -162,41 +160,52 @@ inline void normalise(A* x, const A* w, int64_t n, double eps) {
 
 // ---- the rotation ----------------------------------------------------------------------------
 
-// Rotates the first 2 * half features of x in place with the planes' cos and sin.
+// Planes [k, half) of a row, one at a time: from `in` (storage or math type) into `out`, in the
+// math type A, each rounded once to out's type.
+template <bool kInterleaved, typename A, typename in_t, typename out_t>
+inline void rotate_scalar(const in_t* in, out_t* out, const A* cos, const A* sin, int64_t half,
+                          int64_t k) {
+  for (; k < half; ++k) {
+    const int64_t ia = kInterleaved ? 2 * k : k;
+    const int64_t ib = kInterleaved ? 2 * k + 1 : k + half;
+    const A a = static_cast<A>(in[ia]);
+    const A b = static_cast<A>(in[ib]);
+    out[ia] = static_cast<out_t>(std::fma(a, cos[k], -(b * sin[k])));
+    out[ib] = static_cast<out_t>(std::fma(a, sin[k], b * cos[k]));
+  }
+}
+
+// Whole vectors of planes from `in` into `out` (common_planes.h), with the plane count known at
+// compile time for the common rotary dims (64, 128, 256), as the rotation kernel's rows have it:
+// the plane loop unrolls. Returns the first plane left for rotate_scalar.
+template <bool kInterleaved, typename scalar_t>
+inline int64_t rotate_planes_sized(const scalar_t* in, scalar_t* out, const float* cos,
+                                   const float* sin, int64_t half) {
+  if constexpr (kHasIntrinsics) {
+    switch (half) {
+      case 32:
+        return rotate_planes_vec<kInterleaved, false>(in, out, cos, sin, 32);
+      case 64:
+        return rotate_planes_vec<kInterleaved, false>(in, out, cos, sin, 64);
+      case 128:
+        return rotate_planes_vec<kInterleaved, false>(in, out, cos, sin, 128);
+      default:
+        break;
+    }
+  }
+  return rotate_planes_vec<kInterleaved, false>(in, out, cos, sin, half);
+}
+
+// Rotates the first 2 * half features of x in place with the planes' cos and sin: whole vectors
+// of planes with the rotation kernel's plane code (common_planes.h: in-lane shuffles, not the
+// cross-lane permutes of at::vec's deinterleave), the rest one at a time.
 template <bool kInterleaved, typename A>
 inline void rotate(A* x, const A* cos, const A* sin, int64_t half) {
   int64_t k = 0;
   if constexpr (std::is_same_v<A, float>) {
-    for (; k + kW <= half; k += kW) {
-      const Vec c = Vec::loadu(cos + k);
-      const Vec s = Vec::loadu(sin + k);
-      Vec a, b;
-      if constexpr (kInterleaved) {
-        std::tie(a, b) = at::vec::deinterleave2(Vec::loadu(x + 2 * k), Vec::loadu(x + 2 * k + kW));
-      } else {
-        a = Vec::loadu(x + k);
-        b = Vec::loadu(x + half + k);
-      }
-      const Vec ra = at::vec::fmsub(a, c, b * s);  // fma(a, c, -(b * s))
-      const Vec rb = at::vec::fmadd(a, s, b * c);
-      if constexpr (kInterleaved) {
-        const auto [lo, hi] = at::vec::interleave2(ra, rb);
-        lo.store(x + 2 * k);
-        hi.store(x + 2 * k + kW);
-      } else {
-        ra.store(x + k);
-        rb.store(x + half + k);
-      }
-    }
+    k = rotate_planes_vec<kInterleaved, false>(x, x, cos, sin, half);
   }
-  for (; k < half; ++k) {
-    const int64_t ia = kInterleaved ? 2 * k : k;
-    const int64_t ib = kInterleaved ? 2 * k + 1 : k + half;
-    const A a = x[ia];
-    const A b = x[ib];
-    x[ia] = std::fma(a, cos[k], -(b * sin[k]));
-    x[ib] = std::fma(a, sin[k], b * cos[k]);
-  }
+  rotate_scalar<kInterleaved>(x, x, cos, sin, half, k);
 }
 
 // The cos and sin rows of one rotating row, in the math type: the table rows themselves
@@ -295,10 +304,38 @@ void rows_of_tokens(const StreamArgs& a, const TableArgs& tb, int64_t t0, int64_
         continue;  // padding (a slot past the cache was refused before the call)
       }
       const float scale = tg.scale != nullptr ? *tg.scale : 1.0f;
+      // A row that is only rotated (no norm) into its own dtype goes from source to target in
+      // registers, as the rotation kernel's rows do: no pass through the scratch row (which
+      // made apply_qk_cache's decode rows twice as slow as the rotation of the same rows).
+      const bool direct =
+          std::is_same_v<A, float> && st.weight == nullptr && tg.format == CacheFormat::kSame;
+      // The token's first target row: one division of the slot per token and stream, not per
+      // head (a 64-bit division per row was a fifth of a decode call's time).
+      const int64_t row0 = tg.by_slot ? slot_row(tg, slot, 0) : token_row(tg, t, 0);
       for (int64_t h = 0; h < st.heads; ++h) {
         const auto* src =
             static_cast<const scalar_t*>(st.src) + t * st.token_stride + h * st.head_stride;
-        const int64_t row = tg.by_slot ? slot_row(tg, slot, h) : token_row(tg, t, h);
+        const int64_t row = row0 + h * tg.head_stride;
+        if (direct) {
+          auto* dst = static_cast<scalar_t*>(tg.data) + row;
+          const int64_t R = st.rotary_dim;
+          if (R > 0) {
+            const int64_t off = t * st.pos_token_stride + h * st.pos_head_stride;
+            if (off != angles_off) {
+              angles.at(off, cos, sin);
+              angles_off = off;
+            }
+            if constexpr (std::is_same_v<A, float>) {
+              const int64_t k = rotate_planes_sized<kInterleaved>(src, dst, cos, sin, R / 2);
+              rotate_scalar<kInterleaved>(src, dst, cos, sin, R / 2, k);
+            }
+          }
+          if (st.width > R) {
+            // Neither normalised nor rotated: copied bit for bit (common_row_streams.h).
+            std::memcpy(dst + R, src + R, sizeof(scalar_t) * (st.width - R));
+          }
+          continue;
+        }
         widen(src, buf.data(), st.width);
         if (st.weight != nullptr) {
           normalise(buf.data(), static_cast<const A*>(st.weight), st.width, a.eps);

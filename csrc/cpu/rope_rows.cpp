@@ -21,14 +21,10 @@
 #include <type_traits>
 
 #include "common_mixed_rows.h"
+#include "common_planes.h"
 #include "common_row_cursor.h"
 #include "rope_packed_lookup.h"
 
-#if defined(CPU_CAPABILITY_AVX512)
-#include "common_planes_avx512.h"
-#elif defined(CPU_CAPABILITY_AVX2)
-#include "common_planes_avx2.h"
-#endif
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 #include "rope_exact_planes.h"
 #endif
@@ -40,90 +36,6 @@
 namespace rope::cpu::CPU_CAPABILITY {
 namespace {
 
-using Vec = at::vec::Vectorized<float>;
-constexpr int64_t kW = Vec::size();  // floats per vector: 8 (DEFAULT, AVX2) or 16 (AVX512)
-
-// ---- float <-> storage conversion, kW or 2*kW elements at a time -------------------------------
-
-template <typename scalar_t>
-inline void load_one(const scalar_t* p, Vec& v) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    v = Vec::loadu(p);
-  } else {
-    at::vec::load_to_float<scalar_t>(p, v);
-  }
-}
-
-template <typename scalar_t>
-inline void load_two(const scalar_t* p, Vec& lo, Vec& hi) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    lo = Vec::loadu(p);
-    hi = Vec::loadu(p + kW);
-  } else {
-    at::vec::load_to_float<scalar_t>(p, lo, hi);
-  }
-}
-
-template <typename scalar_t>
-inline void store_one(scalar_t* p, const Vec& v) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    v.store(p);
-  } else {
-    at::vec::convert_from_float<scalar_t>(v, v).store(p, kW);
-  }
-}
-
-template <typename scalar_t>
-inline void store_two(scalar_t* p, const Vec& lo, const Vec& hi) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    lo.store(p);
-    hi.store(p + kW);
-  } else {
-    at::vec::convert_from_float<scalar_t>(lo, hi).store(p);
-  }
-}
-
-// ---- the vector planes of one row, portable (DEFAULT copy and non-x86 builds) --------------
-
-// Whole vectors of planes with at::vec, float math, float tables. Returns the first plane left for
-// the scalar loop.
-template <bool kInterleaved, bool kInverse, typename scalar_t>
-inline int64_t rotate_planes_generic(const scalar_t* in, scalar_t* out, const float* cos,
-                                     const float* sin, int64_t half) {
-  const Vec sign(kInverse ? -1.0f : 1.0f);
-  int64_t k = 0;
-  for (; k + kW <= half; k += kW) {
-    const Vec c = Vec::loadu(cos + k);
-    const Vec s = Vec::loadu(sin + k) * sign;
-    Vec a, b;
-    if constexpr (kInterleaved) {
-      // 2*kW features hold kW planes as (a0, b0, a1, b1, ...): split, rotate, re-interleave.
-      Vec lo, hi;
-      load_two(in + 2 * k, lo, hi);
-      std::tie(a, b) = at::vec::deinterleave2(lo, hi);
-    } else {
-      load_one(in + k, a);
-      load_one(in + half + k, b);
-    }
-    const Vec ra = at::vec::fmsub(a, c, b * s);  // a cos - b sin
-    const Vec rb = at::vec::fmadd(a, s, b * c);  // a sin + b cos
-    if constexpr (kInterleaved) {
-      const auto [lo, hi] = at::vec::interleave2(ra, rb);
-      store_two(out + 2 * k, lo, hi);
-    } else {
-      store_one(out + k, ra);
-      store_one(out + half + k, rb);
-    }
-  }
-  return k;
-}
-
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-constexpr bool kHasIntrinsics = true;
-#else
-constexpr bool kHasIntrinsics = false;
-#endif
-
 // The intrinsic copies inline the row body into both visiting orders of rotate_rows_runs (it is
 // small there); the portable copy leaves that to the compiler, whose at::vec code is large and
 // loses its vectorisation when forced into one function.
@@ -132,19 +44,6 @@ constexpr bool kHasIntrinsics = false;
 #else
 #define ROPE_ROW_INLINE inline
 #endif
-
-// The widest vector code this copy was compiled for.
-template <bool kInterleaved, bool kInverse, typename scalar_t>
-inline int64_t rotate_planes_vec(const scalar_t* in, scalar_t* out, const float* cos,
-                                 const float* sin, int64_t half) {
-#if defined(CPU_CAPABILITY_AVX512)
-  return avx512::rotate_planes<kInterleaved, kInverse>(in, out, cos, sin, half, 0);
-#elif defined(CPU_CAPABILITY_AVX2)
-  return avx2::rotate_planes<kInterleaved, kInverse>(in, out, cos, sin, half, 0);
-#else
-  return rotate_planes_generic<kInterleaved, kInverse>(in, out, cos, sin, half);
-#endif
-}
 
 // Vector planes of a float64 row (double math, float or double tables): the AVX2 code in every
 // intrinsic copy, none in the portable one. Other storage types with double tables keep the

@@ -189,6 +189,28 @@ __device__ __forceinline__ void store_chunk(const StreamTarget& t, void* row, in
   }
 }
 
+// Features [first, first + 16) (below `end`) copied bit for bit, NaN payloads included: a tail
+// lane with no norm into a target of the source's dtype (common_row_streams.h).
+template <bool kVector, typename T>
+__device__ __forceinline__ void copy_chunk(const T* src, T* dst, int64_t first, int64_t end) {
+  if constexpr (kVector) {
+    constexpr int kPer = 16 / static_cast<int>(sizeof(T));
+#pragma unroll
+    for (int c = 0; c < kChunk / kPer; ++c) {
+      T part[kPer];
+      load_vector(src + first + c * kPer, part);   // sass: stream load
+      store_vector(dst + first + c * kPer, part);  // sass: stream store
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      if (first + j < end) {
+        store_scalar(dst + first + j, load_scalar(src + first + j));
+      }
+    }
+  }
+}
+
 // (x * r) * w in place, for the norm: `w` holds the features [first, first + 16) of the weight.
 template <typename A>
 __device__ __forceinline__ void normalise(A (&v)[kChunk], const A* w, int64_t first, int64_t end,
@@ -232,6 +254,10 @@ __device__ __forceinline__ void run_lane(const RowStream& st, const StreamPlan& 
   const int64_t R = st.rotary_dim;
   if (lane >= sp.rot_lanes) {
     const int64_t first = R + (lane - sp.rot_lanes) * kChunk;
+    if (w == nullptr && st.target.format == CacheFormat::kSame) {
+      copy_chunk<kVector>(src, static_cast<T*>(dst), first, st.width);
+      return;
+    }
     A v[kChunk];
     load_chunk<kVector>(src, first, st.width, v);
     if (w != nullptr) {

@@ -4,10 +4,14 @@
 # installs each into a fresh virtual environment and smoke-tests it there:
 #
 #   cpu    TORCH_ROPE_CUDA=OFF: the CPU-only install; its librope must hold no device code.
-#   cuda   the GPU-architecture install: with a GPU, TORCH_CUDA_ARCH_LIST unset (setup.py takes
-#          the GPUs present, the newest with PTX); without one, TORCH_CUDA_ARCH_LIST=8.0 (A100's;
-#          any one architecture costs about the same to compile). Its librope must hold exactly
-#          those architectures, read from the binary (tests/integration/check_cuda_archs.py).
+#   cuda   the install with CUDA kernels, TORCH_CUDA_ARCH_LIST unset as a user's pip install has
+#          it: with a GPU, setup.py takes the GPUs present (the newest with PTX); without one, the
+#          default list, the one build/ was compiled for, so that ccache serves every CUDA object
+#          from build/'s (the same compile lines) and this wheel compiles no kernel again (with
+#          TORCH_CUDA_ARCH_LIST=8.0, as before, it compiled all of them for sm_80 beside ctest).
+#          Its librope must hold exactly those architectures, read from the binary
+#          (tests/integration/check_cuda_archs.py). The TORCH_CUDA_ARCH_LIST rules themselves are
+#          unit tests (tests/python/packaging/test_cuda_arch_list.py).
 #
 # Each is checked from Python (tests/wheel/smoke.py), and the cuda one also from C++ (the LibTorch
 # example configured against the CMake package inside the installed wheel). torch itself comes
@@ -17,8 +21,8 @@
 #
 # The C++ objects come from ccache: build-wheel-cpu/ and build-wheel/ sit beside build/ at the
 # same depth (CCACHE_BASEDIR, scripts/build.sh) and compile the same lines, so only what differs
-# is compiled: build_info.cpp and the one unity batch that holds the CUDA glue (CPU-only), and the
-# CUDA kernels for the one architecture (about 40 s of CPU for the largest of their 16 files).
+# is compiled: build_info.cpp and the one unity batch that holds the CUDA glue (CPU-only); with
+# a GPU present, the CUDA kernels for its architectures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -78,9 +82,9 @@ if [ -n "$gpu_arches" ]; then
   env -u TORCH_CUDA_ARCH_LIST TORCH_ROPE_CUDA=ON TORCH_ROPE_CMAKE_BUILD_DIR="$PWD/build-wheel" \
     "$PY" -m pip wheel . --no-build-isolation --no-deps -q -w "$out/cuda/dist"
 else
-  expect="8.0"
-  echo "-- wheel cuda: TORCH_CUDA_ARCH_LIST=$expect pip wheel . (no GPU here)"
-  TORCH_CUDA_ARCH_LIST="$expect" TORCH_ROPE_CUDA=ON TORCH_ROPE_CMAKE_BUILD_DIR="$PWD/build-wheel" \
+  expect="default"
+  echo "-- wheel cuda: pip wheel . with no GPU here (TORCH_CUDA_ARCH_LIST unset): the default list"
+  env -u TORCH_CUDA_ARCH_LIST TORCH_ROPE_CUDA=ON TORCH_ROPE_CMAKE_BUILD_DIR="$PWD/build-wheel" \
     "$PY" -m pip wheel . --no-build-isolation --no-deps -q -w "$out/cuda/dist"
 fi
 wheel_venv cuda

@@ -64,6 +64,10 @@ def fuzzed(family: str, *overloads):
 
 FAST_EXAMPLES = 250
 SLOW_EXAMPLES = 4000
+# SLOW_BUDGET: the slow counts of the four blocks added last (the forms, apply_qk_fp8,
+# mla_apply_cache, rms_norm_apply_qk_cache) are 500, not 2,000: at 2,000 the four took 168 s of one
+# worker on the 2-core VM, more than the README's test command (20 minutes in all) can give; their
+# bit-level matrices are the op-major files' and the host run's.
 
 X_LAYOUTS = [
     "contiguous", "permuted", "padded", "sliced", "offset", "expanded", "last_strided",
@@ -844,7 +848,7 @@ def test_fuzz_apply_qk_cache_against_float64_reference_many(case, device):
 # check (samples.FormSample: the float64 oracle, exact angles for freqs=, inputs unchanged).
 
 FORM_FAST_EXAMPLES = 100
-FORM_SLOW_EXAMPLES = 2000
+FORM_SLOW_EXAMPLES = 500  # see SLOW_BUDGET
 FORM_X_LAYOUTS = ["contiguous", "permuted", "padded", "sliced", "offset", "last_strided"]
 
 
@@ -1048,7 +1052,7 @@ BAD_MESSAGES = {
 # the CPU a bad position must raise and leave the out= buffers as they were.
 
 QK_FP8_FAST_EXAMPLES = 100
-QK_FP8_SLOW_EXAMPLES = 2000
+QK_FP8_SLOW_EXAMPLES = 500  # see SLOW_BUDGET
 
 
 @st.composite
@@ -1161,7 +1165,7 @@ def test_fuzz_apply_qk_fp8_against_float64_reference_many(case, device):
 # nothing.
 
 MLA_FAST_EXAMPLES = 100
-MLA_SLOW_EXAMPLES = 2000
+MLA_SLOW_EXAMPLES = 500  # see SLOW_BUDGET
 
 
 @st.composite
@@ -1296,7 +1300,7 @@ def test_fuzz_mla_apply_cache_against_float64_reference_many(case, device):
 # matrix's own check (samples.NormCacheSample).
 
 NORM_CACHE_FAST_EXAMPLES = 100
-NORM_CACHE_SLOW_EXAMPLES = 2000
+NORM_CACHE_SLOW_EXAMPLES = 500  # see SLOW_BUDGET
 
 
 @st.composite

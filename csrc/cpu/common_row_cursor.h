@@ -8,7 +8,8 @@
 
 #include "../common_kernel_args.h"
 
-namespace rope::cpu {
+// In the CPU copies' namespace: it is compiled into each copy with that copy's instruction set.
+namespace rope::cpu::CPU_CAPABILITY {
 
 class RowCursor {
  public:
@@ -78,4 +79,4 @@ class RowCursor {
   int64_t pos_ = 0;
 };
 
-}  // namespace rope::cpu
+}  // namespace rope::cpu::CPU_CAPABILITY

@@ -1,13 +1,13 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Smoke test of an installed torch-rope wheel (run from a fresh virtual environment).
 
-Checks: import registers the ops; the native module's stub (_C.pyi) ships beside it; the op on
-CPU matches the shipped reference; the module works and keeps float32 tables; the wheel carries
-the CMake package at torch_rope.cmake_prefix_path; the CUDA kernels are in it, or not, as the
-caller built it (--cuda yes / no), by the library's own word and by its CMake package's; with CUDA
-kernels and a GPU, the op on the GPU matches the CPU. (Which architectures it holds,
-tests/integration/check_cuda_archs.py reads from the binary.) Prints the prefix path last, for the
-caller to configure a C++ consumer against it.
+Checks: import registers the ops; the native module's stub (_C.pyi) and the PEP 561 marker
+(py.typed) ship beside it; the op on CPU matches the shipped reference; the module works and keeps
+float32 tables; the wheel carries the CMake package at torch_rope.cmake_prefix_path; the CUDA
+kernels are in it, or not, as the caller built it (--cuda yes / no), by the library's own word and
+by its CMake package's; with CUDA kernels and a GPU, the op on the GPU matches the CPU. (Which
+architectures it holds, tests/integration/check_cuda_archs.py reads from the binary.) Prints the
+prefix path last, for the caller to configure a C++ consumer against it.
 """
 
 import argparse
@@ -31,6 +31,9 @@ def main() -> int:
     checks["torch.ops.rope.apply registered"] = hasattr(torch.ops.rope, "apply")
     checks["the native module's typed face (_C.pyi) shipped beside it"] = (
         Path(torch_rope.__file__).parent / "_C.pyi"
+    ).is_file()
+    checks["the PEP 561 marker (py.typed) shipped, so type checkers read its annotations"] = (
+        Path(torch_rope.__file__).parent / "py.typed"
     ).is_file()
 
     cos, sin = torch_rope.rope_tables(10000.0, 64, 32)

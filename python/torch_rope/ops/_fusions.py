@@ -3,7 +3,8 @@
 apply_qk_fp8, mla_apply_cache): a missing angle or position source refused by name, and
 per-tensor fp8 scales as the ops take them: a Python number becomes a one-element float32 tensor
 on the output's device, after the check the C++ op makes of a CPU tensor (finite and > 0) and the
-one only a number needs (float32 holds it)."""
+one only a number needs (float32 holds it); for an output that is not float8 (a 16/32-bit cache,
+a q_dtype of None), a number scale of 1 means no scale and any other is refused."""
 
 import math
 from typing import Dict, Optional
@@ -69,11 +70,57 @@ def scale_tensor(op: str, name: str, scale, device, multiply: bool = False) -> O
     device = torch.device(device)
     if device.type != "cpu" or _is_compiling():
         return torch.full((), value, dtype=torch.float32, device=device)
-    # Decode calls this every step with the same few scales; torch.full costs ~2 us. CPU only: a
-    # CUDA tensor filled on one stream could be read on another before the fill ran.
+    # Decode calls this every step with the same few scales; torch.full costs ~2 us, a quarter of
+    # a B=1 fp8 apply_qk_cache call. CPU only: a CUDA tensor filled on one stream could be read on
+    # another before the fill ran.
     tensor = _CPU_SCALES.get(value)
     if tensor is None:
         if len(_CPU_SCALES) >= 64:
             _CPU_SCALES.clear()
         tensor = _CPU_SCALES[value] = torch.full((), value, dtype=torch.float32)
     return tensor
+
+
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def output_scale(
+    op: str,
+    name: str,
+    scale,
+    dtype: Optional[torch.dtype],
+    device,
+    multiply: bool = False,
+    *,
+    applies_to: str = "float8 caches",
+    holder: str = "the cache is",
+) -> Optional[Tensor]:
+    """The scale of an output of ``dtype`` as the op takes it: None and tensors as they are (the
+    op checks a tensor against the dtype); a number as :func:`scale_tensor` for a float8 dtype;
+    otherwise None for 1 (no scale) and a ``ValueError`` for any other number, since the values
+    are stored unscaled. ``applies_to`` / ``holder`` word that error: "float8 caches" / "the
+    cache is" (``{name}=2.0 applies to float8 caches only; the cache is torch.float32``) or, for
+    a q output, "a float8 q_dtype" / "the q outputs are"."""
+    if scale is None or isinstance(scale, Tensor):
+        return scale
+    if dtype in FP8:
+        return scale_tensor(op, name, scale, device, multiply)
+    if float(scale) != 1.0:
+        raise ValueError(
+            f"{op}: {name}={scale} applies to {applies_to} only; {holder} {dtype} (values are "
+            f"stored unscaled), so pass {name}=None or 1"
+        )
+    return None
+
+
+def cache_scale(
+    op: str, name: str, scale, cache: Optional[Tensor], multiply: bool = False
+) -> Optional[Tensor]:
+    """A cache's scale (``k_scale``, ``v_scale``, ``kv_scale``) as the op takes it: as
+    :func:`output_scale` for the cache's dtype and device; a number given with no cache (None)
+    is a ``ValueError``."""
+    if scale is None or isinstance(scale, Tensor):
+        return scale
+    if cache is None:
+        raise ValueError(f"{op}: {name} given without its cache (None)")
+    return output_scale(op, name, scale, cache.dtype, cache.device, multiply)

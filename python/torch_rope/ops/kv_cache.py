@@ -2,53 +2,18 @@
 """The typed wrapper of ``torch.ops.rope.apply_qk_cache``: RoPE into a KV cache (docs/api.md,
 "RoPE into a KV cache"). Re-exported by :mod:`torch_rope.ops` and :mod:`torch_rope`."""
 
-from typing import Dict, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from ._fusions import check_scale, require_sources
+from ._fusions import cache_scale, require_sources
 from ._native import _C
-from .rotation import _is_compiling, _section, eager_fast_path
+from .rotation import _section, eager_fast_path
 
 _apply_qk_cache = torch.ops.rope.apply_qk_cache.default
 _fast_apply_qk_cache = _C._apply_qk_cache
-_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
-
-
-def _cache_scale(
-    name: str, scale, cache: Optional[Tensor], op: str = "rope.apply_qk_cache"
-) -> Optional[Tensor]:
-    """A Python-number scale as the op's one-element float32 tensor on the cache's device; for a
-    16/32-bit cache, 1 means no scale and anything else is an error. ``op``: the name errors
-    start with (rope.rms_norm_apply_qk_cache shares this)."""
-    if scale is None or isinstance(scale, Tensor):
-        return scale
-    if cache is None:
-        raise ValueError(f"{op}: {name} given without its cache (None)")
-    if cache.dtype not in _FP8:
-        if float(scale) != 1.0:
-            raise ValueError(
-                f"{op}: {name}={scale} applies to float8 caches only; the cache "
-                f"is {cache.dtype} (values are stored unscaled), so pass {name}=None or 1"
-            )
-        return None
-    value = check_scale(op, name, scale)
-    if cache.device.type != "cpu" or _is_compiling():
-        return torch.full((), value, dtype=torch.float32, device=cache.device)
-    # Decode calls this every step with the same few scales; torch.full costs ~2 us, a quarter of
-    # a B=1 fp8 call. CPU only: a CUDA tensor filled on one stream could be read on another
-    # before the fill ran.
-    tensor = _CPU_SCALES.get(value)
-    if tensor is None:
-        if len(_CPU_SCALES) >= 64:
-            _CPU_SCALES.clear()
-        tensor = _CPU_SCALES[value] = torch.full((), value, dtype=torch.float32)
-    return tensor
-
-
-# Python-number scales already made one-element float32 CPU tensors (never written to).
-_CPU_SCALES: Dict[float, Tensor] = {}
+_OP = "rope.apply_qk_cache"
 
 
 def apply_qk_cache(
@@ -83,9 +48,9 @@ def apply_qk_cache(
     differentiable. See docs/api.md.
     """
     if k_scale is not None and type(k_scale) is not Tensor:
-        k_scale = _cache_scale("k_scale", k_scale, k_cache)
+        k_scale = cache_scale(_OP, "k_scale", k_scale, k_cache)
     if v_scale is not None and type(v_scale) is not Tensor:
-        v_scale = _cache_scale("v_scale", v_scale, v_cache)
+        v_scale = cache_scale(_OP, "v_scale", v_scale, v_cache)
     if (
         mrope_section is None
         and not mrope_interleaved
@@ -109,7 +74,7 @@ def apply_qk_cache(
             k_scale,
             v_scale,
         )
-    require_sources("rope.apply_qk_cache", cos, sin, positions)
+    require_sources(_OP, cos, sin, positions)
     return _apply_qk_cache(
         q,
         k,
@@ -123,6 +88,6 @@ def apply_qk_cache(
         interleaved=interleaved,
         k_scale=k_scale,
         v_scale=v_scale,
-        mrope_section=_section("rope.apply_qk_cache", mrope_section),
+        mrope_section=_section(_OP, mrope_section),
         mrope_interleaved=mrope_interleaved,
     )

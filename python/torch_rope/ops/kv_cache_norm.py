@@ -8,9 +8,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from ._fusions import require_sources, scale_tensor
+from ._fusions import cache_scale, require_sources, scale_tensor
 from ._native import _C
-from .kv_cache import _cache_scale
 from .rotation import _section, eager_fast_path
 
 _rms_norm_apply_qk_cache = torch.ops.rope.rms_norm_apply_qk_cache.default
@@ -55,9 +54,9 @@ def rms_norm_apply_qk_cache(
     Not differentiable.
     """
     if k_scale is not None and type(k_scale) is not Tensor:
-        k_scale = _cache_scale("k_scale", k_scale, k_cache, _OP)
+        k_scale = cache_scale(_OP, "k_scale", k_scale, k_cache)
     if v_scale is not None and type(v_scale) is not Tensor:
-        v_scale = _cache_scale("v_scale", v_scale, v_cache, _OP)
+        v_scale = cache_scale(_OP, "v_scale", v_scale, v_cache)
     if q_scale is not None and type(q_scale) is not Tensor:
         q_scale = scale_tensor(_OP, "q_scale", q_scale, q.device)
     if (

@@ -8,46 +8,13 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ._fusions import require_sources, scale_tensor
+from ._fusions import cache_scale, output_scale, require_sources
 from ._native import _C
 from .rotation import eager_fast_path
 
 _mla_apply_cache = torch.ops.rope.mla_apply_cache.default
 _fast_mla_apply_cache = _C._mla_apply_cache
 _OP = "rope.mla_apply_cache"
-_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
-
-
-def _cache_scale(name, scale, cache, multiply):
-    """A cache's scale as the op takes it: for a float8 cache as scale_tensor; for a 16/32-bit
-    one, 1 means no scale (None) and anything else is an error."""
-    if scale is None or isinstance(scale, Tensor):
-        return scale
-    if cache is None:
-        raise ValueError(f"{_OP}: {name} given without its cache (None)")
-    if cache.dtype in _FP8:
-        return scale_tensor(_OP, name, scale, cache.device, multiply)
-    if float(scale) != 1.0:
-        raise ValueError(
-            f"{_OP}: {name} applies to float8 caches only; {name}={scale} was given with a "
-            f"{cache.dtype} cache (values are stored unscaled), so pass None or 1"
-        )
-    return None
-
-
-def _q_scale(q_scale, q_dtype, device, multiply):
-    """q_scale as the op takes it: for a float8 q_dtype as scale_tensor; otherwise None (a
-    Python 1 is no scale)."""
-    if q_scale is None or isinstance(q_scale, Tensor):
-        return q_scale
-    if q_dtype in _FP8:
-        return scale_tensor(_OP, "q_scale", q_scale, device, multiply)
-    if float(q_scale) != 1.0:
-        raise ValueError(
-            f"{_OP}: q_scale={q_scale} applies to a float8 q_dtype only; the q outputs are "
-            f"{q_dtype} (stored unscaled), so pass q_scale=None or 1"
-        )
-    return None
 
 
 def mla_apply_cache(
@@ -87,9 +54,12 @@ def mla_apply_cache(
     ``multiply_by_scale=True``: every scale multiplies (FlashInfer's rule). Not differentiable.
     """
     multiply = multiply_by_scale
-    kv_scale = _cache_scale("kv_scale", kv_scale, kv_cache, multiply)
-    v_scale = _cache_scale("v_scale", v_scale, v_cache, multiply)
-    q_scale = _q_scale(q_scale, q_dtype, q_pe.device, multiply)
+    kv_scale = cache_scale(_OP, "kv_scale", kv_scale, kv_cache, multiply)
+    v_scale = cache_scale(_OP, "v_scale", v_scale, v_cache, multiply)
+    q_scale = output_scale(
+        _OP, "q_scale", q_scale, q_dtype, q_pe.device, multiply,
+        applies_to="a float8 q_dtype", holder="the q outputs are",
+    )  # fmt: skip
     if (
         eager_fast_path(q_pe, k_pe, kv_c, cos, sin)
         and type(positions) is Tensor

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""A patched model runs wherever the unpatched one runs: positions past the tables (issue 30).
+"""A patched model runs wherever the unpatched one runs: positions past the tables.
 
 transformers computes its angles per call, so an unpatched model runs at any position. The patched
 one's tables start at the length the config declares and, in eager mode, grow (doubling) when a

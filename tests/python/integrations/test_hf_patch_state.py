@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""torch_rope.hf.patch and the state a model is in when it is patched (issue 31).
+"""torch_rope.hf.patch and the state a model is in when it is patched: the self-check must run
+on what the patched model will run, whatever state the model is handed in.
 
 * A model on the meta device has no weights to run the self-check with: patch refuses it (it used
   to skip every check, and a GPT-J-pair model such as Cohere kept rotate_half, silently wrong).

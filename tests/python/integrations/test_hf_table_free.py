@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""hf.patch(model, tables=False) (issue 34): the text RoPE table-free. Every patched rotary module
-holds only float64 frequencies (no cos/sin tables, nothing per position), the patched model
+"""hf.patch(model, tables=False): the text RoPE table-free. Every patched rotary module holds
+only float64 frequencies (no cos/sin tables, nothing per position), the patched model
 matches the unpatched one as the tabled patch does, past max_position_embeddings too (nothing to
 grow), through generate's KV-cache decode, with every scaling variant the test models carry and
 with q/k norms (kept unfused: the fused norm op has no frequency form); multi-axis (M-RoPE) text

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""A patched model trains under activation checkpointing as the unpatched one does (issue 30).
+"""A patched model trains under activation checkpointing as the unpatched one does.
 
 ``model.activation_checkpointing_enable()`` (transformers 5's name for the deprecated
 ``gradient_checkpointing_enable``), with ``use_reentrant=False``, its default, recomputes each

@@ -1,10 +1,9 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""RotaryPositionalEmbedding(..., tables=False) (issue 34) and the module's packed sequences
-(issue 35): its only floating buffers are the float64 frequencies (and LongRoPE's long set),
-non-persistent and float64 whatever the model is cast to; any max_seq_len up to 2^62, nothing
-allocated per position; forward rotates as the op's frequency form does, and as the tables
-module does where both apply; forward(x, cu_seqlens=...) in both modes equals forward with the
-positions the packing gives."""
+"""RotaryPositionalEmbedding(..., tables=False) and the module's packed sequences: its only
+floating buffers are the float64 frequencies (and LongRoPE's long set), non-persistent and float64
+whatever the model is cast to; any max_seq_len up to 2^62, nothing allocated per position; forward
+rotates as the op's frequency form does, and as the tables module does where both apply;
+forward(x, cu_seqlens=...) in both modes equals forward with the positions the packing gives."""
 
 import pickle
 

@@ -2089,7 +2089,16 @@ MLA_BAD_INPUTS = {
     "mla_scale_for_16bit_cache": Bad(
         lambda a: a.update(kv_scale=0.5),
         ValueError,
-        r"kv_scale applies to float8 caches only",
+        r"kv_scale=0\.5 applies to float8 caches only; the cache is torch\.float32 \(values are "
+        r"stored unscaled\), so pass kv_scale=None or 1$",
+        ("mla_apply_cache",),
+        devices=_CPU_META,
+    ),
+    "mla_q_scale_without_fp8_q": Bad(
+        lambda a: a.update(q_scale=0.5),
+        ValueError,
+        r"q_scale=0\.5 applies to a float8 q_dtype only; the q outputs are None \(values are "
+        r"stored unscaled\), so pass q_scale=None or 1$",
         ("mla_apply_cache",),
         devices=_CPU_META,
     ),

@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""The frequency form (table-free, issue 34): rope.apply.freqs and its siblings against the
-accuracy the issue states, with a reference computed from the exact angle p * f in mpmath
-(references.exact_cos_sin: the reduction at the angle's magnitude plus 160 bits).
+"""The frequency form (table-free: each angle from the float64 frequencies and the position, so
+any int64 position and nothing stored per position): rope.apply.freqs and its siblings held to
+bounds that do not loosen with the position, which is what the form is for, against a reference
+computed from the exact angle p * f in mpmath (references.exact_cos_sin: the reduction at the
+angle's magnitude plus 160 bits).
 
 - float32: every output of a pair (a, b) within 2^-23 af (|a| + |b|) (+ 2^-147 for subnormal
   results) of af (a cos - b sin), at positions spread over [0, 2^40] and int64 ones up to 2^62;
@@ -173,9 +175,8 @@ def test_float64_within_a_few_ulps_of_the_pair(device):
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
 def test_table_free_tables_would_fail_where_it_holds(device):
-    """The comparison the issue asks for, as a check: at position 2^31 a float32 table (or HF's
-    float32 eager formula) is off by far more than one ulp of the pair, the frequency form is
-    not."""
+    """Why the form exists, as a check: at position 2^31 a float32 table (or HF's float32 eager
+    formula) is off by far more than one ulp of the pair, the frequency form is not."""
     freqs = theta_freqs(10000.0, 16)
     positions = torch.tensor([2**31 - 1, 2**31 + 12345])
     x = torch.randn(2, 1, 16)

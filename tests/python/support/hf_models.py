@@ -2,9 +2,10 @@
 """Tiny random-weight transformers models for the integration tests, built from configs only.
 
 No download: every model comes from ``AutoModelForCausalLM.from_config`` on a config written
-here. Each entry is the issue's list: Llama in each scaling variant, Qwen2 (theta 1e6), Qwen3
-(q/k norm), Mistral, Phi3 (partial rotary, longrope), GPT-NeoX (rotary_pct 0.25), Gemma and Gemma3
-(sliding and full layers, linear scaling on the full ones), plus a few more supported types.
+here. The entries cover the rotary variants the patch must handle: Llama in each scaling
+variant, Qwen2 (theta 1e6), Qwen3 (q/k norm), Mistral, Phi3 (partial rotary, longrope), GPT-NeoX
+(rotary_pct 0.25), Gemma and Gemma3 (sliding and full layers, linear scaling on the full ones),
+plus a few more supported types.
 """
 
 import os

@@ -30,13 +30,10 @@ from ..._patching.self_check import probe
 from ...vision import axes_inv_freq
 from .. import self_check
 from ..model_parts import device_of
-from ..processors import ProcessorPatcher, Swap
+from ..processors import ProcessorPatcher
 from ..rotate import embeddings_apply
 from ..tables import Tables, integer_rows
-from .install import install
-
-#: The names the processors of this family receive the RoPE by.
-ROTARY_ARGUMENTS = ("image_rotary_emb",)
+from .install import install_embeddings_apply
 
 
 def ids_positions(tables: Tables, ids: Tensor):
@@ -91,9 +88,4 @@ def patch(model: nn.Module, row, record: PatchRecord, patcher: ProcessorPatcher,
     inv_freq, section = axes_inv_freq(list(rope.axes_dim), float(rope.theta))
     tables = Tables(inv_freq, section, True, rows=options.rows, device=device_of(model))
     _check(rope, tables, embeddings.apply_rotary_emb, type(rope).__name__)
-    swaps = {
-        "apply_rotary_emb": Swap(
-            functools.partial(embeddings_apply, tables), embeddings.apply_rotary_emb
-        )
-    }
-    install(model, [rope], tables, ids_forward, swaps, ROTARY_ARGUMENTS, record, patcher)
+    install_embeddings_apply(model, rope, tables, ids_forward, record, patcher)

@@ -33,12 +33,10 @@ from ..._patching.record import PatchRecord
 from ..._patching.self_check import probe
 from .. import self_check
 from ..model_parts import device_of
-from ..processors import ProcessorPatcher, Swap
+from ..processors import ProcessorPatcher
 from ..rotate import embeddings_apply
 from ..tables import Tables
-from .install import install
-
-ROTARY_ARGUMENTS = ("image_rotary_emb",)
+from .install import install_embeddings_apply
 
 
 def _frequencies(dim: int, theta: float) -> Tensor:
@@ -126,9 +124,4 @@ def patch(model: nn.Module, row, record: PatchRecord, patcher: ProcessorPatcher,
             functools.partial(_unpatched, rope, embeddings.apply_rotary_emb, q, hidden, fps, 2),
             functools.partial(_patched, rope, tables, q, hidden, fps, 2),
         )
-    swaps = {
-        "apply_rotary_emb": Swap(
-            functools.partial(embeddings_apply, tables), embeddings.apply_rotary_emb
-        )
-    }
-    install(model, [rope], tables, forward, swaps, ROTARY_ARGUMENTS, record, patcher)
+    install_embeddings_apply(model, rope, tables, forward, record, patcher)

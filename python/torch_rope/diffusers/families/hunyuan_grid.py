@@ -25,12 +25,10 @@ from ..._patching.self_check import probe
 from ...vision import axes_inv_freq
 from .. import self_check
 from ..model_parts import device_of
-from ..processors import ProcessorPatcher, Swap
+from ..processors import ProcessorPatcher
 from ..rotate import embeddings_apply
 from ..tables import Tables, integer_rows
-from .install import install
-
-ROTARY_ARGUMENTS = ("image_rotary_emb",)
+from .install import install_embeddings_apply
 
 
 def _patch_sizes(rope: nn.Module, dims: int):
@@ -87,9 +85,4 @@ def patch(model: nn.Module, row, record: PatchRecord, patcher: ProcessorPatcher,
         functools.partial(_unpatched, rope, embeddings.apply_rotary_emb, q, hidden),
         functools.partial(_patched, tables, rope, q, hidden),
     )
-    swaps = {
-        "apply_rotary_emb": Swap(
-            functools.partial(embeddings_apply, tables), embeddings.apply_rotary_emb
-        )
-    }
-    install(model, [rope], tables, grid_forward, swaps, ROTARY_ARGUMENTS, record, patcher)
+    install_embeddings_apply(model, rope, tables, grid_forward, record, patcher)

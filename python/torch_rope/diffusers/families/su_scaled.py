@@ -25,12 +25,10 @@ from ..._patching.record import PatchRecord
 from ..._patching.self_check import probe
 from .. import self_check
 from ..model_parts import device_of
-from ..processors import ProcessorPatcher, Swap
+from ..processors import ProcessorPatcher
 from ..rotate import embeddings_apply
 from ..tables import Tables
-from .install import install
-
-ROTARY_ARGUMENTS = ("image_rotary_emb",)
+from .install import install_embeddings_apply
 
 
 def _frequencies(rope: nn.Module, long: bool) -> torch.Tensor:
@@ -86,9 +84,4 @@ def patch(model: nn.Module, row, record: PatchRecord, patcher: ProcessorPatcher,
             functools.partial(_unpatched, rope, embeddings.apply_rotary_emb, q, ids),
             functools.partial(_patched, rope, tables, q, ids),
         )
-    swaps = {
-        "apply_rotary_emb": Swap(
-            functools.partial(embeddings_apply, tables), embeddings.apply_rotary_emb
-        )
-    }
-    install(model, [rope], tables, forward, swaps, ROTARY_ARGUMENTS, record, patcher)
+    install_embeddings_apply(model, rope, tables, forward, record, patcher)

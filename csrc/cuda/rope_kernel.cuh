@@ -668,29 +668,55 @@ constexpr bool kBlackwell = true;
 #else
 constexpr bool kBlackwell = false;
 #endif
-template <bool kInterleaved, bool kVectorKernel, bool kWideTables>
+//
+// The scalar-only kernels of 16-bit and float32 storage: 4 on sm_80 / sm_90 (64 registers). They
+// fitted in 59-63 by themselves while each kernel inlined its per-thread work twice; with one copy
+// (for_block_tensor) ptxas took 68 under a cap of 3 blocks' 80, a quarter fewer resident threads,
+// so the cap says 4, as the occupancy was (no spill at 64). float64 storage spills at 64 (8-16
+// bytes on sm_90) and Blackwell used 65-75 before: 3 for them, as they were.
+template <bool kInterleaved, bool kVectorKernel, bool kWideTables, bool kWideStorage>
 constexpr int kMinBlocksPerSm = ROPE_CUDA_MIN_BLOCKS_PER_SM > 0 ? ROPE_CUDA_MIN_BLOCKS_PER_SM
                                 : kSmallSm                      ? 2
-                                : !kVectorKernel                ? 3
-                                : kInterleaved ? (kBlackwell && kWideTables ? 2 : 3)
-                                               : 2;
+                                : !kVectorKernel ? (kBlackwell || kWideStorage ? 3 : 4)
+                                : kInterleaved   ? (kBlackwell && kWideTables ? 2 : 3)
+                                                 : 2;
+
+// Runs `work(plan, thread)`: the plan of the tensor this block serves and the thread's index
+// among that tensor's threads (blocks [0, first_blocks) serve tensor[0], the rest tensor[1]).
+// One call site, so each kernel holds one copy of the per-thread work: a call per tensor inlined
+// it twice, which doubled every kernel's code (about 11,000 SASS instructions a kernel on sm_90)
+// and nvcc's time on it. The plan is then picked by a runtime index (uniform per block) and its
+// fields read with register-indexed constant loads instead of immediate operands: a few registers
+// more. Not on sm_75, whose half-split vector kernels were at their 128-register cap already (the
+// extra registers spilled 16 bytes there): its pass keeps a call per tensor.
+template <typename Work>
+__device__ __forceinline__ void for_block_tensor(const KernelParams& params, Work&& work) {
+  const int64_t block = blockIdx.x;
+  if constexpr (kSmallSm) {
+    if (block < params.first_blocks) {
+      work(params.tensor[0], block * kBlockThreads + threadIdx.x);
+    } else {
+      work(params.tensor[1], (block - params.first_blocks) * kBlockThreads + threadIdx.x);
+    }
+  } else {
+    const bool second = block >= params.first_blocks;
+    work(params.tensor[second ? 1 : 0],
+         (second ? block - params.first_blocks : block) * kBlockThreads + threadIdx.x);
+  }
+}
 
 // __grid_constant__: the parameter block is read in place from constant memory even where the
-// code indexes its arrays with a runtime index (token dims), instead of being copied to local
-// memory first. Blocks [0, first_blocks) serve tensor[0], the rest tensor[1].
+// code indexes its arrays with a runtime index (token dims, the tensor), instead of being copied
+// to local memory first.
 template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKernel>
 __global__ void __launch_bounds__(
-    kBlockThreads, kMinBlocksPerSm<kInterleaved, kVectorKernel, (sizeof(table_t) > 4)>)
+    kBlockThreads,
+    kMinBlocksPerSm<kInterleaved, kVectorKernel, (sizeof(table_t) > 4), (sizeof(scalar_t) > 4)>)
     rope_kernel(const __grid_constant__ KernelParams params) {
-  const int64_t block = blockIdx.x;
-  if (block < params.first_blocks) {
-    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel, false, false>(
-        params.tensor[0], params.tables, params.inverse, block * kBlockThreads + threadIdx.x);
-  } else {
-    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel, false, false>(
-        params.tensor[1], params.tables, params.inverse,
-        (block - params.first_blocks) * kBlockThreads + threadIdx.x);
-  }
+  for_block_tensor(params, [&](const TensorPlan& t, int64_t w) {
+    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel, false, false>(t, params.tables,
+                                                                              params.inverse, w);
+  });
 }
 
 // The tables with packed sequences (rope.*.varlen): the same work, each token's position found
@@ -702,15 +728,10 @@ template <typename scalar_t, typename table_t, bool kInterleaved, bool kVectorKe
 __global__ void __launch_bounds__(kBlockThreads,
                                   ROPE_CUDA_MIN_BLOCKS_PER_SM > 0 ? ROPE_CUDA_MIN_BLOCKS_PER_SM : 1)
     rope_packed_kernel(const __grid_constant__ KernelParams params) {
-  const int64_t block = blockIdx.x;
-  if (block < params.first_blocks) {
-    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel, false, true>(
-        params.tensor[0], params.tables, params.inverse, block * kBlockThreads + threadIdx.x);
-  } else {
-    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel, false, true>(
-        params.tensor[1], params.tables, params.inverse,
-        (block - params.first_blocks) * kBlockThreads + threadIdx.x);
-  }
+  for_block_tensor(params, [&](const TensorPlan& t, int64_t w) {
+    rope_thread<scalar_t, table_t, kInterleaved, kVectorKernel, false, true>(t, params.tables,
+                                                                             params.inverse, w);
+  });
 }
 
 // The frequency form's kernel: the same work, with the angles computed by each rotating lane
@@ -726,15 +747,10 @@ constexpr int kFreqsMinBlocksPerSm = ROPE_CUDA_MIN_BLOCKS_PER_SM > 0 ? ROPE_CUDA
 template <typename scalar_t, bool kInterleaved, bool kVectorKernel>
 __global__ void __launch_bounds__(kBlockThreads, kFreqsMinBlocksPerSm<kInterleaved, kVectorKernel>)
     rope_freqs_kernel(const __grid_constant__ KernelParams params) {
-  const int64_t block = blockIdx.x;
-  if (block < params.first_blocks) {
-    rope_thread<scalar_t, float, kInterleaved, kVectorKernel, true, false>(
-        params.tensor[0], params.tables, params.inverse, block * kBlockThreads + threadIdx.x);
-  } else {
-    rope_thread<scalar_t, float, kInterleaved, kVectorKernel, true, false>(
-        params.tensor[1], params.tables, params.inverse,
-        (block - params.first_blocks) * kBlockThreads + threadIdx.x);
-  }
+  for_block_tensor(params, [&](const TensorPlan& t, int64_t w) {
+    rope_thread<scalar_t, float, kInterleaved, kVectorKernel, true, false>(t, params.tables,
+                                                                           params.inverse, w);
+  });
 }
 
 // ---- host side ---------------------------------------------------------------------------------

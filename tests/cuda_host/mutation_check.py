@@ -203,6 +203,13 @@ MUTANTS = [
         "q's last, partial block is handed to k",
     ),
     Mutant(
+        "qk-second-thread-index",
+        "cuda/rope_kernel.cuh",
+        "         (second ? block - params.first_blocks : block) * kBlockThreads + threadIdx.x);",
+        "         block * kBlockThreads + threadIdx.x);",
+        "k's blocks number their threads from q's first block on, so k's first rows get none",
+    ),
+    Mutant(
         "tail-lanes-count",
         "cuda/rope_launch_plan.h",
         "  const int64_t rest = tail - p.vec_copy_lanes * v.elems;",

@@ -268,7 +268,7 @@ MUTANTS = [
         "  const int64_t block = blockIdx.x;",
         "  const int block = blockIdx.x;",
         "block * 256 + threadIdx.x in 32 bits: wraps past 2^31 threads",
-        copies=3,
+        copies=1,
     ),
     # Device and stream (the glue, run with a simulated runtime).
     Mutant(

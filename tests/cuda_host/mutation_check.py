@@ -265,10 +265,10 @@ MUTANTS = [
     Mutant(
         "int32-block-index",
         "cuda/rope_kernel.cuh",
-        "  const int64_t block = blockIdx.x;",
-        "  const int block = blockIdx.x;",
+        "         (second ? block - params.first_blocks : block) * kBlockThreads + threadIdx.x);",
+        "         static_cast<int>(second ? block - params.first_blocks : block) * kBlockThreads"
+        " + threadIdx.x);",
         "block * 256 + threadIdx.x in 32 bits: wraps past 2^31 threads",
-        copies=1,
     ),
     # Device and stream (the glue, run with a simulated runtime).
     Mutant(

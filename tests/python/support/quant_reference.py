@@ -11,7 +11,8 @@ formats, the scale layouts and the edge cases are written up in docs/quant_forma
   scale per row (or per token: several dims reduced together), ``amax / 448``, optionally rounded
   up to a power of two (UE8M0, DeepSeek's recipe).
 * :func:`mxfp8` / :func:`dequantize_mxfp8` - OCP MX v1.0 MXFP8: blocks of 32 E4M3 elements sharing
-  one E8M0 scale ``2**X``, ``X = floor(log2(amax)) - 8`` (section 6.3's conversion).
+  one E8M0 scale ``2**X``, ``X = floor(log2(amax)) - 8`` (section 6.3's conversion), or
+  ``X = ceil(log2(amax / 448))`` (``scale_mode="rceil"``, NVIDIA's libraries' rounding).
 * :func:`nvfp4` / :func:`dequantize_nvfp4` - NVFP4: blocks of 16 E2M1 elements with an E4M3 block
   scale and a float32 tensor scale ``amax / (448 * 6)``, two elements a byte.
 * :func:`to_blocked_scales` / :func:`from_blocked_scales` - the 128x4 swizzled ("blocked") scale
@@ -328,8 +329,25 @@ def mx_shared_exponent(amax: np.ndarray, emax_elem: int = E4M3_EMAX) -> np.ndarr
     return np.clip(x, E8M0_MIN_EXP, E8M0_MAX_EXP).astype(np.int64)
 
 
-def mxfp8(x, block: int = 32) -> Tuple[Tensor, Tensor]:
+def mx_rceil_exponent(amax: np.ndarray, elem_max: float = E4M3_MAX) -> np.ndarray:
+    """The other shared exponent in use: ``X = ceil(log2(amax / elem_max))``, the float32
+    quotient rounded up to a power of two (cuBLAS / cuDNN's "round up" scale, Blackwell's
+    ``cvt.rp.satfinite.ue8m0x2.f32``, torchao's RCEIL), exactly (:func:`pow2_round_up`),
+    clamped to [-127, 127]. amax 0 gives -127 (the hardware conversion saturates 0 to E8M0's
+    smallest), +inf gives 127, NaN -127 here (0xFF in :func:`mxfp8`). Unlike FLOOR, no element
+    saturates: the block's largest lands in (224, 448]."""
+    amax = np.asarray(amax, dtype=np.float64)
+    p = pow2_round_up(float32_scale(amax, elem_max)).astype(np.float64)
+    _, e = np.frexp(np.where(np.isfinite(p), p, 1.0))
+    x = np.where((amax == 0) | np.isnan(amax), E8M0_MIN_EXP, e - 1)
+    return np.clip(x, E8M0_MIN_EXP, E8M0_MAX_EXP).astype(np.int64)
+
+
+def mxfp8(x, block: int = 32, scale_mode: str = "floor") -> Tuple[Tensor, Tensor]:
     """MXFP8 (OCP MX v1.0, E4M3 elements): ``(elements, scales)``.
+
+    ``scale_mode="floor"`` is the spec's conversion (below); ``"rceil"`` takes X from
+    :func:`mx_rceil_exponent` instead, everything else the same.
 
     Blocks of ``block`` (32) consecutive elements along the last dim share the scale ``2**X``,
     X from :func:`mx_shared_exponent` (floor of log2 of the block's amax, less E4M3's emax 8);
@@ -355,7 +373,12 @@ def mxfp8(x, block: int = 32) -> Tuple[Tensor, Tensor]:
     vb = v.reshape(v.shape[:-1] + (d // block, block))
     amax = np.max(np.abs(vb), axis=-1)
     nan = np.isnan(amax)
-    x_exp = mx_shared_exponent(amax)
+    if scale_mode == "floor":
+        x_exp = mx_shared_exponent(amax)
+    elif scale_mode == "rceil":
+        x_exp = mx_rceil_exponent(amax)
+    else:
+        raise ValueError(f"scale_mode must be 'floor' or 'rceil', not {scale_mode!r}")
     scale_codes = np.where(nan, E8M0_NAN, x_exp + E8M0_BIAS).astype(np.uint8)
     q = vb / np.ldexp(1.0, x_exp)[..., None]
     codes = e4m3_encode(q)
@@ -545,6 +568,7 @@ __all__ = [
     "e8m0_encode_pow2",
     "float32_scale",
     "from_blocked_scales",
+    "mx_rceil_exponent",
     "mx_shared_exponent",
     "mxfp8",
     "near_rounding_boundary",

@@ -127,11 +127,14 @@ def test_e4m3_and_e8m0_decode_every_code_as_torch():
     assert mine[0] == 2.0**-127 and mine[254] == 2.0**127 and np.isnan(mine[255])
 
 
-def test_e2m1_decode_every_code(ao):
+def test_e2m1_decode_every_code():
+    spec = [0, 0.5, 1, 1.5, 2, 3, 4, 6]
+    assert qr.e2m1_decode(np.arange(16)).tolist() == spec + [-v for v in spec]
+
+
+def test_e2m1_decode_every_code_as_torchao(ao):
     c = np.arange(16, dtype=np.uint8)
     mine = qr.e2m1_decode(c)
-    spec = [0, 0.5, 1, 1.5, 2, 3, 4, 6]
-    assert mine.tolist() == spec + [-v for v in spec]
     theirs = ao["kernels"].f4_unpacked_to_f32(torch.from_numpy(c)).double().numpy()
     assert np.array_equal(mine, theirs)
 
@@ -197,22 +200,34 @@ def test_e2m1_encode_every_bf16_pattern_and_midpoint(ao):
     )
     vals = np.concatenate([vals, -vals])
     assert_codes(qr.e2m1_encode(vals), to_f4(torch.from_numpy(vals)).numpy(), "midpoints", "e2m1")
+
+
+def test_e2m1_ties_to_even_and_saturation():
     # Ties to the even code (even mantissa) from the spec's list 0, .5, 1, 1.5, 2, 3, 4, 6.
     ties = qr.e2m1_decode(qr.e2m1_encode([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0, -0.25]))
     assert ties.tolist() == [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0, -0.0]
     assert np.signbit(ties[-1])
 
 
-def test_e2m1_packing_low_nibble_first(ao):
-    rng = np.random.default_rng(1)
-    c = rng.integers(0, 16, size=(3, 5, 32), dtype=np.uint8)
+def random_codes():
+    return np.random.default_rng(1).integers(0, 16, size=(3, 5, 32), dtype=np.uint8)
+
+
+def test_e2m1_packing_as_torchao(ao):
+    c = random_codes()
     packed = qr.pack_e2m1(c)
-    assert packed.shape == (3, 5, 16)
-    assert np.array_equal(qr.unpack_e2m1(packed), c)
     assert np.array_equal(packed, ao["kernels"].pack_uint4(torch.from_numpy(c)).numpy())
     assert np.array_equal(
         qr.unpack_e2m1(packed), ao["kernels"].unpack_uint4(torch.from_numpy(packed))
     )
+
+
+def test_e2m1_packing_low_nibble_first():
+    c = random_codes()
+    packed = qr.pack_e2m1(c)
+    assert packed.shape == (3, 5, 16)
+    assert np.array_equal(qr.unpack_e2m1(packed), c)
+    assert np.array_equal(packed & 0xF, c[..., 0::2]) and np.array_equal(packed >> 4, c[..., 1::2])
     # Through nvfp4: element 0 -> low nibble, element 1 -> high nibble.
     row = torch.zeros(1, 16)
     row[0, 0], row[0, 1] = 3.0, -6.0  # amax 6, tensor scale 1: block scale 1, codes 0x5, 0xF
@@ -504,10 +519,13 @@ def test_mxfp8_edge_blocks():
     assert codes(sc).tolist() == [[qr.E8M0_NAN]] and np.all(codes(el) == qr.E4M3_NAN)
 
 
-def test_mxfp8_round_trip_bound(ao):
-    rng = np.random.default_rng(7)
-    x = random_rows(rng, 128, 128, torch.bfloat16, -100, 100)
-    el, sc = qr.mxfp8(x)
+def mx_round_trip_case():
+    x = random_rows(np.random.default_rng(7), 128, 128, torch.bfloat16, -100, 100)
+    return (x,) + qr.mxfp8(x)
+
+
+def test_mxfp8_round_trip_bound():
+    x, el, sc = mx_round_trip_case()
     scale = np.repeat(qr.e8m0_decode(codes(sc)), 32, axis=-1)
     v = x.double().numpy()
     deq = qr.dequantize_mxfp8(el, sc).numpy()
@@ -515,6 +533,11 @@ def test_mxfp8_round_trip_bound(ao):
     bound = e4m3_error_bound(v / scale, scale)
     assert np.all(err <= bound) and (err / bound).max() > 0.9
     assert (np.abs(v / scale) > 464).any()  # MX FLOOR saturates some block maxima
+
+
+def test_mxfp8_decode_as_torchao(ao):
+    x, el, sc = mx_round_trip_case()
+    deq = qr.dequantize_mxfp8(el, sc).numpy()
     # The decoders agree: torchao's to_dtype of the reference's own elements and scales.
     theirs = ao["mx"].to_dtype(el, sc, E4M3, 32, torch.float32).double().numpy()
     assert np.array_equal(deq.astype(np.float32), theirs.astype(np.float32))
@@ -647,17 +670,25 @@ def e2m1_error_bound(q, unit):
     return unit * np.maximum(np.maximum(0.25, q / 4), q - qr.E2M1_MAX)
 
 
+def nv_round_trip_case(arithmetic="exact"):
+    x = random_rows(np.random.default_rng(9), 128, 64, torch.bfloat16, -6, 6)  # no scale is 0
+    return (x,) + qr.nvfp4(x, arithmetic=arithmetic)
+
+
 @pytest.mark.parametrize("arithmetic", ["exact", "fp32_rcp"])
-def test_nvfp4_round_trip_bound(ao, arithmetic):
-    rng = np.random.default_rng(9)
-    x = random_rows(rng, 128, 64, torch.bfloat16, -6, 6)  # no block scale rounds to 0
-    p, s, t = qr.nvfp4(x, arithmetic=arithmetic)
+def test_nvfp4_round_trip_bound(arithmetic):
+    x, p, s, t = nv_round_trip_case(arithmetic)
     v = x.double().numpy()
     unit = np.repeat(qr.e4m3_decode(codes(s)), 16, axis=-1) * float(t)
     deq = qr.dequantize_nvfp4(p, s, t).numpy()
     err = np.abs(deq - v)
     bound = e2m1_error_bound(v / unit, unit) * (1 + 2.0**-20)  # float32 steps in fp32_rcp
     assert np.all(err <= bound) and (err / bound).max() > 0.9
+
+
+def test_nvfp4_decode_as_torchao(ao):
+    x, p, s, t = nv_round_trip_case()
+    deq = qr.dequantize_nvfp4(p, s, t).numpy()
     # torchao's decoder reads the reference's bytes as the reference does.
     ao_t = ao["nv"].NVFP4Tensor(
         p.view(torch.uint8), s, 16, torch.float32, t, None, False, False, None
@@ -667,11 +698,32 @@ def test_nvfp4_round_trip_bound(ao, arithmetic):
 
 # ---- scale layouts -------------------------------------------------------------------------------
 
+BLOCKED_SHAPES = [(1, 1), (3, 5), (128, 4), (129, 7), (300, 8), (2, 70, 12)]
 
-@pytest.mark.parametrize("shape", [(1, 1), (3, 5), (128, 4), (129, 7), (300, 8), (2, 70, 12)])
+
+def scale_codes(shape):
+    return torch.from_numpy(np.random.default_rng(10).integers(0, 255, size=shape, dtype=np.uint8))
+
+
+@pytest.mark.parametrize("shape", BLOCKED_SHAPES)
+def test_blocked_scales_as_torchs_test_helper(shape):
+    # torch's own test helper reads the swizzled layout with the cuBLAS formula, element by
+    # element in Python loops: a second implementation, written independently of torchao's.
+    from torch.testing._internal.common_quantized import from_blocked
+
+    c = scale_codes(shape)
+    rows, cols = math.prod(shape[:-1]), shape[-1]
+    blocked = qr.to_blocked_scales(c.view(E8M0))
+    data = torch.empty(rows, cols * 32)  # only its shape is read
+    theirs = from_blocked(data, codes_t(blocked), 32)
+    assert torch.equal(theirs, c.reshape(rows, cols))
+    back = qr.from_blocked_scales(blocked, rows, cols)
+    assert torch.equal(codes_t(back), c.reshape(rows, cols))
+
+
+@pytest.mark.parametrize("shape", BLOCKED_SHAPES)
 def test_to_blocked_scales_matches_torchao(ao, shape):
-    rng = np.random.default_rng(10)
-    c = torch.from_numpy(rng.integers(0, 255, size=shape, dtype=np.uint8))
+    c = scale_codes(shape)
     for dtype in (E8M0, E4M3):
         s = c.view(dtype)
         mine = qr.to_blocked_scales(s)

@@ -205,7 +205,7 @@ def patched_layer_names(model):
 
 @pytest.mark.parametrize("name", ALL)
 def test_patched_model_matches_unpatched(name, monkeypatch):
-    reference = hf_models.build(name)
+    reference = hf_models.built(name)
     model = copy.deepcopy(reference)
     ids, mask = hf_models.batch_for(name)
 
@@ -253,7 +253,7 @@ def test_patched_model_matches_unpatched(name, monkeypatch):
 @pytest.mark.parametrize("name", ALL)
 def test_wrong_layout_moves_the_logits(name):
     """Negative control: the same patch with the other pair layout must be visibly wrong."""
-    model = torch_rope.hf.patch(hf_models.build(name))
+    model = torch_rope.hf.patch(hf_models.built(name))
     ids, mask = hf_models.batch_for(name)
     right = logits(model, ids, mask)
     for rotary in (m for m in model.modules() if hasattr(m, "torch_rope")):
@@ -308,7 +308,7 @@ def test_bfloat16_error_within_hf_own(name, monkeypatch):
     moves the median; an error at some positions only is caught by the fp32 test at 1e-5. Both
     models' convolutions (the audio codecs') run as _bf16_convolutions_in_float32 says."""
     _bf16_convolutions_in_float32(monkeypatch)
-    fp32 = hf_models.build(name)
+    fp32 = hf_models.built(name)
     ids, mask = hf_models.batch_for(name)
     want = logits(fp32, ids, mask).double()
     hf_bf16 = copy.deepcopy(fp32).to(torch.bfloat16)

@@ -593,46 +593,55 @@ def test_patch_is_per_instance():
     assert counter.counts["rope.apply_qk"] == 2
 
 
-@pytest.mark.parametrize(
-    "name, op, calls",
-    [
-        ("llama", "rope.apply_qk", 2),
-        ("qwen3", "rope.rms_norm_apply_qk", 2),
-        # GPT-J family: q and k apart (one rope.apply each), in each of the 2 layers.
-        pytest.param("tiny:codegen", "rope.apply", 4, marks=pytest.mark.slow),
-    ],
-)
-def test_patched_model_saved_whole_loads_patched_in_a_new_process(tmp_path, name, op, calls):
+SAVED_WHOLE = {
+    "fast": [("llama", "rope.apply_qk", 2), ("qwen3", "rope.rms_norm_apply_qk", 2)],
+    # GPT-J family: q and k apart (one rope.apply each), in each of the 2 layers.
+    "slow": [("tiny:codegen", "rope.apply", 4)],
+}
+
+_LOAD_SAVED = """
+import sys, torch, torch_rope, torch_rope.hf, hf_models
+sys.path.insert(0, {here!r})
+from test_hf import OpCounter, logits
+for name, path, op, calls in {cases!r}:
+    saved = torch.load(path, weights_only=False)
+    model, ids, mask = saved['model'], *hf_models.batch()
+    assert torch_rope.hf.is_patched(model), name
+    with OpCounter() as counter:
+        got = logits(model, ids, mask)
+    assert counter.counts[op] == calls, (name, counter.counts)
+    assert torch.equal(got, saved['logits']), name
+    torch_rope.hf.unpatch(model)
+    assert all('forward' not in vars(m) for m in model.modules()), name
+    print('ok', name)
+"""
+
+
+@pytest.mark.parametrize("group", ["fast", pytest.param("slow", marks=pytest.mark.slow)])
+def test_patched_model_saved_whole_loads_patched_in_a_new_process(tmp_path, group):
     """torch.save(model) of a patched model; a fresh interpreter (which has never patched
-    anything) loads it, and it still runs its rope op and gives the same logits."""
+    anything) loads it, and it still runs its rope op and gives the same logits. The models of a
+    group share that interpreter (its start, torch and transformers imported, is most of the
+    cost), each loaded and checked in turn, each failure naming its model."""
     import subprocess
     import sys
 
-    model = torch_rope.hf.patch(hf_models.build(name))
-    ids, mask = hf_models.batch()
-    torch.save({"model": model, "logits": logits(model, ids, mask)}, tmp_path / "model.pt")
-    code = (
-        "import sys, torch, torch_rope, torch_rope.hf, hf_models\n"
-        f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
-        "from test_hf import OpCounter, logits\n"
-        f"saved = torch.load({str(tmp_path / 'model.pt')!r}, weights_only=False)\n"
-        "model, ids, mask = saved['model'], *hf_models.batch()\n"
-        "assert torch_rope.hf.is_patched(model)\n"
-        "with OpCounter() as counter:\n"
-        "    got = logits(model, ids, mask)\n"
-        f"assert counter.counts[{op!r}] == {calls}, counter.counts\n"
-        "assert torch.equal(got, saved['logits'])\n"
-        "torch_rope.hf.unpatch(model)\n"
-        "assert all('forward' not in vars(m) for m in model.modules())\n"
-        "print('ok')\n"
-    )
+    cases = []
+    for name, op, calls in SAVED_WHOLE[group]:
+        model = torch_rope.hf.patch(hf_models.build(name))
+        ids, mask = hf_models.batch()
+        path = str(tmp_path / f"{name.replace(':', '_')}.pt")
+        torch.save({"model": model, "logits": logits(model, ids, mask)}, path)
+        cases.append((name, path, op, calls))
+    code = _LOAD_SAVED.format(here=os.path.dirname(os.path.abspath(__file__)), cases=cases)
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         env=subprocess_env(with_test_modules=True),
     )
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == [w for name, *_ in cases for w in ("ok", name)], out.stdout
 
 
 def test_patch_twice_is_a_no_op_and_unpatch_of_unpatched_too():

@@ -21,8 +21,19 @@ def _names(requires_grad, keep=lambda s: True):
     return [s.name for s in sample_inputs("cpu", requires_grad) if keep(s)]
 
 
+# (requires_grad, sample name) -> its family: a test builds that family's samples only, not the
+# whole catalogue (a tenth of the time; about 25 ms a test over the file's 900 tests).
+_FAMILY_OF = {
+    (requires_grad, s.name): family
+    for requires_grad in (False, True)
+    for family, (_, builder) in FAMILIES.items()
+    for s in builder("cpu", requires_grad)
+}
+
+
 def _sample(device, requires_grad, name):
-    matches = [s for s in sample_inputs(device, requires_grad) if s.name == name]
+    _, builder = FAMILIES[_FAMILY_OF[(requires_grad, name)]]
+    matches = [s for s in builder(device, requires_grad) if s.name == name]
     assert len(matches) == 1, f"{name}: {len(matches)} samples of that name"
     return matches[0]
 

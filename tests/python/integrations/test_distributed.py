@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 
+import distributed_launch
 import distributed_worker as worker
 import pytest
 import torch
@@ -67,7 +68,7 @@ def _tier_results(tier, tmp_path_factory):
         out = tmp_path_factory.mktemp(f"distributed_{tier}")
         cmd = [
             sys.executable,
-            worker.__file__,
+            distributed_launch.__file__,
             str(out),
             "--tier",
             tier,

@@ -21,8 +21,19 @@ def _names(requires_grad, keep=lambda s: True):
     return [s.name for s in sample_inputs("cpu", requires_grad) if keep(s)]
 
 
+# (requires_grad, sample name) -> its family: a test builds that family's samples only, not the
+# whole catalogue (a tenth of the time; about 25 ms a test over the file's 900 tests).
+_FAMILY_OF = {
+    (requires_grad, s.name): family
+    for requires_grad in (False, True)
+    for family, (_, builder) in FAMILIES.items()
+    for s in builder("cpu", requires_grad)
+}
+
+
 def _sample(device, requires_grad, name):
-    matches = [s for s in sample_inputs(device, requires_grad) if s.name == name]
+    _, builder = FAMILIES[_FAMILY_OF[(requires_grad, name)]]
+    matches = [s for s in builder(device, requires_grad) if s.name == name]
     assert len(matches) == 1, f"{name}: {len(matches)} samples of that name"
     return matches[0]
 
@@ -331,25 +342,138 @@ def test_sample_gradcheck(name, device):
 
 
 # ---- opcheck ------------------------------------------------------------------------------------
+# Every sample runs opcheck's schema, autograd-registration and fake-tensor tests. Its fourth,
+# test_aot_dispatch_dynamic (the op traced by AOTAutograd with every size and stride symbolic,
+# then run against eager; with grad, the backward too), costs about 0.3 s a call, nearly all of
+# opcheck's time, so it runs on a covering subset (168 of the 227 samples): for each overload and
+# requires_grad, at least one sample of every input dtype and one of every structure (which
+# arguments are tensors and of what rank, which are None, which are Python numbers). A sample
+# left out differs from one in the subset only in sizes, strides, storage offsets and values, and
+# still meets the fake-tensor test (its meta kernel's shapes and strides), the oracle, and
+# torch.compile (aot_eager) or, with grad, the gradient checks below.
+AOT_DYNAMIC = "test_aot_dispatch_dynamic"
 
-OPCHECK_PARAMS = [
-    pytest.param(
+
+def _opcheck_utils(sample):
+    kwargs = dict(sample.opcheck_kwargs)
+    utils = kwargs.pop("test_utils", torch.library._OPCHECK_DEFAULT_UTILS)
+    return list(utils), kwargs
+
+
+def _aot_keys(sample, requires_grad):
+    """The two keys the AOT subset covers: (op, dtype) and (op, argument structure)."""
+    args, kwargs = sample.op_args()
+    values = list(args) + [kwargs[k] for k in sorted(kwargs)]
+
+    def shape_of(v):
+        if isinstance(v, torch.Tensor):
+            return ("tensor", v.dim())
+        if isinstance(v, (list, tuple)):
+            return tuple(shape_of(x) for x in v)
+        return None if v is None else type(v).__name__
+
+    op = (requires_grad, str(sample.overload))
+    return (op, "dtype", sample.dtype), (op, "structure", tuple(shape_of(v) for v in values))
+
+
+def _aot_subset():
+    """(requires_grad, name) of the samples test_aot_dispatch_dynamic runs on: a smallest set
+    with every key of _aot_keys. Each sample joins a dtype key and a structure key, so that is a
+    minimum edge cover of the bipartite graph of keys: a maximum matching (augmenting paths, in
+    catalogue order), then, for each key it leaves out, that key's first sample."""
+    edges = {}  # (dtype key, structure key) -> the first sample that has both
+    for requires_grad in (False, True):
+        for s in sample_inputs("cpu", requires_grad):
+            if AOT_DYNAMIC in _opcheck_utils(s)[0]:
+                edges.setdefault(_aot_keys(s, requires_grad), (requires_grad, s.name))
+    neighbours = {}
+    for dtype_key, structure_key in edges:
+        neighbours.setdefault(dtype_key, []).append(structure_key)
+    match = {}  # structure key -> dtype key
+
+    def augment(dtype_key, seen):
+        for structure_key in neighbours[dtype_key]:
+            if structure_key not in seen:
+                seen.add(structure_key)
+                if structure_key not in match or augment(match[structure_key], seen):
+                    match[structure_key] = dtype_key
+                    return True
+        return False
+
+    for dtype_key in neighbours:
+        augment(dtype_key, set())
+    chosen = {edges[(d, st)] for st, d in match.items()}
+    matched = set(match) | set(match.values())
+    for (dtype_key, structure_key), sample_id in edges.items():
+        for key in (dtype_key, structure_key):
+            if key not in matched:
+                matched.add(key)
+                chosen.add(sample_id)
+    return sorted(chosen)
+
+
+AOT_SUBSET = _aot_subset()
+
+
+def _opcheck_param(requires_grad, s):
+    return pytest.param(
         requires_grad,
         s.name,
         id=f"{'grad' if requires_grad else 'no_grad'}-{s.name}",
         marks=[needs_torch(*s.opcheck_needs_torch)] if s.opcheck_needs_torch else [],
     )
+
+
+OPCHECK_PARAMS = [
+    _opcheck_param(requires_grad, s)
     for requires_grad in (False, True)
     for s in sample_inputs("cpu", requires_grad)
 ]
+AOT_PARAMS = [
+    _opcheck_param(requires_grad, s)
+    for requires_grad in (False, True)
+    for s in sample_inputs("cpu", requires_grad)
+    if (requires_grad, s.name) in AOT_SUBSET
+]
+
+
+def test_aot_subset_covers_every_overload_dtype_and_structure():
+    chosen = set(AOT_SUBSET)
+    want, got = set(), set()
+    for requires_grad in (False, True):
+        for s in sample_inputs("cpu", requires_grad):
+            if AOT_DYNAMIC not in _opcheck_utils(s)[0]:
+                continue
+            keys = _aot_keys(s, requires_grad)
+            want.update(keys)
+            if (requires_grad, s.name) in chosen:
+                got.update(keys)
+    assert got == want, sorted(want - got, key=str)
+    every_overload = {
+        (rg, str(s.overload)) for rg in (False, True) for s in sample_inputs("cpu", rg)
+    }
+    assert {(rg, str(_sample("cpu", rg, name).overload)) for rg, name in chosen} == every_overload
+    assert len(chosen) < len(OPCHECK_PARAMS)  # a subset, or this split buys nothing
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
 @pytest.mark.parametrize("requires_grad,name", OPCHECK_PARAMS)
 def test_sample_opcheck(requires_grad, name, device):
+    """opcheck's schema, autograd-registration and fake-tensor tests (those the sample can run)."""
     sample = _sample(device, requires_grad, name)
     args, kwargs = sample.op_args()
-    torch.library.opcheck(sample.overload, args, kwargs, **sample.opcheck_kwargs)
+    utils, opcheck_kwargs = _opcheck_utils(sample)
+    utils = [u for u in utils if u != AOT_DYNAMIC]
+    torch.library.opcheck(sample.overload, args, kwargs, test_utils=utils, **opcheck_kwargs)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("requires_grad,name", AOT_PARAMS)
+def test_sample_opcheck_aot_dispatch_dynamic(requires_grad, name, device):
+    sample = _sample(device, requires_grad, name)
+    args, kwargs = sample.op_args()
+    _, opcheck_kwargs = _opcheck_utils(sample)
+    torch.library.opcheck(sample.overload, args, kwargs, test_utils=[AOT_DYNAMIC], **opcheck_kwargs)
 
 
 # ---- torch.compile -------------------------------------------------------------------------------

@@ -4,11 +4,12 @@ test_distributed.py.
 
     python distributed_worker.py OUT_DIR [--tier default|slow] [--world-size 2]
 
-The launcher (this script without ``--rank``) starts one child process per rank, all in its own
-process group, so the test can kill the lot on a timeout. Every rank runs every check of the tier
-in the same order (they are collective) and writes ``OUT_DIR/rank<r>.json``: check name -> "ok",
-"skip: <why>" or the failure's traceback. Each check compares the distributed result with the
-single-process result of the same op/model on the full tensors, computed in the same process.
+The launcher (distributed_launch.py, which imports no torch; or this script without ``--rank``)
+starts one child process per rank, all in its own process group, so the test can kill the lot on
+a timeout. Every rank runs every check of the tier in the same order (they are collective) and
+writes ``OUT_DIR/rank<r>.json``: check name -> "ok", "skip: <why>" or the failure's traceback.
+Each check compares the distributed result with the single-process result of the same op/model
+on the full tensors, computed in the same process.
 """
 
 import argparse
@@ -16,9 +17,7 @@ import copy
 import json
 import math
 import os
-import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from datetime import timedelta
@@ -1065,64 +1064,15 @@ def run_rank(args):
     dist.destroy_process_group()
 
 
-def launch(args):
-    """Start the ranks (children of this process, in its process group) and wait for them."""
-    out = args.out or tempfile.mkdtemp(prefix="torch_rope_dist_")
-    store = os.path.join(out, "store")
-    if os.path.exists(store):
-        os.remove(store)
-    procs = []
-    for rank in range(args.world_size):
-        cmd = [
-            sys.executable,
-            os.path.abspath(__file__),
-            out,
-            "--rank",
-            str(rank),
-            "--world-size",
-            str(args.world_size),
-            "--tier",
-            args.tier,
-            "--store",
-            store,
-            "--collective-timeout",
-            str(args.collective_timeout),
-        ]
-        if args.only:
-            cmd += ["--only", args.only]
-        procs.append(subprocess.Popen(cmd))
-    codes = [None] * len(procs)
-    while any(c is None for c in codes):
-        for i, p in enumerate(procs):
-            codes[i] = p.poll()
-        if any(c not in (None, 0) for c in codes):  # one rank died: the others would hang
-            time.sleep(5)
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            codes = [p.wait() for p in procs]
-            break
-        time.sleep(0.05)
-    return max(codes)
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", nargs="?", help="directory for rank<r>.json")
-    parser.add_argument(
-        "--tier",
-        default="default",
-        choices=["default", "slow", "mesh2d"],
-        help="mesh2d: a 2 x 2 mesh, needs --world-size 4",
-    )
-    parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--only", help="comma-separated check names (default: the whole tier)")
+    import distributed_launch  # beside this file (sys.path[0] when run as a script)
+
+    parser = distributed_launch.parser(__doc__.splitlines()[0])
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
-    parser.add_argument("--collective-timeout", type=int, default=120, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.rank is None:
-        sys.exit(launch(args))
+    if args.rank is None:  # as distributed_launch.py does, having imported torch
+        sys.exit(distributed_launch.launch(args))
     run_rank(args)
 
 

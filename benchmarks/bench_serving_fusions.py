@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""CPU benchmark of the serving fusions: rope.apply_qk_fp8, rope.rms_norm_apply_qk_cache and
-rope.mla_apply_cache, each against its bytes floor and against the unfused sequence of our own ops.
+"""CPU benchmark of the serving fusions: rope.apply_qk_fp8 (static and dynamic scales),
+rope.rms_norm_apply_qk_cache and rope.mla_apply_cache, each against its bytes floor and against the
+unfused sequence of our own ops.
 
 Shapes: decode (T = 1 and T = 64 tokens) and a prefill chunk (T = 2048), GQA q (T, 32, 128) and
 k, v (T, 8, 128) in bf16; MLA (DeepSeek-V3) q_pe (T, 16, 64), k_pe (T, 64), kv_c (T, 512) into one
@@ -11,8 +12,9 @@ interleaved rounds (timing.py):
                      and writes n bytes: the op's read + written bytes over 2); target <= 1.15 on
                      prefill;
   fused / unfused    against the same result from our unfused ops and torch (apply_qk then torch's
-                     fp8 cast; rms_norm_apply_qk then index_copy_ of k and v; apply_qk of q_pe and
-                     k_pe then index_copy_ of [kv_c | k_pe] rows), eager and under torch.compile
+                     fp8 cast, or its per-row amax, division and cast for dynamic scales;
+                     rms_norm_apply_qk then index_copy_ of k and v; apply_qk of q_pe and k_pe
+                     then index_copy_ of [kv_c | k_pe] rows), eager and under torch.compile
                      (fullgraph); target < 1 on decode.
 
     PYTHONPATH=python .venv/bin/python benchmarks/bench_serving_fusions.py [--threads N]
@@ -72,6 +74,32 @@ def qk_fp8_case(T, g):
     return args, fused, unfused, moved
 
 
+def per_row_fp8(x):
+    """torch's dynamic per-row quantization of x: one float32 scale per (token, head) row."""
+    x = x.float()
+    scale = x.abs().amax(dim=-1, keepdim=True) / FP8_MAX
+    return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def qk_fp8_dynamic_case(T, g):
+    q = torch.randn(T, HQ, D, generator=g).bfloat16()
+    k = torch.randn(T, HKV, D, generator=g).bfloat16()
+    cos, sin = torch_rope.rope_tables(10000.0, D, MAX_SEQ_LEN)
+    pos = torch.randint(0, MAX_SEQ_LEN, (T, 1), generator=g)
+    args = (q, k, cos, sin, pos)
+
+    def fused(q, k, cos, sin, pos):
+        return torch_rope.apply_qk_fp8_dynamic(q, k, cos, sin, pos)
+
+    def unfused(q, k, cos, sin, pos):
+        q_rot, k_rot = torch_rope.apply_qk(q, k, cos, sin, pos)
+        return (*per_row_fp8(q_rot), *per_row_fp8(k_rot))
+
+    rows = T * (HQ + HKV)
+    moved = nbytes(q, k) + (q.numel() + k.numel()) + 4 * rows  # bf16 in, fp8 and scales out
+    return args, fused, unfused, moved
+
+
 def norm_cache_case(T, g):
     q = torch.randn(T, HQ, D, generator=g).bfloat16()
     k = torch.randn(T, HKV, D, generator=g).bfloat16()
@@ -125,6 +153,7 @@ def mla_case(T, g):
 
 OPS = {
     "apply_qk_fp8": qk_fp8_case,
+    "apply_qk_fp8_dynamic": qk_fp8_dynamic_case,
     "rms_norm_apply_qk_cache": norm_cache_case,
     "mla_apply_cache": mla_case,
 }

@@ -10,7 +10,8 @@
 // the same order of features, into a *target*: a tensor (T, heads, width) or the rows of a cache
 // that slot_mapping picks for the token (flat or paged; a negative slot skips the token). On the
 // way a row may be RMS-normalised, its first rotary_dim features rotated, and it is stored either
-// in the source's dtype (rounded once) or as fp8 with a per-tensor scale.
+// in the source's dtype (rounded once) or as fp8 with a per-tensor scale or with scales computed
+// from the rows themselves (one per row or per token: dynamic scales).
 //
 // The math of one row, in the math type A (float; double for double storage), is fixed here so
 // that every backend gives the same bits (the CPU kernel's FMA copies and the CUDA kernel):
@@ -28,9 +29,12 @@
 //          half split), c, s = A(cos[p, k]), A(sin[p, k]) at the row's position p (multi-axis: the
 //          position of the plane's axis): a' = fma(a, c, -(b * s)), b' = fma(a, s, b * c).
 //   store  rounded once to the storage type, or quantized (kv_cache_args.h's quantize_fp8 with
-//          the target's ScaleRule). A feature that is neither normalised nor rotated, stored in
-//          the source's dtype (v rows, a partial rotation's tail), is copied bit for bit, NaN
-//          payloads included, as index_copy_ would.
+//          the target's ScaleRule). Dynamic scales: the group's amax is the NaN-propagating max
+//          of |y_i| over its rows' stored features after the norm and the rotation (fold_amax;
+//          max is exact, so the order of the fold does not matter), its scale dynamic_fp8_scale,
+//          and every feature is stored as quantize_fp8(y_i, scale, kDivide). A feature that is
+//          neither normalised nor rotated, stored in the source's dtype (v rows, a partial
+//          rotation's tail), is copied bit for bit, NaN payloads included, as index_copy_ would.
 // The CUDA kernel's explicit fmaf is what the CPU kernel's vector FMAs compute; the CPU copy
 // without FMA (DEFAULT) rounds the products first and is exact only where that agrees.
 #pragma once
@@ -55,6 +59,17 @@ struct StreamTarget {
   CacheFormat format = CacheFormat::kSame;  // the source's dtype, or fp8
   ScaleRule rule = ScaleRule::kDivide;
   const float* scale = nullptr;  // fp8: one float32 on the target's device; nullptr: scale 1
+  // fp8 with dynamic scales (kv_cache_args.h's dynamic_fp8_scale; `scale` unused): each scale
+  // group's scale is computed from its rotated rows and written to scales[t * scale_token_stride
+  // + h * scale_head_stride] (per_token: h = 0). A group is one (token, head) row, or with
+  // per_token every head of a token. Tensor targets only (not by_slot), and per_token only on a
+  // stream without a norm (the CUDA kernel's per-token groups take no sum of squares). nullptr: a
+  // static scale.
+  float* scales = nullptr;
+  int64_t scale_token_stride = 0;
+  int64_t scale_head_stride = 0;
+  bool per_token = false;
+  bool pow2_scale = false;
   // by_slot: row (slot / block_size, slot % block_size, head) of a cache, slot from
   // slot_mapping[token] (negative: the token is skipped); a flat cache has block_size 1 and
   // offset_stride 0. Otherwise row (token, head) of a tensor, token_stride apart.

@@ -126,4 +126,53 @@ ROPE_HOST_DEVICE inline uint8_t quantize_fp8(double value, float scale, CacheFor
   return fp8_e5m2_from_float(static_cast<float>(saturate(x, double{kFp8E5M2Max})));
 }
 
+// ---- dynamic scales -----------------------------------------------------------------------------
+// A dynamic scale is computed from the values it quantizes (docs/quant_formats.md, "Dynamic
+// per-row and per-token float8"): amax = max |value| over the scale's rows, NaN propagating;
+// scale = amax / fp8 max, one float32 rounding; then, with pow2, rounded up to a power of two
+// (UE8M0) and clamped to E8M0's [2^-127, 2^127]. The edges: amax 0 gives 1; a positive amax whose
+// quotient underflows gives 2^-149 (never 0); +inf gives +inf (2^127 with pow2); NaN gives NaN.
+// The values are then stored with ScaleRule::kDivide, as a static scale.
+
+// The running amax: |value| folded in with NaN propagating (a NaN anywhere makes it NaN; once NaN
+// it stays NaN). max is exact, so any order of folding gives the same bits but a NaN's payload.
+template <typename A>
+ROPE_HOST_DEVICE inline A fold_amax(A amax, A value) {
+  const A a = value < A(0) ? -value : value;
+  return (a > amax || a != a) ? a : amax;
+}
+
+// The least power of two >= a positive float32 scale, clamped to [2^-127, 2^127]; NaN stays NaN.
+// Adding the mantissa mask carries every scale that is not a power of two into the next exponent
+// (subnormals too: (2^-127, 2^-126) goes to 2^-126).
+ROPE_HOST_DEVICE inline float pow2_scale_up(float scale) {
+  if (scale != scale) {
+    return scale;
+  }
+  constexpr float kMin = 5.877471754111438e-39f;   // 2^-127
+  constexpr float kMax = 1.7014118346046923e+38f;  // 2^127
+  if (scale <= kMin) {
+    return kMin;
+  }
+  if (scale >= kMax) {
+    return kMax;  // inf too: UE8M0 has none
+  }
+  return fp32_from((fp32_bits(scale) + 0x007FFFFFu) & 0xFF800000u);
+}
+
+// The dynamic scale of rows whose amax (in the math type) is `amax`, for `format`.
+template <typename A>
+ROPE_HOST_DEVICE inline float dynamic_fp8_scale(A amax, CacheFormat format, bool pow2) {
+  const A fmax = format == CacheFormat::kFp8E4M3 ? A(kFp8E4M3Max) : A(kFp8E5M2Max);
+  float scale = static_cast<float>(amax / fmax);  // double math: rounded once more, to float32
+  if (amax == A(0)) {
+    scale = 1.0f;
+  } else if (scale == 0.0f) {
+    scale = 1.401298464324817e-45f;  // 2^-149: a positive amax never gives scale 0
+  } else if (amax != amax) {
+    scale = fp32_from(0x7FC00000u);  // one NaN, whichever NaN the fold kept
+  }
+  return pow2 ? pow2_scale_up(scale) : scale;
+}
+
 }  // namespace rope

@@ -74,6 +74,17 @@ void apply_qk_fp8_run(const char* op, const QkFp8Inputs& in, const QkFp8Outputs&
   }
 }
 
+// rope.apply_qk_fp8_dynamic's scales: float32 (T, Hq, 1) and (T, Hk, 1), or (T, 1, 1) each with
+// per_token (empty_symint: meta and real tensors alike).
+struct QkFp8Scales {
+  at::Tensor q_scale;
+  at::Tensor k_scale;
+};
+QkFp8Scales new_qk_fp8_scales(const QkFp8Inputs& in, bool per_token);
+
+// Turns the q and k streams of prepare_qk_fp8 into dynamic-scale streams writing `scales`.
+void set_dynamic_scales(PreparedStreams& p, const QkFp8Scales& scales, bool per_token, bool pow2);
+
 template <typename Backend>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_qk_fp8_body(
     const QkFp8Inputs& in, std::optional<at::ScalarType> dtype, bool interleaved,
@@ -93,6 +104,29 @@ void apply_qk_fp8_out_body(const QkFp8Inputs& in, const QkFp8Outputs& out, bool 
   check_apply_qk_fp8(op, in);
   check_apply_qk_fp8_outputs(op, in, out);
   apply_qk_fp8_run<Backend>(op, in, out, interleaved, multiply_by_scale);
+}
+
+// rope.apply_qk_fp8_dynamic: the rotation of apply_qk_fp8 with scales computed from the rotated
+// rows, one per (token, head) row or per token (common_row_streams.h, docs/quant_formats.md);
+// returns (q_out, k_out, q_scale, k_scale). No nope parts (the inputs' q_nope / k_nope / scales
+// are absent).
+template <typename Backend>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_qk_fp8_dynamic_body(
+    const QkFp8Inputs& in, std::optional<at::ScalarType> dtype, bool interleaved, bool per_token,
+    bool pow2_scale) {
+  constexpr const char* op = "rope.apply_qk_fp8_dynamic";
+  check_apply_qk_fp8(op, in);
+  const QkFp8Outputs out = new_qk_fp8_outputs(in, qk_fp8_dtype(op, dtype));
+  const QkFp8Scales scales = new_qk_fp8_scales(in, per_token);
+  if (in.q.numel() > 0 || in.k.numel() > 0) {
+    Backend::check_positions(op, in.positions, in.cos.size(0), in.axes);
+  }
+  PreparedStreams prepared = prepare_qk_fp8(in, out, interleaved, /*multiply_by_scale=*/false);
+  set_dynamic_scales(prepared, scales, per_token, pow2_scale);
+  if (prepared.args.num_tokens > 0) {
+    Backend::run_streams(in.q.scalar_type(), prepared);
+  }
+  return {out.q_out, out.k_out, scales.q_scale, scales.k_scale};
 }
 
 }  // namespace rope::detail

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// rope.apply_qk_fp8 and rope.apply_qk_fp8.out outside the computing backends: the C++ API
-// (through the dispatcher), the Meta kernels (the same checks as CPU and CUDA, on SymInts; the
-// values of positions and scales are left to the real kernels), the Autograd kernels (not
-// differentiable: the outputs are float8) and the ADInplaceOrView kernel of the out= overload
-// (the buffers' version counters where autograd is excluded). The schemas are in rope_ops.cpp;
-// CPU and CUDA register in cpu/qk_fp8_cpu.cpp and cuda/qk_fp8_cuda.cu.
+// rope.apply_qk_fp8, rope.apply_qk_fp8.out and rope.apply_qk_fp8_dynamic outside the computing
+// backends: the C++ API (through the dispatcher), the Meta kernels (the same checks as CPU and
+// CUDA, on SymInts; the values of positions and scales are left to the real kernels), the Autograd
+// kernels (not differentiable: the outputs are float8) and the ADInplaceOrView kernel of the out=
+// overload (the buffers' version counters where autograd is excluded). The schemas are in
+// rope_ops.cpp; CPU and CUDA register in cpu/qk_fp8_cpu.cpp and cuda/qk_fp8_cuda.cu.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>
@@ -32,6 +32,17 @@ const c10::TypedOperatorHandle<FunctionalSig>& functional_op() {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("rope::apply_qk_fp8", "")
                        .typed<FunctionalSig>();
+  return op;
+}
+
+using DynamicSig = Quad(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                        const at::Tensor&, std::optional<at::ScalarType>, bool, bool, bool,
+                        at::OptionalIntArrayRef, bool);
+
+const c10::TypedOperatorHandle<DynamicSig>& dynamic_op() {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply_qk_fp8_dynamic", "")
+                       .typed<DynamicSig>();
   return op;
 }
 
@@ -95,8 +106,35 @@ void apply_qk_fp8_out_meta(const at::Tensor& q, const at::Tensor& k, const at::T
       op, in, {q_out, k_out, defined_or_empty(q_nope_out), defined_or_empty(k_nope_out)});
 }
 
+const std::optional<at::Tensor> kNone;
+
+Quad apply_qk_fp8_dynamic_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                               const at::Tensor& sin, const at::Tensor& positions,
+                               std::optional<at::ScalarType> dtype, bool /*interleaved*/,
+                               bool per_token, bool /*pow2_scale*/,
+                               at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+  constexpr const char* op = "rope.apply_qk_fp8_dynamic";
+  const detail::QkFp8Inputs in{q,     k,     cos,   sin,   positions,
+                               kNone, kNone, kNone, kNone, {mrope_section, mrope_interleaved}};
+  detail::check_apply_qk_fp8(op, in);
+  const detail::QkFp8Outputs out = detail::new_qk_fp8_outputs(in, detail::qk_fp8_dtype(op, dtype));
+  const detail::QkFp8Scales scales = detail::new_qk_fp8_scales(in, per_token);
+  return {out.q_out, out.k_out, scales.q_scale, scales.k_scale};
+}
+
 // ---- Autograd
 // ------------------------------------------------------------------------------------
+
+Quad apply_qk_fp8_dynamic_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                   const at::Tensor& sin, const at::Tensor& positions,
+                                   std::optional<at::ScalarType> dtype, bool interleaved,
+                                   bool per_token, bool pow2_scale,
+                                   at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+  refuse_grad("rope.apply_qk_fp8_dynamic", q, k, kNone, kNone, cos, sin);
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return dynamic_op().call(q, k, cos, sin, positions, dtype, interleaved, per_token, pow2_scale,
+                           mrope_section, mrope_interleaved);
+}
 
 Quad apply_qk_fp8_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                            const at::Tensor& sin, const at::Tensor& positions, Optional q_nope,
@@ -184,14 +222,25 @@ void apply_qk_fp8_out(at::Tensor& q_out, at::Tensor& k_out,
                 k_nope_out);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_qk_fp8_dynamic(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+    const at::Tensor& positions, std::optional<at::ScalarType> dtype, bool interleaved,
+    bool per_token, bool pow2_scale, at::OptionalIntArrayRef mrope_section,
+    bool mrope_interleaved) {
+  return dynamic_op().call(q, k, cos, sin, positions, dtype, interleaved, per_token, pow2_scale,
+                           mrope_section, mrope_interleaved);
+}
+
 }  // namespace rope
 
 TORCH_LIBRARY_IMPL(rope, Meta, m) {
+  m.impl("apply_qk_fp8_dynamic", &rope::apply_qk_fp8_dynamic_meta);
   m.impl("apply_qk_fp8", &rope::apply_qk_fp8_meta);
   m.impl("apply_qk_fp8.out", &rope::apply_qk_fp8_out_meta);
 }
 
 TORCH_LIBRARY_IMPL(rope, Autograd, m) {
+  m.impl("apply_qk_fp8_dynamic", &rope::apply_qk_fp8_dynamic_autograd);
   m.impl("apply_qk_fp8", &rope::apply_qk_fp8_autograd);
   m.impl("apply_qk_fp8.out", &rope::apply_qk_fp8_out_autograd);
 }

@@ -119,4 +119,28 @@ PreparedStreams prepare_qk_fp8(const QkFp8Inputs& in, const QkFp8Outputs& out, b
   return p;
 }
 
+QkFp8Scales new_qk_fp8_scales(const QkFp8Inputs& in, bool per_token) {
+  const auto scales = [&](const at::Tensor& x) {
+    const c10::SymInt sizes[] = {x.sym_size(0), per_token ? c10::SymInt(1) : x.sym_size(1),
+                                 c10::SymInt(1)};
+    return new_stream_output(x, sizes, at::kFloat);
+  };
+  return {scales(in.q), scales(in.k)};
+}
+
+void set_dynamic_scales(PreparedStreams& p, const QkFp8Scales& scales, bool per_token, bool pow2) {
+  const at::Tensor* of_stream[] = {&scales.q_scale, &scales.k_scale};
+  for (int i = 0; i < 2; ++i) {
+    StreamTarget& t = p.args.streams[i].target;
+    const at::Tensor& s = *of_stream[i];
+    t.scales = s.data_ptr<float>();
+    t.scale_token_stride = s.stride(0);
+    t.scale_head_stride = per_token ? 0 : s.stride(1);
+    t.per_token = per_token;
+    t.pow2_scale = pow2;
+    t.scale = nullptr;
+    t.rule = ScaleRule::kDivide;
+  }
+}
+
 }  // namespace rope::detail

@@ -81,6 +81,13 @@ TORCH_LIBRARY(rope, m) {
       "bool interleaved=True, bool multiply_by_scale=False, int[]? mrope_section=None, "
       "bool mrope_interleaved=False, Tensor(a!) q_out, Tensor(b!) k_out, "
       "Tensor(c!)? q_nope_out=None, Tensor(d!)? k_nope_out=None) -> ()");
+  // apply_qk_fp8 with dynamic scales computed from the rotated rows: one float32 per (token, head)
+  // row, or per token; returns (q_out, k_out, q_scale, k_scale). Body in qk_fp8_body.h.
+  m.def(
+      "apply_qk_fp8_dynamic(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor positions, *, "
+      "ScalarType? dtype=None, bool interleaved=True, bool per_token=False, "
+      "bool pow2_scale=False, int[]? mrope_section=None, bool mrope_interleaved=False) -> "
+      "(Tensor, Tensor, Tensor, Tensor)");
   // QK-RMSNorm + RoPE + the KV-cache write in one pass (rms_norm_apply_qk and apply_qk_cache
   // fused); returns q (its dtype, or float8 with q_scale). Body and checks in kv_cache_norm_body.h;
   // C++ API, Meta and Autograd in kv_cache_norm_ops.cpp.

@@ -7,8 +7,9 @@
 // One row at a time, in four steps over an L1 scratch row of the math type: widen the source,
 // normalise it (RMSNorm streams), rotate its first rotary_dim features in place, store it
 // (rounded to the storage type, or quantized to fp8 with kv_cache_fp8_rows.cpp's helpers of this
-// copy). The source is read from memory once and the target written once; the scratch row and
-// the table rows stay in L1.
+// copy; with dynamic scales, after the row's amax, or the token's rows' amax for per-token scales,
+// which keep the token's rows in a scratch of their own until then). The source is read from memory
+// once and the target written once; the scratch row and the table rows stay in L1.
 #include "common_stream_rows.h"
 
 #include <ATen/cpu/vec/functional.h>
@@ -158,6 +159,32 @@ inline void normalise(A* x, const A* w, int64_t n, double eps) {
   }
 }
 
+// ---- dynamic scales --------------------------------------------------------------------------
+
+// The NaN-propagating max of |x_i| folded into `amax` (kv_cache_args.h's fold_amax): whole
+// vectors with at::vec's maximum (which propagates NaN), the lanes and the rest one by one.
+template <typename A>
+inline A row_amax(const A* x, int64_t n, A amax) {
+  int64_t i = 0;
+  if constexpr (std::is_same_v<A, float>) {
+    if (n >= kW) {
+      Vec m(0.0f);
+      for (; i + kW <= n; i += kW) {
+        m = at::vec::maximum(m, Vec::loadu(x + i).abs());
+      }
+      alignas(64) float lanes[kW];
+      m.store(lanes);
+      for (int64_t j = 0; j < kW; ++j) {
+        amax = fold_amax(amax, lanes[j]);
+      }
+    }
+  }
+  for (; i < n; ++i) {
+    amax = fold_amax(amax, x[i]);
+  }
+  return amax;
+}
+
 // ---- the rotation ----------------------------------------------------------------------------
 
 // Planes [k, half) of a row, one at a time: from `in` (storage or math type) into `out`, in the
@@ -277,7 +304,16 @@ void rows_of_tokens(const StreamArgs& a, const TableArgs& tb, int64_t t0, int64_
     max_width = std::max(max_width, a.streams[i].width);
     half = std::max(half, a.streams[i].rotary_dim / 2);  // every rotating stream shares the tables
   }
+  // A stream with per-token dynamic scales keeps a token's rows until their common scale is known.
+  int64_t token_rows = 0;
+  for (int32_t i = 0; i < a.num_streams; ++i) {
+    const RowStream& st = a.streams[i];
+    if (st.target.scales != nullptr && st.target.per_token) {
+      token_rows = std::max(token_rows, st.heads * st.width);
+    }
+  }
   c10::SmallVector<A, 1024> buf(static_cast<size_t>(max_width));
+  c10::SmallVector<A, 16> token_buf(static_cast<size_t>(token_rows));
   c10::SmallVector<A, 512> cos_buf(static_cast<size_t>(half));
   c10::SmallVector<A, 512> sin_buf(static_cast<size_t>(half));
   c10::SmallVector<int8_t, 256> plane_axis;
@@ -309,6 +345,9 @@ void rows_of_tokens(const StreamArgs& a, const TableArgs& tb, int64_t t0, int64_
       // made apply_qk_cache's decode rows twice as slow as the rotation of the same rows).
       const bool direct =
           std::is_same_v<A, float> && st.weight == nullptr && tg.format == CacheFormat::kSame;
+      // Per-token dynamic scales: the token's rows wait in token_buf while amax grows.
+      const bool dynamic_token = tg.scales != nullptr && tg.per_token;
+      A amax = A(0);
       // The token's first target row: one division of the slot per token and stream, not per
       // head (a 64-bit division per row was a fifth of a decode call's time).
       const int64_t row0 = tg.by_slot ? slot_row(tg, slot, 0) : token_row(tg, t, 0);
@@ -336,9 +375,10 @@ void rows_of_tokens(const StreamArgs& a, const TableArgs& tb, int64_t t0, int64_
           }
           continue;
         }
-        widen(src, buf.data(), st.width);
+        A* x = dynamic_token ? token_buf.data() + h * st.width : buf.data();
+        widen(src, x, st.width);
         if (st.weight != nullptr) {
-          normalise(buf.data(), static_cast<const A*>(st.weight), st.width, a.eps);
+          normalise(x, static_cast<const A*>(st.weight), st.width, a.eps);
         }
         if (st.rotary_dim > 0) {
           const int64_t off = t * st.pos_token_stride + h * st.pos_head_stride;
@@ -346,13 +386,31 @@ void rows_of_tokens(const StreamArgs& a, const TableArgs& tb, int64_t t0, int64_
             angles.at(off, cos, sin);
             angles_off = off;
           }
-          rotate<kInterleaved>(buf.data(), cos, sin, st.rotary_dim / 2);
+          rotate<kInterleaved>(x, cos, sin, st.rotary_dim / 2);
+        }
+        if (dynamic_token) {
+          amax = row_amax(x, st.width, amax);
+          continue;  // stored below, once the token's scale is known
+        }
+        float row_scale = scale;
+        if (tg.scales != nullptr) {
+          row_scale = dynamic_fp8_scale(row_amax(x, st.width, A(0)), tg.format, tg.pow2_scale);
+          tg.scales[t * tg.scale_token_stride + h * tg.scale_head_stride] = row_scale;
         }
         if (tg.format == CacheFormat::kSame) {
-          store_same(buf.data(), static_cast<scalar_t*>(tg.data) + row, st.width);
+          store_same(x, static_cast<scalar_t*>(tg.data) + row, st.width);
         } else {
-          quantize_fp8_row(acc_dtype, buf.data(), static_cast<uint8_t*>(tg.data) + row, st.width,
-                           scale, tg.format, tg.rule);
+          quantize_fp8_row(acc_dtype, x, static_cast<uint8_t*>(tg.data) + row, st.width, row_scale,
+                           tg.format, tg.rule);
+        }
+      }
+      if (dynamic_token) {
+        const float token_scale = dynamic_fp8_scale(amax, tg.format, tg.pow2_scale);
+        tg.scales[t * tg.scale_token_stride] = token_scale;
+        for (int64_t h = 0; h < st.heads; ++h) {
+          quantize_fp8_row(acc_dtype, token_buf.data() + h * st.width,
+                           static_cast<uint8_t*>(tg.data) + row0 + h * tg.head_stride, st.width,
+                           token_scale, tg.format, tg.rule);
         }
       }
     }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// CPU backend of rope.apply_qk_fp8 and its out= overload: the op bodies of qk_fp8_body.h over the
-// row streams' CPU policy (common_stream_backend.h).
+// CPU backend of rope.apply_qk_fp8, its out= overload and rope.apply_qk_fp8_dynamic: the op bodies
+// of qk_fp8_body.h over the row streams' CPU policy (common_stream_backend.h).
 #include <torch/library.h>
 
 #include "../qk_fp8_body.h"
@@ -51,10 +51,22 @@ void apply_qk_fp8_out_cpu(const at::Tensor& q, const at::Tensor& k, const at::Te
       interleaved, multiply_by_scale);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_qk_fp8_dynamic_cpu(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+    const at::Tensor& positions, std::optional<at::ScalarType> dtype, bool interleaved,
+    bool per_token, bool pow2_scale, at::OptionalIntArrayRef mrope_section,
+    bool mrope_interleaved) {
+  const std::optional<at::Tensor> none;
+  return detail::apply_qk_fp8_dynamic_body<CpuStreamsBackend>(
+      {q, k, cos, sin, positions, none, none, none, none, {mrope_section, mrope_interleaved}},
+      dtype, interleaved, per_token, pow2_scale);
+}
+
 }  // namespace
 }  // namespace rope::cpu
 
 TORCH_LIBRARY_IMPL(rope, CPU, m) {
   m.impl("apply_qk_fp8", &rope::cpu::apply_qk_fp8_cpu);
   m.impl("apply_qk_fp8.out", &rope::cpu::apply_qk_fp8_out_cpu);
+  m.impl("apply_qk_fp8_dynamic", &rope::cpu::apply_qk_fp8_dynamic_cpu);
 }

@@ -330,6 +330,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_qk_fp8(
 }
 
 template <typename Runtime>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_qk_fp8_dynamic(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+    const at::Tensor& positions, std::optional<at::ScalarType> dtype, bool interleaved,
+    bool per_token, bool pow2_scale, at::OptionalIntArrayRef mrope_section,
+    bool mrope_interleaved) {
+  const typename Runtime::Guard guard(Runtime::device_of(q));
+  const std::optional<at::Tensor> none;
+  return detail::apply_qk_fp8_dynamic_body<StreamsBackend<Runtime>>(
+      {q, k, cos, sin, positions, none, none, none, none, {mrope_section, mrope_interleaved}},
+      dtype, interleaved, per_token, pow2_scale);
+}
+
+template <typename Runtime>
 void apply_qk_fp8_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                       const at::Tensor& sin, const at::Tensor& positions,
                       const std::optional<at::Tensor>& q_nope,

@@ -19,6 +19,13 @@
 // outside the tables, a skipped slot) drops all 16 threads together, before the shuffles; the
 // shuffles' mask is the row's half-warp, so the other row of the warp carries on alone.
 //
+// Dynamic fp8 scales (common_row_streams.h) need a scale group's amax before any store: such a
+// stream gets a half-warp per group too (a (token, head) row, or every head of a token with
+// per-token scales). The group's threads run its lanes twice: first folding the values into
+// their amax (no store), then, after four shuffles fold the 16 maxima, storing them quantized
+// with the group's scale, which thread 0 of the group writes out. The second pass re-reads the
+// rows from L1.
+//
 // Vector path: when a stream's source and target rows are 16-byte aligned (pointers, strides,
 // the target's feature offset) and its lanes are whole (rotary run and tail multiples of the
 // lane), every access of its lanes is 16 bytes wide: a lane of bf16 loads two 16-byte vectors and
@@ -52,8 +59,13 @@ struct StreamPlan {
   int64_t span = 0;       // threads rounded up to whole warps: the segment's size in the grid
   int64_t rot_lanes = 0;  // rotating lanes per row
   int64_t lanes = 0;      // rotating + tail lanes per row
-  bool norm = false;      // a half-warp per row (its sum of squares, then its lanes)
-  bool vector = false;    // 16-byte accesses (see the file comment)
+  bool norm = false;      // its rows' sum of squares first
+  bool dynamic = false;   // its scale groups' amax first (dynamic fp8 scales)
+  // A half-warp per row (norm) or per scale group (dynamic); the group's heads: 1, or every head
+  // of a token (per-token dynamic scales).
+  bool cooperative = false;
+  int64_t group_heads = 1;
+  bool vector = false;  // 16-byte accesses (see the file comment)
 };
 
 struct StreamKernelParams {
@@ -101,9 +113,17 @@ inline StreamKernelParams plan(const StreamArgs& args, const TableArgs& tables,
         ceil_div(args.interleaved ? s.rotary_dim : s.rotary_dim / 2, static_cast<int64_t>(kChunk));
     sp.lanes = sp.rot_lanes + ceil_div(s.width - s.rotary_dim, static_cast<int64_t>(kChunk));
     sp.norm = s.weight != nullptr;
+    sp.dynamic = s.target.scales != nullptr;
+    sp.cooperative = sp.norm || sp.dynamic;
+    sp.group_heads = sp.dynamic && s.target.per_token ? s.heads : 1;
     sp.vector = vector_path(s, args.interleaved, source_bytes);
     const int64_t rows = args.num_tokens * s.heads;
-    sp.threads = sp.lanes == 0 ? 0 : sp.norm ? rows * kRowLanes : rows * sp.lanes;
+    const int64_t groups = sp.group_heads == 1 ? rows : args.num_tokens;
+    // A dynamic stream writes its groups' scales even when its rows are empty (scale 1).
+    sp.threads = sp.dynamic      ? groups * kRowLanes
+                 : sp.lanes == 0 ? 0
+                 : sp.norm       ? rows * kRowLanes
+                                 : rows * sp.lanes;
     sp.span = ceil_div(sp.threads, static_cast<int64_t>(kWarpSize)) * kWarpSize;
     begin += sp.span;
   }
@@ -138,10 +158,11 @@ __device__ __forceinline__ void load_chunk(const T* row, int64_t first, int64_t 
 }
 
 // 16 values stored at features [first, first + 16) of a target row (below `end`): rounded to the
-// storage type, or quantized to fp8 with the target's scale and rule.
+// storage type, or quantized to fp8 with `scale` (the target's static one, or its group's dynamic
+// one) and the target's rule.
 template <bool kVector, typename T, typename A>
 __device__ __forceinline__ void store_chunk(const StreamTarget& t, void* row, int64_t first,
-                                            int64_t end, const A (&v)[kChunk]) {
+                                            int64_t end, const A (&v)[kChunk], float scale) {
   if (t.format == CacheFormat::kSame) {
     T out[kChunk];
 #pragma unroll
@@ -170,7 +191,6 @@ __device__ __forceinline__ void store_chunk(const StreamTarget& t, void* row, in
     }
     return;
   }
-  const float scale = t.scale != nullptr ? __ldg(t.scale) : 1.0f;
   uint8_t out[kChunk];
 #pragma unroll
   for (int j = 0; j < kChunk; ++j) {
@@ -211,6 +231,31 @@ __device__ __forceinline__ void copy_chunk(const T* src, T* dst, int64_t first, 
   }
 }
 
+// Where a lane's values go: into the target (scale: the fp8 scale to store with), or, in the first
+// pass of a dynamic scale (measure), into the thread's amax.
+template <typename A>
+struct LaneSink {
+  float scale = 1.0f;
+  bool measure = false;
+  A amax = A(0);
+};
+
+// The lane's values [first, first + 16) (below `end`) to the sink: stored, or folded into amax.
+template <bool kVector, typename T, typename A>
+__device__ __forceinline__ void emit_chunk(const StreamTarget& t, void* row, int64_t first,
+                                           int64_t end, const A (&v)[kChunk], LaneSink<A>& sink) {
+  if (sink.measure) {
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      if (first + j < end) {
+        sink.amax = fold_amax(sink.amax, v[j]);
+      }
+    }
+    return;
+  }
+  store_chunk<kVector, T>(t, row, first, end, v, sink.scale);
+}
+
 // (x * r) * w in place, for the norm: `w` holds the features [first, first + 16) of the weight.
 template <typename A>
 __device__ __forceinline__ void normalise(A (&v)[kChunk], const A* w, int64_t first, int64_t end,
@@ -249,7 +294,8 @@ __device__ __forceinline__ void run_lane(const RowStream& st, const StreamPlan& 
                                          const TableArgs& tb, const T* src, void* dst, int64_t lane,
                                          const int64_t (&rows)[kMaxAxes],
                                          typename AccType<T>::type r,
-                                         const typename AccType<T>::type* w) {
+                                         const typename AccType<T>::type* w,
+                                         LaneSink<typename AccType<T>::type>& sink) {
   using A = typename AccType<T>::type;
   const int64_t R = st.rotary_dim;
   if (lane >= sp.rot_lanes) {
@@ -263,7 +309,7 @@ __device__ __forceinline__ void run_lane(const RowStream& st, const StreamPlan& 
     if (w != nullptr) {
       normalise(v, w, first, st.width, r);
     }
-    store_chunk<kVector, T>(st.target, dst, first, st.width, v);
+    emit_chunk<kVector, T>(st.target, dst, first, st.width, v, sink);
     return;
   }
   if constexpr (kInterleaved) {
@@ -287,7 +333,7 @@ __device__ __forceinline__ void run_lane(const RowStream& st, const StreamPlan& 
         v[2 * j + 1] = rb;
       }
     }
-    store_chunk<kVector, T>(st.target, dst, first, R, v);
+    emit_chunk<kVector, T>(st.target, dst, first, R, v, sink);
   } else {
     // 16 planes (k, k + R / 2): a 16-element chunk of each half.
     const int64_t half = R / 2;
@@ -314,8 +360,9 @@ __device__ __forceinline__ void run_lane(const RowStream& st, const StreamPlan& 
       }
     }
     const int64_t tbytes = target_element_bytes(st.target, static_cast<int64_t>(sizeof(T)));
-    store_chunk<kVector, T>(st.target, dst, first, half, a);
-    store_chunk<kVector, T>(st.target, static_cast<char*>(dst) + half * tbytes, first, half, b);
+    emit_chunk<kVector, T>(st.target, dst, first, half, a, sink);
+    emit_chunk<kVector, T>(st.target, static_cast<char*>(dst) + half * tbytes, first, half, b,
+                           sink);
   }
 }
 
@@ -410,21 +457,119 @@ __device__ __forceinline__ typename AccType<T>::type inverse_rms(const T* src, i
   return A(1) / acc_sqrt(s / static_cast<A>(width) + static_cast<A>(eps));
 }
 
+// The amax of a scale group: the 16 threads' maxima folded by the butterfly (8, 4, 2, 1); max is
+// exact, so every thread ends with the same value (a NaN, if any thread met one).
+template <typename A>
+__device__ __forceinline__ A group_amax(A m) {
+  const unsigned mask = 0xffffu << (threadIdx.x & 16u);  // the group's half-warp
+#pragma unroll
+  for (int step = 8; step >= 1; step /= 2) {
+    m = fold_amax(m, __shfl_xor_sync(mask, m, step, kRowLanes));
+  }
+  return m;
+}
+
+// Whether any thread of the half-warp holds `v`.
+__device__ __forceinline__ bool group_any(bool v) {
+  const unsigned mask = 0xffffu << (threadIdx.x & 16u);  // this half-warp
+  int x = v ? 1 : 0;
+#pragma unroll
+  for (int step = 8; step >= 1; step /= 2) {
+    x |= __shfl_xor_sync(mask, x, step, kRowLanes);
+  }
+  return x != 0;
+}
+
+// The source and target rows and the angle rows of (t, h); false for a row the checks drop.
+template <typename T>
+__device__ __forceinline__ bool row_of(const StreamKernelParams& p, const RowStream& st, int64_t t,
+                                       int64_t h, const T*& src, void*& dst,
+                                       int64_t (&rows)[kMaxAxes]) {
+  if (!row_angles(p.args, p.tables, st, t, h, rows) ||
+      !target_row<T>(p.args, st.target, t, h, dst)) {
+    return false;
+  }
+  src = static_cast<const T*>(st.src) + t * st.token_stride + h * st.head_stride;
+  return true;
+}
+
+// A half-warp's share of one row (norm) or scale group (dynamic): see the file comment. The
+// group's (head, lane) pairs are dealt out to its 16 threads in turn (a row's lanes j, j + 16, ...;
+// a per-token group's pairs head by head), so a per-token group keeps all 16 busy. A norm row's
+// sum of squares comes first (a norm stream's groups are single rows). A row the checks drop (a
+// position out of range) drops its whole group, agreed by group_any before any store. One call
+// site of run_lane for every cooperative stream: a second one (the norm's loop beside this one)
+// made ptxas spill the float64 half-split lanes.
+template <typename T, bool kInterleaved, bool kVector>
+__device__ __forceinline__ void cooperative_thread(const StreamKernelParams& p, const RowStream& st,
+                                                   const StreamPlan& sp, int64_t w) {
+  using A = typename AccType<T>::type;
+  const int64_t group = w / kRowLanes;
+  const int lane = static_cast<int>(w % kRowLanes);
+  int64_t t = group;
+  int64_t h0 = 0;
+  if (sp.group_heads == 1) {
+    const QuotRem th = div_rem(group, st.heads);
+    t = th.quot;
+    h0 = th.rem;
+  }
+  const StreamTarget& tg = st.target;
+  LaneSink<A> sink;
+  if (!sp.dynamic && tg.format != CacheFormat::kSame && tg.scale != nullptr) {
+    sink.scale = __ldg(tg.scale);
+  }
+  // Pass 0 (dynamic scales only) measures the group, pass 1 stores it.
+  for (int pass = sp.dynamic ? 0 : 1; pass < 2; ++pass) {
+    sink.measure = pass == 0;
+    int64_t rows[kMaxAxes];
+    const T* src = nullptr;
+    void* dst = nullptr;
+    int64_t row_h = -1;  // the head whose rows are loaded
+    A r = A(1);
+    const A* weight = nullptr;
+    if (sp.norm) {
+      if (!row_of<T>(p, st, t, h0, src, dst, rows)) {
+        return;  // the whole row: (t, h0) is the same for its 16 threads
+      }
+      row_h = h0;
+      r = inverse_rms<T>(src, st.width, p.args.eps, lane);
+      weight = static_cast<const A*>(st.weight);
+    }
+    bool dropped = false;
+    for (int64_t i = lane; i < sp.group_heads * sp.lanes; i += kRowLanes) {
+      const QuotRem hl = sp.group_heads == 1 ? QuotRem{0, i} : div_rem(i, sp.lanes);
+      if (h0 + hl.quot != row_h) {
+        row_h = h0 + hl.quot;
+        if (!row_of<T>(p, st, t, row_h, src, dst, rows)) {
+          dropped = true;
+          break;
+        }
+      }
+      run_lane<T, kInterleaved, kVector>(st, sp, p.tables, src, dst, hl.rem, rows, r, weight, sink);
+    }
+    if (pass == 1) {
+      return;
+    }
+    if (group_any(dropped)) {
+      return;
+    }
+    sink.scale = dynamic_fp8_scale(group_amax(sink.amax), tg.format, tg.pow2_scale);
+    if (lane == 0) {
+      store_scalar(tg.scales + t * tg.scale_token_stride + h0 * tg.scale_head_stride, sink.scale);
+    }
+  }
+}
+
 template <typename T, bool kInterleaved, bool kVector>
 __device__ __forceinline__ void stream_thread(const StreamKernelParams& p, const RowStream& st,
                                               const StreamPlan& sp, int64_t w) {
   using A = typename AccType<T>::type;
-  int64_t lane;
-  int64_t row_index;
-  if (sp.norm) {
-    row_index = w / kRowLanes;
-    lane = w % kRowLanes;
-  } else {
-    const QuotRem lr = div_rem(w, sp.lanes);
-    row_index = lr.quot;
-    lane = lr.rem;
+  if (sp.cooperative) {
+    cooperative_thread<T, kInterleaved, kVector>(p, st, sp, w);
+    return;
   }
-  const QuotRem th = div_rem(row_index, st.heads);
+  const QuotRem lr = div_rem(w, sp.lanes);
+  const QuotRem th = div_rem(lr.quot, st.heads);
   const int64_t t = th.quot;
   const int64_t h = th.rem;
   int64_t rows[kMaxAxes];
@@ -436,15 +581,11 @@ __device__ __forceinline__ void stream_thread(const StreamKernelParams& p, const
     return;
   }
   const T* src = static_cast<const T*>(st.src) + t * st.token_stride + h * st.head_stride;
-  if (!sp.norm) {
-    run_lane<T, kInterleaved, kVector>(st, sp, p.tables, src, dst, lane, rows, A(1), nullptr);
-    return;
+  LaneSink<A> sink;
+  if (st.target.format != CacheFormat::kSame && st.target.scale != nullptr) {
+    sink.scale = __ldg(st.target.scale);
   }
-  const A r = inverse_rms<T>(src, st.width, p.args.eps, static_cast<int>(lane));
-  const A* weight = static_cast<const A*>(st.weight);
-  for (int64_t l = lane; l < sp.lanes; l += kRowLanes) {
-    run_lane<T, kInterleaved, kVector>(st, sp, p.tables, src, dst, l, rows, r, weight);
-  }
+  run_lane<T, kInterleaved, kVector>(st, sp, p.tables, src, dst, lr.rem, rows, A(1), nullptr, sink);
 }
 
 // One resident block per SM is all the register budget asks for: a half-split lane holds 32 values

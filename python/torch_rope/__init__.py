@@ -32,6 +32,7 @@ from .ops import (
     apply_qk,
     apply_qk_cache,  # RoPE into a KV cache
     apply_qk_fp8,  # RoPE with float8 q and k
+    apply_qk_fp8_dynamic,  # the same with scales computed from the rows
     mla_apply_cache,  # MLA cache rows
     rms_norm_apply_qk,  # fused QK-RMSNorm + RoPE
     rms_norm_apply_qk_cache,  # QK-RMSNorm + RoPE + KV-cache write
@@ -85,6 +86,7 @@ __all__ = [
     "apply_qk",
     "apply_qk_cache",
     "apply_qk_fp8",
+    "apply_qk_fp8_dynamic",
     "cmake_prefix_path",
     "compiled_with_cuda",
     "distributed",

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The serving fusions from C++ (rope::apply_qk_fp8 and apply_qk_fp8_out,
+// The serving fusions from C++ (rope::apply_qk_fp8, apply_qk_fp8_out and apply_qk_fp8_dynamic,
 // rope::rms_norm_apply_qk_cache, rope::mla_apply_cache, apply_qk_cache with multi-axis positions):
 // the API's defaults and optional arguments, one call each against the float64 oracle
 // (oracle.h) and torch's own float8 cast, and errors thrown with nothing written. The full
@@ -69,6 +69,33 @@ TEST(ServingFusions, ApplyQkFp8IsTorchsCastOfTheRotation) {
                          std::nullopt, std::nullopt, q_scale, k_scale);
   EXPECT_TRUE(bitwise_equal(q_out, q8));
   EXPECT_TRUE(bitwise_equal(k_out, k8));
+}
+
+TEST(ServingFusions, ApplyQkFp8DynamicScalesEachRowByItsAmax) {
+  torch::manual_seed(1);
+  const auto t = reference_tables(kServingMaxSeqLen, 32);
+  const auto q = torch::randn({4, 4, 48}) * torch::exp2(torch::randint(-4, 5, {4, 4, 1}));
+  const auto k = torch::randn({4, 2, 48});
+  const auto positions = torch::randint(0, kServingMaxSeqLen, {4, 1});
+  const auto [q8, k8, q_scale, k_scale] =
+      rope::apply_qk_fp8_dynamic(q, k, t.cos, t.sin, positions);  // per row, float32 scales
+  const auto [q32, k32] = rope::apply_qk(q, k, t.cos, t.sin, positions);
+  // The scale of a row is amax / 448 of its float32 rotation, rounded once; the row is torch's
+  // cast of value / scale.
+  const auto want_scale = q32.abs().amax({-1}, true) / 448.0f;
+  EXPECT_TRUE(bitwise_equal(q_scale, want_scale));
+  EXPECT_TRUE(bitwise_equal(q8, (q32 / q_scale).clamp(-448.0, 448.0).to(torch::kFloat8_e4m3fn)));
+  EXPECT_EQ(k_scale.sizes(), (std::vector<int64_t>{4, 2, 1}));
+  // Per token, powers of two (UE8M0): one scale over every head, the least power of two >= it.
+  const auto [p8, pk8, p_scale, pk_scale] = rope::apply_qk_fp8_dynamic(
+      q, k, t.cos, t.sin, positions, std::nullopt, true, /*per_token=*/true, /*pow2_scale=*/true);
+  EXPECT_EQ(p_scale.sizes(), (std::vector<int64_t>{4, 1, 1}));
+  const auto token_scale = q32.abs().amax({-2, -1}, true) / 448.0f;
+  EXPECT_TRUE(torch::equal(p_scale, torch::exp2(torch::ceil(torch::log2(token_scale)))));
+  EXPECT_TRUE(bitwise_equal(p8, (q32 / p_scale).clamp(-448.0, 448.0).to(torch::kFloat8_e4m3fn)));
+  // Not differentiable: refused, nothing returned.
+  const auto qg = q.clone().requires_grad_();
+  EXPECT_THROW(rope::apply_qk_fp8_dynamic(qg, k, t.cos, t.sin, positions), c10::Error);
 }
 
 struct CacheCall {

@@ -379,6 +379,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> host_apply_qk_fp8(
       multiply_by_scale, mrope_section, mrope_interleaved);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> host_apply_qk_fp8_dynamic(
+    CaseContext& ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+    const at::Tensor& sin, const at::Tensor& positions, std::optional<at::ScalarType> dtype,
+    bool interleaved, bool per_token, bool pow2_scale, at::OptionalIntArrayRef mrope_section,
+    bool mrope_interleaved) {
+  Enter enter(ctx);
+  return rope::cuda::glue::apply_qk_fp8_dynamic<HostRuntime>(q, k, cos, sin, positions, dtype,
+                                                             interleaved, per_token, pow2_scale,
+                                                             mrope_section, mrope_interleaved);
+}
+
 void host_apply_qk_fp8_out(CaseContext& ctx, const at::Tensor& q, const at::Tensor& k,
                            const at::Tensor& cos, const at::Tensor& sin,
                            const at::Tensor& positions, const std::optional<at::Tensor>& q_nope,

@@ -134,6 +134,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> host_apply_qk_fp8(
     const std::optional<at::Tensor>& k_nope, const std::optional<at::Tensor>& q_scale,
     const std::optional<at::Tensor>& k_scale, std::optional<at::ScalarType> dtype, bool interleaved,
     bool multiply_by_scale, at::OptionalIntArrayRef mrope_section, bool mrope_interleaved);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> host_apply_qk_fp8_dynamic(
+    CaseContext& ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+    const at::Tensor& sin, const at::Tensor& positions, std::optional<at::ScalarType> dtype,
+    bool interleaved, bool per_token, bool pow2_scale, at::OptionalIntArrayRef mrope_section,
+    bool mrope_interleaved);
 std::tuple<at::Tensor, at::Tensor> host_mla_apply_cache(
     CaseContext& ctx, const at::Tensor& q_pe, const at::Tensor& k_pe, const at::Tensor& kv_c,
     const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,

@@ -757,10 +757,10 @@ MUTANTS += [
     Mutant(
         "streams-half-split-b-store-in-source-bytes",
         STREAMS,
-        "    store_chunk<kVector, T>(st.target, static_cast<char*>(dst) + half * tbytes, first,"
-        " half,",
-        "    store_chunk<kVector, T>(st.target, static_cast<char*>(dst) + half * sizeof(T), first,"
-        " half,",
+        "    emit_chunk<kVector, T>(st.target, static_cast<char*>(dst) + half * tbytes, first,"
+        " half, b,",
+        "    emit_chunk<kVector, T>(st.target, static_cast<char*>(dst) + half * sizeof(T), first,"
+        " half, b,",
         "half split: the b half of an fp8 row placed by the source's element size",
     ),
     Mutant(
@@ -780,8 +780,8 @@ MUTANTS += [
     Mutant(
         "streams-heads-unravel",
         STREAMS,
-        "  const QuotRem th = div_rem(row_index, st.heads);",
-        "  const QuotRem th = div_rem(row_index, sp.lanes);",
+        "  const QuotRem th = div_rem(lr.quot, st.heads);",
+        "  const QuotRem th = div_rem(lr.quot, sp.lanes);",
         "rows unravelled by lanes instead of heads",
     ),
     Mutant(
@@ -823,9 +823,16 @@ MUTANTS += [
     Mutant(
         "streams-scale-not-read",
         STREAMS,
-        "  const float scale = t.scale != nullptr ? __ldg(t.scale) : 1.0f;",
-        "  const float scale = 1.0f;",
+        "    sink.scale = __ldg(st.target.scale);",
+        "    sink.scale = 1.0f;",
         "the fp8 scale never read",
+    ),
+    Mutant(
+        "streams-norm-scale-not-read",
+        STREAMS,
+        "    sink.scale = __ldg(tg.scale);",
+        "    sink.scale = 1.0f;",
+        "a norm stream's fp8 scale never read",
     ),
     Mutant(
         "streams-norm-eps-outside-sqrt",
@@ -960,6 +967,63 @@ MUTANTS += [
         "    sp.span = sp.threads;",
         "a stream's segment starts mid-warp: a norm row's 16 threads straddle two half-warps",
     ),
+    # Dynamic fp8 scales: a half-warp per scale group, its maxima folded by shuffles.
+    Mutant(
+        "streams-amax-shuffle-offset",
+        STREAMS,
+        "  for (int step = 8; step >= 1; step /= 2) {\n    m = fold_amax(",
+        "  for (int step = 4; step >= 1; step /= 2) {\n    m = fold_amax(",
+        "the group's maxima folded from 8 threads: the other 8 threads' maxima never meet them",
+    ),
+    Mutant(
+        "streams-amax-lane-out-of-mask",
+        STREAMS,
+        "  const unsigned mask = 0xffffu << (threadIdx.x & 16u);  // the group's half-warp",
+        "  const unsigned mask = 0x7fffu << (threadIdx.x & 16u);  // the group's half-warp",
+        "the scale group's last thread left out of the amax shuffles' mask",
+    ),
+    Mutant(
+        "streams-dynamic-not-measured",
+        STREAMS,
+        "  for (int pass = sp.dynamic ? 0 : 1; pass < 2; ++pass) {",
+        "  for (int pass = 1; pass < 2; ++pass) {",
+        "dynamic scales never measured: the rows stored with scale 1, no scale written",
+    ),
+    Mutant(
+        "streams-dynamic-drop-not-agreed",
+        STREAMS,
+        "    if (group_any(dropped)) {",
+        "    if (dropped) {",
+        "a dropped row's threads leave alone: the group's other threads shuffle with exited lanes",
+    ),
+    Mutant(
+        "streams-dynamic-scale-index",
+        STREAMS,
+        "      store_scalar(tg.scales + t * tg.scale_token_stride + h0 * tg.scale_head_stride, ",
+        "      store_scalar(tg.scales + t * tg.scale_token_stride + h0, ",
+        "a per-row scale written at the head's index without its stride",
+    ),
+    Mutant(
+        "streams-per-token-first-head",
+        STREAMS,
+        "    for (int64_t i = lane; i < sp.group_heads * sp.lanes; i += kRowLanes) {",
+        "    for (int64_t i = lane; i < sp.lanes; i += kRowLanes) {",
+        "a per-token group measures and stores its first head only",
+    ),
+    Mutant(
+        "kv-pow2-rounded-down",
+        "kv_cache_args.h",
+        "  return fp32_from((fp32_bits(scale) + 0x007FFFFFu) & 0xFF800000u);",
+        "  return fp32_from(fp32_bits(scale) & 0xFF800000u);",
+        "power-of-two scales rounded down: the largest values saturate",
+    ),
+    Mutant(
+        "kv-dynamic-zero-amax",
+        "kv_cache_args.h",
+        "  if (amax == A(0)) {\n    scale = 1.0f;\n  } else if",
+        "  if (false) {\n    scale = 1.0f;\n  } else if",
+        "an all-zero group gets scale 0: its rows store 0 / 0, NaN",
+    ),
     Mutant(
         "qk-fp8-no-device-guard",
         "cuda/common_glue.h",
@@ -1048,6 +1112,7 @@ MUTANTS += [
         "static_cast<const T*>(st.src) +\n"
         "      static_cast<int32_t>(t * st.token_stride + h * st.head_stride);",
         "a source row's element offset held in 32 bits (a source view past 2^31 elements)",
+        copies=2,
     ),
     Mutant(
         "streams-cache-row-32-bit",
@@ -1059,8 +1124,8 @@ MUTANTS += [
     Mutant(
         "streams-rotating-lane-stores-into-tail",
         STREAMS,
-        "    store_chunk<kVector, T>(st.target, dst, first, R, v);\n  } else {",
-        "    store_chunk<kVector, T>(st.target, dst, first, st.width, v);\n  } else {",
+        "    emit_chunk<kVector, T>(st.target, dst, first, R, v, sink);\n  } else {",
+        "    emit_chunk<kVector, T>(st.target, dst, first, st.width, v, sink);\n  } else {",
         "the last rotating lane also stores the first tail features, which the tail lane rewrites "
         "(a race the serial order hides)",
     ),

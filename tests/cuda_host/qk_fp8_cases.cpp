@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// Host-run cases of rope.apply_qk_fp8 and rope.apply_qk_fp8.out (serving_cases.h).
+// Host-run cases of rope.apply_qk_fp8, rope.apply_qk_fp8.out and rope.apply_qk_fp8_dynamic
+// (serving_cases.h).
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch_rope/ops.h>
 
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <vector>
@@ -103,6 +105,29 @@ std::string one_qk_fp8_case(uint64_t seed, int64_t index, const CpuVectorPath& c
   const at::OptionalIntArrayRef section =
       axes ? at::OptionalIntArrayRef(axes->section) : at::OptionalIntArrayRef(std::nullopt);
   const bool section_interleaved = axes && axes->interleaved;
+  // rope.apply_qk_fp8_dynamic (scales from the rows; no nope parts, no static scales), with rows
+  // that meet the scales' edges now and then: all zero, tiny (the scale subnormal), an inf, a NaN.
+  const bool dynamic = d.one_in(3);
+  const bool per_token = d.one_in(2);
+  const bool pow2 = d.one_in(2);
+  const bool edge_rows = dynamic && T > 0 && d.one_in(2);
+  if (edge_rows) {
+    const double edges[] = {0.0, 1e-41, std::numeric_limits<double>::infinity(),
+                            std::numeric_limits<double>::quiet_NaN(), -3e4};
+    for (int i = 0; i < 3; ++i) {
+      at::Tensor x = d.one_in(2) ? q : k;
+      if (x.size(1) == 0 || x.size(2) == 0) {
+        continue;
+      }
+      at::Tensor row = x.select(0, d.pick(T)).select(0, d.pick(x.size(1)));
+      const double e = edges[d.pick(5)];
+      if (e == 0.0 || e == 1e-41 || d.one_in(2)) {
+        row.fill_(e == 1e-41 && dtype != at::kDouble ? 1e-38 : e);  // below 448 * 2^-126
+      } else {
+        row.select(0, d.pick(row.size(0))).fill_(e);
+      }
+    }
+  }
 
   std::ostringstream described;
   described << c10::toString(dtype) << (tables_double ? " (double tables)" : "") << " q"
@@ -128,9 +153,30 @@ std::string one_qk_fp8_case(uint64_t seed, int64_t index, const CpuVectorPath& c
     before.push_back(t.clone());
   }
 
+  if (dynamic) {
+    described << ", dynamic " << (per_token ? "per-token" : "per-row") << (pow2 ? " pow2" : "")
+              << (edge_rows ? ", edge rows" : "");
+  }
+
   NamedTensors got, want;
   try {
-    if (functional) {
+    if (dynamic) {
+      const std::optional<at::ScalarType> asked =
+          fp8 != at::kFloat8_e4m3fn ? std::optional<at::ScalarType>(fp8) : std::nullopt;
+      const auto cpu = rope::apply_qk_fp8_dynamic(q, k, cos, sin, positions, asked, interleaved,
+                                                  per_token, pow2, section, section_interleaved);
+      const auto host =
+          host_apply_qk_fp8_dynamic(ctx, q, k, cos, sin, positions, asked, interleaved, per_token,
+                                    pow2, section, section_interleaved);
+      want = {{"q_out", std::get<0>(cpu)},
+              {"k_out", std::get<1>(cpu)},
+              {"q_scale", std::get<2>(cpu)},
+              {"k_scale", std::get<3>(cpu)}};
+      got = {{"q_out", std::get<0>(host)},
+             {"k_out", std::get<1>(host)},
+             {"q_scale", std::get<2>(host)},
+             {"k_scale", std::get<3>(host)}};
+    } else if (functional) {
       const std::optional<at::ScalarType> asked = explicit_dtype || fp8 != at::kFloat8_e4m3fn
                                                       ? std::optional<at::ScalarType>(fp8)
                                                       : std::nullopt;
@@ -216,6 +262,12 @@ std::string one_qk_fp8_case(uint64_t seed, int64_t index, const CpuVectorPath& c
   hit("qk_fp8: half split", !interleaved);
   hit("qk_fp8: float64", dtype == at::kDouble);
   hit("qk_fp8: float64 tables", tables_double);
+  hit("qk_fp8 dynamic: per-row scales", dynamic && !per_token && T > 0);
+  hit("qk_fp8 dynamic: per-token scales", dynamic && per_token && T > 0);
+  hit("qk_fp8 dynamic: power-of-two scales", dynamic && pow2 && T > 0);
+  hit("qk_fp8 dynamic: edge rows", edge_rows);
+  hit("qk_fp8 dynamic: a per-token group of more than 16 lanes",
+      dynamic && per_token && Hq * D > 16 * 16);
   (void)cpu_path;
   return described.str();
 }

@@ -16,6 +16,10 @@
 //     rows and heads, other slots, guard bytes), a negative slot writes nothing for its by-slot
 //     targets, and a slot or position out of range trips the device assert and writes nothing
 //     for the rows it concerns;
+//   - dynamic fp8 scales (per row or per token, maybe powers of two): the scale the kernel wrote
+//     within the rounding of the reference amax / max (a power of two at or above it, below
+//     twice it), the values then checked as above against that scale, guards around the scales
+//     kept;
 //   - both the vector path (16-byte accesses) and the scalar path are taken (a coverage gate).
 // Torch-free: built with tests/cuda_host/CMakeLists.txt's kernel flags. The mutation check builds
 // it against mutated copies of the headers and requires a failure.
@@ -133,6 +137,13 @@ struct StreamCase {
   ScaleRule rule = ScaleRule::kDivide;
   float scale = 1;
   bool has_scale = true;
+  // Dynamic scales (tensor fp8 targets): one per (token, head) row, or per token; written by the
+  // kernel into `scales` (guard values around them must survive).
+  bool dynamic = false;
+  bool per_token = false;
+  bool pow2 = false;
+  std::vector<float> scales;
+  int64_t scale_offset = 2;    // guard floats before scale 0
   std::vector<double> weight;  // norm: weight + offset as given to the kernel (math type values)
   Buffer src, dst;
   std::vector<unsigned char> weight_bytes;
@@ -286,6 +297,22 @@ bool run_case(uint64_t seed, int64_t index, Checker& check) {
     c.dst.before = c.dst.bytes;
     c.written.assign(c.dst.bytes.size(), 0);
     tg.data = c.dst.at();
+    c.dynamic = !c.by_slot && c.format != CacheFormat::kSame && pick(rng, 0, 2) == 0;
+    if (c.dynamic) {
+      c.per_token = pick(rng, 0, 1) == 1 && !c.norm;  // per-token groups take no norm
+      c.pow2 = pick(rng, 0, 1) == 1;
+      c.rule = ScaleRule::kDivide;  // dynamic scales divide
+      tg.rule = c.rule;
+      // Scales (T, heads or 1) with a head stride of 1 or 2 and maybe a padded token stride.
+      const int64_t head_stride = c.per_token ? 0 : pick(rng, 1, 2);
+      const int64_t token_stride = (c.per_token ? 1 : c.heads * head_stride) + pick(rng, 0, 1);
+      c.scales.assign(static_cast<size_t>(T * token_stride + 2 * c.scale_offset), -7.0f);
+      tg.scales = c.scales.data() + c.scale_offset;
+      tg.scale_token_stride = token_stride;
+      tg.scale_head_stride = head_stride;
+      tg.per_token = c.per_token;
+      tg.pow2_scale = c.pow2;
+    }
     // Norm weights (math type: double for double storage, else float).
     if (c.norm) {
       const bool acc_double = storage == Storage::kDouble;
@@ -308,7 +335,7 @@ bool run_case(uint64_t seed, int64_t index, Checker& check) {
   // Scales: one float each, read by the kernel when the target is fp8 and has_scale.
   for (int32_t i = 0; i < num_streams; ++i) {
     StreamCase& c = cs[static_cast<size_t>(i)];
-    a.streams[i].target.scale = c.format != CacheFormat::kSame && c.has_scale
+    a.streams[i].target.scale = c.format != CacheFormat::kSame && c.has_scale && !c.dynamic
                                     ? &scale_values[static_cast<size_t>(i)]
                                     : nullptr;
     if (a.streams[i].target.scale == nullptr) {
@@ -395,18 +422,21 @@ bool run_case(uint64_t seed, int64_t index, Checker& check) {
   check.where = buf;
   for (int32_t i = 0; i < num_streams; ++i) {
     const StreamCase& c = cs[static_cast<size_t>(i)];
-    std::snprintf(buf, sizeof(buf),
-                  "\n      stream %d: heads %lld width %lld rot %lld%s -> %s%s %s %s scale %g%s%s",
-                  i, static_cast<long long>(c.heads), static_cast<long long>(c.width),
-                  static_cast<long long>(c.rotary_dim), c.norm ? " norm" : "",
-                  c.by_slot ? (c.paged ? "paged cache" : "flat cache") : "tensor",
-                  a.streams[i].target.feature_offset ? " (feature offset)" : "",
-                  c.format == CacheFormat::kSame      ? "same"
-                  : c.format == CacheFormat::kFp8E4M3 ? "e4m3fn"
-                                                      : "e5m2",
-                  c.rule == ScaleRule::kMultiply ? "multiply" : "divide", c.scale,
-                  c.misaligned_src ? " src-misaligned" : "",
-                  c.misaligned_dst ? " dst-misaligned" : "");
+    std::snprintf(
+        buf, sizeof(buf),
+        "\n      stream %d: heads %lld width %lld rot %lld%s -> %s%s %s %s scale %g%s%s%s", i,
+        static_cast<long long>(c.heads), static_cast<long long>(c.width),
+        static_cast<long long>(c.rotary_dim), c.norm ? " norm" : "",
+        c.by_slot ? (c.paged ? "paged cache" : "flat cache") : "tensor",
+        a.streams[i].target.feature_offset ? " (feature offset)" : "",
+        c.format == CacheFormat::kSame      ? "same"
+        : c.format == CacheFormat::kFp8E4M3 ? "e4m3fn"
+                                            : "e5m2",
+        c.rule == ScaleRule::kMultiply ? "multiply" : "divide", c.scale,
+        c.misaligned_src ? " src-misaligned" : "", c.misaligned_dst ? " dst-misaligned" : "",
+        !c.dynamic    ? ""
+        : c.per_token ? (c.pow2 ? " dynamic per-token pow2" : " dynamic per-token")
+                      : (c.pow2 ? " dynamic per-row pow2" : " dynamic per-row"));
     check.where += buf;
   }
 
@@ -480,6 +510,61 @@ bool run_case(uint64_t seed, int64_t index, Checker& check) {
   auto table = [&](const std::vector<double>& v, int64_t p, int64_t k) {
     return v[static_cast<size_t>(p * tables.table_stride + k)];
   };
+  // The reference values of row (t, h) of stream i: x as read, y normalised and rotated in
+  // double, bound the magnitudes its rounding errors scale with; false when a position of the row
+  // is out of range (the row asserts and writes nothing).
+  const auto row_reference = [&](int32_t i, int64_t t, int64_t h, std::vector<double>& x,
+                                 std::vector<double>& y, std::vector<double>& bound) {
+    StreamCase& c = cs[static_cast<size_t>(i)];
+    const RowStream& st = a.streams[i];
+    // Positions of the row (per axis) and whether all are in range.
+    int64_t rows[rope::kMaxAxes] = {};
+    bool in_range = true;
+    if (c.rotary_dim > 0) {
+      const int64_t off = t * pos_token_stride + h * pos_head_stride;
+      for (int64_t ax = 0; ax < axes_n; ++ax) {
+        const int64_t p = pos[static_cast<size_t>(off + ax * a.axis_stride)];
+        in_range = in_range && p >= 0 && p < max_seq_len;
+        rows[ax] = p;
+      }
+    }
+    if (!in_range) {
+      return false;
+    }
+    // x, norm, rotation in double.
+    x.assign(static_cast<size_t>(c.width), 0.0);
+    bound.assign(static_cast<size_t>(c.width), 0.0);
+    for (int64_t j = 0; j < c.width; ++j) {
+      x[j] = load_value(c.src.at(), t * st.token_stride + h * st.head_stride + j, storage);
+    }
+    y = x;
+    double r = 1.0;
+    if (c.norm) {
+      double ss = 0;
+      for (double v : x) {
+        ss += v * v;
+      }
+      r = 1.0 / std::sqrt(ss / static_cast<double>(c.width) + eps);
+      for (int64_t j = 0; j < c.width; ++j) {
+        y[j] = x[j] * r * c.weight[static_cast<size_t>(j)];
+      }
+    }
+    for (int64_t j = 0; j < c.width; ++j) {
+      bound[j] = std::fabs(y[j]);
+    }
+    const std::vector<double> n = y;
+    for (int64_t k = 0; k < c.rotary_dim / 2; ++k) {
+      const int64_t ia = interleaved ? 2 * k : k;
+      const int64_t ib = interleaved ? 2 * k + 1 : k + c.rotary_dim / 2;
+      const int32_t axis = tables.axes.num_axes > 0 ? rope::axis_of_plane(tables.axes, k) : 0;
+      const double co = table(cos_v, rows[axis], k);
+      const double si = table(sin_v, rows[axis], k);
+      y[ia] = n[ia] * co - n[ib] * si;
+      y[ib] = n[ia] * si + n[ib] * co;
+      bound[ia] = bound[ib] = std::fabs(n[ia]) + std::fabs(n[ib]);
+    }
+    return true;
+  };
   for (int32_t i = 0; i < num_streams; ++i) {
     StreamCase& c = cs[static_cast<size_t>(i)];
     const RowStream& st = a.streams[i];
@@ -493,50 +578,62 @@ bool run_case(uint64_t seed, int64_t index, Checker& check) {
       }
       for (int64_t h = 0; h < c.heads; ++h) {
         const int64_t row = c.by_slot ? rope::slot_row(tg, slot, h) : rope::token_row(tg, t, h);
-        // Positions of the row (per axis) and whether all are in range.
-        int64_t rows[rope::kMaxAxes] = {};
-        bool in_range = true;
-        if (c.rotary_dim > 0) {
-          const int64_t off = t * pos_token_stride + h * pos_head_stride;
-          for (int64_t ax = 0; ax < axes_n; ++ax) {
-            const int64_t p = pos[static_cast<size_t>(off + ax * a.axis_stride)];
-            in_range = in_range && p >= 0 && p < max_seq_len;
-            rows[ax] = p;
-          }
-        }
-        if (!in_range) {
+        std::vector<double> x, y, bound;
+        if (!row_reference(i, t, h, x, y, bound)) {
           continue;  // asserted: the row writes nothing
         }
-        // x, norm, rotation in double.
-        std::vector<double> x(static_cast<size_t>(c.width)), y, bound(static_cast<size_t>(c.width));
-        for (int64_t j = 0; j < c.width; ++j) {
-          x[j] = load_value(c.src.at(), t * st.token_stride + h * st.head_stride + j, storage);
-        }
-        y = x;
-        double r = 1.0;
-        if (c.norm) {
-          double ss = 0;
-          for (double v : x) {
-            ss += v * v;
+        if (c.dynamic && c.per_token) {
+          // A position out of range in any head of the token: the token's group writes nothing.
+          bool all_in_range = true;
+          for (int64_t hh = 0; hh < c.heads; ++hh) {
+            std::vector<double> gx, gy, gb;
+            all_in_range = all_in_range && row_reference(i, t, hh, gx, gy, gb);
           }
-          r = 1.0 / std::sqrt(ss / static_cast<double>(c.width) + eps);
-          for (int64_t j = 0; j < c.width; ++j) {
-            y[j] = x[j] * r * c.weight[static_cast<size_t>(j)];
+          if (!all_in_range) {
+            continue;
           }
         }
-        for (int64_t j = 0; j < c.width; ++j) {
-          bound[j] = std::fabs(y[j]);
-        }
-        const std::vector<double> n = y;
-        for (int64_t k = 0; k < c.rotary_dim / 2; ++k) {
-          const int64_t ia = interleaved ? 2 * k : k;
-          const int64_t ib = interleaved ? 2 * k + 1 : k + c.rotary_dim / 2;
-          const int32_t axis = tables.axes.num_axes > 0 ? rope::axis_of_plane(tables.axes, k) : 0;
-          const double co = table(cos_v, rows[axis], k);
-          const double si = table(sin_v, rows[axis], k);
-          y[ia] = n[ia] * co - n[ib] * si;
-          y[ib] = n[ia] * si + n[ib] * co;
-          bound[ia] = bound[ib] = std::fabs(n[ia]) + std::fabs(n[ib]);
+        if (c.dynamic) {
+          // The group's scale as the kernel wrote it, checked against the reference amax; the
+          // features are then checked against that scale below.
+          const float got_scale = c.scales[static_cast<size_t>(
+              c.scale_offset + t * tg.scale_token_stride + h * tg.scale_head_stride)];
+          if (h == 0 || !c.per_token) {
+            double amax = 0, amax_err = 0;
+            for (int64_t hh = c.per_token ? 0 : h; hh < (c.per_token ? c.heads : h + 1); ++hh) {
+              std::vector<double> gx, gy, gb;
+              row_reference(i, t, hh, gx, gy, gb);
+              for (size_t j = 0; j < gy.size(); ++j) {
+                if (std::fabs(gy[j]) > amax) {
+                  amax = std::fabs(gy[j]);
+                  amax_err = (c.norm ? 64.0 * c.width : 4.0) * math_ulp * gb[j] + 1e-6 * amax;
+                }
+              }
+            }
+            const double fmax = fp8::max_finite(e4m3);
+            const double want = amax / fmax;
+            const double tol = amax_err / fmax + 1e-300;
+            bool ok;
+            if (amax == 0) {
+              ok = got_scale == 1.0f;
+            } else if (c.pow2) {
+              int e = 0;
+              const double m = std::frexp(static_cast<double>(got_scale), &e);
+              ok = m == 0.5 && got_scale >= want - tol && got_scale < 2 * (want + tol);
+            } else {
+              ok = std::fabs(got_scale - want) <= tol + 6e-8 * want;
+            }
+            if (!ok) {
+              char m[300];
+              std::snprintf(m, sizeof(m),
+                            "stream %d token %lld head %lld: dynamic scale %.9g, want %.9g "
+                            "(amax %.9g%s)",
+                            i, static_cast<long long>(t), static_cast<long long>(h), got_scale,
+                            want, amax, c.pow2 ? ", rounded up to a power of two" : "");
+              return check.fail(m);
+            }
+          }
+          c.scale = got_scale;
         }
         // Compare each feature.
         for (int64_t j = 0; j < c.width; ++j) {
@@ -633,6 +730,23 @@ bool run_case(uint64_t seed, int64_t index, Checker& check) {
   // Nothing else changed: the sources, and every byte of the targets the call may not write.
   for (int32_t i = 0; i < num_streams; ++i) {
     const StreamCase& c = cs[static_cast<size_t>(i)];
+    if (c.dynamic) {
+      // Every float that is not a group's scale keeps its guard value (-7).
+      const StreamTarget& tg = a.streams[i].target;
+      std::vector<char> is_scale(c.scales.size(), 0);
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t h = 0; h < (c.per_token ? 1 : c.heads); ++h) {
+          is_scale[static_cast<size_t>(c.scale_offset + t * tg.scale_token_stride +
+                                       h * tg.scale_head_stride)] = 1;
+        }
+      }
+      for (size_t j = 0; j < c.scales.size(); ++j) {
+        if (!is_scale[j] && c.scales[j] != -7.0f) {
+          return check.fail("stream " + std::to_string(i) + ": a store outside its scales, at " +
+                            std::to_string(static_cast<long long>(j) - c.scale_offset));
+        }
+      }
+    }
     if (c.src.bytes != c.src.before) {
       return check.fail("stream " + std::to_string(i) + ": its source changed");
     }
@@ -663,7 +777,13 @@ bool run_case(uint64_t seed, int64_t index, Checker& check) {
         rows && c.format == CacheFormat::kFp8E4M3 && c.rule == ScaleRule::kMultiply);
     hit("fp8 e5m2, divide",
         rows && c.format == CacheFormat::kFp8E5M2 && c.rule == ScaleRule::kDivide);
-    hit("fp8 without a scale", rows && c.format != CacheFormat::kSame && !c.has_scale);
+    hit("fp8 without a scale",
+        rows && c.format != CacheFormat::kSame && !c.has_scale && !c.dynamic);
+    hit("dynamic per-row scales", rows && c.dynamic && !c.per_token);
+    hit("dynamic per-token scales", rows && c.dynamic && c.per_token && c.heads > 1);
+    hit("dynamic power-of-two scales", rows && c.dynamic && c.pow2);
+    hit("dynamic scales, norm", rows && c.dynamic && c.norm);
+    hit("dynamic scales, vector path", rows && c.dynamic && plan.plan[i].vector);
   }
   hit("multi-axis positions", T > 0 && multi_axis);
   hit("multi-axis, axis first", T > 0 && axis_first);

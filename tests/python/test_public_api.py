@@ -41,6 +41,7 @@ PUBLIC = {
         "apply_qk",
         "apply_qk_cache",
         "apply_qk_fp8",
+        "apply_qk_fp8_dynamic",
         "cmake_prefix_path",
         "compiled_with_cuda",
         "distributed",
@@ -59,6 +60,7 @@ PUBLIC = {
         "apply_qk",
         "apply_qk_cache",
         "apply_qk_fp8",
+        "apply_qk_fp8_dynamic",
         "eager_fast_path",
         "mla_apply_cache",
         "rms_norm_apply_qk",
@@ -218,6 +220,12 @@ SCHEMAS = {
         "bool interleaved=True, bool multiply_by_scale=False, int[]? mrope_section=None, "
         "bool mrope_interleaved=False, Tensor(a!) q_out, Tensor(b!) k_out, "
         "Tensor(c!)? q_nope_out=None, Tensor(d!)? k_nope_out=None) -> ()"
+    ),
+    "apply_qk_fp8_dynamic.default": (
+        "rope::apply_qk_fp8_dynamic(Tensor q, Tensor k, Tensor cos, Tensor sin, "
+        "Tensor positions, *, ScalarType? dtype=None, bool interleaved=True, "
+        "bool per_token=False, bool pow2_scale=False, int[]? mrope_section=None, "
+        "bool mrope_interleaved=False) -> (Tensor, Tensor, Tensor, Tensor)"
     ),
     "mla_apply_cache.default": (
         "rope::mla_apply_cache(Tensor q_pe, Tensor k_pe, Tensor kv_c, Tensor cos, Tensor sin, "

@@ -243,6 +243,19 @@ void apply_qk_fp8_out(at::Tensor& q_out, at::Tensor& k_out,
                       at::OptionalIntArrayRef mrope_section = std::nullopt,
                       bool mrope_interleaved = false);
 
+// apply_qk_fp8 with dynamic scales: q and k rotated, then quantized with scales computed from the
+// rotated rows, amax / (the fp8 dtype's largest value) over each (token, head) row, or over all
+// heads of a token with per_token, rounded up to a power of two with pow2_scale (UE8M0). Returns
+// (q_out, k_out, q_scale, k_scale): the float8 rows and float32 scales (T, Hq, 1) and (T, Hk, 1)
+// ((T, 1, 1) with per_token), so that q_out.to(float) * q_scale dequantizes. amax 0 gives scale 1;
+// an inf in a row gives scale inf (2^127 with pow2_scale), a NaN gives NaN. See
+// docs/quant_formats.md.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_qk_fp8_dynamic(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+    const at::Tensor& positions, std::optional<at::ScalarType> dtype = std::nullopt,
+    bool interleaved = true, bool per_token = false, bool pow2_scale = false,
+    at::OptionalIntArrayRef mrope_section = std::nullopt, bool mrope_interleaved = false);
+
 // MLA (multi-head latent attention, DeepSeek-V2/V3) cache rows: rotates q_pe (T, H, R) and the
 // single-head k_pe (T, R) at positions (T, 1), writes [kv_c | k_pe] rows into kv_cache (width
 // kv_lora_rank + R; kpe_cache = nullopt) or kv_c's rows into kv_cache and k_pe's into kpe_cache,

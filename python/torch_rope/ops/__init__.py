@@ -41,7 +41,7 @@ from .kv_cache import apply_qk_cache  # noqa: F401  (RoPE into a KV cache)
 from .kv_cache_norm import rms_norm_apply_qk_cache  # noqa: F401  (QK-RMSNorm + RoPE + cache)
 from .mla import mla_apply_cache  # noqa: F401  (MLA cache rows)
 from .qk import apply_qk  # noqa: F401
-from .qk_fp8 import apply_qk_fp8  # noqa: F401  (RoPE with float8 q and k)
+from .qk_fp8 import apply_qk_fp8, apply_qk_fp8_dynamic  # noqa: F401  (RoPE with float8 q and k)
 from .rms_norm import rms_norm_apply_qk  # noqa: F401  (fused QK-RMSNorm + RoPE)
 from .rotation import apply, apply_, eager_fast_path  # noqa: F401
 from .tables import rope_tables  # noqa: F401

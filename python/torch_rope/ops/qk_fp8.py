@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""The typed wrapper of ``torch.ops.rope.apply_qk_fp8`` (and its ``out=`` overload): RoPE with
-float8 q and k (docs/api.md, "RoPE with float8 q and k"). Re-exported by :mod:`torch_rope.ops`
-and :mod:`torch_rope`."""
+"""The typed wrappers of ``torch.ops.rope.apply_qk_fp8`` (and its ``out=`` overload) and of
+``torch.ops.rope.apply_qk_fp8_dynamic`` (scales computed from the rows): RoPE with float8 q and k
+(docs/api.md, "RoPE with float8 q and k"). Re-exported by :mod:`torch_rope.ops` and
+:mod:`torch_rope`."""
 
 from typing import Optional, Sequence, Tuple
 
@@ -120,5 +121,53 @@ def apply_qk_fp8(
         interleaved=interleaved,
         multiply_by_scale=multiply_by_scale,
         mrope_section=_section(_OP, mrope_section),
+        mrope_interleaved=mrope_interleaved,
+    )
+
+
+_apply_qk_fp8_dynamic = torch.ops.rope.apply_qk_fp8_dynamic.default
+_DYNAMIC_OP = "rope.apply_qk_fp8_dynamic"
+
+
+def apply_qk_fp8_dynamic(
+    q: Tensor,
+    k: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    positions: Tensor,
+    *,
+    dtype: Optional[torch.dtype] = None,
+    interleaved: bool = True,
+    per_token: bool = False,
+    pow2_scale: bool = False,
+    mrope_section: Optional[Sequence[int]] = None,
+    mrope_interleaved: bool = False,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Rotate ``q`` and ``k`` as :func:`apply_qk` and return them as float8 with scales computed
+    from the rotated rows in the same pass: ``(q_out, k_out, q_scale, k_scale)``.
+
+    ``q`` ``(T, Hq, D)``, ``k`` ``(T, Hk, D)`` (the first ``rotary_dim`` features rotate, the rest
+    pass through). Each (token, head) row gets one float32 scale ``amax / max`` of its rotated
+    values (``max``: 448 for ``torch.float8_e4m3fn``, the default ``dtype``, 57344 for
+    ``torch.float8_e5m2``), or with ``per_token=True`` one scale for all heads of a token;
+    ``pow2_scale=True`` rounds each scale up to a power of two (UE8M0, as DeepSeek's recipes
+    store them). The rows store ``(value / scale).clamp(-max, max).to(dtype)`` of the float32
+    value, bit for bit as torch. ``q_scale`` is ``(T, Hq, 1)`` (``(T, 1, 1)`` per token), so
+    ``q_out.float() * q_scale`` dequantizes. An all-zero row gets scale 1; a row with an
+    infinity gets scale inf (``2**127`` with ``pow2_scale``), one with a NaN scale NaN
+    (docs/quant_formats.md has the table). Not differentiable.
+    """
+    require_sources(_DYNAMIC_OP, cos, sin, positions)
+    return _apply_qk_fp8_dynamic(
+        q,
+        k,
+        cos,
+        sin,
+        positions,
+        dtype=dtype,
+        interleaved=interleaved,
+        per_token=per_token,
+        pow2_scale=pow2_scale,
+        mrope_section=_section(_DYNAMIC_OP, mrope_section),
         mrope_interleaved=mrope_interleaved,
     )

@@ -1981,6 +1981,76 @@ register_family(
 )
 
 
+# ---- family: qk_fp8_dynamic (apply_qk_fp8_dynamic) ----------------------------------------------
+# The valid call: q (5, 4, 80), k (5, 2, 80), tables (64, 24) (rotary_dim 48), positions (5, 1).
+# The checks are apply_qk_fp8's (one body); these cases hold the dynamic op to them.
+
+QK_FP8_DYNAMIC_OPS = ("apply_qk_fp8_dynamic", "raw.apply_qk_fp8_dynamic")
+
+
+def _qk_fp8_dynamic_good_inputs(device):
+    cos, sin = make_tables(64, 48, device)
+    return dict(
+        q=torch.randn(5, 4, 80, device=device),
+        k=torch.randn(5, 2, 80, device=device),
+        cos=cos,
+        sin=sin,
+        positions=(torch.arange(5, device=device) * 7).view(5, 1),
+    )
+
+
+def _qk_fp8_dynamic_call(op, args):
+    a = dict(args)
+    tensors = [a.pop(n) for n in ("q", "k", "cos", "sin", "positions")]
+    if op == "raw.apply_qk_fp8_dynamic":
+        return torch.ops.rope.apply_qk_fp8_dynamic(*tensors, **a)
+    return torch_rope.apply_qk_fp8_dynamic(*tensors, **a)
+
+
+QK_FP8_DYNAMIC_BAD_INPUTS = {
+    "qk_fp8_dynamic_q_2d": Bad(
+        lambda a: a.update(q=a["q"][:, 0]),
+        RuntimeError,
+        r"q must be 3-D \(num_tokens, num_heads, head_dim\), got shape \[5, 80\]",
+    ),
+    "qk_fp8_dynamic_k_tokens": Bad(
+        lambda a: a.update(k=a["k"][:4]),
+        RuntimeError,
+        r"k\.size\(0\) \(tokens\) must equal q\.size\(0\) = 5, got k of shape \[4, 2, 80\]",
+    ),
+    "qk_fp8_dynamic_k_dtype": Bad(
+        lambda a: a.update(k=a["k"].double()),
+        RuntimeError,
+        r"q and k must have the same dtype, got q Float and k Double",
+    ),
+    "qk_fp8_dynamic_dtype_not_fp8": Bad(
+        lambda a: a.update(dtype=torch.bfloat16),
+        RuntimeError,
+        r"dtype must be a float8 dtype \(torch\.float8_e4m3fn or torch\.float8_e5m2\), got "
+        r"BFloat16",
+    ),
+    "qk_fp8_dynamic_position_out_of_range": Bad(
+        lambda a: a["positions"].__setitem__((3, 0), -1),
+        IndexError,
+        r"positions must be in \[0, max_seq_len\) with max_seq_len = cos\.size\(0\) = 64, got -1 "
+        r"at flat index 3",
+        needs_data=True,
+    ),
+}
+
+register_family(
+    "qk_fp8_dynamic",
+    Family(
+        ops=QK_FP8_DYNAMIC_OPS,
+        good_inputs=_qk_fp8_dynamic_good_inputs,
+        call=_qk_fp8_dynamic_call,
+        cases=QK_FP8_DYNAMIC_BAD_INPUTS,
+        op_name=lambda op: "rope.apply_qk_fp8_dynamic",
+        overloads={op: torch.ops.rope.apply_qk_fp8_dynamic.default for op in QK_FP8_DYNAMIC_OPS},
+    ),
+)
+
+
 # ---- family: mla_cache (mla_apply_cache) -------------------------------------------------------
 # The valid call: q_pe (7, 4, 16), k_pe (7, 16), kv_c (7, 40), tables (64, 8), positions (7, 1),
 # one paged cache (6, 4, 56) (24 slots), slot_mapping of 7 distinct slots, q_nope (7, 4, 8).

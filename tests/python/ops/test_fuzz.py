@@ -12,7 +12,8 @@ seed, so a failure shrinks to a small geometry.
   sin negated, which is the transpose for any tables, rotations or not), and a call with one bad
   position must raise and write nothing.
 * **rms_norm** (rms_norm_apply_qk), **kv_cache** (apply_qk_cache), **forms** (the freqs= and
-  packed-sequence overloads), **qk_fp8** (apply_qk_fp8, .out), **mla_cache** (mla_apply_cache) and
+  packed-sequence overloads), **qk_fp8** (apply_qk_fp8, .out), **qk_fp8_dynamic**
+  (apply_qk_fp8_dynamic), **mla_cache** (mla_apply_cache) and
   **norm_cache** (rms_norm_apply_qk_cache): each drawn call becomes a sample of samples.py and is
   judged by that family's own check (the one the sample matrix runs); the norm's four gradients
   against the differentiated oracle; bad positions and slots must raise and leave every cache
@@ -37,6 +38,7 @@ from samples import (
     KvCacheSample,
     MlaSample,
     NormCacheSample,
+    QkFp8DynamicSample,
     QkFp8Sample,
     RmsNormSample,
     fp8_out_buffer,
@@ -1154,6 +1156,60 @@ def test_fuzz_apply_qk_fp8_against_float64_reference(case, device):
 @given(case=qk_fp8_cases())
 def test_fuzz_apply_qk_fp8_against_float64_reference_many(case, device):
     check_qk_fp8_case(case, device)
+
+
+# ---- family: qk_fp8_dynamic (apply_qk_fp8_dynamic) ----------------------------------------------
+# apply_qk_fp8's cases (their nope parts, static scales and out= unused) with scales per row or
+# per token, float32 or powers of two. Compared by samples.QkFp8DynamicSample's check; on the CPU a
+# bad position must raise.
+
+QK_FP8_DYNAMIC_FAST_EXAMPLES = 60
+
+
+@st.composite
+def qk_fp8_dynamic_cases(draw):
+    case = draw(qk_fp8_cases())
+    case.update(per_token=draw(st.booleans()), pow2=draw(st.booleans()))
+    return case
+
+
+def check_qk_fp8_dynamic_case(case: dict, device: str):
+    gen = torch.Generator().manual_seed(case["seed"])
+    T, hq, hk, D = case["tokens"], case["q_heads"], case["k_heads"], case["head_dim"]
+    table_dtype, cos_layout, sin_layout = case["table"]
+    cos = make_table(case["max_seq_len"], case["half"], cos_layout, table_dtype, device, gen)
+    sin = make_table(case["max_seq_len"], case["half"], sin_layout, table_dtype, device, gen)
+    section, mrope_interleaved = case["mrope"]
+    shape = case["pos_shape"] + ((len(section),) if section else ())
+    pos = make_positions(shape, case["max_seq_len"], case["pos_dtype"], False, "cpu", gen)
+    q = make_with_layout((T, hq, D), case["layouts"][0], case["dtype"], device, gen)
+    k = make_with_layout((T, hk, D), case["layouts"][1], case["dtype"], device, gen)
+    bad = case["bad_position"] and device == "cpu" and pos.numel() and T
+    if bad:
+        poison_last_position(pos, case["max_seq_len"], case["seed"])
+    sample = QkFp8DynamicSample(
+        f"fuzz-{case['seed']}", "apply_qk_fp8_dynamic", (q, k), cos, sin, pos.to(device),
+        case["fp8"], per_token=case["per_token"], pow2_scale=case["pow2"],
+        interleaved=case["interleaved"], mrope_section=section,
+        mrope_interleaved=mrope_interleaved,
+    )  # fmt: skip
+    if bad:
+        message = BAD_MESSAGES["position_out_of_range"]
+        with pytest.raises(IndexError, match=r"rope\.apply_qk_fp8_dynamic: " + message):
+            sample.call()
+        return
+    before = sample.snapshot()
+    sample.check(sample.call(), before)
+
+
+fuzzed("qk_fp8_dynamic", torch.ops.rope.apply_qk_fp8_dynamic.default)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@settings(max_examples=QK_FP8_DYNAMIC_FAST_EXAMPLES)
+@given(case=qk_fp8_dynamic_cases())
+def test_fuzz_apply_qk_fp8_dynamic_against_float64_reference(case, device):
+    check_qk_fp8_dynamic_case(case, device)
 
 
 # ---- family: mla_cache (mla_apply_cache) -------------------------------------------------------

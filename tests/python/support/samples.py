@@ -39,6 +39,8 @@ test_samples.py changes. The families:
   parallelism) overloads of the four rope ops;
 * **qk_fp8** - ``apply_qk_fp8`` and ``apply_qk_fp8.out`` (both float8 formats and scale rules,
   no-RoPE parts, out= buffers with padding around them);
+* **qk_fp8_dynamic** - ``apply_qk_fp8_dynamic`` (scales per row and per token, float32 and
+  powers of two, both float8 formats, multi-axis positions, no tokens);
 * **mla_cache** - ``mla_apply_cache`` (one cache or two, flat or paged, float8 caches and q, the
   GQA rows with v);
 * **norm_cache** - ``rms_norm_apply_qk_cache`` (the kv_cache family's geometries and caches with
@@ -2049,6 +2051,162 @@ def qk_fp8_samples(device, requires_grad: bool) -> List[OpSample]:
 
 
 register_family("qk_fp8", QK_FP8_OPS, qk_fp8_samples)
+
+
+# ---- family: qk_fp8_dynamic (apply_qk_fp8_dynamic) ----------------------------------------------
+# q (T, Hq, D), k (T, Hk, D) rotated and stored as float8 with scales computed from the rotated
+# rows: one per (token, head) row or per token, float32 or rounded up to powers of two.
+
+QK_FP8_DYNAMIC_OPS = ("apply_qk_fp8_dynamic",)
+
+
+@dataclass
+class QkFp8DynamicSample(OpSample):
+    """One call of apply_qk_fp8_dynamic. ``inputs``: ``(q, k)``."""
+
+    name: str
+    op: str
+    inputs: Tuple[Tensor, ...]
+    cos: Tensor
+    sin: Tensor
+    positions: Tensor
+    fp8: torch.dtype
+    per_token: bool = False
+    pow2_scale: bool = False
+    interleaved: bool = True
+    mrope_section: Optional[Tuple[int, ...]] = None
+    mrope_interleaved: bool = False
+    opcheck_kwargs = dict(test_utils=FP8_OPCHECK_UTILS)
+
+    @property
+    def overload(self):
+        return torch.ops.rope.apply_qk_fp8_dynamic.default
+
+    @property
+    def differentiable(self) -> bool:
+        return False
+
+    def _kwargs(self) -> dict:
+        kw = dict(
+            dtype=self.fp8, interleaved=self.interleaved, per_token=self.per_token,
+            pow2_scale=self.pow2_scale,
+        )  # fmt: skip
+        if self.mrope_section is not None:
+            kw.update(
+                mrope_section=list(self.mrope_section), mrope_interleaved=self.mrope_interleaved
+            )
+        return kw
+
+    def op_args(self):
+        return (*self.inputs, self.cos, self.sin, self.positions), self._kwargs()
+
+    def call(self, *inputs: Tensor) -> Tuple[Tensor, ...]:
+        q, k = inputs or self.inputs
+        return tuple(
+            torch_rope.apply_qk_fp8_dynamic(q, k, self.cos, self.sin, self.positions,
+                                            **self._kwargs())
+        )  # fmt: skip
+
+    def expected(self, inputs=None) -> Tuple[Tensor, ...]:
+        """The float64 values before quantization: q and k rotated."""
+        q, k = inputs or self.inputs
+        kw = {}
+        if self.mrope_section is not None:
+            kw = dict(mrope_section=self.mrope_section, mrope_interleaved=self.mrope_interleaved)
+        return tuple(
+            ref.rope_with_tables(x, self.cos, self.sin, self.positions,
+                                 interleaved=self.interleaved, **kw)
+            for x in (q, k)
+        )  # fmt: skip
+
+    def snapshot(self):
+        return _clones((*self.inputs, self.cos, self.sin, self.positions))
+
+    def check(self, results, before):
+        q8, k8, q_scale, k_scale = results
+        fmax = ref.FP8_MAX[self.fp8]
+        dims = (-2, -1) if self.per_token else (-1,)
+        for out, scale, x, value in zip((q8, k8), (q_scale, k_scale), before[:2], self.expected()):
+            T, heads = x.shape[:2]
+            assert out.dtype == self.fp8 and out.shape == x.shape and out.is_contiguous()
+            assert scale.dtype == torch.float32 and scale.device == x.device
+            assert scale.shape == (T, 1 if self.per_token else heads, 1)
+            if value.numel() == 0:
+                continue
+            # The scale: the float64 amax / max within the float32 rotation's rounding, or the
+            # power of two at or above it.
+            want = value.abs().amax(dim=dims, keepdim=True) / fmax
+            got = scale.cpu().double()
+            if self.pow2_scale:
+                assert torch.equal(got, torch.exp2(torch.log2(got).round()))
+                assert torch.all(got >= want * (1 - 1e-6))
+                assert torch.all(got < 2 * want * (1 + 1e-6))
+            else:
+                torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+            # The values: within one fp8 step of value / scale.
+            rel, tiny = ref.FP8_STEP[self.fp8]
+            torch.testing.assert_close(
+                out.cpu().double(), (value / got).clamp(-fmax, fmax), rtol=rel, atol=tiny
+            )
+        names = ("q", "k", "cos", "sin", "positions")
+        reads = (*self.inputs, self.cos, self.sin, self.positions)
+        _assert_reads_unchanged(names, reads, before)
+
+
+# (layout, dtype, fp8, tokens, q heads, k heads, head_dim, rotary_dim, interleaved, per_token,
+#  pow2_scale, positions ("token", "per_head", "int32"), (mrope_section, mrope_interleaved))
+# Every dtype, both float8 formats and pair layouts, per row and per token, float32 and
+# power-of-two scales, partial rotary, GQA / MQA, per-head and int32 positions, multi-axis
+# positions, sliced and strided q, no tokens.
+_QK_FP8_DYNAMIC_PLAN = [
+    ("contiguous", torch.bfloat16, E4M3, 5, 4, 2, 128, 128, True, False, False, "token", None),
+    ("fused", torch.float16, E4M3, 4, 4, 1, 64, 32, False, True, True, "int32", None),
+    ("last_dim_strided", torch.float32, E5M2, 3, 3, 3, 32, 16, True, False, True, "per_head",
+     None),
+    ("contiguous", torch.float64, E4M3, 4, 2, 2, 48, 48, False, True, False, "token", None),
+    ("contiguous", torch.bfloat16, E5M2, 4, 4, 2, 64, 64, False, False, False, "token",
+     ((8, 12, 12), False)),
+    ("contiguous", torch.float32, E4M3, 0, 4, 2, 32, 32, True, True, False, "token", None),
+]  # fmt: skip
+
+
+def qk_fp8_dynamic_sample(
+    layout, dtype, fp8, T, hq, hk, D, rotary_dim, interleaved, per_token, pow2, positions_kind,
+    mrope, device,
+) -> QkFp8DynamicSample:  # fmt: skip
+    """One apply_qk_fp8_dynamic sample of a plan row."""
+    q, k = _qk_fp8_inputs(layout, T, hq, hk, D, dtype, device)
+    cos, sin = _tables("real", rotary_dim, dtype, device)
+    if positions_kind == "per_head":
+        positions = torch.randint(0, MAX_SEQ_LEN, (T, hq), device=device)
+    else:
+        positions = torch.randint(0, MAX_SEQ_LEN, (T, 1), device=device)
+        if positions_kind == "int32":
+            positions = positions.to(torch.int32)
+    section, mrope_interleaved = mrope or (None, False)
+    if section is not None:
+        positions = multi_axis_positions(positions, len(section), positions.dtype, True)
+    name = (
+        f"apply_qk_fp8_dynamic-{layout}-{dtype_id(dtype)}-{_fp8_id(fp8)}-t{T}q{hq}k{hk}-"
+        f"d{D}r{rotary_dim}-{'il' if interleaved else 'half'}-"
+        f"{'per_token' if per_token else 'per_row'}{'-pow2' if pow2 else ''}-{positions_kind}"
+        f"{_mrope_id(section, mrope_interleaved) if section is not None else ''}"
+    )
+    return QkFp8DynamicSample(
+        name, "apply_qk_fp8_dynamic", (q, k), cos, sin, positions, fp8, per_token=per_token,
+        pow2_scale=pow2, interleaved=interleaved, mrope_section=section,
+        mrope_interleaved=mrope_interleaved,
+    )  # fmt: skip
+
+
+def qk_fp8_dynamic_samples(device, requires_grad: bool) -> List[OpSample]:
+    """The qk_fp8_dynamic family's samples (none with ``requires_grad``)."""
+    if requires_grad:
+        return []
+    return [qk_fp8_dynamic_sample(*row, device) for row in _QK_FP8_DYNAMIC_PLAN]
+
+
+register_family("qk_fp8_dynamic", QK_FP8_DYNAMIC_OPS, qk_fp8_dynamic_samples)
 
 
 # ---- family: mla_cache (mla_apply_cache) -------------------------------------------------------

@@ -5,8 +5,9 @@
 // The quotients x / scale (or products x * scale, ScaleRule::kMultiply) are IEEE operations, lane
 // by lane (at::vec), so they are the scalar ones; the rounding to fp8 is c10's algorithm. Every
 // copy divides a chunk of the row into an L1 buffer, then rounds it with encode_saturated below,
-// c10's algorithm without branches, a loop the compiler vectorises (16-, 32- and 64-byte vectors;
-// a plain `?:` on the float sum is not if-converted, masks are). Row tails (and float64 rows,
+// c10's algorithm without branches, a loop the compiler vectorises for AVX-512 (a plain `?:` on
+// the float sum is not if-converted, masks are) and the AVX2 copy runs as explicit intrinsics
+// (encode8: GCC left its loop scalar). Row tails (and float64 rows,
 // divided in float64 first) take the same scalar form.
 //
 // Saturation: the quantized value is saturate(x / scale), then rounded as c10 rounds.
@@ -24,6 +25,9 @@
 
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+#if defined(CPU_CAPABILITY_AVX2)
+#include <immintrin.h>
+#endif
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
@@ -134,9 +138,45 @@ inline void scale_chunk(const scalar_t* src, float* out, int64_t n, float scale)
   }
 }
 
+#if defined(CPU_CAPABILITY_AVX2)
+// encode_saturated of 8 values, in AVX2 registers: GCC does not vectorise the scalar loop for
+// AVX2 (it keeps a branch per value: 42% of apply_qk_fp8's bf16 prefill on a Zen 2, 31 ms where
+// apply_qk of the same rows takes 2.9 ms). The same steps lane by lane: the magnitude saturated
+// (a compare that is false for NaN keeps it), c10's normal rounding on the bits, the subnormal
+// by a float addition, a blend, the sign; then the 8 codes (each <= 0xFF) packed to bytes.
+template <typename F>
+inline void encode8(const float* x, uint8_t* dst) {
+  const __m256i bits = _mm256_castps_si256(_mm256_loadu_ps(x));
+  const __m256 magnitude =
+      _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFFFF)));
+  const __m256 limit = _mm256_set1_ps(F::kMax);
+  const __m256 saturated =
+      _mm256_blendv_ps(magnitude, limit, _mm256_cmp_ps(limit, magnitude, _CMP_LT_OQ));
+  const __m256i mag = _mm256_castps_si256(saturated);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(mag, F::kShift), _mm256_set1_epi32(1));
+  __m256i normal = _mm256_add_epi32(_mm256_add_epi32(mag, _mm256_set1_epi32(F::kBias)), odd);
+  normal = _mm256_min_epu32(_mm256_srli_epi32(normal, F::kShift), _mm256_set1_epi32(0x7F));
+  const __m256i magic = _mm256_set1_epi32(F::kDenormMagic);
+  const __m256i subnormal = _mm256_sub_epi32(
+      _mm256_castps_si256(_mm256_add_ps(saturated, _mm256_castsi256_ps(magic))), magic);
+  // mag has no sign bit, so the signed compare is the unsigned one.
+  const __m256i is_subnormal = _mm256_cmpgt_epi32(_mm256_set1_epi32(F::kNormalMin), mag);
+  __m256i r = _mm256_blendv_epi8(normal, subnormal, is_subnormal);
+  r = _mm256_or_si256(r, _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80)));
+  const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packus_epi16(words, words));
+}
+#endif
+
 template <typename F>
 inline void encode_chunk(const float* x, uint8_t* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
+  int64_t i = 0;
+#if defined(CPU_CAPABILITY_AVX2)
+  for (; i + 8 <= n; i += 8) {
+    encode8<F>(x + i, dst + i);
+  }
+#endif
+  for (; i < n; ++i) {
     dst[i] = encode_saturated<F>(x[i]);
   }
 }

@@ -56,12 +56,18 @@ def nbytes(*tensors):
 # ---- the three ops: (arguments, fused, unfused, bytes read + written) --------------------------
 
 
-def qk_fp8_case(T, g):
+def qk_args(T, g):
+    """bf16 GQA q (T, HQ, D) and k (T, HKV, D), float32 tables, one position per token."""
     q = torch.randn(T, HQ, D, generator=g).bfloat16()
     k = torch.randn(T, HKV, D, generator=g).bfloat16()
     cos, sin = torch_rope.rope_tables(10000.0, D, MAX_SEQ_LEN)
     pos = torch.randint(0, MAX_SEQ_LEN, (T, 1), generator=g)
-    args = (q, k, cos, sin, pos)
+    return q, k, cos, sin, pos
+
+
+def qk_fp8_case(T, g):
+    args = qk_args(T, g)
+    q, k = args[:2]
 
     def fused(q, k, cos, sin, pos):
         return torch_rope.apply_qk_fp8(q, k, cos, sin, pos, q_scale=0.05, k_scale=0.1)[:2]
@@ -82,11 +88,8 @@ def per_row_fp8(x):
 
 
 def qk_fp8_dynamic_case(T, g):
-    q = torch.randn(T, HQ, D, generator=g).bfloat16()
-    k = torch.randn(T, HKV, D, generator=g).bfloat16()
-    cos, sin = torch_rope.rope_tables(10000.0, D, MAX_SEQ_LEN)
-    pos = torch.randint(0, MAX_SEQ_LEN, (T, 1), generator=g)
-    args = (q, k, cos, sin, pos)
+    args = qk_args(T, g)
+    q, k = args[:2]
 
     def fused(q, k, cos, sin, pos):
         return torch_rope.apply_qk_fp8_dynamic(q, k, cos, sin, pos)

@@ -28,6 +28,8 @@
 //   rotate (i < rotary_dim, planes as rope.apply: (2k, 2k+1) interleaved, (k, k + rotary_dim/2)
 //          half split), c, s = A(cos[p, k]), A(sin[p, k]) at the row's position p (multi-axis: the
 //          position of the plane's axis): a' = fma(a, c, -(b * s)), b' = fma(a, s, b * c).
+//          The inverse rotation (StreamArgs::inverse) takes s = -A(sin[p, k]): rope.apply's
+//          inverse, bit for bit (the negation is exact).
 //   store  rounded once to the storage type, or quantized (kv_cache_args.h's quantize_fp8 with
 //          the target's ScaleRule). Dynamic scales: the group's amax is the NaN-propagating max
 //          of |y_i| over its rows' stored features after the norm and the rotation (fold_amax;
@@ -106,6 +108,7 @@ struct StreamArgs {
   int64_t num_tokens = 0;
   int32_t num_streams = 0;
   bool interleaved = true;
+  bool inverse = false;  // every rotating stream rotates by -angle (the sines negated)
   RowStream streams[kMaxStreams];
   const void* positions = nullptr;  // int32 or int64; unused when no stream rotates
   bool positions_are_int64 = true;

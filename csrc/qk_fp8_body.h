@@ -54,21 +54,22 @@ at::ScalarType check_apply_qk_fp8_outputs(const char* op, const QkFp8Inputs& in,
 // Fresh contiguous outputs of `dtype` (empty_symint: meta and real tensors alike).
 QkFp8Outputs new_qk_fp8_outputs(const QkFp8Inputs& in, at::ScalarType dtype);
 
-// The streams of a checked call (q, k, then the nope parts present).
-PreparedStreams prepare_qk_fp8(const QkFp8Inputs& in, const QkFp8Outputs& out, bool interleaved,
+// The streams of a checked call (q, k, then the nope parts present); the rotation forward or
+// inverse (RotationMode), the nope parts only quantized.
+PreparedStreams prepare_qk_fp8(const QkFp8Inputs& in, const QkFp8Outputs& out, RotationMode mode,
                                bool multiply_by_scale);
 
 // Everything after the checks of the outputs: the scales' and positions' values, then the kernel.
 template <typename Backend>
 void apply_qk_fp8_run(const char* op, const QkFp8Inputs& in, const QkFp8Outputs& out,
-                      bool interleaved, bool multiply_by_scale) {
+                      RotationMode mode, bool multiply_by_scale) {
   const ScaleRule rule = multiply_by_scale ? ScaleRule::kMultiply : ScaleRule::kDivide;
   check_scale_value_on_host(op, "q_scale", in.q_scale, rule);
   check_scale_value_on_host(op, "k_scale", in.k_scale, rule);
   if (in.q.numel() > 0 || in.k.numel() > 0) {
     Backend::check_positions(op, in.positions, in.cos.size(0), in.axes);
   }
-  const PreparedStreams prepared = prepare_qk_fp8(in, out, interleaved, multiply_by_scale);
+  const PreparedStreams prepared = prepare_qk_fp8(in, out, mode, multiply_by_scale);
   if (prepared.args.num_tokens > 0) {
     Backend::run_streams(in.q.scalar_type(), prepared);
   }
@@ -85,25 +86,47 @@ QkFp8Scales new_qk_fp8_scales(const QkFp8Inputs& in, bool per_token);
 // Turns the q and k streams of prepare_qk_fp8 into dynamic-scale streams writing `scales`.
 void set_dynamic_scales(PreparedStreams& p, const QkFp8Scales& scales, bool per_token, bool pow2);
 
+// rope.apply_qk_fp8_dynamic.out's scale buffers: float32 on q's device in the functional
+// overload's shapes ((T, H, 1), or (T, 1, 1) with per_token; any strides), sharing no memory with
+// an input, an fp8 output or each other.
+void check_qk_fp8_scale_outputs(const char* op, const QkFp8Inputs& in, const QkFp8Outputs& out,
+                                const QkFp8Scales& scales, bool per_token);
+
+// Everything of rope.apply_qk_fp8_dynamic after the checks of its outputs: the positions' values,
+// then the kernel.
+template <typename Backend>
+void apply_qk_fp8_dynamic_run(const char* op, const QkFp8Inputs& in, const QkFp8Outputs& out,
+                              const QkFp8Scales& scales, RotationMode mode, bool per_token,
+                              bool pow2_scale) {
+  if (in.q.numel() > 0 || in.k.numel() > 0) {
+    Backend::check_positions(op, in.positions, in.cos.size(0), in.axes);
+  }
+  PreparedStreams prepared = prepare_qk_fp8(in, out, mode, /*multiply_by_scale=*/false);
+  set_dynamic_scales(prepared, scales, per_token, pow2_scale);
+  if (prepared.args.num_tokens > 0) {
+    Backend::run_streams(in.q.scalar_type(), prepared);
+  }
+}
+
 template <typename Backend>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_qk_fp8_body(
-    const QkFp8Inputs& in, std::optional<at::ScalarType> dtype, bool interleaved,
+    const QkFp8Inputs& in, std::optional<at::ScalarType> dtype, RotationMode mode,
     bool multiply_by_scale) {
   constexpr const char* op = "rope.apply_qk_fp8";
   check_apply_qk_fp8(op, in);
   const at::ScalarType fp8 = qk_fp8_dtype(op, dtype);
   QkFp8Outputs out = new_qk_fp8_outputs(in, fp8);
-  apply_qk_fp8_run<Backend>(op, in, out, interleaved, multiply_by_scale);
+  apply_qk_fp8_run<Backend>(op, in, out, mode, multiply_by_scale);
   return {out.q_out, out.k_out, out.q_nope_out, out.k_nope_out};
 }
 
 template <typename Backend>
-void apply_qk_fp8_out_body(const QkFp8Inputs& in, const QkFp8Outputs& out, bool interleaved,
+void apply_qk_fp8_out_body(const QkFp8Inputs& in, const QkFp8Outputs& out, RotationMode mode,
                            bool multiply_by_scale) {
   constexpr const char* op = "rope.apply_qk_fp8.out";
   check_apply_qk_fp8(op, in);
   check_apply_qk_fp8_outputs(op, in, out);
-  apply_qk_fp8_run<Backend>(op, in, out, interleaved, multiply_by_scale);
+  apply_qk_fp8_run<Backend>(op, in, out, mode, multiply_by_scale);
 }
 
 // rope.apply_qk_fp8_dynamic: the rotation of apply_qk_fp8 with scales computed from the rotated
@@ -112,21 +135,27 @@ void apply_qk_fp8_out_body(const QkFp8Inputs& in, const QkFp8Outputs& out, bool 
 // are absent).
 template <typename Backend>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_qk_fp8_dynamic_body(
-    const QkFp8Inputs& in, std::optional<at::ScalarType> dtype, bool interleaved, bool per_token,
+    const QkFp8Inputs& in, std::optional<at::ScalarType> dtype, RotationMode mode, bool per_token,
     bool pow2_scale) {
   constexpr const char* op = "rope.apply_qk_fp8_dynamic";
   check_apply_qk_fp8(op, in);
   const QkFp8Outputs out = new_qk_fp8_outputs(in, qk_fp8_dtype(op, dtype));
   const QkFp8Scales scales = new_qk_fp8_scales(in, per_token);
-  if (in.q.numel() > 0 || in.k.numel() > 0) {
-    Backend::check_positions(op, in.positions, in.cos.size(0), in.axes);
-  }
-  PreparedStreams prepared = prepare_qk_fp8(in, out, interleaved, /*multiply_by_scale=*/false);
-  set_dynamic_scales(prepared, scales, per_token, pow2_scale);
-  if (prepared.args.num_tokens > 0) {
-    Backend::run_streams(in.q.scalar_type(), prepared);
-  }
+  apply_qk_fp8_dynamic_run<Backend>(op, in, out, scales, mode, per_token, pow2_scale);
   return {out.q_out, out.k_out, scales.q_scale, scales.k_scale};
+}
+
+// rope.apply_qk_fp8_dynamic.out: the same into the caller's fp8 rows and float32 scales (CUDA
+// graphs and preallocated serving buffers); every check before anything is written.
+template <typename Backend>
+void apply_qk_fp8_dynamic_out_body(const QkFp8Inputs& in, const QkFp8Outputs& out,
+                                   const QkFp8Scales& scales, RotationMode mode, bool per_token,
+                                   bool pow2_scale) {
+  constexpr const char* op = "rope.apply_qk_fp8_dynamic.out";
+  check_apply_qk_fp8(op, in);
+  check_apply_qk_fp8_outputs(op, in, out);
+  check_qk_fp8_scale_outputs(op, in, out, scales, per_token);
+  apply_qk_fp8_dynamic_run<Backend>(op, in, out, scales, mode, per_token, pow2_scale);
 }
 
 }  // namespace rope::detail

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// rope.apply_qk_fp8, rope.apply_qk_fp8.out and rope.apply_qk_fp8_dynamic outside the computing
+// rope.apply_qk_fp8, rope.apply_qk_fp8_dynamic and their out= overloads outside the computing
 // backends: the C++ API (through the dispatcher), the Meta kernels (the same checks as CPU and
 // CUDA, on SymInts; the values of positions and scales are left to the real kernels), the Autograd
-// kernels (not differentiable: the outputs are float8) and the ADInplaceOrView kernel of the out=
-// overload (the buffers' version counters where autograd is excluded). The schemas are in
+// kernels (not differentiable: the outputs are float8) and the ADInplaceOrView kernels of the out=
+// overloads (the buffers' version counters where autograd is excluded). The schemas are in
 // rope_ops.cpp; CPU and CUDA register in cpu/qk_fp8_cpu.cpp and cuda/qk_fp8_cuda.cu.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
@@ -22,11 +22,11 @@ using Quad = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 using FunctionalSig = Quad(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                            const at::Tensor&, const at::Tensor&, Optional, Optional, Optional,
                            Optional, std::optional<at::ScalarType>, bool, bool,
-                           at::OptionalIntArrayRef, bool);
+                           at::OptionalIntArrayRef, bool, bool);
 using OutSig = void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                     const at::Tensor&, Optional, Optional, Optional, Optional, bool, bool,
-                    at::OptionalIntArrayRef, bool, const at::Tensor&, const at::Tensor&, Optional,
-                    Optional);
+                    at::OptionalIntArrayRef, bool, bool, const at::Tensor&, const at::Tensor&,
+                    Optional, Optional);
 
 const c10::TypedOperatorHandle<FunctionalSig>& functional_op() {
   static auto op = c10::Dispatcher::singleton()
@@ -37,12 +37,24 @@ const c10::TypedOperatorHandle<FunctionalSig>& functional_op() {
 
 using DynamicSig = Quad(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                         const at::Tensor&, std::optional<at::ScalarType>, bool, bool, bool,
-                        at::OptionalIntArrayRef, bool);
+                        at::OptionalIntArrayRef, bool, bool);
 
 const c10::TypedOperatorHandle<DynamicSig>& dynamic_op() {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("rope::apply_qk_fp8_dynamic", "")
                        .typed<DynamicSig>();
+  return op;
+}
+
+using DynamicOutSig = void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                           const at::Tensor&, const at::Tensor&, bool, bool, bool,
+                           at::OptionalIntArrayRef, bool, bool, const at::Tensor&,
+                           const at::Tensor&, const at::Tensor&, const at::Tensor&);
+
+const c10::TypedOperatorHandle<DynamicOutSig>& dynamic_out_op() {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("rope::apply_qk_fp8_dynamic", "out")
+                       .typed<DynamicOutSig>();
   return op;
 }
 
@@ -80,7 +92,7 @@ Quad apply_qk_fp8_meta(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                        Optional k_nope, Optional q_scale, Optional k_scale,
                        std::optional<at::ScalarType> dtype, bool /*interleaved*/,
                        bool /*multiply_by_scale*/, at::OptionalIntArrayRef mrope_section,
-                       bool mrope_interleaved) {
+                       bool mrope_interleaved, bool /*inverse*/) {
   constexpr const char* op = "rope.apply_qk_fp8";
   const detail::QkFp8Inputs in{
       q,      k,      cos,     sin,     positions,
@@ -95,8 +107,8 @@ void apply_qk_fp8_out_meta(const at::Tensor& q, const at::Tensor& k, const at::T
                            Optional k_nope, Optional q_scale, Optional k_scale,
                            bool /*interleaved*/, bool /*multiply_by_scale*/,
                            at::OptionalIntArrayRef mrope_section, bool mrope_interleaved,
-                           const at::Tensor& q_out, const at::Tensor& k_out, Optional q_nope_out,
-                           Optional k_nope_out) {
+                           bool /*inverse*/, const at::Tensor& q_out, const at::Tensor& k_out,
+                           Optional q_nope_out, Optional k_nope_out) {
   constexpr const char* op = "rope.apply_qk_fp8.out";
   const detail::QkFp8Inputs in{
       q,      k,      cos,     sin,     positions,
@@ -112,7 +124,8 @@ Quad apply_qk_fp8_dynamic_meta(const at::Tensor& q, const at::Tensor& k, const a
                                const at::Tensor& sin, const at::Tensor& positions,
                                std::optional<at::ScalarType> dtype, bool /*interleaved*/,
                                bool per_token, bool /*pow2_scale*/,
-                               at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+                               at::OptionalIntArrayRef mrope_section, bool mrope_interleaved,
+                               bool /*inverse*/) {
   constexpr const char* op = "rope.apply_qk_fp8_dynamic";
   const detail::QkFp8Inputs in{q,     k,     cos,   sin,   positions,
                                kNone, kNone, kNone, kNone, {mrope_section, mrope_interleaved}};
@@ -122,18 +135,73 @@ Quad apply_qk_fp8_dynamic_meta(const at::Tensor& q, const at::Tensor& k, const a
   return {out.q_out, out.k_out, scales.q_scale, scales.k_scale};
 }
 
+void apply_qk_fp8_dynamic_out_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                   const at::Tensor& sin, const at::Tensor& positions,
+                                   bool /*interleaved*/, bool per_token, bool /*pow2_scale*/,
+                                   at::OptionalIntArrayRef mrope_section, bool mrope_interleaved,
+                                   bool /*inverse*/, const at::Tensor& q_out,
+                                   const at::Tensor& k_out, const at::Tensor& q_scale_out,
+                                   const at::Tensor& k_scale_out) {
+  constexpr const char* op = "rope.apply_qk_fp8_dynamic.out";
+  const detail::QkFp8Inputs in{q,     k,     cos,   sin,   positions,
+                               kNone, kNone, kNone, kNone, {mrope_section, mrope_interleaved}};
+  detail::check_apply_qk_fp8(op, in);
+  const detail::QkFp8Outputs out{q_out, k_out, at::Tensor(), at::Tensor()};
+  detail::check_apply_qk_fp8_outputs(op, in, out);
+  detail::check_qk_fp8_scale_outputs(op, in, out, {q_scale_out, k_scale_out}, per_token);
+}
+
 // ---- Autograd
 // ------------------------------------------------------------------------------------
+
+void bump_all(std::initializer_list<const at::Tensor*> written) {
+  for (const at::Tensor* t : written) {
+    torch::autograd::increment_version(*t);
+  }
+}
+
+void apply_qk_fp8_dynamic_out_autograd(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+    const at::Tensor& positions, bool interleaved, bool per_token, bool pow2_scale,
+    at::OptionalIntArrayRef mrope_section, bool mrope_interleaved, bool inverse,
+    const at::Tensor& q_out, const at::Tensor& k_out, const at::Tensor& q_scale_out,
+    const at::Tensor& k_scale_out) {
+  refuse_grad("rope.apply_qk_fp8_dynamic.out", q, k, kNone, kNone, cos, sin);
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    dynamic_out_op().call(q, k, cos, sin, positions, interleaved, per_token, pow2_scale,
+                          mrope_section, mrope_interleaved, inverse, q_out, k_out, q_scale_out,
+                          k_scale_out);
+  }
+  bump_all({&q_out, &k_out, &q_scale_out, &k_scale_out});
+}
+
+void apply_qk_fp8_dynamic_out_view(c10::DispatchKeySet keys, const at::Tensor& q,
+                                   const at::Tensor& k, const at::Tensor& cos,
+                                   const at::Tensor& sin, const at::Tensor& positions,
+                                   bool interleaved, bool per_token, bool pow2_scale,
+                                   at::OptionalIntArrayRef mrope_section, bool mrope_interleaved,
+                                   bool inverse, const at::Tensor& q_out, const at::Tensor& k_out,
+                                   const at::Tensor& q_scale_out, const at::Tensor& k_scale_out) {
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    dynamic_out_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, q, k, cos, sin, positions,
+                                interleaved, per_token, pow2_scale, mrope_section,
+                                mrope_interleaved, inverse, q_out, k_out, q_scale_out, k_scale_out);
+  }
+  bump_all({&q_out, &k_out, &q_scale_out, &k_scale_out});
+}
 
 Quad apply_qk_fp8_dynamic_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                                    const at::Tensor& sin, const at::Tensor& positions,
                                    std::optional<at::ScalarType> dtype, bool interleaved,
                                    bool per_token, bool pow2_scale,
-                                   at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+                                   at::OptionalIntArrayRef mrope_section, bool mrope_interleaved,
+                                   bool inverse) {
   refuse_grad("rope.apply_qk_fp8_dynamic", q, k, kNone, kNone, cos, sin);
   at::AutoDispatchBelowADInplaceOrView guard;
   return dynamic_op().call(q, k, cos, sin, positions, dtype, interleaved, per_token, pow2_scale,
-                           mrope_section, mrope_interleaved);
+                           mrope_section, mrope_interleaved, inverse);
 }
 
 Quad apply_qk_fp8_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
@@ -141,11 +209,12 @@ Quad apply_qk_fp8_autograd(const at::Tensor& q, const at::Tensor& k, const at::T
                            Optional k_nope, Optional q_scale, Optional k_scale,
                            std::optional<at::ScalarType> dtype, bool interleaved,
                            bool multiply_by_scale, at::OptionalIntArrayRef mrope_section,
-                           bool mrope_interleaved) {
+                           bool mrope_interleaved, bool inverse) {
   refuse_grad("rope.apply_qk_fp8", q, k, q_nope, k_nope, cos, sin);
   at::AutoDispatchBelowADInplaceOrView guard;
   return functional_op().call(q, k, cos, sin, positions, q_nope, k_nope, q_scale, k_scale, dtype,
-                              interleaved, multiply_by_scale, mrope_section, mrope_interleaved);
+                              interleaved, multiply_by_scale, mrope_section, mrope_interleaved,
+                              inverse);
 }
 
 void bump_versions(const at::Tensor& q_out, const at::Tensor& k_out, Optional q_nope_out,
@@ -164,14 +233,14 @@ void apply_qk_fp8_out_autograd(const at::Tensor& q, const at::Tensor& k, const a
                                Optional k_nope, Optional q_scale, Optional k_scale,
                                bool interleaved, bool multiply_by_scale,
                                at::OptionalIntArrayRef mrope_section, bool mrope_interleaved,
-                               const at::Tensor& q_out, const at::Tensor& k_out,
+                               bool inverse, const at::Tensor& q_out, const at::Tensor& k_out,
                                Optional q_nope_out, Optional k_nope_out) {
   refuse_grad("rope.apply_qk_fp8.out", q, k, q_nope, k_nope, cos, sin);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     out_op().call(q, k, cos, sin, positions, q_nope, k_nope, q_scale, k_scale, interleaved,
-                  multiply_by_scale, mrope_section, mrope_interleaved, q_out, k_out, q_nope_out,
-                  k_nope_out);
+                  multiply_by_scale, mrope_section, mrope_interleaved, inverse, q_out, k_out,
+                  q_nope_out, k_nope_out);
   }
   // The ADInplaceOrView key, skipped above, would bump the versions of the written buffers.
   bump_versions(q_out, k_out, q_nope_out, k_nope_out);
@@ -184,13 +253,13 @@ void apply_qk_fp8_out_view(c10::DispatchKeySet keys, const at::Tensor& q, const 
                            const at::Tensor& positions, Optional q_nope, Optional k_nope,
                            Optional q_scale, Optional k_scale, bool interleaved,
                            bool multiply_by_scale, at::OptionalIntArrayRef mrope_section,
-                           bool mrope_interleaved, const at::Tensor& q_out, const at::Tensor& k_out,
-                           Optional q_nope_out, Optional k_nope_out) {
+                           bool mrope_interleaved, bool inverse, const at::Tensor& q_out,
+                           const at::Tensor& k_out, Optional q_nope_out, Optional k_nope_out) {
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     out_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, q, k, cos, sin, positions, q_nope,
                         k_nope, q_scale, k_scale, interleaved, multiply_by_scale, mrope_section,
-                        mrope_interleaved, q_out, k_out, q_nope_out, k_nope_out);
+                        mrope_interleaved, inverse, q_out, k_out, q_nope_out, k_nope_out);
   }
   bump_versions(q_out, k_out, q_nope_out, k_nope_out);
 }
@@ -202,9 +271,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_qk_fp8(
     const at::Tensor& positions, const std::optional<at::Tensor>& q_nope,
     const std::optional<at::Tensor>& k_nope, const std::optional<at::Tensor>& q_scale,
     const std::optional<at::Tensor>& k_scale, std::optional<at::ScalarType> dtype, bool interleaved,
-    bool multiply_by_scale, at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+    bool multiply_by_scale, at::OptionalIntArrayRef mrope_section, bool mrope_interleaved,
+    bool inverse) {
   return functional_op().call(q, k, cos, sin, positions, q_nope, k_nope, q_scale, k_scale, dtype,
-                              interleaved, multiply_by_scale, mrope_section, mrope_interleaved);
+                              interleaved, multiply_by_scale, mrope_section, mrope_interleaved,
+                              inverse);
 }
 
 void apply_qk_fp8_out(at::Tensor& q_out, at::Tensor& k_out,
@@ -216,30 +287,43 @@ void apply_qk_fp8_out(at::Tensor& q_out, at::Tensor& k_out,
                       const std::optional<at::Tensor>& q_scale,
                       const std::optional<at::Tensor>& k_scale, bool interleaved,
                       bool multiply_by_scale, at::OptionalIntArrayRef mrope_section,
-                      bool mrope_interleaved) {
+                      bool mrope_interleaved, bool inverse) {
   out_op().call(q, k, cos, sin, positions, q_nope, k_nope, q_scale, k_scale, interleaved,
-                multiply_by_scale, mrope_section, mrope_interleaved, q_out, k_out, q_nope_out,
-                k_nope_out);
+                multiply_by_scale, mrope_section, mrope_interleaved, inverse, q_out, k_out,
+                q_nope_out, k_nope_out);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_qk_fp8_dynamic(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
     const at::Tensor& positions, std::optional<at::ScalarType> dtype, bool interleaved,
-    bool per_token, bool pow2_scale, at::OptionalIntArrayRef mrope_section,
-    bool mrope_interleaved) {
+    bool per_token, bool pow2_scale, at::OptionalIntArrayRef mrope_section, bool mrope_interleaved,
+    bool inverse) {
   return dynamic_op().call(q, k, cos, sin, positions, dtype, interleaved, per_token, pow2_scale,
-                           mrope_section, mrope_interleaved);
+                           mrope_section, mrope_interleaved, inverse);
+}
+
+void apply_qk_fp8_dynamic_out(at::Tensor& q_out, at::Tensor& k_out, at::Tensor& q_scale_out,
+                              at::Tensor& k_scale_out, const at::Tensor& q, const at::Tensor& k,
+                              const at::Tensor& cos, const at::Tensor& sin,
+                              const at::Tensor& positions, bool interleaved, bool per_token,
+                              bool pow2_scale, at::OptionalIntArrayRef mrope_section,
+                              bool mrope_interleaved, bool inverse) {
+  dynamic_out_op().call(q, k, cos, sin, positions, interleaved, per_token, pow2_scale,
+                        mrope_section, mrope_interleaved, inverse, q_out, k_out, q_scale_out,
+                        k_scale_out);
 }
 
 }  // namespace rope
 
 TORCH_LIBRARY_IMPL(rope, Meta, m) {
+  m.impl("apply_qk_fp8_dynamic.out", &rope::apply_qk_fp8_dynamic_out_meta);
   m.impl("apply_qk_fp8_dynamic", &rope::apply_qk_fp8_dynamic_meta);
   m.impl("apply_qk_fp8", &rope::apply_qk_fp8_meta);
   m.impl("apply_qk_fp8.out", &rope::apply_qk_fp8_out_meta);
 }
 
 TORCH_LIBRARY_IMPL(rope, Autograd, m) {
+  m.impl("apply_qk_fp8_dynamic.out", &rope::apply_qk_fp8_dynamic_out_autograd);
   m.impl("apply_qk_fp8_dynamic", &rope::apply_qk_fp8_dynamic_autograd);
   m.impl("apply_qk_fp8", &rope::apply_qk_fp8_autograd);
   m.impl("apply_qk_fp8.out", &rope::apply_qk_fp8_out_autograd);
@@ -247,4 +331,5 @@ TORCH_LIBRARY_IMPL(rope, Autograd, m) {
 
 TORCH_LIBRARY_IMPL(rope, ADInplaceOrView, m) {
   m.impl("apply_qk_fp8.out", &rope::apply_qk_fp8_out_view);
+  m.impl("apply_qk_fp8_dynamic.out", &rope::apply_qk_fp8_dynamic_out_view);
 }

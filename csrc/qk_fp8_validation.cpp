@@ -6,6 +6,7 @@
 
 #include "common_optional.h"
 #include "qk_fp8_body.h"
+#include "rope_validation.h"
 
 namespace rope::detail {
 void check_apply_qk_fp8(const char* op, const QkFp8Inputs& in) {
@@ -101,13 +102,14 @@ QkFp8Outputs new_qk_fp8_outputs(const QkFp8Inputs& in, at::ScalarType dtype) {
   return out;
 }
 
-PreparedStreams prepare_qk_fp8(const QkFp8Inputs& in, const QkFp8Outputs& out, bool interleaved,
+PreparedStreams prepare_qk_fp8(const QkFp8Inputs& in, const QkFp8Outputs& out, RotationMode mode,
                                bool multiply_by_scale) {
   const ScaleRule rule = multiply_by_scale ? ScaleRule::kMultiply : ScaleRule::kDivide;
   const int64_t rotary_dim = 2 * in.cos.size(1);
   PreparedStreams p;
   const PositionStrides pos = p.begin(in.cos, in.sin, in.positions, in.axes, in.q.size(0),
-                                      interleaved, /*slot_mapping=*/at::Tensor());
+                                      mode.interleaved, /*slot_mapping=*/at::Tensor());
+  p.args.inverse = mode.inverse;
   p.add(in.q, rotary_dim, pos, tensor_target(out.q_out, in.q_scale, rule));
   p.add(in.k, rotary_dim, pos, tensor_target(out.k_out, in.k_scale, rule));
   if (given(in.q_nope)) {
@@ -126,6 +128,34 @@ QkFp8Scales new_qk_fp8_scales(const QkFp8Inputs& in, bool per_token) {
     return new_stream_output(x, sizes, at::kFloat);
   };
   return {scales(in.q), scales(in.k)};
+}
+
+void check_qk_fp8_scale_outputs(const char* op, const QkFp8Inputs& in, const QkFp8Outputs& out,
+                                const QkFp8Scales& scales, bool per_token) {
+  const auto check = [&](const char* name, const at::Tensor& s, const char* like_name,
+                         const at::Tensor& like) {
+    TORCH_CHECK(s.defined(), op, ": ", name, " must be a tensor, got None");
+    TORCH_CHECK(s.device() == like.device(), op, ": ", name, " must be on ", like_name,
+                "'s device ", like.device(), ", got ", s.device());
+    TORCH_CHECK(s.scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ",
+                s.scalar_type());
+    const c10::SymInt want[] = {like.sym_size(0), per_token ? c10::SymInt(1) : like.sym_size(1),
+                                c10::SymInt(1)};
+    TORCH_CHECK(s.sym_sizes().equals(want), op, ": ", name, " must have shape ",
+                c10::SymIntArrayRef(want),
+                per_token ? " (tokens, 1, 1) with per_token" : " (tokens, heads, 1)", ", got ",
+                s.sym_sizes(), " (out= never resizes)");
+    check_writable_arg(op, name, s);
+  };
+  check("q_scale_out", scales.q_scale, "q", in.q);
+  check("k_scale_out", scales.k_scale, "k", in.k);
+  const NamedTensors written = {{"q_out", &out.q_out},
+                                {"k_out", &out.k_out},
+                                {"q_scale_out", &scales.q_scale},
+                                {"k_scale_out", &scales.k_scale}};
+  const NamedTensors read = {
+      {"q", &in.q}, {"k", &in.k}, {"cos", &in.cos}, {"sin", &in.sin}, {"positions", &in.positions}};
+  check_writes_disjoint(op, written, read);
 }
 
 void set_dynamic_scales(PreparedStreams& p, const QkFp8Scales& scales, bool per_token, bool pow2) {

@@ -65,7 +65,7 @@ TORCH_LIBRARY(rope, m) {
       "bool interleaved=True, bool inverse=False, int[]? mrope_section=None, "
       "bool mrope_interleaved=False) -> (Tensor, Tensor)");
 
-  // ---- the serving fusions (issue 33): the row streams of common_row_streams.h -----------------
+  // ---- the serving fusions: the row streams of common_row_streams.h ----------------------------
   // RoPE with float8 q and k outputs (and their no-RoPE parts quantized alongside); scale rule:
   // stored = saturate(value / scale), or value * scale with multiply_by_scale (FlashInfer's).
   // Body and checks in qk_fp8_body.h; C++ API, Meta and Autograd in qk_fp8_ops.cpp.
@@ -73,21 +73,27 @@ TORCH_LIBRARY(rope, m) {
       "apply_qk_fp8(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor positions, *, "
       "Tensor? q_nope=None, Tensor? k_nope=None, Tensor? q_scale=None, Tensor? k_scale=None, "
       "ScalarType? dtype=None, bool interleaved=True, bool multiply_by_scale=False, "
-      "int[]? mrope_section=None, bool mrope_interleaved=False) -> (Tensor, Tensor, Tensor, "
-      "Tensor)");
+      "int[]? mrope_section=None, bool mrope_interleaved=False, bool inverse=False) -> (Tensor, "
+      "Tensor, Tensor, Tensor)");
   m.def(
       "apply_qk_fp8.out(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor positions, *, "
       "Tensor? q_nope=None, Tensor? k_nope=None, Tensor? q_scale=None, Tensor? k_scale=None, "
       "bool interleaved=True, bool multiply_by_scale=False, int[]? mrope_section=None, "
-      "bool mrope_interleaved=False, Tensor(a!) q_out, Tensor(b!) k_out, "
+      "bool mrope_interleaved=False, bool inverse=False, Tensor(a!) q_out, Tensor(b!) k_out, "
       "Tensor(c!)? q_nope_out=None, Tensor(d!)? k_nope_out=None) -> ()");
   // apply_qk_fp8 with dynamic scales computed from the rotated rows: one float32 per (token, head)
   // row, or per token; returns (q_out, k_out, q_scale, k_scale). Body in qk_fp8_body.h.
+  // inverse=True on the fp8 ops rotates by -angle before quantizing (DeepSeek-V4's output side).
   m.def(
       "apply_qk_fp8_dynamic(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor positions, *, "
       "ScalarType? dtype=None, bool interleaved=True, bool per_token=False, "
-      "bool pow2_scale=False, int[]? mrope_section=None, bool mrope_interleaved=False) -> "
-      "(Tensor, Tensor, Tensor, Tensor)");
+      "bool pow2_scale=False, int[]? mrope_section=None, bool mrope_interleaved=False, "
+      "bool inverse=False) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "apply_qk_fp8_dynamic.out(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor positions, *, "
+      "bool interleaved=True, bool per_token=False, bool pow2_scale=False, "
+      "int[]? mrope_section=None, bool mrope_interleaved=False, bool inverse=False, "
+      "Tensor(a!) q_out, Tensor(b!) k_out, Tensor(c!) q_scale_out, Tensor(d!) k_scale_out) -> ()");
   // QK-RMSNorm + RoPE + the KV-cache write in one pass (rms_norm_apply_qk and apply_qk_cache
   // fused); returns q (its dtype, or float8 with q_scale). Body and checks in kv_cache_norm_body.h;
   // C++ API, Meta and Autograd in kv_cache_norm_ops.cpp.

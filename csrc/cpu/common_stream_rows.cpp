@@ -237,7 +237,9 @@ inline void rotate(A* x, const A* cos, const A* sin, int64_t half) {
 
 // The cos and sin rows of one rotating row, in the math type: the table rows themselves
 // (one-axis positions, tables of the math type), or gathered into `cos_buf` / `sin_buf` (the
-// plane's axis's row for multi-axis positions; a conversion for tables of the other type).
+// plane's axis's row for multi-axis positions; a conversion for tables of the other type; the
+// sines negated for the inverse rotation, once per token, so the rotation code is the forward
+// one).
 template <typename A, typename pos_t>
 class Angles {
  public:
@@ -254,7 +256,7 @@ class Angles {
   void at(int64_t pos_off, const A*& cos, const A*& sin) const {
     const auto* positions = static_cast<const pos_t*>(a_.positions) + pos_off;
     const bool native = tb_.tables_are_double == std::is_same_v<A, double>;
-    if (tb_.axes.num_axes == 0 && native) {
+    if (tb_.axes.num_axes == 0 && native && !a_.inverse) {
       const int64_t row = static_cast<int64_t>(positions[0]) * tb_.table_stride;
       cos = static_cast<const A*>(tb_.cos) + row;
       sin = static_cast<const A*>(tb_.sin) + row;
@@ -277,10 +279,11 @@ class Angles {
     for (int32_t axis = 0; axis < axes; ++axis) {
       rows[axis] = static_cast<int64_t>(positions[axis * a_.axis_stride]) * tb_.table_stride;
     }
+    const A sign = a_.inverse ? A(-1) : A(1);
     for (int64_t k = 0; k < half_; ++k) {
       const int64_t at = rows[plane_axis_ != nullptr ? plane_axis_[k] : 0] + k;
       cos_buf_[k] = static_cast<A>(c[at]);
-      sin_buf_[k] = static_cast<A>(s[at]);
+      sin_buf_[k] = sign * static_cast<A>(s[at]);
     }
   }
 

@@ -314,32 +314,49 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_qk_fp8(
     const at::Tensor& positions, const std::optional<at::Tensor>& q_nope,
     const std::optional<at::Tensor>& k_nope, const std::optional<at::Tensor>& q_scale,
     const std::optional<at::Tensor>& k_scale, std::optional<at::ScalarType> dtype, bool interleaved,
-    bool multiply_by_scale, at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+    bool multiply_by_scale, at::OptionalIntArrayRef mrope_section, bool mrope_interleaved,
+    bool inverse) {
   const typename Runtime::Guard guard(Runtime::device_of(q));
-  return detail::apply_qk_fp8_body<StreamsBackend<Runtime>>({q,
-                                                             k,
-                                                             cos,
-                                                             sin,
-                                                             positions,
-                                                             q_nope,
-                                                             k_nope,
-                                                             q_scale,
-                                                             k_scale,
-                                                             {mrope_section, mrope_interleaved}},
-                                                            dtype, interleaved, multiply_by_scale);
+  return detail::apply_qk_fp8_body<StreamsBackend<Runtime>>(
+      {q,
+       k,
+       cos,
+       sin,
+       positions,
+       q_nope,
+       k_nope,
+       q_scale,
+       k_scale,
+       {mrope_section, mrope_interleaved}},
+      dtype, RotationMode{interleaved, inverse}, multiply_by_scale);
 }
 
 template <typename Runtime>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_qk_fp8_dynamic(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
     const at::Tensor& positions, std::optional<at::ScalarType> dtype, bool interleaved,
-    bool per_token, bool pow2_scale, at::OptionalIntArrayRef mrope_section,
-    bool mrope_interleaved) {
+    bool per_token, bool pow2_scale, at::OptionalIntArrayRef mrope_section, bool mrope_interleaved,
+    bool inverse) {
   const typename Runtime::Guard guard(Runtime::device_of(q));
   const std::optional<at::Tensor> none;
   return detail::apply_qk_fp8_dynamic_body<StreamsBackend<Runtime>>(
       {q, k, cos, sin, positions, none, none, none, none, {mrope_section, mrope_interleaved}},
-      dtype, interleaved, per_token, pow2_scale);
+      dtype, RotationMode{interleaved, inverse}, per_token, pow2_scale);
+}
+
+template <typename Runtime>
+void apply_qk_fp8_dynamic_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                              const at::Tensor& sin, const at::Tensor& positions, bool interleaved,
+                              bool per_token, bool pow2_scale,
+                              at::OptionalIntArrayRef mrope_section, bool mrope_interleaved,
+                              bool inverse, const at::Tensor& q_out, const at::Tensor& k_out,
+                              const at::Tensor& q_scale_out, const at::Tensor& k_scale_out) {
+  const typename Runtime::Guard guard(Runtime::device_of(q));
+  const std::optional<at::Tensor> none;
+  detail::apply_qk_fp8_dynamic_out_body<StreamsBackend<Runtime>>(
+      {q, k, cos, sin, positions, none, none, none, none, {mrope_section, mrope_interleaved}},
+      {q_out, k_out, at::Tensor(), at::Tensor()}, {q_scale_out, k_scale_out},
+      RotationMode{interleaved, inverse}, per_token, pow2_scale);
 }
 
 template <typename Runtime>
@@ -350,8 +367,8 @@ void apply_qk_fp8_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor
                       const std::optional<at::Tensor>& q_scale,
                       const std::optional<at::Tensor>& k_scale, bool interleaved,
                       bool multiply_by_scale, at::OptionalIntArrayRef mrope_section,
-                      bool mrope_interleaved, const at::Tensor& q_out, const at::Tensor& k_out,
-                      const std::optional<at::Tensor>& q_nope_out,
+                      bool mrope_interleaved, bool inverse, const at::Tensor& q_out,
+                      const at::Tensor& k_out, const std::optional<at::Tensor>& q_nope_out,
                       const std::optional<at::Tensor>& k_nope_out) {
   const typename Runtime::Guard guard(Runtime::device_of(q));
   detail::apply_qk_fp8_out_body<StreamsBackend<Runtime>>(
@@ -367,7 +384,7 @@ void apply_qk_fp8_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor
        {mrope_section, mrope_interleaved}},
       {q_out, k_out, q_nope_out.has_value() ? *q_nope_out : at::Tensor(),
        k_nope_out.has_value() ? *k_nope_out : at::Tensor()},
-      interleaved, multiply_by_scale);
+      RotationMode{interleaved, inverse}, multiply_by_scale);
 }
 
 template <typename Runtime>

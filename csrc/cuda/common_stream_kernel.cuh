@@ -268,14 +268,15 @@ __device__ __forceinline__ void normalise(A (&v)[kChunk], const A* w, int64_t fi
   }
 }
 
-// cos and sin of plane k of a row whose table rows (per axis) are `rows`.
+// cos and sin of plane k of a row whose table rows (per axis) are `rows`; the sine negated for the
+// inverse rotation (common_row_streams.h).
 // The tables' type (float or double) is read at run time, not made a template parameter: only these
 // two loads differ, and one kernel per storage type and pair layout, not two, cuts the nvcc time
 // of the row streams (four storage types, five architectures: 40-47 s per launcher on the 2-core
 // VM, 59-77 s before).
 template <typename A>
 __device__ __forceinline__ void angle_of(const TableArgs& tb, const int64_t (&rows)[kMaxAxes],
-                                         int64_t k, A& c, A& s) {
+                                         int64_t k, bool inverse, A& c, A& s) {
   const int32_t axis = tb.axes.num_axes > 0 ? plane_axis(tb.axes, k) : 0;
   const int64_t at = pick_axis(rows, axis) + k;
   if (tb.tables_are_double) {
@@ -285,14 +286,17 @@ __device__ __forceinline__ void angle_of(const TableArgs& tb, const int64_t (&ro
     c = static_cast<A>(__ldg(static_cast<const float*>(tb.cos) + at));
     s = static_cast<A>(__ldg(static_cast<const float*>(tb.sin) + at));
   }
+  if (inverse) {
+    s = -s;
+  }
 }
 
 // Lane `lane` of one row: src and dst point at the row's feature 0; r and w are the norm's factor
 // and weight (w == nullptr: no norm).
 template <typename T, bool kInterleaved, bool kVector>
 __device__ __forceinline__ void run_lane(const RowStream& st, const StreamPlan& sp,
-                                         const TableArgs& tb, const T* src, void* dst, int64_t lane,
-                                         const int64_t (&rows)[kMaxAxes],
+                                         const TableArgs& tb, bool inverse, const T* src, void* dst,
+                                         int64_t lane, const int64_t (&rows)[kMaxAxes],
                                          typename AccType<T>::type r,
                                          const typename AccType<T>::type* w,
                                          LaneSink<typename AccType<T>::type>& sink) {
@@ -325,7 +329,7 @@ __device__ __forceinline__ void run_lane(const RowStream& st, const StreamPlan& 
       if (first + 2 * j < R) {
         A c;
         A s;
-        angle_of<A>(tb, rows, first / 2 + j, c, s);
+        angle_of<A>(tb, rows, first / 2 + j, inverse, c, s);
         A ra;
         A rb;
         rotate_plane(v[2 * j], v[2 * j + 1], c, s, ra, rb);
@@ -351,7 +355,7 @@ __device__ __forceinline__ void run_lane(const RowStream& st, const StreamPlan& 
       if (first + j < half) {
         A c;
         A s;
-        angle_of<A>(tb, rows, first + j, c, s);
+        angle_of<A>(tb, rows, first + j, inverse, c, s);
         A ra;
         A rb;
         rotate_plane(a[j], b[j], c, s, ra, rb);
@@ -545,7 +549,8 @@ __device__ __forceinline__ void cooperative_thread(const StreamKernelParams& p, 
           break;
         }
       }
-      run_lane<T, kInterleaved, kVector>(st, sp, p.tables, src, dst, hl.rem, rows, r, weight, sink);
+      run_lane<T, kInterleaved, kVector>(st, sp, p.tables, p.args.inverse, src, dst, hl.rem, rows,
+                                         r, weight, sink);
     }
     if (pass == 1) {
       return;
@@ -585,7 +590,8 @@ __device__ __forceinline__ void stream_thread(const StreamKernelParams& p, const
   if (st.target.format != CacheFormat::kSame && st.target.scale != nullptr) {
     sink.scale = __ldg(st.target.scale);
   }
-  run_lane<T, kInterleaved, kVector>(st, sp, p.tables, src, dst, lr.rem, rows, A(1), nullptr, sink);
+  run_lane<T, kInterleaved, kVector>(st, sp, p.tables, p.args.inverse, src, dst, lr.rem, rows, A(1),
+                                     nullptr, sink);
 }
 
 // One resident block per SM is all the register budget asks for: a half-split lane holds 32 values

@@ -387,11 +387,11 @@ PYBIND11_MODULE(_C, m) {
             const std::optional<at::Tensor>& k_nope, const std::optional<at::Tensor>& q_scale,
             const std::optional<at::Tensor>& k_scale, std::optional<at::ScalarType> dtype,
             bool interleaved, bool multiply_by_scale, const Section& mrope_section,
-            bool mrope_interleaved) {
+            bool mrope_interleaved, bool inverse) {
           py::gil_scoped_release no_gil;
           return rope::apply_qk_fp8(q, k, cos, sin, positions, q_nope, k_nope, q_scale, k_scale,
                                     dtype, interleaved, multiply_by_scale,
-                                    section_ref(mrope_section), mrope_interleaved);
+                                    section_ref(mrope_section), mrope_interleaved, inverse);
         });
   m.def("_mla_apply_cache",
         [](const at::Tensor& q_pe, const at::Tensor& k_pe, const at::Tensor& kv_c,

@@ -339,6 +339,7 @@ def _apply_qk_fp8(
     multiply_by_scale: bool,
     mrope_section: Optional[Sequence[int]],
     mrope_interleaved: bool,
+    inverse: bool,
     /,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]: ...
 def _mla_apply_cache(

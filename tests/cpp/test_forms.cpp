@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The argument forms of issues 34 and 35 from C++: rope::Frequencies (table-free angles) and
+// The argument forms from C++: rope::Frequencies (table-free angles) and
 // rope::PackedSequences (cu_seqlens instead of positions), on every op overload and the module.
 // The accuracy sweep to 2^40 and the packing fuzz are in tests/python (mpmath, hypothesis); here:
 // that each C++ overload reaches its form and means what ops.h says, against references written

@@ -96,6 +96,59 @@ TEST(ServingFusions, ApplyQkFp8DynamicScalesEachRowByItsAmax) {
   // Not differentiable: refused, nothing returned.
   const auto qg = q.clone().requires_grad_();
   EXPECT_THROW(rope::apply_qk_fp8_dynamic(qg, k, t.cos, t.sin, positions), c10::Error);
+
+  // out=: the caller's rows and scales (a strided scale view) get the same bits.
+  auto q_out = torch::empty_like(q, torch::kFloat8_e4m3fn);
+  auto k_out = torch::empty_like(k, torch::kFloat8_e4m3fn);
+  auto q_scale_base = torch::full({4, 4, 2}, -1.0f);
+  auto q_scale_out = q_scale_base.narrow(2, 1, 1);
+  auto k_scale_out = torch::full({4, 2, 1}, -1.0f);
+  rope::apply_qk_fp8_dynamic_out(q_out, k_out, q_scale_out, k_scale_out, q, k, t.cos, t.sin,
+                                 positions);
+  EXPECT_TRUE(bitwise_equal(q_out, q8));
+  EXPECT_TRUE(bitwise_equal(k_out, k8));
+  EXPECT_TRUE(bitwise_equal(q_scale_out, q_scale));
+  EXPECT_TRUE(bitwise_equal(k_scale_out, k_scale));
+  EXPECT_TRUE(torch::equal(q_scale_base.narrow(2, 0, 1), torch::full({4, 4, 1}, -1.0f)));
+  // A scale buffer of the wrong shape is refused by name before anything is written.
+  auto k_out2 = torch::zeros_like(k_out);
+  auto wrong = torch::zeros({4, 2});
+  EXPECT_NE(error_message([&] {
+              rope::apply_qk_fp8_dynamic_out(q_out, k_out2, q_scale_out, wrong, q, k, t.cos, t.sin,
+                                             positions);
+            }).find("k_scale_out must have shape"),
+            std::string::npos);
+  EXPECT_TRUE(
+      torch::equal(k_out2.view(torch::kUInt8), torch::zeros_like(k_out2).view(torch::kUInt8)));
+}
+
+TEST(ServingFusions, ApplyQkFp8InverseQuantizesTheInverseRotation) {
+  torch::manual_seed(2);
+  const auto t = reference_tables(kServingMaxSeqLen, 32);
+  const auto q = torch::randn({5, 4, 48});  // float32: apply_qk's output is the unrounded value
+  const auto k = torch::randn({5, 2, 48});
+  const auto positions = torch::randint(0, kServingMaxSeqLen, {5, 1});
+  const auto q_scale = torch::full({}, 0.05f);
+  // The inverse rotation of apply_qk, then torch's cast, bit for bit (static scales) ...
+  const auto [q8, k8, qn8, kn8] =
+      rope::apply_qk_fp8(q, k, t.cos, t.sin, positions, std::nullopt, std::nullopt, q_scale,
+                         std::nullopt, std::nullopt, /*interleaved=*/false,
+                         /*multiply_by_scale=*/false, std::nullopt, false, /*inverse=*/true);
+  const auto [qi, ki] =
+      rope::apply_qk(q, k, t.cos, t.sin, positions, /*interleaved=*/false, /*inverse=*/true);
+  EXPECT_TRUE(bitwise_equal(q8, quantize_e4m3(qi, 0.05)));
+  EXPECT_TRUE(bitwise_equal(k8, quantize_e4m3(ki, 1.0)));
+  // ... and it is the forward rotation by the negated angle (float64 oracle, within a step).
+  const auto want = reference_rope(q.to(torch::kDouble), t.cos.to(torch::kDouble),
+                                   -t.sin.to(torch::kDouble), positions, /*interleaved=*/false) /
+                    0.05;
+  EXPECT_TRUE(torch::allclose(q8.to(torch::kDouble), want.clamp(-448, 448), 0.0625, 1e-3));
+  // Dynamic scales: the scales of the inverse rotation's rows.
+  const auto [d8, dk8, d_scale, dk_scale] =
+      rope::apply_qk_fp8_dynamic(q, k, t.cos, t.sin, positions, std::nullopt, false, false, false,
+                                 std::nullopt, false, /*inverse=*/true);
+  EXPECT_TRUE(bitwise_equal(d_scale, qi.abs().amax({-1}, true) / 448.0f));
+  EXPECT_TRUE(bitwise_equal(d8, (qi / d_scale).clamp(-448.0, 448.0).to(torch::kFloat8_e4m3fn)));
 }
 
 struct CacheCall {

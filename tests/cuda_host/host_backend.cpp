@@ -372,22 +372,36 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> host_apply_qk_fp8(
     const at::Tensor& sin, const at::Tensor& positions, const std::optional<at::Tensor>& q_nope,
     const std::optional<at::Tensor>& k_nope, const std::optional<at::Tensor>& q_scale,
     const std::optional<at::Tensor>& k_scale, std::optional<at::ScalarType> dtype, bool interleaved,
-    bool multiply_by_scale, at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
+    bool multiply_by_scale, at::OptionalIntArrayRef mrope_section, bool mrope_interleaved,
+    bool inverse) {
   Enter enter(ctx);
   return rope::cuda::glue::apply_qk_fp8<HostRuntime>(
       q, k, cos, sin, positions, q_nope, k_nope, q_scale, k_scale, dtype, interleaved,
-      multiply_by_scale, mrope_section, mrope_interleaved);
+      multiply_by_scale, mrope_section, mrope_interleaved, inverse);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> host_apply_qk_fp8_dynamic(
     CaseContext& ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
     const at::Tensor& sin, const at::Tensor& positions, std::optional<at::ScalarType> dtype,
     bool interleaved, bool per_token, bool pow2_scale, at::OptionalIntArrayRef mrope_section,
-    bool mrope_interleaved) {
+    bool mrope_interleaved, bool inverse) {
   Enter enter(ctx);
-  return rope::cuda::glue::apply_qk_fp8_dynamic<HostRuntime>(q, k, cos, sin, positions, dtype,
-                                                             interleaved, per_token, pow2_scale,
-                                                             mrope_section, mrope_interleaved);
+  return rope::cuda::glue::apply_qk_fp8_dynamic<HostRuntime>(
+      q, k, cos, sin, positions, dtype, interleaved, per_token, pow2_scale, mrope_section,
+      mrope_interleaved, inverse);
+}
+
+void host_apply_qk_fp8_dynamic_out(CaseContext& ctx, const at::Tensor& q, const at::Tensor& k,
+                                   const at::Tensor& cos, const at::Tensor& sin,
+                                   const at::Tensor& positions, bool interleaved, bool per_token,
+                                   bool pow2_scale, at::OptionalIntArrayRef mrope_section,
+                                   bool mrope_interleaved, bool inverse, const at::Tensor& q_out,
+                                   const at::Tensor& k_out, const at::Tensor& q_scale_out,
+                                   const at::Tensor& k_scale_out) {
+  Enter enter(ctx);
+  rope::cuda::glue::apply_qk_fp8_dynamic_out<HostRuntime>(
+      q, k, cos, sin, positions, interleaved, per_token, pow2_scale, mrope_section,
+      mrope_interleaved, inverse, q_out, k_out, q_scale_out, k_scale_out);
 }
 
 void host_apply_qk_fp8_out(CaseContext& ctx, const at::Tensor& q, const at::Tensor& k,
@@ -399,11 +413,11 @@ void host_apply_qk_fp8_out(CaseContext& ctx, const at::Tensor& q, const at::Tens
                            bool multiply_by_scale, at::OptionalIntArrayRef mrope_section,
                            bool mrope_interleaved, const at::Tensor& q_out, const at::Tensor& k_out,
                            const std::optional<at::Tensor>& q_nope_out,
-                           const std::optional<at::Tensor>& k_nope_out) {
+                           const std::optional<at::Tensor>& k_nope_out, bool inverse) {
   Enter enter(ctx);
   rope::cuda::glue::apply_qk_fp8_out<HostRuntime>(
       q, k, cos, sin, positions, q_nope, k_nope, q_scale, k_scale, interleaved, multiply_by_scale,
-      mrope_section, mrope_interleaved, q_out, k_out, q_nope_out, k_nope_out);
+      mrope_section, mrope_interleaved, inverse, q_out, k_out, q_nope_out, k_nope_out);
 }
 
 std::tuple<at::Tensor, at::Tensor> host_mla_apply_cache(

@@ -133,12 +133,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> host_apply_qk_fp8(
     const at::Tensor& sin, const at::Tensor& positions, const std::optional<at::Tensor>& q_nope,
     const std::optional<at::Tensor>& k_nope, const std::optional<at::Tensor>& q_scale,
     const std::optional<at::Tensor>& k_scale, std::optional<at::ScalarType> dtype, bool interleaved,
-    bool multiply_by_scale, at::OptionalIntArrayRef mrope_section, bool mrope_interleaved);
+    bool multiply_by_scale, at::OptionalIntArrayRef mrope_section, bool mrope_interleaved,
+    bool inverse = false);
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> host_apply_qk_fp8_dynamic(
     CaseContext& ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
     const at::Tensor& sin, const at::Tensor& positions, std::optional<at::ScalarType> dtype,
     bool interleaved, bool per_token, bool pow2_scale, at::OptionalIntArrayRef mrope_section,
-    bool mrope_interleaved);
+    bool mrope_interleaved, bool inverse = false);
+void host_apply_qk_fp8_dynamic_out(CaseContext& ctx, const at::Tensor& q, const at::Tensor& k,
+                                   const at::Tensor& cos, const at::Tensor& sin,
+                                   const at::Tensor& positions, bool interleaved, bool per_token,
+                                   bool pow2_scale, at::OptionalIntArrayRef mrope_section,
+                                   bool mrope_interleaved, bool inverse, const at::Tensor& q_out,
+                                   const at::Tensor& k_out, const at::Tensor& q_scale_out,
+                                   const at::Tensor& k_scale_out);
 std::tuple<at::Tensor, at::Tensor> host_mla_apply_cache(
     CaseContext& ctx, const at::Tensor& q_pe, const at::Tensor& k_pe, const at::Tensor& kv_c,
     const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,
@@ -157,6 +165,6 @@ void host_apply_qk_fp8_out(CaseContext& ctx, const at::Tensor& q, const at::Tens
                            bool multiply_by_scale, at::OptionalIntArrayRef mrope_section,
                            bool mrope_interleaved, const at::Tensor& q_out, const at::Tensor& k_out,
                            const std::optional<at::Tensor>& q_nope_out,
-                           const std::optional<at::Tensor>& k_nope_out);
+                           const std::optional<at::Tensor>& k_nope_out, bool inverse = false);
 
 }  // namespace rope_host

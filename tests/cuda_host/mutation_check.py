@@ -49,7 +49,7 @@ SOURCES = {
     "rms_norm_args.h": REPO / "csrc" / "rms_norm_args.h",
     # The device helpers the kernels share.
     "cuda/common_device.cuh": REPO / "csrc" / "cuda" / "common_device.cuh",
-    # The frequency form's exact reduction and sin/cos (issue 34).
+    # The frequency form's exact reduction and sin/cos.
     "common_exact_angle.h": REPO / "csrc" / "common_exact_angle.h",
     # The serving fusions: the row streams' kernel and its torch-free arguments.
     "cuda/common_stream_kernel.cuh": REPO / "csrc" / "cuda" / "common_stream_kernel.cuh",
@@ -591,7 +591,7 @@ MUTANTS += [
 ]
 
 
-# The new argument forms (issues 34, 35), caught by the host run's forms cases
+# The argument forms (table-free angles, packed sequences), caught by the host run's forms cases
 # (tests/cuda_host/forms_cases.cpp: a binary128 reference of the exact angle p * f, positions to
 # 2^62, packings with empty sequences, seq_offsets and every rank of cp_size 2, 4, 8).
 EXACT = "common_exact_angle.h"
@@ -685,7 +685,7 @@ MUTANTS += [
 ]
 
 
-# Issue 30, section 1: bugs that passed every CPU-side check before the checks they name.
+# Bugs that once passed every CPU-side check, before the checks they name.
 MUTANTS += [
     # rope.rms_norm_apply_qk with multi-axis positions (norm_cases.cpp: axis-first positions,
     # up to 4 axes, as hf.patch hands Qwen3-VL's to this op).
@@ -738,6 +738,20 @@ MUTANTS += [
 # fusions' bit comparisons with the CPU backend in the host run (serving_cases.h).
 STREAMS = "cuda/common_stream_kernel.cuh"
 MUTANTS += [
+    Mutant(
+        "streams-inverse-negates-the-cosine",
+        STREAMS,
+        "  if (inverse) {\n    s = -s;\n  }",
+        "  if (inverse) {\n    c = -c;\n  }",
+        "the inverse rotation turns by pi - angle: the cosine negated, not the sine",
+    ),
+    Mutant(
+        "streams-inverse-ignored",
+        STREAMS,
+        "  if (inverse) {\n    s = -s;\n  }",
+        "  if (inverse && tb.table_stride < 0) {\n    s = -s;\n  }",
+        "inverse=True rotates forwards on CUDA (the flag read, never honoured)",
+    ),
     Mutant(
         "streams-tail-lane-offset",
         STREAMS,

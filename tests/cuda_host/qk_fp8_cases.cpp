@@ -83,6 +83,8 @@ std::string one_qk_fp8_case(uint64_t seed, int64_t index, const CpuVectorPath& c
   const bool functional = d.one_in(2);
   const bool explicit_dtype = d.one_in(2);
   const bool tables_double = d.one_in(4);
+  // From the case's index, not drawn: the draws after this one (and the cases they make) stay.
+  const bool inverse = index % 3 == 2;
 
   std::string q_layout, k_layout;
   const at::Tensor q = random_rows(d, T, Hq, D, dtype, q_layout);
@@ -133,9 +135,9 @@ std::string one_qk_fp8_case(uint64_t seed, int64_t index, const CpuVectorPath& c
   described << c10::toString(dtype) << (tables_double ? " (double tables)" : "") << " q"
             << q.sizes() << " (" << q_layout << ") k" << k.sizes() << " (" << k_layout
             << "), rotary_dim " << R << (interleaved ? ", interleaved" : ", half split")
-            << ", q_nope " << Nq << ", k_nope " << Nk << ", " << c10::toString(fp8)
-            << (multiply ? " multiply" : " divide") << (functional ? ", functional" : ", out=")
-            << ", positions " << positions.sizes()
+            << (inverse ? ", inverse" : "") << ", q_nope " << Nq << ", k_nope " << Nk << ", "
+            << c10::toString(fp8) << (multiply ? " multiply" : " divide")
+            << (functional ? ", functional" : ", out=") << ", positions " << positions.sizes()
             << (axes ? ", mrope " + c10::str(at::IntArrayRef(axes->section)) : std::string());
 
   CaseContext ctx;
@@ -155,19 +157,48 @@ std::string one_qk_fp8_case(uint64_t seed, int64_t index, const CpuVectorPath& c
 
   if (dynamic) {
     described << ", dynamic " << (per_token ? "per-token" : "per-row") << (pow2 ? " pow2" : "")
-              << (edge_rows ? ", edge rows" : "");
+              << (edge_rows ? ", edge rows" : "") << (functional ? "" : ", out=");
   }
 
   NamedTensors got, want;
   try {
-    if (dynamic) {
+    if (dynamic && !functional) {
+      // The out= overload: padded fp8 rows and padded (maybe strided) float32 scales.
+      const int64_t sq = per_token ? 1 : Hq;
+      const int64_t sk = per_token ? 1 : Hk;
+      const Buffered q_out = padded(d, q.sizes(), fp8, true);
+      const Buffered k_out = padded(d, k.sizes(), fp8, true);
+      const Buffered qs_out = padded(d, {T, sq, 1}, at::kFloat, false);
+      const Buffered ks_out = padded(d, {T, sk, 1}, at::kFloat, false);
+      const Buffered cq = copy_of(q_out), ck = copy_of(k_out);
+      const Buffered cqs = copy_of(qs_out), cks = copy_of(ks_out);
+      at::Tensor cq_view = cq.view, ck_view = ck.view, cqs_view = cqs.view, cks_view = cks.view;
+      rope::apply_qk_fp8_dynamic_out(cq_view, ck_view, cqs_view, cks_view, q, k, cos, sin,
+                                     positions, interleaved, per_token, pow2, section,
+                                     section_interleaved, inverse);
+      for (const Buffered* b : {&q_out, &k_out, &qs_out, &ks_out}) {
+        ctx.place(b->buffer);
+      }
+      host_apply_qk_fp8_dynamic_out(ctx, q, k, cos, sin, positions, interleaved, per_token, pow2,
+                                    section, section_interleaved, inverse, q_out.view, k_out.view,
+                                    qs_out.view, ks_out.view);
+      got = {{"q_out buffer", q_out.buffer},
+             {"k_out buffer", k_out.buffer},
+             {"q_scale_out buffer", qs_out.buffer},
+             {"k_scale_out buffer", ks_out.buffer}};
+      want = {{"q_out buffer", cq.buffer},
+              {"k_out buffer", ck.buffer},
+              {"q_scale_out buffer", cqs.buffer},
+              {"k_scale_out buffer", cks.buffer}};
+    } else if (dynamic) {
       const std::optional<at::ScalarType> asked =
           fp8 != at::kFloat8_e4m3fn ? std::optional<at::ScalarType>(fp8) : std::nullopt;
-      const auto cpu = rope::apply_qk_fp8_dynamic(q, k, cos, sin, positions, asked, interleaved,
-                                                  per_token, pow2, section, section_interleaved);
+      const auto cpu =
+          rope::apply_qk_fp8_dynamic(q, k, cos, sin, positions, asked, interleaved, per_token, pow2,
+                                     section, section_interleaved, inverse);
       const auto host =
           host_apply_qk_fp8_dynamic(ctx, q, k, cos, sin, positions, asked, interleaved, per_token,
-                                    pow2, section, section_interleaved);
+                                    pow2, section, section_interleaved, inverse);
       want = {{"q_out", std::get<0>(cpu)},
               {"k_out", std::get<1>(cpu)},
               {"q_scale", std::get<2>(cpu)},
@@ -182,10 +213,10 @@ std::string one_qk_fp8_case(uint64_t seed, int64_t index, const CpuVectorPath& c
                                                       : std::nullopt;
       const auto cpu =
           rope::apply_qk_fp8(q, k, cos, sin, positions, q_nope, k_nope, q_scale, k_scale, asked,
-                             interleaved, multiply, section, section_interleaved);
+                             interleaved, multiply, section, section_interleaved, inverse);
       const auto host =
           host_apply_qk_fp8(ctx, q, k, cos, sin, positions, q_nope, k_nope, q_scale, k_scale, asked,
-                            interleaved, multiply, section, section_interleaved);
+                            interleaved, multiply, section, section_interleaved, inverse);
       want = {{"q_out", std::get<0>(cpu)},
               {"k_out", std::get<1>(cpu)},
               {"q_nope_out", std::get<2>(cpu)},
@@ -215,7 +246,7 @@ std::string one_qk_fp8_case(uint64_t seed, int64_t index, const CpuVectorPath& c
       at::Tensor cq_view = cq.view, ck_view = ck.view;
       rope::apply_qk_fp8_out(cq_view, ck_view, view(cqn), view(ckn), q, k, cos, sin, positions,
                              q_nope, k_nope, q_scale, k_scale, interleaved, multiply, section,
-                             section_interleaved);
+                             section_interleaved, inverse);
       for (const Buffered* b : {&q_out, &k_out}) {
         ctx.place(b->buffer);
       }
@@ -226,7 +257,7 @@ std::string one_qk_fp8_case(uint64_t seed, int64_t index, const CpuVectorPath& c
       }
       host_apply_qk_fp8_out(ctx, q, k, cos, sin, positions, q_nope, k_nope, q_scale, k_scale,
                             interleaved, multiply, section, section_interleaved, q_out.view,
-                            k_out.view, view(qn_out), view(kn_out));
+                            k_out.view, view(qn_out), view(kn_out), inverse);
       got = {{"q_out buffer", q_out.buffer}, {"k_out buffer", k_out.buffer}};
       want = {{"q_out buffer", cq.buffer}, {"k_out buffer", ck.buffer}};
       if (qn_out) {
@@ -254,7 +285,8 @@ std::string one_qk_fp8_case(uint64_t seed, int64_t index, const CpuVectorPath& c
   }
   hit("qk_fp8: a stream on the vector path", vector);
   hit("qk_fp8: a stream on the scalar path", scalar);
-  hit("qk_fp8: out=", !functional);
+  hit("qk_fp8: out=", !functional && !dynamic);
+  hit("qk_fp8 dynamic: out=", dynamic && !functional && T > 0);
   hit("qk_fp8: multiply by the scale", multiply);
   hit("qk_fp8: float8_e5m2", fp8 == at::kFloat8_e5m2);
   hit("qk_fp8: nope parts", q_nope.has_value() && k_nope.has_value());
@@ -262,6 +294,7 @@ std::string one_qk_fp8_case(uint64_t seed, int64_t index, const CpuVectorPath& c
   hit("qk_fp8: half split", !interleaved);
   hit("qk_fp8: float64", dtype == at::kDouble);
   hit("qk_fp8: float64 tables", tables_double);
+  hit("qk_fp8: the inverse rotation", inverse && R > 0 && T > 0);
   hit("qk_fp8 dynamic: per-row scales", dynamic && !per_token && T > 0);
   hit("qk_fp8 dynamic: per-token scales", dynamic && per_token && T > 0);
   hit("qk_fp8 dynamic: power-of-two scales", dynamic && pow2 && T > 0);

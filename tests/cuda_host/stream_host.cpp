@@ -172,6 +172,9 @@ bool run_case(uint64_t seed, int64_t index, Checker& check) {
   const int64_t es = storage_bytes(storage);
   const bool tables_double = pick(rng, 0, 3) == 0;
   const bool interleaved = pick(rng, 0, 1) == 1;
+  // The inverse rotation from the case's index, not drawn: the cases' other draws stay as they
+  // were.
+  const bool inverse = index % 3 == 1;
   const int64_t T = pick(rng, 0, 5) == 0 ? 30 + pick(rng, 0, 20) : pick(rng, 0, 7);
   const int32_t num_streams = static_cast<int32_t>(pick(rng, 1, rope::kMaxStreams));
   const int64_t rotary_dims[] = {0, 16, 32, 64, 2, 6, 20, 48};
@@ -221,6 +224,7 @@ bool run_case(uint64_t seed, int64_t index, Checker& check) {
   a.num_tokens = T;
   a.num_streams = num_streams;
   a.interleaved = interleaved;
+  a.inverse = inverse;
   a.eps = eps;
   a.slots = slots.data();
   a.slot_stride = slot_stride;
@@ -415,10 +419,12 @@ bool run_case(uint64_t seed, int64_t index, Checker& check) {
                 "pos=%s%s eps=%g slots/block=%lld",
                 static_cast<long long>(index), static_cast<unsigned long long>(seed),
                 storage_name(storage), tables_double ? "double" : "float",
-                interleaved ? "interleaved" : "half-split", static_cast<long long>(T),
-                static_cast<long long>(R), num_streams, static_cast<long long>(num_axes),
-                axis_first ? " (axis first)" : "", pos_int64 ? "int64" : "int32",
-                per_head ? " per-head" : "", eps, static_cast<long long>(block_size));
+                interleaved ? (inverse ? "interleaved inverse" : "interleaved")
+                            : (inverse ? "half-split inverse" : "half-split"),
+                static_cast<long long>(T), static_cast<long long>(R), num_streams,
+                static_cast<long long>(num_axes), axis_first ? " (axis first)" : "",
+                pos_int64 ? "int64" : "int32", per_head ? " per-head" : "", eps,
+                static_cast<long long>(block_size));
   check.where = buf;
   for (int32_t i = 0; i < num_streams; ++i) {
     const StreamCase& c = cs[static_cast<size_t>(i)];
@@ -558,7 +564,7 @@ bool run_case(uint64_t seed, int64_t index, Checker& check) {
       const int64_t ib = interleaved ? 2 * k + 1 : k + c.rotary_dim / 2;
       const int32_t axis = tables.axes.num_axes > 0 ? rope::axis_of_plane(tables.axes, k) : 0;
       const double co = table(cos_v, rows[axis], k);
-      const double si = table(sin_v, rows[axis], k);
+      const double si = inverse ? -table(sin_v, rows[axis], k) : table(sin_v, rows[axis], k);
       y[ia] = n[ia] * co - n[ib] * si;
       y[ib] = n[ia] * si + n[ib] * co;
       bound[ia] = bound[ib] = std::fabs(n[ia]) + std::fabs(n[ib]);
@@ -786,6 +792,7 @@ bool run_case(uint64_t seed, int64_t index, Checker& check) {
     hit("dynamic scales, vector path", rows && c.dynamic && plan.plan[i].vector);
   }
   hit("multi-axis positions", T > 0 && multi_axis);
+  hit("inverse rotation", T > 0 && R > 0 && inverse);
   hit("multi-axis, axis first", T > 0 && axis_first);
   hit("float64", T > 0 && storage == Storage::kDouble);
   hit("an asserting call", expect_assert);

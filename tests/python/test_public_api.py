@@ -211,21 +211,28 @@ SCHEMAS = {
         "rope::apply_qk_fp8(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor positions, *, "
         "Tensor? q_nope=None, Tensor? k_nope=None, Tensor? q_scale=None, Tensor? k_scale=None, "
         "ScalarType? dtype=None, bool interleaved=True, bool multiply_by_scale=False, "
-        "int[]? mrope_section=None, bool mrope_interleaved=False) -> (Tensor, Tensor, Tensor, "
-        "Tensor)"
+        "int[]? mrope_section=None, bool mrope_interleaved=False, bool inverse=False) -> "
+        "(Tensor, Tensor, Tensor, Tensor)"
     ),
     "apply_qk_fp8.out": (
         "rope::apply_qk_fp8.out(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor positions, *, "
         "Tensor? q_nope=None, Tensor? k_nope=None, Tensor? q_scale=None, Tensor? k_scale=None, "
         "bool interleaved=True, bool multiply_by_scale=False, int[]? mrope_section=None, "
-        "bool mrope_interleaved=False, Tensor(a!) q_out, Tensor(b!) k_out, "
+        "bool mrope_interleaved=False, bool inverse=False, Tensor(a!) q_out, Tensor(b!) k_out, "
         "Tensor(c!)? q_nope_out=None, Tensor(d!)? k_nope_out=None) -> ()"
     ),
     "apply_qk_fp8_dynamic.default": (
         "rope::apply_qk_fp8_dynamic(Tensor q, Tensor k, Tensor cos, Tensor sin, "
         "Tensor positions, *, ScalarType? dtype=None, bool interleaved=True, "
         "bool per_token=False, bool pow2_scale=False, int[]? mrope_section=None, "
-        "bool mrope_interleaved=False) -> (Tensor, Tensor, Tensor, Tensor)"
+        "bool mrope_interleaved=False, bool inverse=False) -> (Tensor, Tensor, Tensor, Tensor)"
+    ),
+    "apply_qk_fp8_dynamic.out": (
+        "rope::apply_qk_fp8_dynamic.out(Tensor q, Tensor k, Tensor cos, Tensor sin, "
+        "Tensor positions, *, bool interleaved=True, bool per_token=False, "
+        "bool pow2_scale=False, int[]? mrope_section=None, bool mrope_interleaved=False, "
+        "bool inverse=False, Tensor(a!) q_out, Tensor(b!) k_out, Tensor(c!) q_scale_out, "
+        "Tensor(d!) k_scale_out) -> ()"
     ),
     "mla_apply_cache.default": (
         "rope::mla_apply_cache(Tensor q_pe, Tensor k_pe, Tensor kv_c, Tensor cos, Tensor sin, "

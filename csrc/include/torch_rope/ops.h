@@ -216,7 +216,8 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_apply_qk(
 // Rotates q (T, Hq, D) and k (T, Hk, D) as apply_qk and returns them as float8 (`dtype`,
 // float8_e4m3fn by default), with q_nope (T, Hq, Nq) and k_nope (T, Hk, Nk), the heads' parts
 // that are not rotated, quantized with q_scale / k_scale; an absent nope part gives an empty
-// (T, H, 0) output. Returns (q_out, k_out, q_nope_out, k_nope_out). See docs/api.md.
+// (T, H, 0) output. Returns (q_out, k_out, q_nope_out, k_nope_out). inverse rotates by -angle
+// (apply's inverse) before quantizing. See docs/api.md.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_qk_fp8(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
     const at::Tensor& positions, const std::optional<at::Tensor>& q_nope = std::nullopt,
@@ -225,7 +226,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_qk_fp8(
     const std::optional<at::Tensor>& k_scale = std::nullopt,
     std::optional<at::ScalarType> dtype = std::nullopt, bool interleaved = true,
     bool multiply_by_scale = false, at::OptionalIntArrayRef mrope_section = std::nullopt,
-    bool mrope_interleaved = false);
+    bool mrope_interleaved = false, bool inverse = false);
 
 // The same into the caller's float8 buffers (one fp8 dtype for all; shapes of q, k, q_nope,
 // k_nope; any strides with a unit last stride; sharing no memory with an input or each other).
@@ -241,7 +242,7 @@ void apply_qk_fp8_out(at::Tensor& q_out, at::Tensor& k_out,
                       const std::optional<at::Tensor>& k_scale = std::nullopt,
                       bool interleaved = true, bool multiply_by_scale = false,
                       at::OptionalIntArrayRef mrope_section = std::nullopt,
-                      bool mrope_interleaved = false);
+                      bool mrope_interleaved = false, bool inverse = false);
 
 // apply_qk_fp8 with dynamic scales: q and k rotated, then quantized with scales computed from the
 // rotated rows, amax / (the fp8 dtype's largest value) over each (token, head) row, or over all
@@ -254,7 +255,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_qk_fp8_dynamic(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
     const at::Tensor& positions, std::optional<at::ScalarType> dtype = std::nullopt,
     bool interleaved = true, bool per_token = false, bool pow2_scale = false,
-    at::OptionalIntArrayRef mrope_section = std::nullopt, bool mrope_interleaved = false);
+    at::OptionalIntArrayRef mrope_section = std::nullopt, bool mrope_interleaved = false,
+    bool inverse = false);
+
+// The same into the caller's buffers: float8 q_out and k_out (q's and k's shapes, a unit last
+// stride) and float32 scales (T, Hq, 1) and (T, Hk, 1) ((T, 1, 1) with per_token; any strides),
+// none sharing memory with an input or another output. Every check runs before anything is
+// written.
+void apply_qk_fp8_dynamic_out(at::Tensor& q_out, at::Tensor& k_out, at::Tensor& q_scale_out,
+                              at::Tensor& k_scale_out, const at::Tensor& q, const at::Tensor& k,
+                              const at::Tensor& cos, const at::Tensor& sin,
+                              const at::Tensor& positions, bool interleaved = true,
+                              bool per_token = false, bool pow2_scale = false,
+                              at::OptionalIntArrayRef mrope_section = std::nullopt,
+                              bool mrope_interleaved = false, bool inverse = false);
 
 // MLA (multi-head latent attention, DeepSeek-V2/V3) cache rows: rotates q_pe (T, H, R) and the
 // single-head k_pe (T, R) at positions (T, 1), writes [kv_c | k_pe] rows into kv_cache (width

@@ -35,6 +35,7 @@ def apply_qk_fp8(
     multiply_by_scale: bool = False,
     mrope_section: Optional[Sequence[int]] = None,
     mrope_interleaved: bool = False,
+    inverse: bool = False,
     out: Optional[Sequence[Optional[Tensor]]] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Rotate ``q`` and ``k`` as :func:`apply_qk` and return them as float8, with their no-RoPE
@@ -49,7 +50,9 @@ def apply_qk_fp8(
     (FlashInfer's rule). ``q_scale`` scales q and q_nope, ``k_scale`` k and k_nope: a Python
     number or a one-element float32 tensor on q's device, finite and > 0; None is 1.
     ``out=(q_out, k_out, q_nope_out, k_nope_out)`` writes the caller's float8 buffers instead
-    (the nope ones None without their input) and returns them. Not differentiable.
+    (the nope ones None without their input) and returns them. ``inverse=True`` rotates by
+    the negated angle (:func:`apply`'s ``inverse``, as DeepSeek-V4 rotates the attention output
+    back before its projection) before quantizing. Not differentiable.
     """
     device = q.device
     if q_scale is not None and type(q_scale) is not Tensor:
@@ -78,6 +81,7 @@ def apply_qk_fp8(
             multiply_by_scale=multiply_by_scale,
             mrope_section=_section(_OP, mrope_section),
             mrope_interleaved=mrope_interleaved,
+            inverse=inverse,
             q_out=out[0],
             k_out=out[1],
             q_nope_out=out[2],
@@ -105,6 +109,7 @@ def apply_qk_fp8(
             multiply_by_scale,
             None if mrope_section is None else list(mrope_section),
             mrope_interleaved,
+            inverse,
         )
     require_sources(_OP, cos, sin, positions)
     return _apply_qk_fp8(
@@ -122,10 +127,12 @@ def apply_qk_fp8(
         multiply_by_scale=multiply_by_scale,
         mrope_section=_section(_OP, mrope_section),
         mrope_interleaved=mrope_interleaved,
+        inverse=inverse,
     )
 
 
 _apply_qk_fp8_dynamic = torch.ops.rope.apply_qk_fp8_dynamic.default
+_apply_qk_fp8_dynamic_out = torch.ops.rope.apply_qk_fp8_dynamic.out
 _DYNAMIC_OP = "rope.apply_qk_fp8_dynamic"
 
 
@@ -142,6 +149,8 @@ def apply_qk_fp8_dynamic(
     pow2_scale: bool = False,
     mrope_section: Optional[Sequence[int]] = None,
     mrope_interleaved: bool = False,
+    inverse: bool = False,
+    out: Optional[Sequence[Tensor]] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Rotate ``q`` and ``k`` as :func:`apply_qk` and return them as float8 with scales computed
     from the rotated rows in the same pass: ``(q_out, k_out, q_scale, k_scale)``.
@@ -155,9 +164,41 @@ def apply_qk_fp8_dynamic(
     value, bit for bit as torch. ``q_scale`` is ``(T, Hq, 1)`` (``(T, 1, 1)`` per token), so
     ``q_out.float() * q_scale`` dequantizes. An all-zero row gets scale 1; a row with an
     infinity gets scale inf (``2**127`` with ``pow2_scale``), one with a NaN scale NaN
-    (docs/quant_formats.md has the table). Not differentiable.
+    (docs/quant_formats.md has the table). ``inverse=True`` rotates by the negated angle before
+    the scales are taken. ``out=(q_out, k_out, q_scale, k_scale)`` writes the caller's buffers
+    (float8 rows of q's and k's shapes, float32 scales of the shapes above, any strides) and
+    returns them; their dtype is then q_out's. Not differentiable.
     """
     require_sources(_DYNAMIC_OP, cos, sin, positions)
+    if out is not None:
+        out = tuple(out)
+        if len(out) != 4 or any(t is None for t in out):
+            raise ValueError(
+                f"{_DYNAMIC_OP}: out must be (q_out, k_out, q_scale, k_scale), got {out!r}"
+            )
+        if dtype is not None and isinstance(out[0], Tensor) and out[0].dtype != dtype:
+            raise ValueError(
+                f"{_DYNAMIC_OP}: dtype={dtype} disagrees with q_out's dtype {out[0].dtype} "
+                "(with out=, q_out's dtype is the format: pass one or the other)"
+            )
+        _apply_qk_fp8_dynamic_out(
+            q,
+            k,
+            cos,
+            sin,
+            positions,
+            interleaved=interleaved,
+            per_token=per_token,
+            pow2_scale=pow2_scale,
+            mrope_section=_section(_DYNAMIC_OP, mrope_section),
+            mrope_interleaved=mrope_interleaved,
+            inverse=inverse,
+            q_out=out[0],
+            k_out=out[1],
+            q_scale_out=out[2],
+            k_scale_out=out[3],
+        )
+        return out
     return _apply_qk_fp8_dynamic(
         q,
         k,
@@ -170,4 +211,5 @@ def apply_qk_fp8_dynamic(
         pow2_scale=pow2_scale,
         mrope_section=_section(_DYNAMIC_OP, mrope_section),
         mrope_interleaved=mrope_interleaved,
+        inverse=inverse,
     )

@@ -192,6 +192,41 @@ def test_multi_axis_positions(section, mrope_interleaved, device):
     assert ref.same_bits(outs[0], ref.quantize_fp8(q32, 0.05, torch.float8_e4m3fn))
 
 
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half_split"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=dtype_id)
+def test_inverse_quantizes_the_inverse_rotation(dtype, interleaved, device):
+    # inverse=True: apply_qk's inverse rotation (the negated angle), then torch's quantization,
+    # bit for bit: the functional overload (the eager fast path and the dispatcher's), out=, and
+    # the tail and nope parts as without inverse. 16-bit inputs: the bytes of their float32 values.
+    c = make_call(device, dtype, D=80, rotary_dim=48)
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
+    qi, ki = torch_rope.apply_qk(
+        c["q"].to(wide), c["k"].to(wide), c["cos"], c["sin"], c["positions"],
+        interleaved=interleaved, inverse=True,
+    )  # fmt: skip
+    kw = dict(q_scale=0.05, k_scale=0.1, interleaved=interleaved)
+    outs = call(c, inverse=True, **kw)
+    assert ref.same_bits(outs[0], ref.quantize_fp8(qi, 0.05, torch.float8_e4m3fn))
+    assert ref.same_bits(outs[1], ref.quantize_fp8(ki, 0.1, torch.float8_e4m3fn))
+    assert ref.same_bits(outs[2], ref.quantize_fp8(c["q_nope"], 0.05, torch.float8_e4m3fn))
+    # The rotation really turned the other way (positions other than 0 move the rows).
+    forward = call(c, **kw)
+    assert not ref.same_bits(outs[0], forward[0])
+    assert ref.same_bits(outs[2], forward[2]) and ref.same_bits(outs[3], forward[3])
+    # The dispatcher's path and out= give the same bytes.
+    scale = torch.tensor(0.05, device=device), torch.tensor(0.1, device=device)
+    via_op = torch.ops.rope.apply_qk_fp8(
+        c["q"], c["k"], c["cos"], c["sin"], c["positions"], q_nope=c["q_nope"],
+        k_nope=c["k_nope"], q_scale=scale[0], k_scale=scale[1], interleaved=interleaved,
+        inverse=True,
+    )  # fmt: skip
+    assert all(ref.same_bits(a, b) for a, b in zip(via_op, outs))
+    _, views = padded_outputs(c, torch.float8_e4m3fn, device)
+    call(c, inverse=True, out=views, **kw)
+    assert all(ref.same_bits(v, o) for v, o in zip(views, outs))
+
+
 # ---- out= ---------------------------------------------------------------------------------------
 
 

@@ -108,6 +108,28 @@ def test_matches_the_reference(dtype, fp8, interleaved, per_token, pow2, device)
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
 @pytest.mark.parametrize("per_token", [False, True], ids=["per_row", "per_token"])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half_split"])
+def test_inverse_rotation(interleaved, per_token, device):
+    # inverse=True: the scales and codes of apply_qk's inverse rotation (the negated angle).
+    q, k = make_qk(device, torch.bfloat16)
+    cos, sin = make_tables(MAX_SEQ_LEN, 48, device)
+    positions = torch.randint(1, MAX_SEQ_LEN, (5, 1), device=device)
+    got = torch_rope.apply_qk_fp8_dynamic(
+        q, k, cos, sin, positions, interleaved=interleaved, per_token=per_token, inverse=True
+    )
+    q32, k32 = rotate32(q, k, cos, sin, positions, interleaved, inverse=True)
+    for codes, scale, x32 in ((got[0], got[2], q32), (got[1], got[3], k32)):
+        want, want_scale = reference(x32, E4M3, per_token, False)
+        assert same_scales(scale, want_scale)
+        assert same_codes(codes, want, E4M3)
+    forward = torch_rope.apply_qk_fp8_dynamic(
+        q, k, cos, sin, positions, interleaved=interleaved, per_token=per_token
+    )
+    assert not same_codes(got[0], forward[0], E4M3)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("per_token", [False, True], ids=["per_row", "per_token"])
 def test_float64_inputs(per_token, device):
     # float64 math: amax and the quotient in float64, the quotient rounded to float32 and then
     # to float8 (as torch's float64 -> float8 cast), the scale rounded once to float32.
@@ -217,3 +239,47 @@ def test_compile_meta_and_no_grad():
     assert [t.dtype for t in meta] == [E4M3, E4M3, torch.float32, torch.float32]
     with pytest.raises(RuntimeError, match="doesn't support automatic differentiation"):
         torch_rope.apply_qk_fp8_dynamic(q.requires_grad_(), k, cos, sin, positions)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("per_token", [False, True], ids=["per_row", "per_token"])
+def test_out_writes_the_callers_rows_and_scales(per_token, device):
+    # out=: the functional overload's bits in the caller's buffers (float8 rows of e5m2, the
+    # format out= takes from q_out; scales as strided views), their version counters bumped, also
+    # under inference_mode; the same under torch.compile(fullgraph=True).
+    q, k = make_qk(device, torch.bfloat16)
+    cos, sin = make_tables(MAX_SEQ_LEN, 48, device)
+    positions = torch.randint(0, MAX_SEQ_LEN, (5, 1), device=device)
+    kw = dict(per_token=per_token, pow2_scale=True)
+    want = torch_rope.apply_qk_fp8_dynamic(q, k, cos, sin, positions, dtype=E5M2, **kw)
+
+    def buffers():
+        rows = [torch.empty(x.shape, dtype=E5M2, device=device) for x in (q, k)]
+        scales = [torch.full((5, s.shape[1], 2), -1.0, device=device)[..., 1:] for s in want[2:]]
+        return tuple(rows + scales)
+
+    out = buffers()
+    versions = [t._version for t in out]
+    got = torch_rope.apply_qk_fp8_dynamic(q, k, cos, sin, positions, out=out, **kw)
+    assert all(g is o for g, o in zip(got, out))
+    assert all(t._version > v for t, v in zip(out, versions))
+    assert all(ref.same_bits(g, w) for g, w in zip(got, want))
+    assert torch.all(out[2]._base[..., 0] == -1.0), "a scale view's neighbours were written"
+    with torch.inference_mode():
+        out = buffers()
+        torch_rope.apply_qk_fp8_dynamic(q, k, cos, sin, positions, out=out, **kw)
+    assert all(ref.same_bits(g, w) for g, w in zip(out, want))
+
+    def f(q, k, positions, out):
+        torch_rope.apply_qk_fp8_dynamic(q, k, cos, sin, positions, out=out, **kw)
+        return out
+
+    out = buffers()
+    torch.compile(f, fullgraph=True)(q, k, positions, out)
+    assert all(ref.same_bits(g, w) for g, w in zip(out, want))
+    with pytest.raises(ValueError, match="disagrees with q_out's dtype"):
+        torch_rope.apply_qk_fp8_dynamic(q, k, cos, sin, positions, dtype=E4M3, out=buffers())
+    # No tokens: nothing to write, the buffers are returned.
+    empty = [t[:0] for t in buffers()]
+    got = torch_rope.apply_qk_fp8_dynamic(q[:0], k[:0], cos, sin, positions[:0], out=empty, **kw)
+    assert all(g is e for g, e in zip(got, empty))

@@ -1981,11 +1981,16 @@ register_family(
 )
 
 
-# ---- family: qk_fp8_dynamic (apply_qk_fp8_dynamic) ----------------------------------------------
-# The valid call: q (5, 4, 80), k (5, 2, 80), tables (64, 24) (rotary_dim 48), positions (5, 1).
-# The checks are apply_qk_fp8's (one body); these cases hold the dynamic op to them.
+# ---- family: qk_fp8_dynamic (apply_qk_fp8_dynamic, apply_qk_fp8_dynamic.out) ------------------
+# The valid call: q (5, 4, 80), k (5, 2, 80), tables (64, 24) (rotary_dim 48), positions (5, 1);
+# the .out ops write float8 rows of q's and k's shapes and float32 scales (5, 4, 1), (5, 2, 1).
+# The checks are apply_qk_fp8's (one body); these cases hold the dynamic op to them, and the .out
+# ops to their buffers' checks.
 
-QK_FP8_DYNAMIC_OPS = ("apply_qk_fp8_dynamic", "raw.apply_qk_fp8_dynamic")
+QK_FP8_DYNAMIC_OUT_OPS = ("apply_qk_fp8_dynamic.out", "raw.apply_qk_fp8_dynamic.out")
+QK_FP8_DYNAMIC_FUNCTIONAL_OPS = ("apply_qk_fp8_dynamic", "raw.apply_qk_fp8_dynamic")
+QK_FP8_DYNAMIC_OPS = QK_FP8_DYNAMIC_FUNCTIONAL_OPS + QK_FP8_DYNAMIC_OUT_OPS
+_QK_FP8_DYNAMIC_OUTS = ("q_out", "k_out", "q_scale_out", "k_scale_out")
 
 
 def _qk_fp8_dynamic_good_inputs(device):
@@ -1996,14 +2001,23 @@ def _qk_fp8_dynamic_good_inputs(device):
         cos=cos,
         sin=sin,
         positions=(torch.arange(5, device=device) * 7).view(5, 1),
+        q_out=torch.full((5, 4, 80), 3.0, device=device).to(E4M3),
+        k_out=torch.full((5, 2, 80), 3.0, device=device).to(E4M3),
+        q_scale_out=torch.full((5, 4, 1), -1.0, device=device),
+        k_scale_out=torch.full((5, 2, 1), -1.0, device=device),
     )
 
 
 def _qk_fp8_dynamic_call(op, args):
     a = dict(args)
     tensors = [a.pop(n) for n in ("q", "k", "cos", "sin", "positions")]
+    outs = {n: a.pop(n) for n in _QK_FP8_DYNAMIC_OUTS}
+    if op == "raw.apply_qk_fp8_dynamic.out":
+        return torch.ops.rope.apply_qk_fp8_dynamic.out(*tensors, **a, **outs)
     if op == "raw.apply_qk_fp8_dynamic":
         return torch.ops.rope.apply_qk_fp8_dynamic(*tensors, **a)
+    if op == "apply_qk_fp8_dynamic.out":
+        return torch_rope.apply_qk_fp8_dynamic(*tensors, out=tuple(outs.values()), **a)
     return torch_rope.apply_qk_fp8_dynamic(*tensors, **a)
 
 
@@ -2028,6 +2042,7 @@ QK_FP8_DYNAMIC_BAD_INPUTS = {
         RuntimeError,
         r"dtype must be a float8 dtype \(torch\.float8_e4m3fn or torch\.float8_e5m2\), got "
         r"BFloat16",
+        QK_FP8_DYNAMIC_FUNCTIONAL_OPS,
     ),
     "qk_fp8_dynamic_position_out_of_range": Bad(
         lambda a: a["positions"].__setitem__((3, 0), -1),
@@ -2035,6 +2050,52 @@ QK_FP8_DYNAMIC_BAD_INPUTS = {
         r"positions must be in \[0, max_seq_len\) with max_seq_len = cos\.size\(0\) = 64, got -1 "
         r"at flat index 3",
         needs_data=True,
+    ),
+    "qk_fp8_dynamic_out_not_fp8": Bad(
+        _set(q_out=lambda d: torch.zeros(5, 4, 80, device=d, dtype=torch.bfloat16)),
+        RuntimeError,
+        r"q_out must be float8 \(torch\.float8_e4m3fn or torch\.float8_e5m2\), got BFloat16",
+        QK_FP8_DYNAMIC_OUT_OPS,
+    ),
+    "qk_fp8_dynamic_scale_out_dtype": Bad(
+        _set(k_scale_out=lambda d: torch.zeros(5, 2, 1, device=d, dtype=torch.float64)),
+        RuntimeError,
+        r"k_scale_out must be float32, got Double",
+        QK_FP8_DYNAMIC_OUT_OPS,
+    ),
+    "qk_fp8_dynamic_scale_out_shape": Bad(
+        _set(q_scale_out=lambda d: torch.zeros(5, 4, device=d)),
+        RuntimeError,
+        r"q_scale_out must have shape \[5, 4, 1\] \(tokens, heads, 1\), got \[5, 4\] "
+        r"\(out= never resizes\)",
+        QK_FP8_DYNAMIC_OUT_OPS,
+    ),
+    "qk_fp8_dynamic_scale_out_per_token_shape": Bad(
+        lambda a: a.update(per_token=True),
+        RuntimeError,
+        r"q_scale_out must have shape \[5, 1, 1\] \(tokens, 1, 1\) with per_token, got "
+        r"\[5, 4, 1\]",
+        QK_FP8_DYNAMIC_OUT_OPS,
+    ),
+    "qk_fp8_dynamic_scale_out_aliases_q": Bad(
+        lambda a: a.update(q_scale_out=a["q"][..., :1]),
+        RuntimeError,
+        r"q_scale_out shares memory with q, which it would overwrite while reading",
+        QK_FP8_DYNAMIC_OUT_OPS,
+        needs_memory=True,
+    ),
+    "qk_fp8_dynamic_scale_outs_overlap": Bad(
+        lambda a: a.update(k_scale_out=a["q_scale_out"][:, :2]),
+        RuntimeError,
+        r"q_scale_out shares memory with k_scale_out",
+        QK_FP8_DYNAMIC_OUT_OPS,
+        needs_memory=True,
+    ),
+    "qk_fp8_dynamic_scale_out_expanded": Bad(
+        _set(q_scale_out=lambda d: torch.zeros(5, 1, 1, device=d).expand(5, 4, 1)),
+        RuntimeError,
+        r"q_scale_out has overlapping memory \(e\.g\. a result of expand\(\)\)",
+        QK_FP8_DYNAMIC_OUT_OPS,
     ),
 }
 
@@ -2045,8 +2106,13 @@ register_family(
         good_inputs=_qk_fp8_dynamic_good_inputs,
         call=_qk_fp8_dynamic_call,
         cases=QK_FP8_DYNAMIC_BAD_INPUTS,
-        op_name=lambda op: "rope.apply_qk_fp8_dynamic",
-        overloads={op: torch.ops.rope.apply_qk_fp8_dynamic.default for op in QK_FP8_DYNAMIC_OPS},
+        op_name=lambda op: "rope.apply_qk_fp8_dynamic" + (".out" if op.endswith(".out") else ""),
+        overloads={
+            op: torch.ops.rope.apply_qk_fp8_dynamic.out
+            if op.endswith(".out")
+            else torch.ops.rope.apply_qk_fp8_dynamic.default
+            for op in QK_FP8_DYNAMIC_OPS
+        },  # fmt: skip
     ),
 )
 

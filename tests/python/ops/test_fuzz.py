@@ -13,7 +13,7 @@ seed, so a failure shrinks to a small geometry.
   position must raise and write nothing.
 * **rms_norm** (rms_norm_apply_qk), **kv_cache** (apply_qk_cache), **forms** (the freqs= and
   packed-sequence overloads), **qk_fp8** (apply_qk_fp8, .out), **qk_fp8_dynamic**
-  (apply_qk_fp8_dynamic), **mla_cache** (mla_apply_cache) and
+  (apply_qk_fp8_dynamic, .out), **mla_cache** (mla_apply_cache) and
   **norm_cache** (rms_norm_apply_qk_cache): each drawn call becomes a sample of samples.py and is
   judged by that family's own check (the one the sample matrix runs); the norm's four gradients
   against the differentiated oracle; bad positions and slots must raise and leave every cache
@@ -41,6 +41,7 @@ from samples import (
     QkFp8DynamicSample,
     QkFp8Sample,
     RmsNormSample,
+    dynamic_out_sample,
     fp8_out_buffer,
     make_caches,
     mla_caches,
@@ -1158,10 +1159,10 @@ def test_fuzz_apply_qk_fp8_against_float64_reference_many(case, device):
     check_qk_fp8_case(case, device)
 
 
-# ---- family: qk_fp8_dynamic (apply_qk_fp8_dynamic) ----------------------------------------------
-# apply_qk_fp8's cases (their nope parts, static scales and out= unused) with scales per row or
-# per token, float32 or powers of two. Compared by samples.QkFp8DynamicSample's check; on the CPU a
-# bad position must raise.
+# ---- family: qk_fp8_dynamic (apply_qk_fp8_dynamic, .out) ---------------------------------------
+# apply_qk_fp8's cases (their nope parts and static scales unused) with scales per row or per
+# token, float32 or powers of two, forward or inverse, new outputs or out= buffers. Compared by
+# samples.QkFp8DynamicSample's check; on the CPU a bad position must raise and write nothing.
 
 QK_FP8_DYNAMIC_FAST_EXAMPLES = 60
 
@@ -1169,7 +1170,12 @@ QK_FP8_DYNAMIC_FAST_EXAMPLES = 60
 @st.composite
 def qk_fp8_dynamic_cases(draw):
     case = draw(qk_fp8_cases())
-    case.update(per_token=draw(st.booleans()), pow2=draw(st.booleans()))
+    case.update(
+        per_token=draw(st.booleans()),
+        pow2=draw(st.booleans()),
+        inverse=draw(st.booleans()),
+        out=draw(st.booleans()),
+    )
     return case
 
 
@@ -1191,18 +1197,27 @@ def check_qk_fp8_dynamic_case(case: dict, device: str):
         f"fuzz-{case['seed']}", "apply_qk_fp8_dynamic", (q, k), cos, sin, pos.to(device),
         case["fp8"], per_token=case["per_token"], pow2_scale=case["pow2"],
         interleaved=case["interleaved"], mrope_section=section,
-        mrope_interleaved=mrope_interleaved,
+        mrope_interleaved=mrope_interleaved, inverse=case["inverse"],
     )  # fmt: skip
+    if case["out"]:
+        sample = dynamic_out_sample(sample)
     if bad:
         message = BAD_MESSAGES["position_out_of_range"]
-        with pytest.raises(IndexError, match=r"rope\.apply_qk_fp8_dynamic: " + message):
+        op = "apply_qk_fp8_dynamic" + (".out" if case["out"] else "")
+        bases_before = [b.clone() for b in sample.bases]
+        with pytest.raises(IndexError, match=rf"rope\.{op}: " + message):
             sample.call()
+        assert all(same_bits(b, c) for b, c in zip(sample.bases, bases_before)), "written"
         return
     before = sample.snapshot()
     sample.check(sample.call(), before)
 
 
-fuzzed("qk_fp8_dynamic", torch.ops.rope.apply_qk_fp8_dynamic.default)
+fuzzed(
+    "qk_fp8_dynamic",
+    torch.ops.rope.apply_qk_fp8_dynamic.default,
+    torch.ops.rope.apply_qk_fp8_dynamic.out,
+)
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())

@@ -39,8 +39,9 @@ test_samples.py changes. The families:
   parallelism) overloads of the four rope ops;
 * **qk_fp8** - ``apply_qk_fp8`` and ``apply_qk_fp8.out`` (both float8 formats and scale rules,
   no-RoPE parts, out= buffers with padding around them);
-* **qk_fp8_dynamic** - ``apply_qk_fp8_dynamic`` (scales per row and per token, float32 and
-  powers of two, both float8 formats, multi-axis positions, no tokens);
+* **qk_fp8_dynamic** - ``apply_qk_fp8_dynamic`` and ``apply_qk_fp8_dynamic.out`` (scales per
+  row and per token, float32 and powers of two, both float8 formats, multi-axis positions, the
+  inverse rotation, no tokens, out= rows and strided scales with padding around them);
 * **mla_cache** - ``mla_apply_cache`` (one cache or two, flat or paged, float8 caches and q, the
   GQA rows with v);
 * **norm_cache** - ``rms_norm_apply_qk_cache`` (the kv_cache family's geometries and caches with
@@ -53,7 +54,7 @@ test_rms_norm_apply_qk.py and test_apply_qk_cache.py cross their family's geomet
 and layouts through the same builders and checks.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Optional, Tuple
 
 import references as ref
@@ -1845,6 +1846,7 @@ class QkFp8Sample(OpSample):
     multiply_by_scale: bool = False
     mrope_section: Optional[Tuple[int, ...]] = None
     mrope_interleaved: bool = False
+    inverse: bool = False
     outs: Optional[Tuple[Optional[Tensor], ...]] = None
     bases: Tuple[Tensor, ...] = ()
     opcheck_needs_torch = _MUTABLE_OPCHECK
@@ -1864,6 +1866,8 @@ class QkFp8Sample(OpSample):
             k_scale=scale(self.k_scale), interleaved=self.interleaved,
             multiply_by_scale=self.multiply_by_scale,
         )  # fmt: skip
+        if self.inverse:
+            kw["inverse"] = True
         if self.mrope_section is not None:
             kw.update(
                 mrope_section=list(self.mrope_section), mrope_interleaved=self.mrope_interleaved
@@ -1891,8 +1895,9 @@ class QkFp8Sample(OpSample):
         if self.mrope_section is not None:
             kw = dict(mrope_section=self.mrope_section, mrope_interleaved=self.mrope_interleaved)
         return ref.rope_with_tables(
-            x, self.cos, self.sin, self.positions, interleaved=self.interleaved, **kw
-        )
+            x, self.cos, self.sin, self.positions, interleaved=self.interleaved,
+            inverse=self.inverse, **kw
+        )  # fmt: skip
 
     def expected(self, inputs=None) -> Tuple[Tensor, ...]:
         """The float64 values before quantization: q and k rotated, the nope parts."""
@@ -2047,7 +2052,15 @@ def qk_fp8_samples(device, requires_grad: bool) -> List[OpSample]:
     """The qk_fp8 family's samples (none with ``requires_grad``: not differentiable)."""
     if requires_grad:
         return []
-    return [qk_fp8_sample(*row, device) for row in _QK_FP8_PLAN]
+    samples = [qk_fp8_sample(*row, device) for row in _QK_FP8_PLAN]
+    # The inverse rotation (DeepSeek-V4's output side) on a functional and an out= row, float64
+    # and bf16, a partial rotation with nope parts, the half split with multi-axis positions.
+    return samples + [_inverse(samples[i]) for i in (0, 3, 7)]
+
+
+def _inverse(sample):
+    """The sample rotating by the negated angle (``inverse=True``)."""
+    return replace(sample, name=f"{sample.name}-inverse", inverse=True)
 
 
 register_family("qk_fp8", QK_FP8_OPS, qk_fp8_samples)
@@ -2057,7 +2070,7 @@ register_family("qk_fp8", QK_FP8_OPS, qk_fp8_samples)
 # q (T, Hq, D), k (T, Hk, D) rotated and stored as float8 with scales computed from the rotated
 # rows: one per (token, head) row or per token, float32 or rounded up to powers of two.
 
-QK_FP8_DYNAMIC_OPS = ("apply_qk_fp8_dynamic",)
+QK_FP8_DYNAMIC_OPS = ("apply_qk_fp8_dynamic", "apply_qk_fp8_dynamic.out")
 
 
 @dataclass
@@ -2076,10 +2089,16 @@ class QkFp8DynamicSample(OpSample):
     interleaved: bool = True
     mrope_section: Optional[Tuple[int, ...]] = None
     mrope_interleaved: bool = False
+    inverse: bool = False
+    # .out: (q_out, k_out, q_scale, k_scale), views of ``bases`` (padding that must keep its bits)
+    outs: Optional[Tuple[Tensor, ...]] = None
+    bases: Tuple[Tensor, ...] = ()
     opcheck_kwargs = dict(test_utils=FP8_OPCHECK_UTILS)
 
     @property
     def overload(self):
+        if self.outs:
+            return torch.ops.rope.apply_qk_fp8_dynamic.out
         return torch.ops.rope.apply_qk_fp8_dynamic.default
 
     @property
@@ -2091,6 +2110,8 @@ class QkFp8DynamicSample(OpSample):
             dtype=self.fp8, interleaved=self.interleaved, per_token=self.per_token,
             pow2_scale=self.pow2_scale,
         )  # fmt: skip
+        if self.inverse:
+            kw["inverse"] = True
         if self.mrope_section is not None:
             kw.update(
                 mrope_section=list(self.mrope_section), mrope_interleaved=self.mrope_interleaved
@@ -2098,14 +2119,23 @@ class QkFp8DynamicSample(OpSample):
         return kw
 
     def op_args(self):
-        return (*self.inputs, self.cos, self.sin, self.positions), self._kwargs()
+        kw = self._kwargs()
+        if self.outs:
+            del kw["dtype"]
+            kw.update(zip(("q_out", "k_out", "q_scale_out", "k_scale_out"), self.outs))
+        return (*self.inputs, self.cos, self.sin, self.positions), kw
 
     def call(self, *inputs: Tensor) -> Tuple[Tensor, ...]:
         q, k = inputs or self.inputs
+        kw = self._kwargs()
+        if self.outs:
+            kw.update(dtype=None, out=self.outs)
         return tuple(
-            torch_rope.apply_qk_fp8_dynamic(q, k, self.cos, self.sin, self.positions,
-                                            **self._kwargs())
-        )  # fmt: skip
+            torch_rope.apply_qk_fp8_dynamic(q, k, self.cos, self.sin, self.positions, **kw)
+        )
+
+    def written(self) -> Tuple[Tensor, ...]:
+        return self.outs or ()
 
     def expected(self, inputs=None) -> Tuple[Tensor, ...]:
         """The float64 values before quantization: q and k rotated."""
@@ -2115,20 +2145,26 @@ class QkFp8DynamicSample(OpSample):
             kw = dict(mrope_section=self.mrope_section, mrope_interleaved=self.mrope_interleaved)
         return tuple(
             ref.rope_with_tables(x, self.cos, self.sin, self.positions,
-                                 interleaved=self.interleaved, **kw)
+                                 interleaved=self.interleaved, inverse=self.inverse, **kw)
             for x in (q, k)
         )  # fmt: skip
 
     def snapshot(self):
-        return _clones((*self.inputs, self.cos, self.sin, self.positions))
+        return _clones((*self.inputs, self.cos, self.sin, self.positions, *self.bases))
 
     def check(self, results, before):
+        if self.outs:
+            assert all(r is o for r, o in zip(results, self.outs)), "out= returns its buffers"
+            bases_before = before[5:]
+            _assert_only_rows_written(self.bases, bases_before, [(t, ...) for t in self.outs])
+            before = before[:5]
         q8, k8, q_scale, k_scale = results
         fmax = ref.FP8_MAX[self.fp8]
         dims = (-2, -1) if self.per_token else (-1,)
         for out, scale, x, value in zip((q8, k8), (q_scale, k_scale), before[:2], self.expected()):
             T, heads = x.shape[:2]
-            assert out.dtype == self.fp8 and out.shape == x.shape and out.is_contiguous()
+            assert out.dtype == self.fp8 and out.shape == x.shape
+            assert self.outs or out.is_contiguous(), "new outputs are contiguous"
             assert scale.dtype == torch.float32 and scale.device == x.device
             assert scale.shape == (T, 1 if self.per_token else heads, 1)
             if value.numel() == 0:
@@ -2203,7 +2239,33 @@ def qk_fp8_dynamic_samples(device, requires_grad: bool) -> List[OpSample]:
     """The qk_fp8_dynamic family's samples (none with ``requires_grad``)."""
     if requires_grad:
         return []
-    return [qk_fp8_dynamic_sample(*row, device) for row in _QK_FP8_DYNAMIC_PLAN]
+    samples = [qk_fp8_dynamic_sample(*row, device) for row in _QK_FP8_DYNAMIC_PLAN]
+    # The inverse rotation: per token with powers of two, multi-axis. out=: into padded buffers
+    # (per row, per token, the inverse). Not the call without tokens: opcheck's fake-tensor copy
+    # of an empty view at its allocation's end fails in torch itself ("negative dimension");
+    # test_apply_qk_fp8_dynamic.py calls that case.
+    inverse = [_inverse(samples[i]) for i in (1, 4)]
+    outs = [dynamic_out_sample(samples[i]) for i in (0, 1)] + [dynamic_out_sample(inverse[1])]
+    return samples + inverse + outs
+
+
+def dynamic_out_sample(sample):
+    """The sample through apply_qk_fp8_dynamic.out: its float8 rows into padded buffers, its
+    scales into strided views of padded float32 buffers."""
+    q, k = sample.inputs
+    device = q.device
+    per_token = sample.per_token
+    rows = [fp8_out_buffer(x.shape, sample.fp8, device) for x in (q, k)]
+    scales = []
+    for x in (q, k):
+        T, H = x.shape[0], 1 if per_token else x.shape[1]
+        base = torch.full((T + 1, H + 1, 3), -7.0, device=device)
+        scales.append((base[1:, :H, 1:2], base))
+    made = rows + scales
+    return replace(
+        sample, name=f"{sample.name}-out", op="apply_qk_fp8_dynamic.out",
+        outs=tuple(m[0] for m in made), bases=tuple(m[1] for m in made),
+    )  # fmt: skip
 
 
 register_family("qk_fp8_dynamic", QK_FP8_DYNAMIC_OPS, qk_fp8_dynamic_samples)

@@ -5,7 +5,7 @@
 
 For each shape and dtype, CUDA-event medians (bench_gpu.Timer) of:
   - fused:            the fused op
-  - apply_qk:         torch_rope.apply_qk alone on the same q/k (issue goal: fused within 1.15x)
+  - apply_qk:         torch_rope.apply_qk alone on the same q/k (the target: fused within 1.15x)
   - unfused:          the sequence it replaces, eager (F.rms_norm then apply_qk; apply_qk then
                       index_copy_ of k and v into the cache slots)
   - unfused_compile:  that sequence under torch.compile(fullgraph=True)

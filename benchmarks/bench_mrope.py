@@ -13,7 +13,7 @@ interleaved rule over [24, 20, 20]), one interleaved-round run (timing.py) times
                cos/sin of it (doubled to head_dim), then q * cos + rotate_half(q) * sin
   hf compiled  the same under torch.compile
 
-and reports mrope / clone, mrope / one-axis and hf / mrope. Goals (issue): mrope within 1.1x of
+and reports mrope / clone, mrope / one-axis and hf / mrope. Targets: mrope within 1.1x of
 one-axis, and at least 3x faster than transformers' eager path.
 
     PYTHONPATH=python .venv/bin/python benchmarks/bench_mrope.py \

@@ -25,3 +25,5 @@ echo "lint: ruff $("$ruff" --version | cut -d' ' -f2), clang-format $("$clang_fo
 .venv/bin/python scripts/check_paths.py
 # benchmarks/README.md lists every benchmark script.
 .venv/bin/python scripts/check_benchmarks_index.py
+# No user-facing text cites a tracker number (scripts/check_issue_refs.py says which files).
+.venv/bin/python scripts/check_issue_refs.py

@@ -5,8 +5,8 @@ Importing this package registers the ops with the dispatcher, each with its CPU,
 built), Meta and autograd kernels, so ``torch.compile``, export and ``torch.func`` work: the
 rotations ``torch.ops.rope.apply`` (with ``out=`` and the table-free and packed-sequence
 overloads), ``apply_`` and ``apply_qk``, and the fused ones, ``apply_qk_cache``,
-``rms_norm_apply_qk``, ``rms_norm_apply_qk_cache``, ``apply_qk_fp8`` and ``mla_apply_cache``. The
-functions of the same names here are their typed wrappers.
+``rms_norm_apply_qk``, ``rms_norm_apply_qk_cache``, ``apply_qk_fp8``, ``apply_qk_fp8_dynamic``
+and ``mla_apply_cache``. The functions of the same names here are their typed wrappers.
 
 Integrations load on first use, so their libraries stay optional: ``torch_rope.hf`` (Hugging
 Face transformers), ``torch_rope.hf_kernel`` (a layer for transformers' kernel hook),

@@ -9,6 +9,7 @@ shows without a leading underscore, less the modules and what other packages def
 """
 
 import importlib
+import re
 import types
 
 import pytest
@@ -276,3 +277,16 @@ def test_every_rope_overload_and_its_schema():
     for key, schema in SCHEMAS.items():
         op, overload = key.split(".")
         assert str(getattr(getattr(torch.ops.rope, op), overload)._schema) == schema
+
+
+@pytest.mark.parametrize("module_name", ["torch_rope", "torch_rope.ops"])
+def test_docstring_names_every_op(module_name):
+    """The package docstrings list the ops; one added without its line there fails here."""
+    ops = {
+        s.name[len("rope::") :]
+        for s in torch._C._jit_get_all_schemas()
+        if s.name.startswith("rope::")
+    }
+    doc = importlib.import_module(module_name).__doc__
+    missing = sorted(op for op in ops if not re.search(rf"``(torch\.ops\.rope\.)?{op}``", doc))
+    assert not missing, f"{module_name}'s docstring does not name {missing}"

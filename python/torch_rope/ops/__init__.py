@@ -2,13 +2,13 @@
 """Typed wrappers over ``torch.ops.rope.*``, one module per op family: :mod:`.rotation` (``apply``,
 ``apply_``; every form of their arguments), :mod:`.qk` (``apply_qk``), :mod:`.kv_cache`
 (``apply_qk_cache``), :mod:`.rms_norm` (``rms_norm_apply_qk``), :mod:`.kv_cache_norm`
-(``rms_norm_apply_qk_cache``), :mod:`.qk_fp8` (``apply_qk_fp8``), :mod:`.mla`
-(``mla_apply_cache``), and :mod:`.tables` (``rope_tables`` and the scaling variants). What they
-share: the eager fast path's one gate and the op arguments (in :mod:`.rotation`),
-:mod:`._fusions` (the fused ops' source check and fp8 scales), :mod:`._autograd` (``torch.func``),
-:mod:`._native` (the native module's one home).
+(``rms_norm_apply_qk_cache``), :mod:`.qk_fp8` (``apply_qk_fp8``, ``apply_qk_fp8_dynamic``),
+:mod:`.mla` (``mla_apply_cache``), and :mod:`.tables` (``rope_tables`` and the scaling
+variants). What they share: the eager fast path's one gate and the op arguments (in
+:mod:`.rotation`), :mod:`._fusions` (the fused ops' source check and fp8 scales),
+:mod:`._autograd` (``torch.func``), :mod:`._native` (the native module's one home).
 
-Shared conventions (see the README for the full contract):
+Shared conventions (docs/api.md has the full contract: inputs, errors, every form):
 
 * ``x`` (``q``, ``k``): float64/float32/float16/bfloat16, shape ``(..., head_dim)``, any strides
   (a last-dim stride of 1 is read without a copy; other layouts are copied once).

@@ -142,7 +142,7 @@ def rope_tables(
 
     ``cos[p, k] = attention_scaling * cos(p * inv_freq[k])``, with ``inv_freq[k] =
     theta ** (-2k / rotary_dim)`` unless ``scaling`` says otherwise. ``scaling`` is a transformers
-    ``rope_parameters`` dict (``{"rope_type": "llama3", "factor": 8.0, ...}``; see the README's
+    ``rope_parameters`` dict (``{"rope_type": "llama3", "factor": 8.0, ...}``; see docs/api.md,
     "Scaling variants"). Angles are computed in float64 and rounded once to ``dtype`` (float32,
     or float64 for float64 inputs). Built in chunks by the same C++ function the C++ module
     uses, so the peak memory is the tables themselves.

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""The reference quantizers of issue 51 (tests/python/support/quant_reference.py) against torch
+"""The reference quantizers (tests/python/support/quant_reference.py) against torch
 and torchao, so that the kernels can later be held against references that are themselves held.
 
 * The codecs: every E4M3 / E8M0 / E2M1 code decoded as torch (and torchao) decode it; every

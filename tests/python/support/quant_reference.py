@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Reference quantizers for the formats of issue 51, written from the formats' definitions.
+"""Reference quantizers for dynamic fp8, MXFP8 and NVFP4, written from the formats' definitions.
 
 Independent of torch_rope, of torch's float8 casts and of torchao: every encoding below is
 rounded here, in float64 numpy, from the bit layout of its format, so the tests
 (tests/python/kernels/test_quant_reference.py) can hold these functions against torch's casts
-and torchao's quantizers, and the kernels of issue 51 can later be held against these. The
+and torchao's quantizers, and the quantizing kernels can later be held against these. The
 formats, the scale layouts and the edge cases are written up in docs/quant_formats.md.
 
 * :func:`per_row_fp8` / :func:`dequantize_per_row_fp8` - float8 E4M3 rows with one dynamic float32

@@ -234,12 +234,10 @@ REFUSED: Dict[str, str] = {
         "its text model has no rotary embedding (its attention layers are NoPE: qk_rope_head_dim "
         "0); only the vision tower of glm5_next rotates"
     ),
-    **dict.fromkeys(
-        ("step3p7", "diffusion_gemma"),
-        (
-            "a vision-language model whose vision tower rotates too, with a 2-D RoPE of its own "
-            "that patch does not handle for this type; the whole model is not tested"
-        ),
+    "diffusion_gemma": (
+        "its vision tower is Gemma 4's (gemma4_vision), whose 2-D RoPE turns each half of the "
+        "head by one axis with rotate_half inside that half, which the vision patch does not "
+        "reproduce (see gemma4_vision); the whole model is not tested"
     ),
     # Vision towers on their own (python/torch_rope/hf/families/axial_vision.py) whose vision
     # RoPE is not the axial kind patch knows, or which have none.

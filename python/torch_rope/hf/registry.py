@@ -56,6 +56,8 @@ AXIAL_VISION_3D = VisionRoPE("axial_vision", axes=3)
 PIXTRAL_VISION = VisionRoPE("axial_vision", text_apply=True)
 #: Inkling2's: GPT-J pairs, the first half of the planes turned by the column.
 INKLING2_VISION = VisionRoPE("axial_vision", interleaved=True, column_first=True)
+#: Step 3.7's: rotate_half, the first half of the planes turned by the column.
+STEP3P7_VISION = VisionRoPE("axial_vision", column_first=True)
 #: Llama 4's: a precomputed complex table over (column + 1, row + 1).
 LLAMA4_VISION = VisionRoPE("llama4_vision")
 
@@ -274,6 +276,7 @@ REGISTRY = Registry(
         "solar_open": TEXT,
         "stablelm": TEXT,
         "starcoder2": TEXT,
+        "step3p7": ModelType(vision=STEP3P7_VISION),  # its text tower a table per layer type
         "t5gemma": TEXT,
         "t5gemma2": TEXT,
         "t5gemma2_encoder": TEXT,

@@ -699,6 +699,18 @@ _TINY_OVERRIDES = {
         hybrid_layer_ids=[1],
         initializer_range=0.2,  # (as below: RoPE must move the tiny model's output)
     ),
+    # Step 3.7's text tower (a text model type of its own, but no AutoModel class): its default
+    # is all full layers, but its model always builds a sliding-window mask too. A sliding layer
+    # and a full one, each with its RoPE (as Gemma 3), the full one rotating half the head (its
+    # modeling code's GLM-style partial rotary).
+    "step3p5": dict(
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters=dict(
+            sliding_attention=dict(rope_type="default", rope_theta=1e4),
+            full_attention=dict(rope_type="default", rope_theta=1e6, partial_rotary_factor=0.5),
+        ),
+    ),
     # Its encoder's text config reads the dropout rate that only the encoder-decoder's config
     # sets.
     "t5gemma2_encoder": dict(text_config=dict(dropout_rate=0.0)),
@@ -1289,7 +1301,8 @@ def vlm_batch(config, seed=1, pad=2):
 # ---- vision-language models with a 1-D text RoPE ---------------------------------------------
 
 #: Vision-language model types whose text tower rotates with ordinary 1-D positions and whose
-#: vision tower has Qwen2-VL's axial 2-D RoPE, each with the model type of its text tower. Each is
+#: vision tower has a 2-D RoPE (Qwen2-VL's axial one, or a kin of it), each with the model type of
+#: its text tower. Each is
 #: built tiny by :func:`build_vision_vlm`: the text tower as :func:`tiny_config` makes that type,
 #: the default vision tower shrunk to 2 layers of 2 heads of 16 with 4x4-pixel patches.
 VISION_VLM = {
@@ -1300,6 +1313,9 @@ VISION_VLM = {
     # Llama 4: its vision tower's complex 2-D RoPE is over one fixed image size (whole images,
     # not patch lists: see build_vision_vlm), its text model's complex 1-D RoPE as llama4_text.
     "llama4": "llama4_text",
+    # Step 3.7: the column first in its vision tower's axial RoPE, over whole images of one size
+    # (see build_vision_vlm); its text tower's type is step3p5 (a table per layer type).
+    "step3p7": "step3p5",
 }
 # Vision config fields given by hand: Llama 4's one image size (4x4 patches of 4 pixels) and its
 # projector sizes (the shrink leaves them at the real model's 4096 and 7680).
@@ -1307,6 +1323,8 @@ _VISION_OVERRIDES = {
     "llama4": dict(
         image_size=16, projector_input_dim=64, projector_output_dim=64, vision_output_dim=64
     ),
+    # Its learned position embeddings are over an 8x8 patch grid, interpolated to each image's.
+    "step3p7": dict(image_size=32),
 }
 _CONFIG_ONLY = ("model_type", "transformers_version", "architectures", "id2label", "label2id")
 # The top-level fields of the tiny VLM configs: the test batch's token ids, projector sizes.
@@ -1365,6 +1383,8 @@ def build_vision_vlm(name, seed=0):
     ).eval()
     if name == "llama4":
         return (model, *_llama4_inputs_and_layers(model))
+    if name == "step3p7":
+        return (model, *_whole_images_inputs_and_layers(model))
     g = torch.Generator().manual_seed(1)
     grids = torch.tensor([[1, 4, 6], [1, 6, 4]])
     pad, merge, rows = 2, 2, []
@@ -1394,6 +1414,35 @@ def build_vision_vlm(name, seed=0):
     text_layers = [m for m in modules if calls_hf_apply(m)]
     vision_layers = [m for m in modules if calls_hf_apply(m, (HF_VISION_NAME,))]
     return model, inputs, text_layers, vision_layers, vision_states
+
+
+def _whole_images_inputs_and_layers(model):
+    """build_vision_vlm's (inputs, text_layers, vision_layers, vision_states) for Step 3.7, whose
+    vision tower reads a batch of whole images of one size, ``(B, C, H, W)``: two images of 8x12
+    patches (its rows and columns differ), each 2x3 tokens after its two stride-2 convolutions,
+    the second row left-padded."""
+    from torch_rope.hf.families.axial_vision import HF_VISION_NAME
+    from torch_rope.hf.model_parts import calls_hf_apply
+
+    g = torch.Generator().manual_seed(1)
+    vision = model.config.vision_config
+    height, width = 8 * vision.patch_size, 12 * vision.patch_size
+    pad, rows = 2, []
+    for i in range(2):
+        text = torch.randint(2, 240, (5 + pad * (1 - i),), generator=g).tolist()
+        rows.append([0] * (pad * i) + text[:3] + [IMAGE] * 6 + text[3:])
+    ids = torch.tensor(rows)
+    pixels = torch.randn(2, vision.num_channels, height, width, generator=g)
+    inputs = dict(input_ids=ids, attention_mask=(ids != 0).long(), pixel_values=pixels)
+
+    def vision_states(m, x):
+        with torch.no_grad():
+            return m.model.vision_model(x["pixel_values"]).last_hidden_state
+
+    modules = list(model.modules())
+    text_layers = [m for m in modules if calls_hf_apply(m)]
+    vision_layers = [m for m in modules if calls_hf_apply(m, (HF_VISION_NAME,))]
+    return inputs, text_layers, vision_layers, vision_states
 
 
 def _llama4_inputs_and_layers(model):

@@ -8,7 +8,7 @@ models' ``apply_rotary_pos_emb``) with cos/sin recomposed by the vision rotary m
 per-axis frequencies: rotate_half over the whole head, the first half of the planes turned by the
 patch's row and the second half by its column (MiniMax-M3-VL: three thirds, frame, row and column),
 each axis with the same frequencies ``theta^(-2j/(head_dim/2))`` (Pixtral: each its own,
-:func:`split_frequencies`; Inkling2: GPT-J pairs, the column first).
+:func:`split_frequencies`; Inkling2: GPT-J pairs, the column first; Step 3.7: the column first).
 
 Patched, on this model instance only: the vision rotary module holds :class:`..tables.AxialTables`
 (checked against its own frequencies) and its forward returns the patches' positions instead of
@@ -99,7 +99,8 @@ def patched_vision_attention_forward(attention: nn.Module, rotary: nn.Module, *a
 
 def apply_vision_with_tables(q, k, cos, sin):
     """What a patched vision attention layer calls as apply_rotary_pos_emb_vision: q and k are
-    (N, H, D) (N patches of all images packed), ``cos`` the patches' (N, 2) (row, column)
+    (N, H, D) (N patches of all images packed; Step 3.7: (B, N, H, D), a batch of images of one
+    size, the positions broadcast over it), ``cos`` the patches' (N, 2) (row, column)
     positions and ``sin`` the vision tables (put there by
     :func:`patched_vision_attention_forward`). HF rotates in float32 and returns q's and
     k's dtypes; so does the op."""

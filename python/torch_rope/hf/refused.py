@@ -17,10 +17,6 @@ _RELATIVE_POSITIONS = (
     "(Transformer-XL style) to its scores; the RoPE helpers in its modeling file are unused or "
     "another model's"
 )
-_VISION_ONLY_ROPE = (
-    "its text model has no rotary embedding (no RoPE in any text layer); only its vision tower "
-    "rotates, and patch starts from the text tower's rotary module"
-)
 
 #: The other rotary model types of transformers 5.23 (as the tests'
 #: ``hf_models.rotary_model_types()`` and ``rotary_base_model_types()`` find them), each with why
@@ -177,7 +173,6 @@ REFUSED: Dict[str, str] = {
         "planes' over the height/width part) and alternates height and width plane by plane; "
         "neither torch_rope's frequency builder nor its multi-axis rules express that"
     ),
-    **dict.fromkeys(("glm5_next", "inkling2"), _VISION_ONLY_ROPE),
     "muse_spark": (
         "not tested whole: its text tower is muse_spark_text's, refused for its bf16 error on "
         "the tests' tiny model (2x transformers' own); its vision tower rotates too"

@@ -80,6 +80,9 @@ GPTJ = ModelType(text="gptj")
 ROFORMER = ModelType(text="roformer")
 #: A vision tower loaded on its own (an image encoder): only its axial RoPE.
 VISION_TOWER = ModelType(vision=AXIAL_VISION, text=None)
+#: A whole vision-language model whose text tower has no RoPE: only its vision tower's (the same
+#: row: the family finds the vision tower in either, and refuses a model with a text RoPE).
+VISION_ONLY = VISION_TOWER
 
 REGISTRY = Registry(
     "torch_rope.hf.patch",
@@ -148,6 +151,7 @@ REGISTRY = Registry(
         "glm4v_moe_vision": VISION_TOWER,
         "glm4v_text": ModelType(SECTIONS_GPTJ_PAIRS),
         "glm4v_vision": VISION_TOWER,
+        "glm5_next": VISION_ONLY,  # its attention layers NoPE
         "glm5_next_vision": VISION_TOWER,
         "glm_image": ModelType(SECTIONS, NO_VISION_ROPE),
         "glm_image_text": ModelType(SECTIONS),
@@ -178,6 +182,7 @@ REGISTRY = Registry(
         "hunyuan_v1_moe": TEXT,
         "hy_v3": TEXT,
         "hyperclovax": TEXT,
+        "inkling2": ModelType(vision=INKLING2_VISION, text=None),  # relative logits in its text
         "inkling2_vision": ModelType(vision=INKLING2_VISION, text=None),
         "internlm3": TEXT,
         "iquestcoder": TEXT,

@@ -711,6 +711,8 @@ _TINY_OVERRIDES = {
             full_attention=dict(rope_type="default", rope_theta=1e6, partial_rotary_factor=0.5),
         ),
     ),
+    # Its attention layers are NoPE (its config checks that they have no rotary slice).
+    "glm5_next_text": dict(qk_rope_head_dim=0),
     # Its encoder's text config reads the dropout rate that only the encoder-decoder's config
     # sets.
     "t5gemma2_encoder": dict(text_config=dict(dropout_rate=0.0)),
@@ -1316,7 +1318,13 @@ VISION_VLM = {
     # Step 3.7: the column first in its vision tower's axial RoPE, over whole images of one size
     # (see build_vision_vlm); its text tower's type is step3p5 (a table per layer type).
     "step3p7": "step3p5",
+    # Text towers with no RoPE (GLM-5-Next's NoPE attention, Inkling2's relative logits): only the
+    # vision tower rotates, and is patched (NO_TEXT_ROPE).
+    "glm5_next": "glm5_next_text",
+    "inkling2": "inkling2_text",
 }
+#: The models of :data:`VISION_VLM` whose text tower does not rotate at all.
+NO_TEXT_ROPE = ("glm5_next", "inkling2")
 # Vision config fields given by hand: Llama 4's one image size (4x4 patches of 4 pixels) and its
 # projector sizes (the shrink leaves them at the real model's 4096 and 7680).
 _VISION_OVERRIDES = {
@@ -1325,6 +1333,7 @@ _VISION_OVERRIDES = {
     ),
     # Its learned position embeddings are over an 8x8 patch grid, interpolated to each image's.
     "step3p7": dict(image_size=32),
+    "glm5_next": dict(depth=2),  # its layer count, under the name Qwen2-VL's towers give it
 }
 _CONFIG_ONLY = ("model_type", "transformers_version", "architectures", "id2label", "label2id")
 # The top-level fields of the tiny VLM configs: the test batch's token ids, projector sizes.
@@ -1356,8 +1365,9 @@ def vision_vlm_config(name):
     for key in ("num_attention_heads", "num_heads", "num_key_value_heads"):
         if key in vision:
             vision[key] = 2
-    if "out_hidden_size" in vision:
-        vision["out_hidden_size"] = text["hidden_size"]
+    for key in _TEXT_WIDTH_FIELDS:  # the merger's output, as wide as the text tower
+        if key in vision:
+            vision[key] = text["hidden_size"]
     top = {
         k: _VLM_TOP.get(k, v)
         for k, v in default.to_dict().items()
@@ -1404,10 +1414,18 @@ def build_vision_vlm(name, seed=0):
         inputs["image_merge_sizes"] = extra["merge_sizes"] = torch.tensor([merge, merge])
     towers = ("visual", "vision_tower", "vision_model")
     tower = next(n for n, _ in model.model.named_children() if n in towers)
+    grid_name = "grid_thw"
+    if name == "inkling2":  # one merged 2x2 patch a token, (tokens, side, side, channels)
+        side = vision.patch_size * merge
+        tokens = int(grids.prod(-1).sum()) // merge**2
+        inputs["pixel_values"] = torch.randn(tokens, side, side, 3, generator=g)
+        inputs["image_grid_thw"] = grids // torch.tensor([1, merge, merge])
+        grid_name = "image_grid_thw"
 
     def vision_states(m, x):
         with torch.no_grad():
-            out = getattr(m.model, tower)(x["pixel_values"], grid_thw=x["image_grid_thw"], **extra)
+            grid = {grid_name: x["image_grid_thw"]}
+            out = getattr(m.model, tower)(x["pixel_values"], **grid, **extra)
         return out.last_hidden_state
 
     modules = list(model.modules())

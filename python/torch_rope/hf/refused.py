@@ -83,11 +83,6 @@ REFUSED: Dict[str, str] = {
         ("pe_audio_video", "pe_audio_video_encoder", "pe_video", "pe_video_encoder"),
         "not tested: its video encoder needs the timm library, which the tests do not install",
     ),
-    "pe_audio": (
-        "not tested whole: a contrastive pair of towers whose output is their audio-text "
-        "similarity (2 x 2 for the tests' two rows); its audio encoder alone, pe_audio_encoder, "
-        "is supported, and its text tower is ModernBERT's"
-    ),
     "nemotron3_5_transcribe_audio": (
         "not tested whole: its default config does not shrink generically (its head's "
         "audio_hidden_size must match its audio encoder's); its audio encoder alone, "

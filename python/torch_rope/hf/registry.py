@@ -240,6 +240,7 @@ REGISTRY = Registry(
         "olmoe": TEXT,
         "openai_privacy_filter": TEXT,
         "paddleocr_vl": ModelType(SECTIONS, AXIAL_VISION),
+        "pe_audio": TEXT,  # its audio encoder's rotary module and its text tower's (ModernBERT)
         "pe_audio_encoder": TEXT,
         "persimmon": TEXT,
         "phi": TEXT,

@@ -90,6 +90,12 @@ def logits(model, ids, mask):
         inputs.update(decoder_input_ids=ids, decoder_attention_mask=mask)
     with torch.no_grad():
         out = model(**inputs)
+    if out.get("text_outputs") is not None and out.get("audio_outputs") is not None:
+        # A contrastive pair of towers (PE Audio): its audio-text similarities are one number per
+        # pair of rows (and 0 at its initial logit scale); both towers' last hidden states instead,
+        # side by side along the sequence.
+        towers = (out.text_outputs, out.audio_outputs)
+        return torch.cat([tower.last_hidden_state for tower in towers], dim=1)
     # An audio codec's output is its audio (or its encoder's latents).
     keys = ("logits", "audio_values", "last_hidden_state", "latents")
     return next(out[key] for key in keys if out.get(key) is not None)

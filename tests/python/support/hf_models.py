@@ -267,7 +267,7 @@ TINY = (
 #: features ``(B, mel bins, frames)`` (``mel_frames``: ``(B, 256 frames, mel bins)``), audio samples
 #: ``(B, 1, samples)`` (1.6 s at 24 kHz: 20 codec frames), a codec's latents ``(B, hidden, 16
 #: frames)``, a series of 128 steps, or tokens with the features their audio encoder reads (the
-#: second row left-padded).
+#: second row left-padded; PE Audio: tokens and audio samples, one for each of its two towers).
 FEATURES = {
     "glmasr_encoder": "mel",
     "voxtral_realtime_encoder": "mel",
@@ -287,6 +287,9 @@ FEATURES = {
     # downsampling by 4).
     "glmasr": "speech_tokens",
     "voxtral_realtime": "speech_stream",
+    # PE Audio: a contrastive pair of towers, its text tower (ModernBERT) reading the tokens and
+    # its audio encoder the samples; the tests compare both towers' last hidden states.
+    "pe_audio": "text_samples",
 }
 AUDIO = 250  # GLM-ASR's placeholder token
 
@@ -744,6 +747,11 @@ _TINY_OVERRIDES = {
     **dict.fromkeys(("mimi_encoder", "mimi_decoder"), _CODEC),
     # Its DAC audio embedder's convolutions narrower (24M parameters at the default widths).
     "pe_audio_encoder": dict(dac_config=dict(encoder_hidden_size=8, decoder_hidden_size=64)),
+    # The same audio encoder, beside its text tower (as modernbert, below).
+    "pe_audio": dict(
+        audio_config=dict(dac_config=dict(encoder_hidden_size=8, decoder_hidden_size=64)),
+        text_config=dict(initializer_range=0.2),
+    ),
     # Nemotron's audio encoders: one kv head per head, as their default configs have.
     **dict.fromkeys(
         ("nemotron3_5_transcribe_asr_audio", "nemotron3_diarization_audio"),
@@ -972,6 +980,9 @@ def batch_for(name):
             return dict(input_features=torch.randn(2, 256, bins, generator=g)), mask
         if kind == "samples":
             return dict(input_values=torch.randn(2, 1, 38400, generator=g)), mask
+        if kind == "text_samples":
+            audio = torch.randn(2, 1, 38400, generator=g)
+            return dict(input_ids=ids, attention_mask=mask, input_values=audio), mask
         if kind == "speech_tokens":
             rows = []
             for i in range(2):

@@ -172,14 +172,11 @@ REFUSED: Dict[str, str] = {
         "not tested whole: its text tower is muse_spark_text's, refused for its bf16 error on "
         "the tests' tiny model (2x transformers' own); its vision tower rotates too"
     ),
-    **dict.fromkeys(
-        ("qwen2_5_omni_thinker", "qwen3_omni_moe_thinker"),
-        (
-            "not tested: its vision tower rotates too (Qwen-VL-style 2-D RoPE, beside an audio "
-            "encoder), which the tests' token-id checks would not reach, and the image harness "
-            "(test_hf_vlm.py) does not build it (its shrunk audio encoder keeps 20 heads on a "
-            "64-wide layer)"
-        ),
+    "qwen3_omni_moe_thinker": (
+        "its M-RoPE position ids are floats (get_rope_index turns a video's frames by seconds per "
+        "grid times position_id_per_seconds, unrounded, and casts every axis to float), which its "
+        "rotary module multiplies by the frequencies: torch_rope's ops take integer positions into "
+        "their tables"
     ),
     "deepseek_ocr2": (
         "its vision encoder rotates through the same apply_rotary_pos_emb as its text model, "

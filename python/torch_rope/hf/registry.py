@@ -253,6 +253,7 @@ REGISTRY = Registry(
         "pocket_tts_audio_tokenizer_decoder": TEXT,
         "pocket_tts_audio_tokenizer_encoder": TEXT,
         "qwen2": TEXT,
+        "qwen2_5_omni_thinker": ModelType(SECTIONS, AXIAL_VISION),  # an audio encoder, no RoPE
         "qwen2_5_vl": ModelType(SECTIONS, AXIAL_VISION),
         "qwen2_5_vl_text": ModelType(SECTIONS),
         "qwen2_5_vl_vision": VISION_TOWER,

@@ -56,8 +56,8 @@ SLOW = [
     *(f"text:{t}" for t in hf_models.TEXT),
     *(f"image_text:{t}" for t in hf_models.IMAGE_TEXT),
     # The VLM types' text towers on their own (AutoModel of the text config test_hf_vlm.py uses;
-    # PaddleOCR-VL's text model is no AutoModel type).
-    *(f"vlm_text:{t}" for t in hf_models.VLM if t != "paddleocr_vl"),
+    # PaddleOCR-VL's and Qwen2.5-Omni's text models are no AutoModel types).
+    *(f"vlm_text:{t}" for t in hf_models.VLM if t not in ("paddleocr_vl", "qwen2_5_omni_thinker")),
 ]
 ALL = [pytest.param(n) for n in FAST] + [pytest.param(n, marks=pytest.mark.slow) for n in SLOW]
 

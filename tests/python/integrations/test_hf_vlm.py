@@ -102,11 +102,12 @@ def test_patched_vlm_matches_unpatched(name):
     model = copy.deepcopy(reference)
     inputs = hf_models.vlm_batch(reference.config)
     # The image tokens' three axes really differ (HF's own position ids of this batch).
+    token_types = {k: v for k, v in inputs.items() if k == "mm_token_type_ids"}
     axes, _ = reference.model.get_rope_index(
         inputs["input_ids"],
-        mm_token_type_ids=inputs["mm_token_type_ids"],
         image_grid_thw=inputs["image_grid_thw"],
         attention_mask=inputs["attention_mask"],
+        **token_types,
     )
     image = inputs["input_ids"] == hf_models.IMAGE
     assert not torch.equal(axes[1][image], axes[2][image])

@@ -1072,6 +1072,9 @@ VLM = (
     "cohere_compass",
     "qwen3_5",
     "qwen3_5_moe",
+    # Qwen2.5-Omni's thinker: Qwen2.5-VL's text and vision RoPE beside an audio encoder (no RoPE:
+    # sinusoidal positions), run here with an image and no audio.
+    "qwen2_5_omni_thinker",
 )
 IMAGE, VIDEO, VISION_START, VISION_END = 250, 251, 252, 253
 _VLM_TEXT = dict(
@@ -1125,6 +1128,40 @@ def vlm_config(name):
         config.vision_config.temporal_patch_size = 1
         config.vision_config.in_channels = 3
         return config
+    if name == "qwen2_5_omni_thinker":
+        # Qwen2.5-VL's text and vision towers (below), and a one-layer audio encoder of 2 heads
+        # (its default's 20 heads would stay on the shrunk width), its output as wide as the text.
+        text = dict(
+            _VLM_TEXT,
+            rope_parameters=dict(rope_type="default", rope_theta=1e6, mrope_section=[4, 6, 6]),
+        )
+        vision = dict(
+            _VISION,
+            hidden_size=32,
+            intermediate_size=64,
+            out_hidden_size=128,
+            window_size=16,
+            fullatt_block_indexes=[1],
+        )
+        audio = dict(
+            d_model=32,
+            encoder_layers=1,
+            encoder_attention_heads=2,
+            encoder_ffn_dim=64,
+            output_dim=128,
+            num_mel_bins=16,
+        )
+        tokens = dict(
+            _TOKENS,
+            vision_start_token_id=VISION_START,
+            vision_end_token_id=VISION_END,
+            audio_token_id=249,
+            audio_start_token_id=247,
+            audio_end_token_id=248,
+        )
+        return tf.Qwen2_5OmniThinkerConfig(
+            text_config=text, vision_config=vision, audio_config=audio, **tokens
+        )
     if name in ("qwen2_vl", "qwen2_5_vl"):
         # Contiguous sections, as Qwen2-VL's [16, 24, 24] of 64 planes.
         text = dict(
@@ -1280,7 +1317,8 @@ def build_vlm(name, seed=0):
 def vlm_batch(config, seed=1, pad=2):
     """Model inputs with one image per row: ``input_ids`` (text, the image's placeholder tokens,
     text; the second row left-padded by ``pad``), ``attention_mask``, ``pixel_values``,
-    ``image_grid_thw`` and ``mm_token_type_ids``.
+    ``image_grid_thw`` and ``mm_token_type_ids`` (but for Qwen2.5-Omni's thinker, which takes
+    none).
 
     The first image is 4x6 patches (2x3 tokens after the 2x2 merge), the second 6x4: the text
     tower's three position axes (temporal, height, width) differ over the image tokens, and so do
@@ -1302,13 +1340,10 @@ def vlm_batch(config, seed=1, pad=2):
     pixels = torch.randn(int(grids.prod(-1).sum()), channels * patch * patch, generator=g)
     if config.model_type == "paddleocr_vl":  # patches as images
         pixels = pixels.view(-1, channels, patch, patch)
-    return dict(
-        input_ids=ids,
-        attention_mask=mask,
-        pixel_values=pixels,
-        image_grid_thw=grids,
-        mm_token_type_ids=(ids == IMAGE).int(),
-    )
+    inputs = dict(input_ids=ids, attention_mask=mask, pixel_values=pixels, image_grid_thw=grids)
+    if config.model_type != "qwen2_5_omni_thinker":  # it finds the images by their tokens alone
+        inputs["mm_token_type_ids"] = (ids == IMAGE).int()
+    return inputs
 
 
 # ---- vision-language models with a 1-D text RoPE ---------------------------------------------

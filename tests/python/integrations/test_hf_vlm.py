@@ -347,6 +347,34 @@ def test_vision_tower_vlm_bfloat16_error_within_hf_own(name):
 
 
 @pytest.mark.slow
+def test_unpatch_restores_a_vlm_without_text_rope_and_one_with_is_refused():
+    """GLM-5-Next: only its vision tower is patched, and unpatch restores it bit for bit; had its
+    text tower a rotary module after all, patch would refuse the model and leave it untouched."""
+    model, inputs, _, _, _ = hf_models.build_vision_vlm("glm5_next")
+    want = logits(model, inputs)
+    torch_rope.hf.patch(model)
+    assert [type(m).__name__ for m in model.modules() if hasattr(m, "torch_rope")] == [
+        "Glm5NextVisionRotaryEmbedding"
+    ]
+    torch_rope.hf.unpatch(model)
+    assert not torch_rope.hf.is_patched(model)
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert not any(hasattr(m, "torch_rope") for m in model.modules())
+    with OpCounter() as counter:
+        got = logits(model, inputs)
+    assert rope_calls(counter) == 0
+    assert torch.equal(got, want)
+
+    text_rotary, _ = rotaries(hf_models.build_vision_vlm("exaone4_5")[0], "exaone4_5")
+    model.model.language_model.add_module("rotary_emb", text_rotary)
+    with pytest.raises(NotImplementedError, match="vision tower alone"):
+        torch_rope.hf.patch(model)
+    assert not torch_rope.hf.is_patched(model)
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert not any(hasattr(m, "torch_rope") for m in model.modules())
+
+
+@pytest.mark.slow
 def test_llama4_vision_self_check_refuses_a_different_vision_rotation(monkeypatch):
     """Llama 4's vision layers are self-checked too: had its vision rotation turned by minus the
     angle, patch would refuse the whole model and leave it untouched."""

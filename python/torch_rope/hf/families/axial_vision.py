@@ -181,16 +181,18 @@ def _self_check_vision(rotary: nn.Module, attention: nn.Module) -> None:
 
 def patch(model: nn.Module, model_type: str, row, record: PatchRecord, options) -> None:
     """Put torch_rope under the vision tower of ``model`` (a vision-language model, or a vision
-    tower alone: ``row.text`` None), laid out as ``row.vision`` says."""
+    tower alone or a model whose text tower has no RoPE: ``row.text`` None), laid out as
+    ``row.vision`` says."""
     vision = row.vision
     if row.text is None:
-        # A vision tower alone: a text RoPE beside it would be left as it is, so refuse.
+        # A vision tower alone, or a whole model whose text tower has no RoPE: a text RoPE beside
+        # it would be left as it is, so refuse.
         found = len(rotary_modules(model))
         if found:
             raise NotImplementedError(
-                f"torch_rope.hf.patch: expected a {model_type} model to be a vision tower alone "
-                f"(only a vision rotary embedding module), found {found} text rotary module(s); "
-                "not patching"
+                f"torch_rope.hf.patch: expected a {model_type} model to rotate in a vision tower "
+                f"alone (only a vision rotary embedding module), found {found} text rotary "
+                "module(s); not patching"
             )
     rotaries = rotary_modules(model, vision=True)
     name = HF_NAME if vision.text_apply else HF_VISION_NAME

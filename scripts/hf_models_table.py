@@ -36,7 +36,7 @@ def _family(name: str) -> str:
 
 def _text(row) -> str:
     if row.text is None:
-        return "none (a vision tower alone)"
+        return "none (a vision tower alone, or a text tower without RoPE)"
     if row.multi_axis is None:
         return _family(row.text)
     pairs = "GPT-J pairs" if row.multi_axis.interleaved else "rotate_half"

@@ -17,10 +17,6 @@ _RELATIVE_POSITIONS = (
     "(Transformer-XL style) to its scores; the RoPE helpers in its modeling file are unused or "
     "another model's"
 )
-_VISION_ONLY_ROPE = (
-    "its text model has no rotary embedding (no RoPE in any text layer); only its vision tower "
-    "rotates, and patch starts from the text tower's rotary module"
-)
 
 #: The other rotary model types of transformers 5.23 (as the tests'
 #: ``hf_models.rotary_model_types()`` and ``rotary_base_model_types()`` find them), each with why
@@ -86,11 +82,6 @@ REFUSED: Dict[str, str] = {
     **dict.fromkeys(
         ("pe_audio_video", "pe_audio_video_encoder", "pe_video", "pe_video_encoder"),
         "not tested: its video encoder needs the timm library, which the tests do not install",
-    ),
-    "pe_audio": (
-        "not tested whole: a contrastive pair of towers whose output is their audio-text "
-        "similarity (2 x 2 for the tests' two rows); its audio encoder alone, pe_audio_encoder, "
-        "is supported, and its text tower is ModernBERT's"
     ),
     "nemotron3_5_transcribe_audio": (
         "not tested whole: its default config does not shrink generically (its head's "
@@ -177,19 +168,15 @@ REFUSED: Dict[str, str] = {
         "planes' over the height/width part) and alternates height and width plane by plane; "
         "neither torch_rope's frequency builder nor its multi-axis rules express that"
     ),
-    **dict.fromkeys(("glm5_next", "inkling2"), _VISION_ONLY_ROPE),
     "muse_spark": (
         "not tested whole: its text tower is muse_spark_text's, refused for its bf16 error on "
         "the tests' tiny model (2x transformers' own); its vision tower rotates too"
     ),
-    **dict.fromkeys(
-        ("qwen2_5_omni_thinker", "qwen3_omni_moe_thinker"),
-        (
-            "not tested: its vision tower rotates too (Qwen-VL-style 2-D RoPE, beside an audio "
-            "encoder), which the tests' token-id checks would not reach, and the image harness "
-            "(test_hf_vlm.py) does not build it (its shrunk audio encoder keeps 20 heads on a "
-            "64-wide layer)"
-        ),
+    "qwen3_omni_moe_thinker": (
+        "its M-RoPE position ids are floats (get_rope_index turns a video's frames by seconds per "
+        "grid times position_id_per_seconds, unrounded, and casts every axis to float), which its "
+        "rotary module multiplies by the frequencies: torch_rope's ops take integer positions into "
+        "their tables"
     ),
     "deepseek_ocr2": (
         "its vision encoder rotates through the same apply_rotary_pos_emb as its text model, "
@@ -234,12 +221,10 @@ REFUSED: Dict[str, str] = {
         "its text model has no rotary embedding (its attention layers are NoPE: qk_rope_head_dim "
         "0); only the vision tower of glm5_next rotates"
     ),
-    **dict.fromkeys(
-        ("step3p7", "diffusion_gemma"),
-        (
-            "a vision-language model whose vision tower rotates too, with a 2-D RoPE of its own "
-            "that patch does not handle for this type; the whole model is not tested"
-        ),
+    "diffusion_gemma": (
+        "its vision tower is Gemma 4's (gemma4_vision), whose 2-D RoPE turns each half of the "
+        "head by one axis with rotate_half inside that half, which the vision patch does not "
+        "reproduce (see gemma4_vision); the whole model is not tested"
     ),
     # Vision towers on their own (python/torch_rope/hf/families/axial_vision.py) whose vision
     # RoPE is not the axial kind patch knows, or which have none.

@@ -56,6 +56,8 @@ AXIAL_VISION_3D = VisionRoPE("axial_vision", axes=3)
 PIXTRAL_VISION = VisionRoPE("axial_vision", text_apply=True)
 #: Inkling2's: GPT-J pairs, the first half of the planes turned by the column.
 INKLING2_VISION = VisionRoPE("axial_vision", interleaved=True, column_first=True)
+#: Step 3.7's: rotate_half, the first half of the planes turned by the column.
+STEP3P7_VISION = VisionRoPE("axial_vision", column_first=True)
 #: Llama 4's: a precomputed complex table over (column + 1, row + 1).
 LLAMA4_VISION = VisionRoPE("llama4_vision")
 
@@ -78,6 +80,9 @@ GPTJ = ModelType(text="gptj")
 ROFORMER = ModelType(text="roformer")
 #: A vision tower loaded on its own (an image encoder): only its axial RoPE.
 VISION_TOWER = ModelType(vision=AXIAL_VISION, text=None)
+#: A whole vision-language model whose text tower has no RoPE: only its vision tower's (the same
+#: row: the family finds the vision tower in either, and refuses a model with a text RoPE).
+VISION_ONLY = VISION_TOWER
 
 REGISTRY = Registry(
     "torch_rope.hf.patch",
@@ -146,6 +151,7 @@ REGISTRY = Registry(
         "glm4v_moe_vision": VISION_TOWER,
         "glm4v_text": ModelType(SECTIONS_GPTJ_PAIRS),
         "glm4v_vision": VISION_TOWER,
+        "glm5_next": VISION_ONLY,  # its attention layers NoPE
         "glm5_next_vision": VISION_TOWER,
         "glm_image": ModelType(SECTIONS, NO_VISION_ROPE),
         "glm_image_text": ModelType(SECTIONS),
@@ -176,6 +182,7 @@ REGISTRY = Registry(
         "hunyuan_v1_moe": TEXT,
         "hy_v3": TEXT,
         "hyperclovax": TEXT,
+        "inkling2": ModelType(vision=INKLING2_VISION, text=None),  # relative logits in its text
         "inkling2_vision": ModelType(vision=INKLING2_VISION, text=None),
         "internlm3": TEXT,
         "iquestcoder": TEXT,
@@ -233,6 +240,7 @@ REGISTRY = Registry(
         "olmoe": TEXT,
         "openai_privacy_filter": TEXT,
         "paddleocr_vl": ModelType(SECTIONS, AXIAL_VISION),
+        "pe_audio": TEXT,  # its audio encoder's rotary module and its text tower's (ModernBERT)
         "pe_audio_encoder": TEXT,
         "persimmon": TEXT,
         "phi": TEXT,
@@ -245,6 +253,7 @@ REGISTRY = Registry(
         "pocket_tts_audio_tokenizer_decoder": TEXT,
         "pocket_tts_audio_tokenizer_encoder": TEXT,
         "qwen2": TEXT,
+        "qwen2_5_omni_thinker": ModelType(SECTIONS, AXIAL_VISION),  # an audio encoder, no RoPE
         "qwen2_5_vl": ModelType(SECTIONS, AXIAL_VISION),
         "qwen2_5_vl_text": ModelType(SECTIONS),
         "qwen2_5_vl_vision": VISION_TOWER,
@@ -274,6 +283,7 @@ REGISTRY = Registry(
         "solar_open": TEXT,
         "stablelm": TEXT,
         "starcoder2": TEXT,
+        "step3p7": ModelType(vision=STEP3P7_VISION),  # its text tower a table per layer type
         "t5gemma": TEXT,
         "t5gemma2": TEXT,
         "t5gemma2_encoder": TEXT,

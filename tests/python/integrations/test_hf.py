@@ -56,8 +56,8 @@ SLOW = [
     *(f"text:{t}" for t in hf_models.TEXT),
     *(f"image_text:{t}" for t in hf_models.IMAGE_TEXT),
     # The VLM types' text towers on their own (AutoModel of the text config test_hf_vlm.py uses;
-    # PaddleOCR-VL's text model is no AutoModel type).
-    *(f"vlm_text:{t}" for t in hf_models.VLM if t != "paddleocr_vl"),
+    # PaddleOCR-VL's and Qwen2.5-Omni's text models are no AutoModel types).
+    *(f"vlm_text:{t}" for t in hf_models.VLM if t not in ("paddleocr_vl", "qwen2_5_omni_thinker")),
 ]
 ALL = [pytest.param(n) for n in FAST] + [pytest.param(n, marks=pytest.mark.slow) for n in SLOW]
 
@@ -90,6 +90,12 @@ def logits(model, ids, mask):
         inputs.update(decoder_input_ids=ids, decoder_attention_mask=mask)
     with torch.no_grad():
         out = model(**inputs)
+    if out.get("text_outputs") is not None and out.get("audio_outputs") is not None:
+        # A contrastive pair of towers (PE Audio): its audio-text similarities are one number per
+        # pair of rows (and 0 at its initial logit scale); both towers' last hidden states instead,
+        # side by side along the sequence.
+        towers = (out.text_outputs, out.audio_outputs)
+        return torch.cat([tower.last_hidden_state for tower in towers], dim=1)
     # An audio codec's output is its audio (or its encoder's latents).
     keys = ("logits", "audio_values", "last_hidden_state", "latents")
     return next(out[key] for key in keys if out.get(key) is not None)

@@ -102,11 +102,12 @@ def test_patched_vlm_matches_unpatched(name):
     model = copy.deepcopy(reference)
     inputs = hf_models.vlm_batch(reference.config)
     # The image tokens' three axes really differ (HF's own position ids of this batch).
+    token_types = {k: v for k, v in inputs.items() if k == "mm_token_type_ids"}
     axes, _ = reference.model.get_rope_index(
         inputs["input_ids"],
-        mm_token_type_ids=inputs["mm_token_type_ids"],
         image_grid_thw=inputs["image_grid_thw"],
         attention_mask=inputs["attention_mask"],
+        **token_types,
     )
     image = inputs["input_ids"] == hf_models.IMAGE
     assert not torch.equal(axes[1][image], axes[2][image])
@@ -238,13 +239,14 @@ def test_vlm_type_not_yet_supported_is_refused_by_name():
 VISION_VLM = [pytest.param(n, marks=pytest.mark.slow) for n in hf_models.VISION_VLM]
 
 
-def rotaries(model):
-    """(text rotary module, vision rotary module) of a model of hf_models.VISION_VLM."""
+def rotaries(model, name):
+    """(text rotary module, vision rotary module) of the model ``name`` of hf_models.VISION_VLM;
+    the text one None for a text tower without RoPE (hf_models.NO_TEXT_ROPE)."""
     found = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
     text = [m for m in found if not type(m).__name__.endswith("VisionRotaryEmbedding")]
     vision = [m for m in found if type(m).__name__.endswith("VisionRotaryEmbedding")]
-    assert len(text) == 1 and len(vision) == 1
-    return text[0], vision[0]
+    assert len(text) == (name not in hf_models.NO_TEXT_ROPE) and len(vision) == 1
+    return (text or [None])[0], vision[0]
 
 
 @pytest.mark.parametrize("name", VISION_VLM)
@@ -259,7 +261,10 @@ def test_patched_vision_tower_vlm_matches_unpatched(name, monkeypatch):
     with PerLayer(hf_rotations, hf_text, read=lambda r: r.calls) as hf_per_layer:
         want = logits(reference, inputs)
     rotating = [calls == [1] for calls in hf_per_layer.calls.values()]
-    assert any(rotating) and all(c in ([0], [1]) for c in hf_per_layer.calls.values())
+    if name in hf_models.NO_TEXT_ROPE:  # no text layer rotates, and the model no text q/k at all
+        assert not hf_text and hf_rotations.calls == 0
+    else:
+        assert any(rotating) and all(c in ([0], [1]) for c in hf_per_layer.calls.values())
     want_vision = vision_states(reference, inputs)
     assert rel_err(logits(model, inputs), want) == 0
 
@@ -290,13 +295,14 @@ def test_vision_tower_vlm_wrong_layout_or_axes_move_the_logits(name):
     model, inputs, _, _, vision_states = hf_models.build_vision_vlm(name)
     torch_rope.hf.patch(model)
     right, right_vision = logits(model, inputs), vision_states(model, inputs)
-    text_rotary, vision_rotary = rotaries(model)
-    for tables in text_rotary.torch_rope.values():
-        tables.interleaved = not tables.interleaved
-    assert rel_err(logits(model, inputs), right) > 1e-3
-    for tables in text_rotary.torch_rope.values():
-        tables.interleaved = not tables.interleaved
-    assert torch.equal(logits(model, inputs), right)
+    text_rotary, vision_rotary = rotaries(model, name)
+    if text_rotary is not None:  # (hf_models.NO_TEXT_ROPE: no text RoPE to get wrong)
+        for tables in text_rotary.torch_rope.values():
+            tables.interleaved = not tables.interleaved
+        assert rel_err(logits(model, inputs), right) > 1e-3
+        for tables in text_rotary.torch_rope.values():
+            tables.interleaved = not tables.interleaved
+        assert torch.equal(logits(model, inputs), right)
 
     patched = vision_rotary.forward
     if name == "llama4":  # no position ids come in: the positions are the one image size's
@@ -308,18 +314,64 @@ def test_vision_tower_vlm_wrong_layout_or_axes_move_the_logits(name):
     assert rel_err(logits(model, inputs), right) > 1e-5  # the fp32 tolerance of the match test
 
 
+def to_bfloat16(model):
+    """``model`` cast to bf16 as transformers loads it in bf16: the weights its classes keep in
+    float32 (``_keep_in_fp32_modules_strict``: Inkling2's MoE router, which computes in float32
+    and fails on a bf16 weight) stay float32, matched as transformers' loading matches them."""
+    from transformers.core_model_loading import build_glob_alternation
+
+    plan = model._get_dtype_plan(torch.bfloat16)
+    model.to(torch.bfloat16)
+    if plan:
+        kept, _, _ = build_glob_alternation(list(plan))
+        for name, tensor in model.state_dict(keep_vars=True).items():
+            if kept.search(name):
+                tensor.data = tensor.data.float()
+    return model
+
+
 @pytest.mark.parametrize("name", VISION_VLM)
 def test_vision_tower_vlm_bfloat16_error_within_hf_own(name):
     fp32, inputs, _, _, _ = hf_models.build_vision_vlm(name)
     want = logits(fp32, inputs).double()
-    hf_bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
-    ours_bf16 = torch_rope.hf.patch(copy.deepcopy(fp32)).to(torch.bfloat16)
-    assert all(t.cos.dtype == torch.float32 for t in rotaries(ours_bf16)[0].torch_rope.values())
-    assert rotaries(ours_bf16)[1].torch_rope.cos.dtype == torch.float32
+    hf_bf16 = to_bfloat16(copy.deepcopy(fp32))
+    ours_bf16 = to_bfloat16(torch_rope.hf.patch(copy.deepcopy(fp32)))
+    text_rotary, vision_rotary = rotaries(ours_bf16, name)
+    if text_rotary is not None:
+        assert all(t.cos.dtype == torch.float32 for t in text_rotary.torch_rope.values())
+    assert vision_rotary.torch_rope.cos.dtype == torch.float32
     bf16_inputs = dict(inputs, pixel_values=inputs["pixel_values"].to(torch.bfloat16))
     hf_err = (logits(hf_bf16, bf16_inputs).double() - want).abs().max().item()
     our_err = (logits(ours_bf16, bf16_inputs).double() - want).abs().max().item()
     assert our_err <= 1.5 * hf_err, (our_err, hf_err)
+
+
+@pytest.mark.slow
+def test_unpatch_restores_a_vlm_without_text_rope_and_one_with_is_refused():
+    """GLM-5-Next: only its vision tower is patched, and unpatch restores it bit for bit; had its
+    text tower a rotary module after all, patch would refuse the model and leave it untouched."""
+    model, inputs, _, _, _ = hf_models.build_vision_vlm("glm5_next")
+    want = logits(model, inputs)
+    torch_rope.hf.patch(model)
+    assert [type(m).__name__ for m in model.modules() if hasattr(m, "torch_rope")] == [
+        "Glm5NextVisionRotaryEmbedding"
+    ]
+    torch_rope.hf.unpatch(model)
+    assert not torch_rope.hf.is_patched(model)
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert not any(hasattr(m, "torch_rope") for m in model.modules())
+    with OpCounter() as counter:
+        got = logits(model, inputs)
+    assert rope_calls(counter) == 0
+    assert torch.equal(got, want)
+
+    text_rotary, _ = rotaries(hf_models.build_vision_vlm("exaone4_5")[0], "exaone4_5")
+    model.model.language_model.add_module("rotary_emb", text_rotary)
+    with pytest.raises(NotImplementedError, match="vision tower alone"):
+        torch_rope.hf.patch(model)
+    assert not torch_rope.hf.is_patched(model)
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert not any(hasattr(m, "torch_rope") for m in model.modules())
 
 
 @pytest.mark.slow

@@ -267,7 +267,7 @@ TINY = (
 #: features ``(B, mel bins, frames)`` (``mel_frames``: ``(B, 256 frames, mel bins)``), audio samples
 #: ``(B, 1, samples)`` (1.6 s at 24 kHz: 20 codec frames), a codec's latents ``(B, hidden, 16
 #: frames)``, a series of 128 steps, or tokens with the features their audio encoder reads (the
-#: second row left-padded).
+#: second row left-padded; PE Audio: tokens and audio samples, one for each of its two towers).
 FEATURES = {
     "glmasr_encoder": "mel",
     "voxtral_realtime_encoder": "mel",
@@ -287,6 +287,9 @@ FEATURES = {
     # downsampling by 4).
     "glmasr": "speech_tokens",
     "voxtral_realtime": "speech_stream",
+    # PE Audio: a contrastive pair of towers, its text tower (ModernBERT) reading the tokens and
+    # its audio encoder the samples; the tests compare both towers' last hidden states.
+    "pe_audio": "text_samples",
 }
 AUDIO = 250  # GLM-ASR's placeholder token
 
@@ -699,6 +702,20 @@ _TINY_OVERRIDES = {
         hybrid_layer_ids=[1],
         initializer_range=0.2,  # (as below: RoPE must move the tiny model's output)
     ),
+    # Step 3.7's text tower (a text model type of its own, but no AutoModel class): its default
+    # is all full layers, but its model always builds a sliding-window mask too. A sliding layer
+    # and a full one, each with its RoPE (as Gemma 3), the full one rotating half the head (its
+    # modeling code's GLM-style partial rotary).
+    "step3p5": dict(
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters=dict(
+            sliding_attention=dict(rope_type="default", rope_theta=1e4),
+            full_attention=dict(rope_type="default", rope_theta=1e6, partial_rotary_factor=0.5),
+        ),
+    ),
+    # Its attention layers are NoPE (its config checks that they have no rotary slice).
+    "glm5_next_text": dict(qk_rope_head_dim=0),
     # Its encoder's text config reads the dropout rate that only the encoder-decoder's config
     # sets.
     "t5gemma2_encoder": dict(text_config=dict(dropout_rate=0.0)),
@@ -730,6 +747,11 @@ _TINY_OVERRIDES = {
     **dict.fromkeys(("mimi_encoder", "mimi_decoder"), _CODEC),
     # Its DAC audio embedder's convolutions narrower (24M parameters at the default widths).
     "pe_audio_encoder": dict(dac_config=dict(encoder_hidden_size=8, decoder_hidden_size=64)),
+    # The same audio encoder, beside its text tower (as modernbert, below).
+    "pe_audio": dict(
+        audio_config=dict(dac_config=dict(encoder_hidden_size=8, decoder_hidden_size=64)),
+        text_config=dict(initializer_range=0.2),
+    ),
     # Nemotron's audio encoders: one kv head per head, as their default configs have.
     **dict.fromkeys(
         ("nemotron3_5_transcribe_asr_audio", "nemotron3_diarization_audio"),
@@ -958,6 +980,9 @@ def batch_for(name):
             return dict(input_features=torch.randn(2, 256, bins, generator=g)), mask
         if kind == "samples":
             return dict(input_values=torch.randn(2, 1, 38400, generator=g)), mask
+        if kind == "text_samples":
+            audio = torch.randn(2, 1, 38400, generator=g)
+            return dict(input_ids=ids, attention_mask=mask, input_values=audio), mask
         if kind == "speech_tokens":
             rows = []
             for i in range(2):
@@ -1047,6 +1072,9 @@ VLM = (
     "cohere_compass",
     "qwen3_5",
     "qwen3_5_moe",
+    # Qwen2.5-Omni's thinker: Qwen2.5-VL's text and vision RoPE beside an audio encoder (no RoPE:
+    # sinusoidal positions), run here with an image and no audio.
+    "qwen2_5_omni_thinker",
 )
 IMAGE, VIDEO, VISION_START, VISION_END = 250, 251, 252, 253
 _VLM_TEXT = dict(
@@ -1100,6 +1128,40 @@ def vlm_config(name):
         config.vision_config.temporal_patch_size = 1
         config.vision_config.in_channels = 3
         return config
+    if name == "qwen2_5_omni_thinker":
+        # Qwen2.5-VL's text and vision towers (below), and a one-layer audio encoder of 2 heads
+        # (its default's 20 heads would stay on the shrunk width), its output as wide as the text.
+        text = dict(
+            _VLM_TEXT,
+            rope_parameters=dict(rope_type="default", rope_theta=1e6, mrope_section=[4, 6, 6]),
+        )
+        vision = dict(
+            _VISION,
+            hidden_size=32,
+            intermediate_size=64,
+            out_hidden_size=128,
+            window_size=16,
+            fullatt_block_indexes=[1],
+        )
+        audio = dict(
+            d_model=32,
+            encoder_layers=1,
+            encoder_attention_heads=2,
+            encoder_ffn_dim=64,
+            output_dim=128,
+            num_mel_bins=16,
+        )
+        tokens = dict(
+            _TOKENS,
+            vision_start_token_id=VISION_START,
+            vision_end_token_id=VISION_END,
+            audio_token_id=249,
+            audio_start_token_id=247,
+            audio_end_token_id=248,
+        )
+        return tf.Qwen2_5OmniThinkerConfig(
+            text_config=text, vision_config=vision, audio_config=audio, **tokens
+        )
     if name in ("qwen2_vl", "qwen2_5_vl"):
         # Contiguous sections, as Qwen2-VL's [16, 24, 24] of 64 planes.
         text = dict(
@@ -1255,7 +1317,8 @@ def build_vlm(name, seed=0):
 def vlm_batch(config, seed=1, pad=2):
     """Model inputs with one image per row: ``input_ids`` (text, the image's placeholder tokens,
     text; the second row left-padded by ``pad``), ``attention_mask``, ``pixel_values``,
-    ``image_grid_thw`` and ``mm_token_type_ids``.
+    ``image_grid_thw`` and ``mm_token_type_ids`` (but for Qwen2.5-Omni's thinker, which takes
+    none).
 
     The first image is 4x6 patches (2x3 tokens after the 2x2 merge), the second 6x4: the text
     tower's three position axes (temporal, height, width) differ over the image tokens, and so do
@@ -1277,19 +1340,17 @@ def vlm_batch(config, seed=1, pad=2):
     pixels = torch.randn(int(grids.prod(-1).sum()), channels * patch * patch, generator=g)
     if config.model_type == "paddleocr_vl":  # patches as images
         pixels = pixels.view(-1, channels, patch, patch)
-    return dict(
-        input_ids=ids,
-        attention_mask=mask,
-        pixel_values=pixels,
-        image_grid_thw=grids,
-        mm_token_type_ids=(ids == IMAGE).int(),
-    )
+    inputs = dict(input_ids=ids, attention_mask=mask, pixel_values=pixels, image_grid_thw=grids)
+    if config.model_type != "qwen2_5_omni_thinker":  # it finds the images by their tokens alone
+        inputs["mm_token_type_ids"] = (ids == IMAGE).int()
+    return inputs
 
 
 # ---- vision-language models with a 1-D text RoPE ---------------------------------------------
 
 #: Vision-language model types whose text tower rotates with ordinary 1-D positions and whose
-#: vision tower has Qwen2-VL's axial 2-D RoPE, each with the model type of its text tower. Each is
+#: vision tower has a 2-D RoPE (Qwen2-VL's axial one, or a kin of it), each with the model type of
+#: its text tower. Each is
 #: built tiny by :func:`build_vision_vlm`: the text tower as :func:`tiny_config` makes that type,
 #: the default vision tower shrunk to 2 layers of 2 heads of 16 with 4x4-pixel patches.
 VISION_VLM = {
@@ -1300,13 +1361,25 @@ VISION_VLM = {
     # Llama 4: its vision tower's complex 2-D RoPE is over one fixed image size (whole images,
     # not patch lists: see build_vision_vlm), its text model's complex 1-D RoPE as llama4_text.
     "llama4": "llama4_text",
+    # Step 3.7: the column first in its vision tower's axial RoPE, over whole images of one size
+    # (see build_vision_vlm); its text tower's type is step3p5 (a table per layer type).
+    "step3p7": "step3p5",
+    # Text towers with no RoPE (GLM-5-Next's NoPE attention, Inkling2's relative logits): only the
+    # vision tower rotates, and is patched (NO_TEXT_ROPE).
+    "glm5_next": "glm5_next_text",
+    "inkling2": "inkling2_text",
 }
+#: The models of :data:`VISION_VLM` whose text tower does not rotate at all.
+NO_TEXT_ROPE = ("glm5_next", "inkling2")
 # Vision config fields given by hand: Llama 4's one image size (4x4 patches of 4 pixels) and its
 # projector sizes (the shrink leaves them at the real model's 4096 and 7680).
 _VISION_OVERRIDES = {
     "llama4": dict(
         image_size=16, projector_input_dim=64, projector_output_dim=64, vision_output_dim=64
     ),
+    # Its learned position embeddings are over an 8x8 patch grid, interpolated to each image's.
+    "step3p7": dict(image_size=32),
+    "glm5_next": dict(depth=2),  # its layer count, under the name Qwen2-VL's towers give it
 }
 _CONFIG_ONLY = ("model_type", "transformers_version", "architectures", "id2label", "label2id")
 # The top-level fields of the tiny VLM configs: the test batch's token ids, projector sizes.
@@ -1338,8 +1411,9 @@ def vision_vlm_config(name):
     for key in ("num_attention_heads", "num_heads", "num_key_value_heads"):
         if key in vision:
             vision[key] = 2
-    if "out_hidden_size" in vision:
-        vision["out_hidden_size"] = text["hidden_size"]
+    for key in _TEXT_WIDTH_FIELDS:  # the merger's output, as wide as the text tower
+        if key in vision:
+            vision[key] = text["hidden_size"]
     top = {
         k: _VLM_TOP.get(k, v)
         for k, v in default.to_dict().items()
@@ -1365,6 +1439,8 @@ def build_vision_vlm(name, seed=0):
     ).eval()
     if name == "llama4":
         return (model, *_llama4_inputs_and_layers(model))
+    if name == "step3p7":
+        return (model, *_whole_images_inputs_and_layers(model))
     g = torch.Generator().manual_seed(1)
     grids = torch.tensor([[1, 4, 6], [1, 6, 4]])
     pad, merge, rows = 2, 2, []
@@ -1384,16 +1460,53 @@ def build_vision_vlm(name, seed=0):
         inputs["image_merge_sizes"] = extra["merge_sizes"] = torch.tensor([merge, merge])
     towers = ("visual", "vision_tower", "vision_model")
     tower = next(n for n, _ in model.model.named_children() if n in towers)
+    grid_name = "grid_thw"
+    if name == "inkling2":  # one merged 2x2 patch a token, (tokens, side, side, channels)
+        side = vision.patch_size * merge
+        tokens = int(grids.prod(-1).sum()) // merge**2
+        inputs["pixel_values"] = torch.randn(tokens, side, side, 3, generator=g)
+        inputs["image_grid_thw"] = grids // torch.tensor([1, merge, merge])
+        grid_name = "image_grid_thw"
 
     def vision_states(m, x):
         with torch.no_grad():
-            out = getattr(m.model, tower)(x["pixel_values"], grid_thw=x["image_grid_thw"], **extra)
+            grid = {grid_name: x["image_grid_thw"]}
+            out = getattr(m.model, tower)(x["pixel_values"], **grid, **extra)
         return out.last_hidden_state
 
     modules = list(model.modules())
     text_layers = [m for m in modules if calls_hf_apply(m)]
     vision_layers = [m for m in modules if calls_hf_apply(m, (HF_VISION_NAME,))]
     return model, inputs, text_layers, vision_layers, vision_states
+
+
+def _whole_images_inputs_and_layers(model):
+    """build_vision_vlm's (inputs, text_layers, vision_layers, vision_states) for Step 3.7, whose
+    vision tower reads a batch of whole images of one size, ``(B, C, H, W)``: two images of 8x12
+    patches (its rows and columns differ), each 2x3 tokens after its two stride-2 convolutions,
+    the second row left-padded."""
+    from torch_rope.hf.families.axial_vision import HF_VISION_NAME
+    from torch_rope.hf.model_parts import calls_hf_apply
+
+    g = torch.Generator().manual_seed(1)
+    vision = model.config.vision_config
+    height, width = 8 * vision.patch_size, 12 * vision.patch_size
+    pad, rows = 2, []
+    for i in range(2):
+        text = torch.randint(2, 240, (5 + pad * (1 - i),), generator=g).tolist()
+        rows.append([0] * (pad * i) + text[:3] + [IMAGE] * 6 + text[3:])
+    ids = torch.tensor(rows)
+    pixels = torch.randn(2, vision.num_channels, height, width, generator=g)
+    inputs = dict(input_ids=ids, attention_mask=(ids != 0).long(), pixel_values=pixels)
+
+    def vision_states(m, x):
+        with torch.no_grad():
+            return m.model.vision_model(x["pixel_values"]).last_hidden_state
+
+    modules = list(model.modules())
+    text_layers = [m for m in modules if calls_hf_apply(m)]
+    vision_layers = [m for m in modules if calls_hf_apply(m, (HF_VISION_NAME,))]
+    return inputs, text_layers, vision_layers, vision_states
 
 
 def _llama4_inputs_and_layers(model):

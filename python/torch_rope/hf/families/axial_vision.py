@@ -8,7 +8,7 @@ models' ``apply_rotary_pos_emb``) with cos/sin recomposed by the vision rotary m
 per-axis frequencies: rotate_half over the whole head, the first half of the planes turned by the
 patch's row and the second half by its column (MiniMax-M3-VL: three thirds, frame, row and column),
 each axis with the same frequencies ``theta^(-2j/(head_dim/2))`` (Pixtral: each its own,
-:func:`split_frequencies`; Inkling2: GPT-J pairs, the column first).
+:func:`split_frequencies`; Inkling2: GPT-J pairs, the column first; Step 3.7: the column first).
 
 Patched, on this model instance only: the vision rotary module holds :class:`..tables.AxialTables`
 (checked against its own frequencies) and its forward returns the patches' positions instead of
@@ -99,7 +99,8 @@ def patched_vision_attention_forward(attention: nn.Module, rotary: nn.Module, *a
 
 def apply_vision_with_tables(q, k, cos, sin):
     """What a patched vision attention layer calls as apply_rotary_pos_emb_vision: q and k are
-    (N, H, D) (N patches of all images packed), ``cos`` the patches' (N, 2) (row, column)
+    (N, H, D) (N patches of all images packed; Step 3.7: (B, N, H, D), a batch of images of one
+    size, the positions broadcast over it), ``cos`` the patches' (N, 2) (row, column)
     positions and ``sin`` the vision tables (put there by
     :func:`patched_vision_attention_forward`). HF rotates in float32 and returns q's and
     k's dtypes; so does the op."""
@@ -180,16 +181,18 @@ def _self_check_vision(rotary: nn.Module, attention: nn.Module) -> None:
 
 def patch(model: nn.Module, model_type: str, row, record: PatchRecord, options) -> None:
     """Put torch_rope under the vision tower of ``model`` (a vision-language model, or a vision
-    tower alone: ``row.text`` None), laid out as ``row.vision`` says."""
+    tower alone or a model whose text tower has no RoPE: ``row.text`` None), laid out as
+    ``row.vision`` says."""
     vision = row.vision
     if row.text is None:
-        # A vision tower alone: a text RoPE beside it would be left as it is, so refuse.
+        # A vision tower alone, or a whole model whose text tower has no RoPE: a text RoPE beside
+        # it would be left as it is, so refuse.
         found = len(rotary_modules(model))
         if found:
             raise NotImplementedError(
-                f"torch_rope.hf.patch: expected a {model_type} model to be a vision tower alone "
-                f"(only a vision rotary embedding module), found {found} text rotary module(s); "
-                "not patching"
+                f"torch_rope.hf.patch: expected a {model_type} model to rotate in a vision tower "
+                f"alone (only a vision rotary embedding module), found {found} text rotary "
+                "module(s); not patching"
             )
     rotaries = rotary_modules(model, vision=True)
     name = HF_NAME if vision.text_apply else HF_VISION_NAME

@@ -1397,6 +1397,9 @@ _VISION_OVERRIDES = {
     # Its learned position embeddings are over an 8x8 patch grid, interpolated to each image's.
     "step3p7": dict(image_size=32),
     "glm5_next": dict(depth=2),  # its layer count, under the name Qwen2-VL's towers give it
+    # The same (its num_hidden_layers is an alias of depth, which the shrink does not see), with
+    # one windowed block and one of full attention, as the real tower has both.
+    "exaone4_5": dict(depth=2, fullatt_block_indexes=[1]),
 }
 _CONFIG_ONLY = ("model_type", "transformers_version", "architectures", "id2label", "label2id")
 # The top-level fields of the tiny VLM configs: the test batch's token ids, projector sizes.

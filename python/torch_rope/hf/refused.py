@@ -83,15 +83,6 @@ REFUSED: Dict[str, str] = {
         ("pe_audio_video", "pe_audio_video_encoder", "pe_video", "pe_video_encoder"),
         "not tested: its video encoder needs the timm library, which the tests do not install",
     ),
-    "nemotron3_5_transcribe_audio": (
-        "not tested whole: its default config does not shrink generically (its head's "
-        "audio_hidden_size must match its audio encoder's); its audio encoder alone, "
-        "nemotron3_5_transcribe_asr_audio, is supported"
-    ),
-    "nemotron3_5_transcribe_word_timestamp": (
-        "not tested: its default config does not shrink generically (its blank_token_id must "
-        "be one of its classes)"
-    ),
     "efficientloftr": (
         "not tested: its default config does not shrink generically (its hidden_size must "
         "equal the last of its stage widths)"

@@ -230,6 +230,8 @@ REGISTRY = Registry(
         "nanochat": TEXT,  # turns by minus the angle (rotate_half returns (x2, -x1))
         "nemotron": TEXT,
         "nemotron3_5_transcribe_asr_audio": TEXT,
+        "nemotron3_5_transcribe_audio": TEXT,  # its ASR and diarization encoders' rotary modules
+        "nemotron3_5_transcribe_word_timestamp": TEXT,
         "nemotron3_diarization": TEXT,
         "nemotron3_diarization_audio": TEXT,
         "nomic_bert": TEXT,

@@ -96,6 +96,13 @@ def logits(model, ids, mask):
         # side by side along the sequence.
         towers = (out.text_outputs, out.audio_outputs)
         return torch.cat([tower.last_hidden_state for tower in towers], dim=1)
+    if out.get("speaker_logits") is not None:
+        # An ASR encoder beside a diarization model (Nemotron 3.5 Transcribe's audio model): its
+        # states see the speaker logits only through a threshold (which speakers are active), so
+        # the logits too, after the states along the sequence, zero-padded to their width.
+        states, speakers = out.last_hidden_state, out.speaker_logits
+        speakers = torch.nn.functional.pad(speakers, (0, states.size(-1) - speakers.size(-1)))
+        return torch.cat([states, speakers], dim=1)
     # An audio codec's output is its audio (or its encoder's latents).
     keys = ("logits", "audio_values", "last_hidden_state", "latents")
     return next(out[key] for key in keys if out.get(key) is not None)

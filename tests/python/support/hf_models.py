@@ -266,14 +266,18 @@ TINY = (
 #: and run from two rows of random inputs (:func:`batch_for`) of the kind named here: log-mel
 #: features ``(B, mel bins, frames)`` (``mel_frames``: ``(B, 256 frames, mel bins)``), audio samples
 #: ``(B, 1, samples)`` (1.6 s at 24 kHz: 20 codec frames), a codec's latents ``(B, hidden, 16
-#: frames)``, a series of 128 steps, or tokens with the features their audio encoder reads (the
-#: second row left-padded; PE Audio: tokens and audio samples, one for each of its two towers).
+#: frames)``, an ASR encoder's states ``(B, 16 frames, hidden)`` (``encoder_states``: what
+#: Nemotron 3.5 Transcribe's word-timestamp encoder reads), a series of 128 steps, or tokens with
+#: the features their audio encoder reads (the second row left-padded; PE Audio: tokens and audio
+#: samples, one for each of its two towers).
 FEATURES = {
     "glmasr_encoder": "mel",
     "voxtral_realtime_encoder": "mel",
     "nemotron3_5_transcribe_asr_audio": "mel_frames",
     "nemotron3_diarization_audio": "mel_frames",
     "nemotron3_diarization": "mel_frames",
+    "nemotron3_5_transcribe_audio": "mel_frames",
+    "nemotron3_5_transcribe_word_timestamp": "encoder_states",
     "pe_audio_encoder": "samples",
     "mimi_encoder": "samples",
     "mimi_decoder": "latents",
@@ -627,6 +631,9 @@ _MOLMO2_TEXT = dict(
 
 _RANGE = dict(initializer_range=0.2)
 _CODEC = dict(_RANGE, upsample_groups=64)
+# Nemotron's audio encoders: one kv head per head (their v projection has a head per query head).
+_NEMOTRON_ENCODER = dict(_RANGE, num_key_value_heads=4)
+_NEMOTRON_DIARIZATION = dict(head_config=dict(audio_hidden_size=64), audio_config=_NEMOTRON_ENCODER)
 
 # The few types the generic shrink does not make testable. Bamba says where its attention layer
 # is by index (two layers: one SSM, one attention). In the others the tiny random model's logits
@@ -754,13 +761,20 @@ _TINY_OVERRIDES = {
     ),
     # Nemotron's audio encoders: one kv head per head, as their default configs have.
     **dict.fromkeys(
-        ("nemotron3_5_transcribe_asr_audio", "nemotron3_diarization_audio"),
-        dict(_RANGE, num_key_value_heads=4),
+        ("nemotron3_5_transcribe_asr_audio", "nemotron3_diarization_audio"), _NEMOTRON_ENCODER
     ),
     # The diarization model around that encoder: its head reads the tiny encoder's width.
-    "nemotron3_diarization": dict(
-        head_config=dict(audio_hidden_size=64), audio_config=dict(_RANGE, num_key_value_heads=4)
+    "nemotron3_diarization": _NEMOTRON_DIARIZATION,
+    # Nemotron 3.5 Transcribe's audio model: the ASR encoder and the diarization model above, side
+    # by side on the same features, the diarization model initialised as the encoders are (at its
+    # default initializer_range its speaker logits, which the tests compare beside the states, are
+    # a thousandth of them).
+    "nemotron3_5_transcribe_audio": dict(
+        asr_config=_NEMOTRON_ENCODER, diarization_config=dict(_NEMOTRON_DIARIZATION, **_RANGE)
     ),
+    # Its word-timestamp encoder (the ASR encoder's layers): its blank is the last of the tiny
+    # vocabulary's classes.
+    "nemotron3_5_transcribe_word_timestamp": dict(_NEMOTRON_ENCODER, blank_token_id=255),
     **dict.fromkeys(
         (
             "pocket_tts_audio_tokenizer",
@@ -976,7 +990,8 @@ def batch_for(name):
         if kind == "mel":
             return dict(input_features=torch.randn(2, config.num_mel_bins, 64, generator=g)), mask
         if kind == "mel_frames":
-            bins = getattr(config, "audio_config", config).num_mel_bins
+            encoder = getattr(config, "audio_config", None) or getattr(config, "asr_config", config)
+            bins = encoder.num_mel_bins
             return dict(input_features=torch.randn(2, 256, bins, generator=g)), mask
         if kind == "samples":
             return dict(input_values=torch.randn(2, 1, 38400, generator=g)), mask
@@ -998,6 +1013,8 @@ def batch_for(name):
                 2, config.audio_config.num_mel_bins, 8 * ids.size(1), generator=g
             )
             return dict(input_ids=ids, attention_mask=mask, input_features=features), mask
+        if kind == "encoder_states":
+            return dict(inputs_embeds=torch.randn(2, 16, config.hidden_size, generator=g)), mask
         if kind == "latents":
             return dict(latents=torch.randn(2, config.hidden_size, 16, generator=g)), mask
         return dict(past_values=torch.randn(2, 128, generator=g)), mask
@@ -1380,6 +1397,9 @@ _VISION_OVERRIDES = {
     # Its learned position embeddings are over an 8x8 patch grid, interpolated to each image's.
     "step3p7": dict(image_size=32),
     "glm5_next": dict(depth=2),  # its layer count, under the name Qwen2-VL's towers give it
+    # The same (its num_hidden_layers is an alias of depth, which the shrink does not see), with
+    # one windowed block and one of full attention, as the real tower has both.
+    "exaone4_5": dict(depth=2, fullatt_block_indexes=[1]),
 }
 _CONFIG_ONLY = ("model_type", "transformers_version", "architectures", "id2label", "label2id")
 # The top-level fields of the tiny VLM configs: the test batch's token ids, projector sizes.

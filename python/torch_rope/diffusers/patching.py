@@ -171,9 +171,9 @@ def patch(model_or_pipeline: Any, *, max_positions: Optional[int] = None) -> Any
 
 
 def _patch_pipeline_rope(pipeline: Any, models: List[nn.Module]) -> None:
-    """Where a pipeline builds its models' RoPE (CogVideoX, HunyuanDiT, Stable Audio), make it
-    hand them positions: the family's ``patch_pipeline``, once per family and variant, recorded
-    on the first of its models (unpatching that model restores the pipeline)."""
+    """Where a pipeline builds its models' RoPE (CogVideoX, HunyuanDiT, Stable Audio, Allegro),
+    make it hand them positions: the family's ``patch_pipeline``, once per family and variant,
+    recorded on the first of its models (unpatching that model restores the pipeline)."""
     groups = {}
     expanded = []
     for model in models:  # a multi-controlnet wrapper's nets, each in its own right

@@ -72,11 +72,6 @@ REFUSED: Dict[str, str] = {
         "which neither contiguous sections nor the interleaved M-RoPE rule express, and its "
         "pipeline hands in a complex table rebuilt every step with time-aware scaling"
     ),
-    "AllegroTransformer3DModel": (
-        "its pipeline hands in three per-axis tables at the grid divided by an interpolation "
-        "scale and the integer grid, rotated chunk by chunk (frame, row, column thirds of the "
-        "head, each rotate_half) by apply_rotary_emb_allegro; not covered yet"
-    ),
     "LTX2VideoTransformer3DModel": _LTX_COORDINATES,
     "SanaWMLTX2RefinerTransformer3DModel": _LTX_COORDINATES,
     "LTX2TextConnectors": _LTX_COORDINATES,

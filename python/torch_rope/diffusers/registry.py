@@ -95,6 +95,8 @@ REGISTRY = Registry(
         "HunyuanDiT2DMultiControlNetModel": WRAPPER,
         "StableAudioDiTModel": ModelClass("caller_tables", variant="stable_audio"),
         "EasyAnimateTransformer3DModel": ModelClass("caller_tables", variant="easyanimate"),
+        # Three per-axis tables from the pipeline, the head rotated in thirds.
+        "AllegroTransformer3DModel": ModelClass("axis_chunks"),
         "LTXVideoTransformer3DModel": ModelClass("ltx_coords", ("rope",)),
         "OmniGenTransformer2DModel": ModelClass("su_scaled", ("rope",)),
         "WanTransformer3DModel": WAN,

@@ -229,3 +229,35 @@ def test_hunyuan_dit_and_stable_audio_pipelines_get_their_call_rebuilt():
         assert function.args[0].tables == [model.torch_rope_tables]
         trd.unpatch(model)
         assert type(pipeline) is pipeline_class
+
+
+def test_an_allegro_pipeline_hands_its_transformer_rows_of_coordinate_tables():
+    """Allegro's pipeline builds three per-axis tables at the grid over its interpolation scales
+    (frames / 2.2, rows and columns / 2: fractional): patched, its helper returns each token's
+    row, on each axis, of one float64-built table of the three axes' coordinates, and the
+    transformer rotates with it as with diffusers' own helper's tables; unpatch removes it."""
+    import diffusers
+
+    from torch_rope.diffusers.families import axis_chunks
+
+    model, inputs = dm.build("AllegroTransformer3DModel")
+    pipeline = object.__new__(diffusers.AllegroPipeline)
+    vars(pipeline).update(vae_scale_factor_spatial=8, transformer=model)
+    frames, rows, columns = inputs["hidden_states"].shape[2:]
+    size = (1, rows * 8, columns * 8, frames, torch.device("cpu"))  # pixels: 8x the latents
+    theirs = diffusers.AllegroPipeline._prepare_rotary_positional_embeddings(pipeline, *size)
+    want = run(model, dict(inputs, image_rotary_emb=theirs))
+
+    trd.patch(model)
+    record = model._torch_rope_patch
+    row = trd.registry.REGISTRY.row("AllegroTransformer3DModel")
+    assert axis_chunks.patch_pipeline(pipeline, [model], row, record, record.patcher)
+    ours = pipeline._prepare_rotary_positional_embeddings(*size)
+    tokens = frames * (rows // 2) * (columns // 2)
+    assert all(r.dtype == torch.long and r.shape == (1, tokens) for r in ours[0])
+    got, counter = counted_run(model, dict(inputs, image_rotary_emb=ours))
+    assert counter.count("rope") > 0
+    assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
+    trd.unpatch(model)
+    assert "_prepare_rotary_positional_embeddings" not in vars(pipeline)
+    assert torch.equal(run(model, dict(inputs, image_rotary_emb=theirs)), want)

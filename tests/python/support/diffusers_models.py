@@ -996,6 +996,56 @@ def _(rn):
     return model, inputs
 
 
+ALLEGRO = dict(
+    patch_size=2,
+    patch_size_t=1,
+    num_attention_heads=2,
+    attention_head_dim=12,
+    in_channels=4,
+    out_channels=4,
+    num_layers=2,
+    cross_attention_dim=24,
+    sample_height=8,
+    sample_width=8,
+    sample_frames=8,
+    caption_channels=8,
+)
+
+
+def allegro_rope(model, frames, rows, columns):
+    """AllegroPipeline._prepare_rotary_positional_embeddings on a latent grid (its body, without
+    the pipeline): diffusers' three per-axis tables at the grid over the interpolation scales
+    (2.2 and 2 by default: fractional coordinates), and the integer grid ``(3, 1, S)``."""
+    from diffusers.models.embeddings import get_3d_rotary_pos_embed_allegro
+
+    config = model.config
+    scales = (
+        config.interpolation_scale_t,
+        config.interpolation_scale_h,
+        config.interpolation_scale_w,
+    )
+    found = get_3d_rotary_pos_embed_allegro(
+        config.attention_head_dim, ((0, 0), (rows, columns)), (rows, columns), frames, scales
+    )
+    grids = [g.to(dtype=torch.long) for g in found[3:]]
+    pos = torch.cartesian_prod(*grids).reshape(-1, 3).transpose(0, 1).reshape(3, 1, -1)
+    return tuple(found[:3]), tuple(pos.contiguous())
+
+
+@builder("AllegroTransformer3DModel")
+def _(rn):
+    # Head 12: thirds of 4 features, 2 planes each; a 3 x 4 x 6 latent grid.
+    model = _diffusers().AllegroTransformer3DModel(**ALLEGRO)
+    inputs = dict(
+        hidden_states=rn(1, 4, 3, 8, 12),
+        encoder_hidden_states=rn(1, 8, 8),
+        timestep=torch.tensor([500]),
+        image_rotary_emb=allegro_rope(model, 3, 4, 6),
+        return_dict=False,
+    )
+    return model, inputs
+
+
 HUNYUAN_DIT = dict(
     sample_size=8,
     patch_size=2,

@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Dict, NamedTuple
 
 from . import (
+    axis_chunks,
     caller_tables,
     flux_ids,
     half_grid,
@@ -31,6 +32,7 @@ from . import (
 
 #: The families by the name a registry row gives them.
 FAMILIES: Dict[str, ModuleType] = {
+    "axis_chunks": axis_chunks,
     "caller_tables": caller_tables,
     "flux_ids": flux_ids,
     "half_grid": half_grid,

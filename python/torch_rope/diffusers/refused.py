@@ -28,12 +28,6 @@ _MINIMAX_H3 = (
     "coordinates computed in float64 by its pipeline, applied to the first 6 * rope_freq_dim "
     "features; no family builds these coordinate tables yet"
 )
-_KANDINSKY = (
-    "its processors round the rotated q and k to bfloat16 (apply_rotary(...).to(torch.bfloat16)) "
-    "whatever the model's dtype, and its video and text RoPE (Kandinsky 6: a separate key RoPE "
-    "for audio cross-attention) are two modules with positions handed in by the caller; not "
-    "covered yet"
-)
 _INLINE_MROPE = (
     "its processor writes the rotation inline (q * cos + _rotate_half(q) * sin, no rotation "
     "function a patch could replace) on cos/sin its model casts to the model's dtype; its "
@@ -84,9 +78,21 @@ REFUSED: Dict[str, str] = {
         "its ViT decoder's RoPE is over length-normalised coordinates in [-1, 1) x 2 pi, written "
         "inline in its processor; no family builds these coordinate tables yet"
     ),
-    "Kandinsky5Transformer3DModel": _KANDINSKY,
-    "Kandinsky6Transformer3DModel": _KANDINSKY,
-    "Kandinsky6SRTransformer3DModel": _KANDINSKY,
+    "Kandinsky6Transformer3DModel": (
+        "five RoPE modules (the video grid's, the audio's with its own frequency scaling, and a "
+        "text RoPE per video and audio stream) into one processor class whose audio-video "
+        "cross-attention rotates q by one stream's RoPE and k by the other's (rope_q, rope_kv); "
+        "the rounded_pairs family has one text and one video RoPE per model, and rounds to "
+        "bfloat16, which Kandinsky 6's module-level apply_rotary does not (it keeps x's dtype); "
+        "not covered yet"
+    ),
+    "Kandinsky6SRTransformer3DModel": (
+        "its RoPE matrices (one 3-D RoPE at the config's scale_factor, the grid reordered into "
+        "8 x 8 blocks) are rotated by a module-level apply_rotary that keeps x's dtype, in a "
+        "processor that always dispatches on the flex backend (NABLA block-sparse attention); "
+        "the rounded_pairs family rounds to bfloat16 and takes a text and a video RoPE; not "
+        "covered yet"
+    ),
     "Ideogram4Transformer2DModel": _INLINE_MROPE,
     "Cosmos3OmniTransformer": _INLINE_MROPE,
     "JoyImageEditTransformer3DModel": (

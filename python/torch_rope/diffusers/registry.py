@@ -97,6 +97,10 @@ REGISTRY = Registry(
         "EasyAnimateTransformer3DModel": ModelClass("caller_tables", variant="easyanimate"),
         # Three per-axis tables from the pipeline, the head rotated in thirds.
         "AllegroTransformer3DModel": ModelClass("axis_chunks"),
+        # Text and video RoPE modules; q and k rounded to bf16 after the rotation.
+        "Kandinsky5Transformer3DModel": ModelClass(
+            "rounded_pairs", ("text_rope_embeddings", "visual_rope_embeddings")
+        ),
         "LTXVideoTransformer3DModel": ModelClass("ltx_coords", ("rope",)),
         "OmniGenTransformer2DModel": ModelClass("su_scaled", ("rope",)),
         "WanTransformer3DModel": WAN,

@@ -900,6 +900,39 @@ def _(rn):
     return _diffusers().PRXTransformer2DModel(**config), inputs
 
 
+KANDINSKY5 = dict(
+    in_visual_dim=4,
+    in_text_dim=16,
+    in_text_dim2=8,
+    time_dim=16,
+    out_visual_dim=4,
+    patch_size=(1, 2, 2),
+    model_dim=32,
+    ff_dim=64,
+    num_text_blocks=1,
+    num_visual_blocks=2,
+    axes_dims=(4, 6, 6),
+)
+
+
+@builder("Kandinsky5Transformer3DModel")
+def _(rn):
+    # Head 16 = 4 + 6 + 6, 2 heads; the pipeline's positions: aranges over the 2 x 3 x 4 latent
+    # grid and the 6 text tokens, at its (1, 2, 2) scale (fractional rows and columns).
+    model = _diffusers().Kandinsky5Transformer3DModel(**KANDINSKY5)
+    inputs = dict(
+        hidden_states=rn(1, 2, 6, 8, 4),
+        encoder_hidden_states=rn(1, 6, 16),
+        timestep=torch.tensor([500.0]),
+        pooled_projections=rn(1, 8),
+        visual_rope_pos=[torch.arange(n) for n in (2, 3, 4)],
+        text_rope_pos=torch.arange(6),
+        scale_factor=(1, 2, 2),
+        return_dict=False,
+    )
+    return model, inputs
+
+
 # --------------------------------------------------------------------- tables from the pipeline
 COGVIDEOX = dict(
     num_attention_heads=2,

@@ -12,6 +12,8 @@
 * FLUX-style ids that are not integers (diffusers' own tests draw them at random) rotate exactly
   through token tables built once; tables grow past ``max_positions`` in eager mode; a cast to
   bf16 keeps them float32.
+* Pipelines that build their transformer's RoPE (CogVideoX, HunyuanDiT, Stable Audio, Allegro)
+  hand it positions once patched; Kandinsky 5's positions follow its sparse-attention block order.
 """
 
 import copy
@@ -261,3 +263,32 @@ def test_an_allegro_pipeline_hands_its_transformer_rows_of_coordinate_tables():
     trd.unpatch(model)
     assert "_prepare_rotary_positional_embeddings" not in vars(pipeline)
     assert torch.equal(run(model, dict(inputs, image_rotary_emb=theirs)), want)
+
+
+def test_kandinsky5_positions_follow_its_sparse_attention_block_order():
+    """With sparse attention (``to_fractal``) Kandinsky 5 reorders the video tokens into 8 x 8
+    blocks, its RoPE matrices with them: the patched RoPE's positions go through the same
+    reordering and rotate each token as its matrix does (the rotation written here, before the
+    bf16 rounding both apply)."""
+    from diffusers.models.transformers.transformer_kandinsky import fractal_flatten
+    from test_diffusers import NoBf16Rounding
+
+    from torch_rope.diffusers.families import rounded_pairs
+
+    model, _ = dm.build("Kandinsky5Transformer3DModel")
+    rope = model.visual_rope_embeddings
+    shape, scales = (1, 2, 16, 8), (1, 2, 2)
+    pos = [torch.arange(n) for n in shape[1:]]
+    theirs = rope(shape, pos, scales)
+    trd.patch(model)
+    ours = rope(shape, pos, scales)
+    assert ours.dtype == torch.long
+    hidden = torch.zeros(*shape, 1)
+    theirs = fractal_flatten(hidden, theirs, shape, block_mask=True)[1]
+    ours = fractal_flatten(hidden, ours, shape, block_mask=True)[1]
+    q = torch.randn(1, 16 * 16, 2, 16, generator=torch.Generator().manual_seed(0))
+    want = (theirs * q.reshape(*q.shape[:-1], -1, 1, 2)).sum(-1).reshape(q.shape)
+    with NoBf16Rounding():
+        got = rounded_pairs.rounded_apply(rope.torch_rope, q, ours)
+    assert (got - want).abs().max().item() <= 1e-5
+    assert torch.equal(rounded_pairs.rounded_apply(rope.torch_rope, q, ours), got.bfloat16())

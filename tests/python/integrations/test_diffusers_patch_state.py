@@ -9,7 +9,8 @@
   float32) is patched (it used to be refused: the self-check judged ours by the rounded
   rotation), and against a float64 reference the patched model is at least as accurate as the
   unpatched one: with the RoPE alone rounded, as accurate as the float32 model, where diffusers'
-  rotation from the rounded buffers is ~100x further off.
+  rotation from the rounded buffers is ~100x further off. Kandinsky 5's RoPE buffers rounded
+  the same way are judged by what they were rounded from, too.
 * Processors replaced after patch (``set_attn_processor``, one module's ``set_processor``) undo the
   patch on that model, with a warning, so the model keeps computing what diffusers does (it used to
   hand positions to diffusers' processors: a shape error); patched again, it rotates with
@@ -119,6 +120,24 @@ def test_rope_buffers_rounded_to_bf16_cost_the_unpatched_model_not_the_patched_o
     ours_error, theirs_error = _error(ours, inputs, reference), _error(theirs, inputs, reference)
     assert ours_error <= theirs_error, (name, ours_error, theirs_error)
     assert ours_error <= 1.5 * float32_error, (name, ours_error, float32_error)
+
+
+def test_kandinsky5_rope_buffers_rounded_to_bf16_are_judged_by_what_they_were_rounded_from():
+    """Kandinsky 5's two RoPE modules rounded to bf16 (the angle buffers of a ``.to(bf16)``), the
+    rest float32: patched (its self-check judges ours by buffers rebuilt from the constructor,
+    not by the rounded rotation), the model is as close to the float64 reference as the float32
+    model, and no further from it than diffusers' rotation from the rounded buffers."""
+    model, inputs = dm.build("Kandinsky5Transformer3DModel")
+    reference = dm.float64_output(model, inputs)
+    float32_error = _error(model, inputs, reference)
+    theirs, ours = copy.deepcopy(model), copy.deepcopy(model)
+    for m in (theirs, ours):
+        m.text_rope_embeddings.to(torch.bfloat16)
+        m.visual_rope_embeddings.to(torch.bfloat16)
+    trd.patch(ours)
+    ours_error, theirs_error = _error(ours, inputs, reference), _error(theirs, inputs, reference)
+    assert ours_error <= theirs_error, (ours_error, theirs_error)
+    assert ours_error <= 1.5 * float32_error, (ours_error, float32_error)
 
 
 def test_a_rope_module_whose_buffers_are_not_its_class_rounded_is_refused():

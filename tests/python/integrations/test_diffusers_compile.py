@@ -30,6 +30,7 @@ COMPILED = {
     "HunyuanVideoTransformer3DModel": "aot_eager",
     "QwenImageTransformer2DModel": "aot_eager",
     "AceStepTransformer1DModel": "aot_eager",
+    "AllegroTransformer3DModel": "aot_eager",
 }
 
 

@@ -94,3 +94,18 @@ def as_built(module: nn.Module, what: str) -> nn.Module:
             raise refusal
     device = next(iter(buffers.values())).device
     return built.to(device)
+
+
+class WithTables:
+    """A RoPE module seen with the tables about to be installed, for the check (which runs before
+    anything is set on the module): the module's attributes, ``torch_rope`` the tables, and the
+    ``extra`` attributes given by name."""
+
+    def __init__(self, rope: nn.Module, tables, **extra) -> None:
+        self._rope = rope
+        self.torch_rope = tables
+        for name, value in extra.items():
+            setattr(self, name, value)
+
+    def __getattr__(self, name):
+        return getattr(self._rope, name)

@@ -258,7 +258,7 @@ def _check(model, variant, tables) -> None:
         hidden = torch.zeros(1, 1, 2, 4 * rope.patch_size, 7 * rope.patch_size, device=device)
         q = probe((1, 2, 56, rope.rope_dim), device, torch.float32)
         freqs = type(rope).forward(rope, hidden)
-        holder = _Holder(rope, tables)
+        holder = self_check.WithTables(rope, tables)
         unpatched = functools.partial(embeddings.apply_rotary_emb, q, freqs)
         patched = functools.partial(
             embeddings_apply, tables, q, easyanimate_forward(holder, hidden)
@@ -287,17 +287,6 @@ def _check(model, variant, tables) -> None:
             -2 if variant == "stable_audio" else -1,
         ),
     )
-
-
-class _Holder:
-    """A RoPE module seen with the tables about to be installed, for the self-check."""
-
-    def __init__(self, rope: nn.Module, tables: Tables) -> None:
-        self._rope = rope
-        self.torch_rope = tables
-
-    def __getattr__(self, name):
-        return getattr(self._rope, name)
 
 
 def buildable(model: nn.Module, variant: str) -> bool:

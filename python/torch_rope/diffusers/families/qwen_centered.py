@@ -147,20 +147,8 @@ def _unpatched_freqs(rope, shapes, text_len, device):
 
 
 def _patched_positions(rope, tables, shapes, text_len, device):
-    holder = _Holder(rope, tables)
+    holder = self_check.WithTables(rope, tables)
     return positions(holder, [shapes], text_len, device)
-
-
-class _Holder:
-    """The RoPE module's attributes seen with the tables about to be installed (the check runs
-    before anything is set on the module)."""
-
-    def __init__(self, rope: nn.Module, tables: Tables) -> None:
-        self._rope = rope
-        self.torch_rope = tables
-
-    def __getattr__(self, name):
-        return getattr(self._rope, name)
 
 
 def patch(model: nn.Module, row, record: PatchRecord, patcher: ProcessorPatcher, options) -> None:

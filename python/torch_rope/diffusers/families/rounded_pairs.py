@@ -149,7 +149,7 @@ def _check(model, text, video, original, text_tables, video_tables) -> None:
     pos = torch.tensor([0, 3, 1, 6, 2, -1], device=device)
     q = probe((1, pos.numel(), 2, d), device, torch.float32)
     theirs = type(text).forward(text, pos).unsqueeze(0)
-    ours = text_forward(_Holder(text, text_tables), pos).unsqueeze(0)
+    ours = text_forward(self_check.WithTables(text, text_tables), pos).unsqueeze(0)
     self_check.check(
         model,
         f"{name}'s text RoPE",
@@ -161,7 +161,9 @@ def _check(model, text, video, original, text_tables, video_tables) -> None:
     for scales in ((1.0, 1.0, 1.0), (1.0, 3.16, 2.0)):
         q = probe((1, 24, 2, sum(video.axes_dims)), device, torch.float32)
         theirs = type(video).forward(video, shape, vpos, scales).flatten(1, 3)
-        ours = video_forward(_Holder(video, video_tables), shape, vpos, scales).flatten(1, 3)
+        ours = video_forward(
+            self_check.WithTables(video, video_tables), shape, vpos, scales
+        ).flatten(1, 3)
         self_check.check(
             model,
             f"{name}'s video RoPE",
@@ -175,17 +177,6 @@ def _check(model, text, video, original, text_tables, video_tables) -> None:
         functools.partial(_unrounded, original, q, theirs),
         functools.partial(_unrounded, rounded_apply, video_tables, q, theirs),
     )
-
-
-class _Holder:
-    """A RoPE module seen with the tables about to be installed, for the self-check."""
-
-    def __init__(self, rope: nn.Module, tables: Tables) -> None:
-        self._rope = rope
-        self.torch_rope = tables
-
-    def __getattr__(self, name):
-        return getattr(self._rope, name)
 
 
 def patch(model: nn.Module, row, record: PatchRecord, patcher: ProcessorPatcher, options) -> None:

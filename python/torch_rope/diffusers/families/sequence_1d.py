@@ -213,7 +213,7 @@ def _check(rope, variant, tables, original, swaps, head) -> None:
         signature = inspect.signature(type(rope).forward).parameters
         by_states = "hidden_states" in signature
         args = (q, length) if by_states else (length, device)
-        holder = _Holder(rope, tables, variant == "angles")
+        holder = self_check.WithTables(rope, tables, _torch_rope_angles=variant == "angles")
         patched_forward = states_forward if by_states else length_forward
 
         def unpatched():
@@ -223,18 +223,6 @@ def _check(rope, variant, tables, original, swaps, head) -> None:
             return ours(q, patched_forward(holder, *args))
 
     self_check.check(rope, type(rope).__name__, unpatched, patched)
-
-
-class _Holder:
-    """A RoPE module seen with the tables about to be installed, for the self-check."""
-
-    def __init__(self, rope: nn.Module, tables: Tables, angles: bool) -> None:
-        self._rope = rope
-        self.torch_rope = tables
-        self._torch_rope_angles = angles
-
-    def __getattr__(self, name):
-        return getattr(self._rope, name)
 
 
 def patch(model: nn.Module, row, record: PatchRecord, patcher: ProcessorPatcher, options) -> None:

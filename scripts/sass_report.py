@@ -58,6 +58,7 @@ the triton this Python imports, or of the project's .venv).
 
 import argparse
 import concurrent.futures
+import functools
 import importlib.util
 import json
 import os
@@ -172,6 +173,11 @@ def demangle(names):
 FP64 = re.compile(r"^(DADD|DMUL|DFMA|DSETP|DSET|DMNMX|DMMA)\b|\.F64\b|^MUFU\.\w+64H\b")
 
 
+@functools.cache
+def is_fp64(opcode):
+    return FP64.search(opcode) is not None
+
+
 def describe(demangled):
     """'bf16 / fp32 tables / interleaved / vector' from rope_kernel<__nv_bfloat16, float, true,
     true>, 'bf16 / freqs / ...' from rope_freqs_kernel<__nv_bfloat16, true, true>; the raw name
@@ -255,31 +261,47 @@ INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_
 
 
 def parse_sass(text):
-    """{function: [(opcode, {(file, line), ...}), ...]} from `nvdisasm -gi` output."""
+    """{function: [(opcode, {(file, line), ...}), ...]} from `nvdisasm -gi` output.
+
+    The line info before an instruction (a group of `//## File ...` lines, the instruction's own
+    line and its inlining sites) applies to it and to the instructions after it, up to the next
+    group. The big cubins repeat a few thousand distinct groups over a million lines, so each
+    distinct group is parsed once."""
     functions = {}
     current = None
-    chain = set()
-    fresh_group = False
+    chain = frozenset()
+    group = []  # the line-info lines read since the last instruction
+    parsed = {}  # group (tuple of its lines) -> chain
     for line in text.splitlines():
         if line.startswith(".text."):
             current = line[len(".text.") :].rstrip(":")
             functions[current] = []
-            chain = set()
+            chain = frozenset()
             continue
-        m = LINE_INFO.search(line)
-        if m:
-            if not fresh_group:
-                chain = set()
-                fresh_group = True
-            chain.add((os.path.basename(m.group(1)), int(m.group(2))))
-            if m.group(3):
-                chain.add((os.path.basename(m.group(3)), int(m.group(4))))
+        if "//## File" in line and LINE_INFO.search(line):
+            group.append(line)
             continue
         m = INSTRUCTION.match(line)
         if m and current is not None:
-            fresh_group = False
-            functions[current].append((m.group(1), frozenset(chain)))
+            if group:
+                key = tuple(group)
+                chain = parsed.get(key)
+                if chain is None:
+                    chain = parsed[key] = chain_of(group)
+                group = []
+            functions[current].append((m.group(1), chain))
     return functions
+
+
+def chain_of(group):
+    """The (file name, line) pairs a group of line-info lines names."""
+    chain = set()
+    for line in group:
+        m = LINE_INFO.search(line)
+        chain.add((os.path.basename(m.group(1)), int(m.group(2))))
+        if m.group(3):
+            chain.add((os.path.basename(m.group(3)), int(m.group(4))))
+    return frozenset(chain)
 
 
 RES_FUNCTION = re.compile(r"Function ([^:\s]+):")
@@ -302,6 +324,7 @@ def parse_resources(text):
     return out
 
 
+@functools.cache
 def width_of(opcode):
     m = re.search(r"\.(128|64|U16|S16|U8|S8)(?:\.|$)", opcode)
     if not m:
@@ -344,7 +367,7 @@ def analyse(cubin, arch, tools, markers):
         counts = {"spill": 0, "forbidden": [], "fp64": [], "butterflies": 0}
         for opcode, chain in instructions:
             base = opcode.split(".")[0]
-            if FP64.search(opcode):
+            if is_fp64(opcode):
                 counts["fp64"].append(opcode)
             if base in ("STL", "LDL"):
                 counts["spill"] += 1

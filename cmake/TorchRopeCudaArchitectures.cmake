@@ -51,3 +51,37 @@ macro(torch_rope_resolve_cuda_architectures)
     set(TORCH_ROPE_CUDA_ARCH_LIST_SOURCE "the default list")
   endif()
 endmacro()
+
+# Blackwell's machine code from one device pass. torch's config gives each architecture its own
+# -gencode, so sm_100 and sm_120 each cost a cicc run (the front half of nvcc, about 9 s of
+# rope_rotate's 17 s per architecture). The kernels branch on __CUDA_ARCH__ only below 8.0 and
+# from 10.0 up (kSmallSm, kBlackwell in csrc/cuda/rope_kernel.cuh), so compute_100's PTX is the
+# same program for both and ptxas alone tells them apart:
+# -gencode arch=compute_100,code=[sm_100,sm_120]. Every .cu file then takes 4 cicc runs by the
+# default list instead of 5; the SASS check still reads both cubins. Only the plain (not a/f)
+# pairs of 10.x and 12.x fold, and only when compute_100 is there to serve them.
+function(torch_rope_share_blackwell_device_pass)
+  set(flags "${CMAKE_CUDA_FLAGS}")
+  set(pattern "-gencode arch=compute_(1[02][0-9]),code=sm_([0-9]+)")
+  if(NOT flags MATCHES "-gencode arch=compute_100,code=sm_100( |$)")
+    return()
+  endif()
+  set(folded "")
+  string(REGEX MATCHALL "${pattern}" pairs "${flags}")
+  foreach(pair IN LISTS pairs)
+    if(pair MATCHES "^${pattern}$" AND CMAKE_MATCH_1 STREQUAL CMAKE_MATCH_2)
+      list(APPEND folded "sm_${CMAKE_MATCH_2}")
+      string(REPLACE "${pair}" "" flags "${flags}")
+    endif()
+  endforeach()
+  list(REMOVE_DUPLICATES folded)
+  list(LENGTH folded count)
+  if(count LESS 2)
+    return()
+  endif()
+  list(JOIN folded "," codes)
+  string(REGEX REPLACE "  +" " " flags "${flags} -gencode arch=compute_100,code=[${codes}]")
+  string(STRIP "${flags}" flags)
+  message(STATUS "torch-rope: ${codes} from one compute_100 device pass")
+  set(CMAKE_CUDA_FLAGS "${flags}" PARENT_SCOPE)
+endfunction()

@@ -327,6 +327,13 @@ def test_a_dsa_indexer_rotates_in_its_own_layout_and_moves_the_logits(name):
         module.forward = functools.partial(forward.func, module, (not indexer, False))
     wrong = logits(model, ids, mask)
     assert rel_err(wrong, right) > 1e-3
+    torch_rope.hf.unpatch(model)
+    assert not any("forward" in vars(m) for m in model.modules())
+    assert torch.equal(logits(model, ids, mask), logits(reference, ids, mask))
+    # Table-free, the indexer's rotation too runs the ops' frequency form.
+    table_free = torch_rope.hf.patch(copy.deepcopy(reference), tables=False)
+    assert _indexer_forwards(table_free).keys() == indexers.keys()
+    assert rel_err(logits(table_free, ids, mask), logits(reference, ids, mask)) <= 1e-5
 
 
 def test_an_indexer_that_rotates_otherwise_is_refused(monkeypatch):

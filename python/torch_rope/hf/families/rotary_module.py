@@ -378,26 +378,24 @@ def _self_check(rotary, key, attention, form: Form, inner=None, inner_layouts=No
                 hook.remove()
 
     def patched() -> Tensor:
-        for module in inner:
-            layout = inner_rotations.layout_of(
-                module,
-                attention,
-                calls.get(id(module)),
-                (hf_embeddings, our_embeddings),
-                dtype,
-                TEXT_LAYOUTS,
+        embeddings = (hf_embeddings, our_embeddings)
+        for module in inner:  # each one's layout first: setting none of them if one fails
+            call = calls.get(id(module))
+            inner_layouts[id(module)] = inner_rotations.layout_of(
+                module, attention, call, embeddings, dtype, TEXT_LAYOUTS
             )
-            inner_layouts[id(module)] = layout
-            module.forward = bind(inner_rotations.patched_forward, module, layout)
-        if own_rotary:
-            rotary.forward = bind(form.rotary_forward, rotary)
         try:
+            for module in inner:
+                layout = inner_layouts[id(module)]
+                module.forward = bind(inner_rotations.patched_forward, module, layout)
+            if own_rotary:
+                rotary.forward = bind(form.rotary_forward, rotary)
             return patched_attention_forward(attention, hidden_states=hidden, **got_rope, **other)[
                 0
             ]
         finally:
             if own_rotary:
-                del rotary.forward
+                vars(rotary).pop("forward", None)
             for module in inner:
                 vars(module).pop("forward", None)
 

@@ -495,12 +495,6 @@ _TINY = {
     **dict.fromkeys(("mamba_d_ssm",), 128),
     **dict.fromkeys(("linear_num_key_heads", "linear_num_value_heads"), 2),
     **dict.fromkeys(("linear_key_head_dim", "linear_value_head_dim"), 16),
-    # DSA indexers (DeepSeek-V3.2's kind): 4 heads of 16 (the first 8 features rotated), keeping
-    # the 4 best-scored keys of each query, fewer than the test prompt has: the indexer's choice,
-    # and so its rotation, moves the logits.
-    **dict.fromkeys(("index_n_heads",), 4),
-    **dict.fromkeys(("index_head_dim",), HEAD_DIM),
-    **dict.fromkeys(("index_topk",), 4),
 }
 _SPECIAL_TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=None)
 
@@ -645,6 +639,10 @@ _MOLMO2_TEXT = dict(
 )
 
 _RANGE = dict(initializer_range=0.2)
+# DSA indexers (DeepSeek-V3.2's kind): 4 heads of 16 (the first 8 features rotated), keeping the 4
+# best-scored keys of each query, fewer than the test prompt has: the indexer's choice, and so its
+# rotation, moves the logits.
+_DSA = dict(index_n_heads=4, index_head_dim=HEAD_DIM, index_topk=4)
 _CODEC = dict(_RANGE, upsample_groups=64)
 # Nemotron's audio encoders: one kv head per head (their v projection has a head per query head).
 _NEMOTRON_ENCODER = dict(_RANGE, num_key_value_heads=4)
@@ -743,11 +741,13 @@ _TINY_OVERRIDES = {
     "t5gemma2_encoder": dict(text_config=dict(dropout_rate=0.0)),
     # Its attention views q with the kv-head count: no grouped-query attention.
     "moonshine_streaming": dict(num_key_value_heads=4),
+    **dict.fromkeys(("axk2", "deepseek_v32", "glm_moe_dsa"), _DSA),
     # Its tiny random model's logits hardly depend on RoPE at the default initializer_range.
-    "hy_v4": _RANGE,
+    "hy_v4": dict(_DSA, **_RANGE),
     # Its config requires one kv head per head (its MLA expands the latent for every head), in
     # its indexed layers and in its sliding ones (the second tiny layer, per_layer_config's).
     "dots3_note_text": dict(
+        _DSA,
         num_key_value_heads=4,
         per_layer_config={
             "01": dict(

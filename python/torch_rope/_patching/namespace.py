@@ -106,7 +106,39 @@ class PatchedNamespaces:
         built on first use after unpickling in a new process."""
         function = self._forwards.get(cls)
         if function is None or refresh:
-            original = cls.forward
-            function = rebuild(original, self._namespace(original.__globals__, refresh))
+            function = self._rebuilt(cls.forward, refresh)
             self._forwards[cls] = function
+        return function
+
+    def _rebuilt(self, original: types.FunctionType, refresh: bool) -> types.FunctionType:
+        """``original`` rebuilt over the patched copy of its module's globals; a decorated one
+        (``functools.wraps``: ``@torch.no_grad()`` on an indexer's forward) is the decorator's
+        wrapper again, around the function it wraps rebuilt so: the wrapper's own globals are the
+        decorator's module, where no rotation name is looked up."""
+        wrapped = getattr(original, "__wrapped__", None)
+        if wrapped is None or not original.__closure__:
+            return rebuild(original, self._namespace(original.__globals__, refresh))
+        inner, cells = None, []
+        for cell in original.__closure__:
+            try:
+                held = cell.cell_contents
+            except ValueError:  # an empty cell
+                held = None
+            if held is wrapped:
+                inner = inner or self._rebuilt(wrapped, refresh)
+                cell = types.CellType(inner)
+            cells.append(cell)
+        if inner is None:  # a wrapper that does not hold the function it wraps: as before
+            return rebuild(original, self._namespace(original.__globals__, refresh))
+        function = types.FunctionType(
+            original.__code__,
+            original.__globals__,
+            original.__name__,
+            original.__defaults__,
+            tuple(cells),
+        )
+        function.__kwdefaults__ = original.__kwdefaults__
+        function.__dict__.update(original.__dict__)
+        function.__qualname__ = original.__qualname__
+        function.__wrapped__ = inner
         return function

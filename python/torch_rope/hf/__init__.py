@@ -19,7 +19,8 @@ transformers is imported lazily, only by :func:`patch`; ``import torch_rope.hf``
 The package: :mod:`.patching` looks up the model type's row in :mod:`.registry` (one row per
 supported type; :mod:`.refused` for the others) and runs the families the row names
 (:mod:`.families`, one module each), which share :mod:`.tables`, :mod:`.rotate`,
-:mod:`.qk_norm` and the library-neutral core in :mod:`torch_rope._patching` (the undo record,
+:mod:`.qk_norm` (and :mod:`.inner_rotations`, for the modules inside an attention layer that
+rotate too) and the library-neutral core in :mod:`torch_rope._patching` (the undo record,
 the self-check, the rebuilt forwards). :mod:`.kernel_hook` is the separate layer for
 transformers' own kernel hook (also importable as ``torch_rope.hf_kernel``).
 """

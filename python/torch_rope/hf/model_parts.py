@@ -2,6 +2,7 @@
 """The parts of a transformers model that patch works on: its rotary modules, and the attention
 layers whose forward calls one of transformers' rotation functions."""
 
+import inspect
 from typing import List, Tuple
 
 from torch import nn
@@ -31,8 +32,11 @@ def rotary_modules(model: nn.Module, vision: bool = False) -> List[nn.Module]:
 
 
 def calls_hf_apply(module: nn.Module, names: Tuple[str, ...] = HF_NAMES) -> bool:
-    """Whether the module's class forward calls one of ``names``, a global of its module."""
+    """Whether the module's class forward calls one of ``names``, a global of its module (under
+    its decorators: a DSA indexer's forward is wrapped in ``@torch.no_grad()``)."""
     forward = getattr(type(module), "forward", None)
+    if forward is not None:
+        forward = inspect.unwrap(forward)
     code = getattr(forward, "__code__", None)
     return code is not None and any(
         name in code.co_names and name in forward.__globals__ for name in names

@@ -7,10 +7,6 @@ rotary type of the installed transformers is either supported or here."""
 from typing import Dict
 
 # Why patch refuses each of the other rotary model types: one reason per family.
-_DSA_INDEXER = (
-    "its sparse-attention indexer (DSA) rotates its own q/k through the same function inside "
-    "the attention layer; the self-check refuses it"
-)
 _NO_ROPE = "its modeling file defines the RoPE helpers, but its attention layers use no RoPE"
 _RELATIVE_POSITIONS = (
     "its model has no RoPE: its (Conformer) attention adds relative position embeddings "
@@ -36,16 +32,21 @@ REFUSED: Dict[str, str] = {
         "out of a dict per rope layer type, and its compressor and indexer call rotary modules "
         "of their own on other positions: patch hands a layer positions and tables, not cos/sin"
     ),
-    **dict.fromkeys(
-        ("axk2", "deepseek_v32", "dots3_note_text", "glm_moe_dsa", "hy_v4"), _DSA_INDEXER
-    ),
     **dict.fromkeys(("jamba", "nemotron_h"), _NO_ROPE),
-    "dots3_note": _DSA_INDEXER,
+    "dots3_note": (
+        "not tested whole: its text tower is dots3_note_text's (supported: MLA and a DSA indexer "
+        "in its layers), but its audio encoder has a rotary module of its own beside it and its "
+        "vision tower an axial 2-D RoPE (apply_rotary_pos_emb_vision); the tests build no tiny "
+        "model with both images and audio"
+    ),
     **dict.fromkeys(
         ("qwen4_exp", "qwen4_exp_text"),
-        "not tested: its sparse-attention indexer rotates its own queries through the same "
-        "apply_rotary_pos_emb inside the attention layer, and its default config leaves the "
-        "indexer's sizes unset",
+        "its attention layers compute with the cos/sin they are handed: the model hands them "
+        "cos/sin over all positions, cached ones included, and each layer slices its tokens' "
+        "rows out of them (x[:, -S:, :]), while its QSA indexer gathers rows at the first "
+        "position of each key block (index_select) to rotate the pooled block keys one row per "
+        "block; patch hands a layer positions and tables, not cos/sin (and its default config "
+        "leaves the indexer's sizes unset)",
     ),
     "mimi": (
         "not tested whole: its output is audio decoded from the discrete codes of its quantizer, "

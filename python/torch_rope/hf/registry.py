@@ -93,6 +93,7 @@ REGISTRY = Registry(
         "aria": TEXT,
         "aria_text": TEXT,
         "axk1": TEXT,
+        "axk2": TEXT,  # a DSA indexer in each attention layer, rotate_half beside MLA's pairs
         "bailing_hybrid": TEXT,
         "bamba": TEXT,
         "beam": TEXT,
@@ -111,10 +112,12 @@ REGISTRY = Registry(
         "dbrx": TEXT,
         "deepseek_v2": COMPLEX,
         "deepseek_v3": TEXT,
+        "deepseek_v32": TEXT,  # the same
         "dia": TEXT,
         "diffllama": TEXT,
         "doge": TEXT,
         "dots1": TEXT,
+        "dots3_note_text": TEXT,  # a DSA indexer in each attention layer
         "embedding_gemma2": TEXT,
         "embedding_gemma2_text": TEXT,
         "emu3": ModelType(vision=NO_VISION_ROPE),  # its images: VQ-VAE tokens, no RoPE
@@ -155,6 +158,7 @@ REGISTRY = Registry(
         "glm5_next_vision": VISION_TOWER,
         "glm_image": ModelType(SECTIONS, NO_VISION_ROPE),
         "glm_image_text": ModelType(SECTIONS),
+        "glm_moe_dsa": TEXT,  # a DSA indexer in each attention layer
         "glm_ocr": ModelType(SECTIONS_GPTJ_PAIRS, AXIAL_VISION),
         "glm_ocr_text": ModelType(SECTIONS_GPTJ_PAIRS),
         "glm_ocr_vision": VISION_TOWER,
@@ -181,6 +185,7 @@ REGISTRY = Registry(
         "hunyuan_v1_dense": TEXT,
         "hunyuan_v1_moe": TEXT,
         "hy_v3": TEXT,
+        "hy_v4": TEXT,  # a DSA indexer in each attention layer
         "hyperclovax": TEXT,
         "inkling2": ModelType(vision=INKLING2_VISION, text=None),  # relative logits in its text
         "inkling2_vision": ModelType(vision=INKLING2_VISION, text=None),

@@ -104,16 +104,23 @@ def rotate_qk(
     return q_out, k_out
 
 
-def apply_with_tables(q, k, cos, sin=None, unsqueeze_dim=1):
+def apply_with_tables(q, k, cos, sin=None, unsqueeze_dim=1, layout=None):
     """What a patched attention layer calls as apply_rotary_pos_emb: ``cos`` holds the positions
     (B, S) (M-RoPE: (B, S, 3)) and ``sin`` the torch_rope tables module, as the patched rotary
     module returned them. Gemma 4 rotates one tensor per call, ``(x, cos, sin, unsqueeze_dim)``:
-    there the positions arrive as ``k`` and the tables as ``cos``."""
+    there the positions arrive as ``k`` and the tables as ``cos``.
+
+    ``layout``: ``(interleaved, inverse)`` instead of the tables' own, for a module inside an
+    attention layer that rotates its own q/k with the layer's positions in another pair layout
+    (a DSA indexer's rotate_half beside DeepSeek-V3.2's GPT-J-pair MLA)."""
     if sin is None and isinstance(cos, nn.Module):
         return _rotate_one(q, k, cos, unsqueeze_dim)
     positions, tables, normed = cos, sin, None
     if isinstance(tables, qk_norm.NormedTables):  # a layer with fused q/k norms
         tables, normed = tables.tables, tables
+    interleaved, inverse = (
+        (tables.interleaved, getattr(tables, "inverse", False)) if layout is None else layout
+    )
     cos_table, sin_table, angles = _angle_source(tables, positions)
     return rotate_qk(
         q,
@@ -122,11 +129,11 @@ def apply_with_tables(q, k, cos, sin=None, unsqueeze_dim=1):
         sin_table,
         positions,
         unsqueeze_dim,
-        tables.interleaved,
+        interleaved,
         getattr(tables, "mrope_section", None),
         getattr(tables, "mrope_interleaved", False),
         normed,
-        getattr(tables, "inverse", False),
+        inverse,
         angles,
     )
 

@@ -276,6 +276,85 @@ def test_wrong_layout_moves_the_logits(name):
     assert rel_err(wrong, right) > 1e-3
 
 
+# DSA models: (the MLA's pair layout, the indexer's), GPT-J pairs True, as their modeling files
+# rotate: DeepSeek-V3.2 and A.X K2 with apply_rotary_pos_emb_interleave in the MLA and
+# apply_rotary_pos_emb (rotate_half) in the indexer; GLM-MoE-DSA and dots.3-note with the
+# interleaved one in both; HY V4 with rotate_half in both.
+DSA = {
+    "tiny:deepseek_v32": (True, False),
+    "tiny:axk2": (True, False),
+    "tiny:glm_moe_dsa": (True, True),
+    "tiny:dots3_note_text": (True, True),
+    "tiny:hy_v4": (False, False),
+}
+
+
+def _indexer_forwards(model):
+    """The patched forwards of the rotating modules inside attention layers (the DSA indexers)."""
+    from torch_rope.hf import inner_rotations
+
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if getattr(vars(module).get("forward"), "func", None) is inner_rotations.patched_forward
+    }
+
+
+@pytest.mark.parametrize("name", list(DSA))
+def test_a_dsa_indexer_rotates_in_its_own_layout_and_moves_the_logits(name):
+    """A DSA indexer inside each indexed attention layer rotates its own q/k with the layer's
+    positions, in a pair layout found apart from the MLA's: both as the modeling file rotates.
+    Negative control: the indexer alone turned the other way moves the logits (its top-4 choice
+    of keys changes), so a wrong indexer rotation could not pass the fp32 check."""
+    import functools
+
+    reference = hf_models.built(name)
+    model = torch_rope.hf.patch(copy.deepcopy(reference))
+    mla, indexer = DSA[name]
+    (rotary,) = [m for m in model.modules() if hasattr(m, "torch_rope")]
+    assert {t.interleaved for t in rotary.torch_rope.values()} == {mla}
+    indexers = _indexer_forwards(model)
+    assert indexers and all(type(m).__name__.endswith("Indexer") for m in indexers.values())
+    held = [n for n, m in reference.named_modules() if type(m).__name__.endswith("Indexer")]
+    assert sorted(indexers) == sorted(held)
+    for module in indexers.values():
+        assert module.forward.args[1] == (indexer, False)
+    ids, mask = hf_models.batch_for(name)
+    right = logits(model, ids, mask)
+    assert rel_err(right, logits(reference, ids, mask)) <= 1e-5
+    for module in indexers.values():
+        forward = module.forward
+        module.forward = functools.partial(forward.func, module, (not indexer, False))
+    wrong = logits(model, ids, mask)
+    assert rel_err(wrong, right) > 1e-3
+    torch_rope.hf.unpatch(model)
+    assert not any("forward" in vars(m) for m in model.modules())
+    assert torch.equal(logits(model, ids, mask), logits(reference, ids, mask))
+    # Table-free, the indexer's rotation too runs the ops' frequency form.
+    table_free = torch_rope.hf.patch(copy.deepcopy(reference), tables=False)
+    assert _indexer_forwards(table_free).keys() == indexers.keys()
+    assert rel_err(logits(table_free, ids, mask), logits(reference, ids, mask)) <= 1e-5
+
+
+def test_an_indexer_that_rotates_otherwise_is_refused(monkeypatch):
+    """The indexer's own check can fail: an indexer that turns its q/k by twice the angle (no
+    pair layout of torch_rope's does) refuses the model, and nothing stays patched."""
+    from transformers.models.deepseek_v32 import modeling_deepseek_v32 as modeling
+
+    model = hf_models.built("tiny:deepseek_v32")
+    hf_rotate = modeling.apply_rotary_pos_emb
+
+    def twice_the_angle(q, k, cos, sin, unsqueeze_dim=1):
+        return hf_rotate(q, k, cos * cos - sin * sin, 2 * sin * cos, unsqueeze_dim)
+
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", twice_the_angle)
+    with pytest.raises(NotImplementedError) as refused:
+        torch_rope.hf.patch(model)
+    assert "DeepseekV32Indexer" in str(refused.value.__cause__)
+    assert not torch_rope.hf.is_patched(model)
+    assert not any("forward" in vars(m) or hasattr(m, "torch_rope") for m in model.modules())
+
+
 _CONVOLUTIONS = (
     "conv1d",
     "conv2d",

@@ -258,6 +258,15 @@ TINY = (
     # RoFormer: its encoder's sinusoid rows rotate q/k in a method of each self-attention layer
     # (a decoder, so that its causal LM caches; also "roformer-rotary_value", v rotated too).
     "roformer",
+    # DeepSeek Sparse Attention: a DSA indexer inside each (indexed) attention layer rotates its
+    # own q/k with the layer's cos/sin, in the MLA's pair layout (GLM-MoE-DSA, dots.3-note) or
+    # another (DeepSeek-V3.2, A.X K2: rotate_half beside the MLA's GPT-J pairs; HY V4: both
+    # rotate_half).
+    "axk2",
+    "deepseek_v32",
+    "dots3_note_text",
+    "glm_moe_dsa",
+    "hy_v4",
 )
 
 
@@ -630,6 +639,10 @@ _MOLMO2_TEXT = dict(
 )
 
 _RANGE = dict(initializer_range=0.2)
+# DSA indexers (DeepSeek-V3.2's kind): 4 heads of 16 (the first 8 features rotated), keeping the 4
+# best-scored keys of each query, fewer than the test prompt has: the indexer's choice, and so its
+# rotation, moves the logits.
+_DSA = dict(index_n_heads=4, index_head_dim=HEAD_DIM, index_topk=4)
 _CODEC = dict(_RANGE, upsample_groups=64)
 # Nemotron's audio encoders: one kv head per head (their v projection has a head per query head).
 _NEMOTRON_ENCODER = dict(_RANGE, num_key_value_heads=4)
@@ -728,6 +741,20 @@ _TINY_OVERRIDES = {
     "t5gemma2_encoder": dict(text_config=dict(dropout_rate=0.0)),
     # Its attention views q with the kv-head count: no grouped-query attention.
     "moonshine_streaming": dict(num_key_value_heads=4),
+    **dict.fromkeys(("axk2", "deepseek_v32", "glm_moe_dsa"), _DSA),
+    # Its tiny random model's logits hardly depend on RoPE at the default initializer_range.
+    "hy_v4": dict(_DSA, **_RANGE),
+    # Its config requires one kv head per head (its MLA expands the latent for every head), in
+    # its indexed layers and in its sliding ones (the second tiny layer, per_layer_config's).
+    "dots3_note_text": dict(
+        _DSA,
+        num_key_value_heads=4,
+        per_layer_config={
+            "01": dict(
+                num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=8
+            )
+        },
+    ),
     # The same (per stack), and its stacks' sizes under names of their own: 2 layers of 4 heads of
     # 16 (of 8 heads, its partial rotary factor 0.9 would leave 7 features, an odd width).
     "moonshine": dict(

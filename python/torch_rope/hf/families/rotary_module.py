@@ -14,6 +14,8 @@ Patched, on this model instance only:
   ``rope::rms_norm_apply_qk`` instead (:mod:`..qk_norm`);
 * before that, the self-check finds the pair layout every layer rotates with (rotate_half, GPT-J
   pairs, either by minus the angle) by running each layer unpatched and patched on a probe input.
+* a module inside a layer that rotates too (a DSA indexer) is patched with a layout of its own
+  (:mod:`..inner_rotations`), found in the check of the layer that holds it.
 
 A model with a rotary module per part (an encoder-decoder's stacks, RecurrentGemma's layers) is
 patched part by part (:mod:`..stacks`); one with several side by side that its forward picks from
@@ -32,7 +34,7 @@ from ..._patching.record import PatchRecord, bind, refuse_forward_on_instance
 from ..._patching.self_check import check_against_unpatched, probe
 from ...nn import long_rope_positions
 from ...nn.forward import long_rope_frequencies
-from .. import qk_norm, stacks, tables
+from .. import inner_rotations, qk_norm, stacks, tables
 from ..forwards import FORWARDS
 from ..model_parts import HF_NAMES, calls_hf_apply, rotary_modules
 from ..rotate import apply_with_tables
@@ -115,6 +117,7 @@ def patch(model: nn.Module, model_type: str, row, record: PatchRecord, options, 
             # Before the self-check, which runs the classes' forwards (and sets a rotary module's
             # own for a moment, RecurrentGemma's): a forward set on an instance is refused.
             refuse_forward_on_instance(module)
+        attentions, inner = inner_rotations.nested(attentions)
         known = {
             _build_tables(model_type, row, rotary, record, options.max_seq_len, options.tables)
             for rotary in rotaries
@@ -123,7 +126,7 @@ def patch(model: nn.Module, model_type: str, row, record: PatchRecord, options, 
         layouts = known.pop() if len(known) == 1 and None not in known else form.layouts
         for attention_class in {type(a) for a in attentions}:
             FORWARDS.forward(attention_class, refresh=True)
-        _patch_layers(rotaries, attentions, record, form, layouts, options.tables)
+        _patch_layers(rotaries, attentions, record, form, layouts, options.tables, inner)
 
 
 def _multi_axis(model_type: str, row, rotary: nn.Module, keys: List[str]):
@@ -181,16 +184,26 @@ def _build_tables(
     return ((axes[keys[0]][0], False),) if axes else None
 
 
-def _patch_layers(rotaries, attentions, record: PatchRecord, form: Form, layouts, use_tables):
-    """Find the layout the attention layers rotate with, checked against the unpatched layers
-    with each of ``rotaries`` (which have their tables), then patch the layers and the rotary
-    modules."""
-    _check_layout(rotaries, attentions, form, layouts)
+def _patch_layers(
+    rotaries, attentions, record: PatchRecord, form: Form, layouts, use_tables, inner=None
+):
+    """Find the layout the attention layers (and the modules inside them that rotate too,
+    ``inner``) rotate with, checked against the unpatched layers with each of ``rotaries`` (which
+    have their tables), then patch them all and the rotary modules."""
+    inner = inner or {}
+    inner_layouts = _check_layout(rotaries, attentions, form, layouts, inner)
     for attention in attentions:
         record.attention.append(attention)
-        if use_tables:  # the fused q/k norm op has tables only
+        held = inner.get(id(attention), [])
+        # The fused q/k norm op has tables only; a layer that hands its position embeddings on to
+        # a module inside it keeps its norms unfused (the module would get the fused tables).
+        if use_tables and not held:
             _fuse_qk_norms(rotaries, attention, form, record)
         record.set(attention, "forward", bind(patched_attention_forward, attention))
+        for module in held:
+            layout = inner_layouts[id(module)]
+            inner_rotations.forwards(layout).forward(type(module), refresh=True)
+            record.set(module, "forward", bind(inner_rotations.patched_forward, module, layout))
     for rotary in rotaries:
         record.set(rotary, "forward", bind(form.rotary_forward, rotary))
 
@@ -217,7 +230,7 @@ def _fuse_qk_norms(rotaries, attention: nn.Module, form: Form, record: PatchReco
     record.on_undo(functools.partial(qk_norm.undo, attention))
 
 
-def _check_layout(rotaries, attentions, form: Form, layouts) -> None:
+def _check_layout(rotaries, attentions, form: Form, layouts, inner=None) -> Dict[int, tuple]:
     """Find the layout the attention layers rotate with and set it on the tables: the first of
     ``layouts`` (torch_rope's ``(interleaved, inverse)``) with which every attention layer passes
     the self-check. rotate_half models pass with ``(False, False)``; GPT-J-pair models (Cohere,
@@ -226,7 +239,12 @@ def _check_layout(rotaries, attentions, form: Form, layouts) -> None:
 
     Every layer is checked, not one per class: layers of one class differ (Cohere 2's full
     layers skip RoPE, its sliding ones rotate), and a layer that does not rotate passes with
-    either layout, so checking it alone could pick the wrong one."""
+    either layout, so checking it alone could pick the wrong one.
+
+    Returned: the layout of each module inside a layer that rotates too (``inner``, by the
+    layer's id), by its id, found in the layer's checks."""
+    inner = inner or {}
+    inner_layouts: Dict[int, tuple] = {}
     first_refusal = None
     for interleaved, inverse in layouts:
         for rotary in rotaries:
@@ -237,8 +255,10 @@ def _check_layout(rotaries, attentions, form: Form, layouts) -> None:
             for attention in attentions:
                 for rotary in rotaries:
                     for key in _keys_of(attention, list(rotary.torch_rope), rotary.config):
-                        _self_check(rotary, key, attention, form)
-            return
+                        _self_check(
+                            rotary, key, attention, form, inner.get(id(attention)), inner_layouts
+                        )
+            return inner_layouts
         except NotImplementedError as refusal:
             first_refusal = first_refusal or refusal
     raise first_refusal
@@ -257,7 +277,7 @@ def _keys_of(attention: nn.Module, keys: List[str], config) -> List[str]:
     return [layer_type] if layer_type in keys else keys
 
 
-def _self_check(rotary, key, attention, form: Form) -> None:
+def _self_check(rotary, key, attention, form: Form, inner=None, inner_layouts=None) -> None:
     """Refuse to patch when a patched attention layer disagrees with the unpatched one.
 
     One forward of the layer each way on a probe input: the unpatched forward gets the cos/sin
@@ -268,7 +288,13 @@ def _self_check(rotary, key, attention, form: Form) -> None:
     positions and the tables, as the patched rotary module returns them. Multi-axis (M-RoPE)
     models get HF's recomposition of our own tables' rows instead, at three position axes that
     differ.
+
+    ``inner``: the modules inside the layer that rotate too (a DSA indexer). The unpatched run
+    records the layer's call of each, on which its layout is found (``inner_layouts``, by
+    :func:`.inner_rotations.layout_of`); the patched run runs them patched with it.
     """
+    inner = inner or []
+    inner_layouts = {} if inner_layouts is None else inner_layouts
     device = tables.device_of(rotary, key)
     config = rotary.config
     found = rotary.torch_rope[key]
@@ -329,27 +355,49 @@ def _self_check(rotary, key, attention, form: Form) -> None:
         want_rope = dict(position_embeddings=hf_embeddings)
         got_rope = dict(position_embeddings=our_embeddings)
 
+    calls: Dict[int, tuple] = {}
+
+    def record_call(module, args, kwargs):
+        calls[id(module)] = (args, kwargs)
+
     def unpatched() -> Tensor:
         forward = type(attention).forward
-        with qk_norm.norms_restored(attention):
-            try:
-                return forward(attention, hidden_states=hidden, **want_rope, **other)[0]
-            except TypeError:
-                # A layer that adds its mask unconditionally (Falcon): a mask that masks nothing,
-                # for the patched run too.
-                other["attention_mask"] = hidden.new_zeros(1, 1, length, length)
-                return forward(attention, hidden_states=hidden, **want_rope, **other)[0]
+        hooks = [m.register_forward_pre_hook(record_call, with_kwargs=True) for m in inner]
+        try:
+            with qk_norm.norms_restored(attention):
+                try:
+                    return forward(attention, hidden_states=hidden, **want_rope, **other)[0]
+                except TypeError:
+                    # A layer that adds its mask unconditionally (Falcon; a DSA indexer slices
+                    # it): a mask that masks nothing, for the patched run too.
+                    other["attention_mask"] = hidden.new_zeros(1, 1, length, length)
+                    calls.clear()
+                    return forward(attention, hidden_states=hidden, **want_rope, **other)[0]
+        finally:
+            for hook in hooks:
+                hook.remove()
 
     def patched() -> Tensor:
-        if own_rotary:
-            rotary.forward = bind(form.rotary_forward, rotary)
+        embeddings = (hf_embeddings, our_embeddings)
+        for module in inner:  # each one's layout first: setting none of them if one fails
+            call = calls.get(id(module))
+            inner_layouts[id(module)] = inner_rotations.layout_of(
+                module, attention, call, embeddings, dtype, TEXT_LAYOUTS
+            )
         try:
+            for module in inner:
+                layout = inner_layouts[id(module)]
+                module.forward = bind(inner_rotations.patched_forward, module, layout)
+            if own_rotary:
+                rotary.forward = bind(form.rotary_forward, rotary)
             return patched_attention_forward(attention, hidden_states=hidden, **got_rope, **other)[
                 0
             ]
         finally:
             if own_rotary:
-                del rotary.forward
+                vars(rotary).pop("forward", None)
+            for module in inner:
+                vars(module).pop("forward", None)
 
     check_against_unpatched(attention, unpatched, patched, dtype, refusal)
 

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "kv_cache_body.h"
+#include "rms_norm_validation.h"  // norm_weight_in_math_type
 
 namespace rope::detail {
 
@@ -28,11 +29,6 @@ struct KvCacheNormInputs {
 // Metadata checks (SymInt-aware: the Meta kernel runs them too): apply_qk_cache's, the norm's
 // weights and eps, and q's output dtype and scale. Returns q_out's dtype.
 at::ScalarType check_rms_norm_apply_qk_cache(const char* op, const KvCacheNormInputs& in);
-
-// weight + weight_offset in the math type (float; double for double rows), contiguous: what the
-// row streams read.
-at::Tensor norm_weight_in_math_type(const at::Tensor& weight, double offset,
-                                    at::ScalarType row_dtype);
 
 template <typename Backend>
 at::Tensor rms_norm_apply_qk_cache_body(const KvCacheNormInputs& in, bool interleaved) {

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "rms_norm_validation.h"
 
+#include <ATen/Dispatch.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/ops/add.h>
 #include <c10/core/SymBool.h>
 #include <c10/util/Exception.h>
 
@@ -72,6 +75,36 @@ void check_norm_weights(const char* op, const at::Tensor& q, const at::Tensor& k
   check_eps_in_math_type(op, eps, q.scalar_type());
   TORCH_CHECK(std::isfinite(weight_offset), op, ": weight_offset must be finite, got ",
               weight_offset);
+}
+
+at::Tensor norm_weight_in_math_type(const at::Tensor& weight, double offset,
+                                    at::ScalarType row_dtype) {
+  const at::ScalarType acc = row_dtype == at::kDouble ? at::kDouble : at::kFloat;
+  if (!weight.device().is_cpu()) {
+    // Two ATen ops on the GPU, which round as the loop below does: acc(w) + acc(offset).
+    return at::add(weight.to(acc), offset).contiguous();
+  }
+  // On the CPU without a trip through the dispatcher (a decode call is a few microseconds).
+  const int64_t n = weight.size(0);
+  const int64_t stride = weight.stride(0);
+  at::Tensor out = at::detail::empty_cpu({n}, acc, /*pin_memory=*/false, std::nullopt);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, weight.scalar_type(), "rope_norm_w",
+                                  [&] {
+                                    const auto* w = weight.const_data_ptr<scalar_t>();
+                                    if (acc == at::kDouble) {
+                                      auto* o = out.data_ptr<double>();
+                                      for (int64_t i = 0; i < n; ++i) {
+                                        o[i] = static_cast<double>(w[i * stride]) + offset;
+                                      }
+                                    } else {
+                                      auto* o = out.data_ptr<float>();
+                                      const auto off = static_cast<float>(offset);
+                                      for (int64_t i = 0; i < n; ++i) {
+                                        o[i] = static_cast<float>(w[i * stride]) + off;
+                                      }
+                                    }
+                                  });
+  return out;
 }
 
 }  // namespace rope::detail

@@ -22,4 +22,9 @@ void check_rms_norm_apply_qk(const char* op, const at::Tensor& q, const at::Tens
                              const at::Tensor& positions, double eps, double weight_offset,
                              const MultiAxisArgs& axes = {});
 
+// weight + weight_offset in the math type (float; double for double rows), contiguous: what the
+// row streams read.
+at::Tensor norm_weight_in_math_type(const at::Tensor& weight, double offset,
+                                    at::ScalarType row_dtype);
+
 }  // namespace rope::detail

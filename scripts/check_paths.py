@@ -8,7 +8,7 @@ repository (csrc/, python/, tests/, docs/, ...) and checks each against the tree
 (`cpu_{avx2,avx512}.md`) are expanded, `*` is a glob, and a token with a placeholder (`<name>`,
 `NAME`, `...`) is checked up to the placeholder only.
 
-Comments mostly name a file by itself (`rms_norm_rows.cpp`, `common_glue.h`), so a source file
+Comments mostly name a file by itself (`rope_rows.cpp`, `common_glue.h`), so a source file
 name standing alone (.h, .cpp, .cu, .cuh, .py, .sh; not after a `/`, a `.` or a `<`) must be the
 name of a tracked file somewhere in the tree, unless it is one of the few outside files listed in
 EXTERNAL_NAMES: a file renamed without its mentions fails here.

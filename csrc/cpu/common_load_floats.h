@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // kW or 2 * kW elements of float, half or bfloat16 storage as float vectors, and back: the loads
-// and stores the per-capability row kernels that work in float share (rms_norm_rows.cpp,
-// kv_cache_fp8_rows.cpp, common_stream_rows.cpp). Include it inside rope::cpu::CPU_CAPABILITY's
+// and stores the per-capability row kernels that work in float share (kv_cache_fp8_rows.cpp,
+// common_stream_rows.cpp). Include it inside rope::cpu::CPU_CAPABILITY's
 // files, after at::vec, like the kernels' other per-copy helpers.
 //
 // The x86 copies convert 16-bit storage with the rotation kernel's intrinsics

@@ -9,7 +9,10 @@
 // (rounded to the storage type, or quantized to fp8 with kv_cache_fp8_rows.cpp's helpers of this
 // copy; with dynamic scales, after the row's amax, or the token's rows' amax for per-token scales,
 // which keep the token's rows in a scratch of their own until then). The source is read from memory
-// once and the target written once; the scratch row and the table rows stay in L1.
+// once and the target written once; the scratch row and the table rows stay in L1. Two shortcuts
+// with the same bits: a row only rotated into its own dtype goes from source to target in
+// registers, and a float-math norm row into its own dtype takes two passes (widen while summing,
+// then normalise, rotate and round in one).
 #include "common_stream_rows.h"
 
 #include <ATen/cpu/vec/functional.h>
@@ -22,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <type_traits>
 
 #include "common_load_floats.h"
@@ -37,6 +41,9 @@ namespace rope::cpu::CPU_CAPABILITY {
 namespace {
 
 static_assert(kStreamChunk % kW == 0, "the norm's partial sums are whole vectors");
+
+// Norm rows summed side by side (sum_squares_rows).
+constexpr int64_t kNormBlock = 4;
 
 // ---- widen and store -------------------------------------------------------------------------
 
@@ -156,6 +163,147 @@ inline void normalise(A* x, const A* w, int64_t n, double eps) {
   }
   for (; i < n; ++i) {
     x[i] = (x[i] * r) * w[i];
+  }
+}
+
+// The first pass of N norm rows stored in their own dtype: each row's sum of squares in the order
+// of sum_squares (vector q of a row feeds its partial-sum vector q % (16 / kW)), the N rows side by
+// side so that their N chains of dependent multiply-adds overlap (one row's chain is latency-bound:
+// 8 dependent FMAs for 128 features in the AVX512 copy). 16-bit rows are widened into their
+// scratch rows `buf[b]` on the way (whole 16-bit vectors, 2 * kW elements, where they can: a
+// kW-element 16-bit load goes through a temporary); float rows are only read.
+template <int N, int64_t kN, typename scalar_t>
+inline void sum_squares_rows(const scalar_t* const (&src)[N], float* const (&buf)[N], int64_t n_rt,
+                             float (&ss)[N]) {
+  const int64_t n = kN != 0 ? kN : n_rt;  // kN: the width as a constant (the loops unroll)
+  constexpr bool kWiden = !std::is_same_v<scalar_t, float>;
+  constexpr int64_t kVecs = kStreamChunk / kW;
+  const int64_t whole = n / kStreamChunk * kStreamChunk;
+  Vec acc[N][kVecs];
+  for (int b = 0; b < N; ++b) {
+    for (int64_t v = 0; v < kVecs; ++v) {
+      acc[b][v] = Vec(0.0f);
+    }
+  }
+  int64_t i = 0;
+  for (; i + 2 * kW <= whole; i += 2 * kW) {
+    for (int b = 0; b < N; ++b) {
+      Vec lo, hi;
+      if constexpr (kWiden) {
+        load_float_pair(src[b] + i, lo, hi);
+        lo.store(buf[b] + i);
+        hi.store(buf[b] + i + kW);
+      } else {
+        lo = Vec::loadu(src[b] + i);
+        hi = Vec::loadu(src[b] + i + kW);
+      }
+      acc[b][0] = at::vec::fmadd(lo, lo, acc[b][0]);
+      acc[b][kVecs - 1] = at::vec::fmadd(hi, hi, acc[b][kVecs - 1]);
+    }
+  }
+  for (; i < whole; i += kW) {  // one chunk left (AVX512: a chunk is one vector)
+    for (int b = 0; b < N; ++b) {
+      Vec x_v;
+      if constexpr (kWiden) {
+        x_v = load_floats(src[b] + i);
+        x_v.store(buf[b] + i);
+      } else {
+        x_v = Vec::loadu(src[b] + i);
+      }
+      acc[b][(i / kW) % kVecs] = at::vec::fmadd(x_v, x_v, acc[b][(i / kW) % kVecs]);
+    }
+  }
+  for (int b = 0; b < N; ++b) {
+    alignas(64) float p[kStreamChunk];
+    for (int64_t v = 0; v < kVecs; ++v) {
+      acc[b][v].store(p + v * kW);
+    }
+    fold_partial_sums(p);
+    float s = p[0];
+    for (int64_t j = whole; j < n; ++j) {
+      const float x = static_cast<float>(src[b][j]);
+      if constexpr (kWiden) {
+        buf[b][j] = x;
+      }
+      s = std::fma(x, x, s);
+    }
+    ss[b] = s;
+  }
+}
+
+// The second pass of a norm row stored in its own dtype: y = (x * r) * w, its first 2 * half
+// features rotated (a' = fma(a, c, -(b * s)), b' = fma(a, s, b * c)), everything rounded once into
+// dst. The math of normalise, rotate and store_same in one pass over the row (in L1), so a norm
+// row costs two passes, not four: the same bits.
+// flatten: every conversion inlined (GCC kept bf16_pack32 out of line in the unrolled row, a
+// call per 32 features: a seventh of a bf16 decode call).
+template <bool kInterleaved, int64_t kWidth, typename scalar_t>
+__attribute__((flatten)) inline void normalise_rotate_store(const float* x, const float* w, float r,
+                                                            const float* cos, const float* sin,
+                                                            int64_t half_rt, int64_t width_rt,
+                                                            scalar_t* dst) {
+  // kWidth: a fully rotated row of that constant width (the loops unroll), else 0.
+  const int64_t width = kWidth != 0 ? kWidth : width_rt;
+  const int64_t half = kWidth != 0 ? kWidth / 2 : half_rt;
+  const Vec vr(r);
+  const auto norm = [&](int64_t i) { return (Vec::loadu(x + i) * vr) * Vec::loadu(w + i); };
+  const auto planes = [&](int64_t k, Vec& ra, Vec& rb) {
+    const Vec c = Vec::loadu(cos + k);
+    const Vec s = Vec::loadu(sin + k);
+    Vec a, b;
+    if constexpr (kInterleaved) {
+      std::tie(a, b) = at::vec::deinterleave2(norm(2 * k), norm(2 * k + kW));
+    } else {
+      a = norm(k);
+      b = norm(half + k);
+    }
+    ra = at::vec::fmsub(a, c, b * s);
+    rb = at::vec::fmadd(a, s, b * c);
+  };
+  int64_t k = 0;
+  if constexpr (kInterleaved) {
+    for (; k + kW <= half; k += kW) {
+      Vec ra, rb;
+      planes(k, ra, rb);
+      const auto [lo, hi] = at::vec::interleave2(ra, rb);
+      store_float_pair(dst + 2 * k, lo, hi);
+    }
+  } else {
+    for (; k + 2 * kW <= half; k += 2 * kW) {
+      Vec ra0, rb0, ra1, rb1;
+      planes(k, ra0, rb0);
+      planes(k + kW, ra1, rb1);
+      store_float_pair(dst + k, ra0, ra1);
+      store_float_pair(dst + half + k, rb0, rb1);
+    }
+    for (; k + kW <= half; k += kW) {
+      Vec ra, rb;
+      planes(k, ra, rb);
+      store_floats(dst + k, ra);
+      store_floats(dst + half + k, rb);
+    }
+  }
+  if constexpr (kWidth == 0 || (kWidth / 2) % kW != 0) {
+    for (; k < half; ++k) {
+      const int64_t ia = kInterleaved ? 2 * k : k;
+      const int64_t ib = kInterleaved ? 2 * k + 1 : k + half;
+      const float a = (x[ia] * r) * w[ia];
+      const float b = (x[ib] * r) * w[ib];
+      dst[ia] = static_cast<scalar_t>(std::fma(a, cos[k], -(b * sin[k])));
+      dst[ib] = static_cast<scalar_t>(std::fma(a, sin[k], b * cos[k]));
+    }
+  }
+  if constexpr (kWidth == 0) {  // a constant width is a full rotation: no tail
+    int64_t d = 2 * half;
+    for (; d + 2 * kW <= width; d += 2 * kW) {
+      store_float_pair(dst + d, norm(d), norm(d + kW));
+    }
+    for (; d + kW <= width; d += kW) {
+      store_floats(dst + d, norm(d));
+    }
+    for (; d < width; ++d) {
+      dst[d] = static_cast<scalar_t>((x[d] * r) * w[d]);
+    }
   }
 }
 
@@ -316,6 +464,13 @@ void rows_of_tokens(const StreamArgs& a, const TableArgs& tb, int64_t t0, int64_
     }
   }
   c10::SmallVector<A, 1024> buf(static_cast<size_t>(max_width));
+  // The scratch rows of a block of norm rows (16-bit storage, float math), on the stack for rows
+  // up to 256 wide: a heap block per call, freed at its end, was trimmed and faulted in again on
+  // every decode call (a 2 KiB scratch doubled a bf16 decode call).
+  c10::SmallVector<float, 4 * 256> block_buf(std::is_same_v<A, float> &&
+                                                     !std::is_same_v<scalar_t, float>
+                                                 ? static_cast<size_t>(kNormBlock * max_width)
+                                                 : 0);
   c10::SmallVector<A, 16> token_buf(static_cast<size_t>(token_rows));
   c10::SmallVector<A, 512> cos_buf(static_cast<size_t>(half));
   c10::SmallVector<A, 512> sin_buf(static_cast<size_t>(half));
@@ -377,6 +532,77 @@ void rows_of_tokens(const StreamArgs& a, const TableArgs& tb, int64_t t0, int64_
             std::memcpy(dst + R, src + R, sizeof(scalar_t) * (st.width - R));
           }
           continue;
+        }
+        if constexpr (std::is_same_v<A, float>) {
+          if (st.weight != nullptr && tg.format == CacheFormat::kSame) {
+            // Norm rows into their own dtype: two passes, kNormBlock rows at a time (their sums of
+            // squares overlap), no scratch rows for float storage.
+            const int64_t nb = std::min<int64_t>(kNormBlock, st.heads - h);
+            const float eps_f = static_cast<float>(a.eps);
+            const auto block = [&](auto width_constant) {
+              constexpr int64_t kWidth = decltype(width_constant)::value;
+              const scalar_t* srcs[kNormBlock];
+              float* bufs[kNormBlock];
+              float ss[kNormBlock];
+              for (int64_t b = 0; b < kNormBlock; ++b) {
+                const int64_t hb = h + std::min(b, nb - 1);  // a short block repeats its last row
+                srcs[b] = static_cast<const scalar_t*>(st.src) + t * st.token_stride +
+                          hb * st.head_stride;
+                bufs[b] = block_buf.empty() ? nullptr : block_buf.data() + b * st.width;
+              }
+              if (nb == kNormBlock) {
+                sum_squares_rows<kNormBlock, kWidth>(srcs, bufs, st.width, ss);
+              } else {
+                for (int64_t b = 0; b < nb; ++b) {
+                  const scalar_t* const one_src[1] = {srcs[b]};
+                  float* const one_buf[1] = {bufs[b]};
+                  float one_ss[1];
+                  sum_squares_rows<1, kWidth>(one_src, one_buf, st.width, one_ss);
+                  ss[b] = one_ss[0];
+                }
+              }
+              // The block's factors first: their divisions and square roots overlap, instead of
+              // each row's second pass waiting on its own (a third of a bf16 row in cache).
+              float rs[kNormBlock];
+              for (int64_t b = 0; b < nb; ++b) {
+                rs[b] = 1.0f / std::sqrt(ss[b] / static_cast<float>(st.width) + eps_f);
+              }
+              for (int64_t b = 0; b < nb; ++b) {
+                const float r = rs[b];
+                if (st.rotary_dim > 0) {
+                  const int64_t off = t * st.pos_token_stride + (h + b) * st.pos_head_stride;
+                  if (off != angles_off) {
+                    angles.at(off, cos, sin);
+                    angles_off = off;
+                  }
+                }
+                const float* x = bufs[b];
+                if constexpr (std::is_same_v<scalar_t, float>) {
+                  x = srcs[b];
+                }
+                normalise_rotate_store<kInterleaved, kWidth>(
+                    x, static_cast<const float*>(st.weight), r, cos, sin, st.rotary_dim / 2,
+                    st.width, static_cast<scalar_t*>(tg.data) + row + b * tg.head_stride);
+              }
+            };
+            // The common full rotations get constant widths, as the rotation kernel's rows do.
+            switch (st.rotary_dim == st.width ? st.width : 0) {
+              case 64:
+                block(std::integral_constant<int64_t, 64>{});
+                break;
+              case 128:
+                block(std::integral_constant<int64_t, 128>{});
+                break;
+              case 256:
+                block(std::integral_constant<int64_t, 256>{});
+                break;
+              default:
+                block(std::integral_constant<int64_t, 0>{});
+                break;
+            }
+            h += nb - 1;
+            continue;
+          }
         }
         A* x = dynamic_token ? token_buf.data() + h * st.width : buf.data();
         widen(src, x, st.width);

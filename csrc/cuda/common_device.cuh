@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The device helpers of the CUDA kernels (rope_kernel.cuh, rms_norm_kernel.cuh and the row
-// streams' common_stream_kernel.cuh), written once: loads and
+// The device helpers of the CUDA kernels (rope_kernel.cuh and the row streams'
+// common_stream_kernel.cuh), written once: loads and
 // stores of the four storage types (scalar, 32-bit pair, 128-bit vector), the math type and its
 // rounding, the square root, the plane rotation, the reading and
 // range check of positions (one-axis and multi-axis), index arithmetic, and the launch of a

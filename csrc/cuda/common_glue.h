@@ -3,9 +3,10 @@
 // apply_qk_cache): which device is current during the call (the device guard), which stream the
 // kernel goes on, and how a launch status becomes an error. Written once, as templates over a
 // `Runtime` policy, so the same code runs in two places:
-//   - rope_cuda.cpp, rms_norm_cuda.cpp and kv_cache_cuda.cpp instantiate it with the real runtime
-//     (common_runtime.h: c10::cuda::OptionalCUDAGuard, at::cuda::getCurrentCUDAStream, the
-//     device's SM count, C10_CUDA_CHECK) and their kernel's launcher;
+//   - rope_cuda.cpp, rms_norm_cuda.cpp, kv_cache_cuda.cpp and the other ops' files instantiate it
+//     with the real runtime (common_runtime.h: c10::cuda::OptionalCUDAGuard,
+//     at::cuda::getCurrentCUDAStream, the device's SM count, C10_CUDA_CHECK) and their kernel's
+//     launcher;
 //   - the host run of the kernels (tests/cuda_host/host_backend.cpp) instantiates it with a
 //     simulated runtime that gives every device its own current stream and records the device and
 //     stream of each launch, so dropping the guard, or launching on the default stream, fails a
@@ -24,12 +25,10 @@
 // and the launch of each kernel it serves (each returns a cudaError_t as int):
 //   static int launch(c10::ScalarType, const RotationArgs& first, const RotationArgs* second,
 //                     const TableArgs&, RotationMode, int num_sms, Stream);     // rope_kernel.cuh
-//   static int launch_norm(c10::ScalarType, const NormRotationArgs& q, const NormRotationArgs& k,
-//                          const TableArgs&, RotationMode, NormParams, Stream);  // rms_norm
 //   static int launch_streams(c10::ScalarType, const StreamArgs&, const TableArgs&,
 //                             Stream);                                  // common_stream_kernel.cuh
-// (the row streams of the fused ops: apply_qk_cache, apply_qk_fp8, rms_norm_apply_qk_cache,
-// mla_apply_cache).
+// (the row streams of the fused ops: rms_norm_apply_qk, apply_qk_cache, apply_qk_fp8,
+// rms_norm_apply_qk_cache, mla_apply_cache).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -120,26 +119,6 @@ struct RopeBackend {
     const int num_sms = Runtime::multiprocessor_count();
     launch_on_current_stream<Runtime>([&](typename Runtime::Stream stream) {
       return Runtime::launch(dtype, first, second, tables, mode, num_sms, stream);
-    });
-  }
-};
-
-template <typename Runtime>
-struct RmsNormBackend {
-  static void check_positions(const char* /*op*/, const at::Tensor& /*positions*/,
-                              int64_t /*max_seq_len*/, const detail::MultiAxisArgs& /*axes*/) {}
-  // The weights go to the kernel contiguous in its math type; the temporaries are freed after
-  // the launch is enqueued, which the stream-ordered caching allocator allows.
-  static void norm_rotate_pair(c10::ScalarType dtype, const RotationArgs& q, const RotationArgs& k,
-                               const at::Tensor& q_weight, const at::Tensor& k_weight,
-                               const TableArgs& tables, RotationMode mode, NormParams params) {
-    const auto acc = dtype == at::kDouble ? at::kDouble : at::kFloat;
-    const at::Tensor qw = q_weight.to(acc).contiguous();
-    const at::Tensor kw = k_weight.to(acc).contiguous();
-    const NormRotationArgs q_args{q, qw.const_data_ptr()};
-    const NormRotationArgs k_args{k, kw.const_data_ptr()};
-    launch_on_current_stream<Runtime>([&](typename Runtime::Stream stream) {
-      return Runtime::launch_norm(dtype, q_args, k_args, tables, mode, params, stream);
     });
   }
 };
@@ -243,7 +222,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_apply_qk(
     const at::Tensor& positions, double eps, double weight_offset, bool interleaved, bool inverse,
     at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
   const typename Runtime::Guard guard(Runtime::device_of(q));
-  return detail::rms_norm_apply_qk_body<RmsNormBackend<Runtime>>(
+  return detail::rms_norm_apply_qk_body<StreamsBackend<Runtime>>(
       q, k, q_weight, k_weight, cos, sin, positions, eps, weight_offset, interleaved, inverse,
       {mrope_section, mrope_interleaved});
 }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The kernels' launchers as the torch glue sees them: declarations only, plain C++ with CUDA's
-// runtime types, so that the glue (rope_cuda.cpp, rms_norm_cuda.cpp, kv_cache_cuda.cpp) is
+// runtime types, so that the glue (rope_cuda.cpp, kv_cache_cuda.cpp, rms_norm_cuda.cpp, ...) is
 // compiled by the host compiler alone and never by nvcc.
 //
 // Why the split: every error the ops raise (a c10::Error from validation, a failed launch's
@@ -8,7 +8,7 @@
 // as host compiler) every exception thrown in a CUDA op's glue killed the process with SIGSEGV
 // when that glue had gone through nvcc's host pass (cudafe++ regenerates the C++ it hands to GCC);
 // the same validation thrown from the CPU glue, a plain .cpp, did not. Kernels and launchers
-// (rope_kernel.cuh, rms_norm_kernel.cuh, common_stream_kernel.cuh) never throw: they return a
+// (rope_kernel.cuh, common_stream_kernel.cuh) never throw: they return a
 // cudaError_t, which the glue checks.
 //
 // Each launcher is defined in its kernel header and instantiated once per storage type in a
@@ -23,7 +23,6 @@
 
 #include "../common_kernel_args.h"
 #include "../common_row_streams.h"
-#include "../rms_norm_args.h"
 
 namespace rope::cuda {
 
@@ -32,13 +31,8 @@ template <typename scalar_t>
 cudaError_t rotate(const RotationArgs& first, const RotationArgs* second, const TableArgs& tables,
                    RotationMode mode, int num_sms, cudaStream_t stream);
 
-// rms_norm_kernel.cuh: normalises and rotates q and k in one launch.
-template <typename scalar_t>
-cudaError_t norm_rotate(const NormRotationArgs& q, const NormRotationArgs& k,
-                        const TableArgs& tables, RotationMode mode, NormParams norm,
-                        cudaStream_t stream);
-
-// common_stream_kernel.cuh: the row streams of the fused ops (apply_qk_cache, apply_qk_fp8, ...),
+// common_stream_kernel.cuh: the row streams of the fused ops (rms_norm_apply_qk, apply_qk_cache,
+// apply_qk_fp8, ...),
 // one launch for all the streams of a call.
 template <typename scalar_t>
 cudaError_t run_row_streams(const StreamArgs& args, const TableArgs& tables, cudaStream_t stream);
@@ -48,9 +42,6 @@ cudaError_t run_row_streams(const StreamArgs& args, const TableArgs& tables, cud
 #define ROPE_ROTATE_INSTANCE(T)                                                              \
   template cudaError_t rotate<T>(const RotationArgs&, const RotationArgs*, const TableArgs&, \
                                  RotationMode, int, cudaStream_t)
-#define ROPE_NORM_ROTATE_INSTANCE(T)                                                    \
-  template cudaError_t norm_rotate<T>(const NormRotationArgs&, const NormRotationArgs&, \
-                                      const TableArgs&, RotationMode, NormParams, cudaStream_t)
 #define ROPE_ROW_STREAMS_INSTANCE(T) \
   template cudaError_t run_row_streams<T>(const StreamArgs&, const TableArgs&, cudaStream_t)
 
@@ -61,13 +52,10 @@ cudaError_t run_row_streams(const StreamArgs& args, const TableArgs& tables, cud
   MACRO(__nv_bfloat16)
 
 #define ROPE_EXTERN_ROTATE(T) extern ROPE_ROTATE_INSTANCE(T)
-#define ROPE_EXTERN_NORM_ROTATE(T) extern ROPE_NORM_ROTATE_INSTANCE(T)
 #define ROPE_EXTERN_ROW_STREAMS(T) extern ROPE_ROW_STREAMS_INSTANCE(T)
 ROPE_FOR_EACH_STORAGE(ROPE_EXTERN_ROTATE);
-ROPE_FOR_EACH_STORAGE(ROPE_EXTERN_NORM_ROTATE);
 ROPE_FOR_EACH_STORAGE(ROPE_EXTERN_ROW_STREAMS);
 #undef ROPE_EXTERN_ROTATE
-#undef ROPE_EXTERN_NORM_ROTATE
 #undef ROPE_EXTERN_KV_CACHE
 #undef ROPE_EXTERN_ROW_STREAMS
 

@@ -585,14 +585,14 @@ int main(int argc, char** argv) {
     }
   }
 
-  // rope.rms_norm_apply_qk (rms_norm_kernel.cuh): its own random cases (norm_cases.h).
+  // rope.rms_norm_apply_qk (on the row streams): its own random cases (norm_cases.h).
   NormRun norm;
   Tally norm_tally;
   if (opt.only < 0 && opt.kv_only < 0 && opt.forms_only < 0 && !serving_only &&
       totals.failures < opt.max_failures) {
     const int64_t n = opt.norm_cases >= 0 ? opt.norm_cases : std::max<int64_t>(opt.cases / 4, 1);
     norm = run_norm_cases(opt.seed, n, opt.norm_only, opt.max_failures - totals.failures,
-                          opt.verbose, norm_tally);
+                          opt.verbose, cpu_path, norm_tally);
     totals.failures += norm.failures;
     for (const auto& [what, hits] : norm.coverage) {
       totals.coverage.hits[what] += hits;
@@ -685,8 +685,11 @@ int main(int argc, char** argv) {
       totals.tally.worst);
   std::printf(
       "rms_norm_apply_qk elements (host run and CPU backend): %lld within the bound of the "
-      "extended-precision reference; worst error %.3f of the bound\n",
-      static_cast<long long>(norm_tally.bounded), norm_tally.worst);
+      "extended-precision reference; worst error %.3f of the bound; %lld of the host run "
+      "bit-exact vs the CPU backend%s\n",
+      static_cast<long long>(norm_tally.bounded), norm_tally.worst,
+      static_cast<long long>(norm.elements_same_bits),
+      cpu_path.fused ? "" : " (not compared: this CPU copy rounds its products first)");
   if (kv.bit_exact) {
     std::printf(
         "apply_qk_cache elements (host run): %lld bit-exact vs the CPU backend (q_out, every "

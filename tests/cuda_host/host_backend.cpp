@@ -144,28 +144,6 @@ struct HostRuntime {
     ctx.tables.push_back(tables);
     return status;
   }
-  // rope.rms_norm_apply_qk's launch: checked by an AccessTracker that also admits the weights, and
-  // for its device and stream as launch() is.
-  static int launch_norm(c10::ScalarType dtype, const rope::NormRotationArgs& q,
-                         const rope::NormRotationArgs& k, const rope::TableArgs& tables,
-                         rope::RotationMode mode, rope::NormParams params, Stream stream) {
-    CaseContext& ctx = *g_ctx;
-    const int storage_bytes = static_cast<int>(c10::elementSize(dtype));
-    AccessTracker tracker(q.rot, &k.rot, tables, storage_bytes, tables.tables_are_double ? 8 : 4);
-    const int64_t acc_bytes = dtype == c10::ScalarType::Double ? 8 : 4;
-    tracker.allow_ldg(q.weight, q.rot.head_dim * acc_bytes);
-    tracker.allow_ldg(k.weight, k.rot.head_dim * acc_bytes);
-    GridLaunchRecord record;
-    const int status =
-        rope_host::norm_rotate(storage_of(dtype), q, k, tables, mode, params,
-                               Device{g_current_device, 1}, &tracker, &record, stream);
-    for (std::string& p : tracker.finish(ctx.positions_in_range)) {
-      ctx.problems.push_back("norm launch: " + p);
-    }
-    check_device_and_stream(ctx, "norm launch", record.launched, record.device, record.stream);
-    ctx.grid_launches.push_back(record);
-    return status;
-  }
   // The row streams' launch (every fused op): its device and stream as launch()'s, its device
   // asserts counted unless the case observes the launch itself (the sampled big cases), and which
   // of its streams took the vector path.

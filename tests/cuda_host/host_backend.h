@@ -40,7 +40,7 @@ struct CaseContext {
   std::vector<std::string> problems;
   std::vector<LaunchRecord> launches;
   std::vector<rope::TableArgs> tables;
-  std::vector<GridLaunchRecord> grid_launches;  // of rms_norm_kernel.cuh and the row streams
+  std::vector<GridLaunchRecord> grid_launches;  // of the row streams
   int64_t host_copies = 0;  // CPU tensors (packed sequences) the glue copied to the device
   // Of each row-streams launch (common_stream_kernel.cuh): its streams' vector-path flags.
   std::vector<std::vector<bool>> stream_vector_paths;

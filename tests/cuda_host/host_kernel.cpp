@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The real CUDA kernels (csrc/cuda/rope_kernel.cuh, rms_norm_kernel.cuh, common_stream_kernel.cuh),
+// The real CUDA kernels (csrc/cuda/rope_kernel.cuh and common_stream_kernel.cuh),
 // compiled as host C++ against the shims in shim/, behind the torch-free interface of
 // host_kernel.h. Nothing of the kernels is copied or re-typed here: this file only wires the
 // shim's hooks to an Observer and picks scalar_t, as the .cu files do.
@@ -16,7 +16,7 @@ Observer* g_observer = nullptr;
 int64_t g_host_pointers = 0;  // kernel parameter words pointing into host memory
 const void* g_first_host_pointer = nullptr;
 LaunchRecord* g_record = nullptr;
-GridLaunchRecord* g_grid_record = nullptr;  // set while a norm or row-streams launch runs
+GridLaunchRecord* g_grid_record = nullptr;  // set while a row-streams launch runs
 Device g_device;
 
 void on_device_assert(const char* cond, const char* /*file*/, int /*line*/) {
@@ -70,7 +70,6 @@ inline void trace_store(const void* p, size_t bytes) {
 }  // namespace rope_host
 
 #include "cuda/common_stream_kernel.cuh"
-#include "cuda/rms_norm_kernel.cuh"
 #include "cuda/rope_kernel.cuh"
 
 namespace rope_host {
@@ -275,50 +274,6 @@ int rotate(Storage storage, const rope::RotationArgs& first, const rope::Rotatio
   g_record = nullptr;
   rope_shim::hooks().only_blocks = nullptr;
   rope_shim::hooks().num_only_blocks = 0;
-  return status;
-}
-
-namespace {
-template <typename scalar_t>
-int norm_typed(const rope::NormRotationArgs& q, const rope::NormRotationArgs& k,
-               const rope::TableArgs& tables, rope::RotationMode mode, rope::NormParams params,
-               const void* stream) {
-  return static_cast<int>(rope::cuda::norm_rotate<scalar_t>(
-      q, k, tables, mode, params, reinterpret_cast<cudaStream_t>(const_cast<void*>(stream))));
-}
-}  // namespace
-
-int norm_rotate(Storage storage, const rope::NormRotationArgs& q, const rope::NormRotationArgs& k,
-                const rope::TableArgs& tables, rope::RotationMode mode, rope::NormParams params,
-                const Device& device, Observer* observer, GridLaunchRecord* record,
-                const void* stream) {
-  install_hooks();
-  rope_shim::hooks().only_blocks = nullptr;
-  rope_shim::hooks().num_only_blocks = 0;
-  GridLaunchRecord scratch;
-  g_grid_record = record != nullptr ? record : &scratch;
-  *g_grid_record = GridLaunchRecord{};
-  g_observer = observer;
-  g_record = nullptr;
-  g_device = device;
-  rope_shim::state().device = device.ordinal;
-  int status = 0;
-  switch (storage) {
-    case Storage::kDouble:
-      status = norm_typed<double>(q, k, tables, mode, params, stream);
-      break;
-    case Storage::kFloat:
-      status = norm_typed<float>(q, k, tables, mode, params, stream);
-      break;
-    case Storage::kHalf:
-      status = norm_typed<__half>(q, k, tables, mode, params, stream);
-      break;
-    case Storage::kBFloat16:
-      status = norm_typed<__nv_bfloat16>(q, k, tables, mode, params, stream);
-      break;
-  }
-  g_observer = nullptr;
-  g_grid_record = nullptr;
   return status;
 }
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The CUDA kernels compiled as host C++ (host_kernel.cpp), as the driver sees them:
-// rope_kernel.cuh, rms_norm_kernel.cuh and the row streams' common_stream_kernel.cuh. Torch-free,
+// rope_kernel.cuh and the row streams' common_stream_kernel.cuh. Torch-free,
 // and free of the shims too: the driver includes torch, the kernels' translation unit does not.
 #pragma once
 
@@ -10,7 +10,6 @@
 #include "common_kernel_args.h"
 #include "common_row_streams.h"
 #include "cuda/rope_launch_plan.h"
-#include "rms_norm_args.h"
 
 namespace rope_host {
 
@@ -64,8 +63,7 @@ int rotate(Storage storage, const rope::RotationArgs& first, const rope::Rotatio
            const rope::TableArgs& tables, rope::RotationMode mode, const Device& device,
            Observer* observer, LaunchRecord* record, const LaunchOptions& options = {});
 
-// A launch of a one-dimensional grid (rms_norm_kernel.cuh's, the row streams' kernel), as the shim
-// saw it.
+// A launch of a one-dimensional grid (the row streams' kernel), as the shim saw it.
 struct GridLaunchRecord {
   bool launched = false;
   int64_t blocks = 0;
@@ -74,13 +72,6 @@ struct GridLaunchRecord {
   const void* stream = nullptr;
   int device = -1;
 };
-
-// rope::cuda::norm_rotate<scalar_t> of rms_norm_kernel.cuh for `storage`, the grid run serially on
-// this thread. Returns the cudaError_t value (0: success).
-int norm_rotate(Storage storage, const rope::NormRotationArgs& q, const rope::NormRotationArgs& k,
-                const rope::TableArgs& tables, rope::RotationMode mode, rope::NormParams params,
-                const Device& device, Observer* observer, GridLaunchRecord* record,
-                const void* stream);
 
 // rope::cuda::run_row_streams<scalar_t> of common_stream_kernel.cuh for `storage` (the fused
 // ops), the grid (or the sample of its blocks that `options` names) run serially on this

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: BSD-3-Clause
 """Mutation check of the host run of the CUDA kernels: plants realistic bugs, one at a time, in a
-copy of the kernel headers (csrc/cuda/rope_kernel.cuh, rope_launch_plan.h, rms_norm_kernel.cuh,
+copy of the kernel headers (csrc/cuda/rope_kernel.cuh, rope_launch_plan.h,
 common_stream_kernel.cuh, the device helpers they share in common_device.cuh, the argument
 headers)
 and of the glue every CUDA op goes through (csrc/cuda/common_glue.h: device guard, stream),
@@ -44,9 +44,6 @@ SOURCES = {
     "common_kernel_args.h": REPO / "csrc" / "common_kernel_args.h",
     # The fp8 quantization of the fused ops' fp8 targets.
     "kv_cache_args.h": REPO / "csrc" / "kv_cache_args.h",
-    # rope.rms_norm_apply_qk's kernel (and the args header it includes by a relative path)
-    "cuda/rms_norm_kernel.cuh": REPO / "csrc" / "cuda" / "rms_norm_kernel.cuh",
-    "rms_norm_args.h": REPO / "csrc" / "rms_norm_args.h",
     # The device helpers the kernels share.
     "cuda/common_device.cuh": REPO / "csrc" / "cuda" / "common_device.cuh",
     # The frequency form's exact reduction and sin/cos.
@@ -498,95 +495,15 @@ MUTANTS = [
 ]
 
 
-# Bugs in the fused QK-RMSNorm + RoPE kernel (csrc/cuda/rms_norm_kernel.cuh), caught by the host
-# run's rms_norm_apply_qk cases (tests/cuda_host/norm_cases.cpp: the extended-precision
-# reference of compare.cpp, eps up to 3, weight_offset 1 and -0.5, partial rotary).
-NORM = "cuda/rms_norm_kernel.cuh"
+# The grid of the row streams' kernel (every fused op), caught by the host run's cases with
+# several blocks.
 MUTANTS += [
-    Mutant(
-        "norm-eps-outside-sqrt",
-        NORM,
-        "acc_t(1) / acc_sqrt(ss / static_cast<acc_t>(head_dim) + static_cast<acc_t>(eps));",
-        "acc_t(1) / (acc_sqrt(ss / static_cast<acc_t>(head_dim)) + static_cast<acc_t>(eps));",
-        "eps added after the square root: 1 / (sqrt(mean) + eps)",
-    ),
-    Mutant(
-        "norm-mean-over-rotary-dim",
-        NORM,
-        "acc_sqrt(ss / static_cast<acc_t>(head_dim) +",
-        "acc_sqrt(ss / static_cast<acc_t>(a.rotary_dim > 0 ? a.rotary_dim : head_dim) +",
-        "the mean divides by rotary_dim instead of head_dim (partial rotary)",
-    ),
-    Mutant(
-        "norm-sum-over-rotary-dim",
-        NORM,
-        "  for (int64_t d = 0; d < head_dim; ++d) {",
-        "  for (int64_t d = 0; d < a.rotary_dim; ++d) {",
-        "the squares of the tail features are left out of the sum",
-    ),
-    Mutant(
-        "norm-weight-offset-ignored",
-        NORM,
-        "  const acc_t offset = static_cast<acc_t>(weight_offset);",
-        "  const acc_t offset = 0;",
-        "Gemma's (1 + w) becomes w",
-    ),
-    Mutant(
-        "norm-weight-wrong-index",
-        NORM,
-        "const acc_t xb = to_acc(load_scalar(x + ib)) * r * (__ldg(w + ib) + offset);",
-        "const acc_t xb = to_acc(load_scalar(x + ib)) * r * (__ldg(w + ia) + offset);",
-        "b of a plane takes a's weight",
-    ),
-    Mutant(
-        "norm-weight-after-rotation",
-        NORM,
-        "    rotate_plane(xa, xb, c, s, ra, rb);\n",
-        "    rotate_plane(xa / (__ldg(w + ia) + offset), xb / (__ldg(w + ib) + offset), c, s, ra,"
-        " rb);\n    ra *= __ldg(w + ia) + offset;\n    rb *= __ldg(w + ib) + offset;\n",
-        "the weight applied after the rotation, by output index (not the same unless w is flat)",
-    ),
-    Mutant(
-        "norm-tail-not-normalised",
-        NORM,
-        "    const acc_t v = to_acc(load_scalar(x + d)) * r * (__ldg(w + d) + offset);",
-        "    const acc_t v = to_acc(load_scalar(x + d));",
-        "the features past rotary_dim are copied, not normalised",
-    ),
-    Mutant(
-        "norm-axis-ignored",
-        NORM,
-        "    const int32_t axis = tb.axes.num_axes > 0 ? plane_axis(tb.axes, k) : 0;",
-        "    const int32_t axis = 0;",
-        "multi-axis positions: every plane reads axis 0",
-    ),
-    Mutant(
-        "norm-inverse-ignored",
-        NORM,
-        "inverse ? -static_cast<acc_t>(__ldg(sin + t)) :",
-        "false ? -static_cast<acc_t>(__ldg(sin + t)) :",
-        "inverse rotates forward",
-    ),
-    Mutant(
-        "norm-k-row-index",
-        NORM,
-        "                                              row - params.first_rows);",
-        "                                              row - params.first_rows + 1);",
-        "k's rows shifted by one",
-    ),
     Mutant(
         "grid-rounds-down",
         "cuda/common_device.cuh",
         "  return (threads + kThreads - 1) / kThreads;",
         "  return threads / kThreads + (threads < kThreads);",
-        "the norm and KV-cache grids round down: a partial last block's rows are never written",
-    ),
-    Mutant(
-        "norm-position-unchecked",
-        NORM,
-        "    if (!load_position(a, tb, pos_off, pos)) {\n      return;\n    }",
-        "    (void)load_position(a, tb, pos_off, pos);",
-        "a row at an out-of-range position reads past the tables",
+        "the row streams' grid rounds down: a partial last block's rows are never written",
     ),
 ]
 
@@ -689,30 +606,7 @@ MUTANTS += [
 MUTANTS += [
     # rope.rms_norm_apply_qk with multi-axis positions (norm_cases.cpp: axis-first positions,
     # up to 4 axes, as hf.patch hands Qwen3-VL's to this op).
-    Mutant(
-        "norm-axis-stride-assumed-1",
-        NORM,
-        "load_axis_rows(a, tb, pos_off, a.axis_stride, tb.table_stride, rows)",
-        "load_axis_rows(a, tb, pos_off, 1, tb.table_stride, rows)",
-        "norm kernel: the axis dim taken as dense and innermost (axis-first positions read wrong)",
-    ),
-    Mutant(
-        "norm-axis-3-reads-axis-2",
-        NORM,
-        "    const int32_t axis = tb.axes.num_axes > 0 ? plane_axis(tb.axes, k) : 0;",
-        "    const int32_t any_axis = tb.axes.num_axes > 0 ? plane_axis(tb.axes, k) : 0;\n"
-        "    const int32_t axis = any_axis > 2 ? 2 : any_axis;",
-        "norm kernel: at most 3 axes assumed, a 4th axis reads the 3rd axis's position",
-    ),
     # Device and stream of the two newest ops (their launches now go through common_glue.h).
-    Mutant(
-        "norm-default-stream",
-        "cuda/common_glue.h",
-        "      return Runtime::launch_norm(dtype, q_args, k_args, tables, mode, params, stream);",
-        "      return Runtime::launch_norm(dtype, q_args, k_args, tables, mode, params,\n"
-        "                                  typename Runtime::Stream{});",
-        "rms_norm_apply_qk launched on the legacy default stream",
-    ),
     Mutant(
         "kv-no-device-guard",
         "cuda/common_glue.h",
@@ -928,6 +822,47 @@ MUTANTS += [
         "      return Runtime::launch_streams(dtype, p.args, p.tables.args,\n"
         "                                     typename Runtime::Stream{});",
         "the serving fusions launched on the legacy default stream",
+    ),
+    # rope.rms_norm_apply_qk on the row streams (norm_cases.cpp: any apply_qk shape, the
+    # extended-precision reference, eps up to 3, weight_offset 1 and -0.5, partial rotary, up to
+    # 4 axes): the bugs its retired kernel was checked for, in the one engine.
+    Mutant(
+        "streams-norm-tail-not-normalised",
+        STREAMS,
+        "    if (w != nullptr) {\n      normalise(v, w, first, st.width, r);\n    }",
+        "    (void)r;",
+        "norm: the features past rotary_dim stored as they came, not normalised",
+    ),
+    Mutant(
+        "streams-norm-weight-shifted",
+        STREAMS,
+        "      v[j] = (v[j] * r) * __ldg(w + first + j);",
+        "      v[j] = (v[j] * r) * __ldg(w + first + (j ^ 1));",
+        "norm: each feature takes its neighbour's weight (a of a plane takes b's)",
+    ),
+    Mutant(
+        "streams-norm-weight-not-applied",
+        STREAMS,
+        "      v[j] = (v[j] * r) * __ldg(w + first + j);",
+        "      v[j] = v[j] * r;",
+        "norm: the weight (Gemma's 1 + w included) never applied",
+    ),
+    Mutant(
+        "streams-axis-3-reads-axis-2",
+        STREAMS,
+        "  const int32_t axis = tb.axes.num_axes > 0 ? plane_axis(tb.axes, k) : 0;\n"
+        "  const int64_t at =",
+        "  const int32_t any_axis = tb.axes.num_axes > 0 ? plane_axis(tb.axes, k) : 0;\n"
+        "  const int32_t axis = any_axis > 2 ? 2 : any_axis;\n  const int64_t at =",
+        "at most 3 axes assumed: a 4th axis reads the 3rd axis's position",
+    ),
+    Mutant(
+        "norm-no-device-guard",
+        "cuda/common_glue.h",
+        "  const typename Runtime::Guard guard(Runtime::device_of(q));\n"
+        "  return detail::rms_norm_apply_qk_body",
+        "  return detail::rms_norm_apply_qk_body",
+        "rms_norm_apply_qk without the device guard: runs on whatever device is current",
     ),
     Mutant(
         "kv-norm-no-device-guard",

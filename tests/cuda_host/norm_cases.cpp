@@ -14,6 +14,7 @@
 
 #include "compare.h"
 #include "host_backend.h"
+#include "serving_support.h"  // expect_same_bits
 
 namespace rope_host {
 namespace {
@@ -177,8 +178,9 @@ NormCase make_norm_case(uint64_t seed, int64_t index) {
   return c;
 }
 
-std::vector<std::string> run_norm_case(const NormCase& c, Tally& tally,
-                                       std::map<std::string, int64_t>& cov) {
+std::vector<std::string> run_norm_case(const NormCase& c, const CpuVectorPath& cpu_path,
+                                       Tally& tally, NormRun& run) {
+  std::map<std::string, int64_t>& cov = run.coverage;
   CaseContext ctx;
   ctx.device = Device{c.device, 1 + c.device % 7};
   ctx.start_device = (c.device + 1 + static_cast<int>(c.index % 5)) % 68;
@@ -220,8 +222,11 @@ std::vector<std::string> run_norm_case(const NormCase& c, Tally& tally,
       problems.push_back("input " + std::to_string(i) + " changed");
     }
   }
-  if (ctx.grid_launches.size() != 1) {
-    problems.push_back("expected one launch, got " + std::to_string(ctx.grid_launches.size()));
+  // One launch for q and k, or one each where they cannot share positions and a token count
+  // (common_stream_layout.h: heads-first q and k with per-sequence positions).
+  if (ctx.grid_launches.empty() || ctx.grid_launches.size() > 2) {
+    problems.push_back("expected one or two launches, got " +
+                       std::to_string(ctx.grid_launches.size()));
   }
   if (c.positions_in_range && problems.empty()) {
     for (const auto& [name, got, x, w] :
@@ -236,6 +241,14 @@ std::vector<std::string> run_norm_case(const NormCase& c, Tally& tally,
     }
     if (!host_q.is_contiguous() || !host_k.is_contiguous()) {
       problems.push_back("the results are not contiguous");
+    }
+    // One engine on both backends (the row streams): the same bits where the CPU copy fuses its
+    // multiply-adds as the kernel does.
+    if (cpu_path.fused) {
+      expect_same_bits(problems, "q (host run vs CPU backend)", host_q, cpu_q,
+                       run.elements_same_bits);
+      expect_same_bits(problems, "k (host run vs CPU backend)", host_k, cpu_k,
+                       run.elements_same_bits);
     }
   }
   const auto hit = [&](const std::string& what, bool cond) { cov[what] += cond ? 1 : 0; };
@@ -256,13 +269,14 @@ std::vector<std::string> run_norm_case(const NormCase& c, Tally& tally,
   hit("norm: out-of-range position asserted", !c.positions_in_range);
   hit("norm: int32 positions", c.positions.scalar_type() == at::kInt);
   hit("norm: several blocks", !ctx.grid_launches.empty() && ctx.grid_launches[0].blocks > 1);
+  hit("norm: q and k in two launches", ctx.grid_launches.size() == 2);
   return problems;
 }
 
 }  // namespace
 
 NormRun run_norm_cases(uint64_t seed, int64_t count, int64_t only, int64_t max_failures,
-                       bool verbose, Tally& tally) {
+                       bool verbose, const CpuVectorPath& cpu_path, Tally& tally) {
   NormRun run;
   const int64_t first = only >= 0 ? only : 0;
   const int64_t last = only >= 0 ? only + 1 : count;
@@ -274,7 +288,7 @@ NormRun run_norm_cases(uint64_t seed, int64_t count, int64_t only, int64_t max_f
     if (verbose) {
       std::printf("%s\n", c.describe().c_str());
     }
-    const std::vector<std::string> problems = run_norm_case(c, tally, run.coverage);
+    const std::vector<std::string> problems = run_norm_case(c, cpu_path, tally, run);
     ++run.cases;
     if (!c.positions_in_range) {
       ++run.assert_cases;

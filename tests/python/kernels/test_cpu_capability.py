@@ -58,7 +58,8 @@ for dtype in FLOAT_DTYPES:
             out = torch_rope.apply(x, cos, sin, positions, interleaved=interleaved)
             assert_matches_reference(out, x, positions, rotary_dim, interleaved=interleaved)
             checks += 1
-# rope.rms_norm_apply_qk's copy of this capability (rms_norm_rows.cpp): each row normalised over
+# rope.rms_norm_apply_qk's copy of this capability (the row streams, common_stream_rows.cpp): each
+# row normalised over
 # head_dim in float64 here, then rotated by the oracle. 33 rows: blocks of 8 rows and a tail.
 from helpers import TOLERANCES, expected
 for dtype in FLOAT_DTYPES:

@@ -240,3 +240,72 @@ def test_torch_func_grad_and_vmap():
         torch.func.grad(
             lambda x: torch.ops.rope.rms_norm_apply_qk(x, k, qw, kw, cos, sin, positions)[0].sum()
         )(q)
+
+
+# ---- layouts as stream rows ----------------------------------------------------------------------
+# The op runs on the row streams, which take (tokens, heads, head_dim) rows: the dims where
+# positions vary become the tokens, the rest the heads (csrc/common_stream_layout.h), and where
+# that does not merge, positions are expanded over the leading dims, or q and k go in two calls.
+# Each case below takes one of those paths; all are held to the float64 oracle.
+def _layout_case(name):
+    g = torch.Generator().manual_seed(11)
+    b, s, hq, hk, d = 2, 5, 4, 2, 32
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g)
+
+    def ints(*shape):
+        return torch.randint(0, 40, shape, generator=g)
+
+    if name == "bshd_positions_per_sequence":  # tokens (B, S) merge: direct
+        return rand(b, s, hq, d), rand(b, s, hk, d), ints(b, s, 1)
+    if name == "bshd_positions_shared_over_batch":  # B broadcasts apart from H: expanded
+        return rand(b, s, hq, d), rand(b, s, hk, d), ints(s, 1)
+    if name == "bhsd_positions_shared":  # heads (B, H) before the tokens S: direct
+        return rand(b, hq, s, d), rand(b, hk, s, d), ints(s)
+    if name == "bhsd_positions_per_sequence":  # q and k cannot share a token count: two calls
+        return rand(b, hq, s, d), rand(b, hk, s, d), ints(b, 1, s)
+    if name == "positions_per_head":  # every row its own position: tokens (S, H)
+        return rand(s, hq, d), rand(s, hq, d), ints(s, hq)
+    if name == "one_position_for_all":  # a 0-d position: the outer dims become the tokens
+        return rand(b, 1, hq, d), rand(b, 1, hk, d), torch.tensor(7)
+    if name == "positions_strided":  # a non-contiguous positions view
+        return rand(b, s, hq, d), rand(b, s, hk, d), ints(b, 2 * s, 1)[:, ::2]
+    if name == "q_heads_first_k_tokens_first":
+        return rand(b, hq, s, d).transpose(1, 2), rand(b, s, hk, d), ints(b, s, 1)
+    if name == "q_strided_rows":  # q's heads a slice of a wider buffer: its dims do not merge
+        return rand(b, s, 2 * hq, d)[:, :, ::2], rand(b, s, hk, d), ints(s, 1)
+    raise AssertionError(name)
+
+
+LAYOUT_CASES = [
+    "bshd_positions_per_sequence",
+    "bshd_positions_shared_over_batch",
+    "bhsd_positions_shared",
+    "bhsd_positions_per_sequence",
+    "positions_per_head",
+    "one_position_for_all",
+    "positions_strided",
+    "q_heads_first_k_tokens_first",
+    "q_strided_rows",
+]
+
+
+@pytest.mark.parametrize("interleaved", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("name", LAYOUT_CASES)
+def test_layouts_as_stream_rows(name, interleaved):
+    q, k, positions = _layout_case(name)
+    d = q.size(-1)
+    cos, sin = make_tables(40, d, "cpu", torch.float32)
+    qw = 1.0 + 0.25 * torch.randn(d, generator=torch.Generator().manual_seed(3))
+    kw = 1.0 - 0.25 * torch.randn(d, generator=torch.Generator().manual_seed(4))
+    q_out, k_out = torch_rope.rms_norm_apply_qk(
+        q, k, qw, kw, cos, sin, positions, eps=1e-5, interleaved=interleaved
+    )
+    for name_, x, w, out in (("q", q, qw, q_out), ("k", k, kw, k_out)):
+        want = ref.rms_norm_rope_with_tables(
+            x, w, cos, sin, positions, eps=1e-5, interleaved=interleaved
+        )
+        assert out.shape == x.shape and out.is_contiguous(), name_
+        # float32 math, rounded once: a few ulps of the row's scale.
+        torch.testing.assert_close(out.double(), want, rtol=2e-6, atol=2e-6, msg=name_)

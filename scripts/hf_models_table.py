@@ -57,6 +57,8 @@ def _vision(row) -> str:
         details.append("GPT-J pairs")
     if vision.column_first:
         details.append("column first")
+    if vision.alternating:
+        details.append("axes alternating plane by plane")
     if vision.text_apply:
         details.append("through apply_rotary_pos_emb")
     return _family(vision.family) + (f" ({', '.join(details)})" if details else "")

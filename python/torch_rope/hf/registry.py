@@ -43,6 +43,7 @@ class VisionRoPE(NamedTuple):
     interleaved: bool = False  # GPT-J pairs instead of rotate_half
     column_first: bool = False  # the first planes turn by the column
     text_apply: bool = False  # its layers call the text models' function, not the vision one
+    alternating: bool = False  # the axes alternate plane by plane, not one run of planes each
 
 
 #: A vision tower without RoPE (learned or no position embeddings): nothing to patch there.
@@ -58,6 +59,9 @@ PIXTRAL_VISION = VisionRoPE("axial_vision", text_apply=True)
 INKLING2_VISION = VisionRoPE("axial_vision", interleaved=True, column_first=True)
 #: Step 3.7's: rotate_half, the first half of the planes turned by the column.
 STEP3P7_VISION = VisionRoPE("axial_vision", column_first=True)
+#: Kimi-K2.5's: rotate_half, the axes alternating plane by plane (column, row, column, ...), each
+#: frequency turning a column plane and then a row plane.
+KIMI_K25_VISION = VisionRoPE("axial_vision", column_first=True, alternating=True)
 #: Llama 4's: a precomputed complex table over (column + 1, row + 1).
 LLAMA4_VISION = VisionRoPE("llama4_vision")
 
@@ -194,6 +198,8 @@ REGISTRY = Registry(
         "jais2": TEXT,
         "jetmoe": TEXT,
         "jina_embeddings_v3": TEXT,
+        "kimi_k25": ModelType(vision=KIMI_K25_VISION),  # its text tower DeepSeek-V3's
+        "kimi_k25_vision": ModelType(vision=KIMI_K25_VISION, text=None),
         "kolibri1": TEXT,
         "kyutai_speech_to_text": TEXT,
         "laguna": TEXT,

@@ -257,6 +257,9 @@ class AxialTables(nn.Module):
     # Inkling2's tower turns its first planes by the column and pairs GPT-J style: set per model
     # type; the layers reverse the (row, column) positions they get.
     column_first = False
+    # Kimi-K2.5's tower alternates the axes plane by plane instead of one run per axis: the
+    # layers turn by per-call rows gathered from these tables (axial_vision.alternating_rows).
+    alternating = False
 
     def __init__(self, frequencies: Tensor, axes: int, max_seq_len: int, device) -> None:
         super().__init__()

@@ -41,6 +41,8 @@ def _text(row) -> str:
         return _family(row.text)
     pairs = "GPT-J pairs" if row.multi_axis.interleaved else "rotate_half"
     rule = "interleaved axes" if row.multi_axis.mrope_interleaved else "contiguous sections"
+    if row.multi_axis.alternating:
+        rule = "2 axes alternating plane by plane"
     return f"{_family(row.text)}, multi-axis: {rule}, {pairs}"
 
 

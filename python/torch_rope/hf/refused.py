@@ -150,11 +150,6 @@ REFUSED: Dict[str, str] = {
             "default config names no sections, which its rotary module needs)"
         ),
     ),
-    "neomme": (
-        "its 2-axis M-RoPE alternates the axes plane by plane (row, column, row, ...), which "
-        "neither of torch_rope's multi-axis rules (contiguous runs of planes, Qwen3-VL's 3-axis "
-        "interleaving) expresses"
-    ),
     "ernie4_5_vl_moe": (
         "its text M-RoPE permutes the frequencies (inv_freq pre-rotated, even planes' then odd "
         "planes' over the height/width part) and alternates height and width plane by plane; "

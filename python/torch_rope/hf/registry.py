@@ -24,6 +24,9 @@ class MultiAxis(NamedTuple):
 
     interleaved: bool  # torch_rope's pair layout: GPT-J pairs (GLM-4V's text), or rotate_half
     mrope_interleaved: bool  # Qwen3-VL's rule dealing planes to axes, or contiguous sections
+    # Two axes alternating plane by plane (NeoMME's row, column, row, ...), each plane its own
+    # frequency: no rule of the op, so per-call rows (rotate.alternating_rows).
+    alternating: bool = False
 
 
 #: Contiguous runs of ``mrope_section`` planes per axis, rotate_half (Qwen2-VL).
@@ -32,6 +35,8 @@ SECTIONS = MultiAxis(interleaved=False, mrope_interleaved=False)
 SECTIONS_GPTJ_PAIRS = MultiAxis(interleaved=True, mrope_interleaved=False)
 #: Qwen3-VL's interleaved rule: plane k reads axis k % 3 within the sections, rotate_half.
 INTERLEAVED_AXES = MultiAxis(interleaved=False, mrope_interleaved=True)
+#: NeoMME's: two axes (row, column) alternating plane by plane, rotate_half.
+ALTERNATING_AXES = MultiAxis(interleaved=False, mrope_interleaved=False, alternating=True)
 
 
 class VisionRoPE(NamedTuple):
@@ -245,6 +250,7 @@ REGISTRY = Registry(
         "nemotron3_5_transcribe_word_timestamp": TEXT,
         "nemotron3_diarization": TEXT,
         "nemotron3_diarization_audio": TEXT,
+        "neomme": ModelType(ALTERNATING_AXES),  # an encoder, a table per layer type
         "nomic_bert": TEXT,
         "olmo": TEXT,
         "olmo2": TEXT,

@@ -359,7 +359,16 @@ BASE = (
     "voxtral_realtime_text",
     # Audio encoders, audio codecs and a time-series model, run from the inputs FEATURES makes.
     *FEATURES,
+    # A bidirectional encoder whose two M-RoPE axes alternate plane by plane, with a table per
+    # layer type (one of them partial); its zero-initialised output projections redrawn
+    # (ZERO_INITIALISED), else its attention would add nothing.
+    "neomme",
 )
+
+#: Types whose fresh model zero-initialises the projections that write attention (and MLP)
+#: outputs into the residual stream, so that no output depends on RoPE: :func:`build` redraws
+#: those weights (the names' last parts), normal with std 0.2.
+ZERO_INITIALISED = {"neomme": ("o_proj", "down_proj")}
 
 
 #: Vision-language model types whose vision tower has no RoPE, built tiny like :data:`TINY` as
@@ -402,6 +411,12 @@ def build(name, seed=0):
     if name.startswith("image_text:"):
         auto = AutoModelForImageTextToText
     model = auto.from_config(config(name), attn_implementation="eager", dtype=torch.float32)
+    redrawn = ZERO_INITIALISED.get(name.partition(":")[2], ())
+    with torch.no_grad():
+        for weight_name, weight in model.named_parameters():
+            parts = weight_name.split(".")
+            if len(parts) > 1 and parts[-2] in redrawn:
+                weight.normal_(0.0, 0.2)
     return model.eval()
 
 

@@ -9,7 +9,8 @@ per-axis frequencies: rotate_half over the whole head, the first half of the pla
 patch's row and the second half by its column (MiniMax-M3-VL: three thirds, frame, row and column),
 each axis with the same frequencies ``theta^(-2j/(head_dim/2))`` (Pixtral: each its own,
 :func:`split_frequencies`; Inkling2: GPT-J pairs, the column first; Step 3.7: the column first;
-Kimi-K2.5: the axes alternating plane by plane, the column first, :func:`alternating_rows`).
+Kimi-K2.5: the axes alternating plane by plane, the column first,
+:func:`..rotate.alternating_rows`).
 
 Patched, on this model instance only: the vision rotary module holds :class:`..tables.AxialTables`
 (checked against its own frequencies) and its forward returns the patches' positions instead of
@@ -27,6 +28,7 @@ from ..._patching.self_check import check_against_unpatched, probe
 from ...ops import apply_qk
 from ..forwards import FORWARDS
 from ..model_parts import HF_NAME, calls_hf_apply, rotary_modules
+from ..rotate import alternating_rows
 from ..tables import AxialTables
 
 #: transformers' vision rotation.
@@ -98,22 +100,6 @@ def patched_vision_attention_forward(attention: nn.Module, rotary: nn.Module, *a
     return FORWARDS.forward(type(attention))(attention, *args, **kwargs)
 
 
-def alternating_rows(tables: AxialTables, positions: Tensor) -> tuple:
-    """Per-call (cos, sin) rows of a tower whose axes alternate plane by plane (Kimi-K2.5): plane
-    ``k`` of the head turns by axis ``k % 2`` of ``positions`` (..., 2) at the ``k // 2``-th
-    frequency, so each frequency turns two planes, one per axis. The rows are gathered from the
-    float64-built tables (the first axis's run holds the n frequencies), so each angle is
-    ``position * frequency`` in float64, rounded once to float32. Returns cos and sin, (M, 2 n)
-    for the M tokens, and the (..., 1) index of each token's row (the same for every head)."""
-    n = tables.mrope_section[0]
-    planes = torch.arange(2 * n, device=positions.device)
-    flat = positions.reshape(-1, 2)
-    at = flat[:, planes % 2]  # (M, 2 n): each plane's position
-    cos, sin = tables.cos[at, planes // 2], tables.sin[at, planes // 2]
-    index = torch.arange(flat.shape[0], device=positions.device).view(positions.shape[:-1])
-    return cos, sin, index.unsqueeze(-1)
-
-
 def apply_vision_with_tables(q, k, cos, sin):
     """What a patched vision attention layer calls as apply_rotary_pos_emb_vision: q and k are
     (N, H, D) (N patches of all images packed; Step 3.7: (B, N, H, D), a batch of images of one
@@ -124,9 +110,9 @@ def apply_vision_with_tables(q, k, cos, sin):
     positions, tables = cos, sin
     if tables.column_first:
         positions = positions.flip(-1)
-    if tables.alternating:
-        cos, sin, index = alternating_rows(tables, positions)
-        return apply_qk(q, k, cos, sin, index, interleaved=tables.interleaved)
+    if tables.alternating:  # Kimi-K2.5: column, row, column, ... each frequency twice
+        cos, sin, index = alternating_rows(tables, positions, paired=True)
+        return apply_qk(q, k, cos, sin, index.unsqueeze(-1), interleaved=tables.interleaved)
     return apply_qk(
         q,
         k,

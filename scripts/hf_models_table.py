@@ -41,6 +41,8 @@ def _text(row) -> str:
         return _family(row.text)
     pairs = "GPT-J pairs" if row.multi_axis.interleaved else "rotate_half"
     rule = "interleaved axes" if row.multi_axis.mrope_interleaved else "contiguous sections"
+    if row.multi_axis.alternating:
+        rule = "2 axes alternating plane by plane"
     return f"{_family(row.text)}, multi-axis: {rule}, {pairs}"
 
 
@@ -57,6 +59,8 @@ def _vision(row) -> str:
         details.append("GPT-J pairs")
     if vision.column_first:
         details.append("column first")
+    if vision.alternating:
+        details.append("axes alternating plane by plane")
     if vision.text_apply:
         details.append("through apply_rotary_pos_emb")
     return _family(vision.family) + (f" ({', '.join(details)})" if details else "")

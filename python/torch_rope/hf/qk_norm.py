@@ -204,16 +204,19 @@ def rewrap(module: nn.Module, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
     return (*args[:where], (positions, tables), *args[where + 1 :]), kwargs
 
 
-def norm_rotate(q: Tensor, k: Tensor, positions: Tensor, normed: NormedTables, flags: dict):
-    """rms_norm_apply_qk of q and k at ``positions`` (already shaped for them), with ``flags``
+def norm_rotate(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, normed: NormedTables, flags
+):
+    """rms_norm_apply_qk of q and k at ``positions`` (already shaped for them) into ``cos``/``sin``
+    (the tables' own, or per-call rows of them: rotate.alternating_rows), with ``flags``
     (interleaved and the multi-axis arguments) as _rotate_qk builds them."""
     return rms_norm_apply_qk(
         q,
         k,
         normed.q_weight,
         normed.k_weight,
-        normed.tables.cos,
-        normed.tables.sin,
+        cos,
+        sin,
         positions,
         eps=normed.eps,
         weight_offset=normed.weight_offset,

@@ -150,11 +150,6 @@ REFUSED: Dict[str, str] = {
             "default config names no sections, which its rotary module needs)"
         ),
     ),
-    "neomme": (
-        "its 2-axis M-RoPE alternates the axes plane by plane (row, column, row, ...), which "
-        "neither of torch_rope's multi-axis rules (contiguous runs of planes, Qwen3-VL's 3-axis "
-        "interleaving) expresses"
-    ),
     "ernie4_5_vl_moe": (
         "its text M-RoPE permutes the frequencies (inv_freq pre-rotated, even planes' then odd "
         "planes' over the height/width part) and alternates height and width plane by plane; "
@@ -238,11 +233,6 @@ REFUSED: Dict[str, str] = {
         "which the vision patch (one apply_qk per block, axis runs over a rotate_half head) does "
         "not reproduce; not tested"
     ),
-    "kimi_k25_vision": (
-        "its 2-D RoPE alternates column and row plane by plane (each frequency twice), which "
-        "neither of torch_rope's multi-axis rules (contiguous runs of planes, Qwen3-VL's 3-axis "
-        "interleaving) expresses"
-    ),
     **dict.fromkeys(
         ("mlcd", "mlcd_vision_model"),
         (
@@ -258,11 +248,6 @@ REFUSED: Dict[str, str] = {
             "[-1, 1] for each image's size (and shifted, jittered and rescaled in training), not "
             "by the integer positions a table is indexed with"
         ),
-    ),
-    "kimi_k25": (
-        "its vision tower's 2-D RoPE alternates column and row plane by plane (each frequency "
-        "twice), which neither of torch_rope's multi-axis rules (contiguous runs of planes, "
-        "Qwen3-VL's 3-axis interleaving) expresses; the self-check refuses it"
     ),
     "muse_glimmer": (
         "not supported: on the tests' tiny model (its vision tower patched too) its bf16 error "

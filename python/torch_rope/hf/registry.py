@@ -24,6 +24,9 @@ class MultiAxis(NamedTuple):
 
     interleaved: bool  # torch_rope's pair layout: GPT-J pairs (GLM-4V's text), or rotate_half
     mrope_interleaved: bool  # Qwen3-VL's rule dealing planes to axes, or contiguous sections
+    # Two axes alternating plane by plane (NeoMME's row, column, row, ...), each plane its own
+    # frequency: no rule of the op, so per-call rows (rotate.alternating_rows).
+    alternating: bool = False
 
 
 #: Contiguous runs of ``mrope_section`` planes per axis, rotate_half (Qwen2-VL).
@@ -32,6 +35,8 @@ SECTIONS = MultiAxis(interleaved=False, mrope_interleaved=False)
 SECTIONS_GPTJ_PAIRS = MultiAxis(interleaved=True, mrope_interleaved=False)
 #: Qwen3-VL's interleaved rule: plane k reads axis k % 3 within the sections, rotate_half.
 INTERLEAVED_AXES = MultiAxis(interleaved=False, mrope_interleaved=True)
+#: NeoMME's: two axes (row, column) alternating plane by plane, rotate_half.
+ALTERNATING_AXES = MultiAxis(interleaved=False, mrope_interleaved=False, alternating=True)
 
 
 class VisionRoPE(NamedTuple):
@@ -43,6 +48,7 @@ class VisionRoPE(NamedTuple):
     interleaved: bool = False  # GPT-J pairs instead of rotate_half
     column_first: bool = False  # the first planes turn by the column
     text_apply: bool = False  # its layers call the text models' function, not the vision one
+    alternating: bool = False  # the axes alternate plane by plane, not one run of planes each
 
 
 #: A vision tower without RoPE (learned or no position embeddings): nothing to patch there.
@@ -58,6 +64,9 @@ PIXTRAL_VISION = VisionRoPE("axial_vision", text_apply=True)
 INKLING2_VISION = VisionRoPE("axial_vision", interleaved=True, column_first=True)
 #: Step 3.7's: rotate_half, the first half of the planes turned by the column.
 STEP3P7_VISION = VisionRoPE("axial_vision", column_first=True)
+#: Kimi-K2.5's: rotate_half, the axes alternating plane by plane (column, row, column, ...), each
+#: frequency turning a column plane and then a row plane.
+KIMI_K25_VISION = VisionRoPE("axial_vision", column_first=True, alternating=True)
 #: Llama 4's: a precomputed complex table over (column + 1, row + 1).
 LLAMA4_VISION = VisionRoPE("llama4_vision")
 
@@ -194,6 +203,8 @@ REGISTRY = Registry(
         "jais2": TEXT,
         "jetmoe": TEXT,
         "jina_embeddings_v3": TEXT,
+        "kimi_k25": ModelType(vision=KIMI_K25_VISION),  # its text tower DeepSeek-V3's
+        "kimi_k25_vision": ModelType(vision=KIMI_K25_VISION, text=None),
         "kolibri1": TEXT,
         "kyutai_speech_to_text": TEXT,
         "laguna": TEXT,
@@ -239,6 +250,7 @@ REGISTRY = Registry(
         "nemotron3_5_transcribe_word_timestamp": TEXT,
         "nemotron3_diarization": TEXT,
         "nemotron3_diarization_audio": TEXT,
+        "neomme": ModelType(ALTERNATING_AXES),  # an encoder, a table per layer type
         "nomic_bert": TEXT,
         "olmo": TEXT,
         "olmo2": TEXT,

@@ -98,7 +98,7 @@ def rotate_qk(
     if normed is None:
         q_out, k_out = apply_qk(q, k, cos_table, sin_table, positions=positions, **flags)
     else:
-        q_out, k_out = qk_norm.norm_rotate(q, k, positions, normed, flags)
+        q_out, k_out = qk_norm.norm_rotate(q, k, cos_table, sin_table, positions, normed, flags)
     if seq_major:
         return q_out.transpose(1, 2), k_out.transpose(1, 2)
     return q_out, k_out
@@ -121,7 +121,12 @@ def apply_with_tables(q, k, cos, sin=None, unsqueeze_dim=1, layout=None):
     interleaved, inverse = (
         (tables.interleaved, getattr(tables, "inverse", False)) if layout is None else layout
     )
-    cos_table, sin_table, angles = _angle_source(tables, positions)
+    section = getattr(tables, "mrope_section", None)
+    if getattr(tables, "alternating", False):  # per-call rows, one per token: one axis
+        cos_table, sin_table, positions = alternating_rows(tables, positions)
+        section, angles = None, None
+    else:
+        cos_table, sin_table, angles = _angle_source(tables, positions)
     return rotate_qk(
         q,
         k,
@@ -130,12 +135,41 @@ def apply_with_tables(q, k, cos, sin=None, unsqueeze_dim=1, layout=None):
         positions,
         unsqueeze_dim,
         interleaved,
-        getattr(tables, "mrope_section", None),
+        section,
         getattr(tables, "mrope_interleaved", False),
         normed,
         inverse,
         angles,
     )
+
+
+def alternating_rows(
+    tables: nn.Module, positions: Tensor, paired: bool = False
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Per-call cos/sin rows for two position axes that alternate plane by plane, which neither
+    multi-axis rule of the op expresses: plane ``j`` turns by axis ``j % 2`` of ``positions``
+    (..., 2) at the tables' ``j``-th frequency (NeoMME's text tower), or with ``paired`` at their
+    ``(j // 2)``-th, each frequency turning two planes, one per axis (Kimi-K2.5's vision tower,
+    whose axial tables hold the frequencies once per axis). Rows of the float64-built tables
+    (table-free: computed from the float64 frequencies, ``cos(p * f) * attention_factor``
+    rounded once to float32, as the tables' are), one per token: ``(M, planes)`` each, and the
+    ``(...)`` index of each token's row, for one single-axis rotation over them."""
+    flat = positions.reshape(-1, positions.shape[-1])
+    if getattr(tables, "tables", True):
+        planes = torch.arange(tables.cos.shape[-1], device=positions.device)
+        at = flat[:, planes % 2]  # (M, P): each plane's position
+        column = planes // 2 if paired else planes
+        cos, sin = tables.cos[at, column], tables.sin[at, column]
+    else:  # (a text tower's only: the vision tables are always tables)
+        freqs = long_rope_frequencies(
+            tables.freqs, tables._buffers.get("long_freqs"), positions, tables.long_after
+        )
+        planes = torch.arange(freqs.shape[-1], device=positions.device)
+        angles = flat[:, planes % 2].to(torch.float64) * freqs
+        factor = tables.attention_factor
+        cos, sin = (angles.cos() * factor).float(), (angles.sin() * factor).float()
+    index = torch.arange(flat.shape[0], device=positions.device).view(positions.shape[:-1])
+    return cos, sin, index
 
 
 def _angle_source(tables: nn.Module, positions: Tensor):

@@ -143,6 +143,8 @@ def make_tables(
     tables.mrope_interleaved = mrope_interleaved
     # Set by the layout check: NanoChat's rotate_half turns by minus the angle.
     tables.inverse = False
+    # Set by the family: NeoMME's two axes alternate plane by plane (rotate.alternating_rows).
+    tables.alternating = False
     return tables
 
 
@@ -165,6 +167,33 @@ def hf_frequencies(rotary: nn.Module, key: str) -> Tuple[Tensor, float]:
     config = layer_config(rotary.config, key)
     inv_freq, attention_scaling = init(config, device=torch.device("cpu"), **kwargs)
     return inv_freq.float(), float(attention_scaling)
+
+
+def multi_axis(model_type: str, row, rotary: nn.Module, keys: List[str]):
+    """Per table key, a multi-axis text tower's (interleaved, mrope_section, mrope_interleaved);
+    None for a text model with 1-D positions."""
+    if row.multi_axis is None:
+        return None
+    if row.multi_axis.alternating:
+        # Two axes, plane by plane (NeoMME): no section to read, the rule is fixed. The section
+        # only counts the planes each axis turns: the patched rotary module hands on (B, S, 2)
+        # positions, and the layers read the tables' ``alternating``, not the section.
+        planes = {key: hf_frequencies(rotary, key)[0].numel() for key in keys}
+        pairs = row.multi_axis.interleaved
+        return {key: (pairs, [(p + 1) // 2, p // 2], False) for key, p in planes.items()}
+    section = getattr(rotary, "mrope_section", None)
+    # One section for the model, or (Cohere Compass) one per layer type that rotates.
+    sections = section if isinstance(section, dict) else dict.fromkeys(keys, section)
+    if set(sections) != set(keys) or any(
+        not isinstance(s, (list, tuple)) or len(s) != 3 for s in sections.values()
+    ):
+        raise NotImplementedError(
+            f"torch_rope.hf.patch: expected the {model_type} text rotary module to have a "
+            f"3-axis mrope_section for each of its layer types {keys}, found {section!r}; "
+            "not patching"
+        )
+    interleaved, mrope_interleaved = row.multi_axis.interleaved, row.multi_axis.mrope_interleaved
+    return {key: (interleaved, [int(s) for s in sections[key]], mrope_interleaved) for key in keys}
 
 
 def check_frequencies(
@@ -212,8 +241,10 @@ def follow_dynamic(rotary: nn.Module, key: str, state: DynamicState, seq_len: in
             use_tables=old.tables,
         )  # fmt: skip
         state.cached = state.original
-    # The rebuilt tables keep the layout the check found (GPT-J pairs, minus the angle).
+    # The rebuilt tables keep the layout the check found (GPT-J pairs, minus the angle) and the
+    # family's axis rule.
     rotary.torch_rope[key].inverse = old.inverse
+    rotary.torch_rope[key].alternating = old.alternating
 
 
 def serving(rotary: nn.Module, key: str, position_ids: Tensor) -> RotaryPositionalEmbedding:
@@ -257,6 +288,9 @@ class AxialTables(nn.Module):
     # Inkling2's tower turns its first planes by the column and pairs GPT-J style: set per model
     # type; the layers reverse the (row, column) positions they get.
     column_first = False
+    # Kimi-K2.5's tower alternates the axes plane by plane instead of one run per axis: the
+    # layers turn by per-call rows gathered from these tables (axial_vision.alternating_rows).
+    alternating = False
 
     def __init__(self, frequencies: Tensor, axes: int, max_seq_len: int, device) -> None:
         super().__init__()

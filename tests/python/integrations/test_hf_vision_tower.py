@@ -136,3 +136,77 @@ def test_vision_tower_type_with_a_text_rotary_is_refused():
         torch_rope.hf.patch(model)
     assert not torch_rope.hf.is_patched(model)
     assert all("forward" not in vars(m) for m in model.modules())
+
+
+#: The towers whose axes alternate plane by plane (Kimi-K2.5's), not one run of planes per axis.
+ALTERNATING = ["kimi_k25_vision"]
+
+
+def alternating_reference(q, k, cos, sin):
+    """Kimi-K2.5's vision rotation, written from its definition: rotate_half over the head, plane
+    ``p`` turning by the column for even ``p`` and by the row for odd ``p``, at frequency
+    ``theta^(-2 (p // 2) / (D / 2))``; ``cos``/``sin`` here are the (N, 2) (row, column) patch
+    positions and the tables (unused: the angles are computed afresh in float64)."""
+    positions, d = cos, q.shape[-1]
+    p = torch.arange(d // 2, dtype=torch.float64)
+    freq = 10000.0 ** (-2 * (p // 2) / (d // 2))
+    axis = torch.where(p % 2 == 0, 1, 0)  # even planes: the column
+    angle = positions[:, axis].double() * freq  # (N, D/2)
+    c, s = angle.cos()[:, None, :], angle.sin()[:, None, :]
+
+    def turn(x):
+        x1, x2 = x[..., : d // 2].double(), x[..., d // 2 :].double()
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1).to(x.dtype)
+
+    return turn(q), turn(k)
+
+
+@pytest.mark.parametrize("name", ALTERNATING)
+def test_alternating_axes_match_a_reference_and_each_wrong_rule_moves_the_output(name, monkeypatch):
+    """The patched tower's rotation is that of the plane-by-plane rule written here (not HF's
+    code): swapped in for torch_rope's, it gives the same output. The rule without alternation
+    (one run of planes per axis, as Qwen2-VL's towers) and the row on the even planes instead of
+    the column each move the output."""
+    from torch_rope.hf.families import axial_vision
+
+    reference, inputs = hf_models.build_vision_tower(name)
+    assert reference.config.rope_parameters["rope_theta"] == 10000.0  # alternating_reference's
+    model = torch_rope.hf.patch(copy.deepcopy(reference))
+    right = outputs(model, inputs)["last_hidden_state"]
+    tables = vision_rotary(model).torch_rope
+    assert tables.alternating and tables.column_first
+    assert rel_err(right, outputs(reference, inputs)["last_hidden_state"]) <= 1e-5
+
+    namespace = {}
+    for block in vision_blocks(model):
+        forward = axial_vision.FORWARDS.forward(type(block))
+        namespace[id(forward.__globals__)] = forward.__globals__
+    for module_globals in namespace.values():
+        monkeypatch.setitem(module_globals, axial_vision.HF_VISION_NAME, alternating_reference)
+    assert rel_err(outputs(model, inputs)["last_hidden_state"], right) <= 1e-5
+    monkeypatch.undo()
+    assert torch.equal(outputs(model, inputs)["last_hidden_state"], right)
+
+    for flag in ("alternating", "column_first"):
+        setattr(tables, flag, not getattr(tables, flag))
+        assert rel_err(outputs(model, inputs)["last_hidden_state"], right) > 1e-3, flag
+        setattr(tables, flag, not getattr(tables, flag))
+    assert torch.equal(outputs(model, inputs)["last_hidden_state"], right)
+
+
+@pytest.mark.parametrize("name", ALTERNATING)
+def test_alternating_tower_without_the_rule_is_refused_by_the_self_check(name, monkeypatch):
+    """Registered as an axial tower with one run of planes per axis, the tower fails the
+    self-check: patch refuses it and leaves it untouched."""
+    from torch_rope.hf.registry import REGISTRY
+
+    row = REGISTRY.rows[name]
+    monkeypatch.setitem(
+        REGISTRY.rows, name, row._replace(vision=row.vision._replace(alternating=False))
+    )
+    model, _ = hf_models.build_vision_tower(name)
+    with pytest.raises(NotImplementedError, match="2-D RoPE"):
+        torch_rope.hf.patch(model)
+    assert not torch_rope.hf.is_patched(model)
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert not any(hasattr(m, "torch_rope") for m in model.modules())

@@ -392,3 +392,82 @@ def test_llama4_vision_self_check_refuses_a_different_vision_rotation(monkeypatc
     assert not torch_rope.hf.is_patched(model)
     assert all("forward" not in vars(m) for m in model.modules())
     assert not any(hasattr(m, "torch_rope") for m in model.modules())
+
+
+# ---- a text tower whose two position axes alternate plane by plane (NeoMME) -------------------
+
+
+def two_axis_positions(ids):
+    """(2, B, S) row and column positions, as NeoMME's processor gives a document image's
+    tokens: the two axes differ on most tokens."""
+    steps = torch.arange(ids.size(1))
+    axes = torch.stack([steps // 3, (steps * 5 + 1) % 7])
+    return axes.unsqueeze(1).expand(2, ids.size(0), -1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tables", [True, False], ids=["tables", "table_free"])
+def test_alternating_text_axes_match_unpatched_and_each_wrong_rule_moves_the_output(tables):
+    """NeoMME at two-axis positions that differ: the patched encoder's last hidden states match
+    the unpatched one's (tables or table-free), one rotation in every layer and no HF cos/sin;
+    the rule without alternation (one run of planes per axis) and the row and column swapped
+    each move them."""
+    name = "base:neomme"
+    reference = hf_models.built(name)
+    model = torch_rope.hf.patch(copy.deepcopy(reference), tables=tables)
+    ids, mask = hf_models.batch_for(name)
+    positions = two_axis_positions(ids)
+
+    def run(m, position_ids):
+        with torch.no_grad():
+            return m(input_ids=ids, attention_mask=mask, position_ids=position_ids)[0]
+
+    want = run(reference, positions)
+    # The second axis moves HF's own output (with 1-D positions both axes read the first).
+    assert rel_err(run(reference, positions[0]), want) > 1e-3
+    layers = [m for m in model.modules() if type(m).__name__ == "NeoMMEAttention"]
+    with OpCounter() as counter, PerLayer(counter, layers) as per_layer:
+        got = run(model, positions)
+    assert all(calls == [1] for calls in per_layer.calls.values()), per_layer.calls
+    if tables:
+        assert counter.counts.get("aten.cos", 0) == 0 and counter.counts.get("aten.sin", 0) == 0
+    assert rel_err(got, want) <= 1e-5, rel_err(got, want)
+
+    found = list(model.rotary_emb.torch_rope.values())
+    assert len(found) == 2 and all(t.alternating for t in found)
+    for t in found:
+        t.alternating = False
+    assert rel_err(run(model, positions), want) > 1e-3
+    for t in found:
+        t.alternating = True
+    assert torch.equal(run(model, positions), got)
+
+    patched = model.rotary_emb.forward
+
+    def swapped(x, position_ids, layer_type=None):
+        axes, t = patched(x, position_ids, layer_type)
+        return axes.flip(-1), t
+
+    model.rotary_emb.forward = swapped
+    assert rel_err(run(model, positions), want) > 1e-3
+
+
+@pytest.mark.slow
+def test_alternating_text_axes_self_check_refuses_a_model_with_runs_of_planes(monkeypatch):
+    """Had NeoMME's rotary module dealt its planes to the axes in runs (the row's first, then the
+    column's, as Qwen2-VL's sections do) instead of alternating them, the self-check, whose probe
+    gives the two axes different positions, would refuse the model and leave it untouched."""
+    model = hf_models.built("base:neomme")
+    rotary = model.rotary_emb
+
+    def runs(self, freq):
+        half = freq.shape[-1] // 2
+        angles = torch.cat([freq[0][..., :half], freq[1][..., half:]], dim=-1)
+        return torch.cat([angles, angles], dim=-1)
+
+    monkeypatch.setattr(type(rotary), "recomposition_frequencies", runs)
+    with pytest.raises(NotImplementedError, match="disagrees with the unpatched"):
+        torch_rope.hf.patch(model)
+    assert not torch_rope.hf.is_patched(model)
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert not any(hasattr(m, "torch_rope") for m in model.modules())

@@ -359,7 +359,16 @@ BASE = (
     "voxtral_realtime_text",
     # Audio encoders, audio codecs and a time-series model, run from the inputs FEATURES makes.
     *FEATURES,
+    # A bidirectional encoder whose two M-RoPE axes alternate plane by plane, with a table per
+    # layer type (one of them partial); its zero-initialised output projections redrawn
+    # (ZERO_INITIALISED), else its attention would add nothing.
+    "neomme",
 )
+
+#: Types whose fresh model zero-initialises the projections that write attention (and MLP)
+#: outputs into the residual stream, so that no output depends on RoPE: :func:`build` redraws
+#: those weights (the names' last parts), normal with std 0.2.
+ZERO_INITIALISED = {"neomme": ("o_proj", "down_proj")}
 
 
 #: Vision-language model types whose vision tower has no RoPE, built tiny like :data:`TINY` as
@@ -402,6 +411,12 @@ def build(name, seed=0):
     if name.startswith("image_text:"):
         auto = AutoModelForImageTextToText
     model = auto.from_config(config(name), attn_implementation="eager", dtype=torch.float32)
+    redrawn = ZERO_INITIALISED.get(name.partition(":")[2], ())
+    with torch.no_grad():
+        for weight_name, weight in model.named_parameters():
+            parts = weight_name.split(".")
+            if len(parts) > 1 and parts[-2] in redrawn:
+                weight.normal_(0.0, 0.2)
     return model.eval()
 
 
@@ -1412,6 +1427,8 @@ VISION_VLM = {
     # vision tower rotates, and is patched (NO_TEXT_ROPE).
     "glm5_next": "glm5_next_text",
     "inkling2": "inkling2_text",
+    # Kimi-K2.5: its vision tower's axes alternate plane by plane; its text tower DeepSeek-V3's.
+    "kimi_k25": "deepseek_v3",
 }
 #: The models of :data:`VISION_VLM` whose text tower does not rotate at all.
 NO_TEXT_ROPE = ("glm5_next", "inkling2")
@@ -1428,6 +1445,9 @@ _VISION_OVERRIDES = {
     # one windowed block and one of full attention, as the real tower has both.
     "exaone4_5": dict(depth=2, fullatt_block_indexes=[1]),
 }
+# Top-level config fields given by hand: Kimi-K2.5's projector normalises the vision states, as
+# wide as the shrunk tower.
+_TOP_OVERRIDES = {"kimi_k25": dict(projection_hidden_size=32)}
 _CONFIG_ONLY = ("model_type", "transformers_version", "architectures", "id2label", "label2id")
 # The top-level fields of the tiny VLM configs: the test batch's token ids, projector sizes.
 _VLM_TOP = {
@@ -1466,6 +1486,7 @@ def vision_vlm_config(name):
         for k, v in default.to_dict().items()
         if k not in _CONFIG_ONLY and k not in ("vision_config", "text_config")
     }
+    top.update(_TOP_OVERRIDES.get(name, {}))
     return type(default)(text_config=text, vision_config=vision, **top)
 
 
@@ -1502,6 +1523,8 @@ def build_vision_vlm(name, seed=0):
     inputs = dict(
         input_ids=ids, attention_mask=(ids != 0).long(), pixel_values=pixels, image_grid_thw=grids
     )
+    if name == "kimi_k25":  # its patch embedding a Conv2d over (N, C, patch, patch)
+        inputs["pixel_values"] = pixels.view(-1, channels, vision.patch_size, vision.patch_size)
     extra = {}
     if name == "video_llama_3":
         inputs["image_merge_sizes"] = extra["merge_sizes"] = torch.tensor([merge, merge])
@@ -1613,6 +1636,7 @@ VISION_TOWERS = (
     "qwen4_exp_vision",
     "cohere_compass_vision",
     "inkling2_vision",
+    "kimi_k25_vision",
 )
 
 
@@ -1666,6 +1690,8 @@ def build_vision_tower(name, seed=0):
         side = config.patch_size * merge
         tokens = torch.randn(int(grids.prod(-1).sum()) // merge**2, side, side, 3, generator=g)
         return model, {"pixel_values": tokens, "image_grid_thw": grids // torch.tensor([1, 2, 2])}
+    if name == "kimi_k25_vision":  # its patch embedding a Conv2d over (N, C, patch, patch)
+        pixels = pixels.view(-1, channels, config.patch_size, config.patch_size)
     # The first argument is the patches, named hidden_states or pixel_values.
     inputs = {next(iter(parameters)): pixels, "grid_thw": grids}
     if "merge_sizes" in parameters:  # VideoLLaMA3's

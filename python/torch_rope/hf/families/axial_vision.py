@@ -8,7 +8,9 @@ models' ``apply_rotary_pos_emb``) with cos/sin recomposed by the vision rotary m
 per-axis frequencies: rotate_half over the whole head, the first half of the planes turned by the
 patch's row and the second half by its column (MiniMax-M3-VL: three thirds, frame, row and column),
 each axis with the same frequencies ``theta^(-2j/(head_dim/2))`` (Pixtral: each its own,
-:func:`split_frequencies`; Inkling2: GPT-J pairs, the column first; Step 3.7: the column first).
+:func:`split_frequencies`; Inkling2: GPT-J pairs, the column first; Step 3.7: the column first;
+Kimi-K2.5: the axes alternating plane by plane, the column first,
+:func:`..rotate.alternating_rows`).
 
 Patched, on this model instance only: the vision rotary module holds :class:`..tables.AxialTables`
 (checked against its own frequencies) and its forward returns the patches' positions instead of
@@ -26,6 +28,7 @@ from ..._patching.self_check import check_against_unpatched, probe
 from ...ops import apply_qk
 from ..forwards import FORWARDS
 from ..model_parts import HF_NAME, calls_hf_apply, rotary_modules
+from ..rotate import alternating_rows
 from ..tables import AxialTables
 
 #: transformers' vision rotation.
@@ -107,6 +110,9 @@ def apply_vision_with_tables(q, k, cos, sin):
     positions, tables = cos, sin
     if tables.column_first:
         positions = positions.flip(-1)
+    if tables.alternating:  # Kimi-K2.5: column, row, column, ... each frequency twice
+        cos, sin, index = alternating_rows(tables, positions, paired=True)
+        return apply_qk(q, k, cos, sin, index.unsqueeze(-1), interleaved=tables.interleaved)
     return apply_qk(
         q,
         k,
@@ -212,6 +218,7 @@ def patch(model: nn.Module, model_type: str, row, record: PatchRecord, options) 
         )
     tables = _vision_tables(rotary, head_dims.pop(), options.max_vision_positions, vision.axes)
     tables.interleaved, tables.column_first = vision.interleaved, vision.column_first
+    tables.alternating = vision.alternating
     record.set(rotary, "torch_rope", tables)
     checked = set()
     for attention in attentions:

@@ -25,6 +25,7 @@ variant (Llama 4's text model, DeepSeek-V2) is :mod:`.complex_form`, this family
 """
 
 import functools
+import inspect
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
@@ -129,26 +130,6 @@ def patch(model: nn.Module, model_type: str, row, record: PatchRecord, options, 
         _patch_layers(rotaries, attentions, record, form, layouts, options.tables, inner)
 
 
-def _multi_axis(model_type: str, row, rotary: nn.Module, keys: List[str]):
-    """Per table key, a multi-axis text tower's (interleaved, mrope_section, mrope_interleaved);
-    None for a text model with 1-D positions."""
-    if row.multi_axis is None:
-        return None
-    section = getattr(rotary, "mrope_section", None)
-    # One section for the model, or (Cohere Compass) one per layer type that rotates.
-    sections = section if isinstance(section, dict) else dict.fromkeys(keys, section)
-    if set(sections) != set(keys) or any(
-        not isinstance(s, (list, tuple)) or len(s) != 3 for s in sections.values()
-    ):
-        raise NotImplementedError(
-            f"torch_rope.hf.patch: expected the {model_type} text rotary module to have a "
-            f"3-axis mrope_section for each of its layer types {keys}, found {section!r}; "
-            "not patching"
-        )
-    interleaved, mrope_interleaved = row.multi_axis
-    return {key: (interleaved, [int(s) for s in sections[key]], mrope_interleaved) for key in keys}
-
-
 def _build_tables(
     model_type: str, row, rotary: nn.Module, record: PatchRecord, max_seq_len, use_tables: bool
 ) -> Optional[Tuple[Tuple[bool, bool], ...]]:
@@ -157,7 +138,7 @@ def _build_tables(
     rotate with (the one it names), None for a text model's (found by the self-check)."""
     config = rotary.config
     keys = tables.layer_types(rotary) or [tables.ALL_LAYERS]
-    axes = _multi_axis(model_type, row, rotary, keys)
+    axes = tables.multi_axis(model_type, row, rotary, keys)
     built = nn.ModuleDict()
     dynamic: Dict[str, tables.DynamicState] = {}
     for key in keys:
@@ -173,6 +154,7 @@ def _build_tables(
         built[key] = tables.make_tables(
             rotary, key, rotary_dim, rows, key_axes, seq_len=seq_len, use_tables=use_tables
         )
+        built[key].alternating = row.multi_axis is not None and row.multi_axis.alternating
         tables.check_frequencies(rotary, key, built[key], hf)
         if key_axes is not None and sum(key_axes[1]) != rotary_dim // 2:
             raise NotImplementedError(
@@ -318,7 +300,8 @@ def _self_check(rotary, key, attention, form: Form, inner=None, inner_layouts=No
                 f"torch_rope.hf.patch: {type(rotary).__name__} has no recomposition_frequencies "
                 "to check the multi-axis positions against; not patching"
             )
-        if key != tables.ALL_LAYERS:  # one recomposition per layer type (Cohere Compass)
+        if key != tables.ALL_LAYERS and "layer_type" in inspect.signature(recompose).parameters:
+            # One recomposition per layer type (Cohere Compass; NeoMME's is one for all)
             recompose = functools.partial(recompose, layer_type=key)
         cos, sin = _rows_at(found, axes)
         cos = recompose(rotary, cos).to(dtype)
